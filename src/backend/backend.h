@@ -1,0 +1,116 @@
+/*
+ * backend.h - the op table that model code is written against.
+ *
+ * A backend owns memory (weights, activations, the KV pool) and runs ops on
+ * it.  The CPU backend runs each op synchronously on its thread pool; the CUDA
+ * backend enqueues ops on a stream.  Model code never looks inside a buffer:
+ * it passes pointers it got from the same backend, so one forward pass serves
+ * both.
+ *
+ * Conventions for every op:
+ *   - activations are f32, row-major: a [n][d] matrix is n rows of d floats;
+ *   - a "token batch" of n rows carries, per row, a position and the index of
+ *     its sequence (pt_batch_view), so prefill (many rows of one sequence),
+ *     decode (one row of many sequences) and mixed steps are the same call;
+ *   - an output may alias an input only where the op says so.
+ */
+#ifndef PETREL_BACKEND_H
+#define PETREL_BACKEND_H
+
+#include "base/base.h"
+#include "base/dtype.h"
+
+/* A weight matrix W of shape [rows][cols] (rows = output features), in any
+ * dtype whose blocks run along a row.  Used as y = x · Wᵀ. */
+typedef struct pt_weight {
+    pt_dtype dtype;
+    int64_t rows, cols;
+    const void *data; /* backend memory */
+    size_t nbytes;
+} pt_weight;
+
+enum pt_rope_style {
+    PT_ROPE_NORM, /* rotate adjacent pairs (x0,x1), (x2,x3)...: GGUF llama */
+    PT_ROPE_NEOX, /* rotate (x_i, x_{i+d/2}): Hugging Face rotate_half */
+};
+
+typedef struct pt_rope {
+    int style;             /* enum pt_rope_style */
+    int n_rot;             /* leading dims of each head that rotate (even) */
+    const float *inv_freq; /* [n_rot/2] backend memory, scaling already applied */
+    float mscale;          /* multiplies cos and sin (1 unless YaRN-style) */
+} pt_rope;
+
+/* The paged KV cache of one layer, as the backend sees it.  Token at position
+ * p of sequence s lives in page block_table[s][p / page_size], slot
+ * p % page_size; a page holds [page_size][n_kv_heads][head_dim] elements. */
+typedef struct pt_kv_view {
+    void *k, *v;
+    pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16 */
+    int page_size, n_kv_heads, head_dim;
+} pt_kv_view;
+
+/* One forward batch, in backend memory (see pt_backend_ops.upload). */
+typedef struct pt_batch_view {
+    int n_tokens;
+    const int32_t *pos;         /* [n_tokens] position of each row */
+    const int32_t *seq;         /* [n_tokens] sequence index of each row */
+    const int32_t *block_table; /* [n_seqs][max_pages] page ids */
+    int max_pages, n_seqs;
+} pt_batch_view;
+
+typedef struct pt_backend pt_backend;
+
+typedef struct pt_backend_ops {
+    /* Memory.  alloc returns zeroed backend memory or NULL. */
+    void *(*alloc)(pt_backend *be, size_t nbytes);
+    void (*free)(pt_backend *be, void *p, size_t nbytes);
+    void (*upload)(pt_backend *be, void *dst, const void *src, size_t nbytes);
+    void (*download)(pt_backend *be, void *dst, const void *src, size_t nbytes);
+    void (*sync)(pt_backend *be);
+
+    /* y[n][w.rows] = x[n][w.cols] · wᵀ.  y must not alias x. */
+    void (*matmul)(pt_backend *be, float *y, const float *x, const pt_weight *w, int n);
+    /* y[i] = row ids[i] of the table, converted to f32. */
+    void (*embed)(pt_backend *be, float *y, const pt_weight *table, const int32_t *ids, int n);
+    /* y[i] = x[i] / rms(x[i]) * g, rows of d; y may alias x. */
+    void (*rmsnorm)(pt_backend *be, float *y, const float *x, const float *g, int n, int d, float eps);
+    /* y = a + b over count floats; y may alias a or b. */
+    void (*add)(pt_backend *be, float *y, const float *a, const float *b, size_t count);
+    /* y[i][j] += bias[j] for n rows of d. */
+    void (*add_bias)(pt_backend *be, float *y, const float *bias, int n, int d);
+    /* y = silu(gate) * up over count floats; y may alias gate or up. */
+    void (*swiglu)(pt_backend *be, float *y, const float *gate, const float *up, size_t count);
+    /* Rotates x[n][n_heads][head_dim] in place at each row's position. */
+    void (*rope)(pt_backend *be, float *x, const pt_batch_view *b, int n_heads, int head_dim,
+                 const pt_rope *rope);
+    /* Writes each row's k and v ([n][n_kv_heads][head_dim]) into the cache. */
+    void (*kv_store)(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *b, const float *k,
+                     const float *v);
+    /* Causal attention: row t's query heads q[t][n_heads][head_dim] attend to
+     * positions 0..pos[t] of its sequence in the cache (grouped-query: head h
+     * reads kv head h / (n_heads / n_kv_heads)).  out is [n][n_heads][head_dim]. */
+    void (*attention)(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
+                      const pt_batch_view *b, int n_heads, float scale);
+    /* dst[i] = src[idx[i]] for rows of d floats (idx in backend memory). */
+    void (*gather_rows)(pt_backend *be, float *dst, const float *src, const int32_t *idx, int n,
+                        int d);
+
+    /* Measured memory read bandwidth in bytes/s (a large streaming read on
+     * all threads), for rooflines. */
+    double (*read_bandwidth)(pt_backend *be);
+    void (*destroy)(pt_backend *be);
+} pt_backend_ops;
+
+struct pt_backend {
+    const pt_backend_ops *ops;
+    const char *name;   /* "cpu", "cuda" */
+    const char *detail; /* e.g. "avx2, 2 threads" */
+    int n_threads;
+};
+
+/* CPU backend.  n_threads <= 0 means one per online core.  kernels:
+ * "auto" (the best this CPU supports), "avx2" or "portable". */
+pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err);
+
+#endif
