@@ -1,0 +1,56 @@
+/*
+ * sampler.h - from logits to the next token.
+ *
+ * A chain of small stages, applied in this order (the order llama.cpp and
+ * vLLM use): repetition / frequency / presence penalties over the tokens seen
+ * so far, logit bias, then either greedy argmax (temperature 0) or
+ * temperature -> top-k -> top-p -> min-p -> a draw from the seeded RNG.
+ * Logprobs are always of the model's raw distribution (log-softmax of the
+ * unmodified logits), as OpenAI reports them.
+ */
+#ifndef PETREL_SAMPLER_H
+#define PETREL_SAMPLER_H
+
+#include "base/base.h"
+
+typedef struct pt_sampling {
+    float temperature;        /* 0 = greedy */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off (CTRL-style: divide positive logits) */
+    float frequency_penalty;  /* 0 = off (OpenAI) */
+    float presence_penalty;   /* 0 = off (OpenAI) */
+    int penalty_last_n;       /* window for the penalties; -1 = whole history */
+    uint64_t seed;
+    int n_logprobs; /* top alternatives to report, 0..20; -1 = none at all */
+} pt_sampling;
+
+/* Defaults: temperature 1, everything else off, seed 0. */
+pt_sampling pt_sampling_default(void);
+
+typedef struct pt_logprob {
+    int32_t id;
+    float logprob;
+} pt_logprob;
+
+typedef struct pt_sample_result {
+    int32_t id;
+    float logprob;       /* of the chosen token, raw distribution */
+    int n_top;           /* entries in top[] */
+    pt_logprob top[20];  /* most likely tokens, descending */
+} pt_sample_result;
+
+typedef struct pt_sampler pt_sampler;
+
+pt_sampler *pt_sampler_new(const pt_sampling *params, int n_vocab);
+void pt_sampler_free(pt_sampler *s);
+/* Records a token as part of the history (prompt or generated) the
+ * penalties look at. */
+void pt_sampler_accept(pt_sampler *s, int32_t id);
+void pt_sampler_reset(pt_sampler *s);
+/* Picks the next token.  logits [n_vocab] are modified in place.  Bias is
+ * optional (n_bias pairs of token id, added value). */
+void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out);
+
+#endif
