@@ -107,10 +107,15 @@ struct pt_backend {
     const char *name;   /* "cpu", "cuda" */
     const char *detail; /* e.g. "avx2, 2 threads" */
     int n_threads;
+    bool host_memory; /* backend memory is host memory: weights can stay mmap'd */
 };
 
 /* CPU backend.  n_threads <= 0 means one per online core.  kernels:
  * "auto" (the best this CPU supports), "avx2" or "portable". */
 pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err);
+/* CUDA backend on the given device ordinal (builds with PETREL_CUDA only). */
+pt_backend *pt_backend_cuda_new(int device, pt_err *err);
+/* By name: "cpu" (also for NULL) or "cuda". */
+pt_backend *pt_backend_open(const char *device, int n_threads, const char *kernels, pt_err *err);
 
 #endif

@@ -1,0 +1,51 @@
+/*
+ * cli.h - the petrel command line: subcommands and a small table-driven
+ * option parser shared by all of them.
+ *
+ * Each subcommand declares its flags as a table of cli_opt rows (name,
+ * value kind, where to store it, help text); parsing and --help come from
+ * the table, so a flag is documented where it is defined.
+ */
+#ifndef PETREL_CLI_H
+#define PETREL_CLI_H
+
+#include "engine/engine.h"
+
+enum cli_kind { CLI_FLAG, CLI_INT, CLI_FLOAT, CLI_STR, CLI_U64 };
+
+typedef struct cli_opt {
+    const char *name; /* long name without dashes */
+    char short_name;  /* 0 if none */
+    int kind;         /* enum cli_kind */
+    void *dst;        /* bool, int, float, const char *, uint64_t */
+    const char *arg;  /* value name in help, e.g. "N" */
+    const char *help;
+} cli_opt;
+
+/* Parses argv[1..argc) against the tables (NULL-terminated list of tables
+ * each ended by a row with name NULL).  Positional arguments are collected
+ * in order into pos (at most max_pos).  Returns -1 and prints a message on
+ * a bad flag; 1 if --help was given (after printing it). */
+int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *tables,
+              const char **pos, int max_pos, int *n_pos);
+
+/* Flags every model-using subcommand takes, and turning them into options. */
+typedef struct cli_model_args {
+    const char *model, *device, *kernels, *kv_type, *dummy_dtype;
+    int threads, ctx, batch;
+    uint64_t dummy_seed;
+    bool verbose;
+} cli_model_args;
+
+/* The values behind cli_model_opts; cli_model_defaults() resets them. */
+extern cli_model_args cli_margs;
+extern const cli_opt cli_model_opts[];
+void cli_model_defaults(void);
+/* Opens the engine the flags describe; prints the error and returns -1. */
+int cli_open_engine(pt_engine **e);
+
+int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,168 @@
+/*
+ * cli_common.c - option tables, parsing, and opening the engine from flags.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+
+#ifndef PETREL_DEFAULT_MODEL
+#define PETREL_DEFAULT_MODEL "models/stories260K.gguf"
+#endif
+
+cli_model_args cli_margs;
+
+const cli_opt cli_model_opts[] = {
+    {"model", 'm', CLI_STR, &cli_margs.model, "PATH",
+     "GGUF file, Hugging Face directory, or dummy:PRESET|CONFIG.json (default: bundled stories260K)"},
+    {"device", 0, CLI_STR, &cli_margs.device, "DEV", "cpu (default) or cuda"},
+    {"threads", 't', CLI_INT, &cli_margs.threads, "N", "CPU threads (default: one per core)"},
+    {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx2, portable"},
+    {"ctx", 'c', CLI_INT, &cli_margs.ctx, "N", "KV cache positions (default: min(model, 4096))"},
+    {"batch", 'b', CLI_INT, &cli_margs.batch, "N", "rows per forward pass (default 512)"},
+    {"kv-type", 0, CLI_STR, &cli_margs.kv_type, "T", "KV cache element type: f32, f16 (default), bf16"},
+    {"dummy-dtype", 0, CLI_STR, &cli_margs.dummy_dtype, "T", "weights of dummy models: f32, f16, bf16"},
+    {"dummy-seed", 0, CLI_U64, &cli_margs.dummy_seed, "S", "seed of dummy weights"},
+    {"verbose", 'v', CLI_FLAG, &cli_margs.verbose, NULL, "log more"},
+    {NULL, 0, 0, NULL, NULL, NULL},
+};
+
+void cli_model_defaults(void) {
+    cli_model_args *a = &cli_margs;
+    memset(a, 0, sizeof *a);
+    a->model = getenv("PETREL_MODEL") ? getenv("PETREL_MODEL") : PETREL_DEFAULT_MODEL;
+    a->device = "cpu";
+    a->kernels = "auto";
+    a->kv_type = "f16";
+    a->dummy_dtype = "bf16";
+    a->dummy_seed = 1;
+}
+
+static void print_help(const char *usage, const cli_opt *const *tables) {
+    printf("usage: %s\n\noptions:\n", usage);
+    for (int t = 0; tables[t]; t++)
+        for (const cli_opt *o = tables[t]; o->name; o++) {
+            char left[64];
+            snprintf(left, sizeof left, "%s%c%s--%s %s", o->short_name ? "-" : "",
+                     o->short_name ? o->short_name : ' ', o->short_name ? ", " : "  ", o->name,
+                     o->arg ? o->arg : "");
+            printf("  %-28s %s\n", left + (o->short_name ? 0 : 1), o->help);
+        }
+    printf("  %-28s %s\n", "-h, --help", "show this help");
+}
+
+static const cli_opt *find_opt(const cli_opt *const *tables, const char *name, char short_name) {
+    for (int t = 0; tables[t]; t++)
+        for (const cli_opt *o = tables[t]; o->name; o++)
+            if (name ? strcmp(o->name, name) == 0 : o->short_name == short_name) return o;
+    return NULL;
+}
+
+static int set_value(const cli_opt *o, const char *v) {
+    char *end;
+    errno = 0;
+    switch (o->kind) {
+    case CLI_INT: {
+        long x = strtol(v, &end, 10);
+        if (*end || errno || x < -2147483647 || x > 2147483647) break;
+        *(int *)o->dst = (int)x;
+        return 0;
+    }
+    case CLI_U64: {
+        unsigned long long x = strtoull(v, &end, 10);
+        if (*end || errno || *v == '-') break;
+        *(uint64_t *)o->dst = x;
+        return 0;
+    }
+    case CLI_FLOAT: {
+        float x = strtof(v, &end);
+        if (*end || errno) break;
+        *(float *)o->dst = x;
+        return 0;
+    }
+    case CLI_STR: *(const char **)o->dst = v; return 0;
+    }
+    fprintf(stderr, "petrel: --%s: '%s' is not a valid %s\n", o->name, v,
+            o->kind == CLI_FLOAT ? "number" : "integer");
+    return -1;
+}
+
+int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *tables,
+              const char **pos, int max_pos, int *n_pos) {
+    *n_pos = 0;
+    bool only_pos = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (only_pos || a[0] != '-' || a[1] == 0) {
+            if (*n_pos == max_pos) {
+                fprintf(stderr, "petrel: unexpected argument '%s' (see --help)\n", a);
+                return -1;
+            }
+            pos[(*n_pos)++] = a;
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            only_pos = true;
+            continue;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            print_help(usage, tables);
+            return 1;
+        }
+        char name[64];
+        const char *val = NULL;
+        const cli_opt *o;
+        if (a[1] == '-') {
+            const char *eq = strchr(a + 2, '=');
+            size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+            snprintf(name, sizeof name, "%.*s", (int)PT_MIN(len, sizeof name - 1), a + 2);
+            if (eq) val = eq + 1;
+            o = find_opt(tables, name, 0);
+        } else {
+            o = a[2] ? NULL : find_opt(tables, NULL, a[1]);
+        }
+        if (!o) {
+            fprintf(stderr, "petrel: unknown option '%s' (see --help)\n", a);
+            return -1;
+        }
+        if (o->kind == CLI_FLAG) {
+            *(bool *)o->dst = true;
+            continue;
+        }
+        if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "petrel: --%s needs a value (%s)\n", o->name, o->arg);
+                return -1;
+            }
+            val = argv[++i];
+        }
+        if (set_value(o, val)) return -1;
+    }
+    return 0;
+}
+
+int cli_open_engine(pt_engine **e) {
+    const cli_model_args *a = &cli_margs;
+    if (a->verbose) pt_log_level = PT_LOG_DEBUG;
+    pt_engine_opts o = {.model_path = a->model,
+                        .device = a->device,
+                        .n_threads = a->threads,
+                        .kernels = a->kernels,
+                        .n_ctx = a->ctx,
+                        .max_batch = a->batch,
+                        .dummy_dtype = a->dummy_dtype,
+                        .dummy_seed = a->dummy_seed};
+    int kt = pt_parse_kv_dtype(a->kv_type);
+    if (kt < 0) {
+        fprintf(stderr, "petrel: --kv-type '%s' is not f32, f16 or bf16\n", a->kv_type);
+        return -1;
+    }
+    o.kv_dtype = (pt_dtype)kt;
+    pt_err err = {{0}};
+    if (pt_engine_open(e, &o, &err)) {
+        fprintf(stderr, "petrel: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,188 @@
+/*
+ * cmd_bench.c - `petrel bench`: prefill and decode speed, each against its
+ * roofline measured in the same run.
+ *
+ * Decode is memory-bound: a step reads every weight matrix once plus the
+ * KV cache up to its depth, so its floor is bytes / read bandwidth.  We
+ * measure the machine's read bandwidth here, time real steps, and report
+ * achieved/roofline.  Prefill is reported in tok/s and GFLOP/s.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+
+static struct {
+    const char *prompt_lens, *depths, *json;
+    int gen, reps;
+} b;
+
+static const cli_opt bench_opts[] = {
+    {"prompt-lens", 'p', CLI_STR, &b.prompt_lens, "L,L..", "prefill lengths (default 64,256,512)"},
+    {"depths", 'd', CLI_STR, &b.depths, "D,D..", "decode context depths (default 0,512)"},
+    {"gen", 'g', CLI_INT, &b.gen, "N", "decode steps timed per depth (default 32)"},
+    {"reps", 'r', CLI_INT, &b.reps, "N", "repetitions; the best is kept (default 3)"},
+    {"json", 'o', CLI_STR, &b.json, "FILE", "also write the results as JSON"},
+    {NULL, 0, 0, NULL, NULL, NULL},
+};
+
+static int parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 1 << 20) return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+/* Bytes a decode step must read at a given depth: every matrix except the
+ * embedding table (one row of it is read), and the KV cache so far. */
+static double decode_bytes(const pt_engine *e, int depth) {
+    const pt_model *m = e->model;
+    double w = (double)m->weight_bytes;
+    if (!m->cfg.tied_embeddings) w -= (double)m->tok_embd.nbytes;
+    return w + (double)depth * (double)pt_kv_bytes_per_token(&e->kv.cfg);
+}
+
+static double flops_per_token(const pt_model *m) {
+    return 2.0 * ((double)m->weight_bytes / pt_dtype_bytes(m->output.dtype, 1) -
+                  (m->cfg.tied_embeddings ? 0 : (double)m->tok_embd.rows * m->tok_embd.cols));
+}
+
+static void fill_tokens(pt_seq *s, int n, int vocab, pt_rng *rng) {
+    for (int i = 0; i < n; i++) pt_seq_push(s, (int32_t)(pt_rng_next(rng) % (uint64_t)vocab));
+}
+
+/* Times a prefill of len tokens on a fresh sequence. */
+static int time_prefill(pt_engine *e, int len, double *sec, pt_err *err) {
+    pt_sampling sp = pt_sampling_default();
+    sp.temperature = 0;
+    sp.n_logprobs = -1;
+    pt_seq s;
+    pt_seq_init(&s, e, &sp);
+    pt_rng rng;
+    pt_rng_seed(&rng, (uint64_t)len);
+    fill_tokens(&s, len, e->model->cfg.vocab_size, &rng);
+    pt_sample_result r;
+    double t0 = pt_now();
+    int rc = pt_seq_prefill(e, &s, &r, err);
+    *sec = pt_now() - t0;
+    pt_seq_free(&s, e);
+    return rc;
+}
+
+/* Fills depth positions, then times gen decode steps. */
+static int time_decode(pt_engine *e, int depth, int gen, double *sec, pt_err *err) {
+    pt_sampling sp = pt_sampling_default();
+    sp.temperature = 0;
+    sp.n_logprobs = -1;
+    pt_seq s;
+    pt_seq_init(&s, e, &sp);
+    pt_rng rng;
+    pt_rng_seed(&rng, 7);
+    fill_tokens(&s, depth + 1, e->model->cfg.vocab_size, &rng);
+    pt_sample_result r;
+    int rc = pt_seq_prefill(e, &s, &r, err);
+    double t0 = pt_now();
+    for (int i = 0; i < gen && rc == 0; i++) {
+        pt_seq_push(&s, r.id);
+        rc = pt_seq_decode(e, &s, &r, err);
+    }
+    *sec = (pt_now() - t0) / gen;
+    pt_seq_free(&s, e);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    cli_model_defaults();
+    memset(&b, 0, sizeof b);
+    b.prompt_lens = "64,256,512", b.depths = "0,512", b.gen = 32, b.reps = 3;
+    const cli_opt *tables[] = {bench_opts, cli_model_opts, NULL};
+    int n_pos, rc = cli_parse(argc, argv, "petrel bench [options]", tables, NULL, 0, &n_pos);
+    if (rc) return rc < 0 ? 2 : 0;
+    int lens[16], depths[16];
+    int n_lens = parse_list(b.prompt_lens, lens, 16), n_depths = parse_list(b.depths, depths, 16);
+    if (n_lens < 0 || n_depths < 0 || b.gen < 1 || b.reps < 1) {
+        fprintf(stderr, "petrel bench: bad --prompt-lens, --depths, --gen or --reps\n");
+        return 2;
+    }
+    int need_ctx = 0;
+    for (int i = 0; i < n_lens; i++) need_ctx = PT_MAX(need_ctx, lens[i] + 1);
+    for (int i = 0; i < n_depths; i++) need_ctx = PT_MAX(need_ctx, depths[i] + b.gen + 2);
+    if (cli_margs.ctx < need_ctx) cli_margs.ctx = need_ctx;
+
+    pt_engine *e;
+    if (cli_open_engine(&e)) return 1;
+    const pt_model *m = e->model;
+    char desc[256];
+    pt_config_describe(&m->cfg, desc, sizeof desc);
+    fprintf(stderr, "petrel bench: %s\n  weights %.1f MiB (%s), %s backend: %s\n", desc,
+            m->weight_bytes / 1048576.0, pt_dtype_name(m->layers[0].wq.dtype), e->be->name,
+            e->be->detail ? e->be->detail : "");
+    double bw = e->be->ops->read_bandwidth(e->be);
+    fprintf(stderr, "  measured read bandwidth: %.2f GB/s\n\n", bw / 1e9);
+
+    pt_err err = {{0}};
+    FILE *jf = NULL;
+    if (b.json && !(jf = fopen(b.json, "w"))) {
+        fprintf(stderr, "petrel bench: cannot write %s\n", b.json);
+        pt_engine_close(e);
+        return 1;
+    }
+    if (jf)
+        fprintf(jf, "{\"model\": \"%s\", \"config\": \"%s\", \"weight_dtype\": \"%s\", "
+                    "\"weight_bytes\": %zu, \"kv_type\": \"%s\", \"backend\": \"%s\", "
+                    "\"backend_detail\": \"%s\", \"threads\": %d, \"read_bandwidth_gbs\": %.3f,\n",
+                cli_margs.model, desc, pt_dtype_name(m->layers[0].wq.dtype), m->weight_bytes,
+                pt_dtype_name(e->kv.cfg.dtype), e->be->name, e->be->detail ? e->be->detail : "",
+                e->be->n_threads, bw / 1e9);
+
+    printf("%-10s %8s %12s %12s\n", "prefill", "tokens", "tok/s", "GFLOP/s");
+    if (jf) fprintf(jf, " \"prefill\": [");
+    for (int i = 0; i < n_lens; i++) {
+        double best = 1e30, t;
+        for (int r = 0; r < b.reps; r++) {
+            if (time_prefill(e, lens[i], &t, &err)) goto fail;
+            if (t < best) best = t;
+        }
+        double tps = lens[i] / best;
+        printf("%-10s %8d %12.1f %12.2f\n", "", lens[i], tps, tps * flops_per_token(m) / 1e9);
+        if (jf)
+            fprintf(jf, "%s{\"tokens\": %d, \"tok_s\": %.3f, \"gflops\": %.3f}", i ? ", " : "",
+                    lens[i], tps, tps * flops_per_token(m) / 1e9);
+    }
+    printf("\n%-10s %8s %12s %12s %12s %10s\n", "decode", "depth", "tok/s", "MB/token",
+           "roofline", "fraction");
+    if (jf) fprintf(jf, "],\n \"decode\": [");
+    for (int i = 0; i < n_depths; i++) {
+        double best = 1e30, t;
+        for (int r = 0; r < b.reps; r++) {
+            if (time_decode(e, depths[i], b.gen, &t, &err)) goto fail;
+            if (t < best) best = t;
+        }
+        double bytes = decode_bytes(e, depths[i]), roof = bw / bytes, tps = 1 / best;
+        printf("%-10s %8d %12.2f %12.2f %12.2f %9.1f%%\n", "", depths[i], tps, bytes / 1e6, roof,
+               100 * tps / roof);
+        if (jf)
+            fprintf(jf, "%s{\"depth\": %d, \"tok_s\": %.3f, \"bytes_per_token\": %.0f, "
+                        "\"roofline_tok_s\": %.3f, \"fraction\": %.4f}",
+                    i ? ", " : "", depths[i], tps, bytes, roof, tps / roof);
+    }
+    double rss = pt_peak_rss() / 1048576.0;
+    printf("\npeak resident memory: %.1f MiB\n", rss);
+    if (jf) {
+        fprintf(jf, "],\n \"peak_rss_mib\": %.1f}\n", rss);
+        fclose(jf);
+    }
+    pt_engine_close(e);
+    return 0;
+fail:
+    fprintf(stderr, "petrel bench: %s\n", err.msg);
+    if (jf) fclose(jf);
+    pt_engine_close(e);
+    return 1;
+}

@@ -1,0 +1,146 @@
+/*
+ * cmd_generate.c - `petrel generate`: stream a continuation of a prompt.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cli/cli.h"
+
+static struct {
+    int n;
+    float temp, top_p, min_p, rep, freq, pres;
+    int top_k, logprobs;
+    uint64_t seed;
+    bool seed_set, no_bos, ignore_eos, special, no_echo;
+} g;
+
+static const cli_opt gen_opts[] = {
+    {"n-predict", 'n', CLI_INT, &g.n, "N", "tokens to generate (default 128)"},
+    {"temp", 0, CLI_FLOAT, &g.temp, "T", "temperature; 0 = greedy (default 0.8)"},
+    {"top-k", 0, CLI_INT, &g.top_k, "K", "keep the K most likely tokens; 0 = off (default 40)"},
+    {"top-p", 0, CLI_FLOAT, &g.top_p, "P", "nucleus sampling; 1 = off (default 0.95)"},
+    {"min-p", 0, CLI_FLOAT, &g.min_p, "P", "drop tokens below P x the best; 0 = off (default 0.05)"},
+    {"repeat-penalty", 0, CLI_FLOAT, &g.rep, "R", "repetition penalty; 1 = off (default 1)"},
+    {"frequency-penalty", 0, CLI_FLOAT, &g.freq, "F", "OpenAI frequency penalty (default 0)"},
+    {"presence-penalty", 0, CLI_FLOAT, &g.pres, "P", "OpenAI presence penalty (default 0)"},
+    {"seed", 's', CLI_U64, &g.seed, "S", "sampling seed (default: from the clock, printed)"},
+    {"logprobs", 0, CLI_INT, &g.logprobs, "N", "print each token's logprob and N alternatives"},
+    {"no-bos", 0, CLI_FLAG, &g.no_bos, NULL, "do not add the BOS token"},
+    {"special", 0, CLI_FLAG, &g.special, NULL, "parse special-token text in the prompt"},
+    {"ignore-eos", 0, CLI_FLAG, &g.ignore_eos, NULL, "keep generating past end-of-text"},
+    {"no-echo", 0, CLI_FLAG, &g.no_echo, NULL, "do not print the prompt before the output"},
+    {NULL, 0, 0, NULL, NULL, NULL},
+};
+
+static char *read_stdin(void) {
+    size_t cap = 4096, len = 0;
+    char *buf = pt_xmalloc(cap);
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - len - 1, stdin)) > 0) {
+        len += n;
+        if (cap - len < 2) buf = pt_xrealloc(buf, cap *= 2);
+    }
+    buf[len] = 0;
+    return buf;
+}
+
+typedef struct printer {
+    const pt_tokenizer *tok;
+    int logprobs;
+} printer;
+
+static int on_token(void *user, const pt_sample_result *r, const char *text, size_t len) {
+    printer *p = user;
+    fwrite(text, 1, len, stdout);
+    if (p->logprobs >= 0 && r) {
+        fprintf(stderr, "[%d %.4f", r->id, r->logprob);
+        for (int i = 0; i < r->n_top; i++) fprintf(stderr, " %d:%.4f", r->top[i].id, r->top[i].logprob);
+        fprintf(stderr, "]\n");
+    }
+    fflush(stdout);
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    cli_model_defaults();
+    memset(&g, 0, sizeof g);
+    g.n = 128, g.temp = 0.8f, g.top_k = 40, g.top_p = 0.95f, g.min_p = 0.05f, g.rep = 1;
+    g.logprobs = -1, g.seed = UINT64_MAX;
+    const cli_opt *tables[] = {gen_opts, cli_model_opts, NULL};
+    const char *pos[64];
+    int n_pos;
+    int rc = cli_parse(argc, argv, "petrel generate [options] [PROMPT...]   (no PROMPT: read stdin)",
+                       tables, pos, 64, &n_pos);
+    if (rc) return rc < 0 ? 2 : 0;
+
+    char *prompt;
+    if (n_pos == 0 || (n_pos == 1 && strcmp(pos[0], "-") == 0)) {
+        prompt = read_stdin();
+    } else { /* words joined by spaces, as a shell user expects */
+        size_t len = 1;
+        for (int i = 0; i < n_pos; i++) len += strlen(pos[i]) + 1;
+        prompt = pt_xcalloc(len, 1);
+        for (int i = 0; i < n_pos; i++) {
+            if (i) strcat(prompt, " ");
+            strcat(prompt, pos[i]);
+        }
+    }
+    if (g.seed == UINT64_MAX) {
+        g.seed = (uint64_t)time(NULL);
+        if (g.temp > 0) fprintf(stderr, "petrel: seed %llu\n", (unsigned long long)g.seed);
+    }
+
+    pt_engine *e;
+    if (cli_open_engine(&e)) {
+        free(prompt);
+        return 1;
+    }
+    if (!e->tok) {
+        fprintf(stderr, "petrel: this model has no tokenizer (dummy weights): use petrel bench\n");
+        pt_engine_close(e);
+        free(prompt);
+        return 1;
+    }
+    pt_err err = {{0}};
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    rc = 1;
+    if (pt_tokenize(e->tok, prompt, strlen(prompt), !g.no_bos, g.special, &ids, &n_ids, &err)) {
+        fprintf(stderr, "petrel: %s\n", err.msg);
+        goto out;
+    }
+    pt_gen_params p = {.max_tokens = g.n, .ignore_eos = g.ignore_eos};
+    p.sampling = pt_sampling_default();
+    p.sampling.temperature = g.temp;
+    p.sampling.top_k = g.top_k;
+    p.sampling.top_p = g.top_p;
+    p.sampling.min_p = g.min_p;
+    p.sampling.repetition_penalty = g.rep;
+    p.sampling.frequency_penalty = g.freq;
+    p.sampling.presence_penalty = g.pres;
+    p.sampling.seed = g.seed;
+    p.sampling.n_logprobs = g.logprobs < 0 ? -1 : PT_MIN(g.logprobs, 20);
+    if (!g.no_echo) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+    }
+    printer pr = {e->tok, g.logprobs};
+    pt_gen_stats st;
+    if (pt_generate(e, ids, (int)n_ids, &p, on_token, &pr, &st, &err)) {
+        fprintf(stderr, "\npetrel: %s\n", err.msg);
+        goto out;
+    }
+    int n_dec = st.n_generated - 1;
+    fprintf(stderr, "\n\npetrel: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens, "
+                    "decode %.1f tok/s; %s\n",
+            st.n_prompt, st.t_prefill, st.n_prompt / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
+            st.n_generated, n_dec > 0 && st.t_decode > 0 ? n_dec / st.t_decode : 0.0,
+            st.finish == PT_FINISH_STOP ? "stopped at end of text" : "length limit");
+    rc = 0;
+out:
+    free(ids);
+    free(prompt);
+    pt_engine_close(e);
+    return rc;
+}

@@ -1,0 +1,36 @@
+/*
+ * main.c - `petrel SUBCOMMAND ...`: a table of subcommands.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"generate", cmd_generate, "generate text from a prompt (argument or stdin)"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "petrel - LLM inference engine\n\nusage: petrel COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < PT_ARRAY_LEN(commands); i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`petrel COMMAND --help` lists a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < PT_ARRAY_LEN(commands); i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "petrel: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

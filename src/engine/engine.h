@@ -1,0 +1,87 @@
+/*
+ * engine.h - a model with its tokenizer and KV cache, and the generation
+ * loop over one sequence.
+ *
+ * pt_seq is one conversation's state: its pages in the KV cache, its
+ * sampler, and the tokens so far.  pt_generate() drives one sequence from
+ * prompt to a stop condition, streaming each token to a callback; the
+ * server's scheduler drives many through pt_engine_step().
+ */
+#ifndef PETREL_ENGINE_H
+#define PETREL_ENGINE_H
+
+#include "model/model.h"
+#include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct pt_engine_opts {
+    const char *model_path;
+    const char *device;  /* "cpu" (default) */
+    int n_threads;       /* <= 0: one per core */
+    const char *kernels; /* CPU kernels: "auto", "avx2", "portable" */
+    int n_ctx;           /* KV positions in the pool; 0: min(model's, 4096) */
+    pt_dtype kv_dtype;   /* PT_F32, PT_F16, PT_BF16 */
+    int max_batch;       /* rows per forward; 0: 512 */
+    const char *dummy_dtype;
+    uint64_t dummy_seed;
+} pt_engine_opts;
+
+typedef struct pt_engine {
+    pt_backend *be;
+    pt_model *model;
+    pt_tokenizer *tok; /* NULL for dummy weights */
+    pt_kv_cache kv;
+    int n_ctx;
+    float *logits; /* host [vocab]: the last row's logits */
+    int32_t *b_pos, *b_seq; /* host batch scratch [max_batch] */
+    bool *b_want;
+    double load_seconds;
+} pt_engine;
+
+int pt_engine_open(pt_engine **out, const pt_engine_opts *opts, pt_err *err);
+void pt_engine_close(pt_engine *e);
+
+typedef struct pt_seq {
+    pt_kv_seq kv;
+    pt_sampler *sampler;
+    int32_t *tokens; /* prompt then generated */
+    int n_tokens, cap;
+    int n_prompt;
+} pt_seq;
+
+void pt_seq_init(pt_seq *s, pt_engine *e, const pt_sampling *sp);
+void pt_seq_free(pt_seq *s, pt_engine *e);
+void pt_seq_push(pt_seq *s, int32_t id);
+
+enum pt_finish { PT_FINISH_NONE, PT_FINISH_STOP, PT_FINISH_LENGTH, PT_FINISH_CANCEL };
+
+typedef struct pt_gen_params {
+    pt_sampling sampling;
+    int max_tokens;  /* generated tokens at most */
+    bool ignore_eos; /* keep going past end-of-generation tokens */
+} pt_gen_params;
+
+typedef struct pt_gen_stats {
+    int n_prompt, n_generated;
+    double t_prefill, t_decode; /* seconds */
+    double ttft;                /* prompt in -> first token out, seconds */
+    int finish;                 /* enum pt_finish */
+} pt_gen_stats;
+
+/* Called once per generated token with its text (possibly empty: bytes of
+ * an incomplete UTF-8 character are held back).  Return nonzero to stop. */
+typedef int (*pt_token_cb)(void *user, const pt_sample_result *tok, const char *text,
+                           size_t len);
+
+int pt_generate(pt_engine *e, const int32_t *prompt, int n_prompt, const pt_gen_params *p,
+                pt_token_cb cb, void *user, pt_gen_stats *stats, pt_err *err);
+
+/* Runs the prompt of s (all tokens not yet in the cache) and samples the
+ * first token into *r. */
+int pt_seq_prefill(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
+/* Feeds the last token of s and samples the next into *r. */
+int pt_seq_decode(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
+
+pt_dtype pt_parse_kv_dtype(const char *s); /* -1 if unknown */
+
+#endif

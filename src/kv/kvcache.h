@@ -1,0 +1,56 @@
+/*
+ * kvcache.h - the paged KV cache: a pool of fixed-size pages in backend
+ * memory and, per sequence, a block table of the pages it owns.
+ *
+ * A page holds page_size consecutive positions of one sequence, for every
+ * layer (one buffer per layer and per K/V, indexed by page id).  Sequences
+ * grow a page at a time; releasing a sequence returns its pages to the free
+ * list.  Pages carry a reference count so that a later prefix cache can share
+ * full pages between sequences.
+ *
+ * Invariants: a page id is either on the free list (refcount 0) or owned by
+ * at least one sequence; a sequence with n_tokens positions stored owns
+ * ceil(n_tokens / page_size) pages or more (reserve may run ahead).
+ */
+#ifndef PETREL_KVCACHE_H
+#define PETREL_KVCACHE_H
+
+#include "backend/backend.h"
+
+typedef struct pt_kv_config {
+    int n_layers, n_kv_heads, head_dim;
+    int page_size; /* positions per page, default 16 */
+    int n_pages;   /* pool size */
+    pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16 */
+} pt_kv_config;
+
+typedef struct pt_kv_cache {
+    pt_backend *be;
+    pt_kv_config cfg;
+    size_t layer_bytes; /* bytes of one layer's K (or V) buffer */
+    void **k, **v;      /* [n_layers] backend buffers */
+    int32_t *free_pages; /* stack of free page ids */
+    int n_free;
+    uint16_t *refs; /* [n_pages] owners of each page */
+} pt_kv_cache;
+
+typedef struct pt_kv_seq {
+    int32_t *pages; /* block table */
+    int n_pages, cap;
+    int n_tokens; /* positions whose K/V are stored */
+} pt_kv_seq;
+
+int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err);
+void pt_kv_cache_free(pt_kv_cache *kv);
+/* Bytes of K+V per token over all layers. */
+size_t pt_kv_bytes_per_token(const pt_kv_config *cfg);
+/* Ensures the sequence owns pages for positions [0, n_positions). */
+int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err);
+/* Returns all pages of the sequence to the pool and empties it. */
+void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
+/* Drops positions >= n (pages past the new end go back to the pool). */
+void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
+int pt_kv_free_pages(const pt_kv_cache *kv);
+pt_kv_view pt_kv_layer(const pt_kv_cache *kv, int layer);
+
+#endif

@@ -1,0 +1,108 @@
+/*
+ * model.h - a loaded model: its configuration, its weights in backend
+ * memory, and one forward pass over a flattened batch.
+ *
+ * The architectures of the dense Llama family (Llama 2/3/3.1, Mistral,
+ * Qwen2/2.5, Qwen3) share one forward (llama.c) and differ only in flags of
+ * pt_model_config: biases on q/k/v, RMSNorm on q and k, tied embeddings,
+ * rope style and scaling.  registry.c maps file architecture names to those
+ * flags; weights.c binds tensors by name; dummy.c fills random weights.
+ */
+#ifndef PETREL_MODEL_H
+#define PETREL_MODEL_H
+
+#include "backend/backend.h"
+#include "io/model_file.h"
+#include "kv/kvcache.h"
+
+enum pt_rope_scaling { PT_ROPE_SCALING_NONE, PT_ROPE_SCALING_LINEAR, PT_ROPE_SCALING_LLAMA3 };
+
+typedef struct pt_model_config {
+    char arch[32]; /* registry name: "llama", "mistral", "qwen2", "qwen3" */
+    int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size;
+    int max_ctx; /* trained context length */
+    float norm_eps, rope_theta;
+    int rope_style; /* enum pt_rope_style */
+    int n_rot;      /* rotated dims per head */
+    int rope_scaling; /* enum pt_rope_scaling */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_ctx;
+    bool qkv_bias, o_bias, qk_norm, tied_embeddings;
+} pt_model_config;
+
+typedef struct pt_layer {
+    const float *attn_norm, *ffn_norm; /* [dim] */
+    const float *q_norm, *k_norm;      /* [head_dim], qk_norm only */
+    const float *bq, *bk, *bv, *bo;    /* biases, NULL if absent */
+    pt_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+} pt_layer;
+
+/* Per-token and per-sequence arrays of one forward call, host side. */
+typedef struct pt_batch {
+    int n_tokens;
+    int32_t *tokens; /* [n_tokens] */
+    int32_t *pos;    /* [n_tokens] */
+    int32_t *seq;    /* [n_tokens] index into seqs */
+    bool *logits;    /* [n_tokens] whether this row's logits are wanted */
+    int n_seqs;
+    pt_kv_seq **seqs;
+} pt_batch;
+
+typedef struct pt_model_opts {
+    pt_backend *backend;  /* required */
+    int max_batch;        /* rows per forward call; default 512 */
+    const char *dummy_dtype; /* dummy weights: "f32", "f16" or "bf16" */
+    uint64_t dummy_seed;
+} pt_model_opts;
+
+typedef struct pt_workspace pt_workspace;
+
+typedef struct pt_model {
+    pt_model_config cfg;
+    pt_backend *be;
+    pt_model_file *file; /* NULL for dummy weights */
+    pt_weight tok_embd, output;
+    const float *output_norm;
+    pt_layer *layers;
+    const float *rope_inv_freq;
+    size_t weight_bytes; /* bytes of all weights */
+    int max_batch;
+    pt_workspace *ws;
+    void *owned; /* backend allocations to free (list) */
+} pt_model;
+
+/* Loads a GGUF file, a Hugging Face directory, or (dummy weights) a
+ * config.json / preset name prefixed "dummy:" e.g. "dummy:llama-1b". */
+int pt_model_load(pt_model **out, const char *path, const pt_model_opts *opts, pt_err *err);
+void pt_model_free(pt_model *m);
+
+/* Runs the batch: stores each row's K/V in the cache (the sequences must
+ * have pages reserved for the positions, see pt_model_reserve) and writes the
+ * logits of rows with batch->logits set, in row order, to logits (host
+ * memory, [n_wanted][vocab_size]). */
+int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *batch, float *logits,
+                     pt_err *err);
+
+/* A KV cache shaped for this model with room for n_positions positions. */
+int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
+                     pt_err *err);
+
+/* Registry: fills cfg from the file's metadata (architecture, shapes,
+ * rope); errors name the missing key or the unsupported architecture. */
+int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err);
+int pt_config_from_json(json_t *config, pt_model_config *cfg, pt_err *err);
+/* Built-in shapes for dummy weights: "llama-1b", "llama-8b", "qwen3-8b". */
+const char *pt_config_preset(const char *name);
+/* One line describing the model ("llama 64d x 5 layers, ..."). */
+void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);
+/* rope inverse frequencies [n_rot/2] with scaling applied. */
+void pt_rope_inv_freq(const pt_model_config *cfg, float *out);
+
+/* Weights (weights.c). */
+int pt_model_bind_file_weights(pt_model *m, pt_err *err);
+int pt_model_make_dummy_weights(pt_model *m, pt_dtype dtype, uint64_t seed, pt_err *err);
+/* Backend buffer owned by the model (freed with it).  NULL on failure. */
+void *pt_model_alloc(pt_model *m, size_t nbytes);
+void pt_model_free_owned(pt_model *m);
+
+#endif

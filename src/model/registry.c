@@ -1,0 +1,302 @@
+/*
+ * registry.c - which architectures we run, and how their files describe
+ * them.
+ *
+ * One table row per architecture: its names in GGUF (general.architecture)
+ * and in config.json (model_type), and the flags that make it differ from
+ * plain Llama.  Reading hyperparameters is the same for all rows, so the
+ * readers below are written once.
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "io/gguf.h"
+#include "model/model.h"
+
+typedef struct arch_info {
+    const char *name;
+    const char *gguf_arch;
+    const char *hf_type;
+    int gguf_rope_style; /* GGUF llama permutes q/k for adjacent-pair rope */
+    bool qkv_bias, qk_norm;
+} arch_info;
+
+static const arch_info archs[] = {
+    {"llama", "llama", "llama", PT_ROPE_NORM, false, false},
+    {"mistral", NULL, "mistral", PT_ROPE_NORM, false, false}, /* GGUF writes "llama" */
+    {"qwen2", "qwen2", "qwen2", PT_ROPE_NEOX, true, false},
+    {"qwen3", "qwen3", "qwen3", PT_ROPE_NEOX, false, true},
+};
+
+static const char *supported_list(void) {
+    return "llama, mistral, qwen2, qwen3";
+}
+
+static int check_shapes(pt_model_config *c, pt_err *err) {
+    if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+        c->head_dim <= 0 || c->ffn_dim <= 0 || c->vocab_size <= 0)
+        return pt_fail(err, "model config: a dimension is missing or not positive (dim %d, "
+                            "layers %d, heads %d, kv heads %d, head dim %d, ffn %d, vocab %d)",
+                       c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
+                       c->vocab_size);
+    if (c->n_heads % c->n_kv_heads)
+        return pt_fail(err, "model config: %d attention heads is not a multiple of %d KV heads",
+                       c->n_heads, c->n_kv_heads);
+    if (c->n_rot <= 0 || c->n_rot > c->head_dim || c->n_rot % 2)
+        return pt_fail(err, "model config: rope dimension %d does not fit head dim %d", c->n_rot,
+                       c->head_dim);
+    if (c->dim > 1 << 16 || c->ffn_dim > 1 << 20 || c->n_layers > 1024 || c->vocab_size > 1 << 22 ||
+        c->head_dim > 1024 || c->n_heads > 1024)
+        return pt_fail(err, "model config: implausible dimensions (dim %d, ffn %d, layers %d)",
+                       c->dim, c->ffn_dim, c->n_layers);
+    if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
+        return pt_fail(err, "model config: norm epsilon and rope theta must be positive");
+    if (c->max_ctx <= 0) c->max_ctx = 4096;
+    return 0;
+}
+
+/* ---- GGUF ---------------------------------------------------------------- */
+
+static bool gguf_int(const pt_gguf *g, const char *arch, const char *key, int *out) {
+    char full[128];
+    int64_t v;
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    if (!pt_gguf_get_int(g, full, &v) || v < INT32_MIN || v > INT32_MAX) return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool gguf_float(const pt_gguf *g, const char *arch, const char *key, float *out) {
+    char full[128];
+    double v;
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    if (!pt_gguf_get_float(g, full, &v)) return false;
+    *out = (float)v;
+    return true;
+}
+
+static int config_from_gguf(const pt_gguf *g, const pt_model_file *mf, pt_model_config *c,
+                            pt_err *err) {
+    pt_gguf_str s;
+    char arch[32];
+    if (!pt_gguf_get_str(g, "general.architecture", &s))
+        return pt_fail(err, "%s: GGUF has no general.architecture", mf->path);
+    snprintf(arch, sizeof arch, "%.*s", (int)PT_MIN(s.len, 31), s.s);
+    const arch_info *a = NULL;
+    for (size_t i = 0; i < PT_ARRAY_LEN(archs); i++)
+        if (archs[i].gguf_arch && strcmp(archs[i].gguf_arch, arch) == 0) a = &archs[i];
+    if (!a)
+        return pt_fail(err, "%s: architecture '%s' is not supported (supported: %s)", mf->path,
+                       arch, supported_list());
+    snprintf(c->arch, sizeof c->arch, "%s", a->name);
+    c->rope_style = a->gguf_rope_style;
+    c->qkv_bias = a->qkv_bias;
+    c->qk_norm = a->qk_norm;
+
+    static const struct {
+        const char *key;
+        size_t off;
+    } req[] = {
+        {"embedding_length", offsetof(pt_model_config, dim)},
+        {"block_count", offsetof(pt_model_config, n_layers)},
+        {"attention.head_count", offsetof(pt_model_config, n_heads)},
+        {"feed_forward_length", offsetof(pt_model_config, ffn_dim)},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
+        if (!gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
+            return pt_fail(err, "%s: GGUF is missing %s.%s", mf->path, arch, req[i].key);
+    if (!gguf_int(g, arch, "attention.head_count_kv", &c->n_kv_heads)) c->n_kv_heads = c->n_heads;
+    if (!gguf_int(g, arch, "attention.key_length", &c->head_dim))
+        c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
+    if (!gguf_int(g, arch, "rope.dimension_count", &c->n_rot)) c->n_rot = c->head_dim;
+    if (!gguf_int(g, arch, "context_length", &c->max_ctx)) c->max_ctx = 4096;
+    if (!gguf_float(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps))
+        c->norm_eps = 1e-5f;
+    if (!gguf_float(g, arch, "rope.freq_base", &c->rope_theta)) c->rope_theta = 10000.0f;
+
+    pt_gguf_str st;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (pt_gguf_get_str(g, key, &st)) {
+        float factor = 1;
+        gguf_float(g, arch, "rope.scaling.factor", &factor);
+        if (st.len == 6 && memcmp(st.s, "linear", 6) == 0) {
+            c->rope_scaling = PT_ROPE_SCALING_LINEAR;
+            c->rope_factor = factor;
+        } else if (!(st.len == 4 && memcmp(st.s, "none", 4) == 0)) {
+            return pt_fail(err, "%s: rope scaling '%.*s' is not supported", mf->path,
+                           (int)PT_MIN(st.len, 32), st.s);
+        }
+    }
+    /* Llama 3.1 GGUFs carry the scaled frequencies as a tensor instead. */
+    if (pt_model_file_tensor(mf, "rope_freqs.weight"))
+        return pt_fail(err, "%s: rope_freqs tensor (Llama 3.1 GGUF scaling) is not supported yet; "
+                            "load the Hugging Face directory instead",
+                       mf->path);
+
+    /* The vocabulary size is the embedding's row count. */
+    const pt_tensor_info *emb = pt_model_file_tensor(mf, "token_embd.weight");
+    if (!emb || emb->ndim != 2) return pt_fail(err, "%s: missing tensor token_embd.weight", mf->path);
+    c->vocab_size = (int)emb->shape[0];
+    c->tied_embeddings = pt_model_file_tensor(mf, "output.weight") == NULL;
+    return check_shapes(c, err);
+}
+
+/* ---- config.json --------------------------------------------------------- */
+
+static bool json_int(json_t *o, const char *key, int *out) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) return false;
+    json_int_t x = json_integer_value(v);
+    if (x < INT32_MIN || x > INT32_MAX) return false;
+    *out = (int)x;
+    return true;
+}
+
+static bool json_float(json_t *o, const char *key, float *out) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v)) return false;
+    *out = (float)json_number_value(v);
+    return true;
+}
+
+static int rope_scaling_from_json(json_t *rs, pt_model_config *c, pt_err *err) {
+    if (!rs || json_is_null(rs)) return 0;
+    if (!json_is_object(rs)) return pt_fail(err, "config.json: rope_scaling is not an object");
+    const char *type = json_string_value(json_object_get(rs, "rope_type"));
+    if (!type) type = json_string_value(json_object_get(rs, "type"));
+    if (!type || strcmp(type, "default") == 0) return 0;
+    if (!json_float(rs, "factor", &c->rope_factor))
+        return pt_fail(err, "config.json: rope_scaling has no factor");
+    if (strcmp(type, "linear") == 0) {
+        c->rope_scaling = PT_ROPE_SCALING_LINEAR;
+        return 0;
+    }
+    if (strcmp(type, "llama3") == 0) {
+        c->rope_scaling = PT_ROPE_SCALING_LLAMA3;
+        if (!json_float(rs, "low_freq_factor", &c->rope_low_freq_factor) ||
+            !json_float(rs, "high_freq_factor", &c->rope_high_freq_factor) ||
+            !json_int(rs, "original_max_position_embeddings", &c->rope_orig_ctx))
+            return pt_fail(err, "config.json: llama3 rope_scaling needs low_freq_factor, "
+                                "high_freq_factor and original_max_position_embeddings");
+        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_orig_ctx <= 0)
+            return pt_fail(err, "config.json: llama3 rope_scaling factors out of range");
+        return 0;
+    }
+    return pt_fail(err, "config.json: rope scaling '%s' is not supported (supported: linear, "
+                        "llama3)",
+                   type);
+}
+
+int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
+    memset(c, 0, sizeof *c);
+    const char *type = json_string_value(json_object_get(j, "model_type"));
+    if (!type) return pt_fail(err, "config.json: no model_type");
+    const arch_info *a = NULL;
+    for (size_t i = 0; i < PT_ARRAY_LEN(archs); i++)
+        if (strcmp(archs[i].hf_type, type) == 0) a = &archs[i];
+    if (!a)
+        return pt_fail(err, "config.json: model_type '%s' is not supported (supported: %s)", type,
+                       supported_list());
+    snprintf(c->arch, sizeof c->arch, "%s", a->name);
+    c->rope_style = PT_ROPE_NEOX; /* Hugging Face rotate_half */
+    c->qkv_bias = a->qkv_bias;
+    c->qk_norm = a->qk_norm;
+
+    static const struct {
+        const char *key;
+        size_t off;
+    } req[] = {
+        {"hidden_size", offsetof(pt_model_config, dim)},
+        {"num_hidden_layers", offsetof(pt_model_config, n_layers)},
+        {"num_attention_heads", offsetof(pt_model_config, n_heads)},
+        {"intermediate_size", offsetof(pt_model_config, ffn_dim)},
+        {"vocab_size", offsetof(pt_model_config, vocab_size)},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
+        if (!json_int(j, req[i].key, (int *)((char *)c + req[i].off)))
+            return pt_fail(err, "config.json: missing or non-integer %s", req[i].key);
+    if (!json_int(j, "num_key_value_heads", &c->n_kv_heads)) c->n_kv_heads = c->n_heads;
+    if (!json_int(j, "head_dim", &c->head_dim)) c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
+    c->n_rot = c->head_dim;
+    if (!json_int(j, "max_position_embeddings", &c->max_ctx)) c->max_ctx = 4096;
+    if (!json_float(j, "rms_norm_eps", &c->norm_eps)) c->norm_eps = 1e-6f;
+    if (!json_float(j, "rope_theta", &c->rope_theta)) c->rope_theta = 10000.0f;
+    c->tied_embeddings = json_is_true(json_object_get(j, "tie_word_embeddings"));
+    if (json_is_true(json_object_get(j, "attention_bias"))) c->qkv_bias = c->o_bias = true;
+    json_t *act = json_object_get(j, "hidden_act");
+    if (act && json_is_string(act) && strcmp(json_string_value(act), "silu") != 0)
+        return pt_fail(err, "config.json: hidden_act '%s' is not supported (only silu)",
+                       json_string_value(act));
+    if (rope_scaling_from_json(json_object_get(j, "rope_scaling"), c, err)) return -1;
+    int window;
+    if (json_int(j, "sliding_window", &window) && window < c->max_ctx &&
+        !json_is_false(json_object_get(j, "use_sliding_window")))
+        pt_warn("sliding window attention (%d) is not implemented: exact only up to %d tokens",
+                window, window);
+    return check_shapes(c, err);
+}
+
+int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err) {
+    memset(cfg, 0, sizeof *cfg);
+    if (mf->kind == PT_FILE_GGUF) return config_from_gguf(mf->gguf, mf, cfg, err);
+    if (pt_config_from_json(mf->config, cfg, err)) return pt_failp(err, "%s", mf->path);
+    return 0;
+}
+
+/* Shapes of public models, for benchmarking without downloads. */
+static const struct {
+    const char *name, *json;
+} presets[] = {
+    {"llama-1b", /* TinyLlama-1.1B */
+     "{\"model_type\":\"llama\",\"hidden_size\":2048,\"num_hidden_layers\":22,"
+     "\"num_attention_heads\":32,\"num_key_value_heads\":4,\"intermediate_size\":5632,"
+     "\"vocab_size\":32000,\"max_position_embeddings\":2048,\"rms_norm_eps\":1e-5,"
+     "\"rope_theta\":10000.0}"},
+    {"llama-8b", /* Llama-3.1-8B */
+     "{\"model_type\":\"llama\",\"hidden_size\":4096,\"num_hidden_layers\":32,"
+     "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"intermediate_size\":14336,"
+     "\"vocab_size\":128256,\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,"
+     "\"rope_theta\":500000.0,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+     "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+     "\"original_max_position_embeddings\":8192}}"},
+    {"qwen3-8b", /* Qwen3-8B */
+     "{\"model_type\":\"qwen3\",\"hidden_size\":4096,\"num_hidden_layers\":36,"
+     "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"head_dim\":128,"
+     "\"intermediate_size\":12288,\"vocab_size\":151936,\"max_position_embeddings\":40960,"
+     "\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0}"},
+};
+
+const char *pt_config_preset(const char *name) {
+    for (size_t i = 0; i < PT_ARRAY_LEN(presets); i++)
+        if (strcmp(presets[i].name, name) == 0) return presets[i].json;
+    return NULL;
+}
+
+void pt_config_describe(const pt_model_config *c, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s: %d layers, dim %d, %d heads (%d kv, head dim %d), ffn %d, vocab %d",
+             c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
+             c->vocab_size);
+}
+
+void pt_rope_inv_freq(const pt_model_config *c, float *out) {
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < c->n_rot / 2; i++) {
+        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / c->n_rot);
+        if (c->rope_scaling == PT_ROPE_SCALING_LINEAR) {
+            f /= c->rope_factor;
+        } else if (c->rope_scaling == PT_ROPE_SCALING_LLAMA3) {
+            double wavelen = 2 * pi / f;
+            double low_wl = c->rope_orig_ctx / c->rope_low_freq_factor;
+            double high_wl = c->rope_orig_ctx / c->rope_high_freq_factor;
+            if (wavelen > low_wl) {
+                f /= c->rope_factor;
+            } else if (wavelen >= high_wl) {
+                double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq_factor) /
+                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (1 - smooth) * f / c->rope_factor + smooth * f;
+            }
+        }
+        out[i] = (float)f;
+    }
+}
