@@ -47,5 +47,6 @@ int cli_open_engine(pt_engine **e);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 #endif

@@ -14,6 +14,7 @@ static const struct {
     {"generate", cmd_generate, "generate text from a prompt (argument or stdin)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline"},
+    {"eval", cmd_eval, "perplexity of a text, or KL divergence between two models"},
 };
 
 static void usage(FILE *f) {
