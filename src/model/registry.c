@@ -221,14 +221,20 @@ int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
     c->n_rot = c->head_dim;
     if (!json_int(j, "max_position_embeddings", &c->max_ctx)) c->max_ctx = 4096;
     if (!json_float(j, "rms_norm_eps", &c->norm_eps)) c->norm_eps = 1e-6f;
-    if (!json_float(j, "rope_theta", &c->rope_theta)) c->rope_theta = 10000.0f;
+    /* transformers >= 5 writes rope settings under rope_parameters; older
+     * configs have rope_theta and rope_scaling at the top level. */
+    json_t *rp = json_object_get(j, "rope_parameters");
+    if (!json_float(j, "rope_theta", &c->rope_theta) &&
+        !(json_is_object(rp) && json_float(rp, "rope_theta", &c->rope_theta)))
+        c->rope_theta = 10000.0f;
     c->tied_embeddings = json_is_true(json_object_get(j, "tie_word_embeddings"));
     if (json_is_true(json_object_get(j, "attention_bias"))) c->qkv_bias = c->o_bias = true;
     json_t *act = json_object_get(j, "hidden_act");
     if (act && json_is_string(act) && strcmp(json_string_value(act), "silu") != 0)
         return pt_fail(err, "config.json: hidden_act '%s' is not supported (only silu)",
                        json_string_value(act));
-    if (rope_scaling_from_json(json_object_get(j, "rope_scaling"), c, err)) return -1;
+    json_t *rs = json_object_get(j, "rope_scaling");
+    if (rope_scaling_from_json(rs && !json_is_null(rs) ? rs : rp, c, err)) return -1;
     int window;
     if (json_int(j, "sliding_window", &window) && window < c->max_ctx &&
         !json_is_false(json_object_get(j, "use_sliding_window")))

@@ -1,0 +1,749 @@
+#!/usr/bin/env python3
+"""Build tiny random-weight Hugging Face models and record reference logits.
+
+DESIGN.md section 5: transformers builds small random-weight models from a
+config, saves them as safetensors, and records reference logits; Petrel must
+load the same files and match.  See docs/hf-references.md for the layout of
+what this writes and for the exact command used to regenerate it.
+
+Modes:
+  make_hf_references.py [--out DIR] [--cases a,b]   needs torch + transformers
+  make_hf_references.py --check DIR                  pure python, no torch:
+        parses every safetensors header, checks tensor names/shapes/dtypes
+        against config.json, checks reference.json for internal consistency
+  make_hf_references.py --selftest                   pure python, no torch
+
+Output: DIR/<case>/{config.json, model.safetensors | model-0000N-of-0000M.
+safetensors + model.safetensors.index.json, generation_config.json (when
+save_pretrained writes one), reference.json}.
+"""
+
+import argparse
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import struct
+import sys
+import time
+
+FORMAT_VERSION = 1
+N_GREEDY = 32
+PROMPT_LENGTHS = (5, 17, 40)
+BOS, EOS = 1, 2
+
+# One entry per fixture.  Shapes are tiny so the fixtures stay small; they
+# vary on purpose (MHA vs GQA, head_dim != hidden/heads, a non power-of-two
+# hidden size, 3 layers) so a loader that hard-codes a relation is caught.
+CASES = {
+    "llama2": dict(
+        architecture="LlamaForCausalLM", model_type="llama", dtype="float32",
+        vocab=320, hidden=64, inter=160, layers=2, heads=4, kv_heads=4, head_dim=16,
+        rope_theta=10000.0, rope_scaling=None, tie=False, eps=1e-5,
+        max_pos=4096, config_style="native", shard=None, seed0=1000),
+    "llama3": dict(
+        architecture="LlamaForCausalLM", model_type="llama", dtype="bfloat16",
+        vocab=320, hidden=64, inter=160, layers=2, heads=4, kv_heads=2, head_dim=16,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie=True, eps=1e-5, max_pos=131072, config_style="legacy", shard=None, seed0=2000),
+    "mistral": dict(
+        architecture="MistralForCausalLM", model_type="mistral", dtype="float16",
+        vocab=320, hidden=96, inter=224, layers=2, heads=6, kv_heads=2, head_dim=16,
+        rope_theta=1000000.0, rope_scaling=None, tie=False, eps=1e-5,
+        max_pos=4096, config_style="legacy", shard=None, seed0=3000),
+    "qwen2": dict(
+        architecture="Qwen2ForCausalLM", model_type="qwen2", dtype="bfloat16",
+        vocab=320, hidden=64, inter=160, layers=3, heads=4, kv_heads=2, head_dim=16,
+        rope_theta=1000000.0, rope_scaling=None, tie=True, eps=1e-6,
+        max_pos=4096, config_style="legacy", shard=None, seed0=4000),
+    "qwen3": dict(
+        architecture="Qwen3ForCausalLM", model_type="qwen3", dtype="bfloat16",
+        vocab=320, hidden=64, inter=160, layers=2, heads=4, kv_heads=2, head_dim=32,
+        rope_theta=1000000.0, rope_scaling=None, tie=False, eps=1e-6,
+        max_pos=4096, config_style="native", shard=None, seed0=5000),
+    "llama_sharded": dict(
+        architecture="LlamaForCausalLM", model_type="llama", dtype="float32",
+        vocab=320, hidden=64, inter=160, layers=2, heads=4, kv_heads=4, head_dim=16,
+        rope_theta=10000.0, rope_scaling=None, tie=False, eps=1e-5,
+        max_pos=4096, config_style="native", shard="200KB", seed0=6000),
+}
+
+# Random init (overrides whatever transformers does, so it does not depend on
+# the transformers version): matrices N(0, (GAIN/sqrt(fan_in))^2), embeddings
+# and lm_head N(0, EMB_STD^2) (logit spread ~ EMB_STD*sqrt(hidden)), RMSNorm
+# weights 1 + N(0, NORM_STD^2) (so a loader that ignores them is caught),
+# biases N(0, BIAS_STD^2).
+GAIN = 1.2
+EMB_STD = 0.5
+NORM_STD = 0.2
+BIAS_STD = 0.5
+INITIALIZER_RANGE = 0.15  # written to config.json only; our init overrides it
+
+
+def make_prompts(vocab):
+    """Three fixed prompts, first id BOS, other ids in [3, vocab)."""
+    rng = random.Random(20240601)
+    return [[BOS] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
+
+
+def r7(x):
+    """Round to 7 significant digits (JSON keeps the shortest repr)."""
+    if not math.isfinite(x):
+        raise ValueError("non-finite value %r" % (x,))
+    return float("%.7g" % x)
+
+
+def dumps(obj, ind=0):
+    """JSON with one line per numeric row: small diffs, easy to eyeball."""
+    pad, pad1 = " " * ind, " " * (ind + 1)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = ["%s%s: %s" % (pad1, json.dumps(k), dumps(v, ind + 1)) for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, (list, tuple)):
+        if all(not isinstance(x, (list, tuple, dict)) for x in obj):
+            return json.dumps(list(obj), separators=(",", ":"), allow_nan=False)
+        items = [pad1 + dumps(x, ind + 1) for x in obj]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    return json.dumps(obj, allow_nan=False)
+
+
+def to_legacy_config(cfg):
+    """Rewrite a transformers-v5 style config dict (rope_parameters, dtype) the
+    way most Hub checkpoints look (rope_theta + rope_scaling, torch_dtype)."""
+    out = {}
+    rp = cfg.get("rope_parameters")
+    for k, v in cfg.items():
+        if k == "rope_parameters":
+            continue
+        if k == "dtype":
+            out["torch_dtype"] = v
+            continue
+        out[k] = v
+    if isinstance(rp, dict) and "rope_theta" in rp and not any(isinstance(v, dict) for v in rp.values()):
+        out.setdefault("rope_theta", rp["rope_theta"])
+        rt = rp.get("rope_type", rp.get("type", "default"))
+        if rt == "default":
+            out["rope_scaling"] = None
+        else:
+            out["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+    elif rp is not None:
+        out["rope_parameters"] = rp  # nested / unexpected: keep as is
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Pure-python checks (no torch)
+# ---------------------------------------------------------------------------
+
+ST_DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+HF_TO_ST = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def read_st_header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > 100 * 1024 * 1024:
+            raise ValueError("%s: header length %d too large" % (path, n))
+        hdr = json.loads(f.read(n).decode("utf-8"))
+    size = os.path.getsize(path)
+    meta = hdr.pop("__metadata__", None)
+    spans = []
+    for name, t in hdr.items():
+        a, b = t["data_offsets"]
+        nel = 1
+        for d in t["shape"]:
+            nel *= d
+        if b - a != nel * ST_DTYPE_SIZE[t["dtype"]]:
+            raise ValueError("%s: %s size mismatch" % (path, name))
+        spans.append((a, b))
+    spans.sort()
+    pos = 0
+    for a, b in spans:
+        if a != pos:
+            raise ValueError("%s: data not contiguous at %d" % (path, a))
+        pos = b
+    if 8 + n + pos != size:
+        raise ValueError("%s: file size %d != 8 + %d + %d" % (path, size, n, pos))
+    return hdr, meta, n
+
+
+def expected_tensors(cfg):
+    mt = cfg["model_type"]
+    H = cfg["hidden_size"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nh
+    hd = cfg.get("head_dim") or H // nh
+    I = cfg["intermediate_size"]
+    V = cfg["vocab_size"]
+    exp = {"model.embed_tokens.weight": [V, H], "model.norm.weight": [H]}
+    if not cfg.get("tie_word_embeddings", False):
+        exp["lm_head.weight"] = [V, H]
+    for i in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        exp[p + "input_layernorm.weight"] = [H]
+        exp[p + "post_attention_layernorm.weight"] = [H]
+        exp[p + "self_attn.q_proj.weight"] = [nh * hd, H]
+        exp[p + "self_attn.k_proj.weight"] = [nkv * hd, H]
+        exp[p + "self_attn.v_proj.weight"] = [nkv * hd, H]
+        exp[p + "self_attn.o_proj.weight"] = [H, nh * hd]
+        exp[p + "mlp.gate_proj.weight"] = [I, H]
+        exp[p + "mlp.up_proj.weight"] = [I, H]
+        exp[p + "mlp.down_proj.weight"] = [H, I]
+        if mt == "qwen2" or cfg.get("attention_bias"):
+            exp[p + "self_attn.q_proj.bias"] = [nh * hd]
+            exp[p + "self_attn.k_proj.bias"] = [nkv * hd]
+            exp[p + "self_attn.v_proj.bias"] = [nkv * hd]
+        if mt == "qwen3":
+            exp[p + "self_attn.q_norm.weight"] = [hd]
+            exp[p + "self_attn.k_norm.weight"] = [hd]
+    return exp
+
+
+def check_case(d):
+    """Validate one fixture directory; returns a one-line summary."""
+    case = os.path.basename(os.path.normpath(d))
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    ref = json.load(open(os.path.join(d, "reference.json")))
+    idx_path = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx_path):
+        idx = json.load(open(idx_path))
+        files = sorted(set(idx["weight_map"].values()))
+        if len(files) < 2:
+            raise ValueError("%s: index names fewer than 2 shards" % case)
+    else:
+        idx, files = None, ["model.safetensors"]
+    tensors = {}
+    for fn in files:
+        hdr, meta, _ = read_st_header(os.path.join(d, fn))
+        for name, t in hdr.items():
+            if name in tensors:
+                raise ValueError("%s: %s in two shards" % (case, name))
+            tensors[name] = (fn, t)
+            if idx is not None and idx["weight_map"].get(name) != fn:
+                raise ValueError("%s: index maps %s elsewhere" % (case, name))
+    if idx is not None and set(idx["weight_map"]) != set(tensors):
+        raise ValueError("%s: index weight_map != shard contents" % case)
+    exp = expected_tensors(cfg)
+    missing = sorted(set(exp) - set(tensors))
+    extra = sorted(set(tensors) - set(exp))
+    if missing or extra:
+        raise ValueError("%s: missing %s extra %s" % (case, missing, extra))
+    want_dt = HF_TO_ST[ref["dtype"]]
+    for name, shape in exp.items():
+        fn, t = tensors[name]
+        if list(t["shape"]) != shape:
+            raise ValueError("%s: %s shape %s != %s" % (case, name, t["shape"], shape))
+        if t["dtype"] != want_dt:
+            raise ValueError("%s: %s dtype %s != %s" % (case, name, t["dtype"], want_dt))
+    # reference.json consistency
+    V = cfg["vocab_size"]
+    thr = ref["margin_threshold"]
+    mins = []
+    for p in ref["prompts"]:
+        toks, lg, am = p["tokens"], p["logits"], p["argmax"]
+        if len(lg) != len(toks) or len(am) != len(toks):
+            raise ValueError("%s: prompt rows" % case)
+        if any(not (0 <= t < V) for t in toks):
+            raise ValueError("%s: token out of range" % case)
+        for rows, args, margins in ((lg, am, p["margins"]), (p["greedy_logits"], p["greedy"], p["greedy_margins"])):
+            for row, a, m in zip(rows, args, margins):
+                if len(row) != V:
+                    raise ValueError("%s: row width" % case)
+                s = sorted(row, reverse=True)
+                if row.index(s[0]) != a or abs((s[0] - s[1]) - m) > 1e-4:
+                    raise ValueError("%s: argmax/margin inconsistent" % case)
+        g = p["greedy"]
+        if len(g) != N_GREEDY or len(p["greedy_logits"]) != N_GREEDY:
+            raise ValueError("%s: greedy length" % case)
+        if p["greedy_logits"][0] != lg[-1]:
+            raise ValueError("%s: greedy_logits[0] != logits[-1]" % case)
+        if g[0] != am[-1]:
+            raise ValueError("%s: greedy[0] != argmax[-1]" % case)
+        mins.append(min(p["margins"] + p["greedy_margins"]))
+    mm = min(mins)
+    sizes = sum(os.path.getsize(os.path.join(d, f)) for f in files)
+    return ("%-14s %-20s %-9s tensors=%3d shards=%d weights=%7d B reference=%7d B min_margin=%.4f%s lm_head=%s"
+            % (case, ref["architecture"], ref["dtype"], len(tensors), len(files), sizes,
+               os.path.getsize(os.path.join(d, "reference.json")), mm,
+               "" if mm >= thr else " (BELOW THRESHOLD %g)" % thr,
+               "present" if "lm_head.weight" in tensors else "absent(tied)"))
+
+
+def check_dir(root):
+    ok = True
+    for case in sorted(os.listdir(root)):
+        d = os.path.join(root, case)
+        if not os.path.isdir(d):
+            continue
+        try:
+            print(check_case(d))
+        except Exception as e:  # report every case, then fail
+            ok = False
+            print("FAIL %s: %s" % (case, e))
+    return ok
+
+
+def selftest():
+    ps = make_prompts(320)
+    assert [len(p) for p in ps] == list(PROMPT_LENGTHS) and all(p[0] == BOS for p in ps)
+    assert all(3 <= t < 320 for p in ps for t in p[1:])
+    assert r7(1.23456789) == 1.234568 and r7(-12.3456789) == -12.34568
+    s = dumps({"a": [1.5, 2], "b": [[1, 2], [3]], "c": {"d": None, "e": "x"}, "f": []})
+    assert json.loads(s) == {"a": [1.5, 2], "b": [[1, 2], [3]], "c": {"d": None, "e": "x"}, "f": []}
+    v5 = {"model_type": "llama", "dtype": "bfloat16", "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}}
+    lg = to_legacy_config(v5)
+    assert lg == {"model_type": "llama", "torch_dtype": "bfloat16", "rope_theta": 500000.0,
+                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, lg
+    lg = to_legacy_config({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    assert lg == {"rope_theta": 1e4, "rope_scaling": None}, lg
+    assert to_legacy_config({"rope_theta": 1e4, "rope_scaling": None}) == {"rope_theta": 1e4, "rope_scaling": None}
+    for name, c in CASES.items():
+        cfg = {"model_type": c["model_type"], "hidden_size": c["hidden"], "num_attention_heads": c["heads"],
+               "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"], "intermediate_size": c["inter"],
+               "vocab_size": c["vocab"], "num_hidden_layers": c["layers"], "tie_word_embeddings": c["tie"]}
+        exp = expected_tensors(cfg)
+        assert ("lm_head.weight" in exp) == (not c["tie"]), name
+    # a fake safetensors file round trip
+    import tempfile
+    with tempfile.TemporaryDirectory() as td:
+        p = os.path.join(td, "x.safetensors")
+        hdr = {"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+               "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 32]}}
+        hb = json.dumps(hdr).encode()
+        hb += b" " * ((8 - len(hb) % 8) % 8)
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", len(hb)) + hb + bytes(32))
+        h, meta, _ = read_st_header(p)
+        assert meta == {"format": "pt"} and set(h) == {"a", "b"}
+    print("selftest ok")
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Generation (torch + transformers)
+# ---------------------------------------------------------------------------
+
+def build_config(tf, c):
+    major = int(tf.__version__.split(".")[0])
+    cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig,
+           "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config}[c["model_type"]]
+    kw = dict(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["inter"],
+              num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+              num_key_value_heads=c["kv_heads"], head_dim=c["head_dim"],
+              max_position_embeddings=c["max_pos"], rms_norm_eps=c["eps"],
+              initializer_range=INITIALIZER_RANGE, tie_word_embeddings=c["tie"],
+              bos_token_id=BOS, eos_token_id=EOS, hidden_act="silu",
+              attention_dropout=0.0, use_cache=True)
+    if major >= 5:
+        rp = {"rope_type": "default", "rope_theta": c["rope_theta"]}
+        if c["rope_scaling"]:
+            rp = dict(c["rope_scaling"])
+            rp["rope_theta"] = c["rope_theta"]
+        kw["rope_parameters"] = rp
+    else:
+        kw["rope_theta"] = c["rope_theta"]
+        kw["rope_scaling"] = c["rope_scaling"]
+    if c["model_type"] in ("mistral", "qwen2", "qwen3"):
+        kw["sliding_window"] = None
+    if c["model_type"] in ("qwen2", "qwen3"):
+        kw["use_sliding_window"] = False
+    cfg = cls(**kw)
+    cfg.architectures = [c["architecture"]]
+    return cfg
+
+
+def make_model(tf, torch, cfg):
+    try:
+        m = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    except TypeError:
+        cfg._attn_implementation = "eager"
+        m = tf.AutoModelForCausalLM.from_config(cfg)
+    return m.to(torch.float32).eval()
+
+
+def init_params(torch, model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        _init_params(torch, model, g)
+        if model.config.tie_word_embeddings and model.lm_head.weight is not model.model.embed_tokens.weight:
+            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+
+
+def _init_params(torch, model, g):
+    for name, p in model.named_parameters():  # a tied lm_head appears once
+        shape = tuple(p.shape)
+        r = torch.randn(shape, generator=g, dtype=torch.float64)
+        if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+            v = r * EMB_STD
+        elif name.endswith("norm.weight"):
+            v = 1.0 + NORM_STD * r
+        elif name.endswith(".bias"):
+            v = BIAS_STD * r
+        elif len(shape) == 2:
+            v = r * (GAIN / math.sqrt(shape[1]))
+        else:
+            raise RuntimeError("no init rule for %s %s" % (name, shape))
+        p.copy_(v.to(p.dtype))
+
+
+def stored_f64(torch, base, store):
+    """float64 copy of base whose parameters are rounded to the storage dtype.
+    Only parameters: model.to(bfloat16) would also round the float32 rotary
+    inv_freq buffer, which a model loaded from disk recomputes in float32."""
+    m = copy.deepcopy(base)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.data = p.data.to(store).to(torch.float64)
+    return m.to(torch.float64).eval()
+
+
+def top2(torch, rows):
+    t = torch.topk(rows, 2, dim=-1).values
+    return (t[..., 0] - t[..., 1])
+
+
+def run_prompts(torch, model, prompts, thr=None, dev="cpu"):
+    """Prompt logits at every position + N_GREEDY greedy steps, no KV cache
+    (each step re-runs the whole sequence).  With thr set, returns None as soon
+    as a margin below thr is seen (seed search)."""
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            lg = model(input_ids=torch.tensor([p], device=dev), use_cache=False).logits[0]
+            marg = top2(torch, lg)
+            if thr is not None and float(marg.min()) < thr:
+                return None
+            seq = list(p)
+            glog, gtok, gmar = [], [], []
+            row = lg[-1]
+            for step in range(N_GREEDY):
+                if step > 0:
+                    row = model(input_ids=torch.tensor([seq], device=dev), use_cache=False).logits[0, -1]
+                m = float(top2(torch, row))
+                if thr is not None and m < thr:
+                    return None
+                t = int(torch.argmax(row))
+                glog.append(row.detach().to("cpu", torch.float64))
+                gtok.append(t)
+                gmar.append(m)
+                seq.append(t)
+            out.append(dict(tokens=list(p), logits=lg.detach().to("cpu", torch.float64),
+                            margins=marg.to("cpu", torch.float64).tolist(),
+                            greedy=gtok, greedy_logits=torch.stack(glog), greedy_margins=gmar))
+    return out
+
+
+def min_margin(res):
+    return min(min(r["margins"] + r["greedy_margins"]) for r in res)
+
+
+def kv_cache_greedy(torch, model, prompt, dev):
+    """Greedy decode through the model's own KV cache (prefill, then one token per step)."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt], device=dev), use_cache=True)
+        past, rows, toks = out.past_key_values, [], []
+        row = out.logits[0, -1]
+        for step in range(N_GREEDY):
+            rows.append(row.to("cpu", torch.float64))
+            t = int(torch.argmax(row))
+            toks.append(t)
+            if step + 1 < N_GREEDY:
+                out = model(input_ids=torch.tensor([[t]], device=dev), past_key_values=past, use_cache=True)
+                past, row = out.past_key_values, out.logits[0, -1]
+    return toks, torch.stack(rows)
+
+
+def write_shards(torch, model, d, max_bytes):
+    """Manual sharding fallback (HF layout) if save_pretrained did not shard."""
+    from safetensors.torch import save_file
+    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    groups, cur, size = [], {}, 0
+    for k in sorted(sd):
+        nb = sd[k].numel() * sd[k].element_size()
+        if cur and size + nb > max_bytes:
+            groups.append(cur)
+            cur, size = {}, 0
+        cur[k] = sd[k]
+        size += nb
+    groups.append(cur)
+    for f in os.listdir(d):
+        if f.endswith(".safetensors") or f == "model.safetensors.index.json":
+            os.remove(os.path.join(d, f))
+    wm, total = {}, 0
+    for i, g in enumerate(groups):
+        fn = "model-%05d-of-%05d.safetensors" % (i + 1, len(groups))
+        save_file(g, os.path.join(d, fn), metadata={"format": "pt"})
+        for k, v in g.items():
+            wm[k] = fn
+            total += v.numel() * v.element_size()
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def save_model(tf, torch, base, store, d, shard, notes):
+    to_save = copy.deepcopy(base).to(store)
+    for attempt in ([shard, 150000, 100000] if shard else [None]):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        to_save.save_pretrained(d, **({"max_shard_size": attempt} if attempt else {}))
+        files = os.listdir(d)
+        nshards = len([f for f in files if f.endswith(".safetensors")])
+        if not shard or (nshards >= 2 and "model.safetensors.index.json" in files):
+            return
+    notes.append("save_pretrained did not shard; shards written with safetensors.torch.save_file")
+    write_shards(torch, to_save, d, 150000)
+
+
+def load_saved(tf, torch, d, tie, notes):
+    try:
+        r = tf.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager")
+    except TypeError:
+        r = tf.AutoModelForCausalLM.from_pretrained(d)
+    loaded_dtype = str(next(r.parameters()).dtype).replace("torch.", "")
+    r = r.to(torch.float64).eval()
+    if tie and r.lm_head.weight is not r.model.embed_tokens.weight:
+        notes.append("reloaded tied model: lm_head is a separate tensor")
+        if not torch.equal(r.lm_head.weight, r.model.embed_tokens.weight):
+            raise RuntimeError("reloaded tied model has lm_head != embed_tokens")
+    return r, loaded_dtype
+
+
+def compare(torch, a_res, b_res):
+    diff = 0.0
+    for a, b in zip(a_res, b_res):
+        diff = max(diff, float((a["logits"] - b["logits"]).abs().max()))
+        if a["greedy"] == b["greedy"]:
+            diff = max(diff, float((a["greedy_logits"] - b["greedy_logits"]).abs().max()))
+    return diff, all(a["greedy"] == b["greedy"] for a, b in zip(a_res, b_res))
+
+
+def generate_case(tf, torch, name, c, outroot, thr, max_seeds, case_budget_s):
+    t0 = time.time()
+    store = getattr(torch, c["dtype"])
+    cfg = build_config(tf, c)
+    base = make_model(tf, torch, cfg)
+    notes = []
+    tied_shared = base.lm_head.weight is base.model.embed_tokens.weight
+    if c["tie"] and not tied_shared:
+        notes.append("tied model built with lm_head not sharing embed_tokens; copied explicitly")
+    if not c["tie"] and tied_shared:
+        raise RuntimeError("untied config produced a shared lm_head")
+    prompts = make_prompts(c["vocab"])
+    # --- seed search: first seed whose margins are all >= thr (evaluated on the
+    # weights rounded to the storage dtype, in float64)
+    best = None  # (min_margin, seed)
+    chosen = None
+    tried = 0
+    for seed in range(c["seed0"], c["seed0"] + max_seeds):
+        tried += 1
+        init_params(torch, base, seed)
+        m64 = stored_f64(torch, base, store)
+        res = run_prompts(torch, m64, prompts, thr=thr)
+        if res is not None:
+            chosen = seed
+            break
+        if time.time() - t0 > case_budget_s:
+            break
+    if chosen is None:
+        # fall back: best min margin among a few seeds, evaluated fully
+        for seed in range(c["seed0"], c["seed0"] + min(tried, 4)):
+            init_params(torch, base, seed)
+            m64 = stored_f64(torch, base, store)
+            mm = min_margin(run_prompts(torch, m64, prompts))
+            if best is None or mm > best[0]:
+                best = (mm, seed)
+        chosen = best[1]
+        print("[%s] WARNING: no seed reached margin %g in %d tries; using seed %d (min margin %.4g)"
+              % (name, thr, tried, chosen, best[0]), flush=True)
+    init_params(torch, base, chosen)
+    # --- save in the storage dtype
+    d = os.path.join(outroot, name)
+    save_model(tf, torch, base, store, d, c["shard"], notes)
+    cfg_path = os.path.join(d, "config.json")
+    native_cfg = json.load(open(cfg_path))
+    # --- reload the SAVED model; the reference is computed from it (float64, CPU)
+    r, loaded_dtype = load_saved(tf, torch, d, c["tie"], notes)
+    res = run_prompts(torch, r, prompts)
+    # sanity: the in-memory model of the seed search gives the same thing
+    res_mem = run_prompts(torch, stored_f64(torch, base, store), prompts)
+    reload_diff, reload_same_tokens = compare(torch, res, res_mem)
+    if not (reload_same_tokens and reload_diff <= 1e-6):
+        msg = ("reloaded model differs from the in-memory one (max abs diff %g, same greedy %s); "
+               "reference is taken from the reloaded model" % (reload_diff, reload_same_tokens))
+        print("[%s] WARNING: %s" % (name, msg), flush=True)
+        notes.append(msg)
+    config_style = "native"
+    if c["config_style"] == "legacy":
+        with open(cfg_path, "w") as f:
+            json.dump(to_legacy_config(native_cfg), f, indent=2, sort_keys=True)
+            f.write("\n")
+        r2, _ = load_saved(tf, torch, d, c["tie"], notes)
+        res2 = run_prompts(torch, r2, prompts)
+        diff2, same2 = compare(torch, res2, res)
+        if same2 and diff2 == 0.0:
+            config_style = "legacy"
+        else:
+            print("[%s] legacy config.json changes the model (diff %g); keeping the native one"
+                  % (name, diff2), flush=True)
+            notes.append("legacy-style config.json did not reproduce the model; native config kept")
+            with open(cfg_path, "w") as f:
+                json.dump(native_cfg, f, indent=2, sort_keys=True)
+                f.write("\n")
+    # --- float32 cross-checks (CUDA, TF32 off): full-sequence teacher forcing,
+    # and greedy decode through HF's KV cache
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m32 = copy.deepcopy(r).to(torch.float32).to(dev).eval()
+    f32_prompt, f32_greedy, kv_diff, kv_tokens_ok, kv_err = 0.0, 0.0, None, None, None
+    with torch.no_grad():
+        for x in res:
+            T = len(x["tokens"])
+            full = x["tokens"] + x["greedy"][:-1]
+            lg = m32(input_ids=torch.tensor([full], device=dev), use_cache=False).logits[0].to("cpu", torch.float64)
+            f32_prompt = max(f32_prompt, float((lg[:T] - x["logits"]).abs().max()))
+            f32_greedy = max(f32_greedy, float((lg[T - 1:] - x["greedy_logits"]).abs().max()))
+        try:
+            kv_diff, kv_tokens_ok = 0.0, True
+            for x in res:
+                toks, rows = kv_cache_greedy(torch, m32, x["tokens"], dev)
+                kv_tokens_ok = kv_tokens_ok and toks == x["greedy"]
+                kv_diff = max(kv_diff, float((rows - x["greedy_logits"]).abs().max()))
+        except Exception as e:  # informational only
+            kv_diff, kv_tokens_ok, kv_err = None, None, "%s: %s" % (type(e).__name__, e)
+    # --- write reference.json
+    prompts_out = []
+    absmax = 0.0
+    for x in res:
+        absmax = max(absmax, float(x["logits"].abs().max()), float(x["greedy_logits"].abs().max()))
+        prompts_out.append({
+            "tokens": x["tokens"],
+            "argmax": [int(v) for v in x["logits"].argmax(-1).tolist()],
+            "margins": [r7(v) for v in x["margins"]],
+            "min_margin": r7(min(x["margins"])),
+            "greedy": x["greedy"],
+            "greedy_margins": [r7(v) for v in x["greedy_margins"]],
+            "greedy_min_margin": r7(min(x["greedy_margins"])),
+            "logits": [[r7(v) for v in row] for row in x["logits"].tolist()],
+            "greedy_logits": [[r7(v) for v in row] for row in x["greedy_logits"].tolist()],
+        })
+    weights = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    ref = {
+        "format_version": FORMAT_VERSION,
+        "case": name,
+        "architecture": c["architecture"],
+        "model_type": c["model_type"],
+        "dtype": c["dtype"],
+        "weight_files": weights,
+        "sharded": bool(c["shard"]),
+        "tie_word_embeddings": c["tie"],
+        "config_style": config_style,
+        "shapes": {"vocab_size": c["vocab"], "hidden_size": c["hidden"], "intermediate_size": c["inter"],
+                   "num_hidden_layers": c["layers"], "num_attention_heads": c["heads"],
+                   "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"]},
+        "rope_theta": c["rope_theta"],
+        "rope_scaling": c["rope_scaling"],
+        "rms_norm_eps": c["eps"],
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+        "seed": chosen,
+        "seeds_tried": tried,
+        "init": {"matrix_std": "%g/sqrt(fan_in)" % GAIN, "embedding_std": EMB_STD,
+                 "norm_weight": "1 + %g*N(0,1)" % NORM_STD, "bias_std": BIAS_STD},
+        "torch_version": torch.__version__,
+        "transformers_version": tf.__version__,
+        "reference_compute": "reloaded saved model, float64 on CPU, eager attention, no KV cache "
+                             "(HF upcasts/downcasts RMSNorm, softmax and RoPE cos/sin through float32 internally)",
+        "loaded_dtype": loaded_dtype,
+        "n_greedy": N_GREEDY,
+        "margin_threshold": thr,
+        "min_margin": r7(min_margin(res)),
+        "logit_absmax": r7(absmax),
+        "crosscheck": {
+            "reload_vs_in_memory_max_abs_diff": reload_diff,
+            "reload_vs_in_memory_same_greedy": reload_same_tokens,
+            "float32_device": dev + ("" if dev == "cpu" else " (TF32 off)"),
+            "float32_prompt_logits_max_abs_diff": r7(f32_prompt),
+            "float32_greedy_logits_max_abs_diff": r7(f32_greedy),
+            "float32_kv_cache_greedy_logits_max_abs_diff": None if kv_diff is None else r7(kv_diff),
+            "float32_kv_cache_same_greedy": kv_tokens_ok,
+            "float32_kv_cache_error": kv_err,
+        },
+        "notes": notes,
+        "prompts": prompts_out,
+    }
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        f.write(dumps(ref))
+        f.write("\n")
+    summary = dict(case=name, seed=chosen, tried=tried, min_margin=ref["min_margin"], files=sorted(os.listdir(d)),
+                   config_style=config_style, loaded_dtype=loaded_dtype, logit_absmax=ref["logit_absmax"],
+                   **ref["crosscheck"], secs=round(time.time() - t0, 1))
+    print("[%s] %s" % (name, json.dumps(summary)), flush=True)
+    return summary
+
+
+def generate(args):
+    import torch
+    import transformers as tf
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        torch.set_float32_matmul_precision("highest")
+    except Exception:
+        pass
+    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+    try:
+        tf.logging.set_verbosity_error()
+    except Exception:
+        pass
+    print("torch %s transformers %s cuda %s" % (torch.__version__, tf.__version__, torch.cuda.is_available()), flush=True)
+    names = args.cases.split(",") if args.cases else list(CASES)
+    os.makedirs(args.out, exist_ok=True)
+    summaries, failed = [], []
+    t0 = time.time()
+    for i, n in enumerate(names):
+        left = args.total_budget - (time.time() - t0)
+        budget = max(3.0, min(args.case_budget, 0.6 * left / (len(names) - i)))
+        try:
+            summaries.append(generate_case(tf, torch, n, CASES[n], args.out, args.threshold,
+                                           args.max_seeds, budget))
+        except Exception:
+            import traceback
+            traceback.print_exc()
+            failed.append(n)
+            sys.stdout.flush()
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"torch_version": torch.__version__, "transformers_version": tf.__version__,
+                   "cases": summaries, "failed": failed}, f, indent=1)
+    ok = check_dir(args.out)
+    return ok and not failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf"))
+    ap.add_argument("--cases", default="", help="comma-separated subset of: " + ",".join(CASES))
+    ap.add_argument("--threshold", type=float, default=0.02, help="min top1-top2 logit margin")
+    ap.add_argument("--max-seeds", type=int, default=300)
+    ap.add_argument("--case-budget", type=float, default=20.0, help="seconds of seed search per case")
+    ap.add_argument("--total-budget", type=float, default=150.0, help="seconds for all cases (seed search shrinks)")
+    ap.add_argument("--check", metavar="DIR", help="validate fixtures in DIR (no torch)")
+    ap.add_argument("--selftest", action="store_true")
+    a = ap.parse_args()
+    if a.selftest:
+        return 0 if selftest() else 1
+    if a.check:
+        return 0 if check_dir(a.check) else 1
+    return 0 if generate(a) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
