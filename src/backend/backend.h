@@ -27,6 +27,12 @@ typedef struct pt_weight {
     int64_t rows, cols;
     const void *data; /* backend memory */
     size_t nbytes;
+    /* PT_AFFINE only (MLX layout): data holds packed uint32 codes; each group
+     * of group_size weights along a row has w = scale * q + bias, with scales
+     * and biases [rows][cols / group_size] of scale_dtype (f16, bf16, f32). */
+    int bits, group_size;
+    const void *scales, *biases;
+    pt_dtype scale_dtype;
 } pt_weight;
 
 enum pt_rope_style {

@@ -22,6 +22,8 @@ static const pt_dtype_info infos[PT_DTYPE_COUNT] = {
     [PT_Q4_K] = {"q4_k", 256, 144, 12, NULL},
     [PT_Q5_K] = {"q5_k", 256, 176, 13, NULL},
     [PT_Q6_K] = {"q6_k", 256, 210, 14, NULL},
+    /* bits and group size vary per tensor: sizes come from src/quant/ */
+    [PT_AFFINE] = {"affine", 0, 0, -1, NULL},
 };
 
 const pt_dtype_info *pt_dtype_get(pt_dtype t) {
@@ -47,7 +49,7 @@ int pt_dtype_from_safetensors(const char *name) {
 size_t pt_dtype_bytes(pt_dtype t, uint64_t n) {
     const pt_dtype_info *d = pt_dtype_get(t);
     size_t out;
-    if (!d || n % (uint64_t)d->block) return 0;
+    if (!d || d->block == 0 || n % (uint64_t)d->block) return 0;
     if (!pt_mul_ok((size_t)(n / (uint64_t)d->block), (size_t)d->block_bytes, &out)) return 0;
     return out;
 }

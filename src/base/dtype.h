@@ -28,6 +28,7 @@ typedef enum pt_dtype {
     PT_Q4_K, /* GGUF k-quants: 256-element super-blocks */
     PT_Q5_K,
     PT_Q6_K,
+    PT_AFFINE, /* MLX affine group quantization: see pt_weight bits/group_size */
     PT_DTYPE_COUNT
 } pt_dtype;
 
