@@ -57,4 +57,14 @@ bool pt_gguf_arr_str(const pt_gguf *g, const char *key, uint64_t i, pt_gguf_str 
 bool pt_gguf_arr_int(const pt_gguf *g, const char *key, uint64_t i, int64_t *out);
 bool pt_gguf_arr_float(const pt_gguf *g, const char *key, uint64_t i, double *out);
 
+/* Added by the io layer: layout and metadata iteration. */
+/* general.alignment (default 32) and the file offset where tensor data starts. */
+size_t pt_gguf_alignment(const pt_gguf *g);
+size_t pt_gguf_data_offset(const pt_gguf *g);
+/* Metadata in file order: key and value type (enum pt_gguf_type) of entry i. */
+uint64_t pt_gguf_n_kv(const pt_gguf *g);
+bool pt_gguf_kv_at(const pt_gguf *g, uint64_t i, pt_gguf_str *key, int *type);
+/* "u32", "string", "array", ...; "unknown" outside the enum. */
+const char *pt_gguf_type_name(int type);
+
 #endif

@@ -21,9 +21,16 @@ typedef struct pt_tokenizer pt_tokenizer;
 /* From the model: GGUF tokenizer.ggml.* keys, or the HF directory's
  * tokenizer.json + tokenizer_config.json. */
 int pt_tokenizer_load(pt_tokenizer **out, const pt_model_file *mf, pt_err *err);
-/* From a tokenizer.json (config may be NULL). */
+/* From the paths of a tokenizer.json and tokenizer_config.json (the config
+ * may be NULL). */
 int pt_tokenizer_load_json(pt_tokenizer **out, const char *tokenizer_json,
                            const char *tokenizer_config_json, pt_err *err);
+/* From a parsed GGUF (tokenizer.ggml.model "llama" or "gpt2"). */
+int pt_tokenizer_load_gguf(pt_tokenizer **out, const pt_gguf *g, pt_err *err);
+/* From tokenizer.json text in memory (untrusted: any bytes give a result or
+ * an error); config is the parsed tokenizer_config.json or NULL. */
+int pt_tokenizer_load_json_mem(pt_tokenizer **out, const char *json, size_t len,
+                               const json_t *config, pt_err *err);
 void pt_tokenizer_free(pt_tokenizer *t);
 
 int pt_tokenizer_n_vocab(const pt_tokenizer *t);
@@ -51,7 +58,10 @@ bool pt_token_is_special(const pt_tokenizer *t, int32_t id);
 typedef struct pt_detok {
     const pt_tokenizer *tok;
     bool skip_special; /* drop control tokens (default true) */
-    bool at_start;     /* strip the SPM leading space of the first piece */
+    bool at_start;     /* the ids start a text: the first piece loses the
+                          leading space the tokenizer added (SPM, Llama-2
+                          style); false after pt_detok_init, as a continuation
+                          keeps its space; pt_detokenize sets it */
     char pending[8];   /* incomplete UTF-8 tail */
     int n_pending;
 } pt_detok;
@@ -61,6 +71,8 @@ void pt_detok_init(pt_detok *d, const pt_tokenizer *t);
  * the piece length) and returns the number of bytes written: only complete
  * UTF-8 characters. */
 size_t pt_detok_push(pt_detok *d, int32_t id, char *out, size_t cap);
+/* Bytes that can never form a character come out as U+FFFD at once, one per
+ * maximal subpart (as WHATWG TextDecoder does). */
 /* Flushes a trailing incomplete sequence as U+FFFD. */
 size_t pt_detok_flush(pt_detok *d, char *out, size_t cap);
 

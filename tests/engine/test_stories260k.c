@@ -3,10 +3,11 @@
  *
  * stories260K.gguf with greedy continuations and logits recorded from
  * llama.cpp (tests/fixtures/, see shared/models/README.md): our tokenizer
- * must give the same prompt ids, our forward the same logits (1e-3 against
- * llama.cpp's f16-KV run, 1e-4 against its f32-KV run) and the same 48
- * greedy tokens, for every kernel set and thread count, for prefill in one
- * batch or in small chunks, and for several sequences decoded in one batch.
+ * must give the same prompt ids, our forward the same logits (1e-4 against
+ * llama.cpp's f32-KV run; 1e-2 against its default f16-KV flash-attention
+ * run, which is itself 7.6e-3 from f32) and the same 48 greedy tokens, for
+ * every kernel set and thread count, for prefill in one batch or in small
+ * chunks, and for several sequences decoded in one batch.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -94,6 +95,9 @@ static void check_logits(const char *kernels, int threads, int max_batch, pt_dty
         double d = fabs(e->logits[i] - json_number_value(json_array_get(want, i)));
         if (d > max_diff) max_diff = d;
     }
+    if (getenv("PETREL_TEST_VERBOSE"))
+        print_message("%s %d threads kv %s vs %s: %.3g\n", kernels, threads, pt_dtype_name(kv), key,
+                      max_diff);
     if (max_diff > tol)
         fail_msg("%s, %d threads, batch %d: max |logit diff| %.3g vs %s > %.1g", kernels, threads,
                  max_batch, max_diff, key, tol);
@@ -110,7 +114,10 @@ static void test_logits(void **state) {
     for (int k = 0; k < 2; k++)
         for (int t = 1; t <= 2; t++) {
             check_logits(kernels[k], t, 0, PT_F32, "logits_kv_f32_fa_off", 1e-4);
-            check_logits(kernels[k], t, 0, PT_F16, "logits", 1e-3);
+            check_logits(kernels[k], t, 0, PT_F32, "logits", 1e-2);
+            /* An f16 cache rounds K and V to 11 bits; llama.cpp's own f16
+             * path is 7.6e-3 from its f32 one (shared/models/README.md). */
+            check_logits(kernels[k], t, 0, PT_F16, "logits_kv_f32_fa_off", 1e-2);
         }
     /* prefill in chunks of 2 rows must give the same answer */
     check_logits("auto", 2, 2, PT_F32, "logits_kv_f32_fa_off", 1e-4);
