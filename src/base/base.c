@@ -145,6 +145,15 @@ size_t pt_peak_rss(void) {
     return (size_t)ru.ru_maxrss * 1024;
 }
 
+size_t pt_current_rss(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long pages = 0, rss = 0;
+    int n = fscanf(f, "%lu %lu", &pages, &rss);
+    fclose(f);
+    return n == 2 ? (size_t)rss * (size_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
 size_t pt_mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;

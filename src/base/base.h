@@ -73,8 +73,10 @@ uint16_t pt_f32_to_f16(float f);
 /* Seconds from a monotonic clock. */
 double pt_now(void);
 
-/* Peak resident set size of this process in bytes (0 if unknown). */
+/* Peak and current resident set size of this process in bytes (0 if
+ * unknown). */
 size_t pt_peak_rss(void);
+size_t pt_current_rss(void);
 /* Physical memory available to this process in bytes (0 if unknown). */
 size_t pt_mem_available(void);
 

@@ -127,37 +127,30 @@ int cmd_bench(int argc, char **argv) {
     fprintf(stderr, "  measured read bandwidth: %.2f GB/s\n\n", bw / 1e9);
 
     pt_err err = {{0}};
-    FILE *jf = NULL;
-    if (b.json && !(jf = fopen(b.json, "w"))) {
-        fprintf(stderr, "petrel bench: cannot write %s\n", b.json);
-        pt_engine_close(e);
-        return 1;
-    }
-    if (jf)
-        fprintf(jf, "{\"model\": \"%s\", \"config\": \"%s\", \"weight_dtype\": \"%s\", "
-                    "\"weight_bytes\": %zu, \"kv_type\": \"%s\", \"backend\": \"%s\", "
-                    "\"backend_detail\": \"%s\", \"threads\": %d, \"read_bandwidth_gbs\": %.3f,\n",
-                cli_margs.model, desc, pt_dtype_name(m->layers[0].wq.dtype), m->weight_bytes,
-                pt_dtype_name(e->kv.cfg.dtype), e->be->name, e->be->detail ? e->be->detail : "",
-                e->be->n_threads, bw / 1e9);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:s, s:s, s:s, s:i, s:f}", "model", cli_margs.model,
+                          "config", desc, "weight_dtype", pt_dtype_name(m->layers[0].wq.dtype),
+                          "weight_bytes", (json_int_t)m->weight_bytes, "kv_type",
+                          pt_dtype_name(e->kv.cfg.dtype), "backend", e->be->name,
+                          "backend_detail", e->be->detail ? e->be->detail : "", "threads",
+                          e->be->n_threads, "read_bandwidth_gbs", bw / 1e9);
+    json_t *jp = json_array(), *jd = json_array();
+    json_object_set_new(j, "prefill", jp);
+    json_object_set_new(j, "decode", jd);
 
     printf("%-10s %8s %12s %12s\n", "prefill", "tokens", "tok/s", "GFLOP/s");
-    if (jf) fprintf(jf, " \"prefill\": [");
     for (int i = 0; i < n_lens; i++) {
         double best = 1e30, t;
         for (int r = 0; r < b.reps; r++) {
             if (time_prefill(e, lens[i], &t, &err)) goto fail;
             if (t < best) best = t;
         }
-        double tps = lens[i] / best;
-        printf("%-10s %8d %12.1f %12.2f\n", "", lens[i], tps, tps * flops_per_token(m) / 1e9);
-        if (jf)
-            fprintf(jf, "%s{\"tokens\": %d, \"tok_s\": %.3f, \"gflops\": %.3f}", i ? ", " : "",
-                    lens[i], tps, tps * flops_per_token(m) / 1e9);
+        double tps = lens[i] / best, gflops = tps * flops_per_token(m) / 1e9;
+        printf("%-10s %8d %12.1f %12.2f\n", "", lens[i], tps, gflops);
+        json_array_append_new(jp, json_pack("{s:i, s:f, s:f}", "tokens", lens[i], "tok_s", tps,
+                                            "gflops", gflops));
     }
     printf("\n%-10s %8s %12s %12s %12s %10s\n", "decode", "depth", "tok/s", "MB/token",
            "roofline", "fraction");
-    if (jf) fprintf(jf, "],\n \"decode\": [");
     for (int i = 0; i < n_depths; i++) {
         double best = 1e30, t;
         for (int r = 0; r < b.reps; r++) {
@@ -167,22 +160,29 @@ int cmd_bench(int argc, char **argv) {
         double bytes = decode_bytes(e, depths[i]), roof = bw / bytes, tps = 1 / best;
         printf("%-10s %8d %12.2f %12.2f %12.2f %9.1f%%\n", "", depths[i], tps, bytes / 1e6, roof,
                100 * tps / roof);
-        if (jf)
-            fprintf(jf, "%s{\"depth\": %d, \"tok_s\": %.3f, \"bytes_per_token\": %.0f, "
-                        "\"roofline_tok_s\": %.3f, \"fraction\": %.4f}",
-                    i ? ", " : "", depths[i], tps, bytes, roof, tps / roof);
+        json_array_append_new(jd, json_pack("{s:i, s:f, s:f, s:f, s:f}", "depth", depths[i],
+                                            "tok_s", tps, "bytes_per_token", bytes,
+                                            "roofline_tok_s", roof, "fraction", tps / roof));
     }
-    double rss = pt_peak_rss() / 1048576.0;
-    printf("\npeak resident memory: %.1f MiB\n", rss);
-    if (jf) {
-        fprintf(jf, "],\n \"peak_rss_mib\": %.1f}\n", rss);
-        fclose(jf);
+    /* The bandwidth probe's buffer is freed by now: current RSS is the
+     * model's own footprint (weights touched + KV pool + workspace). */
+    double rss = pt_current_rss() / 1048576.0, peak = pt_peak_rss() / 1048576.0;
+    printf("\nresident memory: %.1f MiB (peak %.1f MiB, including the bandwidth probe)\n", rss,
+           peak);
+    json_object_set_new(j, "rss_mib", json_real(rss));
+    json_object_set_new(j, "peak_rss_mib", json_real(peak));
+    if (b.json && json_dump_file(j, b.json, JSON_INDENT(1))) {
+        fprintf(stderr, "petrel bench: cannot write %s\n", b.json);
+        json_decref(j);
+        pt_engine_close(e);
+        return 1;
     }
+    json_decref(j);
     pt_engine_close(e);
     return 0;
 fail:
     fprintf(stderr, "petrel bench: %s\n", err.msg);
-    if (jf) fclose(jf);
+    json_decref(j);
     pt_engine_close(e);
     return 1;
 }
