@@ -1,9 +1,10 @@
 /*
  * sampler.h - from logits to the next token.
  *
- * A chain of small stages, applied in this order (the order llama.cpp and
- * vLLM use): repetition / frequency / presence penalties over the tokens seen
- * so far, logit bias, then either greedy argmax (temperature 0) or
+ * A chain of small stages, applied in this order: logit bias, then
+ * repetition / frequency / presence penalties over the tokens seen so far
+ * (bias first, as llama.cpp and vLLM do), then either greedy argmax
+ * (temperature 0) or
  * temperature -> top-k -> top-p -> min-p -> a draw from the seeded RNG.
  * Logprobs are always of the model's raw distribution (log-softmax of the
  * unmodified logits), as OpenAI reports them.
@@ -23,7 +24,8 @@ typedef struct pt_sampling {
     float presence_penalty;   /* 0 = off (OpenAI) */
     int penalty_last_n;       /* window for the penalties; -1 = whole history */
     uint64_t seed;
-    int n_logprobs; /* top alternatives to report, 0..20; -1 = none at all */
+    int n_logprobs; /* top alternatives to report, 0..20; -1 = none at all
+                       (then result.logprob is 0 and no logprob work is done) */
 } pt_sampling;
 
 /* Defaults: temperature 1, everything else off, seed 0. */
@@ -43,14 +45,23 @@ typedef struct pt_sample_result {
 
 typedef struct pt_sampler pt_sampler;
 
+/* params is copied.  NULL if n_vocab < 1.  Allocates everything sampling
+ * will need, sized by which stages params turns on. */
 pt_sampler *pt_sampler_new(const pt_sampling *params, int n_vocab);
 void pt_sampler_free(pt_sampler *s);
 /* Records a token as part of the history (prompt or generated) the
- * penalties look at. */
+ * penalties look at.  A no-op when all penalties are off. */
 void pt_sampler_accept(pt_sampler *s, int32_t id);
+/* Forgets the history and reseeds the RNG: the sampler is as new (the bias
+ * is kept). */
 void pt_sampler_reset(pt_sampler *s);
-/* Picks the next token.  logits [n_vocab] are modified in place.  Bias is
- * optional (n_bias pairs of token id, added value). */
+/* Sets the logit bias (OpenAI `logit_bias`): n pairs of token id and a value
+ * added to that token's logit after the penalties.  Replaces any earlier
+ * bias; n = 0 clears it.  Ids outside [0, n_vocab) are ignored (the API
+ * layer rejects them); -100 effectively bans a token. */
+void pt_sampler_set_bias(pt_sampler *s, const int32_t *ids, const float *values, int n);
+/* Picks the next token.  logits [n_vocab] are modified in place (penalties
+ * and bias are applied there; temperature is not).  Never allocates. */
 void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out);
 
 #endif

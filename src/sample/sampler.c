@@ -1,0 +1,533 @@
+/*
+ * sampler.c - the sampler chain: penalties, logit bias, then greedy argmax
+ * or temperature / top-k / top-p / min-p and a seeded draw.
+ *
+ * Everything a call to pt_sampler_sample() needs is allocated by
+ * pt_sampler_new() (or grown by pt_sampler_accept() / pt_sampler_set_bias()),
+ * so sampling itself never allocates.  The costs per call are:
+ *
+ *   greedy, no logprobs      one pass over the vocabulary (argmax)
+ *   logprobs                 two more passes over the raw logits
+ *   penalties                O(window) for the distinct tokens in the window
+ *   random, no filters       one exp pass plus one walk for the draw
+ *   top-k                    one pass, mostly a compare per token
+ *   top-p                    without top-k, the best 256 gathered as for
+ *                            top-k; if the nucleus is larger, a quickselect
+ *                            on mass, O(vocab) expected; either way a heap
+ *                            popped once per token for the last few
+ *   min-p                    one pass over the surviving candidates
+ *
+ * No stage sorts the whole vocabulary.  Tokens are ranked by logit, and
+ * equal logits by the lower id, so greedy, top-k, top-p and the logprob
+ * alternatives all break ties the same way.
+ *
+ * docs/sampling.md gives the exact semantics of each stage and the reference
+ * implementations (llama.cpp, vLLM, OpenAI) they follow.
+ */
+#include "sample/sampler.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+
+#define PT_MAX_LOGPROBS ((int)PT_ARRAY_LEN(((pt_sample_result *)0)->top))
+#define PT_GREEDY_TEMPERATURE 1e-5f
+
+struct pt_sampler {
+    pt_sampling p; /* sanitized copy of the caller's parameters */
+    int n_vocab;
+    bool greedy;   /* temperature <= 1e-5: argmax, filters ignored */
+    bool penalize; /* some penalty is on and the window is not empty */
+    pt_rng rng;
+
+    /* Penalty window: the last `window` accepted ids (a ring over
+     * hist[0..window) once full, oldest at hist_head), and how often each id
+     * occurs in it.  window is INT_MAX for "the whole history". */
+    int window;
+    int32_t *hist;
+    int hist_len, hist_cap, hist_head;
+    int32_t *counts; /* [n_vocab], only when penalize */
+
+    /* Logit bias, already filtered to valid ids. */
+    int32_t *bias_id;
+    float *bias_val;
+    int n_bias;
+
+    /* Raw values of the logits that penalties and bias overwrote in this
+     * call, so the chosen token's logprob is of the unmodified
+     * distribution.  Capacity hist_cap + n_bias covers every write. */
+    int32_t *saved_id;
+    float *saved_raw;
+    int n_saved, saved_cap;
+
+    /* Work space of the random path, [n_vocab] each: candidate ids and
+     * their unnormalized probabilities (indexed by token id). */
+    int32_t *ids;
+    float *w;
+};
+
+pt_sampling pt_sampling_default(void) {
+    return (pt_sampling){
+        .temperature = 1.0f,
+        .top_k = 0,
+        .top_p = 1.0f,
+        .min_p = 0.0f,
+        .repetition_penalty = 1.0f,
+        .frequency_penalty = 0.0f,
+        .presence_penalty = 0.0f,
+        .penalty_last_n = -1,
+        .seed = 0,
+        .n_logprobs = -1,
+    };
+}
+
+/* ------------------------------------------------------------------------
+ * Construction and history
+ * ---------------------------------------------------------------------- */
+
+/* Makes room for hist_cap + n_bias saved raw logits. */
+static void ensure_saved_cap(pt_sampler *s) {
+    int need = s->hist_cap + s->n_bias;
+    if (s->saved_cap >= need) return;
+    s->saved_id = pt_xrealloc(s->saved_id, (size_t)need * sizeof(*s->saved_id));
+    s->saved_raw = pt_xrealloc(s->saved_raw, (size_t)need * sizeof(*s->saved_raw));
+    s->saved_cap = need;
+}
+
+/* Doubles the history buffer, never past the window. */
+static void grow_history(pt_sampler *s) {
+    int cap = 64;
+    if (s->hist_cap > 0) cap = s->hist_cap > INT_MAX / 2 ? INT_MAX : s->hist_cap * 2;
+    if (cap > s->window) cap = s->window;
+    s->hist = pt_xrealloc(s->hist, (size_t)cap * sizeof(*s->hist));
+    s->hist_cap = cap;
+    ensure_saved_cap(s);
+}
+
+/* Replaces values the sampler cannot use with the "off" value, so the
+ * stages below need no checks of their own. */
+static void sanitize(pt_sampling *p) {
+    if (!(p->repetition_penalty > 0.0f)) p->repetition_penalty = 1.0f;
+    if (p->n_logprobs < -1) p->n_logprobs = -1;
+    if (p->n_logprobs > PT_MAX_LOGPROBS) p->n_logprobs = PT_MAX_LOGPROBS;
+}
+
+pt_sampler *pt_sampler_new(const pt_sampling *params, int n_vocab) {
+    if (n_vocab < 1) return NULL;
+    pt_sampler *s = pt_xcalloc(1, sizeof(*s));
+    s->p = params ? *params : pt_sampling_default();
+    sanitize(&s->p);
+    s->n_vocab = n_vocab;
+    s->greedy = !(s->p.temperature > PT_GREEDY_TEMPERATURE);
+    s->window = s->p.penalty_last_n < 0 ? INT_MAX : s->p.penalty_last_n;
+    s->penalize =
+        s->window > 0 && (s->p.repetition_penalty != 1.0f || s->p.frequency_penalty != 0.0f ||
+                          s->p.presence_penalty != 0.0f);
+    if (s->penalize) s->counts = pt_xcalloc((size_t)n_vocab, sizeof(*s->counts));
+    if (!s->greedy) {
+        s->ids = pt_xmalloc((size_t)n_vocab * sizeof(*s->ids));
+        s->w = pt_xmalloc((size_t)n_vocab * sizeof(*s->w));
+    }
+    pt_rng_seed(&s->rng, s->p.seed);
+    return s;
+}
+
+void pt_sampler_free(pt_sampler *s) {
+    if (!s) return;
+    free(s->hist);
+    free(s->counts);
+    free(s->bias_id);
+    free(s->bias_val);
+    free(s->saved_id);
+    free(s->saved_raw);
+    free(s->ids);
+    free(s->w);
+    free(s);
+}
+
+void pt_sampler_accept(pt_sampler *s, int32_t id) {
+    if (!s->penalize || id < 0 || id >= s->n_vocab) return;
+    if (s->hist_len < s->window) {
+        if (s->hist_len == s->hist_cap) grow_history(s);
+        s->hist[s->hist_len++] = id;
+    } else {
+        /* Window full: the oldest token leaves as this one enters. */
+        s->counts[s->hist[s->hist_head]]--;
+        s->hist[s->hist_head] = id;
+        s->hist_head = s->hist_head + 1 == s->window ? 0 : s->hist_head + 1;
+    }
+    s->counts[id]++;
+}
+
+void pt_sampler_reset(pt_sampler *s) {
+    if (s->counts) memset(s->counts, 0, (size_t)s->n_vocab * sizeof(*s->counts));
+    s->hist_len = 0;
+    s->hist_head = 0;
+    pt_rng_seed(&s->rng, s->p.seed);
+}
+
+void pt_sampler_set_bias(pt_sampler *s, const int32_t *ids, const float *values, int n) {
+    s->n_bias = 0;
+    if (n <= 0) return;
+    s->bias_id = pt_xrealloc(s->bias_id, (size_t)n * sizeof(*s->bias_id));
+    s->bias_val = pt_xrealloc(s->bias_val, (size_t)n * sizeof(*s->bias_val));
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->n_vocab) continue;
+        s->bias_id[s->n_bias] = ids[i];
+        s->bias_val[s->n_bias] = values[i];
+        s->n_bias++;
+    }
+    ensure_saved_cap(s);
+}
+
+/* ------------------------------------------------------------------------
+ * Logits processors: penalties and bias
+ * ---------------------------------------------------------------------- */
+
+/* Remembers logits[id] before a processor changes it (only when logprobs are
+ * wanted; the capacity invariant makes the bound check a formality). */
+static void save_raw(pt_sampler *s, const float *logits, int32_t id) {
+    if (s->p.n_logprobs < 0 || s->n_saved == s->saved_cap) return;
+    s->saved_id[s->n_saved] = id;
+    s->saved_raw[s->n_saved] = logits[id];
+    s->n_saved++;
+}
+
+/* The unmodified logit of id: the first value saved for it, if any. */
+static float raw_logit(const pt_sampler *s, const float *logits, int32_t id) {
+    for (int i = 0; i < s->n_saved; i++)
+        if (s->saved_id[i] == id) return s->saved_raw[i];
+    return logits[id];
+}
+
+/* One distinct token of the window, seen `count` times: CTRL's repetition
+ * penalty (divide a positive logit, multiply a negative one), then OpenAI's
+ * frequency and presence penalties. */
+static float penalized_logit(const pt_sampling *p, float x, int count) {
+    if (p->repetition_penalty != 1.0f)
+        x = x > 0.0f ? x / p->repetition_penalty : x * p->repetition_penalty;
+    return x - (float)count * p->frequency_penalty - p->presence_penalty;
+}
+
+/* Penalizes each distinct token of the window once.  A token's count is
+ * negated once it is done, so later copies of it are skipped; a second
+ * pass restores the counts. */
+static void apply_penalties(pt_sampler *s, float *logits) {
+    for (int i = 0; i < s->hist_len; i++) {
+        int32_t id = s->hist[i];
+        int count = s->counts[id];
+        if (count <= 0) continue;
+        save_raw(s, logits, id);
+        logits[id] = penalized_logit(&s->p, logits[id], count);
+        s->counts[id] = -count;
+    }
+    for (int i = 0; i < s->hist_len; i++) {
+        int32_t id = s->hist[i];
+        if (s->counts[id] < 0) s->counts[id] = -s->counts[id];
+    }
+}
+
+static void apply_bias(pt_sampler *s, float *logits) {
+    for (int i = 0; i < s->n_bias; i++) {
+        save_raw(s, logits, s->bias_id[i]);
+        logits[s->bias_id[i]] += s->bias_val[i];
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Ranking
+ * ---------------------------------------------------------------------- */
+
+/* The highest logit; the lowest id among equals.  NaN never wins, and a
+ * vocabulary of nothing but -inf and NaN gives id 0. */
+static int32_t argmax(const float *logits, int n) {
+    int32_t best = 0;
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (logits[i] > max) {
+            max = logits[i];
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* Does token a rank above token b?  Higher logit first, lower id on ties. */
+static inline bool ranks_above(const float *logits, int32_t a, int32_t b) {
+    float la = logits[a], lb = logits[b];
+    return la > lb || (la == lb && a < b);
+}
+
+/* Binary heaps of token ids: the best token on top, or the worst. */
+enum { BEST_ON_TOP, WORST_ON_TOP };
+
+static inline bool heap_above(const float *logits, int32_t a, int32_t b, int order) {
+    return order == BEST_ON_TOP ? ranks_above(logits, a, b) : ranks_above(logits, b, a);
+}
+
+static void sift_down(int32_t *h, int n, int i, const float *logits, int order) {
+    int32_t x = h[i];
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && heap_above(logits, h[c + 1], h[c], order)) c++;
+        if (!heap_above(logits, h[c], x, order)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = x;
+}
+
+static void heap_build(int32_t *h, int n, const float *logits, int order) {
+    for (int i = n / 2 - 1; i >= 0; i--)
+        sift_down(h, n, i, logits, order);
+}
+
+/* Moves the best of the heap h[0..n) to h[n-1]; the heap is then h[0..n-1).
+ * Popping m times leaves the m best in h[n-m..n), best last. */
+static void heap_pop(int32_t *h, int n, const float *logits) {
+    int32_t top = h[0];
+    h[0] = h[n - 1];
+    h[n - 1] = top;
+    sift_down(h, n - 1, 0, logits, BEST_ON_TOP);
+}
+
+/* ------------------------------------------------------------------------
+ * Random sampling.  The candidates are always s->ids[lo..n), in no
+ * particular order; w[id] holds their unnormalized probabilities.
+ * ---------------------------------------------------------------------- */
+
+/* top-p without top-k first looks in the best PT_NUCLEUS_PROBE tokens:
+ * real next-token distributions put 0.9-0.95 of their mass in far fewer.
+ * Quickselect finishes with a heap once a region is PT_NUCLEUS_SMALL tokens,
+ * or after PT_NUCLEUS_ROUNDS rounds of bad pivots. */
+#define PT_NUCLEUS_PROBE 256
+#define PT_NUCLEUS_SMALL 64
+#define PT_NUCLEUS_ROUNDS 64
+
+/* w[id] = exp((logit - max) / T) for each candidate; returns their sum.
+ * The best token gets exactly 1. */
+static double weigh(pt_sampler *s, const float *logits, int lo, float max, float inv_t) {
+    double sum = 0.0;
+    for (int i = s->n_vocab - 1; i >= lo; i--) {
+        int32_t id = s->ids[i];
+        s->w[id] = expf((logits[id] - max) * inv_t);
+        sum += s->w[id];
+    }
+    return sum;
+}
+
+/* Gathers the k best tokens of the vocabulary (k < n_vocab), unordered,
+ * into ids[n-k..n) and returns n-k.  One pass keeps the best k seen so far
+ * in a heap with the worst on top, so most tokens cost one comparison with
+ * it (an equal logit never displaces the lower id already held). */
+static int select_best(pt_sampler *s, const float *logits, int k) {
+    int n = s->n_vocab;
+    int32_t *h = s->ids + (n - k);
+    for (int i = 0; i < k; i++)
+        h[i] = i;
+    heap_build(h, k, logits, WORST_ON_TOP);
+    float worst = logits[h[0]];
+    for (int i = k; i < n; i++) {
+        if (!(logits[i] > worst)) continue;
+        h[0] = i;
+        sift_down(h, k, 0, logits, WORST_ON_TOP);
+        worst = logits[h[0]];
+    }
+    return n - k;
+}
+
+static inline void swap_ids(int32_t *ids, int i, int j) {
+    int32_t t = ids[i];
+    ids[i] = ids[j];
+    ids[j] = t;
+}
+
+/* Ranks ids[a..b) by popping a heap of them until `kept` plus the popped
+ * mass reaches target.  The popped tokens end up in ids[j..b), best last;
+ * returns j, or -1 if all of them fall short.  *mass is kept plus what was
+ * popped. */
+static int pop_nucleus(pt_sampler *s, const float *logits, int a, int b, double kept, double target,
+                       double *mass) {
+    int32_t *h = s->ids + a;
+    int j = b - a;
+    heap_build(h, j, logits, BEST_ON_TOP);
+    while (j > 0) {
+        heap_pop(h, j, logits);
+        j--;
+        kept += s->w[h[j]];
+        if (kept >= target) break;
+    }
+    *mass = kept;
+    return kept >= target ? a + j : -1;
+}
+
+/* Splits ids[a..b) around the median of its first, middle and last token:
+ * returns m with the pivot at ids[m], the tokens ranked below it in
+ * ids[a..m) and those above in ids[m+1..b); *above is their mass. */
+static int partition(pt_sampler *s, const float *logits, int a, int b, double *above) {
+    int32_t *ids = s->ids;
+    int mid = a + (b - a) / 2, last = b - 1, m = a;
+    if (ranks_above(logits, ids[a], ids[mid])) swap_ids(ids, a, mid);
+    if (ranks_above(logits, ids[mid], ids[last])) swap_ids(ids, mid, last);
+    if (ranks_above(logits, ids[a], ids[mid])) swap_ids(ids, a, mid);
+    swap_ids(ids, mid, last);
+    int32_t pivot = ids[last];
+    double up = 0.0;
+    for (int i = a; i < last; i++) {
+        if (ranks_above(logits, pivot, ids[i]))
+            swap_ids(ids, i, m++);
+        else
+            up += s->w[ids[i]];
+    }
+    swap_ids(ids, m, last);
+    *above = up;
+    return m;
+}
+
+/* The nucleus of the candidates ids[lo..n), by quickselect on mass: the
+ * undecided tokens are ids[a..b), all ranked below the kept ones in
+ * ids[b..n).  Each round either drops a pivot and everything below it, or
+ * keeps a pivot and everything above it, so expected work is O(n).
+ * Returns the new lo; *mass is the nucleus's mass. */
+static int select_nucleus(pt_sampler *s, const float *logits, int lo, double target, double *mass) {
+    int a = lo, b = s->n_vocab;
+    double kept = 0.0, above;
+    for (int round = 0; b - a > PT_NUCLEUS_SMALL && round < PT_NUCLEUS_ROUNDS; round++) {
+        int m = partition(s, logits, a, b, &above);
+        if (kept + above >= target) {
+            a = m + 1; /* the nucleus lies above the pivot */
+            continue;
+        }
+        kept += above + s->w[s->ids[m]];
+        if (kept >= target) {
+            *mass = kept;
+            return m;
+        }
+        b = m; /* the pivot and all above it are in */
+    }
+    int j = pop_nucleus(s, logits, a, b, kept, target, mass);
+    return j >= 0 ? j : a; /* short only by rounding: keep them all */
+}
+
+/* top-p: the smallest set of best tokens whose probability reaches top_p
+ * (at least one token).  *sum is the candidates' mass in, the nucleus's
+ * out.  lo is 0 exactly when top-k did not run; then the best
+ * PT_NUCLEUS_PROBE tokens are tried first. */
+static int keep_nucleus(pt_sampler *s, const float *logits, int lo, double *sum) {
+    int n = s->n_vocab;
+    double target = (double)s->p.top_p * *sum;
+    if (lo == 0 && PT_NUCLEUS_PROBE <= n / 4) {
+        int a = select_best(s, logits, PT_NUCLEUS_PROBE);
+        int j = pop_nucleus(s, logits, a, n, 0.0, target, sum);
+        if (j >= 0) return j;
+        for (int i = a; i < n; i++)
+            s->ids[i] = i; /* undo the probe */
+    }
+    return select_nucleus(s, logits, lo, target, sum);
+}
+
+/* min-p: keep tokens with p >= min_p * p_max, i.e. w >= min_p since the
+ * best has w = 1 (which also keeps it for any min_p). */
+static int keep_min_p(pt_sampler *s, int lo, double *sum) {
+    float thr = PT_MIN(s->p.min_p, 1.0f);
+    int j = s->n_vocab;
+    double kept = 0.0;
+    for (int i = s->n_vocab - 1; i >= lo; i--) {
+        int32_t id = s->ids[i];
+        if (s->w[id] >= thr) {
+            s->ids[--j] = id;
+            kept += s->w[id];
+        }
+    }
+    *sum = kept;
+    return j;
+}
+
+/* One uniform draw over the candidates in proportion to w.  Falls back to
+ * the best token if rounding (or a NaN logit) leaves the walk short. */
+static int32_t draw(pt_sampler *s, int lo, double sum, int32_t best) {
+    double u = pt_rng_uniform(&s->rng) * sum, cum = 0.0;
+    for (int i = s->n_vocab - 1; i >= lo; i--) {
+        cum += s->w[s->ids[i]];
+        if (u < cum) return s->ids[i];
+    }
+    return best;
+}
+
+/* temperature -> top-k -> top-p -> min-p -> draw.  Every call consumes
+ * exactly one number from the RNG, so streams stay aligned across calls
+ * whatever the filters keep. */
+static int32_t sample_random(pt_sampler *s, const float *logits) {
+    const pt_sampling *p = &s->p;
+    int n = s->n_vocab, lo = 0;
+    int32_t best = argmax(logits, n);
+    float max = logits[best];
+    if (!isfinite(max)) {
+        pt_rng_next(&s->rng);
+        return best;
+    }
+    if (p->top_k > 0 && p->top_k < n)
+        lo = select_best(s, logits, p->top_k);
+    else
+        for (int i = 0; i < n; i++)
+            s->ids[i] = i;
+    double sum = weigh(s, logits, lo, max, 1.0f / p->temperature);
+    if (p->top_p < 1.0f) lo = keep_nucleus(s, logits, lo, &sum);
+    if (p->min_p > 0.0f) lo = keep_min_p(s, lo, &sum);
+    return draw(s, lo, sum, best);
+}
+
+/* ------------------------------------------------------------------------
+ * Logprobs and the entry point
+ * ---------------------------------------------------------------------- */
+
+/* Inserts (id, x) into top[0..cnt), kept descending with at most `want`
+ * entries; x must rank above the last entry when the list is full.  Equal
+ * logits keep the earlier (lower) id first.  Returns the new count. */
+static int top_insert(pt_logprob *top, int cnt, int want, int32_t id, float x) {
+    int j = cnt < want ? cnt++ : want - 1;
+    while (j > 0 && x > top[j - 1].logprob) {
+        top[j] = top[j - 1];
+        j--;
+    }
+    top[j] = (pt_logprob){id, x};
+    return cnt;
+}
+
+/* Log-softmax statistics of the raw logits: returns log(sum exp(logit)),
+ * computed as max + log(sum exp(logit - max)) with a double sum, and fills
+ * out->top with the n_logprobs best tokens and their logprobs. */
+static double raw_logprobs(const pt_sampler *s, const float *logits, pt_sample_result *out) {
+    int want = s->p.n_logprobs, cnt = 0;
+    float max = -INFINITY;
+    for (int i = 0; i < s->n_vocab; i++) {
+        float x = logits[i];
+        if (x > max) max = x;
+        if (want > 0 && (cnt < want || x > out->top[cnt - 1].logprob))
+            cnt = top_insert(out->top, cnt, want, i, x);
+    }
+    /* n_vocab >= 1 and the max contributes exp(0) = 1, so sum >= 1 for
+     * finite logits; NaN or infinite logits give NaN logprobs. */
+    double sum = 0.0;
+    for (int i = 0; i < s->n_vocab; i++)
+        sum += expf(logits[i] - max);
+    double lse = (double)max + log(sum);
+    for (int k = 0; k < cnt; k++)
+        out->top[k].logprob = (float)(out->top[k].logprob - lse);
+    out->n_top = cnt;
+    return lse;
+}
+
+void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out) {
+    bool want_logprobs = s->p.n_logprobs >= 0;
+    double lse = 0.0;
+    out->n_top = 0;
+    out->logprob = 0.0f;
+    s->n_saved = 0;
+    if (want_logprobs) lse = raw_logprobs(s, logits, out);
+    apply_bias(s, logits); /* before the penalties, as llama.cpp and vLLM do */
+    if (s->penalize) apply_penalties(s, logits);
+    out->id = s->greedy ? argmax(logits, s->n_vocab) : sample_random(s, logits);
+    if (want_logprobs) out->logprob = (float)(raw_logit(s, logits, out->id) - lse);
+}
