@@ -31,7 +31,14 @@ int pt_failp(pt_err *err, const char *fmt, ...) {
         vsnprintf(prefix, sizeof prefix, fmt, ap);
         va_end(ap);
         memcpy(old, err->msg, sizeof old);
-        snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+        /* Truncation is fine: the end of a long message is the least useful. */
+        size_t n = strlen(prefix);
+        if (n > sizeof err->msg - 3) n = sizeof err->msg - 3;
+        memcpy(err->msg, prefix, n);
+        memcpy(err->msg + n, ": ", 2);
+        size_t room = sizeof err->msg - n - 3, len = strnlen(old, room);
+        memcpy(err->msg + n + 2, old, len);
+        err->msg[n + 2 + len] = 0;
     }
     return -1;
 }
