@@ -15,6 +15,7 @@ static const struct {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline"},
     {"eval", cmd_eval, "perplexity of a text, or KL divergence between two models"},
+    {"serve", cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
 };
 
 static void usage(FILE *f) {

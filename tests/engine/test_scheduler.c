@@ -58,13 +58,18 @@ static void result_init(result *x) {
 
 static void wait_done(result *x) {
     pthread_mutex_lock(&x->mu);
-    while (!x->done) pthread_cond_wait(&x->cv, &x->mu);
+    while (!x->done)
+        pthread_cond_wait(&x->cv, &x->mu);
     pthread_mutex_unlock(&x->mu);
 }
 
 static pt_engine *open_engine(int n_ctx, int max_batch) {
-    pt_engine_opts o = {.model_path = MODEL, .n_threads = 2, .kernels = "auto", .n_ctx = n_ctx,
-                        .kv_dtype = PT_F32, .max_batch = max_batch};
+    pt_engine_opts o = {.model_path = MODEL,
+                        .n_threads = 2,
+                        .kernels = "auto",
+                        .n_ctx = n_ctx,
+                        .kv_dtype = PT_F32,
+                        .max_batch = max_batch};
     pt_engine *e = NULL;
     pt_err err = {{0}};
     if (pt_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
@@ -80,12 +85,14 @@ static json_t *cases(void) {
 
 static int ids(json_t *c, const char *key, int32_t *out) {
     json_t *a = json_object_get(c, key);
-    for (size_t i = 0; i < json_array_size(a); i++) out[i] = (int32_t)json_integer_value(json_array_get(a, i));
+    for (size_t i = 0; i < json_array_size(a); i++)
+        out[i] = (int32_t)json_integer_value(json_array_get(a, i));
     return (int)json_array_size(a);
 }
 
 static pt_sched_job greedy_job(const int32_t *prompt, int n, int max_tokens, result *x) {
-    pt_sched_job j = {.prompt = prompt, .n_prompt = n, .on_token = on_token, .on_done = on_done, .user = x};
+    pt_sched_job j = {
+        .prompt = prompt, .n_prompt = n, .on_token = on_token, .on_done = on_done, .user = x};
     j.params.sampling = pt_sampling_default();
     j.params.sampling.temperature = 0;
     j.params.max_tokens = max_tokens;
@@ -136,9 +143,9 @@ static void run_cases(int parallel, int copies, int max_prefill, int max_batch) 
 
 static void test_batched_equals_alone(void **state) {
     (void)state;
-    run_cases(4, 1, 0, 0);  /* all four decode in one batch */
-    run_cases(8, 3, 0, 0);  /* twelve jobs, eight slots: some queue */
-    run_cases(3, 2, 3, 0);  /* prompts fed three tokens per step */
+    run_cases(4, 1, 0, 0);   /* all four decode in one batch */
+    run_cases(8, 3, 0, 0);   /* twelve jobs, eight slots: some queue */
+    run_cases(3, 2, 3, 0);   /* prompts fed three tokens per step */
     run_cases(16, 4, 0, 16); /* a small batch: decode rows crowd out prefill */
 }
 
@@ -176,7 +183,8 @@ static void test_stop_length_cancel(void **state) {
 
     /* refused up front: nothing is called back */
     int32_t big[300];
-    for (int i = 0; i < 300; i++) big[i] = 300 + i % 100;
+    for (int i = 0; i < 300; i++)
+        big[i] = 300 + i % 100;
     result never;
     result_init(&never);
     pt_sched_job jb = greedy_job(big, 300, 4, &never);
@@ -216,7 +224,8 @@ static void test_stop_with_work(void **state) {
         assert_true(pt_sched_submit(s, &j, &err) > 0);
     }
     pt_sched_stop(s);
-    for (int i = 0; i < N; i++) assert_true(r[i].done);
+    for (int i = 0; i < N; i++)
+        assert_true(r[i].done);
     assert_int_equal(pt_kv_free_pages(&e->kv), e->kv.cfg.n_pages);
     pt_engine_close(e);
 }

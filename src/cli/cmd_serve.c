@@ -1,0 +1,91 @@
+/*
+ * cmd_serve.c - `petrel serve`: the OpenAI-compatible HTTP server.
+ *
+ * Flags go into pt_server_opts; src/server/ does the rest (docs/server.md).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+#include "server/server.h"
+
+static struct {
+    const char *host, *api_key, *model_name, *chat_template, *port_file;
+    int port, parallel, max_queue, prefill, idle_timeout, shutdown_timeout;
+    uint64_t max_body;
+    bool quiet;
+} g;
+
+static const cli_opt serve_opts[] = {
+    {"host", 0, CLI_STR, &g.host, "ADDR",
+     "address to listen on (default 127.0.0.1: this machine only)"},
+    {"port", 'p', CLI_INT, &g.port, "N", "TCP port (default 8080; 0 = any free port, printed)"},
+    {"api-key", 0, CLI_STR, &g.api_key, "KEY",
+     "require 'Authorization: Bearer KEY' on /v1/* (default: $PETREL_API_KEY, else none)"},
+    {"parallel", 'P', CLI_INT, &g.parallel, "N",
+     "sequences decoded together, continuous batching (default 8)"},
+    {"max-queue", 0, CLI_INT, &g.max_queue, "N",
+     "requests that may wait for a slot before 503 (default 1024)"},
+    {"prefill-chunk", 0, CLI_INT, &g.prefill, "N",
+     "prompt tokens prefilled per step, bounds decode stalls (default: --batch)"},
+    {"max-body", 0, CLI_U64, &g.max_body, "BYTES",
+     "largest request body; larger gets 413 (default 8388608)"},
+    {"model-name", 0, CLI_STR, &g.model_name, "NAME",
+     "model id in /v1/models and responses (default: the file name without .gguf)"},
+    {"chat-template", 0, CLI_STR, &g.chat_template, "FILE",
+     "Jinja chat template to use instead of the model's"},
+    {"idle-timeout", 0, CLI_INT, &g.idle_timeout, "S",
+     "close idle or stalled connections after S seconds (default 60)"},
+    {"shutdown-timeout", 0, CLI_INT, &g.shutdown_timeout, "S",
+     "on SIGINT/SIGTERM, let requests finish for up to S seconds, then cancel (default 10)"},
+    {"port-file", 0, CLI_STR, &g.port_file, "PATH", "write the bound port to PATH once listening"},
+    {"quiet", 'q', CLI_FLAG, &g.quiet, NULL, "no log line per request"},
+    {NULL, 0, 0, NULL, NULL, NULL},
+};
+
+int cmd_serve(int argc, char **argv) {
+    cli_model_defaults();
+    memset(&g, 0, sizeof g);
+    g.port = 8080, g.shutdown_timeout = 10, g.max_body = 8u << 20;
+    const cli_opt *tables[] = {serve_opts, cli_model_opts, NULL};
+    const char *pos[1];
+    int n_pos;
+    int rc =
+        cli_parse(argc, argv,
+                  "petrel serve [options]\n\n"
+                  "Serves the model over an OpenAI-compatible HTTP API: GET /v1/models,\n"
+                  "POST /v1/chat/completions, POST /v1/completions, GET /health.\n"
+                  "--ctx is the context of each sequence; the KV cache holds --parallel of them.",
+                  tables, pos, 0, &n_pos);
+    if (rc) return rc < 0 ? 2 : 0;
+    if (g.port < 0 || g.port > 65535) {
+        fprintf(stderr, "petrel: --port %d is not a TCP port\n", g.port);
+        return 2;
+    }
+    if (!g.api_key && getenv("PETREL_API_KEY") && *getenv("PETREL_API_KEY"))
+        g.api_key = getenv("PETREL_API_KEY");
+
+    pt_engine *e;
+    if (cli_open_engine(&e)) return 1;
+    char model_id[256];
+    pt_server_model_id(cli_margs.model, model_id, sizeof model_id);
+    pt_server_opts o = {.host = g.host,
+                        .port = g.port,
+                        .api_key = g.api_key,
+                        .max_body = (size_t)g.max_body,
+                        .parallel = g.parallel,
+                        .max_queue = g.max_queue,
+                        .max_prefill = g.prefill,
+                        .n_ctx = e->n_ctx,
+                        .model_id = g.model_name ? g.model_name : model_id,
+                        .chat_template = g.chat_template,
+                        .idle_timeout = g.idle_timeout,
+                        .shutdown_timeout = g.shutdown_timeout,
+                        .port_file = g.port_file,
+                        .quiet = g.quiet};
+    pt_err err = {{0}};
+    rc = pt_server_run(e, &o, &err);
+    if (rc) fprintf(stderr, "petrel serve: %s\n", err.msg);
+    pt_engine_close(e);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,641 @@
+/*
+ * completion.c - /v1/chat/completions and /v1/completions: a validated
+ * request becomes a prompt, a scheduler job, and then JSON or an SSE stream.
+ *
+ * A request (pt_req) lives in three places at once, each with its own part:
+ *
+ *   scheduler thread  on_token / on_done: detokenize, hold back text that
+ *                     may be the start of a stop string, cut at a stop
+ *                     string, and post "pieces" (released text + the tokens
+ *                     it came from) to the request's outbox;
+ *   srv->mu           the outbox: pieces, the done flag and final stats;
+ *   event loop        deliver(): turn pieces into SSE chunks or accumulate
+ *                     them, and answer when done.
+ *
+ * Lifetime: the request is freed on the event loop once on_done's news has
+ * been delivered (the scheduler never touches it after on_done).  If the
+ * client leaves first, the connection forgets the request, the job is
+ * cancelled, and the request waits for on_done before it is freed.
+ *
+ * Streaming and non-streaming share every step up to deliver(), so at
+ * temperature 0 the streamed text is the non-streamed text by construction.
+ */
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "server/server_int.h"
+#include "server/sse.h"
+
+#define BACKLOG_LIMIT (64u << 20) /* bytes a streaming client may leave unread */
+
+typedef struct gen_tok {
+    pt_sample_result r;
+    size_t start; /* offset of its text in the completion */
+} gen_tok;
+
+/* Released text and the tokens whose text starts in it. */
+typedef struct piece {
+    struct piece *next;
+    gen_tok *toks;
+    int n_toks;
+    size_t len;
+    char text[];
+} piece;
+
+struct pt_req {
+    pt_server *srv;
+    pt_conn *conn; /* NULL once the client is gone */
+    int kind;
+    bool stream, include_usage, logprobs, chat;
+    char id[40];
+    long created;
+    uint64_t job;
+    int n_prompt;
+    pt_stop stop;
+
+    /* scheduler thread, until on_done */
+    pt_detok dt;
+    char *hold; /* text not released yet */
+    size_t hold_len, hold_cap;
+    gen_tok *pend; /* tokens not released yet (only with logprobs) */
+    int n_pend, cap_pend;
+    size_t released; /* bytes of completion text released */
+    bool matched;    /* a stop string ended the text */
+
+    /* under srv->mu */
+    piece *out_head, *out_tail;
+    bool done;
+    pt_sched_stats st;
+    bool in_outbox;
+    pt_req *next_out;
+
+    /* event loop */
+    pt_req *next_drain;
+    piece *drain;
+    bool drain_done;
+    struct evbuffer *text; /* non-streamed: the content so far */
+    json_t *lp;            /* non-streamed: logprobs so far */
+};
+
+/* ---- the scheduler side --------------------------------------------------------- */
+
+static void post(pt_req *q, piece *p, bool done, const pt_sched_stats *st) {
+    pt_server *s = q->srv;
+    pthread_mutex_lock(&s->mu);
+    if (p) {
+        if (q->out_tail)
+            q->out_tail->next = p;
+        else
+            q->out_head = p;
+        q->out_tail = p;
+    }
+    if (done) {
+        q->done = true;
+        q->st = *st;
+    }
+    if (!q->in_outbox) {
+        q->in_outbox = true;
+        q->next_out = s->outbox;
+        s->outbox = q;
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* a non-streamed answer is only of use whole: its pieces wait in the
+     * outbox (or ride along with another wakeup) until it is done */
+    if (q->stream || done) pt_server_wake(s);
+}
+
+/* Releases the first k held bytes, with the pending tokens whose text
+ * starts before the new end (all of them if all). */
+static void release(pt_req *q, size_t k, bool all) {
+    size_t end = q->released + k;
+    int nt = 0;
+    while (nt < q->n_pend && (all || q->pend[nt].start < end))
+        nt++;
+    if (k == 0 && nt == 0) return;
+    piece *p = pt_xmalloc(sizeof *p + k);
+    p->next = NULL;
+    p->len = k;
+    p->n_toks = nt;
+    p->toks = NULL;
+    if (k) {
+        memcpy(p->text, q->hold, k);
+        memmove(q->hold, q->hold + k, q->hold_len - k);
+        q->hold_len -= k;
+    }
+    if (nt) {
+        p->toks = pt_xmalloc(sizeof(gen_tok) * (size_t)nt);
+        memcpy(p->toks, q->pend, sizeof(gen_tok) * (size_t)nt);
+        memmove(q->pend, q->pend + nt, sizeof(gen_tok) * (size_t)(q->n_pend - nt));
+        q->n_pend -= nt;
+    }
+    q->released = end;
+    post(q, p, false, NULL);
+}
+
+static void hold_reserve(pt_req *q, size_t extra) {
+    if (q->hold_len + extra <= q->hold_cap) return;
+    while (q->hold_len + extra > q->hold_cap)
+        q->hold_cap = q->hold_cap ? q->hold_cap * 2 : 256;
+    q->hold = pt_xrealloc(q->hold, q->hold_cap);
+}
+
+static int on_token(void *user, const pt_sample_result *r) {
+    pt_req *q = user;
+    const pt_tokenizer *tok = q->srv->e->tok;
+    size_t start = q->released + q->hold_len;
+    if (r->id < pt_tokenizer_n_vocab(tok)) {
+        size_t plen;
+        pt_token_bytes(tok, r->id, &plen);
+        hold_reserve(q, plen + 72);
+        q->hold_len +=
+            pt_detok_push(&q->dt, r->id, q->hold + q->hold_len, q->hold_cap - q->hold_len);
+    }
+    if (q->logprobs) {
+        if (q->n_pend == q->cap_pend) {
+            q->cap_pend = q->cap_pend ? q->cap_pend * 2 : 16;
+            q->pend = pt_xrealloc(q->pend, sizeof(gen_tok) * (size_t)q->cap_pend);
+        }
+        q->pend[q->n_pend++] = (gen_tok){*r, start};
+    }
+    bool matched;
+    size_t k = pt_stop_scan(&q->stop, q->hold, q->hold_len, &matched);
+    if (matched) {
+        q->hold_len = k; /* the stop string and what follows are dropped */
+        q->matched = true;
+        release(q, k, false);
+        q->n_pend = 0;
+        return 1;
+    }
+    release(q, k, false);
+    return 0;
+}
+
+static void on_done(void *user, const pt_sched_stats *st) {
+    pt_req *q = user;
+    if (!q->matched && st->finish != PT_FINISH_CANCEL && st->finish != PT_FINISH_NONE) {
+        /* the end of the text: what was held back for a stop string is final */
+        hold_reserve(q, 72);
+        q->hold_len += pt_detok_flush(&q->dt, q->hold + q->hold_len, q->hold_cap - q->hold_len);
+        release(q, q->hold_len, true);
+    }
+    post(q, NULL, true, st);
+}
+
+/* ---- JSON pieces ------------------------------------------------------------------ */
+
+static json_t *real_or_floor(float x) {
+    return json_real(isfinite(x) ? x : -9999.0); /* OpenAI's floor for impossible tokens */
+}
+
+static json_t *token_text(const pt_tokenizer *tok, int32_t id, json_t **bytes) {
+    size_t n = 0;
+    const char *b = id < pt_tokenizer_n_vocab(tok) ? pt_token_bytes(tok, id, &n) : "";
+    if (bytes) *bytes = pt_oai_bytes(b, n);
+    return pt_oai_string_lossy(b, n);
+}
+
+/* Chat format: {"token", "logprob", "bytes", "top_logprobs": [...]} */
+static json_t *chat_logprob(const pt_tokenizer *tok, const pt_sample_result *r) {
+    json_t *bytes, *e = json_object();
+    json_object_set_new(e, "token", token_text(tok, r->id, &bytes));
+    json_object_set_new(e, "logprob", real_or_floor(r->logprob));
+    json_object_set_new(e, "bytes", bytes);
+    json_t *top = json_array();
+    for (int i = 0; i < r->n_top; i++) {
+        json_t *t = json_object();
+        json_object_set_new(t, "token", token_text(tok, r->top[i].id, &bytes));
+        json_object_set_new(t, "logprob", real_or_floor(r->top[i].logprob));
+        json_object_set_new(t, "bytes", bytes);
+        json_array_append_new(top, t);
+    }
+    json_object_set_new(e, "top_logprobs", top);
+    return e;
+}
+
+/* Completions format: parallel arrays tokens / token_logprobs / top_logprobs
+ * / text_offset; appends to lp (created if NULL). */
+static json_t *completion_logprobs(json_t *lp, const pt_tokenizer *tok, const gen_tok *t, int n) {
+    if (!lp)
+        lp = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                       "text_offset");
+    for (int i = 0; i < n; i++) {
+        const pt_sample_result *r = &t[i].r;
+        json_array_append_new(json_object_get(lp, "tokens"), token_text(tok, r->id, NULL));
+        json_array_append_new(json_object_get(lp, "token_logprobs"), real_or_floor(r->logprob));
+        json_t *top = json_object();
+        for (int k = 0; k < r->n_top; k++) {
+            json_t *key = token_text(tok, r->top[k].id, NULL);
+            json_object_set_new(top, json_string_value(key), real_or_floor(r->top[k].logprob));
+            json_decref(key);
+        }
+        json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+        json_array_append_new(json_object_get(lp, "text_offset"),
+                              json_integer((json_int_t)t[i].start));
+    }
+    return lp;
+}
+
+static json_t *logprobs_of(pt_req *q, const gen_tok *t, int n) {
+    const pt_tokenizer *tok = q->srv->e->tok;
+    if (!q->chat) return completion_logprobs(NULL, tok, t, n);
+    json_t *content = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(content, chat_logprob(tok, &t[i].r));
+    return json_pack("{s:o}", "content", content);
+}
+
+static json_t *envelope(pt_req *q, const char *object) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", q->id, "object", object, "created",
+                     (json_int_t)q->created, "model", q->srv->model_id, "system_fingerprint",
+                     "petrel");
+}
+
+/* One streamed chunk: text (may be empty), its tokens' logprobs, and the
+ * finish reason on the last. */
+static json_t *chunk(pt_req *q, const char *text, size_t len, const gen_tok *t, int n,
+                     const char *finish, bool role) {
+    json_t *c = envelope(q, q->chat ? "chat.completion.chunk" : "text_completion");
+    json_t *choice = json_pack("{s:i}", "index", 0);
+    json_t *s = json_stringn(text, len);
+    if (!s) s = pt_oai_string_lossy(text, len);
+    if (q->chat) {
+        json_t *delta = json_object();
+        if (role) json_object_set_new(delta, "role", json_string("assistant"));
+        if (len || role)
+            json_object_set_new(delta, "content", s);
+        else
+            json_decref(s);
+        json_object_set_new(choice, "delta", delta);
+    } else {
+        json_object_set_new(choice, "text", s);
+    }
+    json_object_set_new(choice, "logprobs", q->logprobs && n ? logprobs_of(q, t, n) : json_null());
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (q->include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+/* ---- the event-loop side ------------------------------------------------------------- */
+
+static void free_pieces(piece *p) {
+    while (p) {
+        piece *next = p->next;
+        free(p->toks);
+        free(p);
+        p = next;
+    }
+}
+
+static void req_free(pt_req *q) {
+    pt_server *s = q->srv;
+    free_pieces(q->out_head);
+    free_pieces(q->drain);
+    pt_stop_free(&q->stop);
+    free(q->hold);
+    free(q->pend);
+    if (q->text) evbuffer_free(q->text);
+    json_decref(q->lp);
+    free(q);
+    s->n_reqs--;
+    pt_server_req_done(s);
+}
+
+static void note_stats(pt_req *q) {
+    const pt_sched_stats *st = &q->st;
+    int n_dec = st->n_generated > 1 ? st->n_generated - 1 : 0;
+    pt_conn_note(q->conn,
+                 "%s prompt=%d cached=%d completion=%d ttft=%.1fms prefill=%.0ftok/s "
+                 "decode=%.1ftok/s finish=%s%s",
+                 q->id, st->n_prompt, st->n_cached, st->n_generated, st->ttft * 1e3,
+                 st->t_prefill > 0 ? st->n_prompt / st->t_prefill : 0.0,
+                 st->t_decode > 0 ? n_dec / st->t_decode : 0.0, pt_oai_finish_reason(st->finish),
+                 q->stream ? " stream" : "");
+}
+
+/* Why a job ended without an answer, as an HTTP error. */
+static void failure(const pt_req *q, int *status, const char **code, char *msg, size_t cap) {
+    if (q->st.finish == PT_FINISH_CANCEL) {
+        *status = 503, *code = "server_shutting_down";
+        snprintf(msg, cap, "the server is shutting down; the request was cancelled");
+    } else {
+        *status = 500, *code = "generation_failed";
+        snprintf(msg, cap, "generation failed: %s", q->st.error);
+    }
+}
+
+static bool failed(const pt_req *q) {
+    return q->st.finish == PT_FINISH_CANCEL || q->st.finish == PT_FINISH_NONE;
+}
+
+static void send_event(pt_req *q, json_t *v) {
+    struct evbuffer *b = evbuffer_new();
+    pt_sse_json(b, v);
+    json_decref(v);
+    pt_http_stream_write(q->conn, b);
+    evbuffer_free(b);
+}
+
+static void stream_end(pt_req *q) {
+    note_stats(q);
+    if (failed(q)) {
+        int status;
+        const char *code;
+        char msg[320];
+        failure(q, &status, &code, msg, sizeof msg);
+        send_event(q, pt_error_json(status, NULL, code, NULL, msg));
+    } else {
+        const char *fin = pt_oai_finish_reason(q->st.finish);
+        json_t *last = chunk(q, "", 0, NULL, 0, fin, false);
+        json_t *usage = pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached);
+        if (q->include_usage) {
+            send_event(q, last);
+            last = envelope(q, q->chat ? "chat.completion.chunk" : "text_completion");
+            json_object_set_new(last, "choices", json_array());
+            json_object_set_new(last, "usage", usage);
+        } else {
+            json_decref(usage);
+        }
+        json_object_set_new(last, "timings", pt_oai_timings(&q->st));
+        send_event(q, last);
+        struct evbuffer *b = evbuffer_new();
+        pt_sse_done(b);
+        pt_http_stream_write(q->conn, b);
+        evbuffer_free(b);
+    }
+    pt_http_stream_end(q->conn);
+}
+
+/* The logprobs of a whole answer, or null when not asked for. */
+static json_t *final_logprobs(pt_req *q) {
+    if (!q->logprobs) return json_null();
+    if (q->chat) return json_pack("{s:o}", "content", q->lp ? json_incref(q->lp) : json_array());
+    return q->lp ? json_incref(q->lp) : completion_logprobs(NULL, q->srv->e->tok, NULL, 0);
+}
+
+static void reply_whole(pt_req *q) {
+    note_stats(q);
+    if (failed(q)) {
+        int status;
+        const char *code;
+        char msg[320];
+        failure(q, &status, &code, msg, sizeof msg);
+        pt_http_error(q->conn, status, NULL, code, NULL, "%s", msg);
+        return;
+    }
+    size_t n = evbuffer_get_length(q->text);
+    const char *t = n ? (const char *)evbuffer_pullup(q->text, -1) : "";
+    json_t *text = json_stringn(t, n);
+    if (!text) text = pt_oai_string_lossy(t, n);
+    json_t *choice = json_pack("{s:i}", "index", 0);
+    if (q->chat)
+        json_object_set_new(choice, "message",
+                            json_pack("{s:s, s:o}", "role", "assistant", "content", text));
+    else
+        json_object_set_new(choice, "text", text);
+    json_object_set_new(choice, "logprobs", final_logprobs(q));
+    json_object_set_new(choice, "finish_reason", json_string(pt_oai_finish_reason(q->st.finish)));
+    json_t *r = envelope(q, q->chat ? "chat.completion" : "text_completion");
+    json_object_set_new(r, "choices", json_pack("[o]", choice));
+    json_object_set_new(r, "usage",
+                        pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached));
+    json_object_set_new(r, "timings", pt_oai_timings(&q->st));
+    pt_http_reply_json(q->conn, 200, r);
+    json_decref(r);
+}
+
+/* Non-streamed: keep the text and logprobs until the end. */
+static void accumulate(pt_req *q, const piece *p) {
+    evbuffer_add(q->text, p->text, p->len);
+    if (!q->logprobs || p->n_toks == 0) return;
+    if (!q->chat) {
+        q->lp = completion_logprobs(q->lp, q->srv->e->tok, p->toks, p->n_toks);
+        return;
+    }
+    if (!q->lp) q->lp = json_array();
+    for (int i = 0; i < p->n_toks; i++)
+        json_array_append_new(q->lp, chat_logprob(q->srv->e->tok, &p->toks[i].r));
+}
+
+/* Streamed: everything that arrived since the last wakeup goes out as one
+ * chunk (fewer, larger writes when the loop falls behind). */
+static void stream_pieces(pt_req *q, const piece *p) {
+    size_t len = 0;
+    int nt = 0;
+    for (const piece *x = p; x; x = x->next)
+        len += x->len, nt += x->n_toks;
+    if (len == 0 && nt == 0) return;
+    char *text = pt_xmalloc(len + 1);
+    gen_tok *toks = pt_xmalloc(sizeof(gen_tok) * (size_t)(nt ? nt : 1));
+    len = 0, nt = 0;
+    for (const piece *x = p; x; x = x->next) {
+        memcpy(text + len, x->text, x->len);
+        if (x->n_toks) memcpy(toks + nt, x->toks, sizeof(gen_tok) * (size_t)x->n_toks);
+        len += x->len, nt += x->n_toks;
+    }
+    send_event(q, chunk(q, text, len, toks, nt, NULL, false));
+    free(text);
+    free(toks);
+}
+
+static void deliver_one(pt_req *q) {
+    piece *p = q->drain;
+    bool done = q->drain_done;
+    q->drain = NULL;
+    if (q->conn) {
+        if (q->stream) {
+            stream_pieces(q, p);
+            if (done)
+                stream_end(q);
+            else if (pt_conn_backlog(q->conn) > BACKLOG_LIMIT) {
+                pt_conn_abort(q->conn, "client too slow");
+                q->conn = NULL;
+                pt_sched_cancel(q->srv->sched, q->job);
+            }
+        } else {
+            for (const piece *x = p; x; x = x->next)
+                accumulate(q, x);
+            if (done) reply_whole(q);
+        }
+    }
+    free_pieces(p);
+    if (done) req_free(q);
+}
+
+void pt_server_deliver(pt_server *s) {
+    pt_req *list = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (pt_req *q = s->outbox; q; q = q->next_out) {
+        q->in_outbox = false;
+        q->drain = q->out_head;
+        q->drain_done = q->done;
+        q->out_head = q->out_tail = NULL;
+        q->next_drain = list;
+        list = q;
+    }
+    s->outbox = NULL;
+    pthread_mutex_unlock(&s->mu);
+    /* the list is newest first; order between requests does not matter */
+    while (list) {
+        pt_req *q = list;
+        list = q->next_drain;
+        deliver_one(q);
+    }
+}
+
+static void on_gone(void *user) {
+    pt_req *q = user;
+    q->conn = NULL;
+    pt_sched_cancel(q->srv->sched, q->job);
+}
+
+/* ---- from request to job --------------------------------------------------------------- */
+
+static uint64_t random_seed(void) {
+    static uint64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t z =
+        (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (++counter * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64 finalizer */
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void make_id(pt_req *q) {
+    uint64_t a = random_seed(), b = random_seed();
+    snprintf(q->id, sizeof q->id, "%s-%012llx%012llx", q->chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)(a & 0xffffffffffffull),
+             (unsigned long long)(b & 0xffffffffffffull));
+}
+
+/* The prompt's token ids; on error answers the client and returns -1. */
+static int prompt_tokens(pt_conn *c, pt_server *s, const pt_oai_request *r, int32_t **ids,
+                         size_t *n) {
+    pt_err err = {{0}};
+    const pt_tokenizer *tok = s->e->tok;
+    if (r->prompt_ids) {
+        *n = (size_t)r->n_prompt_ids;
+        *ids = pt_xmalloc(sizeof(int32_t) * *n);
+        memcpy(*ids, r->prompt_ids, sizeof(int32_t) * *n);
+        return 0;
+    }
+    if (r->kind == PT_OAI_COMPLETION) {
+        if (pt_tokenize(tok, r->prompt, r->prompt_len, true, true, ids, n, &err) == 0) return 0;
+        pt_http_error(c, 400, NULL, "invalid_prompt", "prompt", "%s", err.msg);
+        return -1;
+    }
+    char *text;
+    size_t len;
+    if (pt_chat_tmpl_render(s->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
+                            &err)) {
+        pt_http_error(c, 400, NULL, "invalid_messages", "messages", "%s", err.msg);
+        return -1;
+    }
+    /* the template writes any BOS itself; add one only if it did not */
+    int rc = pt_tokenize(tok, text, len, false, true, ids, n, &err);
+    free(text);
+    if (rc) {
+        pt_http_error(c, 400, NULL, "invalid_messages", "messages", "%s", err.msg);
+        return -1;
+    }
+    int32_t bos = pt_tokenizer_bos(tok);
+    if (pt_tokenizer_adds_bos(tok) && bos >= 0 && (*n == 0 || (*ids)[0] != bos)) {
+        *ids = pt_xrealloc(*ids, sizeof(int32_t) * (*n + 1));
+        memmove(*ids + 1, *ids, sizeof(int32_t) * *n);
+        (*ids)[0] = bos;
+        (*n)++;
+    }
+    return 0;
+}
+
+static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r) {
+    pt_req *q = pt_xcalloc(1, sizeof *q);
+    q->srv = s;
+    q->conn = c;
+    q->kind = r->kind;
+    q->chat = r->kind == PT_OAI_CHAT;
+    q->stream = r->stream;
+    q->include_usage = r->stream && r->include_usage;
+    q->logprobs = r->logprobs;
+    q->created = (long)time(NULL);
+    make_id(q);
+    q->stop = r->stop; /* the request gives its stop strings to q */
+    memset(&r->stop, 0, sizeof r->stop);
+    pt_detok_init(&q->dt, s->e->tok);
+    q->dt.at_start = q->chat; /* a reply is a text of its own; a completion continues the prompt */
+    if (!q->stream) q->text = evbuffer_new();
+    s->n_reqs++;
+    return q;
+}
+
+static void handle(pt_conn *c, const char *body, size_t len, int kind) {
+    pt_server *s = pt_conn_server(c);
+    if (s->state != SRV_RUNNING) {
+        pt_http_error(c, 503, NULL, "server_shutting_down", NULL, "the server is shutting down");
+        return;
+    }
+    pt_oai_request r;
+    pt_oai_error e;
+    if (pt_oai_parse(&r, kind, body, len, &s->lim, &e)) {
+        pt_http_error(c, e.status, e.type, e.code, e.param[0] ? e.param : NULL, "%s", e.message);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (prompt_tokens(c, s, &r, &ids, &n)) {
+        pt_oai_request_free(&r);
+        return;
+    }
+    int n_ctx = s->o.n_ctx;
+    if ((int64_t)n >= n_ctx) {
+        pt_http_error(c, 400, NULL, "context_length_exceeded",
+                      kind == PT_OAI_CHAT ? "messages" : "prompt",
+                      "This model's maximum context length is %d tokens, but the prompt has %zu "
+                      "tokens; shorten it or start the server with a larger --ctx",
+                      n_ctx, n);
+        free(ids);
+        pt_oai_request_free(&r);
+        return;
+    }
+    pt_req *q = req_new(s, c, &r);
+    pt_sched_job job = {.prompt = ids,
+                        .n_prompt = (int)n,
+                        .on_token = on_token,
+                        .on_done = on_done,
+                        .user = q,
+                        .bias_ids = r.bias_ids,
+                        .bias_vals = r.bias_vals,
+                        .n_bias = r.n_bias};
+    job.params.sampling = r.sampling;
+    if (!r.seed_given) job.params.sampling.seed = random_seed();
+    job.params.max_tokens = r.max_tokens;
+    job.params.ignore_eos = r.ignore_eos;
+    q->n_prompt = (int)n;
+    pt_err err = {{0}};
+    q->job = pt_sched_submit(s->sched, &job, &err);
+    free(ids);
+    pt_oai_request_free(&r);
+    if (!q->job) {
+        pt_http_error(c, 503, NULL, "server_busy", NULL, "%s", err.msg);
+        req_free(q);
+        return;
+    }
+    pt_conn_on_gone(c, on_gone, q);
+    if (q->stream) {
+        pt_http_stream_begin(c, 200, "text/event-stream", NULL);
+        if (q->chat) send_event(q, chunk(q, "", 0, NULL, 0, NULL, true)); /* the role comes first */
+    }
+}
+
+void pt_handle_chat(pt_conn *c, const char *body, size_t len) {
+    handle(c, body, len, PT_OAI_CHAT);
+}
+
+void pt_handle_completions(pt_conn *c, const char *body, size_t len) {
+    handle(c, body, len, PT_OAI_COMPLETION);
+}

@@ -1,0 +1,272 @@
+/*
+ * server.c - `petrel serve` as a whole: start-up (KV pool sized for the
+ * parallel sequences, chat template, scheduler thread, listener), the small
+ * routes (/health, /v1/models), the wakeup from the scheduler thread, and
+ * shutdown.
+ *
+ * Shutdown: the first SIGINT/SIGTERM stops accepting and closes idle
+ * connections; requests in flight get --shutdown-timeout seconds to finish
+ * (a second signal cuts that short), then are cancelled: streams end with
+ * an error event, waiting non-streamed requests get 503.  The loop exits
+ * once no connection and no request is left, and everything is freed.
+ */
+#include "server/server_int.h"
+
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* ---- logging and wakeups ------------------------------------------------------- */
+
+void pt_server_log(pt_server *s, const char *fmt, ...) {
+    if (s->o.quiet) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    fprintf(stderr, "%s petrel: %s\n", ts, line); /* one write per line: lines never interleave */
+}
+
+void pt_server_wake(pt_server *s) {
+    event_active(s->wake, EV_READ, 0); /* thread-safe: evthread_use_pthreads() */
+}
+
+static void wake_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    pt_server_deliver(arg);
+}
+
+static void maybe_exit(pt_server *s) {
+    if (s->state != SRV_RUNNING && s->n_reqs == 0 && pt_http_n_conns(s->http) == 0)
+        event_base_loopexit(s->base, NULL);
+}
+
+void pt_server_req_done(pt_server *s) {
+    s->n_served++;
+    if (s->state != SRV_RUNNING) maybe_exit(s);
+}
+
+/* ---- shutdown ------------------------------------------------------------------ */
+
+static void cancel_all(pt_server *s, const char *why) {
+    if (s->state == SRV_CANCELLING) return;
+    s->state = SRV_CANCELLING;
+    if (s->n_reqs) pt_server_log(s, "%s: cancelling %d request(s)", why, s->n_reqs);
+    pt_sched_cancel_all(s->sched);
+}
+
+static void grace_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    cancel_all(arg, "shutdown timeout");
+}
+
+static void drained_cb(void *arg) {
+    maybe_exit(arg);
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg) {
+    (void)what;
+    pt_server *s = arg;
+    if (s->state != SRV_RUNNING) {
+        cancel_all(s, "second signal");
+        return;
+    }
+    s->state = SRV_DRAINING;
+    pt_server_log(s,
+                  "%s: not accepting connections; finishing %d request(s) (up to %d s, "
+                  "signal again to cancel)",
+                  sig == SIGINT ? "SIGINT" : "SIGTERM", s->n_reqs, s->o.shutdown_timeout);
+    struct timeval tv = {s->o.shutdown_timeout, 0};
+    event_add(s->grace, &tv);
+    pt_http_drain(s->http, drained_cb, s);
+    maybe_exit(s);
+}
+
+/* ---- small routes ----------------------------------------------------------------- */
+
+static json_t *model_object(pt_server *s) {
+    const pt_model_config *c = &s->e->model->cfg;
+    json_t *meta = json_pack("{s:s, s:i, s:i, s:i, s:s}", "arch", c->arch, "n_ctx", s->o.n_ctx,
+                             "n_ctx_train", c->max_ctx, "n_vocab", c->vocab_size, "chat_template",
+                             pt_chat_tmpl_source(s->tmpl));
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", s->model_id, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "petrel", "meta", meta);
+}
+
+void pt_handle_models(pt_conn *c, const char *body, size_t len) {
+    (void)body, (void)len;
+    json_t *r =
+        json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(pt_conn_server(c)));
+    pt_http_reply_json(c, 200, r);
+    json_decref(r);
+}
+
+void pt_handle_model(pt_conn *c, const char *body, size_t len) {
+    (void)body, (void)len;
+    pt_server *s = pt_conn_server(c);
+    const char *id = pt_conn_head(c)->path + strlen("/v1/models/");
+    if (strcmp(id, s->model_id) != 0) {
+        pt_http_error(c, 404, NULL, "model_not_found", "model",
+                      "The model '%.200s' does not exist; this server serves '%s'", id,
+                      s->model_id);
+        return;
+    }
+    json_t *r = model_object(s);
+    pt_http_reply_json(c, 200, r);
+    json_decref(r);
+}
+
+void pt_handle_health(pt_conn *c, const char *body, size_t len) {
+    (void)body, (void)len;
+    pt_server *s = pt_conn_server(c);
+    int waiting, running, reserved;
+    pt_sched_load(s->sched, &waiting, &running, &reserved);
+    bool ok = s->state == SRV_RUNNING;
+    json_t *r =
+        json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I}", "status", ok ? "ok" : "shutting_down",
+                  "model", s->model_id, "parallel", s->o.parallel, "running", running, "waiting",
+                  waiting, "kv_pages_reserved", reserved, "kv_pages", s->e->kv.cfg.n_pages,
+                  "requests_served", (json_int_t)s->n_served);
+    pt_http_reply_json(c, ok ? 200 : 503, r);
+    json_decref(r);
+}
+
+/* ---- start-up ---------------------------------------------------------------------- */
+
+void pt_server_model_id(const char *path, char *out, size_t cap) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--; /* a directory given with a slash */
+    const char *base = path;
+    for (size_t i = 0; i < n; i++)
+        if (path[i] == '/') base = path + i + 1;
+    size_t len = (size_t)(path + n - base);
+    if (len > 5 && strncmp(base + len - 5, ".gguf", 5) == 0) len -= 5;
+    snprintf(out, cap, "%.*s", (int)len, base);
+}
+
+static void defaults(pt_server_opts *o, const pt_engine *e) {
+    if (!o->host) o->host = "127.0.0.1";
+    if (o->max_body == 0) o->max_body = 8u << 20;
+    if (o->parallel <= 0) o->parallel = 8;
+    if (o->parallel > e->model->max_batch) o->parallel = e->model->max_batch;
+    if (o->max_queue <= 0) o->max_queue = 1024;
+    if (o->n_ctx <= 0) o->n_ctx = e->n_ctx;
+    if (o->idle_timeout <= 0) o->idle_timeout = 60;
+    if (o->shutdown_timeout < 0) o->shutdown_timeout = 0;
+}
+
+/* Every sequence must be able to reach the full context at once, so the
+ * pool holds parallel x ctx positions (the engine opened it for one). */
+static int size_kv_pool(pt_engine *e, const pt_server_opts *o, pt_err *err) {
+    int need = pt_sched_pages_for(e, o->n_ctx) * o->parallel;
+    if (e->kv.cfg.n_pages >= need) return 0;
+    pt_dtype dt = e->kv.cfg.dtype;
+    int positions = need * e->kv.cfg.page_size;
+    /* with overcommit a too-big pool would "succeed" and be killed later */
+    double gib = (double)pt_kv_bytes_per_token(&e->kv.cfg) * positions / (1 << 30);
+    double avail = (double)pt_mem_available() / (1 << 30);
+    if (e->be->host_memory && avail > 0 && gib > 0.9 * avail)
+        return pt_fail(err,
+                       "a KV cache for %d sequences of %d positions needs %.1f GiB, %.1f GiB "
+                       "are available: lower --parallel or --ctx",
+                       o->parallel, o->n_ctx, gib, avail);
+    pt_kv_cache_free(&e->kv);
+    memset(&e->kv, 0, sizeof e->kv);
+    if (pt_model_kv_init(e->model, &e->kv, positions, dt, err))
+        return pt_failp(err,
+                        "KV cache for %d sequences of %d positions (lower --parallel or --ctx)",
+                        o->parallel, o->n_ctx);
+    return 0;
+}
+
+static void write_port_file(const char *path, int port) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        pt_warn("serve: cannot write --port-file %s", path);
+        return;
+    }
+    fprintf(f, "%d\n", port);
+    fclose(f);
+}
+
+static int start(pt_server *s, pt_err *err) {
+    if (!s->e->tok)
+        return pt_fail(err, "this model has no tokenizer (dummy weights): nothing to serve");
+    if (size_kv_pool(s->e, &s->o, err)) return -1;
+    if (pt_chat_tmpl_open(&s->tmpl, s->e, s->o.chat_template, err)) return -1;
+    pt_sched_opts so = {.max_seqs = s->o.parallel,
+                        .n_ctx = s->o.n_ctx,
+                        .max_prefill = s->o.max_prefill,
+                        .max_queue = s->o.max_queue};
+    if (pt_sched_start(&s->sched, s->e, &so, err)) return -1;
+    s->base = event_base_new();
+    if (!s->base) return pt_fail(err, "cannot create the event loop");
+    s->wake = event_new(s->base, -1, 0, wake_cb, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, signal_cb, s);
+    s->sig_term = evsignal_new(s->base, SIGTERM, signal_cb, s);
+    s->grace = evtimer_new(s->base, grace_cb, s);
+    if (!s->wake || !s->sig_int || !s->sig_term || !s->grace)
+        return pt_fail(err, "cannot create the server's events");
+    event_add(s->sig_int, NULL);
+    event_add(s->sig_term, NULL);
+    pt_http_opts ho = {.host = s->o.host,
+                       .port = s->o.port,
+                       .api_key = s->o.api_key,
+                       .max_body = s->o.max_body,
+                       .idle_timeout = s->o.idle_timeout};
+    return pt_http_listen(&s->http, s->base, s, &ho, err);
+}
+
+static void stop(pt_server *s) {
+    pt_http_free(s->http); /* drops what is left; their requests are cancelled */
+    if (s->sched) pt_sched_cancel_all(s->sched);
+    pt_sched_stop(s->sched);           /* every on_done has run when it returns */
+    if (s->base) pt_server_deliver(s); /* frees the requests those posted */
+    if (s->wake) event_free(s->wake);
+    if (s->sig_int) event_free(s->sig_int);
+    if (s->sig_term) event_free(s->sig_term);
+    if (s->grace) event_free(s->grace);
+    if (s->base) event_base_free(s->base);
+    pt_chat_tmpl_free(s->tmpl);
+    pthread_mutex_destroy(&s->mu);
+}
+
+int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err) {
+    if (evthread_use_pthreads()) return pt_fail(err, "libevent has no pthreads support");
+    signal(SIGPIPE, SIG_IGN); /* a client that hangs up is an error return, not a kill */
+    pt_server s = {0};
+    s.e = e;
+    s.o = *o;
+    defaults(&s.o, e);
+    pthread_mutex_init(&s.mu, NULL);
+    snprintf(s.model_id, sizeof s.model_id, "%s",
+             o->model_id && *o->model_id ? o->model_id : "petrel");
+    s.created = (long)time(NULL);
+    s.lim = (pt_oai_limits){.model_id = s.model_id, .n_vocab = e->model->cfg.vocab_size};
+    if (start(&s, err)) {
+        stop(&s);
+        return -1;
+    }
+    int port = pt_http_port(s.http);
+    bool v6 = strchr(s.o.host, ':') != NULL;
+    fprintf(stderr,
+            "petrel serve: model %s, %d parallel x %d positions, chat template: %s\n"
+            "petrel serve: listening on http://%s%s%s:%d%s\n",
+            s.model_id, s.o.parallel, s.o.n_ctx, pt_chat_tmpl_source(s.tmpl), v6 ? "[" : "",
+            s.o.host, v6 ? "]" : "", port, s.o.api_key ? " (API key required)" : "");
+    if (s.o.port_file) write_port_file(s.o.port_file, port);
+    event_base_dispatch(s.base);
+    pt_server_log(&s, "stopped after %llu request(s)", (unsigned long long)s.n_served);
+    stop(&s);
+    return 0;
+}

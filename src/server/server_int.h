@@ -1,0 +1,79 @@
+/*
+ * server_int.h - what the files of src/server share: the server object, the
+ * route handlers, and the few connection calls http.h leaves out.
+ *
+ * Thread rules: everything here belongs to the event-loop thread except
+ * what `mu` guards (the outbox of generation results, filled by the
+ * scheduler thread) and pt_server_wake, which any thread may call.
+ */
+#ifndef PETREL_SERVER_INT_H
+#define PETREL_SERVER_INT_H
+
+#include <pthread.h>
+
+#include "engine/scheduler.h"
+#include "server/http.h"
+#include "server/openai.h"
+#include "server/server.h"
+
+struct event;
+typedef struct pt_req pt_req;
+typedef struct pt_chat_tmpl pt_chat_tmpl;
+
+enum { SRV_RUNNING, SRV_DRAINING, SRV_CANCELLING };
+
+struct pt_server {
+    pt_engine *e;
+    pt_sched *sched;
+    pt_http *http;
+    struct event_base *base;
+    pt_server_opts o;
+    char model_id[256];
+    long created; /* unix time the model was loaded, for /v1/models */
+    pt_oai_limits lim;
+    pt_chat_tmpl *tmpl; /* the chat template (prompt.c) */
+    struct event *wake, *sig_int, *sig_term, *grace;
+    int state;  /* SRV_* */
+    int n_reqs; /* generation requests alive */
+    uint64_t n_served;
+
+    pthread_mutex_t mu; /* guards the outbox and each pt_req's shared part */
+    pt_req *outbox;     /* requests with news for the event loop */
+};
+
+/* A log line (with a timestamp) unless --quiet.  Any thread. */
+void pt_server_log(pt_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Wakes the event loop to look at the outbox.  Any thread. */
+void pt_server_wake(pt_server *s);
+/* The event loop found news in the outbox (completion.c). */
+void pt_server_deliver(pt_server *s);
+/* A generation request ended and was freed; the server may be able to exit. */
+void pt_server_req_done(pt_server *s);
+
+/* The handler's part of the request's log line. */
+void pt_conn_note(pt_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Drops the connection now (no gone callback). */
+void pt_conn_abort(pt_conn *c, const char *why);
+/* {"error": {...}}; type NULL: from the status. */
+json_t *pt_error_json(int status, const char *type, const char *code, const char *param,
+                      const char *msg);
+
+/* Route handlers: body[0..len) is the whole request body. */
+void pt_handle_health(pt_conn *c, const char *body, size_t len);
+void pt_handle_models(pt_conn *c, const char *body, size_t len);
+void pt_handle_model(pt_conn *c, const char *body, size_t len);
+void pt_handle_chat(pt_conn *c, const char *body, size_t len);
+void pt_handle_completions(pt_conn *c, const char *body, size_t len);
+
+/* Chat prompts (prompt.c): the model's template, or --chat-template. */
+int pt_chat_tmpl_open(pt_chat_tmpl **out, pt_engine *e, const char *override_path, pt_err *err);
+void pt_chat_tmpl_free(pt_chat_tmpl *t);
+const char *pt_chat_tmpl_source(const pt_chat_tmpl *t); /* "gguf", "file", "builtin", ... */
+/* Renders messages (tools and extra variables may be NULL) with the
+ * generation prompt added.  *out is malloc'd.  Returns 0, or -1 with err
+ * set: a message for the client (the template raised, or failed on these
+ * messages). */
+int pt_chat_tmpl_render(const pt_chat_tmpl *t, const json_t *messages, const json_t *tools,
+                        const json_t *extra, char **out, size_t *out_len, pt_err *err);
+
+#endif

@@ -1,0 +1,18 @@
+# tests/server: the C unit tests (test_*.c: stop strings, request validation,
+# SSE and HTTP framing) are picked up by tests/CMakeLists.txt and linked
+# with petrel_server.  This file adds the end-to-end suite: the official
+# OpenAI npm client, raw fetch and curl against a real `petrel serve` from
+# this build (tests/server/e2e/run.sh), with the load test at 64 concurrent
+# streaming clients, or 8 in the sanitizer build where each is much slower.
+if(PETREL_SANITIZE)
+  set(e2e_clients 8)
+  set(e2e_env "E2E_SANITIZED=1")
+else()
+  set(e2e_clients 64)
+  set(e2e_env "E2E_SANITIZED=0")
+endif()
+add_test(NAME server/e2e
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/e2e/run.sh ${CMAKE_BINARY_DIR}/e2e-server
+                 $<TARGET_FILE:petrel> ${e2e_clients})
+set_tests_properties(server/e2e PROPERTIES
+  SKIP_RETURN_CODE 77 TIMEOUT 1200 LABELS e2e ENVIRONMENT "${e2e_env}")
