@@ -1,0 +1,729 @@
+/*
+ * attention.cu - causal attention of query rows over the paged KV cache.
+ *
+ * The tiled kernel (head_dim 64 or 128, f16/bf16 cache) is flash-decoding
+ * style.  A block of 4 warps owns one KV head, NQ query vectors (qr rows x
+ * gq query heads of that KV head: decode rows have qr = 1, prefill rows of
+ * one sequence share each K/V tile across qr rows) and one slice ("split")
+ * of the context.  Each warp walks its own tiles of 32 keys: it copies the
+ * keys' K and V rows from their pages into its shared memory (cp.async, 16
+ * bytes a lane), scores its 32 keys against all NQ queries (lane = key),
+ * updates a running max and sum per query (online softmax, base 2) and
+ * accumulates P·V (lane = 1/32 of head_dim).  The 4 warps' states are merged
+ * at the end; with several splits each split writes its unnormalized sum and
+ * (max, sum) and a second kernel merges the splits.  Splits are chosen so a
+ * single long sequence still fills the GPU.
+ *
+ * Rows of one block that belong to different sequences are handled in
+ * passes, one per sequence, so any batch is correct; the scheduler's common
+ * batches (one prefill sequence, or one decode row per sequence) take one.
+ *
+ * The simple kernel (one warp per row and query head, lanes over head_dim)
+ * serves every other shape and is the cross-check in the tests.
+ */
+#include <float.h>
+#include <math.h>
+
+#include "backend/cuda/cu_common.cuh"
+
+#define ATT_WARPS 4
+#define ATT_KT 32 /* keys per warp per tile */
+#define ATT_BLOCK_KEYS (ATT_WARPS * ATT_KT)
+#define ATT_LOG2E 1.4426950408889634f
+
+typedef struct att_plan {
+    int mma; /* 1: the tensor-core kernel (prefill-sized batches) */
+    int gq, qr, chunk, n_splits;
+    float *part_acc; /* [n_splits][n][n_heads][head_dim] */
+    float *part_ml;  /* [n_splits][n][n_heads][2]: running max, sum */
+} att_plan;
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+template <int HD, int NQ> struct att_layout {
+    static const int k_stride = HD + 8; /* elements: keeps lane-per-row reads conflict-free */
+    static const int k_bytes = ATT_KT * k_stride * 2;
+    static const int v_bytes = ATT_KT * HD * 2;
+    static const int p_bytes = NQ * ATT_KT * 4;
+    static const int warp_bytes = k_bytes + v_bytes + p_bytes;
+    static const int q_bytes = NQ * HD * 4;
+    static const int bytes = q_bytes + ATT_WARPS * warp_bytes;
+};
+
+template <int HD, int NQ, int T>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    attn_tiled_kernel(cu_attn_args a, att_plan p) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    typedef att_layout<HD, NQ> L;
+    const int DPL = HD / 32; /* head dims per lane in P·V */
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *Qs = (float *)smem;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    unsigned char *wbase = smem + L::q_bytes + warp * L::warp_bytes;
+    uint16_t *Ks = (uint16_t *)wbase;
+    uint16_t *Vs = (uint16_t *)(wbase + L::k_bytes);
+    float *Ps = (float *)(wbase + L::k_bytes + L::v_bytes);
+
+    const int G = a.n_heads / a.n_kv_heads, hgroups = G / p.gq;
+    const int kvh = blockIdx.x / hgroups, head0 = kvh * G + (blockIdx.x % hgroups) * p.gq;
+    const int t0 = blockIdx.y * p.qr, nrows = min(p.qr, a.n - t0);
+    const int split = blockIdx.z, kbeg = split * p.chunk;
+    const float qscale = a.scale * ATT_LOG2E;
+
+    unsigned done = 0;
+    for (;;) {
+        /* One pass per sequence among this block's rows. */
+        int first = -1;
+        for (int r = 0; r < nrows; r++)
+            if (!((done >> r) & 1)) {
+                first = r;
+                break;
+            }
+        if (first < 0) break;
+        const int sq = a.seq[t0 + first];
+        unsigned active = 0;
+        int pmax = -1;
+        for (int r = 0; r < nrows; r++)
+            if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
+                active |= 1u << r;
+                pmax = max(pmax, a.pos[t0 + r]);
+            }
+        done |= active;
+        const int kend = min(kbeg + p.chunk, pmax + 1);
+        if (kend <= kbeg) continue;
+
+        __syncthreads(); /* the previous pass is done with shared memory */
+        for (int i = threadIdx.x; i < NQ * HD; i += ATT_WARPS * 32) {
+            int qv = i / HD, d = i % HD, r = qv / p.gq, h = qv % p.gq;
+            float val = 0.f;
+            if (r < nrows && ((active >> r) & 1))
+                val = a.q[((size_t)(t0 + r) * a.n_heads + head0 + h) * HD + d] * qscale;
+            Qs[i] = val;
+        }
+        __syncthreads();
+
+        int qpos[NQ];
+#pragma unroll
+        for (int qv = 0; qv < NQ; qv++) {
+            int r = qv / p.gq;
+            qpos[qv] = (r < nrows && ((active >> r) & 1)) ? a.pos[t0 + r] : -1;
+        }
+        float m[NQ], l[NQ], acc[NQ][DPL];
+#pragma unroll
+        for (int qv = 0; qv < NQ; qv++) {
+            m[qv] = -FLT_MAX;
+            l[qv] = 0.f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[qv][i] = 0.f;
+        }
+        const int32_t *btrow = a.block_table + (size_t)sq * a.max_pages;
+        const uint16_t *kc = (const uint16_t *)a.k, *vc = (const uint16_t *)a.v;
+
+        for (int ks = kbeg + warp * ATT_KT; ks < kend; ks += ATT_BLOCK_KEYS) {
+            /* Copy this tile's K and V rows from their pages.  Lane j looks
+             * up key ks + j's slot once; the lanes copying that key's 16-byte
+             * chunks get it by shuffle. */
+            const int CPR = HD / 8; /* 16-byte chunks per row; divides 32 */
+            int own = ks + lane, slot_own = -1;
+            if (own < kend) slot_own = btrow[own / a.page_size] * a.page_size + own % a.page_size;
+#pragma unroll
+            for (int i = 0; i < CPR; i++) {
+                int j = i * (32 / CPR) + lane / CPR, part = lane % CPR;
+                int slot = __shfl_sync(0xffffffffu, slot_own, j);
+                uint16_t *kd = Ks + j * L::k_stride + part * 8, *vd = Vs + j * HD + part * 8;
+                if (slot >= 0) {
+                    size_t off = ((size_t)slot * a.n_kv_heads + kvh) * HD + part * 8;
+                    cp_async16(kd, kc + off);
+                    cp_async16(vd, vc + off);
+                } else {
+                    *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+                    *(uint4 *)vd = make_uint4(0, 0, 0, 0);
+                }
+            }
+            cp_async_wait_all();
+            __syncwarp();
+
+            /* Scores: lane j against key ks + j. */
+            float sc[NQ];
+#pragma unroll
+            for (int qv = 0; qv < NQ; qv++) sc[qv] = 0.f;
+            const uint16_t *krow = Ks + lane * L::k_stride;
+#pragma unroll
+            for (int c = 0; c < HD / 8; c++) {
+                float kf[8];
+                cu_unpack<T>(*(const uint4 *)(krow + c * 8), kf);
+#pragma unroll
+                for (int qv = 0; qv < NQ; qv++) {
+                    const float4 *qp = (const float4 *)(Qs + qv * HD + c * 8);
+                    float4 q0 = qp[0], q1 = qp[1];
+                    float s = sc[qv];
+                    s = fmaf(kf[0], q0.x, s), s = fmaf(kf[1], q0.y, s);
+                    s = fmaf(kf[2], q0.z, s), s = fmaf(kf[3], q0.w, s);
+                    s = fmaf(kf[4], q1.x, s), s = fmaf(kf[5], q1.y, s);
+                    s = fmaf(kf[6], q1.z, s), s = fmaf(kf[7], q1.w, s);
+                    sc[qv] = s;
+                }
+            }
+            const int kk = ks + lane;
+#pragma unroll
+            for (int qv = 0; qv < NQ; qv++) {
+                float s = (kk < kend && kk <= qpos[qv]) ? sc[qv] : -INFINITY;
+                float mnew = fmaxf(m[qv], cu_warp_max(s));
+                float pj = exp2f(s - mnew), alpha = exp2f(m[qv] - mnew);
+                l[qv] = l[qv] * alpha + cu_warp_sum(pj);
+                m[qv] = mnew;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[qv][i] *= alpha;
+                Ps[qv * ATT_KT + lane] = pj;
+            }
+            __syncwarp();
+
+            /* P·V: lane owns head dims [lane*DPL, lane*DPL + DPL). */
+#pragma unroll 2
+            for (int j = 0; j < ATT_KT; j += 4) {
+                float4 pq[NQ];
+#pragma unroll
+                for (int qv = 0; qv < NQ; qv++) pq[qv] = *(const float4 *)(Ps + qv * ATT_KT + j);
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    const uint16_t *vr = Vs + (j + jj) * HD + lane * DPL;
+                    float vf[DPL];
+                    if (DPL == 4) {
+                        uint2 u = *(const uint2 *)vr;
+                        uint4 u4 = make_uint4(u.x, u.y, 0, 0);
+                        float tmp[8];
+                        cu_unpack<T>(u4, tmp);
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) vf[i] = tmp[i];
+                    } else {
+                        uint32_t u = *(const uint32_t *)vr;
+                        uint4 u4 = make_uint4(u, 0, 0, 0);
+                        float tmp[8];
+                        cu_unpack<T>(u4, tmp);
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) vf[i] = tmp[i];
+                    }
+#pragma unroll
+                    for (int qv = 0; qv < NQ; qv++) {
+                        float pj = jj == 0 ? pq[qv].x : jj == 1 ? pq[qv].y : jj == 2 ? pq[qv].z : pq[qv].w;
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) acc[qv][i] = fmaf(pj, vf[i], acc[qv][i]);
+                    }
+                }
+            }
+            __syncwarp();
+        }
+
+        /* Merge the warps' running states. */
+        __syncthreads();
+        float *Cm = (float *)(smem + L::q_bytes), *Cl = Cm + ATT_WARPS * NQ,
+              *Ca = Cl + ATT_WARPS * NQ;
+        if (lane == 0)
+#pragma unroll
+            for (int qv = 0; qv < NQ; qv++) {
+                Cm[warp * NQ + qv] = m[qv];
+                Cl[warp * NQ + qv] = l[qv];
+            }
+#pragma unroll
+        for (int qv = 0; qv < NQ; qv++)
+#pragma unroll
+            for (int i = 0; i < DPL; i++) Ca[(warp * NQ + qv) * HD + lane * DPL + i] = acc[qv][i];
+        __syncthreads();
+        for (int e = threadIdx.x; e < NQ * HD; e += ATT_WARPS * 32) {
+            int qv = e / HD, d = e % HD, r = qv / p.gq, h = qv % p.gq;
+            if (!(r < nrows && ((active >> r) & 1))) continue;
+            float M = -FLT_MAX;
+            for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, Cm[w * NQ + qv]);
+            float Lsum = 0.f, A = 0.f;
+            for (int w = 0; w < ATT_WARPS; w++) {
+                float f = exp2f(Cm[w * NQ + qv] - M);
+                Lsum += Cl[w * NQ + qv] * f;
+                A += Ca[(w * NQ + qv) * HD + d] * f;
+            }
+            int t = t0 + r, head = head0 + h;
+            if (p.n_splits == 1) {
+                a.out[((size_t)t * a.n_heads + head) * HD + d] = A / Lsum;
+            } else {
+                size_t pi = ((size_t)split * a.n + t) * a.n_heads + head;
+                p.part_acc[pi * HD + d] = A;
+                if (d == 0) {
+                    p.part_ml[2 * pi] = M;
+                    p.part_ml[2 * pi + 1] = Lsum;
+                }
+            }
+        }
+    }
+}
+
+/* Merges the splits of each (row, head): split s holds keys
+ * [s*chunk, (s+1)*chunk) and exists for row t only if s*chunk <= pos[t]. */
+__global__ void attn_merge_kernel(cu_attn_args a, att_plan p) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads, hd = a.head_dim;
+    const int nvalid = min(p.n_splits, a.pos[t] / p.chunk + 1);
+    float M = -FLT_MAX;
+    for (int s = 0; s < nvalid; s++)
+        M = fmaxf(M, p.part_ml[2 * (((size_t)s * a.n + t) * a.n_heads + h)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float Lsum = 0.f, A = 0.f;
+        for (int s = 0; s < nvalid; s++) {
+            size_t pi = ((size_t)s * a.n + t) * a.n_heads + h;
+            float f = exp2f(p.part_ml[2 * pi] - M);
+            Lsum += p.part_ml[2 * pi + 1] * f;
+            A += p.part_acc[pi * hd + d] * f;
+        }
+        a.out[((size_t)t * a.n_heads + h) * hd + d] = A / Lsum;
+    }
+}
+
+/* ---- the tensor-core kernel (prefill) ------------------------------------------- */
+
+/* Rows of a prefill chunk share every K/V tile, so scores and P·V are
+ * matrix products: mma.sync m16n8k16 with f32 accumulation (sm_80+), a warp
+ * per 16 query vectors, 4 warps per block sharing double-buffered 64-key K/V
+ * tiles (cp.async).  The cache is f16/bf16 already; queries and
+ * probabilities are split into a 16-bit high part and a 16-bit remainder
+ * (x = hi + lo) and multiplied twice, which keeps the f32 kernels' accuracy
+ * (~1e-6) for twice the tensor work, still far below the memory time. */
+#define MMA_KT 64
+#define MMA_WARPS 4
+#define MMA_QV (MMA_WARPS * 16) /* query vectors per block */
+
+template <int HD> struct mma_layout {
+    static const int ks = HD + 8; /* row stride in elements: conflict-free fragment reads */
+    static const int stage_elems = 2 * MMA_KT * ks;
+    static const int bytes = 2 * stage_elems * 2;
+};
+
+template <int T> __device__ __forceinline__ uint32_t pack2(float a, float b) {
+    if (T == CU_BF16) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *(uint32_t *)&h;
+    }
+    __half2 h = __floats2half2_rn(a, b);
+    return *(uint32_t *)&h;
+}
+
+/* hi = (a, b) rounded to 16 bits; lo = what rounding left out. */
+template <int T> __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    hi = pack2<T>(a, b);
+    float ha, hb;
+    if (T == CU_BF16) {
+        ha = __uint_as_float(hi << 16);
+        hb = __uint_as_float(hi & 0xffff0000u);
+    } else {
+        float2 f = __half22float2(*(__half2 *)&hi);
+        ha = f.x, hb = f.y;
+    }
+    lo = pack2<T>(a - ha, b - hb);
+}
+
+template <int T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    if (T == CU_BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *smem) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* Copies keys [ks, ks + MMA_KT) of kv head kvh into a stage (zeros past kend). */
+template <int HD>
+__device__ __forceinline__ void mma_load_tile(uint16_t *Kst, uint16_t *Vst, const cu_attn_args &a,
+                                              const int32_t *btrow, int kvh, int ks, int kend) {
+    const int CPR = HD / 8, KS = mma_layout<HD>::ks;
+    const uint16_t *kc = (const uint16_t *)a.k, *vc = (const uint16_t *)a.v;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < MMA_KT * CPR; c += MMA_WARPS * 32) {
+        int j = c / CPR, part = c % CPR, kk = ks + j;
+        uint16_t *kd = Kst + j * KS + part * 8, *vd = Vst + j * KS + part * 8;
+        if (kk < kend) {
+            int slot = btrow[kk / a.page_size] * a.page_size + kk % a.page_size;
+            size_t off = ((size_t)slot * a.n_kv_heads + kvh) * HD + part * 8;
+            cp_async16(kd, kc + off);
+            cp_async16(vd, vc + off);
+        } else {
+            *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+            *(uint4 *)vd = make_uint4(0, 0, 0, 0);
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int HD, int T>
+__global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(cu_attn_args a, att_plan p) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    typedef mma_layout<HD> L;
+    const int KS = L::ks, ND = HD / 8, NK = HD / 16;
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint16_t *stage0 = (uint16_t *)smem;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+
+    const int G = a.n_heads / a.n_kv_heads, hgroups = G / p.gq, gq = p.gq;
+    const int kvh = blockIdx.x / hgroups, head0 = kvh * G + (blockIdx.x % hgroups) * gq;
+    const int qrb = MMA_QV / gq;
+    const int t0 = blockIdx.y * qrb, nrows = min(qrb, a.n - t0);
+    const int split = blockIdx.z, kbeg = split * p.chunk;
+    const float qscale = a.scale * ATT_LOG2E;
+    /* this lane's two query vectors (fragment rows g and g + 8) */
+    const int v0 = warp * 16 + g, v1 = v0 + 8;
+    const int r0 = v0 / gq, h0 = v0 % gq, r1 = v1 / gq, h1 = v1 % gq;
+
+    uint64_t done = 0;
+    for (;;) {
+        int first = -1;
+        for (int r = 0; r < nrows; r++)
+            if (!((done >> r) & 1)) {
+                first = r;
+                break;
+            }
+        if (first < 0) break;
+        const int sq = a.seq[t0 + first];
+        uint64_t active = 0;
+        int pmax = -1;
+        for (int r = 0; r < nrows; r++)
+            if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
+                active |= 1ull << r;
+                pmax = max(pmax, a.pos[t0 + r]);
+            }
+        done |= active;
+        const int kend = min(kbeg + p.chunk, pmax + 1);
+        if (kend <= kbeg) continue;
+
+        const bool act0 = r0 < nrows && ((active >> r0) & 1), act1 = r1 < nrows && ((active >> r1) & 1);
+        const int pos0 = act0 ? a.pos[t0 + r0] : -1, pos1 = act1 ? a.pos[t0 + r1] : -1;
+        int wmax = max(pos0, pos1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+
+        /* Q fragments, pre-scaled into the log2 domain, split hi + lo. */
+        uint32_t qh[NK][4], ql[NK][4];
+        {
+            const float *q0 = a.q + ((size_t)(t0 + r0) * a.n_heads + head0 + h0) * HD + 2 * t4;
+            const float *q1 = a.q + ((size_t)(t0 + r1) * a.n_heads + head0 + h1) * HD + 2 * t4;
+            const float2 zero = make_float2(0.f, 0.f);
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                float2 x00 = act0 ? *(const float2 *)(q0 + kk * 16) : zero;
+                float2 x10 = act1 ? *(const float2 *)(q1 + kk * 16) : zero;
+                float2 x01 = act0 ? *(const float2 *)(q0 + kk * 16 + 8) : zero;
+                float2 x11 = act1 ? *(const float2 *)(q1 + kk * 16 + 8) : zero;
+                split2<T>(x00.x * qscale, x00.y * qscale, qh[kk][0], ql[kk][0]);
+                split2<T>(x10.x * qscale, x10.y * qscale, qh[kk][1], ql[kk][1]);
+                split2<T>(x01.x * qscale, x01.y * qscale, qh[kk][2], ql[kk][2]);
+                split2<T>(x11.x * qscale, x11.y * qscale, qh[kk][3], ql[kk][3]);
+            }
+        }
+        float o[ND][4];
+#pragma unroll
+        for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+        float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.f, l1 = 0.f;
+
+        const int32_t *btrow = a.block_table + (size_t)sq * a.max_pages;
+        const int ntiles = CU_DIV_UP(kend - kbeg, MMA_KT);
+        __syncthreads(); /* the previous pass is done with the stages */
+        mma_load_tile<HD>(stage0, stage0 + MMA_KT * KS, a, btrow, kvh, kbeg, kend);
+        for (int it = 0; it < ntiles; it++) {
+            uint16_t *Ks = stage0 + (it & 1) * L::stage_elems, *Vs = Ks + MMA_KT * KS;
+            if (it + 1 < ntiles) {
+                uint16_t *Kn = stage0 + ((it + 1) & 1) * L::stage_elems;
+                mma_load_tile<HD>(Kn, Kn + MMA_KT * KS, a, btrow, kvh, kbeg + (it + 1) * MMA_KT, kend);
+                asm volatile("cp.async.wait_group 1;" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            }
+            __syncthreads();
+            const int ks = kbeg + it * MMA_KT;
+            if (ks <= wmax) { /* warp-uniform: causal tiles past every row are skipped */
+                float sc[MMA_KT / 8][4];
+#pragma unroll
+                for (int j = 0; j < MMA_KT / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+                    for (int j = 0; j < MMA_KT / 8; j++) {
+                        const uint16_t *kr = Ks + (j * 8 + g) * KS + kk * 16 + 2 * t4;
+                        uint32_t b0 = *(const uint32_t *)kr, b1 = *(const uint32_t *)(kr + 8);
+                        mma16816<T>(sc[j], qh[kk], b0, b1);
+                        mma16816<T>(sc[j], ql[kk], b0, b1);
+                    }
+                /* mask, running max per row (a row's 64 scores live in 4 lanes) */
+                float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < MMA_KT / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int key = ks + j * 8 + 2 * t4 + e;
+                        if (!(key < kend && key <= pos0)) sc[j][e] = -INFINITY;
+                        if (!(key < kend && key <= pos1)) sc[j][2 + e] = -INFINITY;
+                        mx0 = fmaxf(mx0, sc[j][e]);
+                        mx1 = fmaxf(mx1, sc[j][2 + e]);
+                    }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+                const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+                const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+                m0 = mn0, m1 = mn1;
+                l0 *= al0, l1 *= al1;
+#pragma unroll
+                for (int j = 0; j < MMA_KT / 8; j++) {
+                    sc[j][0] = exp2f(sc[j][0] - mn0), sc[j][1] = exp2f(sc[j][1] - mn0);
+                    sc[j][2] = exp2f(sc[j][2] - mn1), sc[j][3] = exp2f(sc[j][3] - mn1);
+                    l0 += sc[j][0] + sc[j][1];
+                    l1 += sc[j][2] + sc[j][3];
+                }
+#pragma unroll
+                for (int d = 0; d < ND; d++) o[d][0] *= al0, o[d][1] *= al0, o[d][2] *= al1, o[d][3] *= al1;
+                /* O += P·V; P's accumulator layout is the A layout of the next product */
+#pragma unroll
+                for (int m = 0; m < MMA_KT / 16; m++) {
+                    uint32_t ph[4], pl[4];
+                    split2<T>(sc[2 * m][0], sc[2 * m][1], ph[0], pl[0]);
+                    split2<T>(sc[2 * m][2], sc[2 * m][3], ph[1], pl[1]);
+                    split2<T>(sc[2 * m + 1][0], sc[2 * m + 1][1], ph[2], pl[2]);
+                    split2<T>(sc[2 * m + 1][2], sc[2 * m + 1][3], ph[3], pl[3]);
+                    const uint16_t *vrow =
+                        Vs + (16 * m + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
+#pragma unroll
+                    for (int d = 0; d < ND; d += 2) {
+                        uint32_t b[4];
+                        ldmatrix_x4_trans(b, vrow + 8 * d);
+                        mma16816<T>(o[d], ph, b[0], b[1]);
+                        mma16816<T>(o[d], pl, b[0], b[1]);
+                        mma16816<T>(o[d + 1], ph, b[2], b[3]);
+                        mma16816<T>(o[d + 1], pl, b[2], b[3]);
+                    }
+                }
+            }
+            __syncthreads(); /* the stage is overwritten by the next prefetch */
+        }
+
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const bool act = half ? act1 : act0;
+            if (!act) continue;
+            const int t = t0 + (half ? r1 : r0), head = head0 + (half ? h1 : h0);
+            const float M = half ? m1 : m0, Lsum = half ? l1 : l0;
+            if (p.n_splits == 1) {
+                float *dst = a.out + ((size_t)t * a.n_heads + head) * HD + 2 * t4;
+                const float inv = 1.0f / Lsum;
+#pragma unroll
+                for (int d = 0; d < ND; d++)
+                    *(float2 *)(dst + 8 * d) = make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+            } else {
+                size_t pi = ((size_t)split * a.n + t) * a.n_heads + head;
+                float *dst = p.part_acc + pi * HD + 2 * t4;
+#pragma unroll
+                for (int d = 0; d < ND; d++)
+                    *(float2 *)(dst + 8 * d) = make_float2(o[d][2 * half], o[d][2 * half + 1]);
+                if (t4 == 0) {
+                    p.part_ml[2 * pi] = M;
+                    p.part_ml[2 * pi + 1] = Lsum;
+                }
+            }
+        }
+    }
+}
+
+/* ---- the plain kernel ------------------------------------------------------- */
+
+#define SIMPLE_MAX_DPL 16 /* head_dim <= 512 */
+
+template <int T> __global__ void attn_simple_kernel(cu_attn_args a) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (wid >= a.n * a.n_heads) return;
+    const int t = wid / a.n_heads, h = wid % a.n_heads, hd = a.head_dim;
+    const int kvh = h / (a.n_heads / a.n_kv_heads), p = a.pos[t];
+    const int32_t *btrow = a.block_table + (size_t)a.seq[t] * a.max_pages;
+    const float *qr = a.q + ((size_t)t * a.n_heads + h) * hd;
+    float qv[SIMPLE_MAX_DPL], acc[SIMPLE_MAX_DPL];
+#pragma unroll
+    for (int i = 0; i < SIMPLE_MAX_DPL; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < hd ? qr[d] : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = -FLT_MAX, l = 0.f;
+    for (int j = 0; j <= p; j++) {
+        int page = btrow[j / a.page_size];
+        size_t base = (((size_t)page * a.page_size + j % a.page_size) * a.n_kv_heads + kvh) * hd;
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < SIMPLE_MAX_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) dot = fmaf(qv[i], cu_load_elem<T>(a.k, base + d), dot);
+        }
+        float s = cu_warp_sum(dot) * a.scale;
+        float mnew = fmaxf(m, s), alpha = expf(m - mnew), pj = expf(s - mnew);
+        l = l * alpha + pj;
+        m = mnew;
+#pragma unroll
+        for (int i = 0; i < SIMPLE_MAX_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) acc[i] = acc[i] * alpha + pj * cu_load_elem<T>(a.v, base + d);
+        }
+    }
+    float *o = a.out + ((size_t)t * a.n_heads + h) * hd;
+#pragma unroll
+    for (int i = 0; i < SIMPLE_MAX_DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) o[d] = acc[i] / l;
+    }
+}
+
+extern "C" void cu_attention_simple(cudaStream_t s, const cu_attn_args *a) {
+    int warps = a->n * a->n_heads;
+    if (warps <= 0) return;
+    int blocks = CU_DIV_UP(warps, 4);
+    if (a->dtype == CU_F32) CU_LAUNCH((attn_simple_kernel<CU_F32>), blocks, 128, 0, s, *a);
+    else if (a->dtype == CU_F16) CU_LAUNCH((attn_simple_kernel<CU_F16>), blocks, 128, 0, s, *a);
+    else CU_LAUNCH((attn_simple_kernel<CU_BF16>), blocks, 128, 0, s, *a);
+}
+
+/* ---- planning and dispatch ------------------------------------------------------- */
+
+#define MMA_MIN_ROWS 64
+
+/* Fills the plan for the tiled or tensor-core kernel; -1 if this shape
+ * needs the simple one. */
+static int make_plan(const cu_attn_args *a, int n_sm, att_plan *p) {
+    if (a->n <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads) return -1;
+    if (a->dtype == CU_F32 || (a->head_dim != 64 && a->head_dim != 128)) return -1;
+    if (!cu_aligned16(a->q) || !cu_aligned16(a->k) || !cu_aligned16(a->v)) return -1;
+    int G = a->n_heads / a->n_kv_heads;
+    int gq = G <= 8 ? G : (G % 8 == 0 ? 8 : 0);
+    if (gq != 1 && gq != 2 && gq != 4 && gq != 8) return -1;
+    p->gq = gq;
+    /* Batches of many rows are prefill chunks (rows of one sequence share
+     * K/V tiles): tensor cores.  Decode rows (each its own sequence) and
+     * short batches: the tiled kernel. */
+    p->mma = a->n >= MMA_MIN_ROWS && !a->tiled_only;
+    p->qr = p->mma ? MMA_QV / gq : a->n > 1 ? 8 / gq : 1;
+    long rowgroups = CU_DIV_UP(a->n, p->qr);
+    long base = (long)a->n_kv_heads * (G / gq) * rowgroups;
+    long max_ctx = (long)a->max_pages * a->page_size;
+    /* Enough blocks for three per multiprocessor (what fits in shared
+     * memory), each split at least one tile of keys. */
+    long unit = p->mma ? MMA_KT : ATT_KT;
+    long tiles = CU_DIV_UP(max_ctx, p->mma ? MMA_KT : ATT_BLOCK_KEYS);
+    long splits = CU_DIV_UP(3L * n_sm, base);
+    if (splits > tiles) splits = tiles;
+    if (splits < 1) splits = 1;
+    long chunk = CU_DIV_UP(CU_DIV_UP(max_ctx, splits), unit) * unit;
+    p->chunk = (int)chunk;
+    p->n_splits = (int)CU_DIV_UP(max_ctx, chunk);
+    p->part_acc = p->part_ml = NULL;
+    return 0;
+}
+
+extern "C" size_t cu_attention_scratch(const cu_attn_args *a, int n_sm) {
+    att_plan p;
+    if (make_plan(a, n_sm, &p) || p.n_splits == 1) return 0;
+    size_t rows = (size_t)p.n_splits * a->n * a->n_heads;
+    return rows * (a->head_dim + 2) * sizeof(float);
+}
+
+template <int HD, int NQ, int T>
+static void launch_tiled(cudaStream_t s, const cu_attn_args *a, const att_plan *p) {
+    const int bytes = att_layout<HD, NQ>::bytes;
+    int G = a->n_heads / a->n_kv_heads;
+    dim3 grid(a->n_kv_heads * (G / p->gq), CU_DIV_UP(a->n, p->qr), p->n_splits);
+    CU_LAUNCH((attn_tiled_kernel<HD, NQ, T>), grid, ATT_WARPS * 32, bytes, s, *a, *p);
+}
+
+template <int HD, int T>
+static void dispatch_nq(cudaStream_t s, const cu_attn_args *a, const att_plan *p) {
+    switch (p->gq * p->qr) {
+    case 1: launch_tiled<HD, 1, T>(s, a, p); break;
+    case 2: launch_tiled<HD, 2, T>(s, a, p); break;
+    case 4: launch_tiled<HD, 4, T>(s, a, p); break;
+    default: launch_tiled<HD, 8, T>(s, a, p); break;
+    }
+}
+
+template <int HD, int NQ, int T> static void set_smem_limit() {
+    cudaFuncSetAttribute(attn_tiled_kernel<HD, NQ, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         att_layout<HD, NQ>::bytes);
+}
+
+template <int HD, int T> static void set_smem_limits() {
+    set_smem_limit<HD, 1, T>();
+    set_smem_limit<HD, 2, T>();
+    set_smem_limit<HD, 4, T>();
+    set_smem_limit<HD, 8, T>();
+}
+
+/* Shared memory over 48 KiB must be allowed per kernel, and not while a
+ * graph is being captured: once, up front. */
+extern "C" void cu_attention_init(void) {
+    cudaFuncSetAttribute(attn_mma_kernel<64, CU_F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_layout<64>::bytes);
+    cudaFuncSetAttribute(attn_mma_kernel<64, CU_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_layout<64>::bytes);
+    cudaFuncSetAttribute(attn_mma_kernel<128, CU_F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_layout<128>::bytes);
+    cudaFuncSetAttribute(attn_mma_kernel<128, CU_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_layout<128>::bytes);
+    set_smem_limits<64, CU_F16>();
+    set_smem_limits<64, CU_BF16>();
+    set_smem_limits<128, CU_F16>();
+    set_smem_limits<128, CU_BF16>();
+}
+
+extern "C" void cu_attention(cudaStream_t s, const cu_attn_args *a, int n_sm, void *scratch) {
+    att_plan p;
+    if (a->n <= 0) return;
+    if (make_plan(a, n_sm, &p)) {
+        cu_attention_simple(s, a);
+        return;
+    }
+    if (p.n_splits > 1) {
+        p.part_acc = (float *)scratch;
+        p.part_ml = p.part_acc + (size_t)p.n_splits * a->n * a->n_heads * a->head_dim;
+    }
+    if (p.mma) {
+        int G = a->n_heads / a->n_kv_heads;
+        dim3 grid(a->n_kv_heads * (G / p.gq), CU_DIV_UP(a->n, p.qr), p.n_splits);
+        if (a->head_dim == 64) {
+            if (a->dtype == CU_F16) CU_LAUNCH((attn_mma_kernel<64, CU_F16>), grid, MMA_WARPS * 32, mma_layout<64>::bytes, s, *a, p);
+            else CU_LAUNCH((attn_mma_kernel<64, CU_BF16>), grid, MMA_WARPS * 32, mma_layout<64>::bytes, s, *a, p);
+        } else {
+            if (a->dtype == CU_F16) CU_LAUNCH((attn_mma_kernel<128, CU_F16>), grid, MMA_WARPS * 32, mma_layout<128>::bytes, s, *a, p);
+            else CU_LAUNCH((attn_mma_kernel<128, CU_BF16>), grid, MMA_WARPS * 32, mma_layout<128>::bytes, s, *a, p);
+        }
+    } else if (a->head_dim == 64) {
+        if (a->dtype == CU_F16) dispatch_nq<64, CU_F16>(s, a, &p);
+        else dispatch_nq<64, CU_BF16>(s, a, &p);
+    } else {
+        if (a->dtype == CU_F16) dispatch_nq<128, CU_F16>(s, a, &p);
+        else dispatch_nq<128, CU_BF16>(s, a, &p);
+    }
+    if (p.n_splits > 1) CU_LAUNCH((attn_merge_kernel), a->n * a->n_heads, 128, 0, s, *a, p);
+}

@@ -1,0 +1,126 @@
+/*
+ * cu_common.cuh - device helpers the kernels share: element conversion,
+ * 16-byte chunk unpacking, warp reductions, streaming loads.
+ */
+#ifndef PETREL_CU_COMMON_CUH
+#define PETREL_CU_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define CU_DIV_UP(a, b) (((a) + (b) - 1) / (b))
+
+/* One element of a cache or table of type T (CU_F32/F16/BF16) as f32. */
+template <int T> __device__ __forceinline__ float cu_load_elem(const void *p, size_t i) {
+    if (T == CU_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    if (T == CU_BF16) return __uint_as_float((uint32_t)h << 16);
+    return __half2float(__ushort_as_half(h));
+}
+
+template <int T> __device__ __forceinline__ void cu_store_elem(void *p, size_t i, float x) {
+    if (T == CU_F32) ((float *)p)[i] = x;
+    else if (T == CU_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
+    else ((__half *)p)[i] = __float2half_rn(x);
+}
+
+/* Elements of type T in a 16-byte chunk. */
+template <int T> struct cu_chunk { static const int n = T == CU_F32 ? 4 : 8; };
+
+/* Unpacks a 16-byte chunk of type T into floats. */
+template <int T> __device__ __forceinline__ void cu_unpack(const uint4 &u, float *f) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    if (T == CU_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) f[i] = __uint_as_float(w[i]);
+    } else if (T == CU_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 h = *(const __half2 *)&w[i];
+            float2 v = __half22float2(h);
+            f[2 * i] = v.x;
+            f[2 * i + 1] = v.y;
+        }
+    }
+}
+
+/* A 16-byte load that skips L1: weights are read once per step. */
+__device__ __forceinline__ uint4 cu_ld_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Programmatic dependent launch (sm_90): every kernel is launched allowed
+ * to start while the kernel before it in the stream finishes.  Each kernel
+ * lets its successor launch at once (trigger), and waits for its
+ * predecessor's memory (wait) before it reads or writes anything another
+ * kernel touches; only reads of data no kernel writes (weights) may come
+ * before the wait.  Elsewhere both are no-ops. */
+__device__ __forceinline__ void cu_grid_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cu_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static inline cudaLaunchConfig_t cu_config_pdl(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                               bool pdl) {
+    static cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = s;
+    c.attrs = attr;
+    c.numAttrs = pdl ? 1 : 0;
+    return c;
+}
+
+static inline cudaLaunchConfig_t cu_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
+    return cu_config_pdl(grid, block, smem, s, cu_pdl != 0);
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute;
+ * parenthesize a template kernel: CU_LAUNCH((k<A, B>), ...). */
+#define CU_LAUNCH(kern, grid, block, smem, stream, ...)                                            \
+    do {                                                                                           \
+        cudaLaunchConfig_t cfg_ = cu_config((grid), (block), (smem), (stream));                    \
+        cudaLaunchKernelEx(&cfg_, kern, __VA_ARGS__);                                              \
+    } while (0)
+
+static inline bool cu_aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
+#endif

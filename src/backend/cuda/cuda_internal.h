@@ -1,0 +1,95 @@
+/*
+ * cuda_internal.h - what the CUDA backend's host code (cuda_backend.c) and
+ * its kernels (*.cu) share: the launchers, one per op, each enqueueing its
+ * kernels on the given stream.
+ *
+ * Launchers take plain pointers and sizes (no Petrel structs) so the .cu
+ * files need only this header.  A launcher returns 0 when it enqueued the
+ * op and -1 when the shapes, dtypes or alignment are ones it has no kernel
+ * for; the caller then takes another path.  Element types are pt_dtype
+ * values: 0 = f32, 1 = f16, 2 = bf16 (checked in cuda_backend.c).
+ */
+#ifndef PETREL_CUDA_INTERNAL_H
+#define PETREL_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2 };
+
+/* Launch kernels with programmatic dependent launch (sm_90 and newer; set
+ * once by the backend from the device and PETREL_CUDA_PDL). */
+extern int cu_pdl;
+/* GEMV launch: bit 0 persistent grid (PETREL_CUDA_GEMV_PERSIST, default
+ * on), bit 1 PDL for the GEMV itself (PETREL_CUDA_GEMV_PDL, default off:
+ * a persistent grid launched early lands unevenly on the SMs). */
+extern int cu_gemv_mode;
+
+/* ---- matmul.cu ---------------------------------------------------------- */
+
+/* Largest row count the GEMV kernels take (they keep one accumulator per
+ * row per thread). */
+#define CU_GEMV_MAX_ROWS 8
+
+/* y[n][rows] = x[n][cols] · wᵀ for n <= CU_GEMV_MAX_ROWS: weight-streaming
+ * kernels with 16-byte loads (needs rows of 16-byte multiples and 16-byte
+ * aligned x, w) or, for any shape, a plain one. */
+int cu_gemv(cudaStream_t s, float *y, const float *x, const void *w, int wtype, int rows,
+            int cols, int n);
+/* Sizes the persistent GEMV grids for this device; once, before capture. */
+void cu_gemv_init(int n_sm);
+/* dst[i] = (f16 or bf16) src[i], rounding to nearest even. */
+void cu_convert_from_f32(cudaStream_t s, void *dst, int dtype, const float *src, size_t count);
+
+/* ---- ops.cu ------------------------------------------------------------- */
+
+void cu_embed(cudaStream_t s, float *y, const void *table, int dtype, int64_t rows, int64_t cols,
+              const int32_t *ids, int n);
+void cu_rmsnorm(cudaStream_t s, float *y, const float *x, const float *g, int n, int d,
+                float eps);
+void cu_add(cudaStream_t s, float *y, const float *a, const float *b, size_t count);
+void cu_add_bias(cudaStream_t s, float *y, const float *bias, int n, int d);
+void cu_swiglu(cudaStream_t s, float *y, const float *gate, const float *up, size_t count);
+void cu_rope(cudaStream_t s, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+             int style, int n_rot, const float *inv_freq, float mscale);
+void cu_kv_store(cudaStream_t s, void *kc, void *vc, int dtype, int page_size, int n_kv_heads,
+                 int head_dim, const int32_t *pos, const int32_t *seq, const int32_t *block_table,
+                 int max_pages, int n, const float *k, const float *v);
+void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n,
+                    int d);
+/* Reads nbytes (a multiple of 16) and writes a checksum to *out. */
+void cu_read_kernel(cudaStream_t s, const void *src, size_t nbytes, float *out);
+
+/* ---- attention.cu -------------------------------------------------------- */
+
+typedef struct cu_attn_args {
+    float *out;
+    const float *q;
+    const void *k, *v; /* paged cache of one layer */
+    int dtype, page_size, n_kv_heads, head_dim;
+    const int32_t *pos, *seq, *block_table;
+    int max_pages, n, n_heads;
+    float scale;
+    int tiled_only; /* never the tensor-core kernel (PETREL_CUDA_ATTN=tiled) */
+} cu_attn_args;
+
+/* Device scratch the attention of this shape needs (0: none), for the
+ * split-context partial results.  n_sm: multiprocessors of the device. */
+size_t cu_attention_scratch(const cu_attn_args *a, int n_sm);
+/* Sets kernel attributes; once per device, before any capture. */
+void cu_attention_init(void);
+/* Enqueues the attention; scratch must hold cu_attention_scratch() bytes. */
+void cu_attention(cudaStream_t s, const cu_attn_args *a, int n_sm, void *scratch);
+/* The plain kernel (one warp per row and head), for tests and odd shapes. */
+void cu_attention_simple(cudaStream_t s, const cu_attn_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

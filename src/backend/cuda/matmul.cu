@@ -1,0 +1,257 @@
+/*
+ * matmul.cu - y = x · wᵀ for few rows of x (decode): weight-streaming GEMV.
+ *
+ * Decode reads every weight once per step, so these kernels are judged by
+ * one number: weight bytes per second against the device's read bandwidth.
+ * A block of 128 threads works on groups of R consecutive weight rows; its
+ * threads split the columns in 16-byte chunks (8 bf16/f16 or 4 f32
+ * weights), keep 4 chunk loads in flight plus the next 4 being fetched
+ * (loads that skip L1: weights are used once), convert to f32 in registers
+ * and multiply by the f32 activations of all NT token rows (read through
+ * L1/L2, where they stay: they are small and every block reads them).
+ * Accumulation is f32; at the end of each row group the block sums its
+ * threads' partial sums.  R grows with NT so activation reads per weight
+ * byte stay flat.  The grid is persistent (see gemv_vec_kernel).
+ *
+ * Larger batches go to cuBLAS (cuda_backend.c).  Any shape whose rows are
+ * not whole 16-byte chunks, or misaligned pointers, take the plain kernel.
+ */
+#include "backend/cuda/cu_common.cuh"
+
+#define GEMV_THREADS 128
+#define GEMV_LOADS 4 /* 16-byte weight loads in flight per thread, per buffer */
+
+/* One work item: chunk batch b (U chunks per thread) of row group grp
+ * (R rows); past the end of a row the loads are skipped (zeros). */
+template <int T, int R, int U>
+__device__ __forceinline__ void gemv_load(uint4 (&wv)[U][R], const char *w, size_t row_bytes,
+                                          int rows, int grp, int b, int n_chunks) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int c = (b * U + u) * GEMV_THREADS + threadIdx.x;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int row = min(grp * R + r, rows - 1); /* clamped rows compute, never store */
+            const uint4 *p = (const uint4 *)(w + (size_t)row * row_bytes) + c;
+            wv[u][r] = c < n_chunks ? cu_ld_stream(p) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+/* Persistent: the grid is what fits on the GPU at once, each block walks
+ * its row groups (grp = blockIdx.x, + gridDim.x, ...) one chunk batch at a
+ * time, and the loads of the next batch are issued before the current one
+ * is multiplied and, at a row's end, reduced; so every thread keeps weight
+ * loads in flight from its first load to its last, across rows. */
+template <int T, int NT, int R>
+__global__ void __launch_bounds__(GEMV_THREADS)
+    gemv_vec_kernel(float *y, const float *x, const void *__restrict__ w, int rows, int cols) {
+    cu_grid_trigger();
+    const int U = GEMV_LOADS / R, EPC = cu_chunk<T>::n, STEP = GEMV_THREADS * U;
+    const int n_chunks = cols / EPC, bpr = (n_chunks + STEP - 1) / STEP;
+    const int n_groups = (rows + R - 1) / R;
+    const int my_groups = (int)blockIdx.x < n_groups ? (n_groups - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int n_items = my_groups * bpr;
+    const size_t row_bytes = (size_t)cols * (T == CU_F32 ? 4 : 2);
+    const char *wb = (const char *)w;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    __shared__ float red[2][GEMV_THREADS / 32][R * NT];
+
+    /* The first weights are loaded before waiting for the previous kernel:
+     * no kernel writes weights, and their latency overlaps its tail. */
+    uint4 wv[U][R], wn[U][R];
+    if (n_items) gemv_load<T, R, U>(wv, wb, row_bytes, rows, blockIdx.x, 0, n_chunks);
+    cu_grid_wait();
+
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+    for (int k = 0; k < n_items; k++) {
+        const int j = k / bpr, b = k - j * bpr, grp = blockIdx.x + j * gridDim.x;
+        if (k + 1 < n_items) {
+            int j1 = (k + 1) / bpr, b1 = k + 1 - j1 * bpr;
+            gemv_load<T, R, U>(wn, wb, row_bytes, rows, blockIdx.x + j1 * gridDim.x, b1, n_chunks);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = (b * U + u) * GEMV_THREADS + tid;
+            if (c >= n_chunks) break;
+            float wf[R][EPC];
+#pragma unroll
+            for (int r = 0; r < R; r++) cu_unpack<T>(wv[u][r], wf[r]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float4 *xp = (const float4 *)(x + (size_t)t * cols + (size_t)c * EPC);
+                float xf[EPC];
+#pragma unroll
+                for (int i = 0; i < EPC / 4; i++) {
+                    float4 v = __ldca(xp + i);
+                    xf[4 * i] = v.x, xf[4 * i + 1] = v.y, xf[4 * i + 2] = v.z, xf[4 * i + 3] = v.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int i = 0; i < EPC; i++) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
+            }
+        }
+        if (b == bpr - 1) {
+            /* Row group done: sum over the block.  red alternates between
+             * two buffers, so one barrier per group suffices. */
+            float(*rd)[R * NT] = red[j & 1];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    float v = cu_warp_sum(acc[r][t]);
+                    if (lane == 0) rd[warp][r * NT + t] = v;
+                    acc[r][t] = 0.f;
+                }
+            __syncthreads();
+            if (tid < R * NT) {
+                int r = tid / NT, t = tid % NT, row = grp * R + r;
+                float v = 0.f;
+#pragma unroll
+                for (int q = 0; q < GEMV_THREADS / 32; q++) v += rd[q][tid];
+                if (row < rows) y[(size_t)t * rows + row] = v;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) wv[u][r] = wn[u][r];
+    }
+}
+
+/* Any shape and alignment: one block per weight row, element loads. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_THREADS)
+    gemv_plain_kernel(float *y, const float *x, const void *__restrict__ w, int rows, int cols,
+                      int n) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int row = blockIdx.x;
+    float acc[CU_GEMV_MAX_ROWS];
+#pragma unroll
+    for (int t = 0; t < CU_GEMV_MAX_ROWS; t++) acc[t] = 0.f;
+    const size_t off = (size_t)row * cols;
+    for (int c = threadIdx.x; c < cols; c += GEMV_THREADS) {
+        float wv = cu_load_elem<T>(w, off + c);
+#pragma unroll
+        for (int t = 0; t < CU_GEMV_MAX_ROWS; t++)
+            if (t < n) acc[t] = fmaf(wv, x[(size_t)t * cols + c], acc[t]);
+    }
+    __shared__ float red[GEMV_THREADS / 32][CU_GEMV_MAX_ROWS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < CU_GEMV_MAX_ROWS; t++) {
+        float v = cu_warp_sum(acc[t]);
+        if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < n) {
+        float v = 0.f;
+        for (int k = 0; k < GEMV_THREADS / 32; k++) v += red[k][threadIdx.x];
+        y[(size_t)threadIdx.x * rows + row] = v;
+    }
+}
+
+/* Rows of weights a block owns, by token count: more rows when more tokens
+ * share each weight load, so activation reads per weight byte stay flat. */
+#define GEMV_R(nt) ((nt) == 1 ? 1 : (nt) == 2 ? 2 : 4)
+
+/* As many blocks as fit on the GPU at once (asked of the occupancy
+ * calculator once per kernel, from cu_gemv_init: not during a graph
+ * capture), the row groups spread evenly over them. */
+template <int T, int NT> static int &gemv_fit() {
+    static int fit; /* resident blocks on the whole device, per instantiation */
+    return fit;
+}
+
+template <int T, int NT> static void gemv_init_one(int sms) {
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_vec_kernel<T, NT, GEMV_R(NT)>,
+                                                  GEMV_THREADS, 0);
+    gemv_fit<T, NT>() = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+}
+
+template <int T> static void gemv_init_type(int sms) {
+    gemv_init_one<T, 1>(sms), gemv_init_one<T, 2>(sms), gemv_init_one<T, 3>(sms);
+    gemv_init_one<T, 4>(sms), gemv_init_one<T, 5>(sms), gemv_init_one<T, 6>(sms);
+    gemv_init_one<T, 7>(sms), gemv_init_one<T, 8>(sms);
+}
+
+extern "C" int cu_gemv_mode = 1;
+
+extern "C" void cu_gemv_init(int n_sm) {
+    gemv_init_type<CU_F32>(n_sm);
+    gemv_init_type<CU_F16>(n_sm);
+    gemv_init_type<CU_BF16>(n_sm);
+}
+
+template <int T, int NT>
+static void launch_vec(cudaStream_t s, float *y, const float *x, const void *w, int rows,
+                       int cols) {
+    const int R = GEMV_R(NT);
+    int fit = gemv_fit<T, NT>() > 0 ? gemv_fit<T, NT>() : 132 * 4;
+    int groups = CU_DIV_UP(rows, R), per_block = cu_gemv_mode & 1 ? CU_DIV_UP(groups, fit) : 1;
+    cudaLaunchConfig_t cfg = cu_config_pdl(CU_DIV_UP(groups, per_block), GEMV_THREADS, 0, s,
+                                           cu_pdl && (cu_gemv_mode & 2));
+    cudaLaunchKernelEx(&cfg, gemv_vec_kernel<T, NT, R>, y, x, w, rows, cols);
+}
+
+template <int T>
+static void dispatch_vec(cudaStream_t s, float *y, const float *x, const void *w, int rows,
+                         int cols, int n) {
+    switch (n) {
+    case 1: launch_vec<T, 1>(s, y, x, w, rows, cols); break;
+    case 2: launch_vec<T, 2>(s, y, x, w, rows, cols); break;
+    case 3: launch_vec<T, 3>(s, y, x, w, rows, cols); break;
+    case 4: launch_vec<T, 4>(s, y, x, w, rows, cols); break;
+    case 5: launch_vec<T, 5>(s, y, x, w, rows, cols); break;
+    case 6: launch_vec<T, 6>(s, y, x, w, rows, cols); break;
+    case 7: launch_vec<T, 7>(s, y, x, w, rows, cols); break;
+    default: launch_vec<T, 8>(s, y, x, w, rows, cols); break;
+    }
+}
+
+extern "C" int cu_gemv(cudaStream_t s, float *y, const float *x, const void *w, int wtype,
+                       int rows, int cols, int n) {
+    if (n < 1 || n > CU_GEMV_MAX_ROWS || rows < 1 || cols < 1) return -1;
+    size_t esz = wtype == CU_F32 ? 4 : 2;
+    bool vec = ((size_t)cols * esz) % 16 == 0 && cols % 4 == 0 && cu_aligned16(x) &&
+               cu_aligned16(w);
+    if (vec) {
+        switch (wtype) {
+        case CU_F32: dispatch_vec<CU_F32>(s, y, x, w, rows, cols, n); break;
+        case CU_F16: dispatch_vec<CU_F16>(s, y, x, w, rows, cols, n); break;
+        case CU_BF16: dispatch_vec<CU_BF16>(s, y, x, w, rows, cols, n); break;
+        default: return -1;
+        }
+        return 0;
+    }
+    switch (wtype) {
+    case CU_F32: CU_LAUNCH((gemv_plain_kernel<CU_F32>), rows, GEMV_THREADS, 0, s, y, x, w, rows, cols, n); break;
+    case CU_F16: CU_LAUNCH((gemv_plain_kernel<CU_F16>), rows, GEMV_THREADS, 0, s, y, x, w, rows, cols, n); break;
+    case CU_BF16: CU_LAUNCH((gemv_plain_kernel<CU_BF16>), rows, GEMV_THREADS, 0, s, y, x, w, rows, cols, n); break;
+    default: return -1;
+    }
+    return 0;
+}
+
+template <int T>
+__global__ void convert_kernel(void *dst, const float *src, size_t count) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+         i += (size_t)gridDim.x * blockDim.x)
+        cu_store_elem<T>(dst, i, src[i]);
+}
+
+extern "C" void cu_convert_from_f32(cudaStream_t s, void *dst, int dtype, const float *src,
+                                    size_t count) {
+    int blocks = (int)(count / 256 + 1 < 8192 ? count / 256 + 1 : 8192);
+    if (dtype == CU_BF16) CU_LAUNCH((convert_kernel<CU_BF16>), blocks, 256, 0, s, dst, src, count);
+    else CU_LAUNCH((convert_kernel<CU_F16>), blocks, 256, 0, s, dst, src, count);
+}

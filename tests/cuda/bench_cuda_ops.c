@@ -1,0 +1,295 @@
+/*
+ * bench_cuda_ops.c - speed of the CUDA backend's decode kernels against the
+ * device's measured read bandwidth, one op at a time:
+ *   - matmul with bf16 weights of Llama-3.1-8B's shapes, token rows 1..16,
+ *     on the GEMV kernels and on cuBLAS (GEMV_MAX=0), weight copies rotated
+ *     so no run reads from L2;
+ *   - attention of decode rows over a paged f16 cache at several depths,
+ *     one cache per layer rotated likewise, and of a 512-row prefill chunk;
+ *   - a GPU-only consistency check: GEMV against cuBLAS on the same data.
+ * Writes a table to stdout and, given a path, JSON.  Not a test: timings
+ * are never assertions.  Loops replay as CUDA graphs (see main).
+ *
+ * usage: bench_cuda_ops [out.json] [quick]
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/backend.h"
+
+static pt_backend *gemv_be, *blas_be;
+static FILE *js;
+static int n_json;
+static double bw;
+
+static void json_row(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void json_row(const char *fmt, ...) {
+    if (!js) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(js, "%s\n  ", n_json++ ? "," : "");
+    vfprintf(js, fmt, ap);
+    va_end(ap);
+}
+
+/* Device buffers filled from one 64 MiB pool of random bf16 values in
+ * [-1, 1): generating gigabytes value by value would cost device time. */
+#define POOL_BYTES ((size_t)64 << 20)
+static uint16_t *pool;
+
+static void *dev_rand_bf16(pt_backend *be, size_t n, pt_rng *rng) {
+    if (!pool) {
+        pool = malloc(POOL_BYTES);
+        for (size_t i = 0; i < POOL_BYTES / 2; i++)
+            pool[i] = pt_f32_to_bf16((float)(pt_rng_uniform(rng) * 2 - 1));
+    }
+    void *d = be->ops->alloc(be, 2 * n);
+    if (!d) {
+        fprintf(stderr, "bench: out of device memory\n");
+        exit(1);
+    }
+    size_t off = (size_t)(pt_rng_next(rng) % 1024) * 2; /* copies differ */
+    for (size_t done = 0; done < 2 * n;) {
+        size_t len = PT_MIN(POOL_BYTES - off, 2 * n - done);
+        be->ops->upload(be, (char *)d + done, (const char *)pool + off, len);
+        done += len;
+        off = 0;
+    }
+    return d;
+}
+
+static float *dev_rand_f32(pt_backend *be, size_t n, pt_rng *rng) {
+    float *h = malloc(4 * n);
+    for (size_t i = 0; i < n; i++) h[i] = (float)(pt_rng_uniform(rng) * 2 - 1);
+    float *d = be->ops->alloc(be, 4 * n);
+    be->ops->upload(be, d, h, 4 * n);
+    free(h);
+    return d;
+}
+
+/* ---- matmul ------------------------------------------------------------------ */
+
+static void bench_matmul(const char *name, int rows, int cols, bool quick) {
+    pt_rng rng;
+    pt_rng_seed(&rng, (uint64_t)rows * 31 + cols);
+    size_t wbytes = (size_t)rows * cols * 2;
+    int copies = (int)((((size_t)1 << 30) + wbytes - 1) / wbytes); /* >= 1 GiB in rotation */
+    if (copies > 64) copies = 64;
+    if (copies < 2) copies = 2;
+    /* one set of weights, used through both backends (same device) */
+    void **w = malloc(sizeof(void *) * (size_t)copies);
+    for (int i = 0; i < copies; i++) w[i] = dev_rand_bf16(gemv_be, (size_t)rows * cols, &rng);
+    float *x = dev_rand_f32(gemv_be, (size_t)16 * cols, &rng);
+    float *y = gemv_be->ops->alloc(gemv_be, (size_t)16 * rows * 4);
+    float *y2 = gemv_be->ops->alloc(gemv_be, (size_t)16 * rows * 4);
+    static const int ns[] = {1, 2, 4, 8, 16};
+    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+        int n = ns[ni];
+        double t_arm[2] = {0, 0};
+        for (int arm = 0; arm < 2; arm++) {
+            pt_backend *be = arm == 0 ? gemv_be : blas_be;
+            if (arm == 0 && n > 8) continue;
+            int iters = quick ? 2 * copies : 6 * copies;
+            double best = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                be->ops->sync(be);
+                double t0 = pt_now();
+                for (int i = 0; i < iters; i++) {
+                    pt_weight wt = {.dtype = PT_BF16, .rows = rows, .cols = cols,
+                                    .data = w[i % copies], .nbytes = wbytes};
+                    be->ops->matmul(be, y, x, &wt, n);
+                }
+                be->ops->sync(be);
+                double t = (pt_now() - t0) / iters;
+                if (t < best) best = t;
+            }
+            t_arm[arm] = best;
+        }
+        /* consistency: GEMV vs cuBLAS on copy 0 */
+        double rel = -1;
+        if (n <= 8) {
+            pt_weight wt = {.dtype = PT_BF16, .rows = rows, .cols = cols, .data = w[0], .nbytes = wbytes};
+            gemv_be->ops->matmul(gemv_be, y, x, &wt, n);
+            blas_be->ops->matmul(blas_be, y2, x, &wt, n);
+            size_t cnt = (size_t)n * rows;
+            float *a = malloc(4 * cnt), *b = malloc(4 * cnt);
+            gemv_be->ops->download(gemv_be, a, y, 4 * cnt);
+            blas_be->ops->download(blas_be, b, y2, 4 * cnt);
+            double num = 0, den = 0;
+            for (size_t i = 0; i < cnt; i++) {
+                double d = (double)a[i] - b[i];
+                num += d * d;
+                den += (double)b[i] * b[i];
+            }
+            rel = sqrt(num / den);
+            free(a);
+            free(b);
+        }
+        double gbs0 = t_arm[0] > 0 ? wbytes / t_arm[0] / 1e9 : 0, gbs1 = wbytes / t_arm[1] / 1e9;
+        printf("matmul %-8s %6dx%-6d n=%-2d  gemv %8.1f us %7.0f GB/s %5.1f%%   cublas %8.1f us "
+               "%7.0f GB/s %5.1f%%   rel(gemv,cublas) %.2g\n",
+               name, rows, cols, n, t_arm[0] * 1e6, gbs0, 100 * gbs0 * 1e9 / bw, t_arm[1] * 1e6,
+               gbs1, 100 * gbs1 * 1e9 / bw, rel);
+        json_row("{\"op\": \"matmul\", \"name\": \"%s\", \"rows\": %d, \"cols\": %d, \"n\": %d, "
+                 "\"gemv_us\": %.3f, \"cublas_us\": %.3f, \"gemv_frac\": %.4f, \"cublas_frac\": "
+                 "%.4f, \"rel_gemv_cublas\": %.3g}",
+                 name, rows, cols, n, t_arm[0] * 1e6, t_arm[1] * 1e6, gbs0 * 1e9 / bw,
+                 gbs1 * 1e9 / bw, rel);
+    }
+    for (int i = 0; i < copies; i++) gemv_be->ops->free(gemv_be, w[i], wbytes);
+    free(w);
+    gemv_be->ops->free(gemv_be, x, 0);
+    gemv_be->ops->free(gemv_be, y, 0);
+    gemv_be->ops->free(gemv_be, y2, 0);
+}
+
+/* ---- attention --------------------------------------------------------------------- */
+
+/* n_rows query rows at depth `depth` each (n_seqs sequences; prefill when
+ * n_seqs == 1 and n_rows > 1: positions depth-n_rows+1..depth), f16 cache
+ * with 8 KV heads of 128, 32 query heads, `layers` caches rotated. */
+static pt_backend *simple_be;
+
+static void bench_attention(pt_backend *be, const char *arm, int depth, int n_rows, int n_seqs,
+                            int layers) {
+    const int n_kv = 8, hd = 128, n_heads = 32, ps = 16;
+    int pages_per_seq = (depth + 1 + ps - 1) / ps;
+    int n_pages = pages_per_seq * n_seqs;
+    size_t cache_bytes = (size_t)n_pages * ps * n_kv * hd * 2;
+    pt_rng rng;
+    pt_rng_seed(&rng, 77);
+    void **k = malloc(sizeof(void *) * (size_t)layers), **v = malloc(sizeof(void *) * (size_t)layers);
+    for (int l = 0; l < layers; l++) {
+        k[l] = dev_rand_bf16(be, cache_bytes / 2, &rng); /* bf16 bits read as f16: finite, |x|<1 */
+        v[l] = dev_rand_bf16(be, cache_bytes / 2, &rng);
+    }
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)n_pages);
+    for (int i = 0; i < n_pages; i++) bt[i] = i;
+    int32_t pos[512], seq[512];
+    for (int i = 0; i < n_rows; i++) {
+        seq[i] = n_seqs == 1 ? 0 : i % n_seqs;
+        pos[i] = n_seqs == 1 ? depth - (n_rows - 1 - i) : depth;
+    }
+    int32_t *d_bt = be->ops->alloc(be, 4 * (size_t)n_pages), *d_pos = be->ops->alloc(be, 4 * 512),
+            *d_seq = be->ops->alloc(be, 4 * 512);
+    be->ops->upload(be, d_bt, bt, 4 * (size_t)n_pages);
+    be->ops->upload(be, d_pos, pos, 4 * (size_t)n_rows);
+    be->ops->upload(be, d_seq, seq, 4 * (size_t)n_rows);
+    float *q = dev_rand_f32(be, (size_t)n_rows * n_heads * hd, &rng);
+    float *out = be->ops->alloc(be, (size_t)n_rows * n_heads * hd * 4);
+    pt_batch_view b = {n_rows, d_pos, d_seq, d_bt, pages_per_seq, n_seqs};
+    int iters = n_rows > 64 ? 8 : 64;
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        be->ops->sync(be);
+        double t0 = pt_now();
+        for (int i = 0; i < iters; i++) {
+            pt_kv_view kv = {.k = k[i % layers], .v = v[i % layers], .dtype = PT_F16,
+                             .page_size = ps, .n_kv_heads = n_kv, .head_dim = hd};
+            be->ops->attention(be, out, q, &kv, &b, n_heads, 0.088f);
+        }
+        be->ops->sync(be);
+        double t = (pt_now() - t0) / iters;
+        if (t < best) best = t;
+    }
+    /* cross-check against the simple kernel on layer 0 */
+    double rel = -1;
+    if (be != simple_be) {
+        size_t cnt = (size_t)n_rows * n_heads * hd;
+        float *out2 = simple_be->ops->alloc(simple_be, cnt * 4);
+        pt_kv_view kv = {.k = k[0], .v = v[0], .dtype = PT_F16, .page_size = ps,
+                         .n_kv_heads = n_kv, .head_dim = hd};
+        be->ops->attention(be, out, q, &kv, &b, n_heads, 0.088f);
+        be->ops->sync(be);
+        simple_be->ops->attention(simple_be, out2, q, &kv, &b, n_heads, 0.088f);
+        float *h1 = malloc(cnt * 4), *h2 = malloc(cnt * 4);
+        be->ops->download(be, h1, out, cnt * 4);
+        simple_be->ops->download(simple_be, h2, out2, cnt * 4);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            double d = (double)h1[i] - h2[i];
+            num += isfinite(h1[i]) ? d * d : INFINITY;
+            den += (double)h2[i] * h2[i];
+        }
+        rel = sqrt(num / den);
+        free(h1), free(h2);
+        simple_be->ops->free(simple_be, out2, cnt * 4);
+    }
+    /* bytes: each sequence's K and V up to the deepest row, once */
+    double bytes = (double)n_seqs * (depth + 1) * n_kv * hd * 2 * 2;
+    double flops = 0;
+    for (int i = 0; i < n_rows; i++) flops += 4.0 * (pos[i] + 1) * n_heads * hd;
+    printf("attention %-6s depth %6d rows %3d seqs %2d: %9.1f us  %7.0f GB/s %5.1f%%  %7.2f TFLOP/s"
+           "  rel(simple) %.2g\n",
+           arm, depth, n_rows, n_seqs, best * 1e6, bytes / best / 1e9, 100 * bytes / best / bw,
+           flops / best / 1e12, rel);
+    json_row("{\"op\": \"attention\", \"arm\": \"%s\", \"depth\": %d, \"rows\": %d, \"seqs\": %d, "
+             "\"us\": %.3f, \"frac\": %.4f, \"tflops\": %.3f, \"rel_simple\": %.3g}",
+             arm, depth, n_rows, n_seqs, best * 1e6, bytes / best / bw, flops / best / 1e12, rel);
+    for (int l = 0; l < layers; l++) {
+        be->ops->free(be, k[l], cache_bytes);
+        be->ops->free(be, v[l], cache_bytes);
+    }
+    free(k), free(v), free(bt);
+    be->ops->free(be, d_bt, 0), be->ops->free(be, d_pos, 0), be->ops->free(be, d_seq, 0);
+    be->ops->free(be, q, 0), be->ops->free(be, out, 0);
+}
+
+int main(int argc, char **argv) {
+    bool quick = argc > 2 && strcmp(argv[2], "quick") == 0;
+    pt_err err = {{0}};
+    /* Each timed loop records the same ops every repetition, so the
+     * backend replays it as a CUDA graph (with PDL between kernels): the
+     * best of 3 repetitions is GPU time, as in a decode step, not the
+     * host's launch rate.  GEMV arm up to 8 rows. */
+    setenv("PETREL_CUDA_GEMV_MAX", "8", 1);
+    gemv_be = pt_backend_cuda_new(0, &err);
+    if (!gemv_be) {
+        printf("bench_cuda_ops: skipped: %s\n", err.msg);
+        return 77;
+    }
+    setenv("PETREL_CUDA_GEMV_MAX", "0", 1);
+    blas_be = pt_backend_cuda_new(0, &err);
+    setenv("PETREL_CUDA_ATTN", "simple", 1);
+    simple_be = pt_backend_cuda_new(0, &err);
+    setenv("PETREL_CUDA_ATTN", "tiled", 1);
+    pt_backend *tiled_be = pt_backend_cuda_new(0, &err);
+    if (argc > 1 && !(js = fopen(argv[1], "w"))) {
+        perror(argv[1]);
+        return 1;
+    }
+    bw = gemv_be->ops->read_bandwidth(gemv_be);
+    printf("device: %s\nread bandwidth: %.1f GB/s\n", gemv_be->detail, bw / 1e9);
+    if (js) fprintf(js, "{\"device\": \"%s\", \"read_bandwidth_gbs\": %.3f, \"results\": [", gemv_be->detail, bw / 1e9);
+
+    bench_matmul("wq", 4096, 4096, quick);
+    bench_matmul("wk", 1024, 4096, quick);
+    bench_matmul("w_up", 14336, 4096, quick);
+    bench_matmul("w_down", 4096, 14336, quick);
+    bench_matmul("lm_head", 128256, 4096, quick);
+    bench_matmul("1b_wq", 2048, 2048, quick);
+    bench_matmul("1b_wk", 256, 2048, quick);
+
+    static const int depths[] = {1024, 8192, 32768};
+    for (size_t i = 0; i < PT_ARRAY_LEN(depths); i++) {
+        bench_attention(gemv_be, "tiled", depths[i], 1, 1, depths[i] > 8192 ? 8 : 32);
+        if (!quick) bench_attention(simple_be, "simple", depths[i], 1, 1, depths[i] > 8192 ? 8 : 32);
+        bench_attention(gemv_be, "tiled", depths[i], 8, 8, 4);
+    }
+    bench_attention(gemv_be, "mma", 4095, 512, 1, 2);
+    bench_attention(tiled_be, "tiled", 4095, 512, 1, 2);
+    bench_attention(gemv_be, "mma", 511, 512, 1, 8);
+    bench_attention(gemv_be, "mma", 16383, 512, 1, 1);
+    if (!quick) bench_attention(simple_be, "simple", 4095, 512, 1, 2);
+    if (js) {
+        fprintf(js, "\n]}\n");
+        fclose(js);
+    }
+    simple_be->ops->destroy(simple_be);
+    tiled_be->ops->destroy(tiled_be);
+    blas_be->ops->destroy(blas_be);
+    gemv_be->ops->destroy(gemv_be);
+    return 0;
+}

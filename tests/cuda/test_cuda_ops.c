@@ -1,0 +1,554 @@
+/*
+ * test_cuda_ops.c - every op of the CUDA backend against the CPU backend
+ * (portable kernels), on fresh random inputs.
+ *
+ * Each check uploads the same host data to both backends, fills the output
+ * with NaN bytes first (so an element the kernel never wrote fails), runs
+ * the op on each, and compares ‖cuda − cpu‖ / ‖cpu‖ with a tolerance chosen
+ * by the arithmetic: f32 paths near 1e-6, paths that round activations to
+ * bf16/f16 for the tensor cores near 1e-3.  Shapes are odd on purpose
+ * (rows that are not whole 16-byte chunks, several sequences with pages in
+ * shuffled order, grouped-query heads, long contexts that split).
+ *
+ * Every code path of the backend is forced at least once through its
+ * environment knobs: PETREL_CUDA_GEMV_MAX=0 (cuBLAS for every matmul) and
+ * PETREL_CUDA_ATTN=simple (the plain attention kernel).
+ *
+ * Without a CUDA device the test exits 77, which CTest reports as skipped.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backend/backend.h"
+
+enum { CPU, GPU, GPU_ALT, N_BE };
+static pt_backend *be[N_BE]; /* GPU_ALT: cuBLAS-only matmul, simple attention */
+static pt_rng rng;
+
+/* ---- host data on every backend --------------------------------------------- */
+
+typedef struct arr {
+    void *h;
+    void *d[N_BE];
+    size_t nbytes;
+} arr;
+
+static float frand(float lo, float hi) {
+    return lo + (hi - lo) * (float)pt_rng_uniform(&rng);
+}
+
+static arr arr_from(const void *host, size_t nbytes) {
+    arr a = {malloc(nbytes ? nbytes : 1), {0}, nbytes};
+    memcpy(a.h, host, nbytes);
+    for (int b = 0; b < N_BE; b++) {
+        a.d[b] = be[b]->ops->alloc(be[b], nbytes);
+        assert_non_null(a.d[b]);
+        be[b]->ops->upload(be[b], a.d[b], host, nbytes);
+    }
+    return a;
+}
+
+static arr arr_rand(size_t n, float lo, float hi) {
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = frand(lo, hi);
+    arr a = arr_from(h, sizeof(float) * n);
+    free(h);
+    return a;
+}
+
+/* An output buffer filled with NaN bytes on every backend. */
+static arr arr_poison(size_t nbytes) {
+    void *h = malloc(nbytes ? nbytes : 1);
+    memset(h, 0xff, nbytes);
+    arr a = arr_from(h, nbytes);
+    free(h);
+    return a;
+}
+
+static void arr_repoison(arr *a) {
+    memset(a->h, 0xff, a->nbytes);
+    for (int b = 0; b < N_BE; b++) be[b]->ops->upload(be[b], a->d[b], a->h, a->nbytes);
+}
+
+static float *arr_get(const arr *a, int b) {
+    float *h = malloc(a->nbytes ? a->nbytes : 1);
+    be[b]->ops->download(be[b], h, a->d[b], a->nbytes);
+    return h;
+}
+
+static void arr_free(arr *a) {
+    for (int b = 0; b < N_BE; b++) be[b]->ops->free(be[b], a->d[b], a->nbytes);
+    free(a->h);
+    memset(a, 0, sizeof *a);
+}
+
+/* ‖got − ref‖ / ‖ref‖ over n floats; NaN anywhere fails. */
+static double rel_err(const float *got, const float *ref, size_t n, double *max_abs) {
+    double num = 0, den = 0;
+    *max_abs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(ref[i])) return INFINITY;
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (fabs(d) > *max_abs) *max_abs = fabs(d);
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Compares backend b's copy of out with the CPU's. */
+static void check_out(const arr *out, int b, double tol, const char *fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    size_t n = out->nbytes / sizeof(float);
+    float *ref = arr_get(out, CPU), *got = arr_get(out, b);
+    double max_abs, e = rel_err(got, ref, n, &max_abs);
+    if (!(e <= tol)) {
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(got[i]) || fabs(got[i] - ref[i]) > tol * (fabs(ref[i]) + 1e-3)) {
+                bad = i;
+                break;
+            }
+        print_error("%s [%s]: rel err %.3g > %.1g (max abs %.3g); first bad [%zu] got %g want %g\n",
+                    what, b == GPU ? "cuda" : "cuda-alt", e, tol, max_abs, bad, got[bad],
+                    ref[bad]);
+        free(ref);
+        free(got);
+        fail();
+    }
+    free(ref);
+    free(got);
+}
+
+static uint16_t to_half(pt_dtype t, float x) {
+    return t == PT_F16 ? pt_f32_to_f16(x) : pt_f32_to_bf16(x);
+}
+
+/* Host copy of n random values in [lo, hi) stored as type t. */
+static arr arr_rand_typed(pt_dtype t, size_t n, float lo, float hi) {
+    size_t es = t == PT_F32 ? 4 : 2;
+    uint8_t *h = malloc(es * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        float x = frand(lo, hi);
+        if (t == PT_F32) memcpy(h + 4 * i, &x, 4);
+        else {
+            uint16_t v = to_half(t, x);
+            memcpy(h + 2 * i, &v, 2);
+        }
+    }
+    arr a = arr_from(h, es * n);
+    free(h);
+    return a;
+}
+
+static const char *tname(pt_dtype t) {
+    return pt_dtype_name(t);
+}
+
+/* ---- matmul -------------------------------------------------------------------- */
+
+static void one_matmul(pt_dtype t, int rows, int cols, int n) {
+    arr w = arr_rand_typed(t, (size_t)rows * cols, -1, 1);
+    arr x = arr_rand((size_t)n * cols, -1, 1);
+    arr y = arr_poison(sizeof(float) * (size_t)n * rows);
+    for (int b = 0; b < N_BE; b++) {
+        pt_weight wt = {.dtype = t, .rows = rows, .cols = cols, .data = w.d[b], .nbytes = w.nbytes};
+        be[b]->ops->matmul(be[b], y.d[b], x.d[b], &wt, n);
+    }
+    /* GEMV and Sgemm are f32 throughout: relative error ~1e-6.  GemmEx
+     * rounds x to the weight type (f16: 2^-11, bf16: 2^-8 relative), so
+     * each output may be off by up to that times sum_k |w_k x_k|, which
+     * can be large against |sum_k w_k x_k| for short rows: checked per
+     * element against that bound (with a factor 2 of margin). */
+    double tol_f32 = 2e-5;
+    bool gemv = n <= 4; /* PETREL_CUDA_GEMV_MAX default */
+    double *mag = NULL; /* sum_k |w_k x_k| per output, for the rounded paths */
+    if (t != PT_F32) {
+        mag = calloc((size_t)n * rows, sizeof(double));
+        float *wf = malloc(sizeof(float) * (size_t)cols);
+        for (int r = 0; r < rows; r++) {
+            for (int k = 0; k < cols; k++) {
+                uint16_t hw;
+                memcpy(&hw, (const uint8_t *)w.h + 2 * ((size_t)r * cols + k), 2);
+                wf[k] = fabsf(t == PT_F16 ? pt_f16_to_f32(hw) : pt_bf16_to_f32(hw));
+            }
+            for (int q = 0; q < n; q++) {
+                const float *xr = (const float *)x.h + (size_t)q * cols;
+                double m = 0;
+                for (int k = 0; k < cols; k++) m += wf[k] * fabsf(xr[k]);
+                mag[(size_t)q * rows + r] = m;
+            }
+        }
+        free(wf);
+    }
+    for (int b = GPU; b <= GPU_ALT; b++) {
+        bool rounded = t != PT_F32 && (b == GPU_ALT || !gemv);
+        if (!rounded) {
+            check_out(&y, b, tol_f32, "matmul %s %dx%d n=%d", tname(t), rows, cols, n);
+            continue;
+        }
+        float *ref = arr_get(&y, CPU), *got = arr_get(&y, b);
+        double u = t == PT_F16 ? ldexp(1.0, -10) : ldexp(1.0, -7);
+        for (size_t i = 0; i < (size_t)n * rows; i++)
+            if (!(fabs((double)got[i] - ref[i]) <= u * mag[i] + 1e-6))
+                fail_msg("matmul %s %dx%d n=%d [%s]: y[%zu][%zu] = %g, cpu %g, bound %.3g", tname(t),
+                         rows, cols, n, b == GPU ? "cuda" : "cuda-alt", i / rows, i % rows, got[i],
+                         ref[i], u * mag[i]);
+        free(ref);
+        free(got);
+    }
+    free(mag);
+    arr_free(&w);
+    arr_free(&x);
+    arr_free(&y);
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    static const pt_dtype types[] = {PT_F32, PT_F16, PT_BF16};
+    /* 20000x64 and 3000x8200: more row groups than resident blocks (the
+     * persistent GEMV walks several), 8200: several chunk batches per row */
+    static const int shapes[][2] = {{1, 8},      {37, 29},    {64, 64},   {130, 264},
+                                    {256, 1024}, {17, 5000},  {1000, 4096}, {96, 17},
+                                    {20000, 64}, {3000, 8200}};
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 33};
+    for (int ti = 0; ti < 3; ti++)
+        for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++)
+            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++)
+                one_matmul(types[ti], shapes[si][0], shapes[si][1], ns[ni]);
+}
+
+/* ---- embed, gather ---------------------------------------------------------------- */
+
+static void test_embed(void **state) {
+    (void)state;
+    static const pt_dtype types[] = {PT_F32, PT_F16, PT_BF16};
+    for (int ti = 0; ti < 3; ti++) {
+        int rows = 301, cols = 67, n = 19;
+        arr table = arr_rand_typed(types[ti], (size_t)rows * cols, -2, 2);
+        int32_t ids[19];
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)(pt_rng_next(&rng) % rows);
+        ids[3] = ids[7]; /* a repeat */
+        ids[0] = rows - 1;
+        arr id = arr_from(ids, sizeof ids);
+        arr y = arr_poison(sizeof(float) * (size_t)n * cols);
+        for (int b = 0; b < N_BE; b++) {
+            pt_weight w = {.dtype = types[ti], .rows = rows, .cols = cols, .data = table.d[b], .nbytes = table.nbytes};
+            be[b]->ops->embed(be[b], y.d[b], &w, id.d[b], n);
+        }
+        check_out(&y, GPU, 0, "embed %s", tname(types[ti]));
+        arr_free(&table);
+        arr_free(&id);
+        arr_free(&y);
+    }
+}
+
+static void test_gather_rows(void **state) {
+    (void)state;
+    int rows = 50, d = 131, n = 13;
+    arr src = arr_rand((size_t)rows * d, -3, 3);
+    int32_t idx[13];
+    for (int i = 0; i < n; i++) idx[i] = (int32_t)(pt_rng_next(&rng) % rows);
+    arr id = arr_from(idx, sizeof idx);
+    arr y = arr_poison(sizeof(float) * (size_t)n * d);
+    for (int b = 0; b < N_BE; b++) be[b]->ops->gather_rows(be[b], y.d[b], src.d[b], id.d[b], n, d);
+    check_out(&y, GPU, 0, "gather_rows");
+    arr_free(&src);
+    arr_free(&id);
+    arr_free(&y);
+}
+
+/* ---- norms and elementwise ---------------------------------------------------------- */
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    static const int dims[][2] = {{1, 7}, {5, 64}, {33, 128}, {3, 513}, {4, 4096}, {2, 5000}, {300, 128}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(dims); i++) {
+        int n = dims[i][0], d = dims[i][1];
+        arr x = arr_rand((size_t)n * d, -4, 4), g = arr_rand((size_t)d, 0.5f, 1.5f);
+        arr y = arr_poison(sizeof(float) * (size_t)n * d);
+        for (int b = 0; b < N_BE; b++) be[b]->ops->rmsnorm(be[b], y.d[b], x.d[b], g.d[b], n, d, 1e-5f);
+        check_out(&y, GPU, 1e-6, "rmsnorm %dx%d", n, d);
+        /* in place */
+        for (int b = 0; b < N_BE; b++) be[b]->ops->rmsnorm(be[b], x.d[b], x.d[b], g.d[b], n, d, 1e-6f);
+        check_out(&x, GPU, 1e-6, "rmsnorm in place %dx%d", n, d);
+        arr_free(&x);
+        arr_free(&g);
+        arr_free(&y);
+    }
+}
+
+static void test_elementwise(void **state) {
+    (void)state;
+    static const size_t counts[] = {1, 3, 4, 1001, 4096, 100003};
+    for (size_t i = 0; i < PT_ARRAY_LEN(counts); i++) {
+        size_t n = counts[i];
+        arr a = arr_rand(n, -5, 5), c = arr_rand(n, -5, 5);
+        arr y = arr_poison(sizeof(float) * n);
+        for (int b = 0; b < N_BE; b++) be[b]->ops->add(be[b], y.d[b], a.d[b], c.d[b], n);
+        check_out(&y, GPU, 0, "add %zu", n);
+        for (int b = 0; b < N_BE; b++) be[b]->ops->add(be[b], a.d[b], a.d[b], c.d[b], n);
+        check_out(&a, GPU, 0, "add in place %zu", n);
+        arr_repoison(&y);
+        for (int b = 0; b < N_BE; b++) be[b]->ops->swiglu(be[b], y.d[b], a.d[b], c.d[b], n);
+        check_out(&y, GPU, 1e-6, "swiglu %zu", n);
+        for (int b = 0; b < N_BE; b++) be[b]->ops->swiglu(be[b], c.d[b], a.d[b], c.d[b], n);
+        check_out(&c, GPU, 1e-6, "swiglu in place %zu", n);
+        arr_free(&a);
+        arr_free(&c);
+        arr_free(&y);
+    }
+    /* odd offsets: misaligned pointers take the scalar kernels */
+    arr a = arr_rand(1003, -1, 1), c = arr_rand(1003, -1, 1);
+    arr y = arr_poison(sizeof(float) * 1003);
+    for (int b = 0; b < N_BE; b++)
+        be[b]->ops->add(be[b], (float *)y.d[b] + 1, (float *)a.d[b] + 1, (float *)c.d[b] + 2, 1000);
+    float *ref = arr_get(&y, CPU), *got = arr_get(&y, GPU);
+    double max_abs;
+    assert_true(rel_err(got + 1, ref + 1, 1000, &max_abs) == 0);
+    free(ref);
+    free(got);
+    arr_free(&a);
+    arr_free(&c);
+    arr_free(&y);
+
+    int n = 7, d = 45;
+    arr x = arr_rand((size_t)n * d, -1, 1), bias = arr_rand((size_t)d, -1, 1);
+    for (int b = 0; b < N_BE; b++) be[b]->ops->add_bias(be[b], x.d[b], bias.d[b], n, d);
+    check_out(&x, GPU, 0, "add_bias");
+    arr_free(&x);
+    arr_free(&bias);
+}
+
+/* ---- rope ----------------------------------------------------------------------------- */
+
+static void test_rope(void **state) {
+    (void)state;
+    static const struct {
+        int style, n_heads, head_dim, n_rot;
+        float theta, mscale;
+    } cases[] = {
+        {PT_ROPE_NORM, 3, 8, 8, 10000.f, 1.f},      {PT_ROPE_NEOX, 5, 64, 64, 500000.f, 1.f},
+        {PT_ROPE_NEOX, 8, 128, 128, 1e6f, 1.f},     {PT_ROPE_NORM, 4, 128, 64, 10000.f, 1.f},
+        {PT_ROPE_NEOX, 2, 96, 32, 10000.f, 1.2f},
+    };
+    for (size_t ci = 0; ci < PT_ARRAY_LEN(cases); ci++) {
+        int n = 37, nh = cases[ci].n_heads, hd = cases[ci].head_dim, nr = cases[ci].n_rot;
+        float freq[64];
+        for (int i = 0; i < nr / 2; i++) freq[i] = powf(cases[ci].theta, -2.0f * i / nr);
+        int32_t pos[37];
+        for (int i = 0; i < n; i++) pos[i] = (int32_t)(pt_rng_next(&rng) % 32768);
+        pos[0] = 0, pos[1] = 32767, pos[2] = 1;
+        arr f = arr_from(freq, sizeof(float) * (size_t)(nr / 2)), p = arr_from(pos, sizeof pos);
+        arr x = arr_rand((size_t)n * nh * hd, -2, 2);
+        for (int b = 0; b < N_BE; b++) {
+            pt_batch_view bv = {n, p.d[b], NULL, NULL, 0, 0};
+            pt_rope r = {cases[ci].style, nr, f.d[b], cases[ci].mscale};
+            be[b]->ops->rope(be[b], x.d[b], &bv, nh, hd, &r);
+        }
+        /* angles up to 32767 rad: both sides round pos*inv_freq to f32 and
+         * take an accurate sin/cos, so only the last bits may differ */
+        check_out(&x, GPU, 2e-6, "rope style %d %dx%d rot %d", cases[ci].style, nh, hd, nr);
+        arr_free(&f);
+        arr_free(&p);
+        arr_free(&x);
+    }
+}
+
+/* ---- kv_store and attention ------------------------------------------------------------- */
+
+typedef struct seq_setup {
+    int len; /* positions stored */
+} seq_setup;
+
+/* Builds a paged cache holding n_seqs sequences of the given lengths, pages
+ * handed out in shuffled order, K/V stored through kv_store (itself
+ * checked), then runs attention for a batch of query rows (seq, pos) and
+ * compares. */
+static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int hd,
+                          const int *lens, int n_seqs, const int32_t *qseq, const int32_t *qpos,
+                          int nq) {
+    int max_pages = 1, total_pages = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int p = (lens[s] + page_size - 1) / page_size;
+        max_pages = PT_MAX(max_pages, p);
+        total_pages += p;
+    }
+    int n_pages = total_pages + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_pages);
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) {
+        int j = (int)(pt_rng_next(&rng) % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)max_pages * n_seqs);
+    int next = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int p = (lens[s] + page_size - 1) / page_size;
+        for (int i = 0; i < max_pages; i++) bt[s * max_pages + i] = i < p ? perm[next++] : -1;
+    }
+    size_t es = kt == PT_F32 ? 4 : 2;
+    size_t page_bytes = (size_t)page_size * n_kv * hd * es;
+    arr kc = arr_poison(page_bytes * n_pages), vc = arr_poison(page_bytes * n_pages);
+    arr bta = arr_from(bt, sizeof(int32_t) * (size_t)max_pages * n_seqs);
+
+    /* store every position of every sequence in one batch */
+    int n_store = 0;
+    for (int s = 0; s < n_seqs; s++) n_store += lens[s];
+    int32_t *sp = malloc(sizeof(int32_t) * (size_t)n_store), *ss = malloc(sizeof(int32_t) * (size_t)n_store);
+    for (int s = 0, r = 0; s < n_seqs; s++)
+        for (int p = 0; p < lens[s]; p++, r++) sp[r] = p, ss[r] = s;
+    arr spa = arr_from(sp, sizeof(int32_t) * (size_t)n_store), ssa = arr_from(ss, sizeof(int32_t) * (size_t)n_store);
+    arr k = arr_rand((size_t)n_store * n_kv * hd, -1, 1), v = arr_rand((size_t)n_store * n_kv * hd, -1, 1);
+    pt_kv_view kv[N_BE];
+    for (int b = 0; b < N_BE; b++) {
+        kv[b] = (pt_kv_view){.k = kc.d[b], .v = vc.d[b], .dtype = kt, .page_size = page_size,
+                             .n_kv_heads = n_kv, .head_dim = hd};
+        pt_batch_view bv = {n_store, spa.d[b], ssa.d[b], bta.d[b], max_pages, n_seqs};
+        be[b]->ops->kv_store(be[b], &kv[b], &bv, k.d[b], v.d[b]);
+    }
+    /* compare the stored pages (only pages in use: the rest stay poisoned) */
+    {
+        uint8_t *ref = (uint8_t *)arr_get(&kc, CPU), *got = (uint8_t *)arr_get(&kc, GPU);
+        uint8_t *refv = (uint8_t *)arr_get(&vc, CPU), *gotv = (uint8_t *)arr_get(&vc, GPU);
+        for (int s = 0; s < n_seqs; s++)
+            for (int p = 0; p < lens[s]; p++) {
+                size_t off = ((size_t)bt[s * max_pages + p / page_size] * page_size + p % page_size) *
+                             n_kv * hd * es;
+                if (memcmp(ref + off, got + off, (size_t)n_kv * hd * es) ||
+                    memcmp(refv + off, gotv + off, (size_t)n_kv * hd * es))
+                    fail_msg("kv_store %s: seq %d pos %d differs from the CPU's", tname(kt), s, p);
+            }
+        free(ref);
+        free(got);
+        free(refv);
+        free(gotv);
+    }
+
+    arr qpa = arr_from(qpos, sizeof(int32_t) * (size_t)nq), qsa = arr_from(qseq, sizeof(int32_t) * (size_t)nq);
+    arr q = arr_rand((size_t)nq * n_heads * hd, -1, 1);
+    arr out = arr_poison(sizeof(float) * (size_t)nq * n_heads * hd);
+    float scale = 1.0f / sqrtf((float)hd) * 2.0f; /* sharper than usual: softmax must be exact */
+    for (int b = 0; b < N_BE; b++) {
+        pt_batch_view bv = {nq, qpa.d[b], qsa.d[b], bta.d[b], max_pages, n_seqs};
+        be[b]->ops->attention(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, scale);
+    }
+    /* 16-bit caches with 64+ rows take the tensor cores, queries and
+     * probabilities split in two 16-bit parts: ~1e-5 instead of ~1e-6 */
+    double tol = kt == PT_F32 ? 2e-5 : 6e-5;
+    check_out(&out, GPU, tol, "attention %s ps=%d heads %d/%d hd=%d rows=%d", tname(kt), page_size,
+              n_heads, n_kv, hd, nq);
+    check_out(&out, GPU_ALT, 2e-5, "attention %s ps=%d heads %d/%d hd=%d rows=%d", tname(kt),
+              page_size, n_heads, n_kv, hd, nq);
+
+    arr_free(&kc), arr_free(&vc), arr_free(&bta), arr_free(&spa), arr_free(&ssa);
+    arr_free(&k), arr_free(&v), arr_free(&qpa), arr_free(&qsa), arr_free(&q), arr_free(&out);
+    free(perm), free(bt), free(sp), free(ss);
+}
+
+/* Rows of each kind: a prefill of seq 0 (positions first..last), decode
+ * rows of every sequence at its last position, and the two mixed. */
+static void attention_batches(pt_dtype kt, int page_size, int n_heads, int n_kv, int hd,
+                              const int *lens, int n_seqs) {
+    int32_t qs[600], qp[600];
+    int n = 0;
+    /* prefill: the last min(len, 70) positions of sequence 0 */
+    int first = PT_MAX(0, lens[0] - 70);
+    for (int p = first; p < lens[0]; p++) qs[n] = 0, qp[n++] = p;
+    one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, qs, qp, n);
+    /* decode: one row per sequence */
+    int nd = 0;
+    int32_t ds[64], dp[64];
+    for (int s = 0; s < n_seqs; s++) ds[nd] = s, dp[nd++] = lens[s] - 1;
+    one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, ds, dp, nd);
+    /* mixed: decode rows interleaved with a prefill run, in odd order */
+    n = 0;
+    for (int s = n_seqs - 1; s >= 0; s--) {
+        qs[n] = s, qp[n++] = lens[s] - 1;
+        if (s == n_seqs / 2)
+            for (int p = 0; p < PT_MIN(lens[s], 11); p++) qs[n] = s, qp[n++] = p;
+    }
+    one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, qs, qp, n);
+    /* two prefills in one batch, 64+ rows: row groups straddle sequences */
+    if (n_seqs >= 2) {
+        n = 0;
+        for (int s = 0; s < 2; s++)
+            for (int p = PT_MAX(0, lens[s] - 45); p < lens[s]; p++) qs[n] = s, qp[n++] = p;
+        for (int p = 0; p < PT_MIN(lens[0], 30); p++) qs[n] = 0, qp[n++] = p;
+        one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, qs, qp, n);
+    }
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    static const pt_dtype types[] = {PT_F16, PT_BF16, PT_F32};
+    int lens_a[] = {37, 1, 200, 16};
+    int lens_b[] = {1500, 130};
+    int lens_c[] = {5000};
+    for (int ti = 0; ti < 3; ti++) {
+        pt_dtype t = types[ti];
+        /* tiled kernel shapes: head_dim 128 and 64, groups 1..8 */
+        attention_batches(t, 16, 32, 8, 128, lens_a, 4);
+        attention_batches(t, 16, 32, 4, 64, lens_a, 4);
+        attention_batches(t, 16, 8, 8, 128, lens_a, 4);
+        attention_batches(t, 16, 16, 8, 64, lens_b, 2);
+        attention_batches(t, 7, 8, 1, 128, lens_b, 2);
+        /* long context: the split path */
+        attention_batches(t, 16, 32, 8, 128, lens_c, 1);
+        /* the simple kernel's shapes: tiny and odd head dims, groups of 3 and 16 */
+        attention_batches(t, 16, 8, 4, 8, lens_a, 4);
+        attention_batches(t, 5, 6, 2, 96, lens_a, 4);
+        attention_batches(t, 16, 32, 2, 64, lens_b, 2);
+    }
+}
+
+static void test_read_bandwidth(void **state) {
+    (void)state;
+    double bw = be[GPU]->ops->read_bandwidth(be[GPU]);
+    print_message("cuda read bandwidth: %.1f GB/s (%s)\n", bw / 1e9, be[GPU]->detail);
+    assert_true(bw > 1e11);
+}
+
+int main(void) {
+    pt_err err = {{0}};
+    be[GPU] = pt_backend_cuda_new(0, &err);
+    if (!be[GPU]) {
+        printf("test_cuda_ops: skipped: %s\n", err.msg);
+        fflush(stdout);
+        _exit(77); /* not exit(): leak checkers would count the runtime's buffers */
+    }
+    setenv("PETREL_CUDA_GEMV_MAX", "0", 1);
+    setenv("PETREL_CUDA_ATTN", "simple", 1);
+    be[GPU_ALT] = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_GEMV_MAX");
+    unsetenv("PETREL_CUDA_ATTN");
+    be[CPU] = pt_backend_cpu_new(4, "portable", &err);
+    if (!be[CPU] || !be[GPU_ALT]) {
+        fprintf(stderr, "test_cuda_ops: %s\n", err.msg);
+        return 1;
+    }
+    pt_rng_seed(&rng, 12345);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),    cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gather_rows), cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention), cmocka_unit_test(test_read_bandwidth),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
+    return rc;
+}

@@ -1,0 +1,18 @@
+# tests/cuda: the CUDA backend against the CPU backend.  There is no
+# petrel_cuda library (the backend lives in petrel_backend), so the generic
+# per-layer loop in tests/CMakeLists.txt skips this folder; the tests are
+# declared here.  Without a GPU they exit 77 and CTest reports them skipped.
+if(PETREL_CUDA)
+  foreach(t test_cuda_ops test_cuda_model)
+    add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
+    target_compile_definitions(${t} PRIVATE PETREL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+    add_test(NAME cuda/${t} COMMAND ${t})
+    set_tests_properties(cuda/${t} PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                         TIMEOUT 900 SKIP_RETURN_CODE 77 LABELS cuda)
+  endforeach()
+  target_link_libraries(test_cuda_ops PRIVATE petrel_backend PkgConfig::CMOCKA)
+  target_link_libraries(test_cuda_model PRIVATE petrel_model PkgConfig::CMOCKA)
+  # Per-op speed against the measured bandwidth (scripts/gpu-run.sh runs it).
+  add_executable(bench_cuda_ops ${CMAKE_CURRENT_LIST_DIR}/bench_cuda_ops.c)
+  target_link_libraries(bench_cuda_ops PRIVATE petrel_backend)
+endif()
