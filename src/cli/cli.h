@@ -31,7 +31,7 @@ int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *ta
 
 /* Flags every model-using subcommand takes, and turning them into options. */
 typedef struct cli_model_args {
-    const char *model, *device, *kernels, *kv_type, *dummy_dtype;
+    const char *model, *device, *kernels, *kv_type, *kv_quant, *dummy_dtype;
     int threads, ctx, batch;
     uint64_t dummy_seed;
     bool verbose;
@@ -48,6 +48,8 @@ int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_kvcodec(int argc, char **argv);
 
 #endif

@@ -15,7 +15,9 @@ static const struct {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline"},
     {"eval", cmd_eval, "perplexity of a text, or KL divergence between two models"},
+    {"convert", cmd_convert, "quantize a model to an MLX-layout affine directory"},
     {"serve", cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
+    {"kvcodec", cmd_kvcodec, "encode/decode KV rows with a KV-cache codec (JSON in and out)"},
 };
 
 static void usage(FILE *f) {

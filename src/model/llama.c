@@ -111,23 +111,16 @@ static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_
     json_decref(j);
     if (rc) return -1;
     const char *dt = o->dummy_dtype ? o->dummy_dtype : "bf16";
-    int t = strcmp(dt, "f32") == 0 ? PT_F32 : strcmp(dt, "f16") == 0 ? PT_F16
-                                          : strcmp(dt, "bf16") == 0 ? PT_BF16 : -1;
-    if (t < 0) return pt_fail(err, "dummy weights: dtype '%s' is not f32, f16 or bf16", dt);
-    /* Say what it needs before trying: the user sees a clear reason. */
-    size_t need = 0;
     const pt_model_config *c = &m->cfg;
-    size_t per_layer = (size_t)c->dim * ((size_t)c->n_heads * c->head_dim * 2 +
-                                         (size_t)c->n_kv_heads * c->head_dim * 2 +
-                                         (size_t)c->ffn_dim * 3);
-    need = pt_dtype_bytes(t, per_layer) * c->n_layers +
-           pt_dtype_bytes(t, (size_t)c->vocab_size * c->dim) * (c->tied_embeddings ? 1 : 2);
+    /* Say what it needs before trying: the user sees a clear reason. */
+    size_t need;
+    if (pt_model_dummy_bytes(c, dt, &need, err)) return -1;
     size_t avail = pt_mem_available();
     if (m->be->host_memory && avail && need > avail)
         return pt_fail(err, "dummy:%s in %s needs %.1f GiB of memory, %.1f GiB available", spec, dt,
                        need / 1073741824.0, avail / 1073741824.0);
     m->layers = pt_xcalloc((size_t)c->n_layers, sizeof(pt_layer));
-    return pt_model_make_dummy_weights(m, t, o->dummy_seed, err);
+    return pt_model_make_dummy_weights(m, dt, o->dummy_seed, err);
 }
 
 static int load_file(pt_model *m, const char *path, pt_err *err) {

@@ -51,7 +51,7 @@ typedef struct pt_batch {
 typedef struct pt_model_opts {
     pt_backend *backend;  /* required */
     int max_batch;        /* rows per forward call; default 512 */
-    const char *dummy_dtype; /* dummy weights: "f32", "f16" or "bf16" */
+    const char *dummy_dtype; /* dummy weights: "bf16", "f16", "f32", "q4_0", "affine4"... */
     uint64_t dummy_seed;
 } pt_model_opts;
 
@@ -100,7 +100,17 @@ void pt_rope_inv_freq(const pt_model_config *cfg, float *out);
 
 /* Weights (weights.c). */
 int pt_model_bind_file_weights(pt_model *m, pt_err *err);
-int pt_model_make_dummy_weights(pt_model *m, pt_dtype dtype, uint64_t seed, pt_err *err);
+/* Dummy weights in a format named as pt_weight_format_parse takes them: f32,
+ * f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, affineB or affineBgG. */
+int pt_model_make_dummy_weights(pt_model *m, const char *format, uint64_t seed, pt_err *err);
+/* Bytes the matrices of cfg take in that format. */
+int pt_model_dummy_bytes(const pt_model_config *cfg, const char *format, size_t *out, pt_err *err);
+/* The Hugging Face name of a GGUF weight name ("blk.3.attn_q.weight" ->
+ * "model.layers.3.self_attn.q_proj.weight"); -1 if it is not one we bind. */
+int pt_weight_hf_name(const char *gguf_name, char *out, size_t cap);
+/* The weight matrix of m called name (either spelling), or NULL.  Lets a
+ * tool swap one matrix (convert's sensitivity sweep). */
+pt_weight *pt_model_weight_named(pt_model *m, const char *name);
 /* Backend buffer owned by the model (freed with it).  NULL on failure. */
 void *pt_model_alloc(pt_model *m, size_t nbytes);
 void pt_model_free_owned(pt_model *m);

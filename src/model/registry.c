@@ -12,6 +12,7 @@
 
 #include "io/gguf.h"
 #include "model/model.h"
+#include "quant/mlx_config.h"
 
 typedef struct arch_info {
     const char *name;
@@ -240,6 +241,8 @@ int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
         !json_is_false(json_object_get(j, "use_sliding_window")))
         pt_warn("sliding window attention (%d) is not implemented: exact only up to %d tokens",
                 window, window);
+    /* MLX quantized models: validated here, read per module by weights.c */
+    if (pt_mlx_quant_check(j, err)) return -1;
     return check_shapes(c, err);
 }
 

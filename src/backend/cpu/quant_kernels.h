@@ -1,0 +1,94 @@
+/*
+ * quant_kernels.h - the CPU backend's kernels for quantized weights: MLX
+ * affine (2/3/4/5/6/8 bits, groups of 32/64/128) and GGUF q8_0, q4_0,
+ * q4_k, q5_k, q6_k.  Matrix-vector and matrix-matrix products, threaded, in
+ * an AVX2 and a portable flavour, and row dequantization for embeddings.
+ *
+ * Numerics (docs/quantization.md): activations are quantized on the fly to
+ * int16 in blocks of 32 elements, or of the group size for affine weights
+ * (d = max|x| / 32767, q = rint(x / d)).  Every
+ * product of a weight code and an activation code is then an exact integer
+ * dot product over a block (vpmaddwd on AVX2); each block's sum is scaled
+ * once in f32:
+ *
+ *     y = sum over blocks  mul_w * d_x * sum_i(c_i * q_i)  +  add_w * d_x * sum_i(q_i)
+ *
+ * where (mul_w, add_w) is the block's weight scale and offset (affine: the
+ * group's scale and bias; q4_k: d*sc and -dmin*m; ...).  The only error
+ * beyond f32 rounding is the activation's rounding, at most d_x / 2 =
+ * max|x| / 65534 per element: logits of whole models match an f32 forward
+ * on the dequantized weights to about 1e-4 of their range.  (int8
+ * activations, as llama.cpp uses, cost 1-3% of the logit range on our test
+ * models; int16 costs one more instruction per 16 weights and token, and
+ * decode is memory-bound either way.)  The AVX2 and portable kernels
+ * compute the same integer sums; they differ only in the order of f32
+ * additions.
+ *
+ * Use: keep a pt_qk_ctx per backend (it owns the activation scratch) and
+ * call pt_qk_matmul for any weight whose dtype pt_qk_handles().
+ */
+#ifndef PETREL_QUANT_KERNELS_H
+#define PETREL_QUANT_KERNELS_H
+
+#include "backend/backend.h"
+#include "base/threadpool.h"
+
+/* Quantized activations of n rows of x, laid out for one weight format. */
+typedef struct pt_qact {
+    int n;            /* rows (tokens) */
+    int64_t cols;     /* a multiple of 32 */
+    int64_t n_chunks; /* cols / 32 */
+    int block;        /* elements sharing a scale: 32, or an affine weight's group size */
+    int64_t n_blocks; /* cols / block */
+    int perm;         /* enum pt_qk_perm: order of elements inside each 32-chunk */
+    int16_t *q;       /* [n][cols] codes, chunk by chunk */
+    float *d;         /* [n][n_blocks] scale of each block */
+    float *ds;        /* [n][n_blocks] d * sum of the block's codes */
+} pt_qact;
+
+/* The AVX2 kernels unpack some code widths in an order other than the
+ * natural one; the activations are stored in that order instead, which
+ * costs nothing per weight. */
+enum pt_qk_perm {
+    PT_QK_PERM_NONE,
+    PT_QK_PERM_EVEN_ODD, /* position p < 16: element 2p; p >= 16: 2(p-16)+1 (4-bit) */
+    PT_QK_PERM_STRIDE4,  /* position 8k + j: element 4j + k (2-bit) */
+};
+
+/* Computes y[t][r] for r in [r0, r1) and every row t of the activations. */
+typedef void (*pt_qk_rows_fn)(const pt_weight *w, const pt_qact *a, float *y, int64_t r0,
+                              int64_t r1);
+
+typedef struct pt_qk_ctx {
+    bool avx2;     /* use the AVX2 kernels (the caller checked the CPU) */
+    void *scratch; /* activation codes and scales, grown on demand */
+    size_t cap;
+} pt_qk_ctx;
+
+/* Whether these kernels run weights of this dtype. */
+bool pt_qk_handles(pt_dtype t);
+/* AVX2, FMA and F16C present on this CPU. */
+bool pt_qk_cpu_has_avx2(void);
+
+/* y[n][w.rows] = x[n][w.cols] . w^T on the pool (NULL: this thread). */
+void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const pt_weight *w,
+                  int n);
+/* Row r of w as f32 (embedding lookups). */
+void pt_qk_dequant_row(const pt_weight *w, int64_t r, float *out);
+void pt_qk_ctx_free(pt_qk_ctx *ctx);
+
+/* ---- the pieces, for tests and for callers with their own threading ---- */
+
+/* Bytes of scratch pt_qk_act_init needs for n rows of cols. */
+size_t pt_qk_act_bytes(int n, int64_t cols);
+void pt_qk_act_init(pt_qact *a, void *scratch, int n, int64_t cols, int block, int perm);
+/* The activation block that goes with w: its group size (affine) or 32. */
+int pt_qk_act_block(const pt_weight *w);
+/* Quantizes rows [t0, t1) of x into a. */
+void pt_qk_quantize_act(pt_qact *a, const float *x, int t0, int t1);
+/* The row kernel and activation order for w, or NULL if none. */
+pt_qk_rows_fn pt_qk_portable_rows(const pt_weight *w);
+pt_qk_rows_fn pt_qk_avx2_rows(const pt_weight *w);
+int pt_qk_avx2_perm(const pt_weight *w);
+
+#endif

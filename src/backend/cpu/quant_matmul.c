@@ -1,0 +1,74 @@
+/*
+ * quant_matmul.c - running a quantized matmul on the thread pool: quantize
+ * the activations (tokens split across threads), then the weight rows
+ * (split across threads, each thread doing all tokens of its rows, so each
+ * weight byte is read once per call).
+ */
+#include <stdlib.h>
+
+#include "backend/cpu/quant_kernels.h"
+
+bool pt_qk_cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+typedef struct job {
+    pt_qact a;
+    const float *x;
+    const pt_weight *w;
+    float *y;
+    pt_qk_rows_fn rows;
+} job;
+
+static void act_part(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    int n = j->a.n, t0 = (int)((int64_t)n * ith / nth), t1 = (int)((int64_t)n * (ith + 1) / nth);
+    if (t0 < t1) pt_qk_quantize_act(&j->a, j->x, t0, t1);
+}
+
+/* Rows in runs of 8, so threads do not share the cache lines of y. */
+static void rows_part(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    int64_t runs = (j->w->rows + 7) / 8;
+    int64_t r0 = runs * ith / nth * 8, r1 = PT_MIN(j->w->rows, runs * (ith + 1) / nth * 8);
+    if (r0 < r1) j->rows(j->w, &j->a, j->y, r0, r1);
+}
+
+static void run(pt_pool *pool, pt_pool_fn fn, job *j) {
+    if (pool) pt_pool_run(pool, fn, j);
+    else fn(j, 0, 1);
+}
+
+void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const pt_weight *w,
+                  int n) {
+    job j = {.x = x, .w = w, .y = y};
+    j.rows = ctx->avx2 ? pt_qk_avx2_rows(w) : pt_qk_portable_rows(w);
+    if (!j.rows || n <= 0) return;
+    size_t need = pt_qk_act_bytes(n, w->cols);
+    if (need > ctx->cap) {
+        pt_free_big(ctx->scratch, ctx->cap);
+        ctx->cap = PT_MAX(need, ctx->cap * 2);
+        ctx->scratch = pt_alloc_big(ctx->cap);
+        if (!ctx->scratch) { /* the caller sized activations far larger than this */
+            ctx->cap = 0;
+            pt_log(PT_LOG_ERROR, "quantized matmul: cannot allocate %zu bytes", need);
+            abort();
+        }
+    }
+    pt_qk_act_init(&j.a, ctx->scratch, n, w->cols, pt_qk_act_block(w),
+                   ctx->avx2 ? pt_qk_avx2_perm(w) : PT_QK_PERM_NONE);
+    run(pool, act_part, &j);
+    run(pool, rows_part, &j);
+}
+
+void pt_qk_ctx_free(pt_qk_ctx *ctx) {
+    pt_free_big(ctx->scratch, ctx->cap);
+    ctx->scratch = NULL;
+    ctx->cap = 0;
+}

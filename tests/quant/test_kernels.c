@@ -1,0 +1,193 @@
+/*
+ * test_kernels.c - the CPU backend's quantized matmul kernels (AVX2 and
+ * portable) against the scalar reference of src/quant.
+ *
+ * For every format (MLX affine at every bits x group size, with f16, bf16
+ * and f32 scales; GGUF q8_0, q4_0, q4_k, q5_k, q6_k), odd shapes (1, 7, 13
+ * and 37 rows; several blocks per row) and token counts (1, 2, 3, 5, 9):
+ *   - against the reference weights times the activations as the kernels
+ *     quantize them (int16, blocks of 32 or of the group), in double: equal
+ *     to f32 rounding;
+ *   - against the reference weights times the exact activations: within
+ *     the activation-rounding bound sum |w_i| * d_x / 2;
+ *   - the threaded driver (2 threads) gives what one thread gives;
+ *   - row dequantization (embeddings) equals the reference's.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/quant_kernels.h"
+#include "quant/quant.h"
+
+typedef struct fmt {
+    pt_dtype t;
+    int bits, gs;
+    pt_dtype st;
+} fmt;
+
+/* A rows x cols weight of format f made from random values (owned buffers). */
+typedef struct qw {
+    pt_weight w;
+    void *data, *s, *b;
+} qw;
+
+static void make_weight(qw *q, fmt f, int64_t rows, int64_t cols, pt_rng *rng) {
+    memset(q, 0, sizeof *q);
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    q->w = (pt_weight){.dtype = f.t, .rows = rows, .cols = cols, .bits = f.bits, .group_size = f.gs,
+                       .scale_dtype = f.st};
+    if (f.t == PT_AFFINE) {
+        size_t ss = pt_dtype_bytes(f.st, 1), groups = (size_t)(cols / f.gs);
+        q->data = malloc(pt_affine_code_bytes(rows, cols, f.bits));
+        q->s = malloc((size_t)rows * groups * ss);
+        q->b = malloc((size_t)rows * groups * ss);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < cols; i++) row[i] = (float)(pt_rng_uniform(rng) - 0.3) * (1 + (float)(r % 3));
+            pt_affine_quantize_row(row, cols, f.bits, f.gs, f.st,
+                                   (uint32_t *)q->data + r * pt_affine_row_words(cols, f.bits),
+                                   (uint8_t *)q->s + (size_t)r * groups * ss,
+                                   (uint8_t *)q->b + (size_t)r * groups * ss);
+        }
+        q->w.scales = q->s;
+        q->w.biases = q->b;
+    } else {
+        size_t rb = pt_dtype_bytes(f.t, (uint64_t)cols);
+        q->data = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < cols; i++) row[i] = (float)(pt_rng_uniform(rng) * 2 - 1) * (1 + (float)(r % 3));
+            pt_gguf_quantize(f.t, row, (uint8_t *)q->data + rb * (size_t)r, cols);
+        }
+    }
+    q->w.data = q->data;
+    free(row);
+}
+
+static void free_weight(qw *q) {
+    free(q->data), free(q->s), free(q->b);
+}
+
+/* The activations as the kernels round them (blocks of `block`, d = amax/32767). */
+static void round_acts(const float *x, float *xr, float *dx, int64_t n, int block) {
+    for (int64_t b = 0; b < n / block; b++) {
+        float amax = 0;
+        for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(x[block * b + i]));
+        float d = amax / 32767, id = d > 0 ? 1 / d : 0;
+        for (int i = 0; i < block; i++) {
+            xr[block * b + i] = d * (float)lrintf(x[block * b + i] * id);
+            dx[block * b + i] = d;
+        }
+    }
+}
+
+static void check_format(fmt f, const char *label) {
+    static const int64_t row_counts[] = {1, 7, 13, 37};
+    static const int ns[] = {1, 2, 3, 5, 9};
+    int block = f.t == PT_AFFINE ? f.gs : pt_dtype_get(f.t)->block;
+    int64_t cols = block * (block >= 256 ? 2 : 3);
+    pt_rng rng;
+    pt_rng_seed(&rng, (uint64_t)(f.t * 100 + f.bits * 10 + f.gs + f.st));
+    pt_pool *pool = pt_pool_new(2);
+    bool avx2 = pt_qk_cpu_has_avx2();
+    for (size_t ri = 0; ri < PT_ARRAY_LEN(row_counts); ri++) {
+        int64_t rows = row_counts[ri];
+        qw q;
+        make_weight(&q, f, rows, cols, &rng);
+        float *wref = malloc(sizeof(float) * (size_t)(rows * cols)), *wk = malloc(sizeof(float) * (size_t)cols);
+        for (int64_t r = 0; r < rows; r++) {
+            pt_weight_dequantize_row(&q.w, r, wref + r * cols);
+            pt_qk_dequant_row(&q.w, r, wk);
+            for (int64_t i = 0; i < cols; i++) {
+                float a = wref[r * cols + i], b = wk[i];
+                if (!(fabsf(a - b) <= 1e-6f * fabsf(a))) /* q6_k folds its scales in another order */
+                    fail_msg("%s: dequant row %lld col %lld: kernel %.9g, reference %.9g", label,
+                             (long long)r, (long long)i, b, a);
+            }
+        }
+        for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+            int n = ns[ni];
+            float *x = malloc(sizeof(float) * (size_t)(n * cols)), *xr = malloc(sizeof(float) * (size_t)(n * cols));
+            float *dx = malloc(sizeof(float) * (size_t)(n * cols));
+            float *y[3];
+            for (int k = 0; k < 3; k++) y[k] = malloc(sizeof(float) * (size_t)(n * rows));
+            for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(pt_rng_uniform(&rng) * 2 - 1);
+            for (int t = 0; t < n; t++)
+                round_acts(x + t * cols, xr + t * cols, dx + t * cols, cols, pt_qk_act_block(&q.w));
+
+            pt_qk_ctx portable = {.avx2 = false}, fast = {.avx2 = true};
+            pt_qk_matmul(&portable, NULL, y[0], x, &q.w, n);
+            pt_qk_matmul(&portable, pool, y[1], x, &q.w, n);
+            if (avx2) pt_qk_matmul(&fast, pool, y[2], x, &q.w, n);
+            for (int t = 0; t < n; t++)
+                for (int64_t r = 0; r < rows; r++) {
+                    double same = 0, exact = 0, mag = 0, bound = 0;
+                    for (int64_t i = 0; i < cols; i++) {
+                        double wv = wref[r * cols + i];
+                        same += wv * xr[t * cols + i];
+                        exact += wv * x[t * cols + i];
+                        mag += fabs(wv * xr[t * cols + i]);
+                        bound += fabs(wv) * dx[t * cols + i] * 0.5;
+                    }
+                    double tol = 1e-5 * mag + 1e-6;
+                    for (int k = 0; k < (avx2 ? 3 : 2); k++) {
+                        double got = y[k][(size_t)t * (size_t)rows + (size_t)r];
+                        if (!(fabs(got - same) <= tol))
+                            fail_msg("%s %s, %lldx%lld, n=%d, token %d row %lld: %.7g, want %.7g (tol %.2g)",
+                                     label, k == 2 ? "avx2" : k ? "portable/2 threads" : "portable",
+                                     (long long)rows, (long long)cols, n, t, (long long)r, got, same, tol);
+                        if (!(fabs(got - exact) <= bound + tol))
+                            fail_msg("%s: error %.3g vs exact beyond the activation bound %.3g", label,
+                                     fabs(got - exact), bound);
+                    }
+                    assert_true(y[0][(size_t)t * (size_t)rows + (size_t)r] == y[1][(size_t)t * (size_t)rows + (size_t)r]);
+                }
+            pt_qk_ctx_free(&portable);
+            pt_qk_ctx_free(&fast);
+            free(x), free(xr), free(dx);
+            for (int k = 0; k < 3; k++) free(y[k]);
+        }
+        free(wref), free(wk);
+        free_weight(&q);
+    }
+    pt_pool_free(pool);
+}
+
+static void test_affine_all(void **state) {
+    (void)state;
+    static const int bits[] = {2, 3, 4, 5, 6, 8}, gss[] = {32, 64, 128};
+    static const pt_dtype sts[] = {PT_F16, PT_BF16, PT_F32};
+    for (int b = 0; b < 6; b++)
+        for (int g = 0; g < 3; g++)
+            for (int s = 0; s < 3; s++) {
+                char label[64];
+                snprintf(label, sizeof label, "affine %d-bit g%d %s", bits[b], gss[g], pt_dtype_name(sts[s]));
+                check_format((fmt){PT_AFFINE, bits[b], gss[g], sts[s]}, label);
+            }
+}
+
+static void test_gguf_all(void **state) {
+    (void)state;
+    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
+    for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_format((fmt){ts[i], 0, 0, PT_F16}, pt_dtype_name(ts[i]));
+}
+
+static void test_handles(void **state) {
+    (void)state;
+    assert_true(pt_qk_handles(PT_AFFINE) && pt_qk_handles(PT_Q4_K) && pt_qk_handles(PT_Q8_0));
+    assert_false(pt_qk_handles(PT_F32) || pt_qk_handles(PT_BF16));
+    if (!pt_qk_cpu_has_avx2()) print_message("note: no AVX2 on this CPU; only portable kernels tested\n");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_handles),
+        cmocka_unit_test(test_affine_all),
+        cmocka_unit_test(test_gguf_all),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
