@@ -1,0 +1,166 @@
+/*
+ * cpu_backend.c - the CPU backend object: memory, the op table, the choice of
+ * kernel set, per-thread scratch and dispatch onto the thread pool.
+ *
+ * The ops themselves live in cpu_matmul.c, cpu_elementwise.c,
+ * cpu_attention.c and cpu_bandwidth.c; this file only wires them up.  "Backend
+ * memory" on the CPU is ordinary memory, so upload/download are memcpy and
+ * sync has nothing to wait for (every op returns when its work is done).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/cpu/cpu_backend.h"
+
+/* Below this many elements an op runs on the calling thread alone: waking
+ * the workers (~1-2 us) would cost more than the work. */
+#define MIN_PARALLEL_WORK 16384.0
+
+_Noreturn void pt_cpu_die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("petrel: cpu backend: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    abort();
+}
+
+const pt_cpu_wops *pt_cpu_wops_for(const pt_cpu_backend *cb, pt_dtype dt, const char *op) {
+    /* Callers send pt_qk_handles() formats to quant_kernels.h first. */
+    if ((unsigned)dt >= PT_DTYPE_COUNT || !cb->k->w[dt].matvec)
+        pt_cpu_die("%s: %s weights are not supported by the %s kernels", op, pt_dtype_name(dt),
+                   cb->k->name);
+    return &cb->k->w[dt];
+}
+
+void pt_cpu_scratch_reserve(pt_cpu_backend *cb, size_t floats) {
+    if (floats <= cb->scratch_floats) return;
+    floats = PT_MAX(floats, cb->scratch_floats * 2); /* amortize growth */
+    for (int i = 0; i < cb->base.n_threads; i++) {
+        free(cb->scratch[i]);
+        size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
+        cb->scratch[i] = aligned_alloc(64, bytes);
+        if (!cb->scratch[i]) pt_cpu_die("out of memory for %zu bytes of scratch", bytes);
+    }
+    cb->scratch_floats = floats;
+}
+
+void pt_cpu_run(pt_cpu_backend *cb, pt_pool_fn fn, void *ctx, double work) {
+    if (work < MIN_PARALLEL_WORK || cb->base.n_threads == 1)
+        fn(ctx, 0, 1);
+    else
+        pt_pool_run(cb->pool, fn, ctx);
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static void *cpu_alloc(pt_backend *be, size_t nbytes) {
+    (void)be;
+    return pt_alloc_big(nbytes);
+}
+
+static void cpu_free(pt_backend *be, void *p, size_t nbytes) {
+    (void)be;
+    pt_free_big(p, nbytes);
+}
+
+static void cpu_copy(pt_backend *be, void *dst, const void *src, size_t nbytes) {
+    (void)be;
+    if (nbytes) memcpy(dst, src, nbytes);
+}
+
+static void cpu_sync(pt_backend *be) {
+    (void)be;
+}
+
+static void cpu_destroy(pt_backend *be) {
+    pt_cpu_backend *cb = pt_cpu(be);
+    if (!cb) return;
+    pt_pool_free(cb->pool);
+    pt_qk_ctx_free(&cb->quant);
+    free(cb->attn_meta);
+    free(cb->attn_parts);
+    for (int i = 0; cb->scratch && i < be->n_threads; i++) free(cb->scratch[i]);
+    free(cb->scratch);
+    free(cb);
+}
+
+static const pt_backend_ops cpu_ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .matmul = pt_cpu_matmul,
+    .embed = pt_cpu_embed,
+    .rmsnorm = pt_cpu_rmsnorm,
+    .add = pt_cpu_add,
+    .add_bias = pt_cpu_add_bias,
+    .swiglu = pt_cpu_swiglu,
+    .rope = pt_cpu_rope,
+    .kv_store = pt_cpu_kv_store,
+    .attention = pt_cpu_attention,
+    .gather_rows = pt_cpu_gather_rows,
+    .read_bandwidth = pt_cpu_read_bandwidth,
+    .destroy = cpu_destroy,
+};
+
+/* ---- choosing a kernel set -------------------------------------------------- */
+
+static bool cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+/* "auto" (or NULL/empty) may be overridden by PETREL_CPU_KERNELS; an explicit
+ * request is taken as is and fails if this CPU cannot run it. */
+static const pt_cpu_kernels *choose_kernels(const char *want, pt_err *err) {
+    if (!want || !*want || strcmp(want, "auto") == 0) {
+        const char *env = getenv("PETREL_CPU_KERNELS");
+        want = env && *env ? env : "auto";
+    }
+    if (strcmp(want, "portable") == 0) return pt_cpu_kernels_portable();
+    if (strcmp(want, "avx2") == 0 || strcmp(want, "auto") == 0) {
+        const pt_cpu_kernels *k = pt_cpu_kernels_avx2();
+        if (k && cpu_has_avx2()) return k;
+        if (strcmp(want, "auto") == 0) return pt_cpu_kernels_portable();
+        pt_fail(err, "cpu kernels \"avx2\": this CPU lacks AVX2, FMA or F16C");
+        return NULL;
+    }
+    pt_fail(err, "cpu kernels \"%s\": expected auto, avx2 or portable", want);
+    return NULL;
+}
+
+pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err) {
+    const pt_cpu_kernels *k = choose_kernels(kernels, err);
+    if (!k) return NULL;
+    if (n_threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = cores > 0 ? (int)cores : 1;
+    }
+    pt_cpu_backend *cb = pt_xcalloc(1, sizeof *cb);
+    cb->k = k;
+    cb->pool = pt_pool_new(n_threads);
+    if (!cb->pool) {
+        free(cb);
+        pt_fail(err, "cpu backend: cannot start %d threads", n_threads);
+        return NULL;
+    }
+    cb->scratch = pt_xcalloc((size_t)n_threads, sizeof *cb->scratch);
+    snprintf(cb->detail, sizeof cb->detail, "%s, %d thread%s", k->name, n_threads,
+             n_threads == 1 ? "" : "s");
+    cb->quant.avx2 = k == pt_cpu_kernels_avx2();
+    cb->base = (pt_backend){
+        .ops = &cpu_ops, .name = "cpu", .detail = cb->detail, .n_threads = n_threads,
+        .host_memory = true, /* weights may stay in the mmap'd file */
+    };
+    return &cb->base;
+}

@@ -1,0 +1,75 @@
+/*
+ * cpu_backend.h - what the CPU backend's files share: the backend struct,
+ * per-thread scratch, work splitting, and the op entry points each file
+ * implements.  Not for use outside src/backend/cpu/.
+ */
+#ifndef PETREL_CPU_BACKEND_H
+#define PETREL_CPU_BACKEND_H
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/quant_kernels.h"
+#include "base/threadpool.h"
+
+typedef struct pt_cpu_backend {
+    pt_backend base; /* first, so a pt_backend * is a pt_cpu_backend * */
+    const pt_cpu_kernels *k;
+    pt_pool *pool;
+    /* Per-thread scratch, grown (never shrunk) by pt_cpu_scratch_reserve on
+     * the calling thread before a dispatch; ops never allocate inside one. */
+    float **scratch;
+    size_t scratch_floats;
+    pt_qk_ctx quant;  /* quantized weights' driver state (quant_kernels.h) */
+    /* Attention's work list and split-row partials (cpu_attention.c), grown
+     * on the calling thread like scratch. */
+    void *attn_meta, *attn_parts;
+    size_t attn_meta_cap, attn_parts_cap;
+    double bandwidth; /* bytes/s, 0 until measured */
+    char detail[64];
+} pt_cpu_backend;
+
+static inline pt_cpu_backend *pt_cpu(pt_backend *be) {
+    return (pt_cpu_backend *)be;
+}
+
+/* Makes every thread's scratch at least floats long (64-byte aligned). */
+void pt_cpu_scratch_reserve(pt_cpu_backend *cb, size_t floats);
+
+/* Runs fn on all threads, or on the caller alone when the op is too small
+ * for a dispatch to pay off (work is a rough count of elements touched). */
+void pt_cpu_run(pt_cpu_backend *cb, pt_pool_fn fn, void *ctx, double work);
+
+/* This thread's share [*lo, *hi) of n items, in whole multiples of align
+ * (the last share takes the remainder). */
+static inline void pt_cpu_split(int64_t n, int ith, int nth, int64_t align, int64_t *lo,
+                                int64_t *hi) {
+    int64_t units = (n + align - 1) / align;
+    *lo = PT_MIN(n, units * ith / nth * align);
+    *hi = PT_MIN(n, units * (ith + 1) / nth * align);
+}
+
+/* Aborts with a message: the op was called with arguments the model code
+ * must never produce (a format this backend lacks, an id out of range). */
+_Noreturn void pt_cpu_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The kernel entry for a weight/KV dtype, or death if the set lacks it. */
+const pt_cpu_wops *pt_cpu_wops_for(const pt_cpu_backend *cb, pt_dtype dt, const char *op);
+
+/* Ops, one file each (cpu_matmul.c, cpu_elementwise.c, cpu_attention.c,
+ * cpu_bandwidth.c); signatures as in pt_backend_ops. */
+void pt_cpu_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w, int n);
+void pt_cpu_embed(pt_backend *be, float *y, const pt_weight *table, const int32_t *ids, int n);
+void pt_cpu_rmsnorm(pt_backend *be, float *y, const float *x, const float *g, int n, int d, float eps);
+void pt_cpu_add(pt_backend *be, float *y, const float *a, const float *b, size_t count);
+void pt_cpu_add_bias(pt_backend *be, float *y, const float *bias, int n, int d);
+void pt_cpu_swiglu(pt_backend *be, float *y, const float *gate, const float *up, size_t count);
+void pt_cpu_rope(pt_backend *be, float *x, const pt_batch_view *b, int n_heads, int head_dim,
+                 const pt_rope *rope);
+void pt_cpu_gather_rows(pt_backend *be, float *dst, const float *src, const int32_t *idx, int n, int d);
+void pt_cpu_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *b, const float *k,
+                     const float *v);
+void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
+                      const pt_batch_view *b, int n_heads, float scale);
+double pt_cpu_read_bandwidth(pt_backend *be);
+
+#endif

@@ -1,0 +1,732 @@
+/*
+ * test_cpu_ops.c - every op of the CPU backend against a naive double
+ * precision reference written here, on both kernel sets (portable, and avx2
+ * where the CPU has it) and 1, 2 and 3 threads (3 catches partitions that
+ * only work for even splits).
+ *
+ * Inputs are random and never zero, from a fresh seed each run (printed;
+ * PETREL_TEST_SEED=<n> replays one).  Every output buffer is filled with NaN
+ * before a call and followed by guard elements: afterwards every element
+ * must have been written and no guard touched.  Shapes are deliberately odd:
+ * columns that are not multiples of 8 or 16, rows that are not multiples of
+ * a tile, n = 1, 2, 3, 7, 33 and a prefill larger than one token block.
+ *
+ * Tolerances follow the arithmetic: f32 sums are checked against
+ * 1e-5 * sum |terms| (the weights' own rounding is exact, since the
+ * reference reads the same f16/bf16 bits), element-wise ops against a few
+ * f32 ulps, exp-based ones against the 1e-6 the kernels promise.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/quant_kernels.h"
+
+#define N_GUARD 16
+
+/* ---- fixtures: the backends under test, one RNG ---------------------------------- */
+
+static pt_backend *backends[8];
+static int n_backends;
+static pt_rng rng;
+/* The largest error seen as a fraction of its bound, per check: printed so
+ * a tolerance that is too loose (or nearly hit) is visible. */
+static double worst_matmul, worst_attention;
+
+static bool have_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *s = getenv("PETREL_TEST_SEED");
+    uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+    print_message("seed %llu (PETREL_TEST_SEED=%llu replays it)\n", (unsigned long long)seed,
+                  (unsigned long long)seed);
+    pt_rng_seed(&rng, seed);
+    const char *sets[] = {"portable", "avx2"};
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && !have_avx2()) {
+            print_message("note: no AVX2 on this CPU; only the portable kernels are tested\n");
+            continue;
+        }
+        for (int nth = 1; nth <= 3; nth++) {
+            pt_err err = {{0}};
+            pt_backend *be = pt_backend_cpu_new(nth, sets[k], &err);
+            if (!be) fail_msg("%s", err.msg);
+            backends[n_backends++] = be;
+        }
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    for (int i = 0; i < n_backends; i++) backends[i]->ops->destroy(backends[i]);
+    return 0;
+}
+
+/* Uniform in +-[0.05, 1): random sign, never zero. */
+static float rnd(void) {
+    float m = (float)(0.05 + 0.95 * pt_rng_uniform(&rng));
+    return pt_rng_next(&rng) & 1 ? m : -m;
+}
+
+static int rnd_int(int n) {
+    return (int)(pt_rng_next(&rng) % (uint64_t)n);
+}
+
+static float *rnd_floats(size_t n, float scale) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = rnd() * scale;
+    return p;
+}
+
+/* An output buffer of n floats plus guards, all NaN. */
+static float *poisoned(size_t n) {
+    float *p = malloc((n + N_GUARD) * sizeof(float));
+    for (size_t i = 0; i < n + N_GUARD; i++) p[i] = NAN;
+    return p;
+}
+
+/* Every element written (not NaN), no guard touched. */
+static void check_written(const float *p, size_t n, const char *what, const pt_backend *be) {
+    for (size_t i = 0; i < n; i++)
+        if (isnan(p[i])) fail_msg("%s [%s]: element %zu of %zu not written", what, be->detail, i, n);
+    for (size_t i = n; i < n + N_GUARD; i++)
+        if (!isnan(p[i])) fail_msg("%s [%s]: wrote past the end (guard %zu)", what, be->detail, i - n);
+}
+
+/* ---- element types ----------------------------------------------------------------- */
+
+static const pt_dtype float_types[] = {PT_F32, PT_F16, PT_BF16};
+
+/* Stores v as dtype dt at index i (rounding as base.h does). */
+static void store_elt(pt_dtype dt, void *p, size_t i, float v) {
+    if (dt == PT_F32) ((float *)p)[i] = v;
+    else if (dt == PT_F16) ((uint16_t *)p)[i] = pt_f32_to_f16(v);
+    else ((uint16_t *)p)[i] = pt_f32_to_bf16(v);
+}
+
+/* The exact value stored at index i. */
+static double load_elt(pt_dtype dt, const void *p, size_t i) {
+    if (dt == PT_F32) return ((const float *)p)[i];
+    if (dt == PT_F16) return pt_f16_to_f32(((const uint16_t *)p)[i]);
+    return pt_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static size_t elt_size(pt_dtype dt) {
+    return dt == PT_F32 ? 4 : 2;
+}
+
+/* A rows x cols weight of random values, in backend memory. */
+static pt_weight make_weight(pt_backend *be, pt_dtype dt, int64_t rows, int64_t cols) {
+    size_t nbytes = (size_t)(rows * cols) * elt_size(dt);
+    void *host = malloc(nbytes ? nbytes : 1);
+    for (int64_t i = 0; i < rows * cols; i++) store_elt(dt, host, (size_t)i, rnd());
+    void *dev = be->ops->alloc(be, nbytes);
+    be->ops->upload(be, dev, host, nbytes);
+    free(host);
+    return (pt_weight){.dtype = dt, .rows = rows, .cols = cols, .data = dev, .nbytes = nbytes};
+}
+
+static void free_weight(pt_backend *be, pt_weight *w) {
+    be->ops->free(be, (void *)w->data, w->nbytes);
+}
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+static void check_matmul(pt_backend *be, pt_dtype dt, int64_t rows, int64_t cols, int n) {
+    pt_weight w = make_weight(be, dt, rows, cols);
+    float *x = rnd_floats((size_t)(n * cols), 1.0f), *y = poisoned((size_t)(n * rows));
+    be->ops->matmul(be, y, x, &w, n);
+    char what[96];
+    snprintf(what, sizeof what, "matmul %s %lldx%lld n=%d", pt_dtype_name(dt), (long long)rows,
+             (long long)cols, n);
+    check_written(y, (size_t)(n * rows), what, be);
+    for (int t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < cols; k++) {
+                double term = (double)x[t * cols + k] * load_elt(dt, w.data, (size_t)(r * cols + k));
+                ref += term;
+                mag += fabs(term);
+            }
+            double got = y[t * rows + r];
+            worst_matmul = fmax(worst_matmul, fabs(got - ref) / (1e-5 * mag));
+            if (!(fabs(got - ref) <= 1e-5 * mag))
+                fail_msg("%s [%s]: y[%d][%lld] = %.8g, reference %.8g (|terms| %.3g)", what, be->detail,
+                         t, (long long)r, got, ref, mag);
+        }
+    free(x);
+    free(y);
+    free_weight(be, &w);
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    /* (rows, cols): single elements, sub-vector columns, tile remainders,
+     * and more columns than one packed block (256). */
+    static const int64_t shapes[][2] = {{1, 1},   {5, 7},   {16, 8},   {17, 15}, {37, 33},
+                                        {100, 64}, {33, 300}, {70, 515}, {19, 1030}};
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 9, 16, 17, 33};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++)
+            for (size_t s = 0; s < PT_ARRAY_LEN(shapes); s++)
+                for (size_t i = 0; i < PT_ARRAY_LEN(ns); i++)
+                    check_matmul(backends[b], float_types[d], shapes[s][0], shapes[s][1], ns[i]);
+    print_message("matmul: worst error %.2f of the bound\n", worst_matmul);
+}
+
+/* Prefill larger than one token block (192), several row panels per thread,
+ * and a small projection at large n (the tokens are split then). */
+static void test_matmul_prefill(void **state) {
+    (void)state;
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++) {
+            check_matmul(backends[b], float_types[d], 67, 260, 200);
+            check_matmul(backends[b], float_types[d], 8, 40, 77);
+        }
+}
+
+/* Quantized weights are not computed here but handed to quant_kernels.h
+ * (tested in tests/quant): the backend's matmul and embed must give exactly
+ * what that driver gives with the same kernel flavour. */
+static void test_quantized_handoff(void **state) {
+    (void)state;
+    const int64_t rows = 13, cols = 96; /* 3 q8_0 blocks of 32 per row */
+    const size_t block = 34, rb = (size_t)cols / 32 * block;
+    uint8_t *wq = malloc(rb * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols / 32; c++) {
+            uint8_t *blk = wq + (size_t)r * rb + (size_t)c * block;
+            uint16_t d = pt_f32_to_f16(0.01f + 0.02f * (float)pt_rng_uniform(&rng));
+            memcpy(blk, &d, 2);
+            for (int i = 0; i < 32; i++) blk[2 + i] = (uint8_t)(int8_t)(rnd_int(255) - 127);
+        }
+    pt_weight w = {.dtype = PT_Q8_0, .rows = rows, .cols = cols, .data = wq, .nbytes = rb * (size_t)rows};
+    for (int b = 0; b < n_backends; b++) {
+        pt_backend *be = backends[b];
+        pt_qk_ctx ctx = {.avx2 = strstr(be->detail, "avx2") != NULL};
+        for (int n = 1; n <= 9; n += 4) {
+            float *x = rnd_floats((size_t)(n * cols), 1.0f), *y = poisoned((size_t)(n * rows));
+            float *want = malloc(sizeof(float) * (size_t)(n * rows));
+            be->ops->matmul(be, y, x, &w, n);
+            check_written(y, (size_t)(n * rows), "matmul q8_0", be);
+            pt_qk_matmul(&ctx, NULL, want, x, &w, n);
+            assert_memory_equal(y, want, sizeof(float) * (size_t)(n * rows));
+            free(x), free(y), free(want);
+        }
+        int32_t ids[3] = {4, 0, 12};
+        float *e = poisoned((size_t)(3 * cols)), *row = malloc(sizeof(float) * (size_t)cols);
+        be->ops->embed(be, e, &w, ids, 3);
+        check_written(e, (size_t)(3 * cols), "embed q8_0", be);
+        for (int i = 0; i < 3; i++) {
+            pt_qk_dequant_row(&w, ids[i], row);
+            assert_memory_equal(e + i * cols, row, sizeof(float) * (size_t)cols);
+        }
+        free(e), free(row);
+        pt_qk_ctx_free(&ctx);
+    }
+    free(wq);
+}
+
+/* ---- embed, gather_rows --------------------------------------------------------------- */
+
+static void test_embed(void **state) {
+    (void)state;
+    static const int64_t cols_list[] = {1, 7, 64, 301};
+    static const int ns[] = {1, 3, 33};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++)
+            for (size_t c = 0; c < PT_ARRAY_LEN(cols_list); c++)
+                for (size_t i = 0; i < PT_ARRAY_LEN(ns); i++) {
+                    pt_backend *be = backends[b];
+                    int64_t rows = 50, cols = cols_list[c];
+                    int n = ns[i];
+                    pt_weight w = make_weight(be, float_types[d], rows, cols);
+                    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+                    for (int k = 0; k < n; k++) ids[k] = k == 1 ? ids[0] : rnd_int((int)rows); /* a repeat */
+                    float *y = poisoned((size_t)(n * cols));
+                    be->ops->embed(be, y, &w, ids, n);
+                    check_written(y, (size_t)(n * cols), "embed", be);
+                    for (int k = 0; k < n; k++)
+                        for (int64_t j = 0; j < cols; j++)
+                            assert_true(y[k * cols + j] ==
+                                        (float)load_elt(w.dtype, w.data, (size_t)(ids[k] * cols + j)));
+                    free(ids);
+                    free(y);
+                    free_weight(be, &w);
+                }
+}
+
+static void test_gather_rows(void **state) {
+    (void)state;
+    for (int b = 0; b < n_backends; b++) {
+        pt_backend *be = backends[b];
+        int src_rows = 40, d = 37, n = 9;
+        float *src = rnd_floats((size_t)(src_rows * d), 1.0f), *dst = poisoned((size_t)(n * d));
+        int32_t idx[9];
+        for (int i = 0; i < n; i++) idx[i] = rnd_int(src_rows);
+        be->ops->gather_rows(be, dst, src, idx, n, d);
+        check_written(dst, (size_t)(n * d), "gather_rows", be);
+        for (int i = 0; i < n; i++) assert_memory_equal(dst + i * d, src + idx[i] * d, sizeof(float) * (size_t)d);
+        free(src);
+        free(dst);
+    }
+}
+
+/* ---- rmsnorm, add, add_bias, swiglu ---------------------------------------------------- */
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    static const int ns[] = {1, 2, 3, 7, 33};
+    static const int ds[] = {1, 7, 8, 64, 300, 515, 2048};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t i = 0; i < PT_ARRAY_LEN(ns); i++)
+            for (size_t k = 0; k < PT_ARRAY_LEN(ds); k++)
+                for (int alias = 0; alias < 2; alias++) {
+                    pt_backend *be = backends[b];
+                    int n = ns[i], d = ds[k];
+                    float eps = 1e-5f;
+                    float *x = rnd_floats((size_t)(n * d), 3.0f), *g = rnd_floats((size_t)d, 1.0f);
+                    float *x0 = malloc(sizeof(float) * (size_t)(n * d));
+                    memcpy(x0, x, sizeof(float) * (size_t)(n * d));
+                    float *y = alias ? x : poisoned((size_t)(n * d));
+                    be->ops->rmsnorm(be, y, x, g, n, d, eps);
+                    if (!alias) check_written(y, (size_t)(n * d), "rmsnorm", be);
+                    for (int t = 0; t < n; t++) {
+                        double ss = 0;
+                        for (int j = 0; j < d; j++) ss += (double)x0[t * d + j] * x0[t * d + j];
+                        double s = 1 / sqrt(ss / d + eps);
+                        for (int j = 0; j < d; j++) {
+                            double ref = x0[t * d + j] * s * g[j], got = y[t * d + j];
+                            if (!(fabs(got - ref) <= 1e-6 * fabs(ref)))
+                                fail_msg("rmsnorm [%s] n=%d d=%d alias=%d: [%d][%d] %.9g vs %.9g",
+                                         be->detail, n, d, alias, t, j, got, ref);
+                        }
+                    }
+                    free(x), free(g), free(x0);
+                    if (!alias) free(y);
+                }
+}
+
+static const size_t counts[] = {1, 7, 8, 15, 16, 17, 100, 20000, 70001};
+
+static void test_add(void **state) {
+    (void)state;
+    for (int b = 0; b < n_backends; b++)
+        for (size_t c = 0; c < PT_ARRAY_LEN(counts); c++)
+            for (int alias = 0; alias < 3; alias++) { /* y separate, y = a, y = b */
+                pt_backend *be = backends[b];
+                size_t n = counts[c];
+                float *a = rnd_floats(n, 1.0f), *bb = rnd_floats(n, 1.0f);
+                float *ref = malloc(sizeof(float) * n);
+                for (size_t i = 0; i < n; i++) ref[i] = a[i] + bb[i];
+                float *y = alias == 1 ? a : alias == 2 ? bb : poisoned(n);
+                be->ops->add(be, y, a, bb, n);
+                if (!alias) check_written(y, n, "add", be);
+                assert_memory_equal(y, ref, sizeof(float) * n);
+                free(a), free(bb), free(ref);
+                if (!alias) free(y);
+            }
+}
+
+static void test_add_bias(void **state) {
+    (void)state;
+    static const int shapes[][2] = {{1, 1}, {3, 7}, {7, 64}, {33, 515}, {40, 1000}};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t s = 0; s < PT_ARRAY_LEN(shapes); s++) {
+            pt_backend *be = backends[b];
+            int n = shapes[s][0], d = shapes[s][1];
+            float *y = rnd_floats((size_t)(n * d) + N_GUARD, 1.0f), *bias = rnd_floats((size_t)d, 1.0f);
+            float *y0 = malloc(sizeof(float) * ((size_t)(n * d) + N_GUARD));
+            for (int i = 0; i < N_GUARD; i++) y[n * d + i] = NAN;
+            memcpy(y0, y, sizeof(float) * ((size_t)(n * d) + N_GUARD));
+            be->ops->add_bias(be, y, bias, n, d);
+            check_written(y, (size_t)(n * d), "add_bias", be);
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < d; j++) assert_true(y[t * d + j] == y0[t * d + j] + bias[j]);
+            free(y), free(bias), free(y0);
+        }
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    for (int b = 0; b < n_backends; b++)
+        for (size_t c = 0; c < PT_ARRAY_LEN(counts); c++)
+            for (int alias = 0; alias < 3; alias++) { /* y separate, y = gate, y = up */
+                pt_backend *be = backends[b];
+                size_t n = counts[c];
+                /* Gates over +-80: both tails of silu, where exp over- or
+                 * underflows for a careless kernel. */
+                float *g = rnd_floats(n, 80.0f), *u = rnd_floats(n, 2.0f);
+                for (size_t i = 0; i < n; i += 2) g[i] /= 20; /* and small ones */
+                double *ref = malloc(sizeof(double) * n);
+                for (size_t i = 0; i < n; i++) ref[i] = g[i] / (1 + exp(-(double)g[i])) * u[i];
+                float *y = alias == 1 ? g : alias == 2 ? u : poisoned(n);
+                be->ops->swiglu(be, y, g, u, n);
+                if (!alias) check_written(y, n, "swiglu", be);
+                for (size_t i = 0; i < n; i++)
+                    if (!(fabs(y[i] - ref[i]) <= 2e-6 * fabs(ref[i])))
+                        fail_msg("swiglu [%s] n=%zu: [%zu] %.9g vs %.9g", be->detail, n, i, y[i], ref[i]);
+                free(g), free(u), free(ref);
+                if (!alias) free(y);
+            }
+}
+
+/* The kernels' exp (behind swiglu and softmax) directly, on a dense grid
+ * over the whole range whose result is a normal float. */
+static void test_exp_accuracy(void **state) {
+    (void)state;
+    const pt_cpu_kernels *sets[2] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL};
+    const int64_t n = 1 << 20;
+    float *x = malloc(sizeof(float) * (size_t)n);
+    for (int s = 0; s < 2; s++) {
+        if (!sets[s]) continue;
+        for (int64_t i = 0; i < n; i++) x[i] = -87.0f + 175.0f * (float)i / (float)n;
+        float *in = malloc(sizeof(float) * (size_t)n);
+        memcpy(in, x, sizeof(float) * (size_t)n);
+        sets[s]->exp_sum(x, n, 0.0f);
+        double worst = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double ref = exp((double)in[i]);
+            worst = fmax(worst, fabs(x[i] - ref) / ref);
+        }
+        print_message("%s exp: max relative error %.3g\n", sets[s]->name, worst);
+        assert_true(worst < 1e-6);
+        /* The sum as softmax uses it: a chunk of scores minus their max. */
+        for (int len = 1; len <= 67; len += 11) {
+            double ref_sum = 0;
+            for (int i = 0; i < len; i++) x[i] = in[i] = -30.0f * (float)pt_rng_uniform(&rng);
+            float sum = sets[s]->exp_sum(x, len, 0.5f);
+            for (int i = 0; i < len; i++) ref_sum += exp((double)in[i] - 0.5);
+            assert_true(fabs(sum - ref_sum) <= 1e-6 * ref_sum);
+        }
+        free(in);
+    }
+    free(x);
+}
+
+/* Every f16 and bf16 bit pattern converts exactly as base.h does, in both
+ * kernel sets (NaNs only need to stay NaNs). */
+static void test_half_conversions(void **state) {
+    (void)state;
+    const pt_cpu_kernels *sets[2] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL};
+    uint16_t *h = malloc(sizeof(uint16_t) * 65536);
+    float *f = malloc(sizeof(float) * 65536);
+    for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    for (int s = 0; s < 2; s++) {
+        if (!sets[s]) continue;
+        for (int t = 0; t < 2; t++) {
+            pt_dtype dt = t ? PT_BF16 : PT_F16;
+            sets[s]->w[dt].to_f32(f, h, 65536);
+            for (int i = 0; i < 65536; i++) {
+                float want = t ? pt_bf16_to_f32((uint16_t)i) : pt_f16_to_f32((uint16_t)i);
+                if (isnan(want) ? !isnan(f[i]) : memcmp(&f[i], &want, 4) != 0)
+                    fail_msg("%s %s: 0x%04x -> %g, want %g", sets[s]->name, pt_dtype_name(dt), i, f[i], want);
+            }
+        }
+    }
+    free(h), free(f);
+}
+
+/* ---- rope ------------------------------------------------------------------------------ */
+
+static void check_rope(pt_backend *be, int style, int head_dim, int n_rot, int n, float mscale) {
+    int n_heads = 3;
+    size_t count = (size_t)n * n_heads * head_dim;
+    float *x = rnd_floats(count, 1.0f), *x0 = malloc(sizeof(float) * count);
+    memcpy(x0, x, sizeof(float) * count);
+    float *inv = malloc(sizeof(float) * (size_t)(n_rot / 2 + 1));
+    for (int i = 0; i < n_rot / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / n_rot);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
+    for (int t = 0; t < n; t++) pos[t] = t == 0 ? 131071 : rnd_int(131072); /* up to 128k */
+    pt_batch_view bv = {.n_tokens = n, .pos = pos, .seq = seq, .n_seqs = 1};
+    pt_rope r = {style, n_rot, inv, mscale};
+    be->ops->rope(be, x, &bv, n_heads, head_dim, &r);
+    int half = n_rot / 2;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < n_heads; h++) {
+            const float *a = x0 + (t * n_heads + h) * head_dim;
+            const float *got = x + (t * n_heads + h) * head_dim;
+            for (int i = 0; i < half; i++) {
+                int i0 = style == PT_ROPE_NEOX ? i : 2 * i, i1 = style == PT_ROPE_NEOX ? i + half : 2 * i + 1;
+                double th = (double)pos[t] * (double)inv[i], c = cos(th) * mscale, s = sin(th) * mscale;
+                double r0 = a[i0] * c - a[i1] * s, r1 = a[i0] * s + a[i1] * c;
+                double tol = 1e-6 * (fabs(a[i0]) + fabs(a[i1]));
+                if (!(fabs(got[i0] - r0) <= tol && fabs(got[i1] - r1) <= tol))
+                    fail_msg("rope [%s] style %d hd %d n_rot %d pos %d pair %d: (%.8g, %.8g) vs (%.8g, %.8g)",
+                             be->detail, style, head_dim, n_rot, pos[t], i, got[i0], got[i1], r0, r1);
+            }
+            for (int i = n_rot; i < head_dim; i++) assert_true(got[i] == a[i]); /* untouched */
+        }
+    free(x), free(x0), free(inv), free(pos), free(seq);
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    static const int dims[][2] = {{8, 8}, {64, 64}, {128, 128}, {64, 32}, {80, 40}, {6, 6}, {10, 4}};
+    static const int ns[] = {1, 2, 7, 33};
+    for (int b = 0; b < n_backends; b++)
+        for (int style = PT_ROPE_NORM; style <= PT_ROPE_NEOX; style++)
+            for (size_t d = 0; d < PT_ARRAY_LEN(dims); d++)
+                for (size_t i = 0; i < PT_ARRAY_LEN(ns); i++)
+                    check_rope(backends[b], style, dims[d][0], dims[d][1], ns[i], i % 2 ? 0.75f : 1.0f);
+}
+
+/* ---- the paged KV cache ------------------------------------------------------------------ */
+
+/* A batch over several sequences with a shuffled page pool: seq s owns
+ * pages of a random permutation, so consecutive pages are never adjacent. */
+typedef struct kv_fixture {
+    pt_kv_view kv;
+    size_t n_pages, cache_elts;
+    int n_seqs, max_pages;
+    int32_t *block_table;
+    int seq_len[8]; /* positions 0..seq_len-1 hold data */
+} kv_fixture;
+
+static void kv_fixture_init(kv_fixture *f, pt_dtype dt, int page_size, int n_kv, int hd,
+                            const int *lens, int n_seqs) {
+    memset(f, 0, sizeof *f);
+    f->n_seqs = n_seqs;
+    int maxlen = 0;
+    for (int s = 0; s < n_seqs; s++) maxlen = PT_MAX(maxlen, lens[s]), f->seq_len[s] = lens[s];
+    f->max_pages = (maxlen + page_size - 1) / page_size + 1;
+    f->n_pages = (size_t)(n_seqs * f->max_pages) + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * f->n_pages);
+    for (size_t i = 0; i < f->n_pages; i++) perm[i] = (int32_t)i;
+    for (size_t i = f->n_pages - 1; i > 0; i--) {
+        size_t j = (size_t)rnd_int((int)i + 1);
+        int32_t tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    f->block_table = malloc(sizeof(int32_t) * (size_t)(n_seqs * f->max_pages));
+    for (int i = 0; i < n_seqs * f->max_pages; i++) f->block_table[i] = perm[i];
+    free(perm);
+    f->cache_elts = f->n_pages * (size_t)page_size * n_kv * hd;
+    f->kv = (pt_kv_view){.k = malloc(f->cache_elts * elt_size(dt)), .v = malloc(f->cache_elts * elt_size(dt)),
+                         .dtype = dt, .page_size = page_size, .n_kv_heads = n_kv, .head_dim = hd};
+    for (size_t i = 0; i < f->cache_elts; i++) {
+        store_elt(dt, f->kv.k, i, rnd());
+        store_elt(dt, f->kv.v, i, rnd());
+    }
+}
+
+static void kv_fixture_free(kv_fixture *f) {
+    free(f->kv.k), free(f->kv.v), free(f->block_table);
+}
+
+static size_t kv_index(const kv_fixture *f, int s, int p, int head, int i) {
+    const pt_kv_view *kv = &f->kv;
+    int32_t page = f->block_table[s * f->max_pages + p / kv->page_size];
+    return (((size_t)page * kv->page_size + (size_t)(p % kv->page_size)) * kv->n_kv_heads + head) *
+               kv->head_dim + i;
+}
+
+static void test_kv_store(void **state) {
+    (void)state;
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++) {
+            pt_backend *be = backends[b];
+            pt_dtype dt = float_types[d];
+            int lens[3] = {23, 5, 40}, n_kv = 2, hd = 24;
+            kv_fixture f;
+            kv_fixture_init(&f, dt, 7, n_kv, hd, lens, 3);
+            size_t bytes = f.cache_elts * elt_size(dt);
+            void *k0 = malloc(bytes), *v0 = malloc(bytes);
+            memcpy(k0, f.kv.k, bytes), memcpy(v0, f.kv.v, bytes);
+            /* Rows: a prefill run of seq 2, a decode row of seq 0 and 1. */
+            int n = 0;
+            int32_t pos[16], seq[16];
+            for (int p = 30; p < 40; p++) pos[n] = p, seq[n++] = 2;
+            pos[n] = 22, seq[n++] = 0;
+            pos[n] = 4, seq[n++] = 1;
+            float *k = rnd_floats((size_t)(n * n_kv * hd), 2.0f), *v = rnd_floats((size_t)(n * n_kv * hd), 2.0f);
+            pt_batch_view bv = {n, pos, seq, f.block_table, f.max_pages, 3};
+            be->ops->kv_store(be, &f.kv, &bv, k, v);
+            /* Expected: the old cache with exactly these slots replaced. */
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < n_kv; h++)
+                    for (int i = 0; i < hd; i++) {
+                        size_t at = kv_index(&f, seq[t], pos[t], h, i);
+                        store_elt(dt, k0, at, k[(t * n_kv + h) * hd + i]);
+                        store_elt(dt, v0, at, v[(t * n_kv + h) * hd + i]);
+                    }
+            if (memcmp(k0, f.kv.k, bytes) || memcmp(v0, f.kv.v, bytes))
+                fail_msg("kv_store %s [%s]: cache differs from the expected one", pt_dtype_name(dt), be->detail);
+            free(k0), free(v0), free(k), free(v);
+            kv_fixture_free(&f);
+        }
+}
+
+/* The reference: softmax over positions 0..pos in double. */
+static void attention_ref(const kv_fixture *f, const float *q, int s, int pos, int h, int group, float scale,
+                          double *out, double *mag) {
+    const pt_kv_view *kv = &f->kv;
+    int hd = kv->head_dim, g = h / group;
+    double *w = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0;
+    for (int p = 0; p <= pos; p++) {
+        double d = 0;
+        for (int i = 0; i < hd; i++) d += (double)q[i] * load_elt(kv->dtype, kv->k, kv_index(f, s, p, g, i));
+        w[p] = d * scale;
+        mx = fmax(mx, w[p]);
+    }
+    for (int p = 0; p <= pos; p++) sum += w[p] = exp(w[p] - mx);
+    for (int i = 0; i < hd; i++) {
+        out[i] = mag[i] = 0;
+        for (int p = 0; p <= pos; p++) {
+            double v = load_elt(kv->dtype, kv->v, kv_index(f, s, p, g, i));
+            out[i] += w[p] / sum * v;
+            mag[i] += w[p] / sum * fabs(v);
+        }
+    }
+    free(w);
+}
+
+/* Rows: for each sequence, its last `tail` positions (a prefill chunk when
+ * tail > 1, a decode row when 1). */
+static void check_attention(pt_backend *be, pt_dtype dt, int page_size, int n_kv, int group, int hd,
+                            const int *lens, const int *tails, int n_seqs) {
+    kv_fixture f;
+    kv_fixture_init(&f, dt, page_size, n_kv, hd, lens, n_seqs);
+    int n_heads = n_kv * group, n = 0;
+    int32_t pos[256], seq[256];
+    for (int s = 0; s < n_seqs; s++)
+        for (int p = lens[s] - tails[s]; p < lens[s]; p++) pos[n] = p, seq[n++] = s;
+    /* Larger queries make the softmax far from flat. */
+    float *q = rnd_floats((size_t)(n * n_heads * hd), 4.0f), *out = poisoned((size_t)(n * n_heads * hd));
+    float scale = 1.0f / sqrtf((float)hd);
+    pt_batch_view bv = {n, pos, seq, f.block_table, f.max_pages, n_seqs};
+    be->ops->attention(be, out, q, &f.kv, &bv, n_heads, scale);
+    char what[128];
+    snprintf(what, sizeof what, "attention %s page %d kv %d group %d hd %d", pt_dtype_name(dt), page_size,
+             n_kv, group, hd);
+    check_written(out, (size_t)(n * n_heads * hd), what, be);
+    double *ref = malloc(sizeof(double) * (size_t)hd), *mag = malloc(sizeof(double) * (size_t)hd);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < n_heads; h++) {
+            attention_ref(&f, q + (t * n_heads + h) * hd, seq[t], pos[t], h, group, scale, ref, mag);
+            for (int i = 0; i < hd; i++) {
+                double got = out[(t * n_heads + h) * hd + i];
+                worst_attention = fmax(worst_attention, fabs(got - ref[i]) / (2e-5 * mag[i] + 1e-7));
+                if (!(fabs(got - ref[i]) <= 2e-5 * mag[i] + 1e-7))
+                    fail_msg("%s [%s]: row %d (seq %d pos %d) head %d [%d] = %.8g, reference %.8g", what,
+                             be->detail, t, seq[t], pos[t], h, i, got, ref[i]);
+            }
+        }
+    free(ref), free(mag), free(q), free(out);
+    kv_fixture_free(&f);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    static const int groups[] = {1, 2, 4}, hds[] = {8, 64, 128}, pages[] = {5, 16};
+    /* Lengths not divisible by the page size; a prefill chunk, decode rows. */
+    static const int lens[] = {37, 1, 90, 13}, tails[] = {6, 1, 1, 13};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++)
+            for (size_t gi = 0; gi < PT_ARRAY_LEN(groups); gi++)
+                for (size_t hi = 0; hi < PT_ARRAY_LEN(hds); hi++)
+                    for (size_t pi = 0; pi < PT_ARRAY_LEN(pages); pi++)
+                        check_attention(backends[b], float_types[d], pages[pi], 2, groups[gi], hds[hi], lens,
+                                        tails, 4);
+    print_message("attention: worst error %.2f of the bound\n", worst_attention);
+}
+
+/* Long decode rows: with more than one thread they are split into position
+ * ranges and merged (flash-decoding); splits land mid-page.  Also a group
+ * of 12 query heads per kv head, and pages larger than a chunk. */
+static void test_attention_long_decode(void **state) {
+    (void)state;
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++) {
+            int len[1] = {1500}, tail[1] = {1};
+            int lens[3] = {1500, 37, 701}, tails[3] = {1, 3, 1};
+            check_attention(backends[b], float_types[d], 16, 1, 4, 64, len, tail, 1);
+            check_attention(backends[b], float_types[d], 5, 2, 1, 8, lens, tails, 3);
+            check_attention(backends[b], float_types[d], 16, 1, 12, 64, lens, tails, 3);
+            check_attention(backends[b], float_types[d], 256, 2, 2, 128, len, tail, 1);
+        }
+}
+
+/* ---- the backend object ------------------------------------------------------------------- */
+
+static void test_kernel_choice(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    assert_null(pt_backend_cpu_new(1, "sse9", &err));
+    assert_non_null(strstr(err.msg, "sse9"));
+
+    unsetenv("PETREL_CPU_KERNELS");
+    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(be);
+    assert_string_equal(be->name, "cpu");
+    assert_true(be->host_memory);
+    assert_int_equal(be->n_threads, 2);
+    assert_non_null(strstr(be->detail, have_avx2() ? "avx2" : "portable"));
+    be->ops->destroy(be);
+
+    setenv("PETREL_CPU_KERNELS", "portable", 1);
+    be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(strstr(be->detail, "portable"));
+    be->ops->destroy(be);
+    if (have_avx2()) { /* an explicit choice beats the environment */
+        be = pt_backend_cpu_new(1, "avx2", &err);
+        assert_non_null(strstr(be->detail, "avx2"));
+        be->ops->destroy(be);
+    }
+    unsetenv("PETREL_CPU_KERNELS");
+
+    be = pt_backend_cpu_new(0, NULL, &err);
+    assert_true(be->n_threads >= 1);
+    unsigned char *p = be->ops->alloc(be, 1000);
+    for (int i = 0; i < 1000; i++) assert_int_equal(p[i], 0);
+    be->ops->free(be, p, 1000);
+    be->ops->sync(be);
+    be->ops->destroy(be);
+}
+
+static void test_read_bandwidth(void **state) {
+    (void)state;
+    pt_backend *be = backends[n_backends - 2]; /* best kernels, 2 threads */
+    double bw = be->ops->read_bandwidth(be);
+    print_message("read bandwidth [%s]: %.1f GB/s\n", be->detail, bw / 1e9);
+    assert_true(bw > 1e8 && bw < 1e13);
+    assert_true(be->ops->read_bandwidth(be) == bw); /* measured once */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kernel_choice),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_prefill),
+        cmocka_unit_test(test_quantized_handoff),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gather_rows),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_add),
+        cmocka_unit_test(test_add_bias),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_exp_accuracy),
+        cmocka_unit_test(test_half_conversions),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_kv_store),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_long_decode),
+        cmocka_unit_test(test_read_bandwidth),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
