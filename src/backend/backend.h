@@ -54,6 +54,18 @@ typedef struct pt_kv_view {
     void *k, *v;
     pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16 */
     int page_size, n_kv_heads, head_dim;
+    /* Quantized caches (--kv-quant; formats in src/kv/kv_codec.h): codec is
+     * set, and a slot holds n_kv_heads rows of k_row (K) or v_row (V) bytes
+     * instead of elements of dtype.  The ints repeat the codec's geometry
+     * for device code: kvq is enum pt_kvq_kind (0 = plain), group the scale
+     * group along head_dim.  tables is the codec's constants in backend
+     * memory (TurboQuant: signs [head_dim], V centroids [1 << v_bits], then
+     * the (1 << v_bits) - 1 boundaries between them); codec itself is host
+     * memory (its scalar encoders and decoders). */
+    const struct pt_kv_codec *codec; /* NULL: plain elements of dtype */
+    int kvq, k_bits, v_bits, group;
+    int k_row, v_row;
+    const float *tables;
 } pt_kv_view;
 
 /* One forward batch, in backend memory (see pt_backend_ops.upload). */

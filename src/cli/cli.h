@@ -35,6 +35,7 @@ typedef struct cli_model_args {
     int threads, ctx, batch;
     uint64_t dummy_seed;
     bool verbose;
+    bool no_tokenizer; /* set by commands that read token ids, not a flag */
 } cli_model_args;
 
 /* The values behind cli_model_opts; cli_model_defaults() resets them. */

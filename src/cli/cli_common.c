@@ -22,7 +22,7 @@ const cli_opt cli_model_opts[] = {
     {"ctx", 'c', CLI_INT, &cli_margs.ctx, "N", "KV cache positions (default: min(model, 4096))"},
     {"batch", 'b', CLI_INT, &cli_margs.batch, "N", "rows per forward pass (default 512)"},
     {"kv-type", 0, CLI_STR, &cli_margs.kv_type, "T", "KV cache element type: f32, f16 (default), bf16"},
-    {"kv-quant", 0, CLI_STR, &cli_margs.kv_quant, "Q", "KV cache codec: none (default), 8, 4 (affine), turbo[:k<bits>v<bits>] (TurboQuant, k8v3)"},
+    {"kv-quant", 0, CLI_STR, &cli_margs.kv_quant, "Q", "KV cache codec: none (default), 8, 4 (affine), turbo[:k<bits>v<bits>][:anydim] (TurboQuant, k8v3)"},
     {"dummy-dtype", 0, CLI_STR, &cli_margs.dummy_dtype, "T", "weights of dummy models: bf16, f16, f32, q8_0, q4_0, q4_k, q5_k, q6_k, affineB[gG]"},
     {"dummy-seed", 0, CLI_U64, &cli_margs.dummy_seed, "S", "seed of dummy weights"},
     {"verbose", 'v', CLI_FLAG, &cli_margs.verbose, NULL, "log more"},
@@ -153,6 +153,7 @@ int cli_open_engine(pt_engine **e) {
                         .n_ctx = a->ctx,
                         .max_batch = a->batch,
                         .kv_quant = a->kv_quant,
+                        .no_tokenizer = a->no_tokenizer,
                         .dummy_dtype = a->dummy_dtype,
                         .dummy_seed = a->dummy_seed};
     int kt = pt_parse_kv_dtype(a->kv_type);

@@ -123,6 +123,11 @@ int cmd_bench(int argc, char **argv) {
     fprintf(stderr, "petrel bench: %s\n  weights %.1f MiB (%s), %s backend: %s\n", desc,
             m->weight_bytes / 1048576.0, pt_dtype_name(m->layers[0].wq.dtype), e->be->name,
             e->be->detail ? e->be->detail : "");
+    char kv_format[32];
+    size_t kv_token = pt_kv_bytes_per_token(&e->kv.cfg);
+    pt_kv_format_name(&e->kv.cfg, kv_format, sizeof kv_format);
+    fprintf(stderr, "  KV cache %s: %zu bytes per token (%.1f per token per layer and kv head)\n",
+            kv_format, kv_token, (double)kv_token / m->cfg.n_layers / m->cfg.n_kv_heads);
     double bw = e->be->ops->read_bandwidth(e->be);
     fprintf(stderr, "  measured read bandwidth: %.2f GB/s\n\n", bw / 1e9);
 
@@ -133,6 +138,8 @@ int cmd_bench(int argc, char **argv) {
                           pt_dtype_name(e->kv.cfg.dtype), "backend", e->be->name,
                           "backend_detail", e->be->detail ? e->be->detail : "", "threads",
                           e->be->n_threads, "read_bandwidth_gbs", bw / 1e9);
+    json_object_set_new(j, "kv_format", json_string(kv_format));
+    json_object_set_new(j, "kv_bytes_per_token", json_integer((json_int_t)kv_token));
     json_t *jp = json_array(), *jd = json_array();
     json_object_set_new(j, "prefill", jp);
     json_object_set_new(j, "decode", jd);

@@ -1,6 +1,10 @@
 /*
  * cmd_eval.c - `petrel eval ppl MODEL TEXT` and
  * `petrel eval kl MODEL_A MODEL_B TEXT`: quality numbers with progress.
+ *
+ * With --ids, TEXT is a file of whitespace-separated token ids instead of
+ * text: models without a tokenizer (Hugging Face fixtures, dummy weights)
+ * can be evaluated on a fixed token stream.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,13 +14,16 @@
 
 static struct {
     int window, max_tokens;
-    const char *b_kv_type, *json;
+    const char *b_kv_type, *b_kv_quant, *json;
+    bool ids;
 } ev;
 
 static const cli_opt eval_opts[] = {
     {"window", 'w', CLI_INT, &ev.window, "N", "tokens per window; stride is half (default 512)"},
     {"max-tokens", 0, CLI_INT, &ev.max_tokens, "N", "score at most the first N tokens of TEXT"},
     {"b-kv-type", 0, CLI_STR, &ev.b_kv_type, "T", "kl: KV cache type of model B (default: as A)"},
+    {"b-kv-quant", 0, CLI_STR, &ev.b_kv_quant, "Q", "kl: KV cache codec of model B (default: as A)"},
+    {"ids", 0, CLI_FLAG, &ev.ids, NULL, "TEXTFILE holds token ids (whitespace-separated), not text"},
     {"json", 'o', CLI_STR, &ev.json, "FILE", "also write the result as JSON"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
@@ -27,6 +34,23 @@ static void progress(void *user, int done, int total) {
     if (done >= total) fprintf(stderr, "\n");
 }
 
+/* Token ids as text: "1 234 17 ...", each below the vocabulary size. */
+static int parse_ids(const char *text, int vocab, int32_t **ids, size_t *n, pt_err *err) {
+    size_t cap = 0;
+    *n = 0;
+    for (const char *p = text;;) {
+        char *end;
+        while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+        if (!*p) return 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= vocab)
+            return pt_fail(err, "token id %zu is not an integer in [0, %d)", *n, vocab);
+        if (*n == cap) *ids = pt_xrealloc(*ids, sizeof(int32_t) * (cap = cap ? 2 * cap : 1024));
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end;
+    }
+}
+
 static int tokenize_file(pt_engine *e, const char *path, int32_t **ids, size_t *n) {
     char *text;
     size_t len;
@@ -35,7 +59,8 @@ static int tokenize_file(pt_engine *e, const char *path, int32_t **ids, size_t *
         fprintf(stderr, "petrel eval: %s\n", err.msg);
         return -1;
     }
-    int rc = pt_tokenize(e->tok, text, len, true, false, ids, n, &err);
+    int rc = ev.ids ? parse_ids(text, e->model->cfg.vocab_size, ids, n, &err)
+                    : pt_tokenize(e->tok, text, len, true, false, ids, n, &err);
     free(text);
     if (rc) {
         fprintf(stderr, "petrel eval: %s\n", err.msg);
@@ -64,12 +89,14 @@ int cmd_eval(int argc, char **argv) {
         return 2;
     }
     if (cli_margs.ctx < ev.window) cli_margs.ctx = ev.window;
+    cli_margs.no_tokenizer = ev.ids;
     pt_engine *a = NULL, *b = NULL;
     cli_margs.model = pos[1];
     if (cli_open_engine(&a)) return 1;
     if (kl) {
         cli_margs.model = pos[2];
         if (ev.b_kv_type) cli_margs.kv_type = ev.b_kv_type;
+        if (ev.b_kv_quant) cli_margs.kv_quant = ev.b_kv_quant;
         if (cli_open_engine(&b)) {
             pt_engine_close(a);
             return 1;
@@ -80,8 +107,8 @@ int cmd_eval(int argc, char **argv) {
     pt_eval_result r;
     pt_err err = {{0}};
     rc = 1;
-    if (!a->tok) {
-        fprintf(stderr, "petrel eval: model A has no tokenizer\n");
+    if (!a->tok && !ev.ids) {
+        fprintf(stderr, "petrel eval: model A has no tokenizer (give token ids with --ids)\n");
         goto out;
     }
     if (tokenize_file(a, pos[kl ? 3 : 2], &ids, &n)) goto out;
@@ -99,7 +126,10 @@ int cmd_eval(int argc, char **argv) {
     if (ev.json) {
         json_t *j = json_pack("{s:s, s:i, s:f, s:f}", "mode", kl ? "kl" : "ppl", "tokens_scored",
                               r.n_scored, "ppl", r.ppl, "nll_mean", r.nll_mean);
+        char fmt[32];
+        json_object_set_new(j, "kv_a", json_string(pt_kv_format_name(&a->kv.cfg, fmt, sizeof fmt)));
         if (kl) {
+            json_object_set_new(j, "kv_b", json_string(pt_kv_format_name(&b->kv.cfg, fmt, sizeof fmt)));
             json_object_set_new(j, "kl_mean", json_real(r.kl_mean));
             json_object_set_new(j, "kl_p99", json_real(r.kl_p99));
             json_object_set_new(j, "kl_max", json_real(r.kl_max));

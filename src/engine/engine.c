@@ -13,6 +13,23 @@ pt_dtype pt_parse_kv_dtype(const char *s) {
     return (pt_dtype)-1;
 }
 
+int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
+    if (e->kv.k) pt_kv_cache_free(&e->kv);
+    if (e->kv_quant.kind == PT_KVQ_NONE)
+        return pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, err);
+    /* A codec: the model's geometry (as pt_model_kv_init lays it out), with
+     * rows of the codec instead of elements. */
+    const pt_model_config *c = &e->model->cfg;
+    pt_kv_config kc = {.n_layers = c->n_layers,
+                       .n_kv_heads = c->n_kv_heads,
+                       .head_dim = c->head_dim,
+                       .page_size = PT_KV_PAGE_SIZE,
+                       .dtype = e->kv_dtype,
+                       .quant = e->kv_quant};
+    kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
+    return pt_kv_cache_init(&e->kv, e->be, &kc, err);
+}
+
 int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     *out = NULL;
     double t0 = pt_now();
@@ -27,12 +44,15 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
                         .dummy_dtype = o->dummy_dtype,
                         .dummy_seed = o->dummy_seed};
     if (pt_model_load(&e->model, o->model_path, &mo, err)) goto fail;
-    if (e->model->file && pt_tokenizer_load(&e->tok, e->model->file, err)) goto fail;
+    if (e->model->file && !o->no_tokenizer && pt_tokenizer_load(&e->tok, e->model->file, err))
+        goto fail;
     if (e->tok && pt_tokenizer_n_vocab(e->tok) > e->model->cfg.vocab_size)
         pt_warn("tokenizer has %d tokens, model only %d", pt_tokenizer_n_vocab(e->tok),
                 e->model->cfg.vocab_size);
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : PT_MIN(e->model->cfg.max_ctx, 4096);
-    if (pt_model_kv_init(e->model, &e->kv, e->n_ctx, o->kv_dtype, err)) goto fail;
+    e->kv_dtype = o->kv_dtype;
+    if (pt_kvq_parse(o->kv_quant, &e->kv_quant, err)) goto fail;
+    if (pt_engine_kv_init(e, e->n_ctx, err)) goto fail;
     e->logits = pt_xmalloc(sizeof(float) * (size_t)e->model->cfg.vocab_size);
     e->b_pos = pt_xmalloc(sizeof(int32_t) * (size_t)e->model->max_batch);
     e->b_seq = pt_xcalloc((size_t)e->model->max_batch, sizeof(int32_t));

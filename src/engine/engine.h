@@ -21,6 +21,8 @@ typedef struct pt_engine_opts {
     const char *kernels; /* CPU kernels: "auto", "avx2", "portable" */
     int n_ctx;           /* KV positions in the pool; 0: min(model's, 4096) */
     pt_dtype kv_dtype;   /* PT_F32, PT_F16, PT_BF16 */
+    const char *kv_quant; /* --kv-quant: NULL/"none", "8", "4", "turbo[:k<b>v<b>]" */
+    bool no_tokenizer;    /* do not load one (callers that feed token ids) */
     int max_batch;       /* rows per forward; 0: 512 */
     const char *dummy_dtype;
     uint64_t dummy_seed;
@@ -31,6 +33,8 @@ typedef struct pt_engine {
     pt_model *model;
     pt_tokenizer *tok; /* NULL for dummy weights */
     pt_kv_cache kv;
+    pt_dtype kv_dtype;     /* the pool's format, kept for pt_engine_kv_init */
+    pt_kvq_spec kv_quant;
     int n_ctx;
     float *logits; /* host [vocab]: the last row's logits */
     int32_t *b_pos, *b_seq; /* host batch scratch [max_batch] */
@@ -83,5 +87,9 @@ int pt_seq_prefill(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
 int pt_seq_decode(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
 
 pt_dtype pt_parse_kv_dtype(const char *s); /* -1 if unknown */
+
+/* (Re)builds the KV pool for n_positions in the engine's format (dtype and
+ * --kv-quant codec); the pool must hold no sequences. */
+int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err);
 
 #endif

@@ -1,39 +1,106 @@
 /*
- * kvcache.c - page pool and block tables.
+ * kvcache.c - page pool and block tables, sized by the cache's format.
  */
 #include "kv/kvcache.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
+/* Bytes a quantized buffer may be read past its last row: the SIMD kernels
+ * load whole words of packed codes (attn_kvq_avx2.c, unpack8). */
+#define QUANT_PAD 64
+
+static bool quantized(const pt_kv_config *c) {
+    return c->quant.kind != PT_KVQ_NONE;
+}
+
+/* Bytes of one position's K and V rows over all kv heads of one layer. */
+static int slot_bytes(const pt_kv_config *c, size_t *k, size_t *v, pt_err *err) {
+    if (!quantized(c)) {
+        *k = *v = (size_t)c->n_kv_heads * c->head_dim * pt_dtype_bytes(c->dtype, 1);
+        return 0;
+    }
+    pt_kv_codec codec;
+    if (pt_kv_codec_init(&codec, &c->quant, c->head_dim, err)) return -1;
+    *k = (size_t)c->n_kv_heads * codec.k_row;
+    *v = (size_t)c->n_kv_heads * codec.v_row;
+    return 0;
+}
+
 size_t pt_kv_bytes_per_token(const pt_kv_config *c) {
-    return 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)c->head_dim *
-           pt_dtype_bytes(c->dtype, 1);
+    size_t k, v;
+    if (slot_bytes(c, &k, &v, NULL)) return 0;
+    return (size_t)c->n_layers * (k + v);
+}
+
+const char *pt_kv_format_name(const pt_kv_config *c, char *buf, size_t cap) {
+    if (quantized(c)) return pt_kvq_name(&c->quant, buf, cap);
+    snprintf(buf, cap, "%s", pt_dtype_name(c->dtype));
+    return buf;
+}
+
+/* The codec's constants in backend memory, for device kernels: TurboQuant's
+ * sign vector, its value centroids, then the boundaries between them. */
+static int upload_tables(pt_kv_cache *kv, pt_err *err) {
+    const pt_kv_codec *c = &kv->codec;
+    if (c->spec.kind != PT_KVQ_TURBO) return 0;
+    size_t n_cent = (size_t)1 << c->spec.v_bits, n = (size_t)c->head_dim + 2 * n_cent - 1;
+    float *host = pt_xmalloc(n * sizeof(float));
+    memcpy(host, c->signs, sizeof(float) * (size_t)c->head_dim);
+    memcpy(host + c->head_dim, c->centroids, sizeof(float) * n_cent);
+    memcpy(host + c->head_dim + n_cent, pt_tq_boundaries(c->spec.v_bits), sizeof(float) * (n_cent - 1));
+    kv->tables_bytes = n * sizeof(float);
+    kv->tables = kv->be->ops->alloc(kv->be, kv->tables_bytes);
+    if (kv->tables) kv->be->ops->upload(kv->be, kv->tables, host, kv->tables_bytes);
+    free(host);
+    return kv->tables ? 0 : pt_fail(err, "KV cache: cannot allocate the codec's tables");
+}
+
+/* Checks the format and sets the codec and per-layer buffer sizes. */
+static int plan(pt_kv_cache *kv, pt_err *err) {
+    const pt_kv_config *cfg = &kv->cfg;
+    if (cfg->dtype != PT_F32 && cfg->dtype != PT_F16 && cfg->dtype != PT_BF16)
+        return pt_fail(err, "KV cache: unsupported element type %s", pt_dtype_name(cfg->dtype));
+    if (cfg->page_size <= 0 || cfg->n_pages <= 0 || cfg->n_layers <= 0 || cfg->n_pages > 1 << 30)
+        return pt_fail(err, "KV cache: bad geometry (%d pages of %d positions)", cfg->n_pages,
+                       cfg->page_size);
+    if (quantized(cfg)) {
+        /* Until a device backend has kernels for quantized pages, it would
+         * read these bytes as plain elements. */
+        if (strcmp(kv->be->name, "cpu") != 0)
+            return pt_fail(err, "--kv-quant: the %s backend has no quantized-KV kernels yet",
+                           kv->be->name);
+        if (pt_kv_codec_init(&kv->codec, &cfg->quant, cfg->head_dim, err)) return -1;
+    }
+    size_t k, v;
+    if (slot_bytes(cfg, &k, &v, err)) return -1;
+    size_t slots = (size_t)cfg->page_size * (size_t)cfg->n_pages, pad = quantized(cfg) ? QUANT_PAD : 0;
+    if (!pt_mul_ok(slots, k, &kv->k_bytes) || !pt_mul_ok(slots, v, &kv->v_bytes) ||
+        !pt_add_ok(kv->k_bytes, pad, &kv->k_bytes) || !pt_add_ok(kv->v_bytes, pad, &kv->v_bytes))
+        return pt_fail(err, "KV cache: size overflows");
+    return 0;
 }
 
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err) {
     memset(kv, 0, sizeof *kv);
     kv->be = be;
     kv->cfg = *cfg;
-    if (cfg->dtype != PT_F32 && cfg->dtype != PT_F16 && cfg->dtype != PT_BF16)
-        return pt_fail(err, "KV cache: unsupported element type %s", pt_dtype_name(cfg->dtype));
-    if (cfg->page_size <= 0 || cfg->n_pages <= 0 || cfg->n_layers <= 0 || cfg->n_pages > 1 << 30)
-        return pt_fail(err, "KV cache: bad geometry (%d pages of %d positions)", cfg->n_pages,
-                       cfg->page_size);
-    size_t per_page = (size_t)cfg->page_size * cfg->n_kv_heads * cfg->head_dim *
-                      pt_dtype_bytes(cfg->dtype, 1);
-    if (!pt_mul_ok(per_page, (size_t)cfg->n_pages, &kv->layer_bytes))
-        return pt_fail(err, "KV cache: size overflows");
+    if (plan(kv, err)) return -1;
     kv->k = pt_xcalloc((size_t)cfg->n_layers, sizeof(void *));
     kv->v = pt_xcalloc((size_t)cfg->n_layers, sizeof(void *));
     for (int l = 0; l < cfg->n_layers; l++) {
-        kv->k[l] = be->ops->alloc(be, kv->layer_bytes);
-        kv->v[l] = be->ops->alloc(be, kv->layer_bytes);
+        kv->k[l] = be->ops->alloc(be, kv->k_bytes);
+        kv->v[l] = be->ops->alloc(be, kv->v_bytes);
         if (!kv->k[l] || !kv->v[l]) {
-            double gib = (double)kv->layer_bytes * 2 * cfg->n_layers / (1 << 30);
+            double gib = (double)(kv->k_bytes + kv->v_bytes) * cfg->n_layers / (1 << 30);
             pt_kv_cache_free(kv);
             return pt_fail(err, "KV cache: cannot allocate %.2f GiB for %d pages; lower --ctx",
                            gib, cfg->n_pages);
         }
+    }
+    if (upload_tables(kv, err)) {
+        pt_kv_cache_free(kv);
+        return -1;
     }
     kv->free_pages = pt_xmalloc(sizeof(int32_t) * (size_t)cfg->n_pages);
     kv->refs = pt_xcalloc((size_t)cfg->n_pages, sizeof(uint16_t));
@@ -46,9 +113,10 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
 void pt_kv_cache_free(pt_kv_cache *kv) {
     if (kv->k)
         for (int l = 0; l < kv->cfg.n_layers; l++) {
-            if (kv->k[l]) kv->be->ops->free(kv->be, kv->k[l], kv->layer_bytes);
-            if (kv->v[l]) kv->be->ops->free(kv->be, kv->v[l], kv->layer_bytes);
+            if (kv->k[l]) kv->be->ops->free(kv->be, kv->k[l], kv->k_bytes);
+            if (kv->v[l]) kv->be->ops->free(kv->be, kv->v[l], kv->v_bytes);
         }
+    if (kv->tables) kv->be->ops->free(kv->be, kv->tables, kv->tables_bytes);
     free(kv->k);
     free(kv->v);
     free(kv->free_pages);
@@ -95,7 +163,18 @@ int pt_kv_free_pages(const pt_kv_cache *kv) {
 }
 
 pt_kv_view pt_kv_layer(const pt_kv_cache *kv, int layer) {
-    pt_kv_view v = {kv->k[layer], kv->v[layer], kv->cfg.dtype, kv->cfg.page_size,
-                    kv->cfg.n_kv_heads, kv->cfg.head_dim};
+    pt_kv_view v = {.k = kv->k[layer],
+                    .v = kv->v[layer],
+                    .dtype = kv->cfg.dtype,
+                    .page_size = kv->cfg.page_size,
+                    .n_kv_heads = kv->cfg.n_kv_heads,
+                    .head_dim = kv->cfg.head_dim};
+    if (quantized(&kv->cfg)) {
+        const pt_kv_codec *c = &kv->codec;
+        v.codec = c;
+        v.kvq = c->spec.kind, v.k_bits = c->spec.k_bits, v.v_bits = c->spec.v_bits;
+        v.group = c->group, v.k_row = c->k_row, v.v_row = c->v_row;
+        v.tables = kv->tables;
+    }
     return v;
 }

@@ -8,6 +8,12 @@
  * list.  Pages carry a reference count so that a later prefix cache can share
  * full pages between sequences.
  *
+ * A cache has one codec (cfg.quant, --kv-quant): plain elements of cfg.dtype,
+ * or rows of a KV codec (kv_codec.h) whose byte sizes set the page size.
+ * The codec is part of the cache's geometry: every page of a cache holds
+ * the same format, and pt_kv_format_name() names it for anything that keys
+ * pages across caches (prefix and disk caches).
+ *
  * Invariants: a page id is either on the free list (refcount 0) or owned by
  * at least one sequence; a sequence with n_tokens positions stored owns
  * ceil(n_tokens / page_size) pages or more (reserve may run ahead).
@@ -16,19 +22,26 @@
 #define PETREL_KVCACHE_H
 
 #include "backend/backend.h"
+#include "kv/kv_codec.h"
+
+#define PT_KV_PAGE_SIZE 16 /* positions per page unless a caller asks otherwise */
 
 typedef struct pt_kv_config {
     int n_layers, n_kv_heads, head_dim;
     int page_size; /* positions per page, default 16 */
     int n_pages;   /* pool size */
-    pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16 */
+    pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16: the elements when not quantized */
+    pt_kvq_spec quant; /* kind PT_KVQ_NONE (zero) for plain elements */
 } pt_kv_config;
 
 typedef struct pt_kv_cache {
     pt_backend *be;
     pt_kv_config cfg;
-    size_t layer_bytes; /* bytes of one layer's K (or V) buffer */
-    void **k, **v;      /* [n_layers] backend buffers */
+    pt_kv_codec codec;       /* valid when cfg.quant.kind != PT_KVQ_NONE */
+    size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer */
+    void **k, **v;           /* [n_layers] backend buffers */
+    float *tables;           /* backend copy of the codec's tables, or NULL */
+    size_t tables_bytes;
     int32_t *free_pages; /* stack of free page ids */
     int n_free;
     uint16_t *refs; /* [n_pages] owners of each page */
@@ -42,8 +55,12 @@ typedef struct pt_kv_seq {
 
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err);
 void pt_kv_cache_free(pt_kv_cache *kv);
-/* Bytes of K+V per token over all layers. */
+/* Bytes of K+V per token over all layers (what the codec stores: codes and
+ * scales included); 0 if the codec cannot take the geometry. */
 size_t pt_kv_bytes_per_token(const pt_kv_config *cfg);
+/* The cache's element format: the dtype name ("f16") or the codec's
+ * ("turbo-k8v3", "affine8").  Part of any key that shares pages. */
+const char *pt_kv_format_name(const pt_kv_config *cfg, char *buf, size_t cap);
 /* Ensures the sequence owns pages for positions [0, n_positions). */
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err);
 /* Returns all pages of the sequence to the pool and empties it. */
