@@ -48,6 +48,7 @@ struct pt_sched {
     job **run; /* [max_seqs], in admission order */
     int n_run;
     int pages_reserved;
+    int n_finished; /* jobs in run[] that finished but are not swept yet */
     uint64_t next_id;
     bool quit;
     bool cancel_all;
@@ -95,7 +96,16 @@ static void finish(pt_sched *s, job *j, int reason, const char *error) {
     }
     if (error) snprintf(st.error, sizeof st.error, "%s", error);
     if (j->started) pt_seq_free(&j->seq, s->e);
+    /* Account before telling the caller, so that whoever on_done wakes sees
+     * the pages back in the budget and the job no longer running. */
+    pthread_mutex_lock(&s->mu);
+    if (j->t_admit > 0) { /* in the running list, not dropped from the queue */
+        s->pages_reserved -= j->pages;
+        s->n_finished++;
+    }
+    j->pages = 0;
     j->finished = true;
+    pthread_mutex_unlock(&s->mu);
     if (j->d.on_done) j->d.on_done(j->d.user, &st);
 }
 
@@ -106,7 +116,7 @@ static void sweep(pt_sched *s) {
     for (int i = 0; i < s->n_run; i++) {
         job *j = s->run[i];
         if (j->finished) {
-            s->pages_reserved -= j->pages;
+            s->n_finished--;
             free_job(j);
         } else {
             s->run[k++] = j;
@@ -407,7 +417,7 @@ void pt_sched_cancel_all(pt_sched *s) {
 void pt_sched_load(pt_sched *s, int *n_waiting, int *n_running, int *pages_reserved) {
     pthread_mutex_lock(&s->mu);
     if (n_waiting) *n_waiting = s->n_waiting;
-    if (n_running) *n_running = s->n_run;
+    if (n_running) *n_running = s->n_run - s->n_finished;
     if (pages_reserved) *pages_reserved = s->pages_reserved;
     pthread_mutex_unlock(&s->mu);
 }
