@@ -48,9 +48,13 @@ static double decode_bytes(const pt_engine *e, int depth) {
     return w + (double)depth * (double)pt_kv_bytes_per_token(&e->kv.cfg);
 }
 
+/* Multiply-adds per token are the matrix parameters (every layer's
+ * projections and the output head), whatever their storage format. */
 static double flops_per_token(const pt_model *m) {
-    return 2.0 * ((double)m->weight_bytes / pt_dtype_bytes(m->output.dtype, 1) -
-                  (m->cfg.tied_embeddings ? 0 : (double)m->tok_embd.rows * m->tok_embd.cols));
+    const pt_model_config *c = &m->cfg;
+    double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
+    double layer = c->dim * (q + 2 * kv) + q * c->dim + 3.0 * c->dim * c->ffn_dim;
+    return 2.0 * (layer * c->n_layers + (double)c->vocab_size * c->dim);
 }
 
 static void fill_tokens(pt_seq *s, int n, int vocab, pt_rng *rng) {
