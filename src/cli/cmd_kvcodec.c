@@ -27,12 +27,11 @@
 #include "cli/cli.h"
 #include "kv/kv_codec.h"
 
-static struct {
-    const char *quant;
-} kc;
+static struct { const char *quant; } kc;
 
 static const cli_opt kvcodec_opts[] = {
-    {"kv-quant", 0, CLI_STR, &kc.quant, "Q", "codec: 8, 4, turbo[:k<bits>v<bits>][:anydim] (default turbo)"},
+    {"kv-quant", 0, CLI_STR, &kc.quant, "Q",
+     "codec: 8, 4, turbo[:k<bits>v<bits>][:anydim] (default turbo)"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
 
@@ -83,7 +82,8 @@ static int number(json_t *v, float *out) {
 
 static json_t *hex_string(const uint8_t *p, size_t n) {
     char *s = pt_xmalloc(2 * n + 1);
-    for (size_t i = 0; i < n; i++) snprintf(s + 2 * i, 3, "%02x", p[i]);
+    for (size_t i = 0; i < n; i++)
+        snprintf(s + 2 * i, 3, "%02x", p[i]);
     json_t *j = json_string(s);
     free(s);
     return j;
@@ -124,7 +124,8 @@ static json_t *encode_row(const pt_kv_codec *c, const part *p, const float *x) {
     (p->is_k ? c->encode_k : c->encode_v)(c, x, row);
     pt_tq_unpack(row, c->head_dim, part_bits(c, p), p->is_k && c->k_signed, codes);
     json_t *j = json_object(), *cj = json_array();
-    for (int i = 0; i < c->head_dim; i++) json_array_append_new(cj, json_integer(codes[i]));
+    for (int i = 0; i < c->head_dim; i++)
+        json_array_append_new(cj, json_integer(codes[i]));
     json_object_set_new(j, "codes", cj);
     json_object_set_new(j, "packed", hex_string(row, (size_t)nc));
     put_plane(j, "scales", row + nc, c->n_groups);
@@ -214,7 +215,8 @@ static int get_codes(const pt_kv_codec *c, const part *p, json_t *row, uint8_t *
         return parse_hex(json_string_value(packed), out, (size_t)part_codes(c, p));
     if (json_array_size(codes) != (size_t)c->head_dim) return -1;
     int32_t v[PT_TQ_MAX_DIM];
-    for (int i = 0; i < c->head_dim; i++) v[i] = (int32_t)json_integer_value(json_array_get(codes, (size_t)i));
+    for (int i = 0; i < c->head_dim; i++)
+        v[i] = (int32_t)json_integer_value(json_array_get(codes, (size_t)i));
     pt_tq_pack(v, c->head_dim, part_bits(c, p), out);
     return 0;
 }
@@ -225,10 +227,13 @@ static int decode_row(const pt_kv_codec *c, const part *p, json_t *r, json_t *ou
     int nc = part_codes(c, p);
     if (get_codes(c, p, r, row) || get_plane(r, "scales", row + nc, c->n_groups) ||
         (part_has_zeros(c, p) && get_plane(r, "zeros", row + nc + 2 * c->n_groups, c->n_groups)))
-        return fail("%s: a row needs packed (or codes), scales and, but for TurboQuant values, zeros", p->name);
+        return fail(
+            "%s: a row needs packed (or codes), scales and, but for TurboQuant values, zeros",
+            p->name);
     (p->is_k ? c->decode_k : c->decode_v)(c, row, x);
     json_t *xs = json_array();
-    for (int i = 0; i < c->head_dim; i++) json_array_append_new(xs, json_real(x[i]));
+    for (int i = 0; i < c->head_dim; i++)
+        json_array_append_new(xs, json_real(x[i]));
     json_array_append_new(out, xs);
     return 0;
 }
@@ -271,9 +276,11 @@ int cmd_kvcodec(int argc, char **argv) {
         if (strcmp(pos[0], modes[m].name)) continue;
         const char *path = n_pos == 2 ? pos[1] : "-";
         json_error_t jerr;
-        json_t *in = strcmp(path, "-") ? json_load_file(path, 0, &jerr) : json_loadf(stdin, 0, &jerr);
+        json_t *in =
+            strcmp(path, "-") ? json_load_file(path, 0, &jerr) : json_loadf(stdin, 0, &jerr);
         if (!json_is_object(in)) {
-            fprintf(stderr, "petrel kvcodec: %s: %s\n", path, in ? "expected a JSON object" : jerr.text);
+            fprintf(stderr, "petrel kvcodec: %s: %s\n", path,
+                    in ? "expected a JSON object" : jerr.text);
             json_decref(in);
             return 1;
         }

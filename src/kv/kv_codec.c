@@ -38,8 +38,7 @@ static int parse_turbo(const char *s, pt_kvq_spec *out, pt_err *err) {
             return pt_fail(err, "--kv-quant turbo:%s: expected k<bits>v<bits> (e.g. k8v3)", part);
     }
     if (!pt_tq_k_bits_ok(out->k_bits))
-        return pt_fail(err, "--kv-quant turbo: key bits %d are not one of 2, 4, 5, 8",
-                       out->k_bits);
+        return pt_fail(err, "--kv-quant turbo: key bits %d are not one of 2, 4, 5, 8", out->k_bits);
     if (!pt_tq_v_bits_ok(out->v_bits))
         return pt_fail(err, "--kv-quant turbo: value bits %d are not one of 2, 3, 4, 5, 8",
                        out->v_bits);
@@ -98,7 +97,8 @@ static void affine_group(const float *x0, int n, int bits, int32_t *codes, uint1
                          uint16_t *b16) {
     float x[PT_TQ_GROUP] = {0}, mn, mx;
     int hi = (1 << bits) - 1;
-    for (int i = 0; i < n; i++) x[i] = clamp_f16_range(x0[i]);
+    for (int i = 0; i < n; i++)
+        x[i] = clamp_f16_range(x0[i]);
     mn = mx = x[0];
     for (int i = 1; i < n; i++) {
         mn = x[i] < mn ? x[i] : mn;
@@ -200,7 +200,7 @@ static int affine_group_for(int d) {
 
 static int bind_affine(pt_kv_codec *c, pt_err *err) {
     int d = c->head_dim;
-    c->group = affine_group_for(d);
+    c->group = d > 0 ? affine_group_for(d) : 0;
     if (!c->group || d > PT_TQ_MAX_DIM)
         return pt_fail(err, "--kv-quant %d: head_dim %d is not a multiple of 8 up to %d",
                        c->spec.k_bits, d, PT_TQ_MAX_DIM);
@@ -251,7 +251,9 @@ int pt_kv_codec_init(pt_kv_codec *c, const pt_kvq_spec *spec, int head_dim, pt_e
         if ((spec->k_bits != 8 && spec->k_bits != 4) || (spec->v_bits != 8 && spec->v_bits != 4))
             return pt_fail(err, "--kv-quant: affine bits must be 8 or 4");
         return bind_affine(c, err);
-    case PT_KVQ_TURBO: return bind_turbo(c, err);
-    default: return pt_fail(err, "--kv-quant none has no codec");
+    case PT_KVQ_TURBO:
+        return bind_turbo(c, err);
+    default:
+        return pt_fail(err, "--kv-quant none has no codec");
     }
 }

@@ -60,12 +60,12 @@ typedef void (*pt_kv_decode_fn)(const pt_kv_codec *c, const uint8_t *row, float 
 struct pt_kv_codec {
     pt_kvq_spec spec;
     int head_dim, group, n_groups;
-    int k_codes, v_codes; /* bytes of packed codes in a K / V row */
-    int k_row, v_row;     /* bytes of a whole K / V row */
-    bool k_signed;        /* K codes are two's complement (turbo k8) */
-    bool v_rotated;       /* V rows hold the rotated domain (turbo) */
-    float inv_sqrt_d;     /* turbo: float32(1/sqrt(head_dim)) */
-    const float *centroids; /* turbo: V Lloyd-Max centroids [1 << v_bits] */
+    int k_codes, v_codes;       /* bytes of packed codes in a K / V row */
+    int k_row, v_row;           /* bytes of a whole K / V row */
+    bool k_signed;              /* K codes are two's complement (turbo k8) */
+    bool v_rotated;             /* V rows hold the rotated domain (turbo) */
+    float inv_sqrt_d;           /* turbo: float32(1/sqrt(head_dim)) */
+    const float *centroids;     /* turbo: V Lloyd-Max centroids [1 << v_bits] */
     float signs[PT_TQ_MAX_DIM]; /* turbo: the sign vector [head_dim] */
     pt_kv_encode_fn encode_k, encode_v;
     pt_kv_decode_fn decode_k;

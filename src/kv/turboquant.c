@@ -41,154 +41,159 @@ static const char tq_signs_512[] =
     "+-++-+-+++-+-++++-+++++-+-+-+++-+-++++----+--++----++-+-+---+++-"
     "----+-----+-++-++---+++++-++-+-+-+--+--+-+---++---+-+--+-++-+-++";
 static const float tq_cent_2[4] = {
-    -0x1.83b4a2p+0f, -0x1.d538fep-2f, 0x1.cb6644p-2f, 0x1.831c66p+0f,
+    -0x1.83b4a2p+0f,
+    -0x1.d538fep-2f,
+    0x1.cb6644p-2f,
+    0x1.831c66p+0f,
 };
 static const float tq_boun_2[3] = {
-    -0x1.f902e2p-1f, -0x1.3a574p-8f, 0x1.f5f5f8p-1f,
+    -0x1.f902e2p-1f,
+    -0x1.3a574p-8f,
+    0x1.f5f5f8p-1f,
 };
 static const float tq_cent_3[8] = {
-    -0x1.137318p+1f, -0x1.580a7cp+0f, -0x1.8313bep-1f, -0x1.f5f1bep-3f, 0x1.f5f1bep-3f,
-    0x1.8313bep-1f, 0x1.580a7cp+0f, 0x1.137318p+1f,
+    -0x1.137318p+1f, -0x1.580a7cp+0f, -0x1.8313bep-1f, -0x1.f5f1bep-3f,
+    0x1.f5f1bep-3f,  0x1.8313bep-1f,  0x1.580a7cp+0f,  0x1.137318p+1f,
 };
 static const float tq_boun_3[7] = {
-    -0x1.bf7858p+0f, -0x1.0cca2ep+0f, -0x1.004816p-1f, 0x0p+0f, 0x1.004816p-1f,
-    0x1.0cca2ep+0f, 0x1.bf7858p+0f,
+    -0x1.bf7858p+0f, -0x1.0cca2ep+0f, -0x1.004816p-1f, 0x0p+0f,
+    0x1.004816p-1f,  0x1.0cca2ep+0f,  0x1.bf7858p+0f,
 };
 static const float tq_cent_4[16] = {
-    -0x1.62013cp+1f, -0x1.0cbd2cp+1f, -0x1.a3e3bp+0f, -0x1.46d13ap+0f, -0x1.eba5c8p-1f,
-    -0x1.58a49p-1f, -0x1.9d829ap-2f, -0x1.244e2p-3f, 0x1.dfe63ap-4f, 0x1.842fbp-2f,
-    0x1.4b8f4ep-1f, 0x1.de181ep-1f, 0x1.40973ap+0f, 0x1.9f2bd4p+0f, 0x1.09b21ep+1f,
-    0x1.5c40dp+1f,
+    -0x1.62013cp+1f, -0x1.0cbd2cp+1f, -0x1.a3e3bp+0f,  -0x1.46d13ap+0f,
+    -0x1.eba5c8p-1f, -0x1.58a49p-1f,  -0x1.9d829ap-2f, -0x1.244e2p-3f,
+    0x1.dfe63ap-4f,  0x1.842fbp-2f,   0x1.4b8f4ep-1f,  0x1.de181ep-1f,
+    0x1.40973ap+0f,  0x1.9f2bd4p+0f,  0x1.09b21ep+1f,  0x1.5c40dp+1f,
 };
 static const float tq_boun_4[15] = {
     -0x1.375f34p+1f, -0x1.deaf04p+0f, -0x1.755a74p+0f, -0x1.1e521p+0f, -0x1.a2252cp-1f,
     -0x1.13b2eep-1f, -0x1.17d4d4p-2f, -0x1.a2d818p-7f, 0x1.fc293ep-3f, 0x1.06d394p-1f,
-    0x1.94d3b6p-1f, 0x1.17d1a4p+0f, 0x1.6fe188p+0f, 0x1.d94808p+0f, 0x1.32f978p+1f,
+    0x1.94d3b6p-1f,  0x1.17d1a4p+0f,  0x1.6fe188p+0f,  0x1.d94808p+0f, 0x1.32f978p+1f,
 };
 static const float tq_cent_5[32] = {
     -0x1.ac91f6p+1f, -0x1.6321ccp+1f, -0x1.3225e6p+1f, -0x1.0b561cp+1f, -0x1.d69942p+0f,
-    -0x1.a09a1p+0f, -0x1.6fd3ecp+0f, -0x1.428b9p+0f, -0x1.188adp+0f, -0x1.e1e18cp-1f,
-    -0x1.96221p-1f, -0x1.4d435ap-1f, -0x1.05cbe2p-1f, -0x1.7eb07ap-2f, -0x1.e608e2p-3f,
-    -0x1.a506c6p-4f, 0x1.047574p-5f, 0x1.504754p-3f, 0x1.334d94p-2f, 0x1.c2176ap-2f,
-    0x1.2961fap-1f, 0x1.748566p-1f, 0x1.bf6f6p-1f, 0x1.0786ap+0f, 0x1.31bb12p+0f,
-    0x1.5f747p+0f, 0x1.91513ap+0f, 0x1.c764c4p+0f, 0x1.02e1b8p+1f, 0x1.279e36p+1f,
-    0x1.554b02p+1f, 0x1.9dd14p+1f,
+    -0x1.a09a1p+0f,  -0x1.6fd3ecp+0f, -0x1.428b9p+0f,  -0x1.188adp+0f,  -0x1.e1e18cp-1f,
+    -0x1.96221p-1f,  -0x1.4d435ap-1f, -0x1.05cbe2p-1f, -0x1.7eb07ap-2f, -0x1.e608e2p-3f,
+    -0x1.a506c6p-4f, 0x1.047574p-5f,  0x1.504754p-3f,  0x1.334d94p-2f,  0x1.c2176ap-2f,
+    0x1.2961fap-1f,  0x1.748566p-1f,  0x1.bf6f6p-1f,   0x1.0786ap+0f,   0x1.31bb12p+0f,
+    0x1.5f747p+0f,   0x1.91513ap+0f,  0x1.c764c4p+0f,  0x1.02e1b8p+1f,  0x1.279e36p+1f,
+    0x1.554b02p+1f,  0x1.9dd14p+1f,
 };
 static const float tq_boun_5[31] = {
-    -0x1.87d9ep+1f, -0x1.4aa3d8p+1f, -0x1.1ebep+1f, -0x1.f6a2bcp+0f, -0x1.bb99a8p+0f,
+    -0x1.87d9ep+1f,  -0x1.4aa3d8p+1f, -0x1.1ebep+1f,  -0x1.f6a2bcp+0f, -0x1.bb99a8p+0f,
     -0x1.8836fep+0f, -0x1.592fbep+0f, -0x1.2d8b3p+0f, -0x1.04bdccp+0f, -0x1.bc01cep-1f,
     -0x1.71b2b4p-1f, -0x1.29879ep-1f, -0x1.c5242p-2f, -0x1.38da76p-2f, -0x1.5c4622p-3f,
-    -0x1.22cc0cp-5f, 0x1.9164bp-4f, 0x1.db713ep-3f, 0x1.7ab28p-2f, 0x1.0536d8p-1f,
-    0x1.4ef3bp-1f, 0x1.99fa64p-1f, 0x1.e73e5p-1f, 0x1.1ca0d8p+0f, 0x1.4897cp+0f,
-    0x1.7862d4p+0f, 0x1.ac5bp+0f, 0x1.e6941ap+0f, 0x1.153ff8p+1f, 0x1.3e749cp+1f,
+    -0x1.22cc0cp-5f, 0x1.9164bp-4f,   0x1.db713ep-3f, 0x1.7ab28p-2f,   0x1.0536d8p-1f,
+    0x1.4ef3bp-1f,   0x1.99fa64p-1f,  0x1.e73e5p-1f,  0x1.1ca0d8p+0f,  0x1.4897cp+0f,
+    0x1.7862d4p+0f,  0x1.ac5bp+0f,    0x1.e6941ap+0f, 0x1.153ff8p+1f,  0x1.3e749cp+1f,
     0x1.798e2p+1f,
 };
 static const float tq_cent_8[256] = {
     -0x1.205d0ap+2f, -0x1.1d1878p+2f, -0x1.1bec1cp+2f, -0x1.19b3a4p+2f, -0x1.173f52p+2f,
-    -0x1.1542b8p+2f, -0x1.130a4p+2f, -0x1.10d1c8p+2f, -0x1.0e9952p+2f, -0x1.0c60dcp+2f,
+    -0x1.1542b8p+2f, -0x1.130a4p+2f,  -0x1.10d1c8p+2f, -0x1.0e9952p+2f, -0x1.0c60dcp+2f,
     -0x1.0a2864p+2f, -0x1.07efecp+2f, -0x1.060b44p+2f, -0x1.02edb4p+2f, -0x1.002af2p+2f,
     -0x1.002394p+2f, -0x1.f8a04ep+1f, -0x1.f559c2p+1f, -0x1.f1731ep+1f, -0x1.ec833p+1f,
-    -0x1.e6413p+1f, -0x1.e1a33ep+1f, -0x1.df4c46p+1f, -0x1.da7daep+1f, -0x1.d65ap+1f,
+    -0x1.e6413p+1f,  -0x1.e1a33ep+1f, -0x1.df4c46p+1f, -0x1.da7daep+1f, -0x1.d65ap+1f,
     -0x1.d0d482p+1f, -0x1.cc295ap+1f, -0x1.ca45dcp+1f, -0x1.c51d2ap+1f, -0x1.c07de2p+1f,
     -0x1.bbcbccp+1f, -0x1.b6ce2cp+1f, -0x1.b2f5dcp+1f, -0x1.ae7b26p+1f, -0x1.a9ea6ep+1f,
-    -0x1.a55f6ap+1f, -0x1.a0ff2p+1f, -0x1.9c2c22p+1f, -0x1.98b3ap+1f, -0x1.94206p+1f,
+    -0x1.a55f6ap+1f, -0x1.a0ff2p+1f,  -0x1.9c2c22p+1f, -0x1.98b3ap+1f,  -0x1.94206p+1f,
     -0x1.8e4f8cp+1f, -0x1.8a835ep+1f, -0x1.867b62p+1f, -0x1.81e556p+1f, -0x1.7d75d6p+1f,
     -0x1.792552p+1f, -0x1.74a1e4p+1f, -0x1.6ff6dep+1f, -0x1.6bad54p+1f, -0x1.672e5cp+1f,
     -0x1.62c6a2p+1f, -0x1.5e69b8p+1f, -0x1.59f958p+1f, -0x1.54ebcep+1f, -0x1.50b038p+1f,
     -0x1.4cc048p+1f, -0x1.47cb88p+1f, -0x1.433c38p+1f, -0x1.3f541ep+1f, -0x1.3b0e4ep+1f,
     -0x1.3645eep+1f, -0x1.31a27ap+1f, -0x1.2cdda8p+1f, -0x1.287fc2p+1f, -0x1.2424dep+1f,
     -0x1.1f3004p+1f, -0x1.1ada98p+1f, -0x1.16aa08p+1f, -0x1.128616p+1f, -0x1.0e415ap+1f,
-    -0x1.0a11fcp+1f, -0x1.05b1fcp+1f, -0x1.00d17cp+1f, -0x1.f8496p+0f, -0x1.ee1af6p+0f,
+    -0x1.0a11fcp+1f, -0x1.05b1fcp+1f, -0x1.00d17cp+1f, -0x1.f8496p+0f,  -0x1.ee1af6p+0f,
     -0x1.e4a6cap+0f, -0x1.dbe5c2p+0f, -0x1.d23adcp+0f, -0x1.c8edf8p+0f, -0x1.bf1ddp+0f,
     -0x1.b5d8e6p+0f, -0x1.aca036p+0f, -0x1.a3ae1cp+0f, -0x1.9aa322p+0f, -0x1.92215ap+0f,
     -0x1.895b34p+0f, -0x1.80e9bap+0f, -0x1.781bdcp+0f, -0x1.6f6076p+0f, -0x1.66f6a2p+0f,
     -0x1.5e703ap+0f, -0x1.55e92cp+0f, -0x1.4d45b8p+0f, -0x1.451406p+0f, -0x1.3c4bdap+0f,
     -0x1.33813ap+0f, -0x1.2a9dbcp+0f, -0x1.2168c6p+0f, -0x1.188f16p+0f, -0x1.0fba0ep+0f,
-    -0x1.0709ccp+0f, -0x1.fcf12p-1f, -0x1.ebfe86p-1f, -0x1.dad242p-1f, -0x1.c92b46p-1f,
+    -0x1.0709ccp+0f, -0x1.fcf12p-1f,  -0x1.ebfe86p-1f, -0x1.dad242p-1f, -0x1.c92b46p-1f,
     -0x1.b7fc3cp-1f, -0x1.a6fccep-1f, -0x1.9665a6p-1f, -0x1.848524p-1f, -0x1.722d46p-1f,
     -0x1.5fcf78p-1f, -0x1.4db566p-1f, -0x1.3b8556p-1f, -0x1.298caep-1f, -0x1.17b04cp-1f,
-    -0x1.05b296p-1f, -0x1.e67668p-2f, -0x1.c1fe1cp-2f, -0x1.9eb3bp-2f, -0x1.7ab2p-2f,
-    -0x1.56284p-2f, -0x1.325f58p-2f, -0x1.0f010ep-2f, -0x1.da7f94p-3f, -0x1.99e10ap-3f,
-    -0x1.5674bp-3f, -0x1.12b6e8p-3f, -0x1.9af1c8p-4f, -0x1.0d2b82p-4f, -0x1.009b14p-5f,
-    0x1.1c9c8cp-8f, 0x1.4abb3p-5f, 0x1.3136b6p-4f, 0x1.b8caecp-4f, 0x1.1f9c6ap-3f,
-    0x1.64e6ecp-3f, 0x1.aa3f26p-3f, 0x1.f1c144p-3f, 0x1.1ca4dep-2f, 0x1.42816ep-2f,
-    0x1.674e94p-2f, 0x1.8cbd0ap-2f, 0x1.b06efcp-2f, 0x1.d3d45cp-2f, 0x1.f71306p-2f,
-    0x1.0d23cp-1f, 0x1.1e03ccp-1f, 0x1.2e9d2ap-1f, 0x1.3ffa22p-1f, 0x1.51a944p-1f,
-    0x1.637922p-1f, 0x1.74a86cp-1f, 0x1.8660a6p-1f, 0x1.97bfc6p-1f, 0x1.a9775cp-1f,
-    0x1.ba98fcp-1f, 0x1.cbd49ap-1f, 0x1.dd3252p-1f, 0x1.eee964p-1f, 0x1.002dd8p+0f,
-    0x1.08cd14p+0f, 0x1.116c98p+0f, 0x1.1a1388p+0f, 0x1.22b44cp+0f, 0x1.2bb3a8p+0f,
-    0x1.3430bep+0f, 0x1.3d25b2p+0f, 0x1.4640eep+0f, 0x1.4f69f2p+0f, 0x1.581828p+0f,
-    0x1.608108p+0f, 0x1.68bf16p+0f, 0x1.714508p+0f, 0x1.7a1fc2p+0f, 0x1.83442cp+0f,
-    0x1.8c5754p+0f, 0x1.957ac8p+0f, 0x1.9e8bc4p+0f, 0x1.a7c84cp+0f, 0x1.b145f8p+0f,
-    0x1.ba317ep+0f, 0x1.c30a34p+0f, 0x1.cc6ea2p+0f, 0x1.d5bff4p+0f, 0x1.df062ap+0f,
-    0x1.e7fd3p+0f, 0x1.f1566ep+0f, 0x1.fb0f4cp+0f, 0x1.021bb8p+1f, 0x1.065fdcp+1f,
-    0x1.0ab4c6p+1f, 0x1.0f44dp+1f, 0x1.13eae4p+1f, 0x1.184b86p+1f, 0x1.1cc9f6p+1f,
-    0x1.20ee12p+1f, 0x1.25ad8p+1f, 0x1.2a5a94p+1f, 0x1.2eab84p+1f, 0x1.32f5bep+1f,
-    0x1.3780a2p+1f, 0x1.3bcfbap+1f, 0x1.406f48p+1f, 0x1.4493fcp+1f, 0x1.491dbcp+1f,
-    0x1.4db128p+1f, 0x1.51f644p+1f, 0x1.56275ap+1f, 0x1.5acff2p+1f, 0x1.5f6584p+1f,
-    0x1.63c554p+1f, 0x1.6843b8p+1f, 0x1.6d084cp+1f, 0x1.714fe8p+1f, 0x1.75b7d8p+1f,
-    0x1.7a3ccap+1f, 0x1.7e6862p+1f, 0x1.82c03ap+1f, 0x1.87e472p+1f, 0x1.8d1716p+1f,
-    0x1.929fcp+1f, 0x1.9611bep+1f, 0x1.9a441ep+1f, 0x1.9e6fb6p+1f, 0x1.a23c48p+1f,
-    0x1.a695e6p+1f, 0x1.aad1ccp+1f, 0x1.af4ea4p+1f, 0x1.b41504p+1f, 0x1.b894cap+1f,
-    0x1.bb595cp+1f, 0x1.c0515ap+1f, 0x1.c680f8p+1f, 0x1.c9976ep+1f, 0x1.cd67bp+1f,
-    0x1.d1f10ap+1f, 0x1.d8a98cp+1f, 0x1.dbd244p+1f, 0x1.dfd8bep+1f, 0x1.e62058p+1f,
-    0x1.e889fap+1f, 0x1.eda46p+1f, 0x1.f206eap+1f, 0x1.f5fb22p+1f, 0x1.fcac3cp+1f,
-    0x1.009384p+2f, 0x1.01e552p+2f, 0x1.051788p+2f, 0x1.06563ep+2f, 0x1.088eb6p+2f,
-    0x1.0b0d9ap+2f, 0x1.0cb27cp+2f, 0x1.0f381ap+2f, 0x1.117092p+2f, 0x1.13a90ap+2f,
+    -0x1.05b296p-1f, -0x1.e67668p-2f, -0x1.c1fe1cp-2f, -0x1.9eb3bp-2f,  -0x1.7ab2p-2f,
+    -0x1.56284p-2f,  -0x1.325f58p-2f, -0x1.0f010ep-2f, -0x1.da7f94p-3f, -0x1.99e10ap-3f,
+    -0x1.5674bp-3f,  -0x1.12b6e8p-3f, -0x1.9af1c8p-4f, -0x1.0d2b82p-4f, -0x1.009b14p-5f,
+    0x1.1c9c8cp-8f,  0x1.4abb3p-5f,   0x1.3136b6p-4f,  0x1.b8caecp-4f,  0x1.1f9c6ap-3f,
+    0x1.64e6ecp-3f,  0x1.aa3f26p-3f,  0x1.f1c144p-3f,  0x1.1ca4dep-2f,  0x1.42816ep-2f,
+    0x1.674e94p-2f,  0x1.8cbd0ap-2f,  0x1.b06efcp-2f,  0x1.d3d45cp-2f,  0x1.f71306p-2f,
+    0x1.0d23cp-1f,   0x1.1e03ccp-1f,  0x1.2e9d2ap-1f,  0x1.3ffa22p-1f,  0x1.51a944p-1f,
+    0x1.637922p-1f,  0x1.74a86cp-1f,  0x1.8660a6p-1f,  0x1.97bfc6p-1f,  0x1.a9775cp-1f,
+    0x1.ba98fcp-1f,  0x1.cbd49ap-1f,  0x1.dd3252p-1f,  0x1.eee964p-1f,  0x1.002dd8p+0f,
+    0x1.08cd14p+0f,  0x1.116c98p+0f,  0x1.1a1388p+0f,  0x1.22b44cp+0f,  0x1.2bb3a8p+0f,
+    0x1.3430bep+0f,  0x1.3d25b2p+0f,  0x1.4640eep+0f,  0x1.4f69f2p+0f,  0x1.581828p+0f,
+    0x1.608108p+0f,  0x1.68bf16p+0f,  0x1.714508p+0f,  0x1.7a1fc2p+0f,  0x1.83442cp+0f,
+    0x1.8c5754p+0f,  0x1.957ac8p+0f,  0x1.9e8bc4p+0f,  0x1.a7c84cp+0f,  0x1.b145f8p+0f,
+    0x1.ba317ep+0f,  0x1.c30a34p+0f,  0x1.cc6ea2p+0f,  0x1.d5bff4p+0f,  0x1.df062ap+0f,
+    0x1.e7fd3p+0f,   0x1.f1566ep+0f,  0x1.fb0f4cp+0f,  0x1.021bb8p+1f,  0x1.065fdcp+1f,
+    0x1.0ab4c6p+1f,  0x1.0f44dp+1f,   0x1.13eae4p+1f,  0x1.184b86p+1f,  0x1.1cc9f6p+1f,
+    0x1.20ee12p+1f,  0x1.25ad8p+1f,   0x1.2a5a94p+1f,  0x1.2eab84p+1f,  0x1.32f5bep+1f,
+    0x1.3780a2p+1f,  0x1.3bcfbap+1f,  0x1.406f48p+1f,  0x1.4493fcp+1f,  0x1.491dbcp+1f,
+    0x1.4db128p+1f,  0x1.51f644p+1f,  0x1.56275ap+1f,  0x1.5acff2p+1f,  0x1.5f6584p+1f,
+    0x1.63c554p+1f,  0x1.6843b8p+1f,  0x1.6d084cp+1f,  0x1.714fe8p+1f,  0x1.75b7d8p+1f,
+    0x1.7a3ccap+1f,  0x1.7e6862p+1f,  0x1.82c03ap+1f,  0x1.87e472p+1f,  0x1.8d1716p+1f,
+    0x1.929fcp+1f,   0x1.9611bep+1f,  0x1.9a441ep+1f,  0x1.9e6fb6p+1f,  0x1.a23c48p+1f,
+    0x1.a695e6p+1f,  0x1.aad1ccp+1f,  0x1.af4ea4p+1f,  0x1.b41504p+1f,  0x1.b894cap+1f,
+    0x1.bb595cp+1f,  0x1.c0515ap+1f,  0x1.c680f8p+1f,  0x1.c9976ep+1f,  0x1.cd67bp+1f,
+    0x1.d1f10ap+1f,  0x1.d8a98cp+1f,  0x1.dbd244p+1f,  0x1.dfd8bep+1f,  0x1.e62058p+1f,
+    0x1.e889fap+1f,  0x1.eda46p+1f,   0x1.f206eap+1f,  0x1.f5fb22p+1f,  0x1.fcac3cp+1f,
+    0x1.009384p+2f,  0x1.01e552p+2f,  0x1.051788p+2f,  0x1.06563ep+2f,  0x1.088eb6p+2f,
+    0x1.0b0d9ap+2f,  0x1.0cb27cp+2f,  0x1.0f381ap+2f,  0x1.117092p+2f,  0x1.13a90ap+2f,
     0x1.15e18p+2f,
 };
 static const float tq_boun_8[255] = {
-    -0x1.1ebacp+2f, -0x1.1c824ap+2f, -0x1.1acfep+2f, -0x1.18797cp+2f, -0x1.164104p+2f,
+    -0x1.1ebacp+2f,  -0x1.1c824ap+2f, -0x1.1acfep+2f,  -0x1.18797cp+2f, -0x1.164104p+2f,
     -0x1.14267cp+2f, -0x1.11ee04p+2f, -0x1.0fb58cp+2f, -0x1.0d7d18p+2f, -0x1.0b44ap+2f,
     -0x1.090c28p+2f, -0x1.06fd98p+2f, -0x1.047c7cp+2f, -0x1.018c54p+2f, -0x1.002744p+2f,
-    -0x1.fc73bcp+1f, -0x1.f6fd08p+1f, -0x1.f3667p+1f, -0x1.eefb28p+1f, -0x1.e9623p+1f,
+    -0x1.fc73bcp+1f, -0x1.f6fd08p+1f, -0x1.f3667p+1f,  -0x1.eefb28p+1f, -0x1.e9623p+1f,
     -0x1.e3f238p+1f, -0x1.e077c2p+1f, -0x1.dce4fap+1f, -0x1.d86bd8p+1f, -0x1.d3974p+1f,
     -0x1.ce7eeep+1f, -0x1.cb379cp+1f, -0x1.c7b184p+1f, -0x1.c2cd86p+1f, -0x1.be24d8p+1f,
-    -0x1.b94cfcp+1f, -0x1.b4e204p+1f, -0x1.b0b88p+1f, -0x1.ac32cap+1f, -0x1.a7a4ecp+1f,
-    -0x1.a32f44p+1f, -0x1.9e95ap+1f, -0x1.9a6fep+1f, -0x1.966ap+1f, -0x1.9137f6p+1f,
-    -0x1.8c6974p+1f, -0x1.887f6p+1f, -0x1.84305cp+1f, -0x1.7fad96p+1f, -0x1.7b4d94p+1f,
-    -0x1.76e39cp+1f, -0x1.724c6p+1f, -0x1.6dd218p+1f, -0x1.696dd8p+1f, -0x1.64fa8p+1f,
+    -0x1.b94cfcp+1f, -0x1.b4e204p+1f, -0x1.b0b88p+1f,  -0x1.ac32cap+1f, -0x1.a7a4ecp+1f,
+    -0x1.a32f44p+1f, -0x1.9e95ap+1f,  -0x1.9a6fep+1f,  -0x1.966ap+1f,   -0x1.9137f6p+1f,
+    -0x1.8c6974p+1f, -0x1.887f6p+1f,  -0x1.84305cp+1f, -0x1.7fad96p+1f, -0x1.7b4d94p+1f,
+    -0x1.76e39cp+1f, -0x1.724c6p+1f,  -0x1.6dd218p+1f, -0x1.696dd8p+1f, -0x1.64fa8p+1f,
     -0x1.60982cp+1f, -0x1.5c3188p+1f, -0x1.577294p+1f, -0x1.52ce04p+1f, -0x1.4eb84p+1f,
-    -0x1.4a45e8p+1f, -0x1.4583ep+1f, -0x1.41482cp+1f, -0x1.3d3136p+1f, -0x1.38aa1ep+1f,
-    -0x1.33f434p+1f, -0x1.2f401p+1f, -0x1.2aaeb4p+1f, -0x1.26525p+1f, -0x1.21aa7p+1f,
-    -0x1.1d054ep+1f, -0x1.18c25p+1f, -0x1.14981p+1f, -0x1.1063b8p+1f, -0x1.0c29acp+1f,
+    -0x1.4a45e8p+1f, -0x1.4583ep+1f,  -0x1.41482cp+1f, -0x1.3d3136p+1f, -0x1.38aa1ep+1f,
+    -0x1.33f434p+1f, -0x1.2f401p+1f,  -0x1.2aaeb4p+1f, -0x1.26525p+1f,  -0x1.21aa7p+1f,
+    -0x1.1d054ep+1f, -0x1.18c25p+1f,  -0x1.14981p+1f,  -0x1.1063b8p+1f, -0x1.0c29acp+1f,
     -0x1.07e1fcp+1f, -0x1.0341bcp+1f, -0x1.fcf62cp+0f, -0x1.f3322cp+0f, -0x1.e960ep+0f,
-    -0x1.e04646p+0f, -0x1.d7105p+0f, -0x1.cd946ap+0f, -0x1.c405e4p+0f, -0x1.ba7b5cp+0f,
-    -0x1.b13c8ep+0f, -0x1.a82728p+0f, -0x1.9f28ap+0f, -0x1.96623ep+0f, -0x1.8dbe48p+0f,
+    -0x1.e04646p+0f, -0x1.d7105p+0f,  -0x1.cd946ap+0f, -0x1.c405e4p+0f, -0x1.ba7b5cp+0f,
+    -0x1.b13c8ep+0f, -0x1.a82728p+0f, -0x1.9f28ap+0f,  -0x1.96623ep+0f, -0x1.8dbe48p+0f,
     -0x1.852278p+0f, -0x1.7c82ccp+0f, -0x1.73be28p+0f, -0x1.6b2b8cp+0f, -0x1.62b36ep+0f,
-    -0x1.5a2cb4p+0f, -0x1.519772p+0f, -0x1.492cep+0f, -0x1.40affp+0f, -0x1.37e68ap+0f,
-    -0x1.2f0f7cp+0f, -0x1.26034p+0f, -0x1.1cfbeep+0f, -0x1.142492p+0f, -0x1.0b61ecp+0f,
+    -0x1.5a2cb4p+0f, -0x1.519772p+0f, -0x1.492cep+0f,  -0x1.40affp+0f,  -0x1.37e68ap+0f,
+    -0x1.2f0f7cp+0f, -0x1.26034p+0f,  -0x1.1cfbeep+0f, -0x1.142492p+0f, -0x1.0b61ecp+0f,
     -0x1.02c12ep+0f, -0x1.f477d4p-1f, -0x1.e36864p-1f, -0x1.d1fec4p-1f, -0x1.c093cp-1f,
     -0x1.af7c84p-1f, -0x1.9eb13ap-1f, -0x1.8d7564p-1f, -0x1.7b5934p-1f, -0x1.68fe6p-1f,
-    -0x1.56c27p-1f, -0x1.449d5ep-1f, -0x1.328902p-1f, -0x1.209e7cp-1f, -0x1.0eb17p-1f,
+    -0x1.56c27p-1f,  -0x1.449d5ep-1f, -0x1.328902p-1f, -0x1.209e7cp-1f, -0x1.0eb17p-1f,
     -0x1.f8edcap-2f, -0x1.d43a42p-2f, -0x1.b058e6p-2f, -0x1.8cb2d8p-2f, -0x1.686d2p-2f,
-    -0x1.4443ccp-2f, -0x1.20b034p-2f, -0x1.fc40d8p-3f, -0x1.ba305p-3f, -0x1.782adcp-3f,
+    -0x1.4443ccp-2f, -0x1.20b034p-2f, -0x1.fc40d8p-3f, -0x1.ba305p-3f,  -0x1.782adcp-3f,
     -0x1.3495ccp-3f, -0x1.e02fccp-4f, -0x1.540ea4p-4f, -0x1.8d790cp-5f, -0x1.ba0f04p-7f,
-    0x1.6e4ec2p-6f, 0x1.d6944ep-5f, 0x1.7500dp-4f, 0x1.fc01ep-4f, 0x1.4241acp-3f,
-    0x1.879308p-3f, 0x1.ce0034p-3f, 0x1.0ac2cp-2f, 0x1.2f9326p-2f, 0x1.54e8p-2f,
-    0x1.7a05dp-2f, 0x1.9e9604p-2f, 0x1.c221acp-2f, 0x1.e573bp-2f, 0x1.0456a2p-1f,
-    0x1.1593c6p-1f, 0x1.26507cp-1f, 0x1.374ba6p-1f, 0x1.48d1b4p-1f, 0x1.5a9134p-1f,
-    0x1.6c10c8p-1f, 0x1.7d8488p-1f, 0x1.8f1036p-1f, 0x1.a09b9p-1f, 0x1.b2082cp-1f,
-    0x1.c336ccp-1f, 0x1.d48376p-1f, 0x1.e60ddcp-1f, 0x1.f7a28ap-1f, 0x1.047d76p+0f,
-    0x1.0d1cd6p+0f, 0x1.15c01p+0f, 0x1.1e63eap+0f, 0x1.2733fap+0f, 0x1.2ff234p+0f,
-    0x1.38ab38p+0f, 0x1.41b35p+0f, 0x1.4ad57p+0f, 0x1.53c10cp+0f, 0x1.5c4c98p+0f,
-    0x1.64a01p+0f, 0x1.6d021p+0f, 0x1.75b264p+0f, 0x1.7eb1f8p+0f, 0x1.87cdcp+0f,
-    0x1.90e90ep+0f, 0x1.9a0346p+0f, 0x1.a32a08p+0f, 0x1.ac8722p+0f, 0x1.b5bbbcp+0f,
-    0x1.be9dd8p+0f, 0x1.c7bc6cp+0f, 0x1.d1174cp+0f, 0x1.da631p+0f, 0x1.e381acp+0f,
-    0x1.eca9dp+0f, 0x1.f632dcp+0f, 0x1.ffa35ep+0f, 0x1.043dcap+1f, 0x1.088a5p+1f,
-    0x1.0cfcccp+1f, 0x1.1197dap+1f, 0x1.161b34p+1f, 0x1.1a8abep+1f, 0x1.1edc04p+1f,
-    0x1.234dc8p+1f, 0x1.28040ap+1f, 0x1.2c830cp+1f, 0x1.30d0ap+1f, 0x1.353b3p+1f,
-    0x1.39a82ep+1f, 0x1.3e1f8p+1f, 0x1.4281a2p+1f, 0x1.46d8dcp+1f, 0x1.4b6772p+1f,
-    0x1.4fd3b6p+1f, 0x1.540edp+1f, 0x1.587ba6p+1f, 0x1.5d1abcp+1f, 0x1.61956cp+1f,
-    0x1.660486p+1f, 0x1.6aa602p+1f, 0x1.6f2c1ap+1f, 0x1.7383ep+1f, 0x1.77fa5p+1f,
-    0x1.7c5296p+1f, 0x1.80944ep+1f, 0x1.855256p+1f, 0x1.8a7dc4p+1f, 0x1.8fdb6cp+1f,
-    0x1.9458cp+1f, 0x1.982aeep+1f, 0x1.9c59eap+1f, 0x1.a056p+1f, 0x1.a46918p+1f,
-    0x1.a8b3d8p+1f, 0x1.ad1038p+1f, 0x1.b1b1d4p+1f, 0x1.b654e8p+1f, 0x1.b9f714p+1f,
-    0x1.bdd55cp+1f, 0x1.c36928p+1f, 0x1.c80c34p+1f, 0x1.cb7f9p+1f, 0x1.cfac5cp+1f,
-    0x1.d54d4cp+1f, 0x1.da3de8p+1f, 0x1.ddd58p+1f, 0x1.e2fc8cp+1f, 0x1.e75528p+1f,
-    0x1.eb172cp+1f, 0x1.efd5a4p+1f, 0x1.f40106p+1f, 0x1.f953bp+1f, 0x1.fee9a2p+1f,
-    0x1.013c6cp+2f, 0x1.037e6cp+2f, 0x1.05b6e4p+2f, 0x1.07727ap+2f, 0x1.09ce28p+2f,
-    0x1.0be00cp+2f, 0x1.0df54cp+2f, 0x1.105456p+2f, 0x1.128ccep+2f, 0x1.14c544p+2f,
+    0x1.6e4ec2p-6f,  0x1.d6944ep-5f,  0x1.7500dp-4f,   0x1.fc01ep-4f,   0x1.4241acp-3f,
+    0x1.879308p-3f,  0x1.ce0034p-3f,  0x1.0ac2cp-2f,   0x1.2f9326p-2f,  0x1.54e8p-2f,
+    0x1.7a05dp-2f,   0x1.9e9604p-2f,  0x1.c221acp-2f,  0x1.e573bp-2f,   0x1.0456a2p-1f,
+    0x1.1593c6p-1f,  0x1.26507cp-1f,  0x1.374ba6p-1f,  0x1.48d1b4p-1f,  0x1.5a9134p-1f,
+    0x1.6c10c8p-1f,  0x1.7d8488p-1f,  0x1.8f1036p-1f,  0x1.a09b9p-1f,   0x1.b2082cp-1f,
+    0x1.c336ccp-1f,  0x1.d48376p-1f,  0x1.e60ddcp-1f,  0x1.f7a28ap-1f,  0x1.047d76p+0f,
+    0x1.0d1cd6p+0f,  0x1.15c01p+0f,   0x1.1e63eap+0f,  0x1.2733fap+0f,  0x1.2ff234p+0f,
+    0x1.38ab38p+0f,  0x1.41b35p+0f,   0x1.4ad57p+0f,   0x1.53c10cp+0f,  0x1.5c4c98p+0f,
+    0x1.64a01p+0f,   0x1.6d021p+0f,   0x1.75b264p+0f,  0x1.7eb1f8p+0f,  0x1.87cdcp+0f,
+    0x1.90e90ep+0f,  0x1.9a0346p+0f,  0x1.a32a08p+0f,  0x1.ac8722p+0f,  0x1.b5bbbcp+0f,
+    0x1.be9dd8p+0f,  0x1.c7bc6cp+0f,  0x1.d1174cp+0f,  0x1.da631p+0f,   0x1.e381acp+0f,
+    0x1.eca9dp+0f,   0x1.f632dcp+0f,  0x1.ffa35ep+0f,  0x1.043dcap+1f,  0x1.088a5p+1f,
+    0x1.0cfcccp+1f,  0x1.1197dap+1f,  0x1.161b34p+1f,  0x1.1a8abep+1f,  0x1.1edc04p+1f,
+    0x1.234dc8p+1f,  0x1.28040ap+1f,  0x1.2c830cp+1f,  0x1.30d0ap+1f,   0x1.353b3p+1f,
+    0x1.39a82ep+1f,  0x1.3e1f8p+1f,   0x1.4281a2p+1f,  0x1.46d8dcp+1f,  0x1.4b6772p+1f,
+    0x1.4fd3b6p+1f,  0x1.540edp+1f,   0x1.587ba6p+1f,  0x1.5d1abcp+1f,  0x1.61956cp+1f,
+    0x1.660486p+1f,  0x1.6aa602p+1f,  0x1.6f2c1ap+1f,  0x1.7383ep+1f,   0x1.77fa5p+1f,
+    0x1.7c5296p+1f,  0x1.80944ep+1f,  0x1.855256p+1f,  0x1.8a7dc4p+1f,  0x1.8fdb6cp+1f,
+    0x1.9458cp+1f,   0x1.982aeep+1f,  0x1.9c59eap+1f,  0x1.a056p+1f,    0x1.a46918p+1f,
+    0x1.a8b3d8p+1f,  0x1.ad1038p+1f,  0x1.b1b1d4p+1f,  0x1.b654e8p+1f,  0x1.b9f714p+1f,
+    0x1.bdd55cp+1f,  0x1.c36928p+1f,  0x1.c80c34p+1f,  0x1.cb7f9p+1f,   0x1.cfac5cp+1f,
+    0x1.d54d4cp+1f,  0x1.da3de8p+1f,  0x1.ddd58p+1f,   0x1.e2fc8cp+1f,  0x1.e75528p+1f,
+    0x1.eb172cp+1f,  0x1.efd5a4p+1f,  0x1.f40106p+1f,  0x1.f953bp+1f,   0x1.fee9a2p+1f,
+    0x1.013c6cp+2f,  0x1.037e6cp+2f,  0x1.05b6e4p+2f,  0x1.07727ap+2f,  0x1.09ce28p+2f,
+    0x1.0be00cp+2f,  0x1.0df54cp+2f,  0x1.105456p+2f,  0x1.128ccep+2f,  0x1.14c544p+2f,
 };
 
 /* ---- tables ---------------------------------------------------------------- */
@@ -204,7 +209,8 @@ static const struct {
 static const struct {
     int d;
     const char *signs;
-} sign_tables[] = {{64, tq_signs_64}, {128, tq_signs_128}, {256, tq_signs_256}, {512, tq_signs_512}};
+} sign_tables[] = {
+    {64, tq_signs_64}, {128, tq_signs_128}, {256, tq_signs_256}, {512, tq_signs_512}};
 
 bool pt_tq_dim_ok(int d, bool any_dim) {
     if (d == 64 || d == 128 || d == 256 || d == 512) return true;
@@ -229,7 +235,8 @@ int pt_tq_signs(int d, float *out) {
     int want = d < 64 ? 64 : d;
     for (size_t t = 0; t < PT_ARRAY_LEN(sign_tables); t++)
         if (sign_tables[t].d == want) {
-            for (int i = 0; i < d; i++) out[i] = sign_tables[t].signs[i] == '-' ? -1.0f : 1.0f;
+            for (int i = 0; i < d; i++)
+                out[i] = sign_tables[t].signs[i] == '-' ? -1.0f : 1.0f;
             return 0;
         }
     return -1;
@@ -259,7 +266,8 @@ void pt_tq_pack(const int32_t *codes, int n, int bits, uint8_t *out) {
     size_t o = 0;
     for (int i = 0; i < n; i++) {
         acc |= ((uint64_t)(uint32_t)codes[i] & mask) << have;
-        for (have += bits; have >= 8; have -= 8, acc >>= 8) out[o++] = (uint8_t)acc;
+        for (have += bits; have >= 8; have -= 8, acc >>= 8)
+            out[o++] = (uint8_t)acc;
     }
 }
 
@@ -268,7 +276,8 @@ void pt_tq_unpack(const uint8_t *in, int n, int bits, bool is_signed, int32_t *c
     int have = 0;
     size_t o = 0;
     for (int i = 0; i < n; i++) {
-        for (; have < bits; have += 8) acc |= (uint64_t)in[o++] << have;
+        for (; have < bits; have += 8)
+            acc |= (uint64_t)in[o++] << have;
         uint32_t c = (uint32_t)(acc & mask);
         acc >>= bits;
         have -= bits;
@@ -291,7 +300,8 @@ void pt_tq_fwht(float *x, int d) {
 void pt_tq_unrotate(float *acc, int d, const float *signs, float mul) {
     float inv = pt_tq_inv_sqrt(d);
     pt_tq_fwht(acc, d);
-    for (int i = 0; i < d; i++) acc[i] = acc[i] * inv * signs[i] * mul;
+    for (int i = 0; i < d; i++)
+        acc[i] = acc[i] * inv * signs[i] * mul;
 }
 
 /* ---- keys ----------------------------------------------------------------------- */
@@ -341,7 +351,8 @@ static void key_group_ref(const float *g, int n, int bits, int32_t *codes, uint1
         sp = scale + eps;
         zero = rintf(mn / sp);
     }
-    for (int i = 0; i < n; i++) codes[i] = to_code(g[i] / sp - zero, lo, hi);
+    for (int i = 0; i < n; i++)
+        codes[i] = to_code(g[i] / sp - zero, lo, hi);
     *s16 = pt_f32_to_f16(scale);
     *z16 = pt_f32_to_f16(zero);
 }
@@ -353,7 +364,8 @@ static void key_group_ref(const float *g, int n, int bits, int32_t *codes, uint1
 static void key_group_repair(const float *g0, int n, int bits, int32_t *codes, uint16_t *s16,
                              uint16_t *z16) {
     float g[PT_TQ_GROUP] = {0}, mn, mx;
-    for (int i = 0; i < n; i++) g[i] = clamp_f16_range(g0[i]);
+    for (int i = 0; i < n; i++)
+        g[i] = clamp_f16_range(g0[i]);
     min_max(g, n, &mn, &mx);
     int lo = bits == 8 ? -127 : 0, hi = bits == 8 ? 127 : (1 << bits) - 1;
     float amax = fmaxf(fabsf(mn), fabsf(mx));
@@ -367,7 +379,8 @@ static void key_group_repair(const float *g0, int n, int bits, int32_t *codes, u
         return;
     }
     float zero = bits == 8 ? rintf(((mx + mn) * 0.5f) / sh) : rintf(mn / sh);
-    for (int i = 0; i < n; i++) codes[i] = to_code(g[i] / sh - zero, lo, hi);
+    for (int i = 0; i < n; i++)
+        codes[i] = to_code(g[i] / sh - zero, lo, hi);
     *s16 = h;
     *z16 = pt_f32_to_f16(zero);
 }
@@ -407,9 +420,11 @@ void pt_tq_decode_k(const uint8_t *codes, const uint16_t *scales, const uint16_t
 /* sqrt(mean(y^2)) over one group, the sum as a halving tree (README 3b). */
 static float group_rms(const float *y, int n) {
     float s[PT_TQ_GROUP];
-    for (int i = 0; i < n; i++) s[i] = y[i] * y[i];
+    for (int i = 0; i < n; i++)
+        s[i] = y[i] * y[i];
     for (int h = n / 2; h >= 1; h /= 2)
-        for (int i = 0; i < h; i++) s[i] = s[i] + s[i + h];
+        for (int i = 0; i < h; i++)
+            s[i] = s[i] + s[i + h];
     return sqrtf(s[0] * (1.0f / (float)n));
 }
 
@@ -434,9 +449,11 @@ int pt_tq_encode_v(const float *x, int d, int group, int bits, const float *sign
     const float *bnd = pt_tq_boundaries(bits), inv = pt_tq_inv_sqrt(d);
     bool fin = all_finite(x, d);
     int n_bnd = (1 << bits) - 1, repaired = fin ? 0 : d / group;
-    for (int i = 0; i < d; i++) y[i] = (fin ? x[i] : clamp_f16_range(x[i])) * signs[i];
+    for (int i = 0; i < d; i++)
+        y[i] = (fin ? x[i] : clamp_f16_range(x[i])) * signs[i];
     pt_tq_fwht(y, d);
-    for (int i = 0; i < d; i++) y[i] = y[i] * inv;
+    for (int i = 0; i < d; i++)
+        y[i] = y[i] * inv;
     for (int g = 0; g < d / group; g++) {
         const float *yg = y + g * group;
         float scale = group_rms(yg, group);
@@ -446,18 +463,20 @@ int pt_tq_encode_v(const float *x, int d, int group, int bits, const float *sign
             repaired += fin;
         }
         float den = scale + 1e-8f;
-        for (int i = 0; i < group; i++) c[g * group + i] = lloyd_max_code(bnd, n_bnd, yg[i] / den);
+        for (int i = 0; i < group; i++)
+            c[g * group + i] = lloyd_max_code(bnd, n_bnd, yg[i] / den);
     }
     pt_tq_pack(c, d, bits, codes);
     return repaired;
 }
 
-void pt_tq_dequant_rotated(const uint8_t *codes, const uint16_t *scales, int d, int group,
-                           int bits, float *r) {
+void pt_tq_dequant_rotated(const uint8_t *codes, const uint16_t *scales, int d, int group, int bits,
+                           float *r) {
     int32_t c[PT_TQ_MAX_DIM];
     const float *cent = pt_tq_centroids(bits);
     pt_tq_unpack(codes, d, bits, false, c);
-    for (int i = 0; i < d; i++) r[i] = cent[c[i]] * pt_f16_to_f32(scales[i / group]);
+    for (int i = 0; i < d; i++)
+        r[i] = cent[c[i]] * pt_f16_to_f32(scales[i / group]);
 }
 
 void pt_tq_decode_v(const uint8_t *codes, const uint16_t *scales, int d, int group, int bits,
@@ -465,5 +484,6 @@ void pt_tq_decode_v(const uint8_t *codes, const uint16_t *scales, int d, int gro
     float inv = pt_tq_inv_sqrt(d);
     pt_tq_dequant_rotated(codes, scales, d, group, bits, x);
     pt_tq_fwht(x, d);
-    for (int i = 0; i < d; i++) x[i] = (x[i] * inv) * signs[i];
+    for (int i = 0; i < d; i++)
+        x[i] = (x[i] * inv) * signs[i];
 }

@@ -84,8 +84,8 @@ int pt_tq_encode_v(const float *x, int d, int group, int bits, const float *sign
 void pt_tq_decode_v(const uint8_t *codes, const uint16_t *scales, int d, int group, int bits,
                     const float *signs, float *x);
 /* The rotated-domain part of decode alone: r = centroid[code] * scale. */
-void pt_tq_dequant_rotated(const uint8_t *codes, const uint16_t *scales, int d, int group,
-                           int bits, float *r);
+void pt_tq_dequant_rotated(const uint8_t *codes, const uint16_t *scales, int d, int group, int bits,
+                           float *r);
 /* The deferred inverse transform: acc <- signs * H(acc) * inv_sqrt(d) * mul.
  * Attention is linear in V, so the weighted sum of rotated-domain rows is
  * un-rotated once per output row instead of once per cached token. */

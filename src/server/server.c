@@ -170,7 +170,6 @@ static void defaults(pt_server_opts *o, const pt_engine *e) {
 static int size_kv_pool(pt_engine *e, const pt_server_opts *o, pt_err *err) {
     int need = pt_sched_pages_for(e, o->n_ctx) * o->parallel;
     if (e->kv.cfg.n_pages >= need) return 0;
-    pt_dtype dt = e->kv.cfg.dtype;
     int positions = need * e->kv.cfg.page_size;
     /* with overcommit a too-big pool would "succeed" and be killed later */
     double gib = (double)pt_kv_bytes_per_token(&e->kv.cfg) * positions / (1 << 30);
@@ -180,9 +179,7 @@ static int size_kv_pool(pt_engine *e, const pt_server_opts *o, pt_err *err) {
                        "a KV cache for %d sequences of %d positions needs %.1f GiB, %.1f GiB "
                        "are available: lower --parallel or --ctx",
                        o->parallel, o->n_ctx, gib, avail);
-    pt_kv_cache_free(&e->kv);
-    memset(&e->kv, 0, sizeof e->kv);
-    if (pt_model_kv_init(e->model, &e->kv, positions, dt, err))
+    if (pt_engine_kv_init(e, positions, err)) /* keeps --kv-type and --kv-quant */
         return pt_failp(err,
                         "KV cache for %d sequences of %d positions (lower --parallel or --ctx)",
                         o->parallel, o->n_ctx);

@@ -46,10 +46,10 @@ static void test_parse(void **state) {
     static const struct {
         const char *s, *msg;
     } bad[] = {
-        {"6", "expected none, 8, 4"},    {"turbo:k3v3", "key bits 3"},
-        {"turbo:k8v6", "value bits 6"},  {"turbo:k8", "k<bits>v<bits>"},
-        {"turbo:x", "k<bits>v<bits>"},   {"turbo:k8v3x", "k<bits>v<bits>"},
-        {"turbo:k1v3", "key bits 1"},    {"int8", "expected none"},
+        {"6", "expected none, 8, 4"},   {"turbo:k3v3", "key bits 3"},
+        {"turbo:k8v6", "value bits 6"}, {"turbo:k8", "k<bits>v<bits>"},
+        {"turbo:x", "k<bits>v<bits>"},  {"turbo:k8v3x", "k<bits>v<bits>"},
+        {"turbo:k1v3", "key bits 1"},   {"int8", "expected none"},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(bad); i++) {
         pt_kvq_spec s;
@@ -72,10 +72,10 @@ static void test_geometry_and_refusals(void **state) {
     /* constants.json: bytes per token per kv head at d = 128 */
     static const struct {
         int kb, vb, bytes;
-    } table[] = {{2, 2, 88},   {2, 3, 104}, {2, 4, 120}, {2, 5, 136}, {2, 8, 184},
-                 {4, 2, 120},  {4, 3, 136}, {4, 4, 152}, {4, 5, 168}, {4, 8, 216},
-                 {5, 2, 136},  {5, 3, 152}, {5, 4, 168}, {5, 5, 184}, {5, 8, 232},
-                 {8, 2, 184},  {8, 3, 200}, {8, 4, 216}, {8, 5, 232}, {8, 8, 280}};
+    } table[] = {{2, 2, 88},  {2, 3, 104}, {2, 4, 120}, {2, 5, 136}, {2, 8, 184},
+                 {4, 2, 120}, {4, 3, 136}, {4, 4, 152}, {4, 5, 168}, {4, 8, 216},
+                 {5, 2, 136}, {5, 3, 152}, {5, 4, 168}, {5, 5, 184}, {5, 8, 232},
+                 {8, 2, 184}, {8, 3, 200}, {8, 4, 216}, {8, 5, 232}, {8, 8, 280}};
     for (size_t i = 0; i < PT_ARRAY_LEN(table); i++) {
         char q[32];
         snprintf(q, sizeof q, "turbo:k%dv%d", table[i].kb, table[i].vb);
@@ -98,12 +98,14 @@ static void test_geometry_and_refusals(void **state) {
         {"turbo", 1024, "head_dim 1024"},
         {"turbo:anydim", 24, "head_dim 24"},
         {"8", 12, "not a multiple of 8"},
+        {"8", 0, "head_dim 0"},
         {"4", 1024, "up to 512"},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(refuse); i++) {
         assert_int_equal(pt_kvq_parse(refuse[i].q, &s, &err), 0);
         assert_int_not_equal(pt_kv_codec_init(&c, &s, refuse[i].d, &err), 0);
-        if (!strstr(err.msg, refuse[i].msg)) fail_msg("%s d=%d: '%s'", refuse[i].q, refuse[i].d, err.msg);
+        if (!strstr(err.msg, refuse[i].msg))
+            fail_msg("%s d=%d: '%s'", refuse[i].q, refuse[i].d, err.msg);
     }
     assert_int_equal(pt_kvq_parse("none", &s, &err), 0);
     assert_int_not_equal(pt_kv_codec_init(&c, &s, 64, &err), 0);
@@ -117,7 +119,8 @@ static void test_turbo_row_layout(void **state) {
     float x[128], y[128], z[128];
     pt_rng r;
     pt_rng_seed(&r, 1);
-    for (int i = 0; i < 128; i++) x[i] = (float)(pt_rng_uniform(&r) * 4 - 2);
+    for (int i = 0; i < 128; i++)
+        x[i] = (float)(pt_rng_uniform(&r) * 4 - 2);
     uint8_t row[256], codes[128];
     uint16_t s[4], zp[4];
     c.encode_k(&c, x, row);
@@ -141,7 +144,8 @@ static void test_turbo_row_layout(void **state) {
     /* raw + unrotate == eager decode */
     c.decode_v_raw(&c, row, y);
     c.unrotate(&c, y, 1.0f);
-    for (int i = 0; i < 128; i++) assert_float_equal(y[i], z[i], 1e-6);
+    for (int i = 0; i < 128; i++)
+        assert_float_equal(y[i], z[i], 1e-6);
 }
 
 /* Affine: error at most half a step (plus the fp16 rounding of the bias),
@@ -160,12 +164,14 @@ static void test_affine(void **state) {
         for (int trial = 0; trial < 200; trial++) {
             float span = (float)ldexp(1, (int)(pt_rng_next(&r) % 20) - 10);
             float off = (float)(pt_rng_uniform(&r) - 0.5) * 8;
-            for (int i = 0; i < 64; i++) x[i] = off + span * (float)pt_rng_uniform(&r);
+            for (int i = 0; i < 64; i++)
+                x[i] = off + span * (float)pt_rng_uniform(&r);
             c.encode_k(&c, x, row);
             c.decode_k(&c, row, y);
             for (int g = 0; g < 2; g++) {
                 float mn = x[g * 32], mx = mn;
-                for (int i = g * 32; i < g * 32 + 32; i++) mn = fminf(mn, x[i]), mx = fmaxf(mx, x[i]);
+                for (int i = g * 32; i < g * 32 + 32; i++)
+                    mn = fminf(mn, x[i]), mx = fmaxf(mx, x[i]);
                 float step = (mx - mn) / (float)((1 << bits[b]) - 1);
                 float tol = step * 0.5f * 1.002f + fabsf(mn) * 0x1p-11f + 1e-7f;
                 for (int i = g * 32; i < g * 32 + 32; i++)
@@ -173,14 +179,18 @@ static void test_affine(void **state) {
                         fail_msg("affine%d: |%g - %g| > %g", bits[b], y[i], x[i], tol);
             }
         }
-        for (int i = 0; i < 64; i++) x[i] = i < 32 ? 0.3f : -7.25f;
+        for (int i = 0; i < 64; i++)
+            x[i] = i < 32 ? 0.3f : -7.25f;
         c.encode_v(&c, x, row);
         c.decode_v(&c, row, y);
-        for (int i = 0; i < 64; i++) assert_true(y[i] == pt_f16_to_f32(pt_f32_to_f16(x[i])));
-        for (int i = 0; i < 64; i++) x[i] = i % 3 ? NAN : (i % 2 ? INFINITY : -1e30f);
+        for (int i = 0; i < 64; i++)
+            assert_true(y[i] == pt_f16_to_f32(pt_f32_to_f16(x[i])));
+        for (int i = 0; i < 64; i++)
+            x[i] = i % 3 ? NAN : (i % 2 ? INFINITY : -1e30f);
         c.encode_k(&c, x, row);
         c.decode_k(&c, row, y);
-        for (int i = 0; i < 64; i++) assert_true(isfinite(y[i]) && fabsf(y[i]) <= 65504 * 1.01f);
+        for (int i = 0; i < 64; i++)
+            assert_true(isfinite(y[i]) && fabsf(y[i]) <= 65504 * 1.01f);
     }
 }
 

@@ -20,8 +20,12 @@
 #include "kv/kvcache.h"
 
 static pt_kv_config config(int n_kv, int hd, const char *quant) {
-    pt_kv_config c = {.n_layers = 2, .n_kv_heads = n_kv, .head_dim = hd, .page_size = 16,
-                      .n_pages = 16, .dtype = PT_F16};
+    pt_kv_config c = {.n_layers = 2,
+                      .n_kv_heads = n_kv,
+                      .head_dim = hd,
+                      .page_size = 16,
+                      .n_pages = 16,
+                      .dtype = PT_F16};
     pt_err err;
     assert_int_equal(pt_kvq_parse(quant, &c.quant, &err), 0);
     return c;
@@ -59,9 +63,12 @@ static void test_geometry(void **state) {
         size_t per_head; /* K + V bytes per token per kv head per layer */
         const char *name;
     } cases[] = {
-        {"none", 128, 512, "f16"},           {"turbo", 128, 200, "turbo-k8v3"},
-        {"turbo:k8v4", 128, 216, "turbo-k8v4"}, {"turbo:k4v3", 128, 136, "turbo-k4v3"},
-        {"turbo:k2v2", 128, 88, "turbo-k2v2"},  {"turbo:k8v8", 128, 280, "turbo-k8v8"},
+        {"none", 128, 512, "f16"},
+        {"turbo", 128, 200, "turbo-k8v3"},
+        {"turbo:k8v4", 128, 216, "turbo-k8v4"},
+        {"turbo:k4v3", 128, 136, "turbo-k4v3"},
+        {"turbo:k2v2", 128, 88, "turbo-k2v2"},
+        {"turbo:k8v8", 128, 280, "turbo-k8v8"},
         {"8", 128, 128 + 8 + 8 + 128 + 8 + 8, "affine8"},
         {"4", 128, 64 + 16 + 64 + 16, "affine4"},
         {"4", 8, 4 + 4 + 4 + 4, "affine4"}, /* one group of 8 */
@@ -99,14 +106,17 @@ static void reference_attention(const pt_kv_codec *c, const float *dk, const flo
     double *w = malloc(sizeof(double) * (size_t)n_pos), mx = -INFINITY, sum = 0;
     for (int p = 0; p < n_pos; p++) {
         double s = 0;
-        for (int i = 0; i < d; i++) s += (double)q[i] * dk[(size_t)p * d + i];
+        for (int i = 0; i < d; i++)
+            s += (double)q[i] * dk[(size_t)p * d + i];
         w[p] = s * scale;
         mx = w[p] > mx ? w[p] : mx;
     }
-    for (int p = 0; p < n_pos; p++) sum += (w[p] = exp(w[p] - mx));
+    for (int p = 0; p < n_pos; p++)
+        sum += (w[p] = exp(w[p] - mx));
     for (int i = 0; i < d; i++) {
         double o = 0;
-        for (int p = 0; p < n_pos; p++) o += w[p] * dv[(size_t)p * d + i];
+        for (int p = 0; p < n_pos; p++)
+            o += w[p] * dv[(size_t)p * d + i];
         out[i] = (float)(o / sum);
     }
     free(w);
@@ -131,17 +141,22 @@ static void run_attention(const attn_case *tc) {
     /* A block table of scattered pages, so rows cross page boundaries. */
     int n_pages = (tc->n_pos + cfg.page_size - 1) / cfg.page_size;
     int32_t *table = malloc(sizeof(int32_t) * (size_t)n_pages);
-    for (int i = 0; i < n_pages; i++) table[i] = (i * 37 + 5) % cfg.n_pages;
+    for (int i = 0; i < n_pages; i++)
+        table[i] = (i * 37 + 5) % cfg.n_pages;
     int n = tc->n_pos, d = tc->hd, kvw = tc->n_kv * d, qw = tc->n_heads * d;
-    float *k = malloc(sizeof(float) * (size_t)n * kvw), *v = malloc(sizeof(float) * (size_t)n * kvw);
+    float *k = malloc(sizeof(float) * (size_t)n * kvw),
+          *v = malloc(sizeof(float) * (size_t)n * kvw);
     float *q = malloc(sizeof(float) * (size_t)tc->n_rows * qw);
     float *out = malloc(sizeof(float) * (size_t)tc->n_rows * qw);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
     pt_rng r;
     pt_rng_seed(&r, (uint64_t)d * 131 + (uint64_t)tc->n_heads);
-    for (size_t i = 0; i < (size_t)n * kvw; i++) k[i] = 2 * frand(&r), v[i] = frand(&r);
-    for (size_t i = 0; i < (size_t)tc->n_rows * qw; i++) q[i] = frand(&r);
-    for (int i = 0; i < n; i++) pos[i] = i;
+    for (size_t i = 0; i < (size_t)n * kvw; i++)
+        k[i] = 2 * frand(&r), v[i] = frand(&r);
+    for (size_t i = 0; i < (size_t)tc->n_rows * qw; i++)
+        q[i] = frand(&r);
+    for (int i = 0; i < n; i++)
+        pos[i] = i;
 
     pt_kv_view view = pt_kv_layer(&kv, 1);
     pt_batch_view all = {n, pos, seq, table, n_pages, 1};
@@ -158,19 +173,23 @@ static void run_attention(const attn_case *tc) {
     for (int g = 0; g < tc->n_kv; g++) {
         for (int p = 0; p < n; p++) {
             size_t slot = (size_t)table[p / cfg.page_size] * cfg.page_size + p % cfg.page_size;
-            c->decode_k(c, (const uint8_t *)view.k + (slot * tc->n_kv + g) * c->k_row, dk + (size_t)p * d);
-            c->decode_v(c, (const uint8_t *)view.v + (slot * tc->n_kv + g) * c->v_row, dv + (size_t)p * d);
+            c->decode_k(c, (const uint8_t *)view.k + (slot * tc->n_kv + g) * c->k_row,
+                        dk + (size_t)p * d);
+            c->decode_v(c, (const uint8_t *)view.v + (slot * tc->n_kv + g) * c->v_row,
+                        dv + (size_t)p * d);
         }
         int group = tc->n_heads / tc->n_kv;
         for (int t = 0; t < tc->n_rows; t++)
             for (int h = g * group; h < (g + 1) * group; h++) {
-                reference_attention(c, dk, dv, n - tc->n_rows + t + 1, q + ((size_t)t * tc->n_heads + h) * d,
-                                    scale, want);
+                reference_attention(c, dk, dv, n - tc->n_rows + t + 1,
+                                    q + ((size_t)t * tc->n_heads + h) * d, scale, want);
                 const float *got = out + ((size_t)t * tc->n_heads + h) * d;
-                for (int i = 0; i < d; i++) max_err = fmax(max_err, fabs(got[i] - want[i]));
+                for (int i = 0; i < d; i++)
+                    max_err = fmax(max_err, fabs(got[i] - want[i]));
             }
     }
-    if (getenv("KVQ_VERBOSE")) print_message("%s %s d=%d: %.3g\n", tc->quant, tc->kernels, d, max_err);
+    if (getenv("KVQ_VERBOSE"))
+        print_message("%s %s d=%d: %.3g\n", tc->quant, tc->kernels, d, max_err);
     if (max_err > 2e-6)
         fail_msg("%s %s d=%d heads %d/%d: max error %.3g", tc->quant, tc->kernels, d, tc->n_heads,
                  tc->n_kv, max_err);

@@ -21,8 +21,8 @@
 
 #include <cmocka.h>
 
-#include "kv/turboquant.h"
 #include "base/base.h"
+#include "kv/turboquant.h"
 
 #define GOLDENS PETREL_SOURCE_DIR "/tests/fixtures/turboquant/goldens.txt"
 
@@ -42,7 +42,8 @@ static uint32_t fnv(const float *x, int n) {
     uint32_t h = 0x811c9dc5u;
     for (int i = 0; i < n; i++) {
         uint32_t u = f32_bits(x[i]);
-        for (int b = 0; b < 4; b++) h = (h ^ ((u >> (8 * b)) & 0xff)) * 0x01000193u;
+        for (int b = 0; b < 4; b++)
+            h = (h ^ ((u >> (8 * b)) & 0xff)) * 0x01000193u;
     }
     return h;
 }
@@ -67,13 +68,16 @@ static void test_constants(void **state) {
     static const struct {
         int d, minus;
         uint32_t inv_hex;
-    } dims[] = {{64, 29, 0x3e000000}, {128, 59, 0x3db504f3}, {256, 132, 0x3d800000},
+    } dims[] = {{64, 29, 0x3e000000},
+                {128, 59, 0x3db504f3},
+                {256, 132, 0x3d800000},
                 {512, 250, 0x3d3504f3}};
     float s[PT_TQ_MAX_DIM];
     for (size_t i = 0; i < PT_ARRAY_LEN(dims); i++) {
         assert_int_equal(pt_tq_signs(dims[i].d, s), 0);
         int minus = 0;
-        for (int j = 0; j < dims[i].d; j++) minus += s[j] < 0;
+        for (int j = 0; j < dims[i].d; j++)
+            minus += s[j] < 0;
         assert_int_equal(minus, dims[i].minus);
         assert_int_equal(f32_bits(pt_tq_inv_sqrt(dims[i].d)), dims[i].inv_hex);
     }
@@ -81,7 +85,8 @@ static void test_constants(void **state) {
     /* The README's d = 64 sign string, element 0 first. */
     const char *want = "+---+++-++-+-+-+-++-+--+---+--+-+-+++++++++-++-++----+--+-+++--+";
     pt_tq_signs(64, s);
-    for (int j = 0; j < 64; j++) assert_true((s[j] < 0) == (want[j] == '-'));
+    for (int j = 0; j < 64; j++)
+        assert_true((s[j] < 0) == (want[j] == '-'));
     /* 3-bit literals, and the 2-bit table's float32 bit patterns. */
     assert_int_equal(f32_bits(pt_tq_centroids(3)[0]), 0xc009b98c);
     assert_int_equal(f32_bits(pt_tq_boundaries(3)[6]), 0x3fdfbc2c);
@@ -108,9 +113,12 @@ static void test_packing_examples(void **state) {
         int32_t codes[8];
         const char *hex;
     } ex[] = {
-        {2, 8, {0, 1, 2, 3, 0, 1, 2, 3}, "e4e4"},       {3, 8, {0, 1, 2, 3, 4, 5, 6, 7}, "88c6fa"},
-        {4, 8, {0, 1, 2, 3, 4, 5, 6, 7}, "10325476"},   {5, 8, {0, 1, 2, 3, 4, 5, 6, 7}, "2088418a39"},
-        {5, 8, {1, 2, 3, 4, 5, 6, 7, 8}, "410c52cc41"}, {8, 3, {-1, 127, -127}, "ff7f81"},
+        {2, 8, {0, 1, 2, 3, 0, 1, 2, 3}, "e4e4"},
+        {3, 8, {0, 1, 2, 3, 4, 5, 6, 7}, "88c6fa"},
+        {4, 8, {0, 1, 2, 3, 4, 5, 6, 7}, "10325476"},
+        {5, 8, {0, 1, 2, 3, 4, 5, 6, 7}, "2088418a39"},
+        {5, 8, {1, 2, 3, 4, 5, 6, 7, 8}, "410c52cc41"},
+        {8, 3, {-1, 127, -127}, "ff7f81"},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(ex); i++) {
         uint8_t out[8] = {0}, want[8];
@@ -129,7 +137,8 @@ static void test_packing_examples(void **state) {
     for (size_t w = 0; w < PT_ARRAY_LEN(widths); w++) {
         int32_t c[512], back[512];
         uint8_t buf[512];
-        for (int i = 0; i < 512; i++) c[i] = (int32_t)(pt_rng_next(&r) % (1u << widths[w]));
+        for (int i = 0; i < 512; i++)
+            c[i] = (int32_t)(pt_rng_next(&r) % (1u << widths[w]));
         pt_tq_pack(c, 512, widths[w], buf);
         pt_tq_unpack(buf, 512, widths[w], false, back);
         assert_memory_equal(c, back, sizeof c);
@@ -138,10 +147,10 @@ static void test_packing_examples(void **state) {
 
 /* ---- the README's worked example ---------------------------------------------------- */
 
-static const float ex_k[32] = {0.917,  1.285,  0.988,  -0.284, -0.536, 0.340,  0.817,  0.606,
-                               1.386,  0.751,  0.684,  -0.139, -0.365, 1.191,  0.329,  0.787,
-                               -0.526, 0.038,  -0.475, -0.165, 0.842,  -0.588, -0.020, 0.398,
-                               -0.101, 0.149,  0.167,  0.551,  0.041,  0.463,  0.334,  0.555};
+static const float ex_k[32] = {0.917,  1.285, 0.988,  -0.284, -0.536, 0.340,  0.817,  0.606,
+                               1.386,  0.751, 0.684,  -0.139, -0.365, 1.191,  0.329,  0.787,
+                               -0.526, 0.038, -0.475, -0.165, 0.842,  -0.588, -0.020, 0.398,
+                               -0.101, 0.149, 0.167,  0.551,  0.041,  0.463,  0.334,  0.555};
 
 static void test_worked_example_keys(void **state) {
     (void)state;
@@ -182,9 +191,11 @@ static void test_worked_example_values(void **state) {
     assert_memory_equal(codes, want, 24);
     pt_tq_decode_v(codes, s, 64, 32, 3, signs, x);
     static const float first[4] = {0.0860, 1.7636, -0.7579, 1.1175};
-    for (int i = 0; i < 4; i++) assert_float_equal(x[i], first[i], 6e-5);
+    for (int i = 0; i < 4; i++)
+        assert_float_equal(x[i], first[i], 6e-5);
     double mse = 0;
-    for (int i = 0; i < 64; i++) mse += (x[i] - v[i]) * (x[i] - v[i]) / 64;
+    for (int i = 0; i < 64; i++)
+        mse += (x[i] - v[i]) * (x[i] - v[i]) / 64;
     assert_float_equal(mse, 0.0218, 5e-5);
 }
 
@@ -229,14 +240,16 @@ static void check_enc(FILE *f, char *line, size_t cap, const float *x, int d, go
     assert_non_null(fgets(line, (int)cap, f));
     assert_int_equal(read_hex_words(line, "scales", ws, 16), ng);
     for (int g = 0; g < ng; g++) {
-        if (s[g] != ws[g]) fail_msg("%c%d d=%d group %d: scale %04x, want %04x", kind, bits, d, g, s[g], ws[g]);
+        if (s[g] != ws[g])
+            fail_msg("%c%d d=%d group %d: scale %04x, want %04x", kind, bits, d, g, s[g], ws[g]);
         assert_true((s[g] & 0x7c00) != 0x7c00); /* never stored non-finite */
     }
     if (kind == 'K') {
         assert_non_null(fgets(line, (int)cap, f));
         assert_int_equal(read_hex_words(line, "zeros", wz, 16), ng);
         for (int g = 0; g < ng; g++) {
-            if (z[g] != wz[g]) fail_msg("K%d d=%d group %d: zero %04x, want %04x", bits, d, g, z[g], wz[g]);
+            if (z[g] != wz[g])
+                fail_msg("K%d d=%d group %d: zero %04x, want %04x", bits, d, g, z[g], wz[g]);
             assert_true((z[g] & 0x7c00) != 0x7c00);
         }
         pt_tq_decode_k(packed, s, z, d, group, bits, dec);
@@ -245,11 +258,13 @@ static void check_enc(FILE *f, char *line, size_t cap, const float *x, int d, go
     }
     assert_non_null(fgets(line, (int)cap, f));
     int n = read_hex_words(line, "decoded", wd, PT_TQ_MAX_DIM + 1);
-    for (int i = 0; i < d; i++) assert_true(isfinite(dec[i]));
+    for (int i = 0; i < d; i++)
+        assert_true(isfinite(dec[i]));
     if (n > 1)
         for (int i = 0; i < d; i++)
             if (f32_bits(dec[i]) != wd[1 + i])
-                fail_msg("%c%d d=%d: decoded[%d] %a, want %a", kind, bits, d, i, dec[i], bits_f32(wd[1 + i]));
+                fail_msg("%c%d d=%d: decoded[%d] %a, want %a", kind, bits, d, i, dec[i],
+                         bits_f32(wd[1 + i]));
     if (fnv(dec, d) != wd[0]) fail_msg("%c%d d=%d: decoded row differs", kind, bits, d);
     run->encs++;
 }
@@ -269,7 +284,8 @@ static void test_goldens(void **state) {
         if (sscanf(line, "row %63s %d", name, &d) == 2) {
             assert_non_null(fgets(line, (int)cap, f));
             assert_int_equal(read_hex_words(line, "x", words, PT_TQ_MAX_DIM), d);
-            for (int i = 0; i < d; i++) x[i] = bits_f32(words[i]);
+            for (int i = 0; i < d; i++)
+                x[i] = bits_f32(words[i]);
             run.rows++;
         } else if (strncmp(line, "enc ", 4) == 0) {
             check_enc(f, line, cap, x, d, &run);
@@ -294,9 +310,9 @@ static void test_round_trip_mse(void **state) {
         char kind;
         int bits;
         double mse;
-    } want[] = {{'K', 8, 2.3e-5},  {'K', 5, 0.00153}, {'K', 4, 0.00653}, {'K', 2, 0.166},
-                {'V', 2, 0.112},   {'V', 3, 0.0325},  {'V', 4, 0.0089},  {'V', 5, 0.0024},
-                {'V', 8, 1.0e-4}};
+    } want[] = {{'K', 8, 2.3e-5}, {'K', 5, 0.00153}, {'K', 4, 0.00653},
+                {'K', 2, 0.166},  {'V', 2, 0.112},   {'V', 3, 0.0325},
+                {'V', 4, 0.0089}, {'V', 5, 0.0024},  {'V', 8, 1.0e-4}};
     enum { D = 128, ROWS = 2000 };
     float signs[D], x[D], y[D];
     uint8_t codes[D];
@@ -307,7 +323,8 @@ static void test_round_trip_mse(void **state) {
         pt_rng_seed(&r, 11);
         double err = 0;
         for (int row = 0; row < ROWS; row++) {
-            for (int i = 0; i < D; i++) x[i] = (float)gauss(&r);
+            for (int i = 0; i < D; i++)
+                x[i] = (float)gauss(&r);
             if (want[w].kind == 'K') {
                 pt_tq_encode_k(x, D, 32, want[w].bits, codes, s, z);
                 pt_tq_decode_k(codes, s, z, D, 32, want[w].bits, y);
@@ -315,11 +332,13 @@ static void test_round_trip_mse(void **state) {
                 pt_tq_encode_v(x, D, 32, want[w].bits, signs, codes, s);
                 pt_tq_decode_v(codes, s, D, 32, want[w].bits, signs, y);
             }
-            for (int i = 0; i < D; i++) err += (double)(y[i] - x[i]) * (y[i] - x[i]);
+            for (int i = 0; i < D; i++)
+                err += (double)(y[i] - x[i]) * (y[i] - x[i]);
         }
         double mse = err / (ROWS * D);
         if (fabs(mse / want[w].mse - 1) > 0.05)
-            fail_msg("%c%d: MSE %.5g, reference %.5g", want[w].kind, want[w].bits, mse, want[w].mse);
+            fail_msg("%c%d: MSE %.5g, reference %.5g", want[w].kind, want[w].bits, mse,
+                     want[w].mse);
     }
 }
 
@@ -336,16 +355,19 @@ static void test_deferred_unrotate(void **state) {
     pt_rng_seed(&g, 5);
     double wsum = 0;
     for (int t = 0; t < T; t++) {
-        for (int i = 0; i < D; i++) x[i] = (float)gauss(&g);
+        for (int i = 0; i < D; i++)
+            x[i] = (float)gauss(&g);
         pt_tq_encode_v(x, D, 32, 3, signs, codes[t], s[t]);
         float w = (float)pt_rng_uniform(&g);
         wsum += w;
         pt_tq_dequant_rotated(codes[t], s[t], D, 32, 3, r);
         pt_tq_decode_v(codes[t], s[t], D, 32, 3, signs, row);
-        for (int i = 0; i < D; i++) acc[i] += w * r[i], eager[i] += w * row[i];
+        for (int i = 0; i < D; i++)
+            acc[i] += w * r[i], eager[i] += w * row[i];
     }
     pt_tq_unrotate(acc, D, signs, (float)(1 / wsum));
-    for (int i = 0; i < D; i++) assert_float_equal(acc[i], eager[i] / wsum, 2e-5);
+    for (int i = 0; i < D; i++)
+        assert_float_equal(acc[i], eager[i] / wsum, 2e-5);
 }
 
 /* Whatever goes in, nothing non-finite is stored or decoded, and constant
@@ -373,21 +395,26 @@ static void test_never_non_finite(void **state) {
         for (size_t k = 0; k < PT_ARRAY_LEN(kb); k++) {
             pt_tq_encode_k(x, D, 32, kb[k], codes, s, z);
             pt_tq_decode_k(codes, s, z, D, 32, kb[k], y);
-            for (int g = 0; g < 4; g++) assert_true((s[g] & 0x7c00) != 0x7c00 && (z[g] & 0x7c00) != 0x7c00);
-            for (int i = 0; i < D; i++) assert_true(isfinite(y[i]));
+            for (int g = 0; g < 4; g++)
+                assert_true((s[g] & 0x7c00) != 0x7c00 && (z[g] & 0x7c00) != 0x7c00);
+            for (int i = 0; i < D; i++)
+                assert_true(isfinite(y[i]));
         }
         for (size_t v = 0; v < PT_ARRAY_LEN(vb); v++) {
             pt_tq_encode_v(x, D, 32, vb[v], signs, codes, s);
             pt_tq_decode_v(codes, s, D, 32, vb[v], signs, y);
-            for (int g = 0; g < 4; g++) assert_true((s[g] & 0x7c00) != 0x7c00);
-            for (int i = 0; i < D; i++) assert_true(isfinite(y[i]));
+            for (int g = 0; g < 4; g++)
+                assert_true((s[g] & 0x7c00) != 0x7c00);
+            for (int i = 0; i < D; i++)
+                assert_true(isfinite(y[i]));
         }
     }
     /* Constant groups: the reference decodes these to NaN. */
     static const float consts[] = {0.5f, -3.0f, 1234.5f, 7e-4f, 65504.0f};
     for (size_t c = 0; c < PT_ARRAY_LEN(consts); c++)
         for (size_t k = 0; k < PT_ARRAY_LEN(kb); k++) {
-            for (int i = 0; i < D; i++) x[i] = consts[c];
+            for (int i = 0; i < D; i++)
+                x[i] = consts[c];
             assert_int_equal(pt_tq_encode_k(x, D, 32, kb[k], codes, s, z), 4);
             pt_tq_decode_k(codes, s, z, D, 32, kb[k], y);
             for (int i = 0; i < D; i++)

@@ -43,21 +43,23 @@ static void portable_k_scores(const pt_kv_codec *c, const uint8_t *slots, size_t
             c->decode_k(c, slots + (size_t)r * slot_bytes + (size_t)g * c->k_row, x);
             for (int h = g * G; h < g * G + G; h++) {
                 float s = 0;
-                for (int i = 0; i < d; i++) s += q[h * d + i] * x[i];
+                for (int i = 0; i < d; i++)
+                    s += q[h * d + i] * x[i];
                 sc[h * ld + r] = s;
             }
         }
 }
 
-static void portable_v_accum(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes,
-                             int cnt, int n_kv, const float *w, int ld, int G, float *acc) {
+static void portable_v_accum(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes, int cnt,
+                             int n_kv, const float *w, int ld, int G, float *acc) {
     float x[PT_TQ_MAX_DIM];
     int d = c->head_dim;
     for (int r = 0; r < cnt; r++)
         for (int g = 0; g < n_kv; g++) {
             c->decode_v_raw(c, slots + (size_t)r * slot_bytes + (size_t)g * c->v_row, x);
             for (int h = g * G; h < g * G + G; h++)
-                for (int i = 0; i < d; i++) acc[h * d + i] += w[h * ld + r] * x[i];
+                for (int i = 0; i < d; i++)
+                    acc[h * d + i] += w[h * ld + r] * x[i];
         }
 }
 
@@ -113,10 +115,10 @@ static void store_task(void *ctx, int ith, int nth) {
     pt_cpu_split((int64_t)j->b->n_tokens * n_kv, ith, nth, 1, &lo, &hi);
     for (int64_t i = lo; i < hi; i++) {
         int t = (int)(i / n_kv), g = (int)(i % n_kv), s = j->b->seq[t], p = j->b->pos[t];
-        uint8_t *krow = (uint8_t *)j->kv->k + slot_offset(j->kv, j->b, s, p, c->k_row) +
-                        (size_t)g * c->k_row;
-        uint8_t *vrow = (uint8_t *)j->kv->v + slot_offset(j->kv, j->b, s, p, c->v_row) +
-                        (size_t)g * c->v_row;
+        uint8_t *krow =
+            (uint8_t *)j->kv->k + slot_offset(j->kv, j->b, s, p, c->k_row) + (size_t)g * c->k_row;
+        uint8_t *vrow =
+            (uint8_t *)j->kv->v + slot_offset(j->kv, j->b, s, p, c->v_row) + (size_t)g * c->v_row;
         c->encode_k(c, j->k + (size_t)i * d, krow);
         c->encode_v(c, j->v + (size_t)i * d, vrow);
     }
@@ -194,7 +196,8 @@ static void chunk_softmax(const attn_job *j, attn_state *st, int v0, int nv, int
     int hd = j->kv->head_dim;
     for (int v = v0; v < v0 + nv; v++) {
         float *s = st->sc + (size_t)v * CHUNK, mx = s[0];
-        for (int c = 1; c < cnt; c++) mx = s[c] > mx ? s[c] : mx;
+        for (int c = 1; c < cnt; c++)
+            mx = s[c] > mx ? s[c] : mx;
         if (mx > st->m[v]) {
             float corr = expf(st->m[v] - mx); /* 0 on the first chunk (m = -inf) */
             st->l[v] *= corr;
@@ -208,7 +211,8 @@ static void chunk_softmax(const attn_job *j, attn_state *st, int v0, int nv, int
 /* Pages are scattered: ask for the first lines of the next chunk, the
  * prefetchers stream the rest once they see it. */
 static void prefetch_start(const uint8_t *p, size_t bytes) {
-    for (size_t off = 0; off < PT_MIN(bytes, (size_t)1024); off += 64) __builtin_prefetch(p + off);
+    for (size_t off = 0; off < PT_MIN(bytes, (size_t)1024); off += 64)
+        __builtin_prefetch(p + off);
 }
 
 static int chunk_len(const pt_kv_view *kv, int p, int p1) {
@@ -237,8 +241,8 @@ static void attend_chunk_row(const attn_job *j, attn_state *st, int r, const uin
         j->qk->k_scores(c, kb + (size_t)g * c->k_row, ks, cnt, 1, st->q + (size_t)v0 * hd, G,
                         st->sc + (size_t)v0 * CHUNK, CHUNK);
         chunk_softmax(j, st, v0, G, cnt);
-        j->qk->v_accum(c, vb + (size_t)g * c->v_row, vs, cnt, 1, st->sc + (size_t)v0 * CHUNK,
-                       CHUNK, G, st->acc + (size_t)v0 * hd);
+        j->qk->v_accum(c, vb + (size_t)g * c->v_row, vs, cnt, 1, st->sc + (size_t)v0 * CHUNK, CHUNK,
+                       G, st->acc + (size_t)v0 * hd);
     }
 }
 
@@ -254,8 +258,10 @@ static void attend_range(const attn_job *j, attn_state *st, int s, int p0, int p
         const uint8_t *vb = (const uint8_t *)kv->v + slot_offset(kv, j->b, s, p, c->v_row);
         if (p + cnt < p1) {
             int next = chunk_len(kv, p + cnt, p1);
-            prefetch_start((const uint8_t *)kv->k + slot_offset(kv, j->b, s, p + cnt, c->k_row), next * k_slot);
-            prefetch_start((const uint8_t *)kv->v + slot_offset(kv, j->b, s, p + cnt, c->v_row), next * v_slot);
+            prefetch_start((const uint8_t *)kv->k + slot_offset(kv, j->b, s, p + cnt, c->k_row),
+                           next * k_slot);
+            prefetch_start((const uint8_t *)kv->v + slot_offset(kv, j->b, s, p + cnt, c->v_row),
+                           next * v_slot);
         }
         if (r < 0)
             attend_chunk(j, st, kb, vb, cnt);
@@ -270,7 +276,8 @@ static void write_row(const pt_kv_codec *c, float *o, const float *acc, float l)
         memcpy(o, acc, sizeof(float) * (size_t)c->head_dim);
         c->unrotate(c, o, 1.0f / l);
     } else {
-        for (int i = 0; i < c->head_dim; i++) o[i] = acc[i] / l;
+        for (int i = 0; i < c->head_dim; i++)
+            o[i] = acc[i] / l;
     }
 }
 
@@ -286,9 +293,11 @@ static void attend_item(const attn_job *j, attn_state *st, const attn_item *it) 
         for (int h = 0; h < j->n_heads; h++) {
             const float *qh = j->q + ((size_t)(it->t + r) * j->n_heads + h) * hd;
             float *qs = st->q + (size_t)vec_of(j, nr, r, h) * hd;
-            for (int i = 0; i < hd; i++) qs[i] = qh[i] * j->scale;
+            for (int i = 0; i < hd; i++)
+                qs[i] = qh[i] * j->scale;
         }
-    for (int v = 0; v < nv; v++) st->m[v] = -INFINITY, st->l[v] = 0;
+    for (int v = 0; v < nv; v++)
+        st->m[v] = -INFINITY, st->l[v] = 0;
     memset(st->acc, 0, (size_t)nv * hd * sizeof(float));
     attend_range(j, st, s, it->p0, it->p1, -1);
     for (int r = 0; nr > 1 && r < nr; r++)
@@ -343,13 +352,16 @@ static void merge_task(void *ctx, int ith, int nth) {
         for (int h = 0; h < j->n_heads; h++) {
             float mx = -INFINITY, sum = 0;
             for (int i = 0; i < sp->count; i++)
-                mx = PT_MAX(mx, j->parts[((size_t)(sp->first + i) * j->n_heads + h) * (hd + 2) + hd]);
+                mx = PT_MAX(mx,
+                            j->parts[((size_t)(sp->first + i) * j->n_heads + h) * (hd + 2) + hd]);
             memset(acc, 0, sizeof(float) * (size_t)hd);
             for (int i = 0; i < sp->count; i++) {
-                const float *part = j->parts + ((size_t)(sp->first + i) * j->n_heads + h) * (hd + 2);
+                const float *part =
+                    j->parts + ((size_t)(sp->first + i) * j->n_heads + h) * (hd + 2);
                 float w = expf(part[hd] - mx);
                 sum += w * part[hd + 1];
-                for (int d = 0; d < hd; d++) acc[d] += w * part[d];
+                for (int d = 0; d < hd; d++)
+                    acc[d] += w * part[d];
             }
             write_row(j->c, j->out + ((size_t)sp->t * j->n_heads + h) * hd, acc, sum);
         }
@@ -414,12 +426,15 @@ static void plan_items(int n_threads, attn_job *j) {
     const pt_batch_view *b = j->b;
     int max_rows = j->max_rows;
     int64_t total = 0;
-    for (int t = 0; t < b->n_tokens; t++) total += b->pos[t] + 1;
-    int64_t target = n_threads == 1 ? INT32_MAX
-                                    : PT_MAX(MIN_PART, total / (ITEMS_PER_THREAD * n_threads) + 1);
-    int n_splits, n_parts, n_items = cut_items(j, max_rows, target, NULL, NULL, &n_splits, &n_parts);
-    attn_item *items = grow(&meta_buf, &meta_cap,
-                            (size_t)n_items * sizeof(attn_item) + (size_t)n_splits * sizeof(attn_split));
+    for (int t = 0; t < b->n_tokens; t++)
+        total += b->pos[t] + 1;
+    int64_t target =
+        n_threads == 1 ? INT32_MAX : PT_MAX(MIN_PART, total / (ITEMS_PER_THREAD * n_threads) + 1);
+    int n_splits, n_parts,
+        n_items = cut_items(j, max_rows, target, NULL, NULL, &n_splits, &n_parts);
+    attn_item *items =
+        grow(&meta_buf, &meta_cap,
+             (size_t)n_items * sizeof(attn_item) + (size_t)n_splits * sizeof(attn_split));
     attn_split *splits = (attn_split *)(items + n_items);
     cut_items(j, max_rows, target, items, splits, &n_splits, &n_parts);
     j->items = items, j->n_items = n_items;

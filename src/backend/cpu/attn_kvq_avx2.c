@@ -44,7 +44,8 @@ INLINE __m256i unpack8(const uint8_t *p, int bits, bool sgn) {
     if (bits == 5) { /* 40 bits: lanes 0-3 from bits 0-31, lanes 4-7 from bits 20-51 */
         uint64_t w;
         memcpy(&w, p, 8);
-        v = _mm256_set_m128i(_mm_set1_epi32((int)(uint32_t)(w >> 20)), _mm_set1_epi32((int)(uint32_t)w));
+        v = _mm256_set_m128i(_mm_set1_epi32((int)(uint32_t)(w >> 20)),
+                             _mm_set1_epi32((int)(uint32_t)w));
         sh = _mm256_setr_epi32(0, 5, 10, 15, 0, 5, 10, 15);
     } else { /* 2, 3, 4 bits: all 8 codes lie in one 32-bit word */
         uint32_t w;
@@ -71,16 +72,17 @@ INLINE float hsum(__m256 v) {
 /* ---- centroid lookup --------------------------------------------------------------- */
 
 typedef struct ctab {
-    __m256 t[4];       /* up to 32 centroids in registers */
-    const float *mem;  /* 256 centroids: gathered */
+    __m256 t[4];      /* up to 32 centroids in registers */
+    const float *mem; /* 256 centroids: gathered */
 } ctab;
 
 INLINE ctab ctab_load(const float *cent, int bits) {
     ctab t = {.mem = cent};
     float pad[32] = {0};
-    if (bits <= 5) {
+    if (cent && bits > 0 && bits <= 5) { /* affine rows have no table (bits 0) */
         memcpy(pad, cent, sizeof(float) * (size_t)(1 << bits));
-        for (int i = 0; i < 4; i++) t.t[i] = _mm256_loadu_ps(pad + 8 * i);
+        for (int i = 0; i < 4; i++)
+            t.t[i] = _mm256_loadu_ps(pad + 8 * i);
     }
     return t;
 }
@@ -110,7 +112,8 @@ INLINE void k_row(const pt_kv_codec *c, const uint8_t *row, const float *q, floa
     const uint8_t *sp = row + c->k_codes, *zp = sp + 2 * ng;
     __m256 acc[HEAD_BLOCK];
 #pragma GCC unroll 4
-    for (int h = 0; h < NH; h++) acc[h] = _mm256_setzero_ps();
+    for (int h = 0; h < NH; h++)
+        acc[h] = _mm256_setzero_ps();
     for (int g = 0; g < ng; g++) {
         float s = f16_at(sp + 2 * g), z = f16_at(zp + 2 * g);
         __m256 vs = _mm256_set1_ps(s), vt = _mm256_set1_ps(turbo ? z * s : z);
@@ -123,7 +126,8 @@ INLINE void k_row(const pt_kv_codec *c, const uint8_t *row, const float *q, floa
         }
     }
 #pragma GCC unroll 4
-    for (int h = 0; h < NH; h++) sc[h * ld] = hsum(acc[h]);
+    for (int h = 0; h < NH; h++)
+        sc[h * ld] = hsum(acc[h]);
 }
 
 /* Rows in memory order (slot by slot, every kv head), so a chunk is read
@@ -138,19 +142,27 @@ INLINE void k_any(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes,
                 const float *qq = q + (size_t)h * d;
                 float *ss = sc + (size_t)h * ld + r;
                 switch (PT_MIN(HEAD_BLOCK, g * G + G - h)) {
-                case 1: k_row(c, row, qq, ss, ld, bits, sgn, turbo, 1); break;
-                case 2: k_row(c, row, qq, ss, ld, bits, sgn, turbo, 2); break;
-                case 3: k_row(c, row, qq, ss, ld, bits, sgn, turbo, 3); break;
-                default: k_row(c, row, qq, ss, ld, bits, sgn, turbo, 4); break;
+                case 1:
+                    k_row(c, row, qq, ss, ld, bits, sgn, turbo, 1);
+                    break;
+                case 2:
+                    k_row(c, row, qq, ss, ld, bits, sgn, turbo, 2);
+                    break;
+                case 3:
+                    k_row(c, row, qq, ss, ld, bits, sgn, turbo, 3);
+                    break;
+                default:
+                    k_row(c, row, qq, ss, ld, bits, sgn, turbo, 4);
+                    break;
                 }
             }
         }
 }
 
-#define K_ENTRY(name, bits, sgn, turbo)                                                         \
-    static void name(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes, int cnt,    \
-                     int n_kv, const float *q, int G, float *sc, int ld) {                      \
-        k_any(c, slots, slot_bytes, cnt, n_kv, q, G, sc, ld, bits, sgn, turbo);                 \
+#define K_ENTRY(name, bits, sgn, turbo)                                                            \
+    static void name(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes, int cnt,       \
+                     int n_kv, const float *q, int G, float *sc, int ld) {                         \
+        k_any(c, slots, slot_bytes, cnt, n_kv, q, G, sc, ld, bits, sgn, turbo);                    \
     }
 K_ENTRY(k_turbo2, 2, false, true)
 K_ENTRY(k_turbo4, 4, false, true)
@@ -194,7 +206,8 @@ INLINE void v_rows(const pt_kv_codec *c, const uint8_t *rows, size_t stride, int
         const int g = i / G;
         __m256 a[HEAD_BLOCK];
 #pragma GCC unroll 4
-        for (int h = 0; h < NH; h++) a[h] = _mm256_loadu_ps(acc + (size_t)h * d + i);
+        for (int h = 0; h < NH; h++)
+            a[h] = _mm256_loadu_ps(acc + (size_t)h * d + i);
         const uint8_t *p = rows + i * bits / 8;
         for (int r = 0; r < cnt; r++, p += stride) {
             __m256i ci = unpack8(p, bits, false);
@@ -211,8 +224,8 @@ INLINE void v_rows(const pt_kv_codec *c, const uint8_t *rows, size_t stride, int
     }
 }
 
-INLINE void v_any(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes, int cnt,
-                  int n_kv, const float *w, int ld, int G, float *acc, int bits, bool centroid) {
+INLINE void v_any(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes, int cnt, int n_kv,
+                  const float *w, int ld, int G, float *acc, int bits, bool centroid) {
     const int d = c->head_dim;
     for (int r0 = 0; r0 < cnt; r0 += V_ROWS)
         for (int g = 0; g < n_kv; g++) {
@@ -222,19 +235,27 @@ INLINE void v_any(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes,
                 const float *ww = w + (size_t)h * ld + r0;
                 float *aa = acc + (size_t)h * d;
                 switch (PT_MIN(HEAD_BLOCK, g * G + G - h)) {
-                case 1: v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 1); break;
-                case 2: v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 2); break;
-                case 3: v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 3); break;
-                default: v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 4); break;
+                case 1:
+                    v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 1);
+                    break;
+                case 2:
+                    v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 2);
+                    break;
+                case 3:
+                    v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 3);
+                    break;
+                default:
+                    v_rows(c, rows, slot_bytes, n, ww, ld, aa, bits, centroid, 4);
+                    break;
                 }
             }
         }
 }
 
-#define V_ENTRY(name, bits, centroid)                                                          \
-    static void name(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes, int cnt,   \
-                     int n_kv, const float *w, int ld, int G, float *acc) {                    \
-        v_any(c, slots, slot_bytes, cnt, n_kv, w, ld, G, acc, bits, centroid);                 \
+#define V_ENTRY(name, bits, centroid)                                                              \
+    static void name(const pt_kv_codec *c, const uint8_t *slots, size_t slot_bytes, int cnt,       \
+                     int n_kv, const float *w, int ld, int G, float *acc) {                        \
+        v_any(c, slots, slot_bytes, cnt, n_kv, w, ld, G, acc, bits, centroid);                     \
     }
 V_ENTRY(v_turbo2, 2, true)
 V_ENTRY(v_turbo3, 3, true)
@@ -256,9 +277,9 @@ static const struct {
     k_fn k;
     v_fn v;
 } formats[] = {
-    {PT_KVQ_TURBO, 2, k_turbo2, v_turbo2}, {PT_KVQ_TURBO, 3, NULL, v_turbo3},
-    {PT_KVQ_TURBO, 4, k_turbo4, v_turbo4}, {PT_KVQ_TURBO, 5, k_turbo5, v_turbo5},
-    {PT_KVQ_TURBO, 8, k_turbo8, v_turbo8}, {PT_KVQ_AFFINE, 4, k_affine4, v_affine4},
+    {PT_KVQ_TURBO, 2, k_turbo2, v_turbo2},    {PT_KVQ_TURBO, 3, NULL, v_turbo3},
+    {PT_KVQ_TURBO, 4, k_turbo4, v_turbo4},    {PT_KVQ_TURBO, 5, k_turbo5, v_turbo5},
+    {PT_KVQ_TURBO, 8, k_turbo8, v_turbo8},    {PT_KVQ_AFFINE, 4, k_affine4, v_affine4},
     {PT_KVQ_AFFINE, 8, k_affine8, v_affine8},
 };
 

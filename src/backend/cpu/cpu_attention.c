@@ -152,9 +152,10 @@ typedef struct attn_state {
 
 /* A segment's slots (all kv heads) as f32: in place for an f32 cache, else
  * converted into buf with one call (the slots of a page are contiguous). */
-static const float *segment_f32(const attn_job *j, float *buf, const char *base, int cnt, int64_t width) {
-    if (j->kv->dtype == PT_F32) return (const float *)base;
-    j->wo->to_f32(buf, base, cnt * width);
+static const float *segment_f32(const attn_job *j, float *buf, const void *pool, size_t off, int cnt,
+                                int64_t width) {
+    if (j->kv->dtype == PT_F32) return (const float *)pool + off / sizeof(float);
+    j->wo->to_f32(buf, (const char *)pool + off, cnt * width);
     return buf;
 }
 
@@ -203,7 +204,7 @@ static void chunk_scores(const attn_job *j, attn_state *st, int s, int p, int cn
             segment(j, s, p + c + seg, cnt - c - seg, &next);
             prefetch_start((const char *)kv->k + next, bytes);
         }
-        const float *kr = segment_f32(j, st->buf, (const char *)kv->k + off, seg, width);
+        const float *kr = segment_f32(j, st->buf, kv->k, off, seg, width);
         for (int h = 0; h < j->n_heads; h++)
             j->k->attn_scores(st->sc + h * CHUNK + c, st->q + h * hd, kr + (h / j->group) * hd, width, seg, hd);
     }
@@ -217,7 +218,7 @@ static void chunk_values(const attn_job *j, attn_state *st, int s, int p, int cn
     for (int c = 0, seg; c < cnt; c += seg) {
         size_t off;
         seg = segment(j, s, p + c, cnt - c, &off);
-        const float *vr = segment_f32(j, st->buf, (const char *)kv->v + off, seg, width);
+        const float *vr = segment_f32(j, st->buf, kv->v, off, seg, width);
         for (int h = 0; h < j->n_heads; h++)
             j->k->attn_accum(st->acc + h * hd, st->sc + h * CHUNK + c, vr + (h / j->group) * hd, width, seg, hd);
     }

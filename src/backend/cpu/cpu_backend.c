@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "backend/cpu/cpu_backend.h"
 
@@ -110,11 +113,15 @@ static const pt_backend_ops cpu_ops = {
 
 /* ---- choosing a kernel set -------------------------------------------------- */
 
+/* avx2 and fma by __builtin_cpu_supports (which also checks that the OS
+ * saves AVX state); f16c from CPUID directly, since clang's builtin does not
+ * know that name. */
 static bool cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+           __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 #else
     return false;
 #endif

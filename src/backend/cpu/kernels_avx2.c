@@ -285,7 +285,7 @@ static void pack_panel(float *panel, const pt_cpu_wops *wo, const void *w, size_
         if (j >= nr) {
             src[j] = zero;
         } else if (is_f32) {
-            src[j] = (const float *)row;
+            src[j] = (const float *)w + (size_t)j * (row_bytes / sizeof(float));
         } else {
             wo->to_f32(tmp + (size_t)j * kb, row, kb);
             src[j] = tmp + (size_t)j * kb;
