@@ -1,4 +1,5 @@
 /*
+ * fuzz-layer: tokenizer
  * fuzz_jinja.c - libFuzzer target for the chat-template interpreter.
  *
  * The input is a template; after a NUL byte, optionally, the JSON context

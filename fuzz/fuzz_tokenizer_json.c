@@ -1,4 +1,5 @@
 /*
+ * fuzz-layer: tokenizer
  * fuzz_tokenizer_json.c - libFuzzer target: arbitrary bytes as a
  * tokenizer.json.  Loading must either fail with an error or give a
  * tokenizer that encodes a fixed text (special tokens parsed and not) and

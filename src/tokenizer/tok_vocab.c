@@ -130,7 +130,7 @@ int32_t tok_strmap_get(const pt_tokenizer *t, const char *s, size_t n) {
         int32_t id = t->map.slots[i];
         if (id < 0) return -1;
         const tok_token *tk = &t->tokens[id];
-        if (tk->len == n && !memcmp(tk->text, s, n)) return id;
+        if (tk->len == n && (n == 0 || !memcmp(tk->text, s, n))) return id; /* s may be NULL */
     }
 }
 

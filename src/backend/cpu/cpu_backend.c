@@ -11,9 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "backend/cpu/cpu_backend.h"
 
@@ -113,20 +110,6 @@ static const pt_backend_ops cpu_ops = {
 
 /* ---- choosing a kernel set -------------------------------------------------- */
 
-/* avx2 and fma by __builtin_cpu_supports (which also checks that the OS
- * saves AVX state); f16c from CPUID directly, since clang's builtin does not
- * know that name. */
-static bool cpu_has_avx2(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-#else
-    return false;
-#endif
-}
-
 /* "auto" (or NULL/empty) may be overridden by PETREL_CPU_KERNELS; an explicit
  * request is taken as is and fails if this CPU cannot run it. */
 static const pt_cpu_kernels *choose_kernels(const char *want, pt_err *err) {
@@ -137,7 +120,7 @@ static const pt_cpu_kernels *choose_kernels(const char *want, pt_err *err) {
     if (strcmp(want, "portable") == 0) return pt_cpu_kernels_portable();
     if (strcmp(want, "avx2") == 0 || strcmp(want, "auto") == 0) {
         const pt_cpu_kernels *k = pt_cpu_kernels_avx2();
-        if (k && cpu_has_avx2()) return k;
+        if (k && pt_qk_cpu_has_avx2()) return k;
         if (strcmp(want, "auto") == 0) return pt_cpu_kernels_portable();
         pt_fail(err, "cpu kernels \"avx2\": this CPU lacks AVX2, FMA or F16C");
         return NULL;

@@ -6,13 +6,21 @@
  */
 #include <stdlib.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "backend/cpu/quant_kernels.h"
 
+/* avx2 and fma by __builtin_cpu_supports (which also checks that the OS
+ * saves AVX state); f16c from CPUID directly, since clang's builtin does not
+ * know that name.  The CPU backend's kernel choice uses this too. */
 bool pt_qk_cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+           __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 #else
     return false;
 #endif
