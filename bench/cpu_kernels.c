@@ -7,15 +7,15 @@
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -Isrc -DHAVE_OPENBLAS \
  *       -I/usr/include/x86_64-linux-gnu/openblas-pthread bench/cpu_kernels.c \
  *       build-cpu/libpetrel_backend.a build-cpu/libpetrel_base.a -lopenblas -lpthread -lm \
- *       -o /tmp/cpu_kernels && /tmp/cpu_kernels [avx2|portable] [all|matvec|gemm]
+ *       -o /tmp/cpu_kernels && /tmp/cpu_kernels [avx2|portable] [all|matvec|gemm|attention]
  *
  * Decode: each matvec rotates through enough copies of its matrix to exceed
  * 1 GiB, so every call streams its weights from DRAM as a real decode step
  * does.  The machine this was written on is shared and noisy, so the
  * bandwidth and the matvec are measured in alternation: ROUNDS times, a fresh
- * backend measures read_bandwidth and then the matvec (best of 3 passes);
- * the figure reported is the median of the per-round ratios, with their
- * range.  Prefill: our matmul and OpenBLAS sgemm alternate within each pass;
+ * backend measures read_bandwidth and then the matvec (best of 3 passes).
+ * Reported: best matvec over best bandwidth, and the median and range of
+ * the per-round ratios.  Prefill: our matmul and OpenBLAS sgemm alternate within each pass;
  * best pass per arm.
  */
 #include <math.h>
@@ -93,9 +93,10 @@ static void bench_matvec(const char *kernels, int nth, pt_dtype dt, int64_t rows
     }
     qsort(ratio, ROUNDS, sizeof(double), cmp_double);
     qsort(bw, ROUNDS, sizeof(double), cmp_double);
-    printf("| %5lldx%-5lld | %-4s | %d | %5.1f | %5.1f | %3.0f%% | %3.0f-%3.0f%% |\n", (long long)rows,
-           (long long)cols, pt_dtype_name(dt), nth, best_mv / 1e9, bw[ROUNDS / 2] / 1e9,
-           100 * ratio[ROUNDS / 2], 100 * ratio[0], 100 * ratio[ROUNDS - 1]);
+    printf("| %5lldx%-5lld | %-4s | %d | %5.1f | %5.1f | %3.0f%% | %3.0f%% | %3.0f-%3.0f%% |\n",
+           (long long)rows, (long long)cols, pt_dtype_name(dt), nth, best_mv / 1e9,
+           bw[ROUNDS - 1] / 1e9, 100 * best_mv / bw[ROUNDS - 1], 100 * ratio[ROUNDS / 2],
+           100 * ratio[0], 100 * ratio[ROUNDS - 1]);
     fflush(stdout);
     for (int c = 0; c < copies; c++) free((void *)w[c].data);
     free(w), free(x), free(y);
@@ -142,17 +143,49 @@ static void bench_gemm(pt_backend *be, int64_t rows, int64_t cols, int n) {
     free(x), free(y);
 }
 
+/* Attention over a bf16 paged cache, TinyLlama's shape (32 query heads, 4
+ * kv heads of 64, pages of 16): n rows at positions ctx .. ctx+n-1 of one
+ * sequence.  Reports ms and the rate of K/V bytes read (each row reads its
+ * whole prefix). */
+static void bench_attention(pt_backend *be, int n, int ctx) {
+    const int nh = 32, nkv = 4, hd = 64, ps = 16, pages = (ctx + n + ps - 1) / ps;
+    size_t elts = (size_t)pages * ps * nkv * hd;
+    uint16_t *k = malloc(elts * 2), *v = malloc(elts * 2);
+    fill_weight(PT_BF16, k, elts);
+    fill_weight(PT_BF16, v, elts);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)pages), *pos = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *seq = calloc((size_t)n, sizeof(int32_t));
+    for (int i = 0; i < pages; i++) bt[i] = (int32_t)((i * 7919) % pages); /* scattered pages */
+    for (int i = 0; i < n; i++) pos[i] = ctx + i;
+    pt_kv_view kv = {.k = k, .v = v, .dtype = PT_BF16, .page_size = ps, .n_kv_heads = nkv, .head_dim = hd};
+    pt_batch_view b = {n, pos, seq, bt, pages, 1};
+    float *q = rand_floats((size_t)n * nh * hd), *o = malloc(sizeof(float) * (size_t)n * nh * hd);
+    double best = 1e30, bytes = 0;
+    for (int i = 0; i < n; i++) bytes += (double)(pos[i] + 1) * nkv * hd * 2 * 2;
+    for (int r = 0; r < 7; r++) {
+        double t0 = pt_now();
+        be->ops->attention(be, o, q, &kv, &b, nh, 0.125f);
+        best = PT_MIN(best, pt_now() - t0);
+    }
+    printf("| %3d | %5d | %d | %7.3f | %5.1f |\n", n, ctx, be->n_threads, best * 1e3, bytes / best / 1e9);
+    fflush(stdout);
+    free(k), free(v), free(bt), free(pos), free(seq), free(q), free(o);
+}
+
 int main(int argc, char **argv) {
     const char *kernels = argc > 1 ? argv[1] : "avx2";
     const char *what = argc > 2 ? argv[2] : "all";
-    bool do_mv = strcmp(what, "gemm") != 0, do_gemm = strcmp(what, "matvec") != 0;
+    bool all = strcmp(what, "all") == 0;
+    bool do_mv = all || !strcmp(what, "matvec"), do_gemm = all || !strcmp(what, "gemm");
+    bool do_attn = all || !strcmp(what, "attention");
     pt_rng_seed(&rng, 42);
     static const pt_dtype types[] = {PT_F32, PT_F16, PT_BF16};
     /* 1B-class shapes (TinyLlama): wq, w_gate/w_up, w_down, output. */
     static const int64_t mv[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
     if (do_mv) {
-        printf("| matrix | dtype | threads | matvec GB/s (best) | read bw GB/s (median) | matvec / bw (median) | range |\n");
-        printf("|---|---|---|---|---|---|---|\n");
+        printf("| matrix | dtype | threads | matvec GB/s (best) | read bw GB/s (best) | best / best | "
+               "per-round matvec / bw (median) | range |\n");
+        printf("|---|---|---|---|---|---|---|---|\n");
         for (int nth = 1; nth <= 2; nth++)
             for (size_t s = 0; s < PT_ARRAY_LEN(mv); s++)
                 for (size_t d = 0; d < PT_ARRAY_LEN(types); d++)
@@ -177,6 +210,17 @@ int main(int argc, char **argv) {
 #endif
             for (size_t s = 0; s < PT_ARRAY_LEN(gm); s++)
                 for (size_t i = 0; i < PT_ARRAY_LEN(ns); i++) bench_gemm(be, gm[s][0], gm[s][1], ns[i]);
+            be->ops->destroy(be);
+        }
+    }
+    if (do_attn) {
+        printf("\n| rows | context | threads | ms | K/V GB/s |\n|---|---|---|---|---|\n");
+        for (int nth = 1; nth <= 2; nth++) {
+            pt_err err;
+            pt_backend *be = pt_backend_cpu_new(nth, kernels, &err);
+            bench_attention(be, 1, 4096);
+            bench_attention(be, 1, 32768);
+            bench_attention(be, 512, 0);
             be->ops->destroy(be);
         }
     }

@@ -183,7 +183,7 @@ static void test_matmul(void **state) {
      * and more columns than one packed block (256). */
     static const int64_t shapes[][2] = {{1, 1},   {5, 7},   {16, 8},   {17, 15}, {37, 33},
                                         {100, 64}, {33, 300}, {70, 515}, {19, 1030}};
-    static const int ns[] = {1, 2, 3, 4, 5, 7, 9, 16, 17, 33};
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 9, 11, 17, 21, 33};
     for (int b = 0; b < n_backends; b++)
         for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++)
             for (size_t s = 0; s < PT_ARRAY_LEN(shapes); s++)

@@ -4,7 +4,7 @@
  * Three regimes, picked by the number of token rows n:
  *   n = 1 (decode)        memory-bound: threads take disjoint row ranges and
  *                         each weight byte is streamed exactly once;
- *   n <= wops.small_max   (8-16) rows are walked in L2-sized chunks and
+ *   n <= wops.small_max   (10-20) rows are walked in L2-sized chunks and
  *                         every chunk serves all n tokens before the next is
  *                         read, so W crosses memory once and is never
  *                         converted to f32 in memory;

@@ -70,14 +70,20 @@ INLINE __m256 hsum8(const __m256 *v) {
  * load of x shared by all eight, and a single hsum8 for the eight results.
  * Eight concurrent row streams plus a software prefetch PREFETCH bytes ahead
  * in each keep enough cache misses in flight for one core to approach the
- * machine's bandwidth (measured: 4 rows without prefetch streamed bf16 at
- * ~75% of the 8-row prefetched rate). */
+ * machine's bandwidth.  Near a row's end the prefetch moves on to the same
+ * row of the next block, so short rows (4 KiB of bf16) do not start cold.
+ * (Measured, one thread, bf16 2048x2048: 4 rows without prefetch ~9.5 GB/s,
+ * 8 rows with prefetch 13.7, with the wrap 17.8 - the f32 rate.) */
 
 #define PREFETCH 1024
 
-/* Prefetches row bytes PREFETCH ahead of element k, once per cache line. */
-INLINE void prefetch_ahead(const char *row, int64_t k, const int ESIZE) {
-    if (((k * ESIZE) & 63) == 0) __builtin_prefetch(row + k * ESIZE + PREFETCH);
+/* Prefetches PREFETCH bytes ahead of element k of row i of an R-row block
+ * (rows rb bytes apart), once per cache line.  The address may lie past the
+ * matrix (a prefetch never faults), so it is formed as an integer. */
+INLINE void prefetch_ahead(const char *row, size_t rb, int64_t k, const int ESIZE, const int R) {
+    size_t at = (size_t)(k * ESIZE) + PREFETCH;
+    if (((k * ESIZE) & 63) == 0)
+        __builtin_prefetch((const void *)((uintptr_t)row + at + (at >= rb ? (R - 1) * rb : 0)));
 }
 
 INLINE float dot_tail(load1_fn ld1, const void *row, const float *x, int64_t from, int64_t cols) {
@@ -97,7 +103,7 @@ INLINE void matvec_body(load8_fn ld, load1_fn ld1, float *y, const void *w, size
         for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t k = 0; k < c8; k += 8) {
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) prefetch_ahead(wr + i * rb, k, ESIZE);
+            for (int i = 0; i < 8; i++) prefetch_ahead(wr + i * rb, rb, k, ESIZE, 8);
             __m256 xv = _mm256_loadu_ps(x + k);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(ld(wr + i * rb, k), xv, acc[i]);
@@ -140,7 +146,7 @@ INLINE void small_tile(load8_fn ld, load1_fn ld1, float *y, int64_t ldy, const c
     for (int64_t k = 0; k < c8; k += 8) {
         __m256 wv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) prefetch_ahead(w + r * rb, k, ESIZE);
+        for (int r = 0; r < R; r++) prefetch_ahead(w + r * rb, rb, k, ESIZE, R);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) wv[r] = ld(w + r * rb, k);
 #pragma GCC unroll 4
@@ -575,7 +581,7 @@ static float sum(const float *x, size_t n) {
 
 static const pt_cpu_kernels avx2 = {
     .name = "avx2",
-    .w = {[PT_F32] = WOPS(f32, 8), [PT_F16] = WOPS(f16, 16), [PT_BF16] = WOPS(bf16, 16)},
+    .w = {[PT_F32] = WOPS(f32, 10), [PT_F16] = WOPS(f16, 20), [PT_BF16] = WOPS(bf16, 20)},
     .pack_panel = pack_panel,
     .gemm_tile = gemm_tile,
     .attn_scores = attn_scores,

@@ -2,11 +2,10 @@
  * kernels_portable.c - the kernel set in plain C, for any CPU.
  *
  * It is the reference the AVX2 set is tested against and the fallback where
- * AVX2 is missing.  Clarity first, then speed: element types are handled by
- * converting a chunk of a row to f32 on the stack and running one f32 loop,
- * so a new weight format needs only its to_f32 here.  Dot products keep
- * several independent accumulators, which lets the compiler pipeline (and
- * makes the summation order close to the SIMD set's).
+ * AVX2 is missing.  Clarity first, then speed: one generic row-dot loop,
+ * inlined with a per-dtype "element as f32" function, serves every dtype.
+ * Dot products keep eight independent accumulators, which lets the CPU
+ * pipeline them (and makes the summation order close to the SIMD set's).
  */
 #include <math.h>
 #include <string.h>
@@ -14,26 +13,28 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "base/base.h"
 
-/* Elements converted per step when a row is not f32; a multiple of every
- * block size (32, 256) so quantized formats can slot in. */
-#define CHUNK 256
-
 /* ---- element conversion, one pair of functions per dtype ---------------- */
 
 static void f32_to_f32(float *dst, const void *src, int64_t n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
-/* IEEE half to float without the loop pt_f16_to_f32 uses for subnormals:
- * normals move exponent and mantissa into place and rebias; subnormals are
- * exactly mantissa * 2^-24 in float arithmetic; inf/NaN get exponent 255. */
+/* IEEE half to float with no branches (pt_f16_to_f32 loops over subnormals,
+ * and a branch on random signs mispredicts half the time): normals move
+ * exponent and mantissa into place and rebias; inf/NaN get exponent 255;
+ * subnormals are exactly mantissa * 2^-24 in float arithmetic, selected by
+ * mask; the sign is or-ed in last. */
 static inline float half_to_float(uint16_t h) {
-    uint32_t em = h & 0x7fffu, u = (em << 13) + ((uint32_t)(127 - 15) << 23);
-    if (em >= 0x7c00u) u += (uint32_t)(128 - 16) << 23;
+    uint32_t em = h & 0x7fffu, u = (em << 13) + ((uint32_t)(127 - 15) << 23), sub_bits;
+    u += -(uint32_t)(em >= 0x7c00u) & ((uint32_t)(128 - 16) << 23);
+    float sub = (float)em * 0x1p-24f;
+    memcpy(&sub_bits, &sub, 4);
+    uint32_t is_sub = -(uint32_t)(em < 0x0400u);
+    u = (u & ~is_sub) | (sub_bits & is_sub);
+    u |= (uint32_t)(h & 0x8000u) << 16;
     float f;
     memcpy(&f, &u, 4);
-    if (em < 0x0400u) f = (float)em * 0x1p-24f;
-    return h & 0x8000u ? -f : f;
+    return f;
 }
 
 static void f16_to_f32(float *dst, const void *src, int64_t n) {
@@ -60,31 +61,33 @@ static void bf16_from_f32(void *dst, const float *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) d[i] = pt_f32_to_bf16(src[i]);
 }
 
-/* ---- f32 building blocks ------------------------------------------------- */
 
-static float dot_f32(const float *a, const float *b, int64_t n) {
+/* One element of a row as f32, per dtype; the row dot below is inlined
+ * with each, so every dtype gets its own loop with the conversion fused in
+ * (no staging buffer). */
+typedef float (*elt_fn)(const void *row, int64_t i);
+
+static inline float f32_elt(const void *row, int64_t i) {
+    return ((const float *)row)[i];
+}
+static inline float f16_elt(const void *row, int64_t i) {
+    return half_to_float(((const uint16_t *)row)[i]);
+}
+static inline float bf16_elt(const void *row, int64_t i) {
+    return pt_bf16_to_f32(((const uint16_t *)row)[i]);
+}
+
+static inline float dot_elt(elt_fn elt, const void *row, const float *x, int64_t n) {
     float s[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    for (; i < n; i++) s[0] += a[i] * b[i];
+        for (int j = 0; j < 8; j++) s[j] += elt(row, i + j) * x[i + j];
+    for (; i < n; i++) s[0] += elt(row, i) * x[i];
     return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
-/* Dot of a row of any type with f32 x, converting CHUNK elements at a time;
- * chunk_bytes is the size of CHUNK elements of the row's type. */
-typedef void (*to_f32_fn)(float *dst, const void *src, int64_t n);
-
-static float dot_any(to_f32_fn conv, size_t chunk_bytes, const void *row, const float *x,
-                     int64_t cols) {
-    float buf[CHUNK], sum = 0;
-    const char *p = row;
-    for (int64_t k = 0; k < cols; k += CHUNK, p += chunk_bytes) {
-        int64_t m = PT_MIN(CHUNK, cols - k);
-        conv(buf, p, m);
-        sum += dot_f32(buf, x + k, m);
-    }
-    return sum;
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    return dot_elt(f32_elt, a, b, n);
 }
 
 /* ---- row dot products, and the kernels built on them ---------------------- */
@@ -92,13 +95,13 @@ static float dot_any(to_f32_fn conv, size_t chunk_bytes, const void *row, const 
 typedef float (*rowdot_fn)(const void *row, const float *x, int64_t cols);
 
 static float f32_rowdot(const void *row, const float *x, int64_t cols) {
-    return dot_f32(row, x, cols);
+    return dot_elt(f32_elt, row, x, cols);
 }
 static float f16_rowdot(const void *row, const float *x, int64_t cols) {
-    return dot_any(f16_to_f32, 2 * CHUNK, row, x, cols);
+    return dot_elt(f16_elt, row, x, cols);
 }
 static float bf16_rowdot(const void *row, const float *x, int64_t cols) {
-    return dot_any(bf16_to_f32, 2 * CHUNK, row, x, cols);
+    return dot_elt(bf16_elt, row, x, cols);
 }
 
 static void matvec_any(rowdot_fn dot, float *y, const void *w, size_t row_bytes, int64_t nr,
