@@ -8,7 +8,9 @@
 #                                     non-system libraries they need copied
 #                                     into build-gpu-carry/ (carry that path)
 #   scripts/gpu-run.sh [PHASES...]    on the GPU machine; phases: tests, ops,
-#                                     models, ab (default: tests ops models);
+#                                     models, kvq, ab (default: tests ops
+#                                     models kvq); kvq = decode with and
+#                                     without quantized KV at 8k and 32k;
 #                                     ab = graphs and PDL on/off, same run
 #                                     (AB_ARMS, AB_MODELS pick arms, models)
 #
@@ -32,7 +34,7 @@ if [ "${1:-}" = --stage ]; then
     mkdir -p "$STAGE/lib"
     # Each target on its own: a half-written part of the tree must not stop
     # the others from being staged.
-    for t in petrel test_cuda_ops test_cuda_model bench_cuda_ops; do
+    for t in petrel test_cuda_ops test_cuda_model test_cuda_kvq bench_cuda_ops; do
         if cmake --build build-cuda -j"$(nproc)" --target "$t" >"build-cuda/stage-$t.log" 2>&1; then
             f=build-cuda/$t; [ -x "$f" ] || f=build-cuda/tests/$t
             cp "$f" "$STAGE/" && echo "staged $t"
@@ -55,7 +57,7 @@ OUT=${OUT:-out/gpu-run}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 exec > >(tee -a "$LOG") 2>&1
-phases=${*:-tests ops models}
+phases=${*:-tests ops models kvq}
 has() { [[ " $phases " == *" $1 "* ]]; }
 t_start=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t_start ))s] $*"; }
@@ -79,10 +81,11 @@ elif [ "$deps_ok" = 1 ] && command -v cmake >/dev/null && command -v nvcc >/dev/
     gen=; command -v ninja >/dev/null && gen="-G Ninja"
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
          -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null &&
-       cmake --build build-gpu -j"$(nproc)" --target petrel test_cuda_ops test_cuda_model bench_cuda_ops; then
+       cmake --build build-gpu -j"$(nproc)" --target petrel test_cuda_ops test_cuda_model \
+           test_cuda_kvq bench_cuda_ops; then
         BIN=build-gpu/bin; mkdir -p "$BIN"
         cp build-gpu/petrel build-gpu/tests/test_cuda_ops build-gpu/tests/test_cuda_model \
-           build-gpu/tests/bench_cuda_ops "$BIN/" 2>/dev/null
+           build-gpu/tests/test_cuda_kvq build-gpu/tests/bench_cuda_ops "$BIN/" 2>/dev/null
     else
         stamp "build here failed; trying the staged build"
     fi
@@ -109,7 +112,7 @@ done
 
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
-    for t in test_cuda_ops test_cuda_model; do
+    for t in ${TESTS:-test_cuda_kvq test_cuda_ops test_cuda_model}; do
         stamp "$t"
         timeout 300 "$BIN/$t"
         echo "$t: exit $?"
@@ -131,6 +134,22 @@ if has models; then
             -p "${PROMPTS:-512,4096}" -d "${DEPTHS:-0,1024,8192}" -g 32 -r "${REPS:-2}" \
             -o "$OUT/bench-$m.json"
         echo "petrel bench $m: exit $?"
+    done
+fi
+
+# ---- quantized KV: the same model and depths with and without --kv-quant ----
+# Each depth is filled by a prefill first (quantized prefill attention runs
+# the decode kernel row by row: seconds at 32k), so 32k runs one rep.
+if has kvq; then
+    m=${KVQ_MODEL:-llama-8b}
+    for kq in ${KVQ_FORMATS:-none turbo}; do
+        for dr in "${KVQ_DEPTHS:-0,8192}:2" "${KVQ_LONG:-32768}:1"; do
+            stamp "petrel bench dummy:$m --kv-quant $kq -d ${dr%:*}"
+            timeout 300 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
+                --kv-quant "$kq" -p 512 -d "${dr%:*}" -g 32 -r "${dr#*:}" \
+                -o "$OUT/kvq-$m-$kq-${dr%:*}.json"
+            echo "petrel bench $m kv-quant $kq: exit $?"
+        done
     done
 fi
 
@@ -160,12 +179,12 @@ stamp "summary"
 python3 - "$OUT" <<'EOF'
 import glob, json, os, sys
 out = sys.argv[1]
-for f in sorted(glob.glob(os.path.join(out, "bench-*.json"))):
+for f in sorted(glob.glob(os.path.join(out, "bench-*.json")) + glob.glob(os.path.join(out, "kvq-*.json"))):
     try:
         j = json.load(open(f))
     except Exception as e:
         print(f"{f}: unreadable ({e})"); continue
-    print(f"{j['model']} on {j['backend']}: {j['weight_bytes']/1e9:.2f} GB {j['weight_dtype']}, kv {j['kv_type']}, "
+    print(f"{j['model']} on {j['backend']}: {j['weight_bytes']/1e9:.2f} GB {j['weight_dtype']}, kv {j.get('kv_format', j['kv_type'])}, "
           f"read bw {j['read_bandwidth_gbs']:.0f} GB/s")
     for p in j["prefill"]:
         print(f"  prefill {p['tokens']:6d}: {p['tok_s']:10.1f} tok/s {p['gflops']/1e3:8.1f} TFLOP/s")

@@ -113,6 +113,12 @@ typedef struct pt_backend_ops {
     /* dst[i] = src[idx[i]] for rows of d floats (idx in backend memory). */
     void (*gather_rows)(pt_backend *be, float *dst, const float *src, const int32_t *idx, int n,
                         int d);
+    /* NULL when kv_store and attention take every quantized KV format;
+     * otherwise 0 if they take this one (kvq: enum pt_kvq_kind, group: the
+     * scale group along head_dim), or -1 with the reason in err.  Checked
+     * when a cache is created, so a refusal comes before any work. */
+    int (*kv_quant_check)(pt_backend *be, int kvq, int k_bits, int v_bits, int group, int head_dim,
+                          pt_err *err);
 
     /* Measured memory read bandwidth in bytes/s (a large streaming read on
      * all threads), for rooflines. */

@@ -65,12 +65,15 @@ static int plan(pt_kv_cache *kv, pt_err *err) {
         return pt_fail(err, "KV cache: bad geometry (%d pages of %d positions)", cfg->n_pages,
                        cfg->page_size);
     if (quantized(cfg)) {
-        /* Until a device backend has kernels for quantized pages, it would
-         * read these bytes as plain elements. */
-        if (strcmp(kv->be->name, "cpu") != 0)
-            return pt_fail(err, "--kv-quant: the %s backend has no quantized-KV kernels yet",
-                           kv->be->name);
         if (pt_kv_codec_init(&kv->codec, &cfg->quant, cfg->head_dim, err)) return -1;
+        const pt_kv_codec *c = &kv->codec;
+        pt_err why;
+        char name[32];
+        if (kv->be->ops->kv_quant_check &&
+            kv->be->ops->kv_quant_check(kv->be, c->spec.kind, c->spec.k_bits, c->spec.v_bits,
+                                        c->group, c->head_dim, &why))
+            return pt_fail(err, "--kv-quant %s: %s", pt_kvq_name(&c->spec, name, sizeof name),
+                           why.msg);
     }
     size_t k, v;
     if (slot_bytes(cfg, &k, &v, err)) return -1;

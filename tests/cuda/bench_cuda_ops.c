@@ -6,18 +6,20 @@
  *     so no run reads from L2;
  *   - attention of decode rows over a paged f16 cache at several depths,
  *     one cache per layer rotated likewise, and of a 512-row prefill chunk;
+ *   - attention of one decode row over quantized caches (--kv-quant) against
+ *     the f16 cache of the same run, same geometry and data;
  *   - a GPU-only consistency check: GEMV against cuBLAS on the same data.
  * Writes a table to stdout and, given a path, JSON.  Not a test: timings
  * are never assertions.  Loops replay as CUDA graphs (see main).
  *
- * usage: bench_cuda_ops [out.json] [quick]
+ * usage: bench_cuda_ops [out.json] [quick | kvq]   (kvq: that arm alone)
  */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend/backend.h"
+#include "kv/kvcache.h"
 
 static pt_backend *gemv_be, *blas_be;
 static FILE *js;
@@ -237,8 +239,132 @@ static void bench_attention(pt_backend *be, const char *arm, int depth, int n_ro
     be->ops->free(be, q, 0), be->ops->free(be, out, 0);
 }
 
+/* ---- attention over quantized pages ------------------------------------------------ */
+
+/* One decode row at `depth` (positions 0..depth) over a cache of each
+ * format, Llama-3.1-8B's geometry (32 query heads, 8 kv heads of 128), the
+ * pages filled by the backend's own kv_store, KVQ_CHUNK rows a call, from
+ * one device pool of random rows (chunks read it at different offsets, and
+ * layer 0 holds the same rows in every format, which gives rel_vs_f16: how
+ * far the format's output is from the f16 cache's).  Each format rotates
+ * through enough layers for ~512 MiB so that no call reads from L2.  Time
+ * per call: the median over KVQ_REPS replays of a graph of >= 64 calls
+ * (the backend's stream is private, so no events: wall time around sync,
+ * whose ~10 us spread over the calls costs well under 1%). */
+#define KVQ_CHUNK 4096
+#define KVQ_POOL_ROWS (KVQ_CHUNK + 512)
+#define KVQ_REPS 9
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_kvq_attention(pt_backend *be, int depth) {
+    static const char *const formats[] = {"none", "turbo", "turbo:k8v8", "8", "4"};
+    const int n_kv = 8, hd = 128, n_heads = 32, ps = 16, n_pos = depth + 1;
+    const int n_pages = (n_pos + ps - 1) / ps;
+    const size_t w = (size_t)n_kv * hd, qn = (size_t)n_heads * hd;
+    pt_rng rng;
+    pt_rng_seed(&rng, 4242);
+    float *pool_k = dev_rand_f32(be, KVQ_POOL_ROWS * w, &rng);
+    float *pool_v = dev_rand_f32(be, KVQ_POOL_ROWS * w, &rng);
+    float *q = dev_rand_f32(be, qn, &rng), *out = be->ops->alloc(be, 4 * qn);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_pos), *bt = malloc(sizeof(int32_t) * n_pages);
+    for (int i = 0; i < n_pos; i++) pos[i] = i;
+    for (int i = 0; i < n_pages; i++) bt[i] = i;
+    int32_t *d_pos = be->ops->alloc(be, 4 * (size_t)n_pos), *d_bt = be->ops->alloc(be, 4 * (size_t)n_pages);
+    int32_t *d_seq = be->ops->alloc(be, 4 * KVQ_CHUNK); /* zeros: sequence 0 */
+    be->ops->upload(be, d_pos, pos, 4 * (size_t)n_pos);
+    be->ops->upload(be, d_bt, bt, 4 * (size_t)n_pages);
+    float *ref = malloc(4 * qn), *got = malloc(4 * qn);
+    double t_f16 = 0;
+    for (size_t f = 0; f < PT_ARRAY_LEN(formats); f++) {
+        pt_err err = {{0}};
+        pt_kv_config cfg = {.n_layers = 1, .n_kv_heads = n_kv, .head_dim = hd, .page_size = ps,
+                            .n_pages = n_pages, .dtype = PT_F16};
+        char name[32];
+        if (pt_kvq_parse(formats[f], &cfg.quant, &err)) {
+            printf("attention kv %s: %s\n", formats[f], err.msg);
+            continue;
+        }
+        pt_kv_format_name(&cfg, name, sizeof name);
+        double bytes = (double)pt_kv_bytes_per_token(&cfg) * n_pos; /* K + V, codes and scales */
+        int layers = (int)ceil((double)(512 << 20) / bytes);
+        cfg.n_layers = layers < 2 ? 2 : layers > 128 ? 128 : layers;
+        pt_kv_cache kv;
+        if (pt_kv_cache_init(&kv, be, &cfg, &err)) {
+            printf("attention kv %-10s depth %6d: skipped: %s\n", name, depth, err.msg);
+            continue;
+        }
+        pt_kv_seq seq = {0};
+        if (pt_kv_seq_reserve(&kv, &seq, n_pos, &err)) {
+            fprintf(stderr, "bench: %s\n", err.msg);
+            exit(1);
+        }
+        for (int l = 0; l < cfg.n_layers; l++) {
+            pt_kv_view view = pt_kv_layer(&kv, l);
+            for (int c0 = 0; c0 < n_pos; c0 += KVQ_CHUNK) {
+                size_t off = (size_t)((c0 / KVQ_CHUNK) * 131 + l * 37) % 512 * w;
+                pt_batch_view b = {PT_MIN(KVQ_CHUNK, n_pos - c0), d_pos + c0, d_seq, d_bt, n_pages, 1};
+                be->ops->kv_store(be, &view, &b, pool_k + off, pool_v + off);
+            }
+        }
+        be->ops->sync(be);
+        /* iters: every layer equally often, the same calls every replay */
+        int iters = cfg.n_layers * ((64 + cfg.n_layers - 1) / cfg.n_layers);
+        pt_batch_view b = {1, d_pos + depth, d_seq, d_bt, n_pages, 1};
+        double t[KVQ_REPS];
+        for (int rep = -1; rep < KVQ_REPS; rep++) { /* rep -1 captures the graph */
+            be->ops->sync(be);
+            double t0 = pt_now();
+            for (int i = 0; i < iters; i++) {
+                pt_kv_view view = pt_kv_layer(&kv, i % cfg.n_layers);
+                be->ops->attention(be, out, q, &view, &b, n_heads, 1.0f / sqrtf((float)hd));
+            }
+            be->ops->sync(be);
+            if (rep >= 0) t[rep] = (pt_now() - t0) / iters;
+        }
+        qsort(t, KVQ_REPS, sizeof t[0], cmp_double);
+        double us = t[KVQ_REPS / 2] * 1e6;
+        /* layer 0 once more, for the distance from the f16 cache's output */
+        pt_kv_view view0 = pt_kv_layer(&kv, 0);
+        be->ops->attention(be, out, q, &view0, &b, n_heads, 1.0f / sqrtf((float)hd));
+        be->ops->download(be, f == 0 ? ref : got, out, 4 * qn);
+        double rel = 0;
+        if (f == 0) {
+            t_f16 = us;
+        } else {
+            double num = 0, den = 0;
+            for (size_t i = 0; i < qn; i++) {
+                double d = (double)got[i] - ref[i];
+                num += isfinite(got[i]) ? d * d : INFINITY;
+                den += (double)ref[i] * ref[i];
+            }
+            rel = sqrt(num / den);
+        }
+        double speedup = t_f16 > 0 ? t_f16 / us : 0, flops = 4.0 * n_pos * n_heads * hd;
+        printf("attention kv %-10s depth %6d: %9.1f us  %8.2f MB  %7.0f GB/s %5.1f%%  x%.2f vs f16"
+               "  rel(f16) %.3g  (%d layers)\n",
+               name, depth, us, bytes / 1e6, bytes / us / 1e3, 100 * bytes / (us * 1e-6) / bw,
+               speedup, rel, cfg.n_layers);
+        json_row("{\"op\": \"attention\", \"arm\": \"kv:%s\", \"format\": \"%s\", \"depth\": %d, "
+                 "\"rows\": 1, \"seqs\": 1, \"us\": %.3f, \"bytes\": %.0f, \"frac\": %.4f, "
+                 "\"tflops\": %.3f, \"speedup_vs_f16\": %.3f, \"rel_vs_f16\": %.3g}",
+                 name, name, depth, us, bytes, bytes / (us * 1e-6) / bw, flops / us / 1e6, speedup,
+                 rel);
+        pt_kv_seq_release(&kv, &seq);
+        pt_kv_cache_free(&kv);
+    }
+    free(pos), free(bt), free(ref), free(got);
+    be->ops->free(be, d_pos, 0), be->ops->free(be, d_bt, 0), be->ops->free(be, d_seq, 0);
+    be->ops->free(be, pool_k, 0), be->ops->free(be, pool_v, 0);
+    be->ops->free(be, q, 0), be->ops->free(be, out, 0);
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 2 && strcmp(argv[2], "quick") == 0;
+    bool kvq_only = argc > 2 && strcmp(argv[2], "kvq") == 0;
     pt_err err = {{0}};
     /* Each timed loop records the same ops every repetition, so the
      * backend replays it as a CUDA graph (with PDL between kernels): the
@@ -264,25 +390,28 @@ int main(int argc, char **argv) {
     printf("device: %s\nread bandwidth: %.1f GB/s\n", gemv_be->detail, bw / 1e9);
     if (js) fprintf(js, "{\"device\": \"%s\", \"read_bandwidth_gbs\": %.3f, \"results\": [", gemv_be->detail, bw / 1e9);
 
-    bench_matmul("wq", 4096, 4096, quick);
-    bench_matmul("wk", 1024, 4096, quick);
-    bench_matmul("w_up", 14336, 4096, quick);
-    bench_matmul("w_down", 4096, 14336, quick);
-    bench_matmul("lm_head", 128256, 4096, quick);
-    bench_matmul("1b_wq", 2048, 2048, quick);
-    bench_matmul("1b_wk", 256, 2048, quick);
-
     static const int depths[] = {1024, 8192, 32768};
-    for (size_t i = 0; i < PT_ARRAY_LEN(depths); i++) {
-        bench_attention(gemv_be, "tiled", depths[i], 1, 1, depths[i] > 8192 ? 8 : 32);
-        if (!quick) bench_attention(simple_be, "simple", depths[i], 1, 1, depths[i] > 8192 ? 8 : 32);
-        bench_attention(gemv_be, "tiled", depths[i], 8, 8, 4);
+    if (!kvq_only) {
+        bench_matmul("wq", 4096, 4096, quick);
+        bench_matmul("wk", 1024, 4096, quick);
+        bench_matmul("w_up", 14336, 4096, quick);
+        bench_matmul("w_down", 4096, 14336, quick);
+        bench_matmul("lm_head", 128256, 4096, quick);
+        bench_matmul("1b_wq", 2048, 2048, quick);
+        bench_matmul("1b_wk", 256, 2048, quick);
+
+        for (size_t i = 0; i < PT_ARRAY_LEN(depths); i++) {
+            bench_attention(gemv_be, "tiled", depths[i], 1, 1, depths[i] > 8192 ? 8 : 32);
+            if (!quick) bench_attention(simple_be, "simple", depths[i], 1, 1, depths[i] > 8192 ? 8 : 32);
+            bench_attention(gemv_be, "tiled", depths[i], 8, 8, 4);
+        }
+        bench_attention(gemv_be, "mma", 4095, 512, 1, 2);
+        bench_attention(tiled_be, "tiled", 4095, 512, 1, 2);
+        bench_attention(gemv_be, "mma", 511, 512, 1, 8);
+        bench_attention(gemv_be, "mma", 16383, 512, 1, 1);
+        if (!quick) bench_attention(simple_be, "simple", 4095, 512, 1, 2);
     }
-    bench_attention(gemv_be, "mma", 4095, 512, 1, 2);
-    bench_attention(tiled_be, "tiled", 4095, 512, 1, 2);
-    bench_attention(gemv_be, "mma", 511, 512, 1, 8);
-    bench_attention(gemv_be, "mma", 16383, 512, 1, 1);
-    if (!quick) bench_attention(simple_be, "simple", 4095, 512, 1, 2);
+    for (size_t i = 0; i < PT_ARRAY_LEN(depths); i++) bench_kvq_attention(gemv_be, depths[i]);
     if (js) {
         fprintf(js, "\n]}\n");
         fclose(js);

@@ -14,59 +14,27 @@
  * encoder's bit for bit (the CPU's goldens then carry over).  Group size 32
  * only (head dims 64..512 for TurboQuant; affine head dims that 32 divides).
  *
- * Attention (cu_kvq_attention): flash-decoding.  A block (4 warps) owns one
- * query row, one kv head and its G <= 8 query heads, and one split of the
- * context.  Each warp walks tiles of 32 keys: lane = key for the scores
- * (it dequantizes its key's codes in registers: x = code * scale + offset),
- * online softmax in base 2, then lane = head_dim / 32 dims for P.V, adding
- * w * centroid[code] * scale (TurboQuant: the rotated domain) or
- * w * (code * scale + bias).  Warps merge in shared memory; with one split
- * the block un-rotates and writes the row, otherwise each split writes its
- * (accumulator, max, sum) and cu_kvq_combine merges them and applies the
- * one inverse transform per output row (the deferred transform).
+ * Attention (cu_kvq_attention): flash-decoding straight from the packed
+ * rows (no dequantized copy of the window); the block layout is described
+ * above kvq_attn_kernel.  With one split the block un-rotates (TurboQuant)
+ * and writes the row; otherwise each split leaves (accumulator, max, sum)
+ * and kvq_combine_kernel merges them and applies the one inverse transform
+ * per output row (the deferred transform).
  *
- * Host side, what cuda_backend.c needs to call these (declarations below;
- * they belong in cuda_internal.h): build a cu_kvq_args from the pt_kv_view
- * (kvq, k_bits, v_bits, group, k_row, v_row, tables) and the batch, then
- * cu_kvq_store() in kv_store and cu_kvq_attention() with
- * cu_kvq_attention_scratch() bytes of device scratch in attention, after
- * cu_kvq_init() once per device before any capture.  Both
- * return -1 for shapes they do not take (group != 32, head_dim > 512,
- * G > 8); those must fail loudly, there is no f16 fallback for these bytes.
+ * cuda_backend.c checks formats with cu_kvq_supported() when a cache is
+ * created, so the launchers' -1 (a shape they do not take) is never seen
+ * in practice; it is fatal there: no other kernel reads these bytes.
  */
 #include <float.h>
 #include <math.h>
 
 #include "backend/cuda/cu_common.cuh"
-
-extern "C" {
-
-typedef struct cu_kvq_args {
-    float *out;          /* [n][n_heads][head_dim] */
-    const float *q;      /* [n][n_heads][head_dim] */
-    uint8_t *k, *v;      /* the layer's paged rows */
-    const float *tables; /* TurboQuant: signs [head_dim], centroids [1 << v_bits],
-                            boundaries [(1 << v_bits) - 1] */
-    int kvq;             /* 1 affine, 2 TurboQuant (enum pt_kvq_kind) */
-    int k_bits, v_bits, group, k_row, v_row;
-    int page_size, n_kv_heads, head_dim;
-    const int32_t *pos, *seq, *block_table;
-    int max_pages, n, n_heads;
-    float scale;
-} cu_kvq_args;
-
-/* Sets kernel attributes; once per device, before any capture. */
-void cu_kvq_init(void);
-int cu_kvq_store(cudaStream_t s, const cu_kvq_args *a, const float *k, const float *v);
-size_t cu_kvq_attention_scratch(const cu_kvq_args *a, int n_sm);
-int cu_kvq_attention(cudaStream_t s, const cu_kvq_args *a, int n_sm, void *scratch);
-}
+#include "backend/cuda/cuda_internal.h"
 
 #define KVQ_AFFINE 1
 #define KVQ_TURBO 2
 #define KVQ_WARPS 4
 #define KVQ_MAX_G 8
-#define KVQ_MAX_DPL 16 /* head_dim 512 / 32 lanes */
 #define KVQ_LOG2E 1.4426950408889634f
 #define F16_MAX 65504.0f
 
@@ -84,23 +52,10 @@ __device__ __forceinline__ bool f16_finite(uint16_t h) {
     return (h & 0x7c00) != 0x7c00;
 }
 
-__device__ __forceinline__ float ld_f16(const uint8_t *p) {
-    uint16_t h = (uint16_t)(p[0] | (p[1] << 8)); /* rows are only byte-aligned */
-    return f16_val(h);
-}
-
 /* Byte offset of (position p of sequence sq, kv head 0) for rows of row bytes. */
 __device__ __forceinline__ size_t kvq_slot(const cu_kvq_args &a, int sq, int p, int row) {
     int32_t page = a.block_table[(size_t)sq * a.max_pages + p / a.page_size];
     return ((size_t)page * a.page_size + (size_t)(p % a.page_size)) * a.n_kv_heads * row;
-}
-
-/* Code e of a bitstream (8-bit codes are bytes, signed when sgn). */
-__device__ __forceinline__ int get_code(const uint8_t *codes, int e, int bits, bool sgn) {
-    if (bits == 8) return sgn ? (int)(int8_t)codes[e] : (int)codes[e];
-    int bit = e * bits, byte = bit >> 3, sh = bit & 7;
-    uint32_t w = codes[byte] | ((uint32_t)codes[byte + 1] << 8); /* b <= 5: two bytes hold it */
-    return (int)((w >> sh) & ((1u << bits) - 1));
 }
 
 __device__ __forceinline__ float clamp_f16_range(float v) {
@@ -279,90 +234,223 @@ __global__ void kvq_store_kernel(cu_kvq_args a, const float *k, const float *v) 
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-/* Scratch per split: [n][n_heads][head_dim + 2] (accumulator, max, sum). */
-/* Splits of the context so that the grid fills the GPU twice over; the
- * positions live on the device, so a split may come out empty (handled). */
-static int kvq_splits(const cu_kvq_args *a, int n_sm) {
-    int want = CU_DIV_UP(2 * n_sm, a->n * a->n_kv_heads);
-    return want < 1 ? 1 : (want > 32 ? 32 : want);
+/* A block owns one query row t, one kv head and its G query heads, and one
+ * split of the row's context; its KVQ_WARPS warps take turns on tiles of 32
+ * positions.  Per tile a warp
+ *
+ *   1. scores the 32 keys: lanes are split into lpk = head_dim / 32 lanes
+ *      per key, one lane per 32-group (so each lane's codes are 4 * bits
+ *      bytes on a 4-byte boundary and share one scale and offset): the lane
+ *      forms sc * dot(q, codes) + off * sum(q) for every query head, the
+ *      lpk lanes of a key add up, and the scores go to shared memory;
+ *   2. runs the online softmax with lane = key (base 2, q pre-scaled by
+ *      scale * log2 e), leaving each key's weight in shared memory;
+ *   3. adds the weighted values: lanes are split into head_dim / 8 lanes
+ *      per key (8 dims each; two chunks of 8 at head_dim 512), accumulating
+ *      w * centroid[code] * scale (TurboQuant: the rotated domain) or
+ *      w * (code * scale + bias) in registers.
+ *
+ * Loads of KU (keys) or VU (values) passes are issued before any of them is
+ * used, so every warp keeps several rows in flight.  The code widths are
+ * template parameters of the per-tile steps, dispatched by a switch per
+ * tile: the K and V variants add up instead of multiplying. */
+
+#define KVQ_TILE 32
+#define KU 4 /* key passes loaded ahead */
+#define VU 8 /* value passes loaded ahead */
+#define KVQ_MIN_CHUNK 128 /* fewest positions a split takes */
+
+/* Slot index of position p; bt is the sequence's block-table row. */
+__device__ __forceinline__ size_t kvq_slot_index(const int32_t *bt, int page_size, int p) {
+    return (size_t)bt[p / page_size] * page_size + (size_t)(p % page_size);
 }
 
-struct kvq_warp_state {
-    float m[KVQ_MAX_G], l[KVQ_MAX_G];
-    float acc[KVQ_MAX_G][KVQ_MAX_DPL];
-};
+__device__ __forceinline__ float ld_half_al(const uint8_t *p) { /* 2-byte aligned */
+    return __half2float(*(const __half *)p);
+}
 
-/* Scores of the lane's key (position p) against the G queries in qs. */
-__device__ __forceinline__ void key_scores(const cu_kvq_args &a, const uint8_t *row,
-                                           const float *qs, int G, float *s) {
-    const int d = a.head_dim, ng = d / 32, kc = d * a.k_bits / 8;
-    const bool turbo = a.kvq == KVQ_TURBO, sgn = turbo && a.k_bits == 8;
-    for (int h = 0; h < G; h++)
-        s[h] = 0;
-    for (int g = 0; g < ng; g++) {
-        float sc = ld_f16(row + kc + 2 * g), z = ld_f16(row + kc + 2 * (ng + g));
-        float off = turbo ? z * sc : z;
-        for (int i = g * 32; i < g * 32 + 32; i++) {
-            float x = fmaf((float)get_code(row, i, a.k_bits, sgn), sc, off);
-            for (int h = 0; h < G; h++)
-                s[h] = fmaf(qs[h * d + i], x, s[h]);
+/* Code i (0..31) of a 32-group held in words w (LSB-first bitstream). */
+template <int B, bool SGN> __device__ __forceinline__ float group_code(const uint32_t *w, int i) {
+    const int bit = i * B, wi = bit >> 5, sh = bit & 31;
+    uint32_t v = w[wi] >> sh;
+    if (sh + B > 32) v |= w[wi + 1] << (32 - sh);
+    if (B == 8 && SGN) return (float)(int)(int8_t)(v & 0xffu);
+    return (float)(v & ((1u << B) - 1));
+}
+
+/* Step 1 for one tile: scores of keys base .. base + 31 (those < p1) into
+ * ss[h * 32 + key]; -inf where there is no key. */
+template <int GM, int B, bool TURBO>
+__device__ __forceinline__ void kvq_score_tile(const cu_kvq_args &a, const int32_t *bt,
+                                               const uint8_t *kb, int base, int p1, const float *qs,
+                                               const float (&qsum)[GM], float *ss) {
+    constexpr bool SGN = TURBO && B == 8;
+    const int lane = threadIdx.x & 31, d = a.head_dim, lpk = d >> 5, kp = 32 / lpk;
+    const int kpart = lane % lpk, kslot = lane / lpk, cb = d * B / 8;
+    const size_t stride = (size_t)a.n_kv_heads * a.k_row;
+    for (int j0 = 0; j0 < lpk; j0 += KU) {
+        uint32_t w[KU][B];
+        float sc[KU], off[KU];
+        bool ok[KU];
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int p = base + (j0 + u) * kp + kslot;
+            ok[u] = j0 + u < lpk && p < p1;
+            sc[u] = off[u] = 0;
+            if (ok[u]) {
+                const uint8_t *row = kb + kvq_slot_index(bt, a.page_size, p) * stride;
+                const uint32_t *cw = (const uint32_t *)(row + kpart * 4 * B);
+#pragma unroll
+                for (int k = 0; k < B; k++)
+                    w[u][k] = cw[k];
+                float s = ld_half_al(row + cb + 2 * kpart), z = ld_half_al(row + cb + 2 * (lpk + kpart));
+                sc[u] = s, off[u] = TURBO ? z * s : z;
+            } else {
+#pragma unroll
+                for (int k = 0; k < B; k++)
+                    w[u][k] = 0;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            if (j0 + u >= lpk) break; /* uniform across the warp */
+            float dot[GM];
+#pragma unroll
+            for (int h = 0; h < GM; h++)
+                dot[h] = 0;
+#pragma unroll
+            for (int i = 0; i < 32; i += 4) {
+                float c0 = group_code<B, SGN>(w[u], i), c1 = group_code<B, SGN>(w[u], i + 1);
+                float c2 = group_code<B, SGN>(w[u], i + 2), c3 = group_code<B, SGN>(w[u], i + 3);
+#pragma unroll
+                for (int h = 0; h < GM; h++) {
+                    float4 q = *(const float4 *)(qs + h * d + kpart * 32 + i);
+                    dot[h] = fmaf(q.x, c0, fmaf(q.y, c1, fmaf(q.z, c2, fmaf(q.w, c3, dot[h]))));
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                float s = fmaf(sc[u], dot[h], off[u] * qsum[h]);
+                for (int o = 1; o < lpk; o <<= 1)
+                    s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (kpart == 0) ss[h * 32 + (j0 + u) * kp + kslot] = ok[u] ? s : -INFINITY;
+            }
         }
     }
 }
 
-/* Adds w[h] * V(row) to the lane's dims [lane * dpl, lane * dpl + dpl). */
-__device__ __forceinline__ void value_accum(const cu_kvq_args &a, const uint8_t *row,
-                                            const float *cent, const float *w, int G,
-                                            kvq_warp_state &st) {
-    const int lane = threadIdx.x & 31, d = a.head_dim, dpl = d / 32, ng = d / 32;
-    const int vc = d * a.v_bits / 8, g = lane * dpl / 32;
-    const bool turbo = a.kvq == KVQ_TURBO;
-    float sc = ld_f16(row + vc + 2 * g), b = turbo ? 0.0f : ld_f16(row + vc + 2 * (ng + g));
-    for (int k = 0; k < dpl; k++) {
-        int c = get_code(row, lane * dpl + k, a.v_bits, false);
-        float x = turbo ? cent[c] * sc : fmaf((float)c, sc, b);
-        for (int h = 0; h < G; h++)
-            st.acc[h][k] = fmaf(w[h], x, st.acc[h][k]);
+/* The 8 codes (B bits each, B bytes) at p, as the low 8 * B bits. */
+template <int B> __device__ __forceinline__ uint64_t load8_codes(const uint8_t *p) {
+    if (B == 8) return *(const uint32_t *)p | (uint64_t)*(const uint32_t *)(p + 4) << 32;
+    if (B == 4) return *(const uint32_t *)p;
+    if (B == 2) return *(const uint16_t *)p;
+    uint64_t v = 0;
+#pragma unroll
+    for (int k = 0; k < B; k++)
+        v |= (uint64_t)p[k] << (8 * k);
+    return v;
+}
+
+/* Step 3 for one tile: acc[h][c * 8 + i] += w[h][key] * V[key][dim] over
+ * the tile's keys, the lane's dims being c * 256 + vpart * 8 + i. */
+template <int GM, int NCH, int B, bool TURBO>
+__device__ __forceinline__ void kvq_value_tile(const cu_kvq_args &a, const int32_t *bt,
+                                               const uint8_t *vb, int base, int p1,
+                                               const float *ss, const float *cent,
+                                               float (&acc)[GM][NCH * 8]) {
+    const int lane = threadIdx.x & 31, d = a.head_dim, lpv = d / (8 * NCH), kpv = 32 / lpv;
+    const int vpart = lane % lpv, vslot = lane / lpv, cb = d * B / 8, ng = d >> 5;
+    const size_t stride = (size_t)a.n_kv_heads * a.v_row;
+    for (int j0 = 0; j0 < lpv; j0 += VU) {
+        uint64_t cw[VU][NCH];
+        float sc[VU][NCH], bias[VU][NCH];
+        bool ok[VU];
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            const int p = base + (j0 + u) * kpv + vslot;
+            ok[u] = j0 + u < lpv && p < p1;
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+                cw[u][c] = 0, sc[u][c] = bias[u][c] = 0;
+            if (ok[u]) {
+                const uint8_t *row = vb + kvq_slot_index(bt, a.page_size, p) * stride;
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    const int e0 = c * 256 + vpart * 8, g = e0 >> 5;
+                    cw[u][c] = load8_codes<B>(row + e0 * B / 8);
+                    sc[u][c] = ld_half_al(row + cb + 2 * g);
+                    if (!TURBO) bias[u][c] = ld_half_al(row + cb + 2 * (ng + g));
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            if (!ok[u]) continue;
+            const int key = (j0 + u) * kpv + vslot;
+            float wt[GM];
+#pragma unroll
+            for (int h = 0; h < GM; h++)
+                wt[h] = ss[h * 32 + key];
+#pragma unroll
+            for (int c = 0; c < NCH; c++) {
+                float ws[GM];
+#pragma unroll
+                for (int h = 0; h < GM; h++)
+                    ws[h] = TURBO ? wt[h] * sc[u][c] : wt[h];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const uint32_t code = (uint32_t)(cw[u][c] >> (i * B)) & ((1u << B) - 1);
+                    const float x = TURBO ? cent[code] : fmaf((float)code, sc[u][c], bias[u][c]);
+#pragma unroll
+                    for (int h = 0; h < GM; h++)
+                        acc[h][c * 8 + i] = fmaf(ws[h], x, acc[h][c * 8 + i]);
+                }
+            }
+        }
     }
 }
 
-/* Walks this warp's tiles of [p0, p1) for row t, kv head kvh. */
-__device__ void warp_walk(const cu_kvq_args &a, int t, int kvh, int p0, int p1, const float *qs,
-                          const float *cent, int G, kvq_warp_state &st) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sq = a.seq[t];
-    for (int h = 0; h < G; h++) {
-        st.m[h] = -INFINITY, st.l[h] = 0;
-        for (int k = 0; k < KVQ_MAX_DPL; k++)
-            st.acc[h][k] = 0;
+/* Shared memory of the attention kernel, in floats: q [GM][d], centroids
+ * [256], scores [warps][GM][32], warp results [warps][GM][d + 2], y [d]. */
+static size_t kvq_attn_floats(int GM, int d) {
+    return (size_t)GM * d + 256 + (size_t)KVQ_WARPS * GM * 32 + (size_t)KVQ_WARPS * GM * (d + 2) + d;
+}
+
+/* Per-tile dispatch on the code widths (uniform branches). */
+template <int GM>
+__device__ __forceinline__ void kvq_scores(const cu_kvq_args &a, const int32_t *bt, const uint8_t *kb,
+                                           int base, int p1, const float *qs,
+                                           const float (&qsum)[GM], float *ss) {
+    if (a.kvq == KVQ_TURBO) {
+        switch (a.k_bits) {
+        case 8: kvq_score_tile<GM, 8, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
+        case 5: kvq_score_tile<GM, 5, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
+        case 4: kvq_score_tile<GM, 4, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
+        default: kvq_score_tile<GM, 2, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
+        }
+    } else if (a.k_bits == 8) {
+        kvq_score_tile<GM, 8, false>(a, bt, kb, base, p1, qs, qsum, ss);
+    } else {
+        kvq_score_tile<GM, 4, false>(a, bt, kb, base, p1, qs, qsum, ss);
     }
-    for (int base = p0 + warp * 32; base < p1; base += KVQ_WARPS * 32) {
-        int p = base + lane;
-        float s[KVQ_MAX_G];
-        if (p < p1) {
-            const uint8_t *krow = a.k + kvq_slot(a, sq, p, a.k_row) + (size_t)kvh * a.k_row;
-            key_scores(a, krow, qs, G, s);
-        } else {
-            for (int h = 0; h < G; h++)
-                s[h] = -INFINITY;
+}
+
+template <int GM, int NCH>
+__device__ __forceinline__ void kvq_values(const cu_kvq_args &a, const int32_t *bt, const uint8_t *vb,
+                                           int base, int p1, const float *ss, const float *cent,
+                                           float (&acc)[GM][NCH * 8]) {
+    if (a.kvq == KVQ_TURBO) {
+        switch (a.v_bits) {
+        case 8: kvq_value_tile<GM, NCH, 8, true>(a, bt, vb, base, p1, ss, cent, acc); break;
+        case 5: kvq_value_tile<GM, NCH, 5, true>(a, bt, vb, base, p1, ss, cent, acc); break;
+        case 4: kvq_value_tile<GM, NCH, 4, true>(a, bt, vb, base, p1, ss, cent, acc); break;
+        case 3: kvq_value_tile<GM, NCH, 3, true>(a, bt, vb, base, p1, ss, cent, acc); break;
+        default: kvq_value_tile<GM, NCH, 2, true>(a, bt, vb, base, p1, ss, cent, acc); break;
         }
-        float w[KVQ_MAX_G];
-        for (int h = 0; h < G; h++) {
-            float mx = fmaxf(st.m[h], cu_warp_max(s[h]));
-            float corr = exp2f(st.m[h] - mx); /* 0 on the first tile */
-            w[h] = exp2f(s[h] - mx);
-            st.l[h] = st.l[h] * corr + cu_warp_sum(w[h]);
-            for (int k = 0; k < KVQ_MAX_DPL; k++)
-                st.acc[h][k] *= corr;
-            st.m[h] = mx;
-        }
-        int n_keys = min(32, p1 - base);
-        for (int j = 0; j < n_keys; j++) {
-            float wj[KVQ_MAX_G];
-            for (int h = 0; h < G; h++)
-                wj[h] = __shfl_sync(0xffffffffu, w[h], j);
-            const uint8_t *vrow = a.v + kvq_slot(a, sq, base + j, a.v_row) + (size_t)kvh * a.v_row;
-            value_accum(a, vrow, cent, wj, G, st);
-        }
+    } else if (a.v_bits == 8) {
+        kvq_value_tile<GM, NCH, 8, false>(a, bt, vb, base, p1, ss, cent, acc);
+    } else {
+        kvq_value_tile<GM, NCH, 4, false>(a, bt, vb, base, p1, ss, cent, acc);
     }
 }
 
@@ -383,73 +471,137 @@ __device__ void block_unrotate(float *y, int d, const float *signs, float mul, f
     __syncthreads();
 }
 
-/* Shared memory: q [G][d], centroids [256], warp states [warps][G][d + 2], y [d]. */
-static size_t kvq_attn_smem(int G, int d) {
-    return sizeof(float) * ((size_t)G * d + 256 + (size_t)KVQ_WARPS * G * (d + 2) + d);
+/* Splits of a row's context: enough blocks to give every SM about four;
+ * a split takes at least KVQ_MIN_CHUNK positions, so a short context uses
+ * the first few and the rest exit at once (the depth lives on the device:
+ * the grid cannot depend on it, or a CUDA graph could not replay it). */
+static int kvq_splits(const cu_kvq_args *a, int n_sm) {
+    int want = CU_DIV_UP(4 * n_sm, a->n * a->n_kv_heads);
+    return want < 1 ? 1 : (want > 64 ? 64 : want);
 }
 
+template <int GM, int NCH>
 __global__ void __launch_bounds__(KVQ_WARPS * 32)
     kvq_attn_kernel(cu_kvq_args a, int n_splits, float *part) {
     cu_grid_trigger();
     cu_grid_wait();
-    extern __shared__ float sm[];
-    const int d = a.head_dim, G = a.n_heads / a.n_kv_heads, dpl = d / 32;
+    extern __shared__ float4 sm4[];
+    float *sm = (float *)sm4;
+    const int d = a.head_dim, G = a.n_heads / a.n_kv_heads;
     const int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *qs = sm, *cent = qs + G * d, *ws = cent + 256, *y = ws + KVQ_WARPS * G * (d + 2);
+    float *qs = sm, *cent = qs + GM * d, *ss = cent + 256 + warp * GM * 32;
+    float *ws = cent + 256 + KVQ_WARPS * GM * 32, *y = ws + KVQ_WARPS * GM * (d + 2);
+
     const float qscale = a.scale * KVQ_LOG2E;
-    for (int i = threadIdx.x; i < G * d; i += blockDim.x)
-        qs[i] = a.q[((size_t)t * a.n_heads + kvh * G) * d + i] * qscale;
+    for (int i = threadIdx.x; i < GM * d; i += blockDim.x) /* heads past G: zeros */
+        qs[i] = i < G * d ? a.q[((size_t)t * a.n_heads + kvh * G) * d + i] * qscale : 0.0f;
     if (a.kvq == KVQ_TURBO)
         for (int i = threadIdx.x; i < (1 << a.v_bits); i += blockDim.x)
             cent[i] = a.tables[d + i];
     __syncthreads();
 
-    const int n_pos = a.pos[t] + 1, chunk = CU_DIV_UP(n_pos, n_splits);
+    const int n_pos = a.pos[t] + 1;
+    const int chunk = max(CU_DIV_UP(n_pos, n_splits), KVQ_MIN_CHUNK);
     const int p0 = min(n_pos, split * chunk), p1 = min(n_pos, p0 + chunk);
-    kvq_warp_state st;
-    warp_walk(a, t, kvh, p0, p1, qs, cent, G, st);
+    if (n_splits > 1 && p0 >= p1) { /* an empty split: the combine skips it */
+        if (threadIdx.x < G) {
+            float *pp = part + (((size_t)split * a.n + t) * a.n_heads + kvh * G + threadIdx.x) * (d + 2);
+            pp[d] = -INFINITY, pp[d + 1] = 0;
+        }
+        return;
+    }
+    const int32_t *bt = a.block_table + (size_t)a.seq[t] * a.max_pages;
+    const uint8_t *kb = a.k + (size_t)kvh * a.k_row, *vb = a.v + (size_t)kvh * a.v_row;
 
-    /* merge the warps: each writes (acc, m, l) per head, warp 0's lanes sum */
-    for (int h = 0; h < G; h++) {
-        float *w = ws + ((size_t)warp * G + h) * (d + 2);
-        for (int k = 0; k < dpl; k++)
-            w[lane * dpl + k] = st.acc[h][k];
-        if (lane == 0) w[d] = st.m[h], w[d + 1] = st.l[h];
+    float qsum[GM], m[GM], l[GM], acc[GM][NCH * 8];
+    const int kpart = lane % (d >> 5);
+#pragma unroll
+    for (int h = 0; h < GM; h++) {
+        float s = 0;
+        for (int i = 0; i < 32; i++)
+            s += qs[h * d + kpart * 32 + i];
+        qsum[h] = s, m[h] = -INFINITY, l[h] = 0;
+#pragma unroll
+        for (int e = 0; e < NCH * 8; e++)
+            acc[h][e] = 0;
+    }
+
+    for (int base = p0 + warp * KVQ_TILE; base < p1; base += KVQ_WARPS * KVQ_TILE) {
+        kvq_scores<GM>(a, bt, kb, base, p1, qs, qsum, ss);
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < GM; h++) { /* online softmax, lane = key */
+            float s = ss[h * 32 + lane], mx = fmaxf(m[h], cu_warp_max(s));
+            float corr = exp2f(m[h] - mx), p = exp2f(s - mx); /* corr 0 on the first tile */
+            l[h] = l[h] * corr + cu_warp_sum(p);
+            m[h] = mx;
+            ss[h * 32 + lane] = p;
+#pragma unroll
+            for (int e = 0; e < NCH * 8; e++)
+                acc[h][e] *= corr;
+        }
+        __syncwarp();
+        kvq_values<GM, NCH>(a, bt, vb, base, p1, ss, cent, acc);
+        __syncwarp();
+    }
+
+    /* Lanes holding the same dims for different keys add up; then each
+     * warp leaves (acc, m, l) per head for the merge. */
+    const int lpv = d / (8 * NCH), vpart = lane % lpv;
+#pragma unroll
+    for (int h = 0; h < GM; h++)
+#pragma unroll
+        for (int e = 0; e < NCH * 8; e++)
+            for (int o = lpv; o < 32; o <<= 1)
+                acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+#pragma unroll
+    for (int h = 0; h < GM; h++) { /* register arrays: constant indices only */
+        float *w = ws + ((size_t)warp * GM + h) * (d + 2);
+        if (h >= G) break;
+        if (lane < lpv)
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    w[c * 256 + vpart * 8 + i] = acc[h][c * 8 + i];
+        if (lane == 0) w[d] = m[h], w[d + 1] = l[h];
     }
     __syncthreads();
+
     for (int h = 0; h < G; h++) {
-        float mx = -INFINITY, l = 0;
+        float mx = -INFINITY, lsum = 0;
         for (int wp = 0; wp < KVQ_WARPS; wp++)
-            mx = fmaxf(mx, ws[((size_t)wp * G + h) * (d + 2) + d]);
+            mx = fmaxf(mx, ws[((size_t)wp * GM + h) * (d + 2) + d]);
         for (int wp = 0; wp < KVQ_WARPS; wp++) {
-            const float *w = ws + ((size_t)wp * G + h) * (d + 2);
-            l += w[d + 1] * (w[d] == -INFINITY ? 0.0f : exp2f(w[d] - mx));
+            const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
+            if (w[d] != -INFINITY) lsum += w[d + 1] * exp2f(w[d] - mx);
         }
         for (int i = threadIdx.x; i < d; i += blockDim.x) {
-            float acc = 0;
+            float s = 0;
             for (int wp = 0; wp < KVQ_WARPS; wp++) {
-                const float *w = ws + ((size_t)wp * G + h) * (d + 2);
-                if (w[d] != -INFINITY) acc += w[i] * exp2f(w[d] - mx);
+                const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
+                if (w[d] != -INFINITY) s += w[i] * exp2f(w[d] - mx);
             }
-            y[i] = acc;
+            y[i] = s;
         }
         const int head = kvh * G + h;
         if (n_splits > 1) {
+            __syncthreads();
             float *pp = part + (((size_t)split * a.n + t) * a.n_heads + head) * (d + 2);
             for (int i = threadIdx.x; i < d; i += blockDim.x)
                 pp[i] = y[i];
-            if (threadIdx.x == 0) pp[d] = mx, pp[d + 1] = l;
+            if (threadIdx.x == 0) pp[d] = mx, pp[d + 1] = lsum;
             __syncthreads();
             continue;
         }
         float *o = a.out + ((size_t)t * a.n_heads + head) * d;
         if (a.kvq == KVQ_TURBO) {
-            block_unrotate(y, d, a.tables, 1.0f / l, o);
+            block_unrotate(y, d, a.tables, 1.0f / lsum, o);
         } else {
             __syncthreads();
             for (int i = threadIdx.x; i < d; i += blockDim.x)
-                o[i] = y[i] / l;
+                o[i] = y[i] / lsum;
             __syncthreads();
         }
     }
@@ -487,17 +639,32 @@ __global__ void kvq_combine_kernel(cu_kvq_args a, int n_splits, const float *par
 
 /* ---- launchers ------------------------------------------------------------------------ */
 
+extern "C" int cu_kvq_supported(int kvq, int k_bits, int v_bits, int group, int head_dim) {
+    const bool dim_ok = head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512;
+    if (group != 32 || !dim_ok) return 0;
+    if (kvq == KVQ_TURBO)
+        return (k_bits == 2 || k_bits == 4 || k_bits == 5 || k_bits == 8) &&
+               (v_bits == 2 || v_bits == 3 || v_bits == 4 || v_bits == 5 || v_bits == 8);
+    return kvq == KVQ_AFFINE && (k_bits == 4 || k_bits == 8) && k_bits == v_bits;
+}
+
 static bool kvq_shape_ok(const cu_kvq_args *a) {
     int G = a->n_kv_heads > 0 ? a->n_heads / a->n_kv_heads : 0;
-    return a->group == 32 && a->head_dim % 32 == 0 && a->head_dim >= 32 && a->head_dim <= 512 &&
-           G >= 1 && G <= KVQ_MAX_G && a->n_heads % a->n_kv_heads == 0 &&
-           (a->kvq == KVQ_TURBO || a->kvq == KVQ_AFFINE);
+    return cu_kvq_supported(a->kvq, a->k_bits, a->v_bits, a->group, a->head_dim) && G >= 1 &&
+           G <= KVQ_MAX_G && a->n_heads % a->n_kv_heads == 0 && a->k_row % 4 == 0 &&
+           a->v_row % 4 == 0;
 }
+
+#define KVQ_FOR_EACH_KERNEL(X) \
+    X(1, 1) X(2, 1) X(4, 1) X(8, 1) X(1, 2) X(2, 2) X(4, 2) X(8, 2)
 
 /* Shared memory beyond 48 KiB (G = 8 at head_dim 512) needs an opt-in. */
 extern "C" void cu_kvq_init(void) {
-    cudaFuncSetAttribute(kvq_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)kvq_attn_smem(KVQ_MAX_G, 512));
+#define X(gm, nch)                                                                                 \
+    cudaFuncSetAttribute(kvq_attn_kernel<gm, nch>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                         (int)(sizeof(float) * kvq_attn_floats(gm, 512)));
+    KVQ_FOR_EACH_KERNEL(X)
+#undef X
 }
 
 extern "C" int cu_kvq_store(cudaStream_t s, const cu_kvq_args *a, const float *k, const float *v) {
@@ -519,11 +686,16 @@ extern "C" int cu_kvq_attention(cudaStream_t s, const cu_kvq_args *a, int n_sm, 
     if (a->n <= 0) return 0;
     int splits = kvq_splits(a, n_sm), G = a->n_heads / a->n_kv_heads;
     if (splits > 1 && !scratch) splits = 1;
-    size_t smem = kvq_attn_smem(G, a->head_dim);
-    CU_LAUNCH(kvq_attn_kernel, dim3(a->n * a->n_kv_heads, splits), dim3(KVQ_WARPS * 32), smem, s,
-              *a, splits, (float *)scratch);
+    const int gm = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8, nch = a->head_dim == 512 ? 2 : 1;
+    const size_t smem = sizeof(float) * kvq_attn_floats(gm, a->head_dim);
+    const dim3 grid(a->n * a->n_kv_heads, splits), block(KVQ_WARPS * 32);
+    float *part = (float *)scratch;
+#define X(g_, n_)                                                                                  \
+    if (gm == g_ && nch == n_) CU_LAUNCH((kvq_attn_kernel<g_, n_>), grid, block, smem, s, *a, splits, part);
+    KVQ_FOR_EACH_KERNEL(X)
+#undef X
     if (splits > 1)
         CU_LAUNCH(kvq_combine_kernel, dim3(a->n * a->n_heads), dim3(128),
-                  sizeof(float) * a->head_dim, s, *a, splits, (const float *)scratch);
+                  sizeof(float) * a->head_dim, s, *a, splits, (const float *)part);
     return 0;
 }

@@ -175,17 +175,19 @@ static void cuda_sync(pt_backend *be) {
 /* One op call with its arguments, flattened so two calls compare with
  * memcmp (the record is zeroed before filling: no stray padding bytes). */
 enum { OP_MATMUL, OP_EMBED, OP_RMSNORM, OP_ADD, OP_ADD_BIAS, OP_SWIGLU, OP_ROPE, OP_KV_STORE,
-       OP_ATTENTION, OP_GATHER };
+       OP_ATTENTION, OP_GATHER, OP_KVQ_STORE, OP_KVQ_ATTENTION };
 
 typedef struct op_rec {
     int64_t kind, rows; /* rows: token rows the op works on (graphs only for few) */
     const void *p[8];
     int64_t i[8];
     float f[2];
+    cu_kvq_args kvq; /* quantized caches: all of the op's arguments but k, v */
 } op_rec;
 
 static const char *const op_names[] = {"matmul", "embed", "rmsnorm", "add", "add_bias",
-                                       "swiglu", "rope", "kv_store", "attention", "gather_rows"};
+                                       "swiglu", "rope", "kv_store", "attention", "gather_rows",
+                                       "kv_store (quantized)", "attention (quantized)"};
 
 static cu_attn_args attn_args(const op_rec *r) {
     cu_attn_args a = {(float *)r->p[0], r->p[1], r->p[2], r->p[3], (int)r->i[0], (int)r->i[1],
@@ -246,6 +248,10 @@ static void exec_op(cuda_backend *cb, const op_rec *r) {
     case OP_GATHER:
         cu_gather_rows(s, (float *)r->p[0], r->p[1], r->p[2], (int)r->i[0], (int)r->i[1]);
         break;
+    case OP_KVQ_STORE: /* shapes were checked when the op was recorded */
+        cu_kvq_store(s, &r->kvq, r->p[0], r->p[1]);
+        break;
+    case OP_KVQ_ATTENTION: cu_kvq_attention(s, &r->kvq, cb->n_sm, cb->attn_scratch); break;
     }
 }
 
@@ -263,6 +269,9 @@ static void prepare_scratch(cuda_backend *cb, const op_rec *r) {
     } else if (r->kind == OP_ATTENTION && !cb->simple_attn) {
         cu_attn_args a = attn_args(r);
         need = cu_attention_scratch(&a, cb->n_sm);
+        buf = &cb->attn_scratch, cap = &cb->attn_cap;
+    } else if (r->kind == OP_KVQ_ATTENTION) {
+        need = cu_kvq_attention_scratch(&r->kvq, cb->n_sm);
         buf = &cb->attn_scratch, cap = &cb->attn_cap;
     }
     if (buf && need > *cap) {
@@ -429,12 +438,34 @@ static void cuda_rope(pt_backend *be, float *x, const pt_batch_view *b, int n_he
     submit(cb_of(be), &r);
 }
 
+/* The record of a quantized-cache op: every argument lives in r->kvq (the
+ * memset keeps padding bytes zero, so records compare with memcmp). */
+static void kvq_record(op_rec *r, int kind, const pt_kv_view *kv, const pt_batch_view *b,
+                       float *out, const float *q, int n_heads, float scale) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind, r->rows = b->n_tokens;
+    cu_kvq_args *a = &r->kvq;
+    a->out = out, a->q = q, a->k = kv->k, a->v = kv->v, a->tables = kv->tables;
+    a->kvq = kv->kvq, a->k_bits = kv->k_bits, a->v_bits = kv->v_bits, a->group = kv->group;
+    a->k_row = kv->k_row, a->v_row = kv->v_row;
+    a->page_size = kv->page_size, a->n_kv_heads = kv->n_kv_heads, a->head_dim = kv->head_dim;
+    a->pos = b->pos, a->seq = b->seq, a->block_table = b->block_table;
+    a->max_pages = b->max_pages, a->n = b->n_tokens, a->n_heads = n_heads, a->scale = scale;
+}
+
 static void cuda_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *b,
                           const float *k, const float *v) {
+    if (kv->codec) {
+        op_rec r;
+        kvq_record(&r, OP_KVQ_STORE, kv, b, NULL, NULL, kv->n_kv_heads, 0);
+        if (!cu_kvq_supported(kv->kvq, kv->k_bits, kv->v_bits, kv->group, kv->head_dim))
+            cuda_fatal("kv_store", "quantized KV format not supported by the CUDA kernels");
+        r.p[0] = k, r.p[1] = v;
+        submit(cb_of(be), &r);
+        return;
+    }
     int t = dtype_code(kv->dtype);
-    if (t < 0 || kv->codec)
-        cuda_fatal("kv_store", "cache type not supported by the CUDA backend (quantized KV caches "
-                               "are CPU-only for now)");
+    if (t < 0) cuda_fatal("kv_store", "cache type not supported by the CUDA backend");
     op_rec r = {0};
     r.kind = OP_KV_STORE, r.rows = b->n_tokens;
     r.p[0] = kv->k, r.p[1] = kv->v, r.p[2] = b->pos, r.p[3] = b->seq, r.p[4] = b->block_table;
@@ -446,10 +477,19 @@ static void cuda_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_v
 
 static void cuda_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
                            const pt_batch_view *b, int n_heads, float scale) {
+    if (kv->codec) {
+        op_rec r;
+        kvq_record(&r, OP_KVQ_ATTENTION, kv, b, out, q, n_heads, scale);
+        if (!cu_kvq_supported(kv->kvq, kv->k_bits, kv->v_bits, kv->group, kv->head_dim))
+            cuda_fatal("attention", "quantized KV format not supported by the CUDA kernels");
+        if (n_heads % kv->n_kv_heads || n_heads / kv->n_kv_heads > 8)
+            cuda_fatal("attention", "quantized KV caches take at most 8 query heads per KV head "
+                                    "on the CUDA backend");
+        submit(cb_of(be), &r);
+        return;
+    }
     int t = dtype_code(kv->dtype);
-    if (t < 0 || kv->codec)
-        cuda_fatal("attention", "cache type not supported by the CUDA backend (quantized KV caches "
-                                "are CPU-only for now)");
+    if (t < 0) cuda_fatal("attention", "cache type not supported by the CUDA backend");
     if (kv->head_dim > 512) cuda_fatal("attention", "head_dim over 512 is not supported");
     op_rec r = {0};
     r.kind = OP_ATTENTION, r.rows = b->n_tokens;
@@ -467,6 +507,16 @@ static void cuda_gather_rows(pt_backend *be, float *dst, const float *src, const
     r.kind = OP_GATHER, r.rows = n;
     r.p[0] = dst, r.p[1] = src, r.p[2] = idx, r.i[0] = n, r.i[1] = d;
     submit(cb_of(be), &r);
+}
+
+/* Quantized KV formats the kernels take (checked when a cache is created). */
+static int cuda_kv_quant_check(pt_backend *be, int kvq, int k_bits, int v_bits, int group,
+                               int head_dim, pt_err *err) {
+    (void)be;
+    if (cu_kvq_supported(kvq, k_bits, v_bits, group, head_dim)) return 0;
+    return pt_fail(err, "the CUDA backend's quantized-KV kernels take groups of 32 at head_dim "
+                        "64, 128, 256 or 512 (this cache: groups of %d, head_dim %d)",
+                   group, head_dim);
 }
 
 /* ---- Bandwidth ------------------------------------------------------------- */
@@ -571,6 +621,7 @@ static const pt_backend_ops cuda_ops = {
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
     .gather_rows = cuda_gather_rows,
+    .kv_quant_check = cuda_kv_quant_check,
     .read_bandwidth = cuda_read_bandwidth,
     .destroy = cuda_destroy,
 };
@@ -627,6 +678,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     else
         cb->cublas_ws = NULL;
     cu_attention_init();
+    cu_kvq_init();
     cu_gemv_init(cb->n_sm);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", 4);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;

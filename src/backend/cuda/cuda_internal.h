@@ -88,6 +88,36 @@ void cu_attention(cudaStream_t s, const cu_attn_args *a, int n_sm, void *scratch
 /* The plain kernel (one warp per row and head), for tests and odd shapes. */
 void cu_attention_simple(cudaStream_t s, const cu_attn_args *a);
 
+/* ---- attn_kvq.cu: quantized KV caches (formats of src/kv/kv_codec.h) ------ */
+
+typedef struct cu_kvq_args {
+    float *out;          /* [n][n_heads][head_dim] */
+    const float *q;      /* [n][n_heads][head_dim] */
+    uint8_t *k, *v;      /* the layer's paged rows */
+    const float *tables; /* TurboQuant: signs [head_dim], centroids [1 << v_bits],
+                            boundaries [(1 << v_bits) - 1] */
+    int kvq;             /* 1 affine, 2 TurboQuant (enum pt_kvq_kind) */
+    int k_bits, v_bits, group, k_row, v_row;
+    int page_size, n_kv_heads, head_dim;
+    const int32_t *pos, *seq, *block_table;
+    int max_pages, n, n_heads;
+    float scale;
+} cu_kvq_args;
+
+/* Whether the kernels take this format: group 32, head_dim 64/128/256/512,
+ * TurboQuant k{2,4,5,8} v{2,3,4,5,8} or affine 8/8 and 4/4. */
+int cu_kvq_supported(int kvq, int k_bits, int v_bits, int group, int head_dim);
+/* Sets kernel attributes; once per device, before any capture. */
+void cu_kvq_init(void);
+/* Encodes n rows of k and v ([n][n_kv_heads][head_dim]) into the cache,
+ * bit-identical to the CPU encoders.  -1: a shape it does not take. */
+int cu_kvq_store(cudaStream_t s, const cu_kvq_args *a, const float *k, const float *v);
+/* Device scratch cu_kvq_attention needs (0: none). */
+size_t cu_kvq_attention_scratch(const cu_kvq_args *a, int n_sm);
+/* Attention over the packed pages (G = n_heads / n_kv_heads <= 8).
+ * -1: a shape it does not take. */
+int cu_kvq_attention(cudaStream_t s, const cu_kvq_args *a, int n_sm, void *scratch);
+
 #ifdef __cplusplus
 }
 #endif
