@@ -6,8 +6,8 @@
  * codes (LSB-first bitstream), fp16 scales, and fp16 zero points (TurboQuant
  * K) or biases (affine K and V).  TurboQuant values are stored rotated.
  *
- * Encoder (cu_kvq_store): one warp per (token, kv head) row; lane = element
- * of a 32-group.  It performs the reference's float32 operations in the
+ * Encoder (cu_kvq_store): one block per (token, kv head) row, one warp per
+ * 32-group, lane = element.  It performs the reference's float32 operations in the
  * reference's order with explicitly rounded intrinsics (__fadd_rn, ...), so
  * nvcc cannot contract them into FMAs, and the group sums run as the same
  * halving tree as src/kv/turboquant.c: its bytes must equal the CPU
@@ -155,94 +155,96 @@ __device__ void encode_affine_group(float x, int bits, bool turbo, int *code, ui
     *z16 = f16_bits(zero);
 }
 
-__device__ void encode_affine_row(const float *x, uint8_t *row, int d, int bits, bool turbo) {
+/* Group g of a key (or affine) row, by warp g. */
+__device__ void encode_affine_row_group(const float *x, uint8_t *row, int d, int bits, bool turbo,
+                                        int g) {
     const int lane = threadIdx.x & 31, ng = d / 32, codes = d * bits / 8;
-    for (int g = 0; g < ng; g++) {
-        int code;
-        uint16_t s16, z16;
-        encode_affine_group(x[g * 32 + lane], bits, turbo, &code, &s16, &z16);
-        pack_group(code, bits, row + g * 4 * bits);
-        if (lane == 0) {
-            row[codes + 2 * g] = (uint8_t)s16, row[codes + 2 * g + 1] = (uint8_t)(s16 >> 8);
-            row[codes + 2 * ng + 2 * g] = (uint8_t)z16;
-            row[codes + 2 * ng + 2 * g + 1] = (uint8_t)(z16 >> 8);
-        }
+    int code;
+    uint16_t s16, z16;
+    encode_affine_group(x[g * 32 + lane], bits, turbo, &code, &s16, &z16);
+    pack_group(code, bits, row + g * 4 * bits);
+    if (lane == 0) {
+        row[codes + 2 * g] = (uint8_t)s16, row[codes + 2 * g + 1] = (uint8_t)(s16 >> 8);
+        row[codes + 2 * ng + 2 * g] = (uint8_t)z16;
+        row[codes + 2 * ng + 2 * g + 1] = (uint8_t)(z16 >> 8);
     }
 }
 
-/* TurboQuant value row: signs, FWHT in shared memory, per-group RMS,
- * Lloyd-Max codes (README 3a-3b), with turboquant.c's repairs. */
+/* TurboQuant value row by the whole block (thread = element, warp g =
+ * group g): signs, FWHT in shared memory, per-group RMS, Lloyd-Max codes
+ * (README 3a-3b), with turboquant.c's repairs.  sm: [d] for the transform,
+ * then [(1 << bits) - 1] for the boundaries. */
 __device__ void encode_turbo_v_row(const float *x, uint8_t *row, int d, int bits,
-                                   const float *tables, float *y) {
-    const int lane = threadIdx.x & 31, ng = d / 32, codes = d * bits / 8, nb = (1 << bits) - 1;
-    const float *signs = tables, *bnd = tables + d + (1 << bits);
-    bool fin = true;
-    for (int i = lane; i < d; i += 32)
-        fin &= isfinite(x[i]);
-    fin = __all_sync(0xffffffffu, fin);
-    for (int i = lane; i < d; i += 32)
-        y[i] = __fmul_rn(fin ? x[i] : clamp_f16_range(x[i]), signs[i]);
-    __syncwarp();
-    for (int h = 1; h < d; h *= 2) {
-        for (int k = lane; k < d / 2; k += 32) {
-            int i = (k / h) * 2 * h + k % h;
-            float a = y[i], b = y[i + h];
-            y[i] = __fadd_rn(a, b);
-            y[i + h] = __fsub_rn(a, b);
+                                   const float *tables, float *sm) {
+    const int i = threadIdx.x, lane = i & 31, g = i >> 5, codes = d * bits / 8, nb = (1 << bits) - 1;
+    float *y = sm, *bnd = sm + d;
+    for (int j = i; j < nb; j += d)
+        bnd[j] = tables[d + (1 << bits) + j];
+    const bool fin = __syncthreads_and(isfinite(x[i]));
+    y[i] = __fmul_rn(fin ? x[i] : clamp_f16_range(x[i]), tables[i]);
+    for (int h = 1; h < d; h *= 2) { /* butterflies of a stage are independent: any order */
+        __syncthreads();
+        if (i < d / 2) {
+            int j = (i / h) * 2 * h + i % h;
+            float a = y[j], b = y[j + h];
+            y[j] = __fadd_rn(a, b);
+            y[j + h] = __fsub_rn(a, b);
         }
-        __syncwarp();
     }
+    __syncthreads();
     const float inv = (float)(1.0 / sqrt((double)d)); /* float32(1/sqrt(d)), as turboquant.c */
-    for (int g = 0; g < ng; g++) {
-        float t = __fmul_rn(y[g * 32 + lane], inv);
-        float scale = __fsqrt_rn(__fmul_rn(warp_tree_sum(__fmul_rn(t, t)), 1.0f / 32.0f));
-        uint16_t s16 = f16_bits(scale);
-        if (!f16_finite(s16)) s16 = 0x7bff, scale = F16_MAX;
-        float yn = __fdiv_rn(t, __fadd_rn(scale, 1e-8f));
-        int lo = 0, hi = nb; /* boundaries strictly below yn; NaN -> 0 */
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (bnd[mid] < yn)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        pack_group(lo, bits, row + g * 4 * bits);
-        if (lane == 0)
-            row[codes + 2 * g] = (uint8_t)s16, row[codes + 2 * g + 1] = (uint8_t)(s16 >> 8);
+    float t = __fmul_rn(y[i], inv);
+    float scale = __fsqrt_rn(__fmul_rn(warp_tree_sum(__fmul_rn(t, t)), 1.0f / 32.0f));
+    uint16_t s16 = f16_bits(scale);
+    if (!f16_finite(s16)) s16 = 0x7bff, scale = F16_MAX;
+    float yn = __fdiv_rn(t, __fadd_rn(scale, 1e-8f));
+    int lo = 0, hi = nb; /* boundaries strictly below yn; NaN -> 0 */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (bnd[mid] < yn)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
+    pack_group(lo, bits, row + g * 4 * bits);
+    if (lane == 0) row[codes + 2 * g] = (uint8_t)s16, row[codes + 2 * g + 1] = (uint8_t)(s16 >> 8);
 }
 
+/* One block per (token, kv head) row, head_dim threads: warp g encodes
+ * group g of K and V, so the groups of a row run side by side. */
 __global__ void kvq_store_kernel(cu_kvq_args a, const float *k, const float *v) {
     cu_grid_trigger();
     cu_grid_wait();
-    extern __shared__ float ybuf[]; /* [warps][head_dim] */
-    const int warp = threadIdx.x >> 5, item = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (item >= a.n * a.n_kv_heads) return;
-    const int t = item / a.n_kv_heads, g = item % a.n_kv_heads, d = a.head_dim;
+    extern __shared__ float sm[]; /* turbo: [head_dim + 255] */
+    const int item = blockIdx.x, t = item / a.n_kv_heads, kvh = item % a.n_kv_heads;
+    const int d = a.head_dim, g = threadIdx.x >> 5;
     const int sq = a.seq[t], p = a.pos[t];
     const float *kx = k + (size_t)item * d, *vx = v + (size_t)item * d;
-    uint8_t *krow = a.k + kvq_slot(a, sq, p, a.k_row) + (size_t)g * a.k_row;
-    uint8_t *vrow = a.v + kvq_slot(a, sq, p, a.v_row) + (size_t)g * a.v_row;
+    uint8_t *krow = a.k + kvq_slot(a, sq, p, a.k_row) + (size_t)kvh * a.k_row;
+    uint8_t *vrow = a.v + kvq_slot(a, sq, p, a.v_row) + (size_t)kvh * a.v_row;
     const bool turbo = a.kvq == KVQ_TURBO;
-    encode_affine_row(kx, krow, d, a.k_bits, turbo);
+    encode_affine_row_group(kx, krow, d, a.k_bits, turbo, g);
     if (turbo)
-        encode_turbo_v_row(vx, vrow, d, a.v_bits, a.tables, ybuf + (size_t)warp * d);
+        encode_turbo_v_row(vx, vrow, d, a.v_bits, a.tables, sm);
     else
-        encode_affine_row(vx, vrow, d, a.v_bits, false);
+        encode_affine_row_group(vx, vrow, d, a.v_bits, false, g);
 }
 
 /* ---- attention ------------------------------------------------------------------------- */
 
 /* A block owns one query row t, one kv head and its G query heads, and one
  * split of the row's context; its KVQ_WARPS warps take turns on tiles of 32
- * positions.  Per tile a warp
+ * positions.  A warp copies its next tile's packed K and V rows into its
+ * own shared-memory buffer with cp.async while it works on the current one
+ * (two buffers where they fit, else one), so the rows of a whole tile are
+ * in flight at once and the arithmetic never waits on a single load.  Per
+ * tile the warp
  *
- *   1. scores the 32 keys: lanes are split into lpk = head_dim / 32 lanes
- *      per key, one lane per 32-group (so each lane's codes are 4 * bits
- *      bytes on a 4-byte boundary and share one scale and offset): the lane
- *      forms sc * dot(q, codes) + off * sum(q) for every query head, the
- *      lpk lanes of a key add up, and the scores go to shared memory;
+ *   1. scores the 32 keys: lanes are split into lpk = head_dim / 16 lanes
+ *      per key, 16 dims each (half a scale group), whose query values stay
+ *      in registers for the whole walk: the lane forms
+ *      sc * dot(q, codes) + off * sum(q) for every query head, the lpk
+ *      lanes of a key add up, and the scores go to shared memory;
  *   2. runs the online softmax with lane = key (base 2, q pre-scaled by
  *      scale * log2 e), leaving each key's weight in shared memory;
  *   3. adds the weighted values: lanes are split into head_dim / 8 lanes
@@ -250,26 +252,71 @@ __global__ void kvq_store_kernel(cu_kvq_args a, const float *k, const float *v) 
  *      w * centroid[code] * scale (TurboQuant: the rotated domain) or
  *      w * (code * scale + bias) in registers.
  *
- * Loads of KU (keys) or VU (values) passes are issued before any of them is
- * used, so every warp keeps several rows in flight.  The code widths are
- * template parameters of the per-tile steps, dispatched by a switch per
- * tile: the K and V variants add up instead of multiplying. */
+ * The code widths are template parameters of steps 1 and 3, dispatched by
+ * a switch per tile: the K and V variants add up instead of multiplying. */
 
 #define KVQ_TILE 32
-#define KU 4 /* key passes loaded ahead */
-#define VU 8 /* value passes loaded ahead */
-#define KVQ_MIN_CHUNK 128 /* fewest positions a split takes */
+#define KVQ_NCH(D) ((D) == 512 ? 2 : 1) /* chunks of 8 dims per lane in P.V */
+#define KVQ_MIN_CHUNK 64 /* fewest positions a split takes */
 
-/* Slot index of position p; bt is the sequence's block-table row. */
-__device__ __forceinline__ size_t kvq_slot_index(const int32_t *bt, int page_size, int p) {
-    return (size_t)bt[p / page_size] * page_size + (size_t)(p % page_size);
+/* Positions per split of a row with n_pos positions: a multiple of the
+ * tile, so the warps of a block get whole tiles. */
+__device__ __forceinline__ int kvq_chunk(int n_pos, int n_splits) {
+    const int c = CU_DIV_UP(CU_DIV_UP(n_pos, n_splits), KVQ_TILE) * KVQ_TILE;
+    return c > KVQ_MIN_CHUNK ? c : KVQ_MIN_CHUNK;
+}
+#define KVQ_STAGE_MAX (100 << 10) /* shared bytes per block up to which tiles are double-buffered */
+
+/* Slot index of position p; bt is the sequence's block-table row.  The
+ * kernels pass slots around as 32 bits: 2^32 slots of even 16 bytes would
+ * be 64 GiB per layer. */
+__device__ __forceinline__ uint32_t kvq_slot_index(const int32_t *bt, int page_size, int p) {
+    return (uint32_t)bt[p / page_size] * (uint32_t)page_size + (uint32_t)(p % page_size);
 }
 
 __device__ __forceinline__ float ld_half_al(const uint8_t *p) { /* 2-byte aligned */
     return __half2float(*(const __half *)p);
 }
 
-/* Code i (0..31) of a 32-group held in words w (LSB-first bitstream). */
+/* cp.async of CH bytes (4, 8 or 16; both addresses CH-aligned). */
+template <int CH> __device__ __forceinline__ void cp_async(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (CH == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(CH));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* The warp copies rows (row bytes each) of the first n keys of a tile, key
+ * j's from src + slot_j * stride (slot_j in lane j's slot_l), to dst + j *
+ * row.  Rows keep their global alignment, so CH = the largest of 16, 8, 4
+ * dividing row. */
+template <int CH>
+__device__ __forceinline__ void stage_rows_ch(uint8_t *dst, const uint8_t *src, size_t stride,
+                                              int row, uint32_t slot_l, int n) {
+    const int lane = threadIdx.x & 31, cpr = row / CH;
+#pragma unroll 8
+    for (int r = 0; r < n; r++) {
+        const uint32_t slot = __shfl_sync(0xffffffffu, slot_l, r);
+        for (int c = lane; c < cpr; c += 32)
+            cp_async<CH>(dst + (size_t)r * row + c * CH, src + (size_t)slot * stride + c * CH);
+    }
+}
+
+__device__ __forceinline__ void stage_rows(uint8_t *dst, const uint8_t *src, size_t stride, int row,
+                                           uint32_t slot_l, int n) {
+    if (row % 16 == 0) stage_rows_ch<16>(dst, src, stride, row, slot_l, n);
+    else if (row % 8 == 0) stage_rows_ch<8>(dst, src, stride, row, slot_l, n);
+    else stage_rows_ch<4>(dst, src, stride, row, slot_l, n);
+}
+
+/* Code i of the LSB-first bitstream held in words w. */
 template <int B, bool SGN> __device__ __forceinline__ float group_code(const uint32_t *w, int i) {
     const int bit = i * B, wi = bit >> 5, sh = bit & 31;
     uint32_t v = w[wi] >> sh;
@@ -278,63 +325,58 @@ template <int B, bool SGN> __device__ __forceinline__ float group_code(const uin
     return (float)(v & ((1u << B) - 1));
 }
 
-/* Step 1 for one tile: scores of keys base .. base + 31 (those < p1) into
- * ss[h * 32 + key]; -inf where there is no key. */
-template <int GM, int B, bool TURBO>
-__device__ __forceinline__ void kvq_score_tile(const cu_kvq_args &a, const int32_t *bt,
-                                               const uint8_t *kb, int base, int p1, const float *qs,
-                                               const float (&qsum)[GM], float *ss) {
-    constexpr bool SGN = TURBO && B == 8;
-    const int lane = threadIdx.x & 31, d = a.head_dim, lpk = d >> 5, kp = 32 / lpk;
-    const int kpart = lane % lpk, kslot = lane / lpk, cb = d * B / 8;
-    const size_t stride = (size_t)a.n_kv_heads * a.k_row;
-    for (int j0 = 0; j0 < lpk; j0 += KU) {
-        uint32_t w[KU][B];
-        float sc[KU], off[KU];
-        bool ok[KU];
+/* The 16 codes (B bits each, 2 * B bytes) at p into words w: 32-bit loads
+ * for even B (p is then 4-byte aligned), 16-bit loads for odd. */
+template <int B> __device__ __forceinline__ void load16_codes(const uint8_t *p, uint32_t *w) {
+    if (B % 2 == 0) {
 #pragma unroll
-        for (int u = 0; u < KU; u++) {
-            const int p = base + (j0 + u) * kp + kslot;
-            ok[u] = j0 + u < lpk && p < p1;
-            sc[u] = off[u] = 0;
-            if (ok[u]) {
-                const uint8_t *row = kb + kvq_slot_index(bt, a.page_size, p) * stride;
-                const uint32_t *cw = (const uint32_t *)(row + kpart * 4 * B);
+        for (int k = 0; k < B / 2; k++)
+            w[k] = ((const uint32_t *)p)[k];
+    } else {
 #pragma unroll
-                for (int k = 0; k < B; k++)
-                    w[u][k] = cw[k];
-                float s = ld_half_al(row + cb + 2 * kpart), z = ld_half_al(row + cb + 2 * (lpk + kpart));
-                sc[u] = s, off[u] = TURBO ? z * s : z;
-            } else {
-#pragma unroll
-                for (int k = 0; k < B; k++)
-                    w[u][k] = 0;
-            }
+        for (int k = 0; k < B; k++) {
+            uint32_t h = ((const uint16_t *)p)[k];
+            w[k / 2] = k % 2 ? w[k / 2] | h << 16 : h;
         }
+    }
+}
+
+/* Step 1 for one tile: scores of its first n keys (rows at kst, row bytes
+ * a.k_row) into ss[h * 32 + key]; -inf for the keys past n. */
+template <int GM, int D, int B, bool TURBO>
+__device__ __forceinline__ void kvq_score_tile(const cu_kvq_args &a, const uint8_t *kst, int n,
+                                               const float (&q)[GM][16], const float (&qsum)[GM],
+                                               float *ss) {
+    constexpr bool SGN = TURBO && B == 8;
+    constexpr int NW = (2 * B + 3) / 4; /* words holding 16 codes */
+    constexpr int lpk = D / 16, kp = 32 / lpk, cb = D * B / 8, ng = D / 32;
+    const int lane = threadIdx.x & 31, kpart = lane % lpk, kslot = lane / lpk, g = kpart >> 1;
+#pragma unroll 4
+    for (int j = 0; j < lpk; j++) {
+        const int key = j * kp + kslot;
+        const uint8_t *row = kst + (size_t)key * a.k_row;
+        uint32_t w[NW];
+        load16_codes<B>(row + kpart * 2 * B, w);
+        const float sc = ld_half_al(row + cb + 2 * g), z = ld_half_al(row + cb + 2 * (ng + g));
+        const float off = TURBO ? z * sc : z;
+        float dot[GM];
 #pragma unroll
-        for (int u = 0; u < KU; u++) {
-            if (j0 + u >= lpk) break; /* uniform across the warp */
-            float dot[GM];
+        for (int h = 0; h < GM; h++)
+            dot[h] = 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float c = group_code<B, SGN>(w, i);
 #pragma unroll
             for (int h = 0; h < GM; h++)
-                dot[h] = 0;
+                dot[h] = fmaf(q[h][i], c, dot[h]);
+        }
 #pragma unroll
-            for (int i = 0; i < 32; i += 4) {
-                float c0 = group_code<B, SGN>(w[u], i), c1 = group_code<B, SGN>(w[u], i + 1);
-                float c2 = group_code<B, SGN>(w[u], i + 2), c3 = group_code<B, SGN>(w[u], i + 3);
+        for (int h = 0; h < GM; h++) {
+            float s = fmaf(sc, dot[h], off * qsum[h]);
 #pragma unroll
-                for (int h = 0; h < GM; h++) {
-                    float4 q = *(const float4 *)(qs + h * d + kpart * 32 + i);
-                    dot[h] = fmaf(q.x, c0, fmaf(q.y, c1, fmaf(q.z, c2, fmaf(q.w, c3, dot[h]))));
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < GM; h++) {
-                float s = fmaf(sc[u], dot[h], off[u] * qsum[h]);
-                for (int o = 1; o < lpk; o <<= 1)
-                    s += __shfl_xor_sync(0xffffffffu, s, o);
-                if (kpart == 0) ss[h * 32 + (j0 + u) * kp + kslot] = ok[u] ? s : -INFINITY;
-            }
+            for (int o = 1; o < lpk; o <<= 1)
+                s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (kpart == 0) ss[h * 32 + key] = key < n ? s : -INFINITY;
         }
     }
 }
@@ -352,105 +394,82 @@ template <int B> __device__ __forceinline__ uint64_t load8_codes(const uint8_t *
 }
 
 /* Step 3 for one tile: acc[h][c * 8 + i] += w[h][key] * V[key][dim] over
- * the tile's keys, the lane's dims being c * 256 + vpart * 8 + i. */
-template <int GM, int NCH, int B, bool TURBO>
-__device__ __forceinline__ void kvq_value_tile(const cu_kvq_args &a, const int32_t *bt,
-                                               const uint8_t *vb, int base, int p1,
+ * its first n keys (rows at vst, row bytes a.v_row), the lane's dims being
+ * c * 256 + vpart * 8 + i. */
+template <int GM, int D, int B, bool TURBO>
+__device__ __forceinline__ void kvq_value_tile(const cu_kvq_args &a, const uint8_t *vst, int n,
                                                const float *ss, const float *cent,
-                                               float (&acc)[GM][NCH * 8]) {
-    const int lane = threadIdx.x & 31, d = a.head_dim, lpv = d / (8 * NCH), kpv = 32 / lpv;
-    const int vpart = lane % lpv, vslot = lane / lpv, cb = d * B / 8, ng = d >> 5;
-    const size_t stride = (size_t)a.n_kv_heads * a.v_row;
-    for (int j0 = 0; j0 < lpv; j0 += VU) {
-        uint64_t cw[VU][NCH];
-        float sc[VU][NCH], bias[VU][NCH];
-        bool ok[VU];
+                                               float (&acc)[GM][KVQ_NCH(D) * 8]) {
+    constexpr int NCH = KVQ_NCH(D), lpv = D / (8 * NCH), kpv = 32 / lpv, cb = D * B / 8, ng = D / 32;
+    const int lane = threadIdx.x & 31, vpart = lane % lpv, vslot = lane / lpv;
+#pragma unroll 4
+    for (int j = 0; j < lpv; j++) {
+        const int key = j * kpv + vslot;
+        if (key >= n) continue;
+        const uint8_t *row = vst + (size_t)key * a.v_row;
+        float wt[GM];
 #pragma unroll
-        for (int u = 0; u < VU; u++) {
-            const int p = base + (j0 + u) * kpv + vslot;
-            ok[u] = j0 + u < lpv && p < p1;
+        for (int h = 0; h < GM; h++)
+            wt[h] = ss[h * 32 + key];
 #pragma unroll
-            for (int c = 0; c < NCH; c++)
-                cw[u][c] = 0, sc[u][c] = bias[u][c] = 0;
-            if (ok[u]) {
-                const uint8_t *row = vb + kvq_slot_index(bt, a.page_size, p) * stride;
-#pragma unroll
-                for (int c = 0; c < NCH; c++) {
-                    const int e0 = c * 256 + vpart * 8, g = e0 >> 5;
-                    cw[u][c] = load8_codes<B>(row + e0 * B / 8);
-                    sc[u][c] = ld_half_al(row + cb + 2 * g);
-                    if (!TURBO) bias[u][c] = ld_half_al(row + cb + 2 * (ng + g));
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < VU; u++) {
-            if (!ok[u]) continue;
-            const int key = (j0 + u) * kpv + vslot;
-            float wt[GM];
+        for (int c = 0; c < NCH; c++) {
+            const int e0 = c * 256 + vpart * 8, g = e0 >> 5;
+            const uint64_t cw64 = load8_codes<B>(row + e0 * B / 8);
+            const uint32_t cw32 = (uint32_t)cw64; /* all 8 codes when B <= 4 */
+            const float sc = ld_half_al(row + cb + 2 * g);
+            const float bias = TURBO ? 0.0f : ld_half_al(row + cb + 2 * (ng + g));
+            float ws[GM];
 #pragma unroll
             for (int h = 0; h < GM; h++)
-                wt[h] = ss[h * 32 + key];
+                ws[h] = TURBO ? wt[h] * sc : wt[h];
 #pragma unroll
-            for (int c = 0; c < NCH; c++) {
-                float ws[GM];
+            for (int i = 0; i < 8; i++) {
+                const uint32_t code =
+                    (B <= 4 ? cw32 >> (i * B) : (uint32_t)(cw64 >> (i * B))) & ((1u << B) - 1);
+                const float x = TURBO ? cent[code] : fmaf((float)code, sc, bias);
 #pragma unroll
                 for (int h = 0; h < GM; h++)
-                    ws[h] = TURBO ? wt[h] * sc[u][c] : wt[h];
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const uint32_t code = (uint32_t)(cw[u][c] >> (i * B)) & ((1u << B) - 1);
-                    const float x = TURBO ? cent[code] : fmaf((float)code, sc[u][c], bias[u][c]);
-#pragma unroll
-                    for (int h = 0; h < GM; h++)
-                        acc[h][c * 8 + i] = fmaf(ws[h], x, acc[h][c * 8 + i]);
-                }
+                    acc[h][c * 8 + i] = fmaf(ws[h], x, acc[h][c * 8 + i]);
             }
         }
     }
-}
-
-/* Shared memory of the attention kernel, in floats: q [GM][d], centroids
- * [256], scores [warps][GM][32], warp results [warps][GM][d + 2], y [d]. */
-static size_t kvq_attn_floats(int GM, int d) {
-    return (size_t)GM * d + 256 + (size_t)KVQ_WARPS * GM * 32 + (size_t)KVQ_WARPS * GM * (d + 2) + d;
 }
 
 /* Per-tile dispatch on the code widths (uniform branches). */
-template <int GM>
-__device__ __forceinline__ void kvq_scores(const cu_kvq_args &a, const int32_t *bt, const uint8_t *kb,
-                                           int base, int p1, const float *qs,
-                                           const float (&qsum)[GM], float *ss) {
+template <int GM, int D>
+__device__ __forceinline__ void kvq_scores(const cu_kvq_args &a, const uint8_t *kst, int n,
+                                           const float (&q)[GM][16], const float (&qsum)[GM],
+                                           float *ss) {
     if (a.kvq == KVQ_TURBO) {
         switch (a.k_bits) {
-        case 8: kvq_score_tile<GM, 8, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
-        case 5: kvq_score_tile<GM, 5, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
-        case 4: kvq_score_tile<GM, 4, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
-        default: kvq_score_tile<GM, 2, true>(a, bt, kb, base, p1, qs, qsum, ss); break;
+        case 8: kvq_score_tile<GM, D, 8, true>(a, kst, n, q, qsum, ss); break;
+        case 5: kvq_score_tile<GM, D, 5, true>(a, kst, n, q, qsum, ss); break;
+        case 4: kvq_score_tile<GM, D, 4, true>(a, kst, n, q, qsum, ss); break;
+        default: kvq_score_tile<GM, D, 2, true>(a, kst, n, q, qsum, ss); break;
         }
     } else if (a.k_bits == 8) {
-        kvq_score_tile<GM, 8, false>(a, bt, kb, base, p1, qs, qsum, ss);
+        kvq_score_tile<GM, D, 8, false>(a, kst, n, q, qsum, ss);
     } else {
-        kvq_score_tile<GM, 4, false>(a, bt, kb, base, p1, qs, qsum, ss);
+        kvq_score_tile<GM, D, 4, false>(a, kst, n, q, qsum, ss);
     }
 }
 
-template <int GM, int NCH>
-__device__ __forceinline__ void kvq_values(const cu_kvq_args &a, const int32_t *bt, const uint8_t *vb,
-                                           int base, int p1, const float *ss, const float *cent,
-                                           float (&acc)[GM][NCH * 8]) {
+template <int GM, int D>
+__device__ __forceinline__ void kvq_values(const cu_kvq_args &a, const uint8_t *vst, int n,
+                                           const float *ss, const float *cent,
+                                           float (&acc)[GM][KVQ_NCH(D) * 8]) {
     if (a.kvq == KVQ_TURBO) {
         switch (a.v_bits) {
-        case 8: kvq_value_tile<GM, NCH, 8, true>(a, bt, vb, base, p1, ss, cent, acc); break;
-        case 5: kvq_value_tile<GM, NCH, 5, true>(a, bt, vb, base, p1, ss, cent, acc); break;
-        case 4: kvq_value_tile<GM, NCH, 4, true>(a, bt, vb, base, p1, ss, cent, acc); break;
-        case 3: kvq_value_tile<GM, NCH, 3, true>(a, bt, vb, base, p1, ss, cent, acc); break;
-        default: kvq_value_tile<GM, NCH, 2, true>(a, bt, vb, base, p1, ss, cent, acc); break;
+        case 8: kvq_value_tile<GM, D, 8, true>(a, vst, n, ss, cent, acc); break;
+        case 5: kvq_value_tile<GM, D, 5, true>(a, vst, n, ss, cent, acc); break;
+        case 4: kvq_value_tile<GM, D, 4, true>(a, vst, n, ss, cent, acc); break;
+        case 3: kvq_value_tile<GM, D, 3, true>(a, vst, n, ss, cent, acc); break;
+        default: kvq_value_tile<GM, D, 2, true>(a, vst, n, ss, cent, acc); break;
         }
     } else if (a.v_bits == 8) {
-        kvq_value_tile<GM, NCH, 8, false>(a, bt, vb, base, p1, ss, cent, acc);
+        kvq_value_tile<GM, D, 8, false>(a, vst, n, ss, cent, acc);
     } else {
-        kvq_value_tile<GM, NCH, 4, false>(a, bt, vb, base, p1, ss, cent, acc);
+        kvq_value_tile<GM, D, 4, false>(a, vst, n, ss, cent, acc);
     }
 }
 
@@ -471,27 +490,42 @@ __device__ void block_unrotate(float *y, int d, const float *signs, float mul, f
     __syncthreads();
 }
 
-/* Splits of a row's context: enough blocks to give every SM about four;
- * a split takes at least KVQ_MIN_CHUNK positions, so a short context uses
- * the first few and the rest exit at once (the depth lives on the device:
- * the grid cannot depend on it, or a CUDA graph could not replay it). */
+/* Shared memory of the attention kernel, in bytes: q [GM][d], centroids
+ * [256], scores [warps][GM][32] (floats), then one region that first holds
+ * the warps' tile buffers [warps][nbuf][32 K rows, 32 V rows] and after the
+ * walk the warp results [warps][GM][d + 2] and y [d]. */
+static size_t kvq_attn_smem(int GM, int d, int k_row, int v_row, int nbuf) {
+    size_t head = sizeof(float) * ((size_t)GM * d + 256 + (size_t)KVQ_WARPS * GM * 32);
+    size_t stage = (size_t)KVQ_WARPS * nbuf * KVQ_TILE * (size_t)(k_row + v_row);
+    size_t merge = sizeof(float) * ((size_t)KVQ_WARPS * GM * (d + 2) + d);
+    return head + (stage > merge ? stage : merge);
+}
+
+/* Splits of a row's context: as many blocks as fit on the GPU at once
+ * (three per SM: registers and shared memory allow no more), so a deep
+ * context runs in one wave; a split takes at least KVQ_MIN_CHUNK
+ * positions, so a short context uses the first few and the rest exit at
+ * once (the depth lives on the device: the grid cannot depend on it, or a
+ * CUDA graph could not replay it). */
 static int kvq_splits(const cu_kvq_args *a, int n_sm) {
-    int want = CU_DIV_UP(4 * n_sm, a->n * a->n_kv_heads);
+    int want = 3 * n_sm / (a->n * a->n_kv_heads);
     return want < 1 ? 1 : (want > 64 ? 64 : want);
 }
 
-template <int GM, int NCH>
-__global__ void __launch_bounds__(KVQ_WARPS * 32)
-    kvq_attn_kernel(cu_kvq_args a, int n_splits, float *part) {
+template <int GM, int D>
+__global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
+    kvq_attn_kernel(cu_kvq_args a, int n_splits, int nbuf, float *part) {
+    constexpr int NCH = KVQ_NCH(D), d = D;
     cu_grid_trigger();
     cu_grid_wait();
     extern __shared__ float4 sm4[];
-    float *sm = (float *)sm4;
-    const int d = a.head_dim, G = a.n_heads / a.n_kv_heads;
+    const int G = a.n_heads / a.n_kv_heads;
     const int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *qs = sm, *cent = qs + GM * d, *ss = cent + 256 + warp * GM * 32;
-    float *ws = cent + 256 + KVQ_WARPS * GM * 32, *y = ws + KVQ_WARPS * GM * (d + 2);
+    float *qs = (float *)sm4, *cent = qs + GM * d, *ss = cent + 256 + warp * GM * 32;
+    uint8_t *region = (uint8_t *)(cent + 256 + KVQ_WARPS * GM * 32); /* 16-byte aligned */
+    const int tile_bytes = KVQ_TILE * (a.k_row + a.v_row);
+    uint8_t *stage = region + (size_t)warp * nbuf * tile_bytes;
 
     const float qscale = a.scale * KVQ_LOG2E;
     for (int i = threadIdx.x; i < GM * d; i += blockDim.x) /* heads past G: zeros */
@@ -499,36 +533,57 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32)
     if (a.kvq == KVQ_TURBO)
         for (int i = threadIdx.x; i < (1 << a.v_bits); i += blockDim.x)
             cent[i] = a.tables[d + i];
-    __syncthreads();
 
     const int n_pos = a.pos[t] + 1;
-    const int chunk = max(CU_DIV_UP(n_pos, n_splits), KVQ_MIN_CHUNK);
+    const int chunk = kvq_chunk(n_pos, n_splits);
     const int p0 = min(n_pos, split * chunk), p1 = min(n_pos, p0 + chunk);
-    if (n_splits > 1 && p0 >= p1) { /* an empty split: the combine skips it */
-        if (threadIdx.x < G) {
-            float *pp = part + (((size_t)split * a.n + t) * a.n_heads + kvh * G + threadIdx.x) * (d + 2);
-            pp[d] = -INFINITY, pp[d + 1] = 0;
-        }
-        return;
-    }
+    if (p0 >= p1) return; /* a split past the context: the combine does not read it */
     const int32_t *bt = a.block_table + (size_t)a.seq[t] * a.max_pages;
     const uint8_t *kb = a.k + (size_t)kvh * a.k_row, *vb = a.v + (size_t)kvh * a.v_row;
+    const size_t kstride = (size_t)a.n_kv_heads * a.k_row, vstride = (size_t)a.n_kv_heads * a.v_row;
 
-    float qsum[GM], m[GM], l[GM], acc[GM][NCH * 8];
-    const int kpart = lane % (d >> 5);
+    /* Copies tile `base` into buffer b (the slots come from its lanes). */
+    auto stage_tile = [&](int base, int b) {
+        const int n = min(KVQ_TILE, p1 - base);
+        const uint32_t slot_l = lane < n ? kvq_slot_index(bt, a.page_size, base + lane) : 0;
+        uint8_t *dst = stage + (size_t)b * tile_bytes;
+        stage_rows(dst, kb, kstride, a.k_row, slot_l, n);
+        stage_rows(dst + KVQ_TILE * a.k_row, vb, vstride, a.v_row, slot_l, n);
+    };
+    const int first = p0 + warp * KVQ_TILE, step = KVQ_WARPS * KVQ_TILE;
+    if (nbuf == 2 && first < p1) stage_tile(first, 0);
+    cp_async_commit();
+    __syncthreads(); /* q and the centroids */
+
+    float q[GM][16], qsum[GM], m[GM], l[GM], acc[GM][NCH * 8];
+    const int kpart = lane % (d >> 4);
 #pragma unroll
     for (int h = 0; h < GM; h++) {
         float s = 0;
-        for (int i = 0; i < 32; i++)
-            s += qs[h * d + kpart * 32 + i];
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            q[h][i] = qs[h * d + kpart * 16 + i], s += q[h][i];
         qsum[h] = s, m[h] = -INFINITY, l[h] = 0;
 #pragma unroll
         for (int e = 0; e < NCH * 8; e++)
             acc[h][e] = 0;
     }
 
-    for (int base = p0 + warp * KVQ_TILE; base < p1; base += KVQ_WARPS * KVQ_TILE) {
-        kvq_scores<GM>(a, bt, kb, base, p1, qs, qsum, ss);
+    for (int base = first, it = 0; base < p1; base += step, it++) {
+        const int b = nbuf == 2 ? it & 1 : 0;
+        if (nbuf == 2) { /* the next tile flies while this one is used */
+            if (base + step < p1) stage_tile(base + step, b ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            stage_tile(base, 0);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        const uint8_t *kst = stage + (size_t)b * tile_bytes, *vst = kst + KVQ_TILE * a.k_row;
+        const int n = min(KVQ_TILE, p1 - base);
+        kvq_scores<GM, D>(a, kst, n, q, qsum, ss);
         __syncwarp();
 #pragma unroll
         for (int h = 0; h < GM; h++) { /* online softmax, lane = key */
@@ -542,12 +597,14 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32)
                 acc[h][e] *= corr;
         }
         __syncwarp();
-        kvq_values<GM, NCH>(a, bt, vb, base, p1, ss, cent, acc);
-        __syncwarp();
+        kvq_values<GM, D>(a, vst, n, ss, cent, acc);
+        __syncwarp(); /* the buffer is refilled two tiles on */
     }
+    cp_async_wait<0>();
 
     /* Lanes holding the same dims for different keys add up; then each
-     * warp leaves (acc, m, l) per head for the merge. */
+     * warp leaves (acc, m, l) per head for the merge, in the region the
+     * tile buffers used (hence the barrier first). */
     const int lpv = d / (8 * NCH), vpart = lane % lpv;
 #pragma unroll
     for (int h = 0; h < GM; h++)
@@ -555,6 +612,8 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32)
         for (int e = 0; e < NCH * 8; e++)
             for (int o = lpv; o < 32; o <<= 1)
                 acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+    __syncthreads();
+    float *ws = (float *)region, *y = ws + KVQ_WARPS * GM * (d + 2);
 #pragma unroll
     for (int h = 0; h < GM; h++) { /* register arrays: constant indices only */
         float *w = ws + ((size_t)warp * GM + h) * (d + 2);
@@ -608,25 +667,39 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32)
 }
 
 /* Merges the splits of one (row, head) and applies the one inverse
- * transform (TurboQuant) or the normalization. */
+ * transform (TurboQuant) or the normalization.  Only the splits that hold
+ * positions are read; thread s takes split s's (max, sum), then each
+ * thread sums its dims over the splits with the loads of eight in flight. */
 __global__ void kvq_combine_kernel(cu_kvq_args a, int n_splits, const float *part) {
     cu_grid_trigger();
     cu_grid_wait();
-    extern __shared__ float y[];
+    extern __shared__ float y[]; /* [head_dim], then the splits' weights [64] */
+    __shared__ float red[2];
     const int d = a.head_dim, t = blockIdx.x / a.n_heads, head = blockIdx.x % a.n_heads;
-    float mx = -INFINITY, l = 0;
-    for (int sp = 0; sp < n_splits; sp++)
-        mx = fmaxf(mx, part[(((size_t)sp * a.n + t) * a.n_heads + head) * (d + 2) + d]);
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
-        y[i] = 0;
-    for (int sp = 0; sp < n_splits; sp++) {
-        const float *pp = part + (((size_t)sp * a.n + t) * a.n_heads + head) * (d + 2);
-        if (pp[d] == -INFINITY) continue; /* an empty split */
-        float w = exp2f(pp[d] - mx);
-        l += w * pp[d + 1];
-        for (int i = threadIdx.x; i < d; i += blockDim.x)
-            y[i] += w * pp[i];
+    const int n_pos = a.pos[t] + 1, used = CU_DIV_UP(n_pos, kvq_chunk(n_pos, n_splits));
+    const size_t sstride = (size_t)a.n * a.n_heads * (d + 2);
+    const float *p0 = part + ((size_t)t * a.n_heads + head) * (d + 2);
+    float *wsp = y + d;
+    if (threadIdx.x < 32) { /* warp 0: max and sum over the splits (<= 64) */
+        const int s0 = threadIdx.x, s1 = threadIdx.x + 32;
+        float m0 = s0 < used ? p0[s0 * sstride + d] : -INFINITY;
+        float m1 = s1 < used ? p0[s1 * sstride + d] : -INFINITY;
+        float mx = cu_warp_max(fmaxf(m0, m1));
+        float w0 = s0 < used ? exp2f(m0 - mx) : 0.0f, w1 = s1 < used ? exp2f(m1 - mx) : 0.0f;
+        float l = cu_warp_sum((s0 < used ? w0 * p0[s0 * sstride + d + 1] : 0.0f) +
+                              (s1 < used ? w1 * p0[s1 * sstride + d + 1] : 0.0f));
+        wsp[s0] = w0, wsp[s1] = w1;
+        if (threadIdx.x == 0) red[0] = l;
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float acc = 0;
+#pragma unroll 8
+        for (int sp = 0; sp < used; sp++)
+            acc += p0[sp * sstride + i] * wsp[sp];
+        y[i] = acc;
+    }
+    const float l = red[0];
     float *o = a.out + ((size_t)t * a.n_heads + head) * d;
     if (a.kvq == KVQ_TURBO) {
         block_unrotate(y, d, a.tables, 1.0f / l, o);
@@ -655,14 +728,20 @@ static bool kvq_shape_ok(const cu_kvq_args *a) {
            a->v_row % 4 == 0;
 }
 
-#define KVQ_FOR_EACH_KERNEL(X) \
-    X(1, 1) X(2, 1) X(4, 1) X(8, 1) X(1, 2) X(2, 2) X(4, 2) X(8, 2)
+#define KVQ_FOR_EACH_KERNEL(X)                                                                     \
+    X(1, 64) X(2, 64) X(4, 64) X(8, 64) X(1, 128) X(2, 128) X(4, 128) X(8, 128) X(1, 256)          \
+        X(2, 256) X(4, 256) X(8, 256) X(1, 512) X(2, 512) X(4, 512) X(8, 512)
 
-/* Shared memory beyond 48 KiB (G = 8 at head_dim 512) needs an opt-in. */
+static int kvq_smem_optin; /* the device's per-block shared memory limit */
+
+/* Shared memory beyond 48 KiB needs an opt-in. */
 extern "C" void cu_kvq_init(void) {
-#define X(gm, nch)                                                                                 \
-    cudaFuncSetAttribute(kvq_attn_kernel<gm, nch>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
-                         (int)(sizeof(float) * kvq_attn_floats(gm, 512)));
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&kvq_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+#define X(gm, dim)                                                                                 \
+    cudaFuncSetAttribute(kvq_attn_kernel<gm, dim>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                         kvq_smem_optin);
     KVQ_FOR_EACH_KERNEL(X)
 #undef X
 }
@@ -670,9 +749,8 @@ extern "C" void cu_kvq_init(void) {
 extern "C" int cu_kvq_store(cudaStream_t s, const cu_kvq_args *a, const float *k, const float *v) {
     if (!kvq_shape_ok(a)) return -1;
     if (a->n <= 0) return 0;
-    const int warps = 4, items = a->n * a->n_kv_heads;
-    size_t smem = sizeof(float) * (size_t)warps * a->head_dim;
-    CU_LAUNCH(kvq_store_kernel, dim3(CU_DIV_UP(items, warps)), dim3(warps * 32), smem, s, *a, k, v);
+    const size_t smem = sizeof(float) * (size_t)(a->head_dim + 255);
+    CU_LAUNCH(kvq_store_kernel, dim3(a->n * a->n_kv_heads), dim3(a->head_dim), smem, s, *a, k, v);
     return 0;
 }
 
@@ -686,16 +764,20 @@ extern "C" int cu_kvq_attention(cudaStream_t s, const cu_kvq_args *a, int n_sm, 
     if (a->n <= 0) return 0;
     int splits = kvq_splits(a, n_sm), G = a->n_heads / a->n_kv_heads;
     if (splits > 1 && !scratch) splits = 1;
-    const int gm = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8, nch = a->head_dim == 512 ? 2 : 1;
-    const size_t smem = sizeof(float) * kvq_attn_floats(gm, a->head_dim);
+    const int gm = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
+    int nbuf = 2;
+    size_t smem = kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, nbuf);
+    if (smem > KVQ_STAGE_MAX) nbuf = 1, smem = kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, 1);
+    if (kvq_smem_optin && smem > (size_t)kvq_smem_optin) return -1;
     const dim3 grid(a->n * a->n_kv_heads, splits), block(KVQ_WARPS * 32);
     float *part = (float *)scratch;
-#define X(g_, n_)                                                                                  \
-    if (gm == g_ && nch == n_) CU_LAUNCH((kvq_attn_kernel<g_, n_>), grid, block, smem, s, *a, splits, part);
+#define X(g_, d_)                                                                                  \
+    if (gm == g_ && a->head_dim == d_)                                                             \
+        CU_LAUNCH((kvq_attn_kernel<g_, d_>), grid, block, smem, s, *a, splits, nbuf, part);
     KVQ_FOR_EACH_KERNEL(X)
 #undef X
     if (splits > 1)
         CU_LAUNCH(kvq_combine_kernel, dim3(a->n * a->n_heads), dim3(128),
-                  sizeof(float) * a->head_dim, s, *a, splits, (const float *)part);
+                  sizeof(float) * (a->head_dim + 64), s, *a, splits, (const float *)part);
     return 0;
 }
