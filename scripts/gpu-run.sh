@@ -6,7 +6,10 @@
 #   scripts/gpu-run.sh --stage        here, where nvcc is: Release build with
 #                                     CUDA in build-cuda, then binaries and the
 #                                     non-system libraries they need copied
-#                                     into build-gpu-carry/ (carry that path)
+#                                     into build-gpu-carry/, and packed into
+#                                     build-gpu-pack/carry.tar.xz (carry that:
+#                                     the binaries share their kernels, so xz
+#                                     packs ~55 MB into ~7)
 #   scripts/gpu-run.sh [PHASES...]    on the GPU machine; phases: tests, ops,
 #                                     models, kvq, ab (default: tests ops
 #                                     models kvq); kvq = decode with and
@@ -50,6 +53,8 @@ if [ "${1:-}" = --stage ]; then
     for b in "$STAGE"/*; do [ -f "$b" ] && strip --strip-debug "$b"; done
     du -sh "$STAGE"
     ls "$STAGE" "$STAGE/lib"
+    mkdir -p build-gpu-pack
+    tar -cf - "$STAGE" | xz -9 -T2 >build-gpu-pack/carry.tar.xz && du -sh build-gpu-pack/carry.tar.xz
     exit 0
 fi
 
@@ -69,6 +74,9 @@ command -v cmake >/dev/null && cmake --version | head -1
 nproc
 
 # ---- build or take the staged one -------------------------------------------
+if [ ! -d "$STAGE" ] && [ -f build-gpu-pack/carry.tar.xz ]; then
+    tar -xJf build-gpu-pack/carry.tar.xz || python3 -c 'import lzma,tarfile; tarfile.open(fileobj=lzma.open("build-gpu-pack/carry.tar.xz")).extractall()'
+fi
 BIN=
 deps_ok=1
 for p in jansson libpcre2-8 libutf8proc libevent cmocka; do

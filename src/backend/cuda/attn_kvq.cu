@@ -628,6 +628,24 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
     }
     __syncthreads();
 
+    if (n_splits > 1) { /* every (head, dim) at once, no more barriers */
+        for (int e = threadIdx.x; e < G * d; e += blockDim.x) {
+            const int h = e / d, i = e - h * d;
+            float mx = -INFINITY, s = 0, lsum = 0;
+            for (int wp = 0; wp < KVQ_WARPS; wp++)
+                mx = fmaxf(mx, ws[((size_t)wp * GM + h) * (d + 2) + d]);
+            for (int wp = 0; wp < KVQ_WARPS; wp++) {
+                const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
+                if (w[d] == -INFINITY) continue; /* a warp without positions */
+                const float c = exp2f(w[d] - mx);
+                s += w[i] * c, lsum += w[d + 1] * c;
+            }
+            float *pp = part + (((size_t)split * a.n + t) * a.n_heads + kvh * G + h) * (d + 2);
+            pp[i] = s;
+            if (i == 0) pp[d] = mx, pp[d + 1] = lsum;
+        }
+        return;
+    }
     for (int h = 0; h < G; h++) {
         float mx = -INFINITY, lsum = 0;
         for (int wp = 0; wp < KVQ_WARPS; wp++)
@@ -645,15 +663,6 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
             y[i] = s;
         }
         const int head = kvh * G + h;
-        if (n_splits > 1) {
-            __syncthreads();
-            float *pp = part + (((size_t)split * a.n + t) * a.n_heads + head) * (d + 2);
-            for (int i = threadIdx.x; i < d; i += blockDim.x)
-                pp[i] = y[i];
-            if (threadIdx.x == 0) pp[d] = mx, pp[d + 1] = lsum;
-            __syncthreads();
-            continue;
-        }
         float *o = a.out + ((size_t)t * a.n_heads + head) * d;
         if (a.kvq == KVQ_TURBO) {
             block_unrotate(y, d, a.tables, 1.0f / lsum, o);
