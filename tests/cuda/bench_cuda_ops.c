@@ -21,6 +21,17 @@
 
 #include "kv/kvcache.h"
 
+/* ||got - ref|| / ||ref|| (infinite if got has a non-finite value). */
+static double rel_l2(const float *got, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += isfinite(got[i]) ? d * d : INFINITY;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+
 static pt_backend *gemv_be, *blas_be;
 static FILE *js;
 static int n_json;
@@ -209,13 +220,7 @@ static void bench_attention(pt_backend *be, const char *arm, int depth, int n_ro
         float *h1 = malloc(cnt * 4), *h2 = malloc(cnt * 4);
         be->ops->download(be, h1, out, cnt * 4);
         simple_be->ops->download(simple_be, h2, out2, cnt * 4);
-        double num = 0, den = 0;
-        for (size_t i = 0; i < cnt; i++) {
-            double d = (double)h1[i] - h2[i];
-            num += isfinite(h1[i]) ? d * d : INFINITY;
-            den += (double)h2[i] * h2[i];
-        }
-        rel = sqrt(num / den);
+        rel = rel_l2(h1, h2, cnt);
         free(h1), free(h2);
         simple_be->ops->free(simple_be, out2, cnt * 4);
     }
@@ -335,13 +340,7 @@ static void bench_kvq_attention(pt_backend *be, int depth) {
         if (f == 0) {
             t_f16 = us;
         } else {
-            double num = 0, den = 0;
-            for (size_t i = 0; i < qn; i++) {
-                double d = (double)got[i] - ref[i];
-                num += isfinite(got[i]) ? d * d : INFINITY;
-                den += (double)ref[i] * ref[i];
-            }
-            rel = sqrt(num / den);
+            rel = rel_l2(got, ref, qn);
         }
         double speedup = t_f16 > 0 ? t_f16 / us : 0, flops = 4.0 * n_pos * n_heads * hd;
         printf("attention kv %-10s depth %6d: %9.1f us  %8.2f MB  %7.0f GB/s %5.1f%%  x%.2f vs f16"

@@ -7,11 +7,11 @@
  * is written first: untouched anonymous pages all map the one zero page and
  * would be read from cache.  The result is measured once per backend.
  *
- * Each thread reads its slice as STREAMS interleaved sequential streams, a
- * chunk of each in turn.  One stream per core understates the machine: the
- * hardware prefetcher keeps only so many lines in flight per stream, and a
- * matvec reads several weight rows at once (measured on a Xeon: one thread
- * 6.7 GB/s with one stream, 17.6 GB/s with four).
+ * Each thread reads its slice as the matvec kernels read weights (see
+ * sum_streams).  One stream per core understates the machine: the hardware
+ * prefetcher keeps only so many lines in flight per stream, and a matvec
+ * reads several weight rows at once (measured on a Xeon: one thread 6.7
+ * GB/s with one stream, 17.6 GB/s with four).
  */
 #include "backend/cpu/cpu_backend.h"
 
@@ -19,7 +19,10 @@
 #define MIN_BYTES ((size_t)64 << 20)
 #define REPS 10
 #define STREAMS 8
-#define CHUNK_FLOATS 256 /* 1 KiB of each stream in turn */
+#define ROW_FLOATS 1024  /* 4 KiB rows (a 2048-column bf16 matrix) */
+#define STEP_FLOATS 64   /* 256 bytes of each row in turn */
+#define AHEAD_FLOATS 256 /* prefetch distance, 1 KiB (the matvec's) */
+#define CHUNK_FLOATS (STREAMS * ROW_FLOATS) /* a thread's slice: whole blocks */
 
 typedef struct bw_job {
     const pt_cpu_kernels *k;
@@ -29,13 +32,27 @@ typedef struct bw_job {
     float sums[256]; /* stored, so the compiler cannot drop the loads */
 } bw_job;
 
-/* Sums x[0, n) as STREAMS equal parts read a chunk of each at a time. */
+/* Sums x[0, n) the way a matvec reads a weight matrix: blocks of STREAMS
+ * consecutive rows of ROW_FLOATS, the rows of a block read side by side a
+ * STEP_FLOATS piece of each in turn, each row prefetched AHEAD_FLOATS
+ * ahead (into the next block near a row's end), one request per 64-byte
+ * line.  Far-apart streams or no prefetch read slower than the bf16 matvec
+ * streams its weights, and decode would "beat" its roofline. */
 static float sum_streams(const pt_cpu_kernels *k, const float *x, size_t n) {
-    size_t part = n / STREAMS / CHUNK_FLOATS * CHUNK_FLOATS;
+    const size_t block = (size_t)STREAMS * ROW_FLOATS, nb = n / block;
     float s = 0;
-    for (size_t off = 0; off < part; off += CHUNK_FLOATS)
-        for (int i = 0; i < STREAMS; i++) s += k->sum(x + i * part + off, CHUNK_FLOATS);
-    return s + k->sum(x + STREAMS * part, n - STREAMS * part);
+    for (size_t b = 0; b < nb; b++) {
+        const float *blk = x + b * block;
+        for (size_t off = 0; off < ROW_FLOATS; off += STEP_FLOATS)
+            for (int i = 0; i < STREAMS; i++) {
+                const float *c = blk + (size_t)i * ROW_FLOATS + off;
+                size_t ahead = off + AHEAD_FLOATS < ROW_FLOATS ? AHEAD_FLOATS : AHEAD_FLOATS + block - ROW_FLOATS;
+                if ((size_t)(c - x) + ahead + STEP_FLOATS <= n)
+                    for (int l = 0; l < STEP_FLOATS; l += 16) __builtin_prefetch(c + ahead + l);
+                s += k->sum(c, STEP_FLOATS);
+            }
+    }
+    return s + k->sum(x + nb * block, n - nb * block);
 }
 
 static void bw_task(void *ctx, int ith, int nth) {

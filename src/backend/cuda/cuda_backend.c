@@ -248,10 +248,14 @@ static void exec_op(cuda_backend *cb, const op_rec *r) {
     case OP_GATHER:
         cu_gather_rows(s, (float *)r->p[0], r->p[1], r->p[2], (int)r->i[0], (int)r->i[1]);
         break;
-    case OP_KVQ_STORE: /* shapes were checked when the op was recorded */
-        cu_kvq_store(s, &r->kvq, r->p[0], r->p[1]);
+    case OP_KVQ_STORE: /* formats were checked when the op was recorded: -1 is a bug */
+        if (cu_kvq_store(s, &r->kvq, r->p[0], r->p[1]))
+            cuda_fatal("kv_store", "no kernel for this quantized cache's shape");
         break;
-    case OP_KVQ_ATTENTION: cu_kvq_attention(s, &r->kvq, cb->n_sm, cb->attn_scratch); break;
+    case OP_KVQ_ATTENTION:
+        if (cu_kvq_attention(s, &r->kvq, cb->n_sm, cb->attn_scratch))
+            cuda_fatal("attention", "no kernel for this quantized cache's shape");
+        break;
     }
 }
 
