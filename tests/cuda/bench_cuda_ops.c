@@ -12,7 +12,8 @@
  * Writes a table to stdout and, given a path, JSON.  Not a test: timings
  * are never assertions.  Loops replay as CUDA graphs (see main).
  *
- * usage: bench_cuda_ops [out.json] [quick | kvq]   (kvq: that arm alone)
+ * usage: bench_cuda_ops [out.json] [quick | kvq]   (kvq: that arm alone;
+ *        BENCH_KVQ_DEPTH=D: its one depth D)
  */
 #include <math.h>
 #include <stdarg.h>
@@ -410,7 +411,11 @@ int main(int argc, char **argv) {
         bench_attention(gemv_be, "mma", 16383, 512, 1, 1);
         if (!quick) bench_attention(simple_be, "simple", 4095, 512, 1, 2);
     }
-    for (size_t i = 0; i < PT_ARRAY_LEN(depths); i++) bench_kvq_attention(gemv_be, depths[i]);
+    /* BENCH_KVQ_DEPTH=D: that depth alone (for a profiler run) */
+    const char *only = getenv("BENCH_KVQ_DEPTH");
+    if (only && atoi(only) > 0) bench_kvq_attention(gemv_be, atoi(only));
+    else
+        for (size_t i = 0; i < PT_ARRAY_LEN(depths); i++) bench_kvq_attention(gemv_be, depths[i]);
     if (js) {
         fprintf(js, "\n]}\n");
         fclose(js);

@@ -7,12 +7,12 @@
  * K) or biases (affine K and V).  TurboQuant values are stored rotated.
  *
  * Encoder (cu_kvq_store): one block per (token, kv head) row, one warp per
- * 32-group, lane = element.  It performs the reference's float32 operations in the
- * reference's order with explicitly rounded intrinsics (__fadd_rn, ...), so
- * nvcc cannot contract them into FMAs, and the group sums run as the same
- * halving tree as src/kv/turboquant.c: its bytes must equal the CPU
- * encoder's bit for bit (the CPU's goldens then carry over).  Group size 32
- * only (head dims 64..512 for TurboQuant; affine head dims that 32 divides).
+ * 32-group, lane = element.  It performs the reference's float32
+ * operations in the reference's order with explicitly rounded intrinsics
+ * (__fadd_rn, ...), so nvcc cannot contract them into FMAs, and the group
+ * sums run as the same halving tree as src/kv/turboquant.c: its bytes must
+ * equal the CPU encoder's bit for bit (the CPU's goldens then carry over).
+ * Groups of 32 at head_dim 64, 128, 256 or 512 (cu_kvq_supported).
  *
  * Attention (cu_kvq_attention): flash-decoding straight from the packed
  * rows (no dequantized copy of the window); the block layout is described
@@ -256,8 +256,9 @@ __global__ void kvq_store_kernel(cu_kvq_args a, const float *k, const float *v) 
  * a switch per tile: the K and V variants add up instead of multiplying. */
 
 #define KVQ_TILE 32
-#define KVQ_NCH(D) ((D) == 512 ? 2 : 1) /* chunks of 8 dims per lane in P.V */
-#define KVQ_MIN_CHUNK 64 /* fewest positions a split takes */
+#define KVQ_NCH(D) ((D) == 512 ? 2 : 1)   /* chunks of 8 dims per lane in P.V */
+#define KVQ_MIN_CHUNK 64                  /* fewest positions a split takes */
+#define KVQ_STAGE_MAX (100 << 10)         /* shared bytes per block up to which tiles are double-buffered */
 
 /* Positions per split of a row with n_pos positions: a multiple of the
  * tile, so the warps of a block get whole tiles. */
@@ -265,7 +266,6 @@ __device__ __forceinline__ int kvq_chunk(int n_pos, int n_splits) {
     const int c = CU_DIV_UP(CU_DIV_UP(n_pos, n_splits), KVQ_TILE) * KVQ_TILE;
     return c > KVQ_MIN_CHUNK ? c : KVQ_MIN_CHUNK;
 }
-#define KVQ_STAGE_MAX (100 << 10) /* shared bytes per block up to which tiles are double-buffered */
 
 /* Slot index of position p; bt is the sequence's block-table row.  The
  * kernels pass slots around as 32 bits: 2^32 slots of even 16 bytes would
