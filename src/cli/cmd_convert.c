@@ -65,7 +65,7 @@ static int probe_open(pt_engine **out, const char *path, int n_ctx, pt_err *err)
     pt_model_opts mo = {.backend = e->be, .max_batch = n_ctx};
     if (pt_model_load(&e->model, path, &mo, err)) return -1;
     e->n_ctx = n_ctx;
-    if (pt_model_kv_init(e->model, &e->kv, n_ctx, PT_F32, err)) return -1;
+    if (pt_model_kv_init(e->model, &e->kv, n_ctx, PT_F32, NULL, err)) return -1;
     e->logits = pt_xmalloc(sizeof(float) * (size_t)e->model->cfg.vocab_size);
     e->b_pos = pt_xmalloc(sizeof(int32_t) * (size_t)e->model->max_batch);
     e->b_seq = pt_xcalloc((size_t)e->model->max_batch, sizeof(int32_t));

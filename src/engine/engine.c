@@ -15,19 +15,7 @@ pt_dtype pt_parse_kv_dtype(const char *s) {
 
 int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
     if (e->kv.k) pt_kv_cache_free(&e->kv);
-    if (e->kv_quant.kind == PT_KVQ_NONE)
-        return pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, err);
-    /* A codec: the model's geometry (as pt_model_kv_init lays it out), with
-     * rows of the codec instead of elements. */
-    const pt_model_config *c = &e->model->cfg;
-    pt_kv_config kc = {.n_layers = c->n_layers,
-                       .n_kv_heads = c->n_kv_heads,
-                       .head_dim = c->head_dim,
-                       .page_size = PT_KV_PAGE_SIZE,
-                       .dtype = e->kv_dtype,
-                       .quant = e->kv_quant};
-    kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
-    return pt_kv_cache_init(&e->kv, e->be, &kc, err);
+    return pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, &e->kv_quant, err);
 }
 
 int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {

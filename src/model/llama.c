@@ -160,13 +160,14 @@ void pt_model_free(pt_model *m) {
 }
 
 int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
-                     pt_err *err) {
+                     const pt_kvq_spec *quant, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     pt_kv_config kc = {.n_layers = c->n_layers,
                        .n_kv_heads = c->n_kv_heads,
                        .head_dim = c->head_dim,
-                       .page_size = 16,
+                       .page_size = PT_KV_PAGE_SIZE,
                        .dtype = dtype};
+    if (quant) kc.quant = *quant;
     kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
     return pt_kv_cache_init(kv, m->be, &kc, err);
 }

@@ -83,9 +83,11 @@ void pt_model_free(pt_model *m);
 int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *batch, float *logits,
                      pt_err *err);
 
-/* A KV cache shaped for this model with room for n_positions positions. */
+/* A KV cache shaped for this model with room for n_positions positions:
+ * elements of dtype, or rows of the codec quant asks for (NULL or kind
+ * PT_KVQ_NONE: plain). */
 int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
-                     pt_err *err);
+                     const pt_kvq_spec *quant, pt_err *err);
 
 /* Registry: fills cfg from the file's metadata (architecture, shapes,
  * rope); errors name the missing key or the unsupported architecture. */

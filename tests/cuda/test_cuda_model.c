@@ -3,7 +3,7 @@
  * CPU backend: the real stories260K model (f32 weights: the same greedy
  * tokens, logits within 1e-4), small dummy models that reach the tiled
  * attention and qk-norm paths, several sequences in one batch, and the
- * 1B-shaped dummy model in bf16.
+ * 1B-shaped dummy model in bf16; and quantized KV caches (--kv-quant).
  *
  * bf16 models: prefill matmuls round activations to bf16 for the tensor
  * cores, so logits differ from the CPU's by about 1e-2 relative.  There the
@@ -46,13 +46,16 @@ typedef struct side {
     pt_kv_seq seqs[4];
 } side;
 
+/* kvq: a --kv-quant spec, or NULL for a plain cache of kv_dtype. */
 static void open_side(side *s, int b, const char *path, const char *dtype, int max_batch,
-                      pt_dtype kv_dtype, int n_ctx) {
+                      pt_dtype kv_dtype, const char *kvq, int n_ctx) {
     memset(s, 0, sizeof *s);
     pt_model_opts o = {.backend = be[b], .max_batch = max_batch, .dummy_dtype = dtype, .dummy_seed = 5};
     pt_err err = {{0}};
+    pt_kvq_spec q = {0};
+    if (kvq && pt_kvq_parse(kvq, &q, &err)) fail_msg("%s: %s", kvq, err.msg);
     if (pt_model_load(&s->m, path, &o, &err)) fail_msg("load %s on %s: %s", path, be[b]->name, err.msg);
-    if (pt_model_kv_init(s->m, &s->kv, n_ctx, kv_dtype, &err)) fail_msg("kv: %s", err.msg);
+    if (pt_model_kv_init(s->m, &s->kv, n_ctx, kv_dtype, &q, &err)) fail_msg("kv: %s", err.msg);
 }
 
 static void close_side(side *s) {
@@ -104,11 +107,11 @@ static double top2_margin(const float *x, int n) {
 
 /* Greedy generation on both sides from the same prompt.  free_run: each
  * side feeds its own tokens (they must stay equal); else the CPU's. */
-static void greedy(const char *path, const char *dtype, pt_dtype kv_dtype, int gpu_max_batch,
-                   int n_prompt, int n_gen, double tol, bool free_run) {
+static void greedy(const char *path, const char *dtype, pt_dtype kv_dtype, const char *kvq,
+                   int gpu_max_batch, int n_prompt, int n_gen, double tol, bool free_run) {
     side s[N_BE];
-    open_side(&s[CPU], CPU, path, dtype, 0, kv_dtype, n_prompt + n_gen + 8);
-    open_side(&s[GPU], GPU, path, dtype, gpu_max_batch, kv_dtype, n_prompt + n_gen + 8);
+    open_side(&s[CPU], CPU, path, dtype, 0, kv_dtype, kvq, n_prompt + n_gen + 8);
+    open_side(&s[GPU], GPU, path, dtype, gpu_max_batch, kv_dtype, kvq, n_prompt + n_gen + 8);
     int vocab = s[CPU].m->cfg.vocab_size;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen)), *pos = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen));
     int32_t *seq = calloc((size_t)(n_prompt + n_gen), sizeof(int32_t));
@@ -150,8 +153,8 @@ static void greedy(const char *path, const char *dtype, pt_dtype kv_dtype, int g
         gtok = tg;
     }
     print_message("%s (%s, kv %s, gpu batch %d): %d steps, worst logits rel err %.3g%s\n", path,
-                  dtype ? dtype : "file", pt_dtype_name(kv_dtype), gpu_max_batch, n_gen + 1, worst,
-                  free_run ? ", same greedy tokens" : "");
+                  dtype ? dtype : "file", kvq ? kvq : pt_dtype_name(kv_dtype), gpu_max_batch,
+                  n_gen + 1, worst, free_run ? ", same greedy tokens" : "");
     if (!free_run) print_message("  greedy choices decided beyond noise: %d/%d agree\n", agreed, decided);
     free(tok), free(pos), free(seq), free(want), free(lg[0]), free(lg[1]);
     close_side(&s[CPU]);
@@ -160,24 +163,38 @@ static void greedy(const char *path, const char *dtype, pt_dtype kv_dtype, int g
 
 static void test_stories_greedy(void **state) {
     (void)state;
-    greedy(STORIES, NULL, PT_F32, 0, 12, 40, 1e-4, true);
-    greedy(STORIES, NULL, PT_F16, 0, 12, 40, 1e-3, true);
-    greedy(STORIES, NULL, PT_F32, 5, 12, 20, 1e-4, true); /* prefill in chunks of 5 */
+    greedy(STORIES, NULL, PT_F32, NULL, 0, 12, 40, 1e-4, true);
+    greedy(STORIES, NULL, PT_F16, NULL, 0, 12, 40, 1e-3, true);
+    greedy(STORIES, NULL, PT_F32, NULL, 5, 12, 20, 1e-4, true); /* prefill in chunks of 5 */
 }
 
 static void test_tiny_dummies(void **state) {
     (void)state;
-    greedy(TINY_LLAMA, "f32", PT_F32, 0, 40, 24, 1e-4, true);
-    greedy(TINY_LLAMA, "bf16", PT_BF16, 0, 40, 24, 3e-2, false);
-    greedy(TINY_QWEN3, "f32", PT_F16, 0, 33, 24, 1e-3, true);
-    greedy(TINY_QWEN3, "bf16", PT_BF16, 0, 33, 24, 3e-2, false);
+    greedy(TINY_LLAMA, "f32", PT_F32, NULL, 0, 40, 24, 1e-4, true);
+    greedy(TINY_LLAMA, "bf16", PT_BF16, NULL, 0, 40, 24, 3e-2, false);
+    greedy(TINY_QWEN3, "f32", PT_F16, NULL, 0, 33, 24, 1e-3, true);
+    greedy(TINY_QWEN3, "bf16", PT_BF16, NULL, 0, 33, 24, 3e-2, false);
 }
 
 /* Three sequences in one batch: two prefills then decode rows of all. */
+/* Quantized KV caches (--kv-quant) through whole forward passes: the GPU
+ * stores the bytes the CPU would for the same rows, but the rows it
+ * encodes come from its own forward (~1e-6 away), so a value on a rounding
+ * boundary may take the neighbouring code.  Logits are compared at 1e-2
+ * (a wrong attention is off by far more) and greedy choices wherever the
+ * CPU's margin is beyond the noise (teacher forcing).  tiny-llama: head_dim
+ * 64, 4 query heads per KV head; tiny-qwen3: head_dim 128, qk-norm. */
+static void test_kv_quant(void **state) {
+    (void)state;
+    greedy(TINY_LLAMA, "f32", PT_F16, "turbo", 0, 40, 24, 1e-2, false);
+    greedy(TINY_QWEN3, "f32", PT_F16, "turbo:k4v3", 0, 33, 24, 1e-2, false);
+    greedy(TINY_QWEN3, "f32", PT_F16, "8", 0, 33, 24, 1e-2, false);
+}
+
 static void test_multi_sequence(void **state) {
     (void)state;
     side s[N_BE];
-    for (int b = 0; b < N_BE; b++) open_side(&s[b], b, TINY_LLAMA, "f32", 0, PT_F16, 256);
+    for (int b = 0; b < N_BE; b++) open_side(&s[b], b, TINY_LLAMA, "f32", 0, PT_F16, NULL, 256);
     int vocab = s[CPU].m->cfg.vocab_size;
     int32_t tok[64], pos[64], seq[64];
     bool want[64];
@@ -219,7 +236,7 @@ static void test_multi_sequence(void **state) {
 
 static void test_llama_1b(void **state) {
     (void)state;
-    greedy("dummy:llama-1b", "bf16", PT_F16, 0, 24, 12, 3e-2, false);
+    greedy("dummy:llama-1b", "bf16", PT_F16, NULL, 0, 24, 12, 3e-2, false);
 }
 
 int main(void) {
@@ -239,6 +256,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_greedy),
         cmocka_unit_test(test_tiny_dummies),
+        cmocka_unit_test(test_kv_quant),
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),
     };

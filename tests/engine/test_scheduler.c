@@ -106,7 +106,7 @@ static void run_cases(int parallel, int copies, int max_prefill, int max_batch) 
     /* room for every sequence at once when parallel allows it */
     pt_kv_cache_free(&e->kv);
     pt_err err = {{0}};
-    assert_int_equal(pt_model_kv_init(e->model, &e->kv, 128 * parallel, PT_F32, &err), 0);
+    assert_int_equal(pt_model_kv_init(e->model, &e->kv, 128 * parallel, PT_F32, NULL, &err), 0);
     pt_sched *s;
     pt_sched_opts o = {.max_seqs = parallel, .n_ctx = 128, .max_prefill = max_prefill};
     assert_int_equal(pt_sched_start(&s, e, &o, &err), 0);

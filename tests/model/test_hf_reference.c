@@ -102,7 +102,7 @@ static void check_case(const char *name, const char *kernels, int threads) {
     pt_model *m;
     if (pt_model_load(&m, dir, &o, &err)) fail_msg("%s: %s", name, err.msg);
     pt_kv_cache kv;
-    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, &err), 0);
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
     json_error_t je;
     json_t *r = json_load_file(ref, 0, &je);
     if (!r) fail_msg("%s: %s", ref, je.text);

@@ -97,7 +97,7 @@ static float **dequantize_into(pt_model *f, pt_model *q, const pt_model_file *na
 static float *logits_of(pt_model *m, const int32_t *tok, int n) {
     pt_kv_cache kv;
     pt_err err;
-    if (pt_model_kv_init(m, &kv, 64, PT_F32, &err)) fail_msg("%s", err.msg);
+    if (pt_model_kv_init(m, &kv, 64, PT_F32, NULL, &err)) fail_msg("%s", err.msg);
     int32_t pos[64], seq[64] = {0};
     bool want[64];
     for (int i = 0; i < n; i++) pos[i] = i, want[i] = true;
