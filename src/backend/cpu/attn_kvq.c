@@ -78,24 +78,10 @@ static const pt_kv_codec *checked_codec(const pt_kv_view *kv, const char *op) {
     return c;
 }
 
-/* As cpu_attention.c: rows must name a sequence and a position the block
- * table covers; the scheduler guarantees it, so a violation is a bug. */
-static void check_rows(const char *op, const pt_kv_view *kv, const pt_batch_view *b) {
-    for (int t = 0; t < b->n_tokens; t++) {
-        if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs)
-            pt_cpu_die("%s: row %d has sequence %d of %d", op, t, b->seq[t], b->n_seqs);
-        if (b->pos[t] < 0 || b->pos[t] / kv->page_size >= b->max_pages)
-            pt_cpu_die("%s: row %d position %d is beyond %d pages of %d", op, t, b->pos[t],
-                       b->max_pages, kv->page_size);
-    }
-}
-
 /* Byte offset of (position p of sequence s, kv head 0) for rows of row_bytes. */
 static size_t slot_offset(const pt_kv_view *kv, const pt_batch_view *b, int s, int p,
                           size_t row_bytes) {
-    int32_t page = b->block_table[(size_t)s * b->max_pages + p / kv->page_size];
-    return ((size_t)page * kv->page_size + (size_t)(p % kv->page_size)) * kv->n_kv_heads *
-           row_bytes;
+    return pt_cpu_kv_slot(kv, b, s, p) * kv->n_kv_heads * row_bytes;
 }
 
 /* ---- kv_store ------------------------------------------------------------------------- */
@@ -127,7 +113,7 @@ static void store_task(void *ctx, int ith, int nth) {
 void pt_cpu_kvq_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *b, const float *k,
                       const float *v) {
     store_job j = {checked_codec(kv, "kv_store"), kv, b, k, v};
-    check_rows("kv_store", kv, b);
+    pt_cpu_check_rows("kv_store", kv, b);
     /* Encoding costs tens of operations per element (TurboQuant values: a
      * transform and a table search), hence the weight on the estimate. */
     pt_cpu_run(pt_cpu(be), store_task, &j, 32.0 * b->n_tokens * kv->n_kv_heads * kv->head_dim);
@@ -208,13 +194,6 @@ static void chunk_softmax(const attn_job *j, attn_state *st, int v0, int nv, int
     }
 }
 
-/* Pages are scattered: ask for the first lines of the next chunk, the
- * prefetchers stream the rest once they see it. */
-static void prefetch_start(const uint8_t *p, size_t bytes) {
-    for (size_t off = 0; off < PT_MIN(bytes, (size_t)1024); off += 64)
-        __builtin_prefetch(p + off);
-}
-
 static int chunk_len(const pt_kv_view *kv, int p, int p1) {
     return PT_MIN(CHUNK, PT_MIN(kv->page_size - p % kv->page_size, p1 - p));
 }
@@ -258,10 +237,9 @@ static void attend_range(const attn_job *j, attn_state *st, int s, int p0, int p
         const uint8_t *vb = (const uint8_t *)kv->v + slot_offset(kv, j->b, s, p, c->v_row);
         if (p + cnt < p1) {
             int next = chunk_len(kv, p + cnt, p1);
-            prefetch_start((const uint8_t *)kv->k + slot_offset(kv, j->b, s, p + cnt, c->k_row),
-                           next * k_slot);
-            prefetch_start((const uint8_t *)kv->v + slot_offset(kv, j->b, s, p + cnt, c->v_row),
-                           next * v_slot);
+            size_t at = pt_cpu_kv_slot(kv, j->b, s, p + cnt);
+            pt_cpu_prefetch_start((const uint8_t *)kv->k + at * k_slot, next * k_slot);
+            pt_cpu_prefetch_start((const uint8_t *)kv->v + at * v_slot, next * v_slot);
         }
         if (r < 0)
             attend_chunk(j, st, kb, vb, cnt);
@@ -374,15 +352,6 @@ static void merge_task(void *ctx, int ith, int nth) {
 static _Thread_local void *meta_buf, *parts_buf;
 static _Thread_local size_t meta_cap, parts_cap;
 
-static void *grow(void **buf, size_t *cap, size_t bytes) {
-    if (bytes > *cap) {
-        free(*buf);
-        *cap = PT_MAX(bytes, *cap * 2);
-        *buf = pt_xmalloc(*cap);
-    }
-    return *buf;
-}
-
 /* Rows of a block starting at batch row t: consecutive positions of one
  * sequence, at most max_rows. */
 static int block_rows(const pt_batch_view *b, int t, int max_rows) {
@@ -433,14 +402,14 @@ static void plan_items(int n_threads, attn_job *j) {
     int n_splits, n_parts,
         n_items = cut_items(j, max_rows, target, NULL, NULL, &n_splits, &n_parts);
     attn_item *items =
-        grow(&meta_buf, &meta_cap,
+        pt_cpu_grow(&meta_buf, &meta_cap,
              (size_t)n_items * sizeof(attn_item) + (size_t)n_splits * sizeof(attn_split));
     attn_split *splits = (attn_split *)(items + n_items);
     cut_items(j, max_rows, target, items, splits, &n_splits, &n_parts);
     j->items = items, j->n_items = n_items;
     j->splits = splits, j->n_splits = n_splits;
     size_t part_bytes = (size_t)n_parts * j->n_heads * (j->kv->head_dim + 2) * sizeof(float);
-    j->parts = n_parts ? grow(&parts_buf, &parts_cap, part_bytes) : NULL;
+    j->parts = n_parts ? pt_cpu_grow(&parts_buf, &parts_cap, part_bytes) : NULL;
 }
 
 void pt_cpu_kvq_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
@@ -450,7 +419,7 @@ void pt_cpu_kvq_attention(pt_backend *be, float *out, const float *q, const pt_k
     if (n_heads <= 0 || n_heads % kv->n_kv_heads)
         pt_cpu_die("attention: %d query heads do not group over %d kv heads", n_heads,
                    kv->n_kv_heads);
-    check_rows("attention", kv, b);
+    pt_cpu_check_rows("attention", kv, b);
     if (b->n_tokens <= 0) return;
     const pt_kvq_kernels *qk = pt_kvq_kernels_avx2();
     if (!qk || cb->k != pt_cpu_kernels_avx2()) qk = pt_kvq_kernels_portable();

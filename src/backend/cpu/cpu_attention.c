@@ -52,9 +52,7 @@ typedef struct store_job {
 
 /* Element offset of (position p of sequence s, kv head 0) in the cache. */
 static size_t slot_offset(const pt_kv_view *kv, const pt_batch_view *b, int s, int p) {
-    int32_t page = b->block_table[(size_t)s * b->max_pages + p / kv->page_size];
-    return ((size_t)page * kv->page_size + (size_t)(p % kv->page_size)) * kv->n_kv_heads *
-           kv->head_dim;
+    return pt_cpu_kv_slot(kv, b, s, p) * kv->n_kv_heads * kv->head_dim;
 }
 
 static void store_task(void *ctx, int ith, int nth) {
@@ -68,9 +66,7 @@ static void store_task(void *ctx, int ith, int nth) {
     }
 }
 
-/* Rows must name a sequence and a position the block table covers; the
- * scheduler guarantees it, so a violation is a bug worth stopping on. */
-static void check_rows(const char *op, const pt_kv_view *kv, const pt_batch_view *b) {
+void pt_cpu_check_rows(const char *op, const pt_kv_view *kv, const pt_batch_view *b) {
     for (int t = 0; t < b->n_tokens; t++) {
         if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs)
             pt_cpu_die("%s: row %d has sequence %d of %d", op, t, b->seq[t], b->n_seqs);
@@ -96,7 +92,7 @@ void pt_cpu_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *
         return;
     }
     store_job j = {kv_wops(cb, kv, "kv_store"), kv, b, k, v, pt_dtype_bytes(kv->dtype, 1)};
-    check_rows("kv_store", kv, b);
+    pt_cpu_check_rows("kv_store", kv, b);
     pt_cpu_run(cb, store_task, &j, 2.0 * b->n_tokens * kv->n_kv_heads * kv->head_dim);
 }
 
@@ -159,13 +155,6 @@ static const float *segment_f32(const attn_job *j, float *buf, const void *pool,
     return buf;
 }
 
-/* Asks for the first lines of a segment: pages are scattered, so the
- * prefetchers cannot guess where the next one starts, and once they see it
- * they stream the rest themselves. */
-static void prefetch_start(const char *p, size_t bytes) {
-    for (size_t off = 0; off < PT_MIN(bytes, (size_t)1024); off += 64) __builtin_prefetch(p + off);
-}
-
 /* Folds a chunk's scores into the running max and sum; turns the scores into
  * weights relative to the new max and rescales the accumulator. */
 static void chunk_softmax(const attn_job *j, attn_state *st, int cnt) {
@@ -199,10 +188,10 @@ static void chunk_scores(const attn_job *j, attn_state *st, int s, int p, int cn
         size_t off, next;
         seg = segment(j, s, p + c, cnt - c, &off);
         size_t bytes = (size_t)seg * width * j->esize;
-        prefetch_start((const char *)kv->v + off, bytes); /* read right after the scores */
+        pt_cpu_prefetch_start((const char *)kv->v + off, bytes); /* read right after the scores */
         if (c + seg < cnt) {
             segment(j, s, p + c + seg, cnt - c - seg, &next);
-            prefetch_start((const char *)kv->k + next, bytes);
+            pt_cpu_prefetch_start((const char *)kv->k + next, bytes);
         }
         const float *kr = segment_f32(j, st->buf, kv->k, off, seg, width);
         for (int h = 0; h < j->n_heads; h++)
@@ -298,8 +287,7 @@ static void merge_task(void *ctx, int ith, int nth) {
     }
 }
 
-/* Makes buf hold at least bytes (contents are not kept). */
-static void *grow(void **buf, size_t *cap, size_t bytes) {
+void *pt_cpu_grow(void **buf, size_t *cap, size_t bytes) {
     if (bytes > *cap) {
         free(*buf);
         *cap = PT_MAX(bytes, *cap * 2);
@@ -327,7 +315,7 @@ static void plan_items(pt_cpu_backend *cb, attn_job *j) {
         n_splits += parts > 1;
     }
     size_t meta = (size_t)n_items * sizeof(attn_item) + (size_t)n_splits * sizeof(attn_split);
-    attn_item *items = grow(&cb->attn_meta, &cb->attn_meta_cap, meta);
+    attn_item *items = pt_cpu_grow(&cb->attn_meta, &cb->attn_meta_cap, meta);
     attn_split *splits = (attn_split *)(items + n_items);
     int i = 0, part = 0, k = 0;
     for (int t = 0; t < b->n_tokens; t++) {
@@ -342,7 +330,7 @@ static void plan_items(pt_cpu_backend *cb, attn_job *j) {
     j->splits = splits;
     j->n_splits = n_splits;
     size_t part_bytes = (size_t)part * j->n_heads * (j->kv->head_dim + 2) * sizeof(float);
-    j->parts = part ? grow(&cb->attn_parts, &cb->attn_parts_cap, part_bytes) : NULL;
+    j->parts = part ? pt_cpu_grow(&cb->attn_parts, &cb->attn_parts_cap, part_bytes) : NULL;
 }
 
 void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
@@ -355,7 +343,7 @@ void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_vi
     const pt_cpu_wops *wo = kv_wops(cb, kv, "attention");
     if (n_heads <= 0 || n_heads % kv->n_kv_heads)
         pt_cpu_die("attention: %d query heads do not group over %d kv heads", n_heads, kv->n_kv_heads);
-    check_rows("attention", kv, b);
+    pt_cpu_check_rows("attention", kv, b);
     if (b->n_tokens <= 0) return;
 
     int64_t width = (int64_t)kv->n_kv_heads * kv->head_dim;

@@ -72,4 +72,27 @@ void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_vi
                       const pt_batch_view *b, int n_heads, float scale);
 double pt_cpu_read_bandwidth(pt_backend *be);
 
+/* ---- shared by the attention drivers (cpu_attention.c, attn_kvq.c) ---- */
+
+/* Slot of position p of sequence s in the paged cache (backend.h):
+ * page * page_size + p % page_size; a slot holds every kv head. */
+static inline size_t pt_cpu_kv_slot(const pt_kv_view *kv, const pt_batch_view *b, int s, int p) {
+    int32_t page = b->block_table[(size_t)s * b->max_pages + p / kv->page_size];
+    return (size_t)page * kv->page_size + (size_t)(p % kv->page_size);
+}
+
+/* Pages are scattered, so the prefetchers cannot guess where the next
+ * segment starts: asks for its first lines, they stream the rest. */
+static inline void pt_cpu_prefetch_start(const void *p, size_t bytes) {
+    for (size_t off = 0; off < PT_MIN(bytes, (size_t)1024); off += 64)
+        __builtin_prefetch((const char *)p + off);
+}
+
+/* Rows must name a sequence and a position the block table covers; the
+ * scheduler guarantees it, so a violation is a bug worth stopping on. */
+void pt_cpu_check_rows(const char *op, const pt_kv_view *kv, const pt_batch_view *b);
+
+/* Makes *buf hold at least bytes (contents are not kept). */
+void *pt_cpu_grow(void **buf, size_t *cap, size_t bytes);
+
 #endif
