@@ -33,6 +33,12 @@ typedef struct pt_weight {
     int bits, group_size;
     const void *scales, *biases;
     pt_dtype scale_dtype;
+    /* A stack of experts (MoE), 3-D [n_experts][rows][cols]: expert e's
+     * matrix starts expert_stride bytes after expert e-1's (its scales and
+     * biases likewise, rows * (cols / group_size) elements each); nbytes
+     * counts them all.  0 for a plain matrix, the only kind matmul takes. */
+    int n_experts;
+    size_t expert_stride;
 } pt_weight;
 
 enum pt_rope_style {

@@ -1,0 +1,85 @@
+/*
+ * forward.c - pt_model_forward, the one entry for every forward call:
+ * checks a flattened batch, uploads it (rows, positions, sequences, block
+ * tables) into the workspace in chunks of max_batch rows, and hands each
+ * chunk to the family's forward as a pt_step.
+ *
+ * The only sequence state the model touches is here, in two functions
+ * marked "engine-owned": reserving KV pages for the rows' positions before
+ * a chunk, and advancing each sequence's token count after it.  Family code
+ * and blocks never change sequence state.
+ */
+#include "model/model_int.h"
+
+/* Rejects rows the forward cannot run, before any state changes. */
+static int check_rows(pt_model *m, const pt_batch *b, int first, int n, pt_err *err) {
+    for (int i = first; i < first + n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab_size)
+            return pt_fail(err, "token id %d out of range (vocabulary %d)", b->tokens[i],
+                           m->cfg.vocab_size);
+        if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
+            return pt_fail(err, "row %d: sequence index %d out of range", i, b->seq[i]);
+        if (b->pos[i] < 0) return pt_fail(err, "row %d: negative position", i);
+    }
+    return 0;
+}
+
+/* Engine-owned from core v2 step 2: pages for every row's position. */
+static int reserve_pages(pt_kv_cache *kv, const pt_batch *b, int first, int n, pt_err *err) {
+    for (int i = first; i < first + n; i++)
+        if (pt_kv_seq_reserve(kv, b->seqs[b->seq[i]], b->pos[i] + 1, err)) return -1;
+    return 0;
+}
+
+/* Engine-owned from core v2 step 2: a sequence holds tokens up to the
+ * highest position computed. */
+static void advance_seqs(const pt_batch *b, int first, int n) {
+    for (int i = first; i < first + n; i++) {
+        pt_kv_seq *sq = b->seqs[b->seq[i]];
+        if (b->pos[i] + 1 > sq->n_tokens) sq->n_tokens = b->pos[i] + 1;
+    }
+}
+
+/* Uploads rows [first, first+n) and the block tables; fills the view and
+ * the indices of the rows whose logits are wanted. */
+static int upload_batch(pt_model *m, const pt_batch *b, int first, int n, pt_batch_view *v,
+                        int *n_out, pt_err *err) {
+    pt_backend *be = m->be;
+    pt_workspace *ws = m->ws;
+    int max_pages = 1;
+    for (int s = 0; s < b->n_seqs; s++) max_pages = PT_MAX(max_pages, b->seqs[s]->n_pages);
+    if (pt_workspace_block_table(m, (size_t)max_pages * b->n_seqs, err)) return -1;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const pt_kv_seq *sq = b->seqs[s];
+        int32_t *row = ws->h_block_table + (size_t)s * max_pages;
+        memcpy(row, sq->pages, sizeof(int32_t) * (size_t)sq->n_pages);
+        for (int p = sq->n_pages; p < max_pages; p++) row[p] = -1;
+    }
+    be->ops->upload(be, ws->block_table, ws->h_block_table,
+                    sizeof(int32_t) * (size_t)max_pages * b->n_seqs);
+    be->ops->upload(be, ws->tokens, b->tokens + first, sizeof(int32_t) * (size_t)n);
+    be->ops->upload(be, ws->pos, b->pos + first, sizeof(int32_t) * (size_t)n);
+    be->ops->upload(be, ws->seq, b->seq + first, sizeof(int32_t) * (size_t)n);
+    *n_out = 0;
+    for (int i = 0; i < n; i++)
+        if (b->logits && b->logits[first + i]) ws->h_out_idx[(*n_out)++] = i;
+    be->ops->upload(be, ws->out_idx, ws->h_out_idx, sizeof(int32_t) * (size_t)*n_out);
+    *v = (pt_batch_view){n, ws->pos, ws->seq, ws->block_table, max_pages, b->n_seqs};
+    return 0;
+}
+
+int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits,
+                     pt_err *err) {
+    for (int first = 0; first < b->n_tokens; first += m->max_batch) {
+        int n = PT_MIN(m->max_batch, b->n_tokens - first), n_out;
+        pt_batch_view v;
+        if (check_rows(m, b, first, n, err) || reserve_pages(kv, b, first, n, err)) return -1;
+        if (upload_batch(m, b, first, n, &v, &n_out, err)) return -1;
+        pt_step s = {.kv = kv, .b = &v, .n = n, .n_out = n_out, .logits = logits};
+        m->cfg.family->forward(m, &s);
+        if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
+        advance_seqs(b, first, n);
+    }
+    m->be->ops->sync(m->be);
+    return 0;
+}
