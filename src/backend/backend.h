@@ -85,6 +85,8 @@ typedef struct pt_backend_ops {
     void (*free)(pt_backend *be, void *p, size_t nbytes);
     void (*upload)(pt_backend *be, void *dst, const void *src, size_t nbytes);
     void (*download)(pt_backend *be, void *dst, const void *src, size_t nbytes);
+    /* Backend memory to backend memory, in op order (KV page copies). */
+    void (*copy)(pt_backend *be, void *dst, const void *src, size_t nbytes);
     void (*sync)(pt_backend *be);
 
     /* y[n][w.rows] = x[n][w.cols] · wᵀ.  y must not alias x. */

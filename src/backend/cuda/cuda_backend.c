@@ -164,6 +164,12 @@ static void cuda_download(pt_backend *be, void *dst, const void *src, size_t nby
     check(cudaStreamSynchronize(cb->stream), "download");
 }
 
+static void cuda_copy(pt_backend *be, void *dst, const void *src, size_t nbytes) {
+    if (!nbytes) return;
+    flush(cb_of(be));
+    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb_of(be)->stream), "copy");
+}
+
 static void cuda_sync(pt_backend *be) {
     flush(cb_of(be));
     check(cudaStreamSynchronize(cb_of(be)->stream), "sync");
@@ -614,6 +620,7 @@ static const pt_backend_ops cuda_ops = {
     .free = cuda_free,
     .upload = cuda_upload,
     .download = cuda_download,
+    .copy = cuda_copy,
     .sync = cuda_sync,
     .matmul = cuda_matmul,
     .embed = cuda_embed,
