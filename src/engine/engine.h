@@ -4,8 +4,9 @@
  *
  * pt_seq is one conversation's state: its pages in the KV cache, its
  * sampler, and the tokens so far.  pt_generate() drives one sequence from
- * prompt to a stop condition, streaming each token to a callback; the
- * server's scheduler drives many through pt_engine_step().
+ * prompt to a stop condition through the engine core (core.h), the same
+ * loop the server's scheduler drives many through, streaming each token to
+ * a callback.
  */
 #ifndef PETREL_ENGINE_H
 #define PETREL_ENGINE_H
@@ -36,9 +37,7 @@ typedef struct pt_engine {
     pt_dtype kv_dtype;     /* the pool's format, kept for pt_engine_kv_init */
     pt_kvq_spec kv_quant;
     int n_ctx;
-    float *logits; /* host [vocab]: the last row's logits */
-    int32_t *b_pos, *b_seq; /* host batch scratch [max_batch] */
-    bool *b_want;
+    struct pt_runner *runner; /* for pt_seq_prefill / pt_seq_decode */
     double load_seconds;
 } pt_engine;
 
