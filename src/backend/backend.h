@@ -122,6 +122,10 @@ typedef struct pt_backend_ops {
     int (*kv_quant_check)(pt_backend *be, int kvq, int k_bits, int v_bits, int group, int head_dim,
                           pt_err *err);
 
+    /* Bytes of backend memory free now; NULL for host memory (then the
+     * system's available memory counts). */
+    size_t (*free_memory)(pt_backend *be);
+
     /* Measured memory read bandwidth in bytes/s (a large streaming read on
      * all threads), for rooflines. */
     double (*read_bandwidth)(pt_backend *be);

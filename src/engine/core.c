@@ -41,6 +41,7 @@ struct pt_core {
     pt_run_item *items;
     req **item_req;
     pt_runner runner;
+    pt_core_timing timing;
 };
 
 /* ---- lists ----------------------------------------------------------------- */
@@ -58,6 +59,8 @@ static void grow(pt_core *c, int need) {
     c->plan.items = pt_xrealloc(c->plan.items, sizeof *c->plan.items * n);
     c->plan.preempt = pt_xrealloc(c->plan.preempt, sizeof(int) * n);
     c->plan.admit = pt_xrealloc(c->plan.admit, sizeof(int) * n);
+    c->plan.order = pt_xrealloc(c->plan.order, sizeof(int) * n);
+    c->plan.gone = pt_xrealloc(c->plan.gone, sizeof(bool) * n);
     c->items = pt_xrealloc(c->items, sizeof *c->items * n);
     c->item_req = pt_xrealloc(c->item_req, sizeof(req *) * n);
 }
@@ -211,6 +214,7 @@ static void sample_outputs(pt_core *c, int n_items) {
 
 int pt_core_step(pt_core *c) {
     if (c->n_run + c->n_wait == 0) return 0;
+    double t0 = pt_now(), t1 = t0, t2 = t0;
     make_plan(c);
     pt_step_plan *p = &c->plan;
     for (int i = 0; i < p->n_preempt; i++) preempt(c, c->idx_req[p->preempt[i]]);
@@ -223,7 +227,10 @@ int pt_core_step(pt_core *c) {
     if (p->n_items > 0) {
         pt_err err = {{0}};
         int failed;
-        if (pt_runner_run(&c->runner, c->items, p->n_items, &failed, &err)) {
+        t1 = pt_now();
+        int rc = pt_runner_run(&c->runner, c->items, p->n_items, &failed, &err);
+        t2 = pt_now();
+        if (rc) {
             pt_warn("engine: step failed: %s", err.msg);
             for (int i = 0; i < p->n_items; i++)
                 if (failed < 0 || failed == i) finish(c, c->item_req[i], PT_FINISH_NONE, err.msg);
@@ -231,7 +238,13 @@ int pt_core_step(pt_core *c) {
             sample_outputs(c, p->n_items);
         }
     }
+    double t3 = pt_now();
     sweep(c);
+    double t4 = pt_now();
+    c->timing.n_steps++;
+    c->timing.t_host += (t1 - t0) + (t4 - t3);
+    c->timing.t_forward += t2 - t1;
+    c->timing.t_sample += t3 - t2;
     return c->n_run + c->n_wait;
 }
 
@@ -262,6 +275,7 @@ void pt_core_free(pt_core *c) {
     pt_core_cancel_all(c);
     free(c->run), free(c->wait), free(c->pr), free(c->run_idx), free(c->wait_idx);
     free(c->idx_req), free(c->plan.items), free(c->plan.preempt), free(c->plan.admit);
+    free(c->plan.order), free(c->plan.gone);
     free(c->items), free(c->item_req);
     pt_runner_free(&c->runner);
     free(c);
@@ -336,6 +350,10 @@ static int count_live(req *const *list, int n) {
 void pt_core_counts(const pt_core *c, int *n_waiting, int *n_running) {
     if (n_waiting) *n_waiting = count_live(c->wait, c->n_wait);
     if (n_running) *n_running = count_live(c->run, c->n_run);
+}
+
+pt_core_timing pt_core_get_timing(const pt_core *c) {
+    return c->timing;
 }
 
 const pt_core_opts *pt_core_options(const pt_core *c) {

@@ -89,6 +89,15 @@ void pt_core_cancel_all(pt_core *c);
 int pt_core_step(pt_core *c);
 /* Live requests (finished ones excluded, also during a step). */
 void pt_core_counts(const pt_core *c, int *n_waiting, int *n_running);
+/* Where a step's time goes, summed over the steps so far: planning and
+ * bookkeeping on the host (the policy, preemption, admission, finishing),
+ * the forward (runner), and sampling with the finish rules. */
+typedef struct pt_core_timing {
+    long n_steps;
+    double t_host, t_forward, t_sample;
+} pt_core_timing;
+pt_core_timing pt_core_get_timing(const pt_core *c);
+
 /* The options in effect (defaults filled in). */
 const pt_core_opts *pt_core_options(const pt_core *c);
 

@@ -16,6 +16,53 @@ pt_dtype pt_parse_kv_dtype(const char *s) {
     return (pt_dtype)-1;
 }
 
+int pt_parse_budget(const char *s, size_t free_bytes, size_t *out, pt_err *err) {
+    char *end;
+    double v = strtod(s, &end);
+    double mult = 1;
+    if (*end == '%') {
+        if (!(v > 0 && v <= 100) || end[1])
+            return pt_fail(err, "--kv-budget %s: a percentage must be in (0, 100]", s);
+        if (!free_bytes) return pt_fail(err, "--kv-budget %s: free memory is unknown here", s);
+        *out = (size_t)(v / 100 * (double)free_bytes);
+        return 0;
+    }
+    switch (*end) {
+    case 'k': case 'K': mult = 1024.0, end++; break;
+    case 'm': case 'M': mult = 1048576.0, end++; break;
+    case 'g': case 'G': mult = 1073741824.0, end++; break;
+    case 't': case 'T': mult = 1099511627776.0, end++; break;
+    }
+    if (*end == 'i' || *end == 'B') end += *end == 'i' && end[1] == 'B' ? 2 : 1;
+    if (end == s || *end || !(v > 0) || v * mult > 1e15)
+        return pt_fail(err, "--kv-budget %s: expected a size like 6G, 512M, 1.5G or a "
+                            "percentage like 80%%", s);
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+/* Positions the --kv-budget buys in the engine's KV format. */
+static int budget_positions(pt_engine *e, const char *budget, int *positions, pt_err *err) {
+    pt_kv_cache probe;
+    if (pt_model_kv_init(e->model, &probe, 1, e->kv_dtype, &e->kv_quant, err)) return -1;
+    size_t per_token = pt_kv_bytes_per_token(&probe.cfg);
+    int page = probe.cfg.page_size;
+    pt_kv_cache_free(&probe);
+    size_t free_b = e->be->ops->free_memory ? e->be->ops->free_memory(e->be) : pt_mem_available();
+    size_t bytes;
+    if (pt_parse_budget(budget, free_b, &bytes, err)) return -1;
+    size_t pages = bytes / (per_token * (size_t)page);
+    if (pages < 1)
+        return pt_fail(err, "--kv-budget %s holds no KV page (one is %zu bytes)", budget,
+                       per_token * (size_t)page);
+    if (pages > (1u << 28)) pages = 1u << 28;
+    *positions = (int)pages * page;
+    if (*positions < e->n_ctx)
+        pt_warn("--kv-budget %s holds %d positions, fewer than the context of %d: a request "
+                "ends (finish_reason length) when it needs more", budget, *positions, e->n_ctx);
+    return 0;
+}
+
 int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
     if (e->kv.k) pt_kv_cache_free(&e->kv);
     return pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, &e->kv_quant, err);
@@ -43,7 +90,10 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : PT_MIN(e->model->cfg.max_ctx, 4096);
     e->kv_dtype = o->kv_dtype;
     if (pt_kvq_parse(o->kv_quant, &e->kv_quant, err)) goto fail;
-    if (pt_engine_kv_init(e, e->n_ctx, err)) goto fail;
+    int positions = e->n_ctx;
+    if (o->kv_budget && budget_positions(e, o->kv_budget, &positions, err)) goto fail;
+    e->kv_budgeted = o->kv_budget != NULL;
+    if (pt_engine_kv_init(e, positions, err)) goto fail;
     e->runner = pt_xmalloc(sizeof *e->runner);
     pt_runner_init(e->runner, e);
     e->load_seconds = pt_now() - t0;

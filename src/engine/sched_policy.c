@@ -109,8 +109,9 @@ void pt_sched_plan(const pt_policy_req *reqs, const int *running, int n_running,
     plan->n_items = plan->n_preempt = plan->n_admit = plan->n_rows = 0;
     planner p = {reqs, lim, plan, NULL, n_running, NULL, lim->free_pages, lim->max_rows,
                  lim->max_prefill, n_running};
-    p.order = pt_xmalloc(sizeof(int) * (size_t)(n_running + 1));
-    p.gone = pt_xcalloc((size_t)n_running + 1, sizeof(bool));
+    p.order = plan->order;
+    p.gone = plan->gone;
+    memset(p.gone, 0, sizeof(bool) * (size_t)n_running);
     memcpy(p.order, running, sizeof(int) * (size_t)n_running);
     qsort_r(p.order, (size_t)n_running, sizeof(int), cmp_order, (void *)reqs);
 
@@ -127,6 +128,4 @@ void pt_sched_plan(const pt_policy_req *reqs, const int *running, int n_running,
         p.n_live++;
         add_item(&p, req, n);
     }
-    free(p.order);
-    free(p.gone);
 }

@@ -68,11 +68,14 @@ typedef struct pt_step_plan {
     int *admit; /* [n_reqs] capacity: waiting requests that start running */
     int n_admit;
     int n_rows; /* sum of the items' rows */
+    int *order;  /* [n_reqs] scratch, so planning allocates nothing */
+    bool *gone;  /* [n_reqs] scratch */
 } pt_step_plan;
 
 /* Plans one step.  running[] and waiting[] index reqs; running is in any
  * order (the policy sorts by priority and arrival), waiting in queue order.
- * plan's arrays need room for n_running + n_waiting entries each. */
+ * plan's arrays (scratch included) need room for n_running + n_waiting
+ * entries each. */
 void pt_sched_plan(const pt_policy_req *reqs, const int *running, int n_running,
                    const int *waiting, int n_waiting, const pt_policy_limits *lim,
                    pt_step_plan *plan);

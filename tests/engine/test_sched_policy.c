@@ -20,14 +20,16 @@ typedef struct {
     int running[CAP], waiting[CAP];
     int n_running, n_waiting;
     pt_step_item items[CAP];
-    int preempt[CAP], admit[CAP];
+    int preempt[CAP], admit[CAP], order[CAP];
+    bool gone[CAP];
     pt_step_plan plan;
     pt_policy_limits lim;
 } world;
 
 static void world_init(world *w, int free_pages) {
     memset(w, 0, sizeof *w);
-    w->plan = (pt_step_plan){.items = w->items, .preempt = w->preempt, .admit = w->admit};
+    w->plan = (pt_step_plan){.items = w->items, .preempt = w->preempt, .admit = w->admit,
+                             .order = w->order, .gone = w->gone};
     w->lim = (pt_policy_limits){.max_rows = 64, .max_prefill = 64, .max_seqs = 8,
                                 .page_size = 4, .free_pages = free_pages};
 }
