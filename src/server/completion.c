@@ -7,13 +7,16 @@
  *   prompt worker     pt_front_work (front.c's thread): render the chat
  *                     template, tokenize, submit the job, or post a
  *                     failure; the loop never blocks on a long prompt;
- *   scheduler thread  on_token / on_done: detokenize, hold back text that
- *                     may be the start of a stop string, cut at a stop
- *                     string, and post "pieces" (released text + the tokens
- *                     it came from) to the request's outbox;
- *   srv->mu           the outbox: pieces, the done flag and final stats;
- *   event loop        deliver(): turn pieces into SSE chunks or accumulate
- *                     them, and answer when done.
+ *   scheduler thread  on_token / on_done: post the sampled tokens and the
+ *                     final stats to the request's outbox; nothing else, so
+ *                     the thread that owns the model does no text work;
+ *   srv->mu           the outbox: tokens, the done flag and final stats,
+ *                     and the stop flag the loop raises;
+ *   event loop        deliver(): the output filter - detokenize, hold back
+ *                     text that may be the start of a stop string, cut at
+ *                     a stop string (then stop the job: a token or two may
+ *                     be computed in vain, and are not counted) - then SSE
+ *                     chunks or the accumulated answer when done.
  *
  * Lifetime: the request is freed on the event loop once on_done's news (or
  * the worker's failure) has been delivered; neither thread touches it
@@ -64,7 +67,7 @@ struct pt_req {
     /* prompt worker, until it posts */
     pt_oai_request oai; /* the parsed request, owned until tokenized */
 
-    /* scheduler thread, until on_done */
+    /* event loop: the output filter */
     pt_detok dt;
     char *hold; /* text not released yet */
     size_t hold_len, hold_cap;
@@ -72,6 +75,8 @@ struct pt_req {
     int n_pend, cap_pend;
     size_t released; /* bytes of completion text released */
     bool matched;    /* a stop string ended the text */
+    int n_used;      /* tokens that made the text (up to the stop string) */
+    piece *rel_head, *rel_tail; /* released by the filter, not sent yet */
 
     /* under srv->mu */
     bool front_busy; /* the prompt worker may still touch it: not freed yet */
@@ -81,7 +86,9 @@ struct pt_req {
         const char *code, *param;
         char msg[512];
     } fail;
-    piece *out_head, *out_tail;
+    pt_sample_result *toks; /* sampled, for the loop's filter */
+    int n_toks, cap_toks;
+    bool stop_seen; /* the loop matched a stop string: end the job */
     bool done;
     pt_sched_stats st;
     bool in_outbox;
@@ -89,39 +96,51 @@ struct pt_req {
 
     /* event loop */
     pt_req *next_drain;
-    piece *drain;
+    pt_sample_result *drain; /* tokens taken from the outbox */
+    int n_drain, cap_drain;
     bool drain_done;
     bool began;            /* the stream's head is sent */
     struct evbuffer *text; /* non-streamed: the content so far */
     json_t *lp;            /* non-streamed: logprobs so far */
 };
 
-/* ---- the scheduler side --------------------------------------------------------- */
+/* ---- the scheduler side: tokens out -------------------------------------------- */
 
-static void post(pt_req *q, piece *p, bool done, const pt_sched_stats *st) {
+/* Adds q to the outbox (under mu) so the loop looks at it. */
+static void enlist(pt_req *q) {
+    if (q->in_outbox) return;
+    q->in_outbox = true;
+    q->next_out = q->srv->outbox;
+    q->srv->outbox = q;
+}
+
+static int on_token(void *user, const pt_sample_result *r) {
+    pt_req *q = user;
     pt_server *s = q->srv;
     pthread_mutex_lock(&s->mu);
-    if (p) {
-        if (q->out_tail)
-            q->out_tail->next = p;
-        else
-            q->out_head = p;
-        q->out_tail = p;
+    if (q->n_toks == q->cap_toks) {
+        q->cap_toks = q->cap_toks ? 2 * q->cap_toks : 16;
+        q->toks = pt_xrealloc(q->toks, sizeof *q->toks * (size_t)q->cap_toks);
     }
-    if (done) {
-        q->done = true;
-        q->st = *st;
-    }
-    if (!q->in_outbox) {
-        q->in_outbox = true;
-        q->next_out = s->outbox;
-        s->outbox = q;
-    }
+    q->toks[q->n_toks++] = *r;
+    bool stop = q->stop_seen;
+    enlist(q);
     pthread_mutex_unlock(&s->mu);
-    /* a non-streamed answer is only of use whole: its pieces wait in the
-     * outbox (or ride along with another wakeup) until it is done */
-    if (q->stream || done) pt_server_wake(s);
+    pt_server_wake(s);
+    return stop;
 }
+
+static void on_done(void *user, const pt_sched_stats *st) {
+    pt_req *q = user;
+    pthread_mutex_lock(&q->srv->mu);
+    q->done = true;
+    q->st = *st;
+    enlist(q);
+    pthread_mutex_unlock(&q->srv->mu);
+    pt_server_wake(q->srv);
+}
+
+/* ---- the output filter (event loop) ---------------------------------------------- */
 
 /* Releases the first k held bytes, with the pending tokens whose text
  * starts before the new end (all of them if all). */
@@ -148,7 +167,11 @@ static void release(pt_req *q, size_t k, bool all) {
         q->n_pend -= nt;
     }
     q->released = end;
-    post(q, p, false, NULL);
+    if (q->rel_tail)
+        q->rel_tail->next = p;
+    else
+        q->rel_head = p;
+    q->rel_tail = p;
 }
 
 static void hold_reserve(pt_req *q, size_t extra) {
@@ -158,10 +181,13 @@ static void hold_reserve(pt_req *q, size_t extra) {
     q->hold = pt_xrealloc(q->hold, q->hold_cap);
 }
 
-static int on_token(void *user, const pt_sample_result *r) {
-    pt_req *q = user;
+/* One token through the filter.  A stop string ends the text here and
+ * asks the scheduler to end the job. */
+static void filter_token(pt_req *q, const pt_sample_result *r) {
+    if (q->matched) return; /* computed after the stop: not part of the answer */
     const pt_tokenizer *tok = q->srv->e->tok;
     size_t start = q->released + q->hold_len;
+    q->n_used++;
     if (r->id < pt_tokenizer_n_vocab(tok)) {
         size_t plen;
         pt_token_bytes(tok, r->id, &plen);
@@ -178,26 +204,33 @@ static int on_token(void *user, const pt_sample_result *r) {
     }
     bool matched;
     size_t k = pt_stop_scan(&q->stop, q->hold, q->hold_len, &matched);
-    if (matched) {
-        q->hold_len = k; /* the stop string and what follows are dropped */
-        q->matched = true;
+    if (!matched) {
         release(q, k, false);
-        q->n_pend = 0;
-        return 1;
+        return;
     }
+    q->hold_len = k; /* the stop string and what follows are dropped */
+    q->matched = true;
     release(q, k, false);
-    return 0;
+    q->n_pend = 0;
+    pthread_mutex_lock(&q->srv->mu);
+    q->stop_seen = true; /* on_token answers "stop" from now on */
+    pthread_mutex_unlock(&q->srv->mu);
+    pt_sched_cancel(q->srv->sched, q->job); /* and a step that samples nothing ends it too */
 }
 
-static void on_done(void *user, const pt_sched_stats *st) {
-    pt_req *q = user;
-    if (!q->matched && st->finish != PT_FINISH_CANCEL && st->finish != PT_FINISH_NONE) {
-        /* the end of the text: what was held back for a stop string is final */
-        hold_reserve(q, 72);
-        q->hold_len += pt_detok_flush(&q->dt, q->hold + q->hold_len, q->hold_cap - q->hold_len);
-        release(q, q->hold_len, true);
+/* The job ended: settle what was held back, and make the stats describe
+ * the answer (a stop string ends it with "stop", whatever the job saw). */
+static void filter_done(pt_req *q) {
+    if (q->matched) {
+        q->st.finish = PT_FINISH_STOP;
+        q->st.n_generated = q->n_used;
+        return;
     }
-    post(q, NULL, true, st);
+    if (q->st.finish == PT_FINISH_CANCEL || q->st.finish == PT_FINISH_NONE) return;
+    /* the end of the text: what was held back for a stop string is final */
+    hold_reserve(q, 72);
+    q->hold_len += pt_detok_flush(&q->dt, q->hold + q->hold_len, q->hold_cap - q->hold_len);
+    release(q, q->hold_len, true);
 }
 
 /* ---- JSON pieces ------------------------------------------------------------------ */
@@ -308,8 +341,9 @@ static void free_pieces(piece *p) {
 
 static void req_free(pt_req *q) {
     pt_server *s = q->srv;
-    free_pieces(q->out_head);
-    free_pieces(q->drain);
+    free_pieces(q->rel_head);
+    free(q->toks);
+    free(q->drain);
     pt_stop_free(&q->stop);
     free(q->hold);
     free(q->pend);
@@ -458,17 +492,19 @@ static void stream_pieces(pt_req *q, const piece *p) {
 }
 
 static void deliver_one(pt_req *q) {
-    piece *p = q->drain;
     bool done = q->drain_done;
-    q->drain = NULL;
     if (done && q->fail.status) { /* the prompt worker refused it; no job ran */
         if (q->conn)
             pt_http_error(q->conn, q->fail.status, NULL, q->fail.code, q->fail.param, "%s",
                           q->fail.msg);
-        free_pieces(p);
         req_free(q);
         return;
     }
+    for (int i = 0; i < q->n_drain; i++) filter_token(q, &q->drain[i]);
+    q->n_drain = 0;
+    if (done) filter_done(q);
+    piece *p = q->rel_head;
+    q->rel_head = q->rel_tail = NULL;
     if (q->conn && q->stream && !q->began) {
         pt_http_stream_begin(q->conn, 200, "text/event-stream", NULL);
         if (q->chat) send_event(q, chunk(q, "", 0, NULL, 0, NULL, true)); /* the role comes first */
@@ -499,9 +535,12 @@ void pt_server_deliver(pt_server *s) {
     pthread_mutex_lock(&s->mu);
     for (pt_req *q = s->outbox; q; q = q->next_out) {
         q->in_outbox = false;
-        q->drain = q->out_head;
+        /* swap the token arrays: the outbox gets the emptied one back */
+        pt_sample_result *t = q->drain;
+        int cap = q->cap_drain;
+        q->drain = q->toks, q->n_drain = q->n_toks, q->cap_drain = q->cap_toks;
+        q->toks = t, q->n_toks = 0, q->cap_toks = cap;
         q->drain_done = q->done && !q->front_busy;
-        q->out_head = q->out_tail = NULL;
         q->next_drain = list;
         list = q;
     }
@@ -689,11 +728,7 @@ void pt_front_work(pt_server *s, pt_req *q, bool shutting_down) {
     pthread_mutex_lock(&s->mu);
     q->front_busy = false;
     if (rc) q->done = true;
-    if (!q->in_outbox) {
-        q->in_outbox = true;
-        q->next_out = s->outbox;
-        s->outbox = q;
-    }
+    enlist(q);
     pthread_mutex_unlock(&s->mu);
     pt_server_wake(s);
 }
