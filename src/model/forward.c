@@ -4,15 +4,16 @@
  * tables) into the workspace in chunks of max_batch rows, and hands each
  * chunk to the family's forward as a pt_step.
  *
- * The only sequence state the model touches is here, in two functions
- * marked "engine-owned": reserving KV pages for the rows' positions before
- * a chunk, and advancing each sequence's token count after it.  Family code
- * and blocks never change sequence state.
+ * The forward reads the sequences' block tables and changes no sequence
+ * state: pages and positions are the caller's (the engine's runner, or
+ * pt_model_run in batch.c for direct callers).
  */
 #include "model/model_int.h"
 
-/* Rejects rows the forward cannot run, before any state changes. */
-static int check_rows(pt_model *m, const pt_batch *b, int first, int n, pt_err *err) {
+/* Rejects rows the forward cannot run.  Pages are the caller's: every
+ * row's position must already have one. */
+static int check_rows(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, int first, int n,
+                      pt_err *err) {
     for (int i = first; i < first + n; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab_size)
             return pt_fail(err, "token id %d out of range (vocabulary %d)", b->tokens[i],
@@ -20,24 +21,11 @@ static int check_rows(pt_model *m, const pt_batch *b, int first, int n, pt_err *
         if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
             return pt_fail(err, "row %d: sequence index %d out of range", i, b->seq[i]);
         if (b->pos[i] < 0) return pt_fail(err, "row %d: negative position", i);
+        if (b->pos[i] >= b->seqs[b->seq[i]]->n_pages * kv->cfg.page_size)
+            return pt_fail(err, "row %d: position %d has no KV page (the caller reserves them)", i,
+                           b->pos[i]);
     }
     return 0;
-}
-
-/* Engine-owned from core v2 step 2: pages for every row's position. */
-static int reserve_pages(pt_kv_cache *kv, const pt_batch *b, int first, int n, pt_err *err) {
-    for (int i = first; i < first + n; i++)
-        if (pt_kv_seq_reserve(kv, b->seqs[b->seq[i]], b->pos[i] + 1, err)) return -1;
-    return 0;
-}
-
-/* Engine-owned from core v2 step 2: a sequence holds tokens up to the
- * highest position computed. */
-static void advance_seqs(const pt_batch *b, int first, int n) {
-    for (int i = first; i < first + n; i++) {
-        pt_kv_seq *sq = b->seqs[b->seq[i]];
-        if (b->pos[i] + 1 > sq->n_tokens) sq->n_tokens = b->pos[i] + 1;
-    }
 }
 
 /* Uploads rows [first, first+n) and the block tables; fills the view and
@@ -73,12 +61,11 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
     for (int first = 0; first < b->n_tokens; first += m->max_batch) {
         int n = PT_MIN(m->max_batch, b->n_tokens - first), n_out;
         pt_batch_view v;
-        if (check_rows(m, b, first, n, err) || reserve_pages(kv, b, first, n, err)) return -1;
+        if (check_rows(m, kv, b, first, n, err)) return -1;
         if (upload_batch(m, b, first, n, &v, &n_out, err)) return -1;
         pt_step s = {.kv = kv, .b = &v, .n = n, .n_out = n_out, .logits = logits};
         m->cfg.family->forward(m, &s);
         if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
-        advance_seqs(b, first, n);
     }
     m->be->ops->sync(m->be);
     return 0;

@@ -11,7 +11,8 @@
  *   weights.c   the spec helpers and binding tensors from a file by name;
  *   dummy.c     random weights of the specs' shapes;
  *   forward.c   pt_model_forward: checks and uploads a batch, then runs
- *               the family's forward;
+ *               the family's forward (it changes no sequence state);
+ *   batch.c     reserve / forward / advance for direct callers;
  *   blocks.c    the shared blocks a family's forward is assembled from;
  *   llama.c     the Llama family (llama, mistral, qwen2, qwen3).
  */
