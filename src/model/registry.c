@@ -69,6 +69,10 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
         c->head_dim > 1024 || c->n_heads > 1024)
         return pt_fail(err, "model config: implausible dimensions (dim %d, ffn %d, layers %d)",
                        c->dim, c->ffn_dim, c->n_layers);
+    if (c->n_experts < 0 || c->n_experts > 1024 || c->n_experts_used < 0 ||
+        c->n_experts_used > c->n_experts)
+        return pt_fail(err, "model config: %d experts with %d per token is not a valid mixture",
+                       c->n_experts, c->n_experts_used);
     if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
         return pt_fail(err, "model config: norm epsilon and rope theta must be positive");
     if (c->max_ctx <= 0) c->max_ctx = 4096;

@@ -162,6 +162,18 @@ static void test_supported_list_from_table(void **state) {
     json_decref(j);
 }
 
+/* An impossible mixture is a bad config, not a plan to refuse later. */
+static void test_bad_mixture(void **state) {
+    (void)state;
+    json_t *j = json_loads("{\"model_type\":\"mistral\"," BASE ",\"num_local_experts\":2,"
+                           "\"num_experts_per_tok\":4}", 0, NULL);
+    pt_model_config c;
+    pt_err err = {{0}};
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "2 experts with 4 per token"));
+    json_decref(j);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_plan),
@@ -169,6 +181,7 @@ int main(void) {
         cmocka_unit_test(test_hand_built_plans_checked),
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
+        cmocka_unit_test(test_bad_mixture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
