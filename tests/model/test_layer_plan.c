@@ -8,7 +8,8 @@
  * something no block runs yet (a sliding window, experts, GELU) loads no
  * further than the plan, with an error naming the layer and the kind; so do
  * hand-built plans with the other declared kinds.  The supported list in
- * errors comes from the registry table.
+ * errors comes from the registry table.  A weight spec may be a 3-D stack
+ * of experts; dummy weights lay one out with the right stride.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +20,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "model/model.h"
+#include "model/model_int.h"
 
 #define BASE                                                                                       \
     "\"hidden_size\":64,\"num_hidden_layers\":3,\"num_attention_heads\":4,"                        \
@@ -174,6 +175,48 @@ static void test_bad_mixture(void **state) {
     json_decref(j);
 }
 
+/* A family whose spec is a stack of experts gets one pt_weight per layer
+ * with n_experts matrices expert_stride bytes apart, in any format. */
+static void test_expert_stack_dummy(void **state) {
+    (void)state;
+    static const pt_weight_spec specs[] = {
+        {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.mlp.experts.gate_proj", D_EXPERTS, D_FFN,
+         D_DIM, offsetof(pt_layer, w_gate), true, NEED_ALWAYS},
+    };
+    static const pt_family fam = {.name = "test", .weights = specs, .n_weights = 1};
+    static const struct {
+        const char *format;
+        size_t stride; /* 128 rows x 64 cols */
+    } cases[] = {{"bf16", 128 * 64 * 2}, {"q4_0", 128 * 64 / 32 * 18}};
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(be);
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        pt_model m = {.be = be};
+        config_of("{\"model_type\":\"llama\"," BASE "}", &m.cfg);
+        m.cfg.family = &fam;
+        m.cfg.n_experts = 4;
+        size_t bytes;
+        assert_int_equal(pt_model_dummy_bytes(&m.cfg, cases[i].format, &bytes, &err), 0);
+        assert_int_equal(bytes, 3 * 4 * cases[i].stride);
+        m.layers = calloc(3, sizeof(pt_layer));
+        if (pt_model_make_dummy_weights(&m, cases[i].format, 7, &err)) fail_msg("%s", err.msg);
+        for (int l = 0; l < 3; l++) {
+            const pt_weight *w = &m.layers[l].w_gate;
+            assert_int_equal(w->n_experts, 4);
+            assert_int_equal(w->rows, 128);
+            assert_int_equal(w->cols, 64);
+            assert_int_equal(w->expert_stride, cases[i].stride);
+            assert_int_equal(w->nbytes, 4 * cases[i].stride);
+            assert_non_null(w->data);
+        }
+        assert_int_equal(m.weight_bytes, bytes);
+        pt_model_free_owned(&m);
+        free(m.layers);
+    }
+    be->ops->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_plan),
@@ -182,6 +225,7 @@ int main(void) {
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
         cmocka_unit_test(test_bad_mixture),
+        cmocka_unit_test(test_expert_stack_dummy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
