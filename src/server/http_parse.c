@@ -8,7 +8,11 @@
  * Content-Lengths, Content-Length together with Transfer-Encoding, a
  * transfer coding other than chunked, obsolete header folding and
  * whitespace before a header's colon are all rejected.  A bare LF is
- * accepted as a line end, as RFC 9112 allows.
+ * accepted as a line end, as RFC 9112 allows.  Two Host or two Origin
+ * headers are rejected too: the checks below must see the one value.
+ *
+ * The request-policy helpers (JSON content types, Host names, allow lists,
+ * same origin) are pure string checks as well; http.c decides with them.
  */
 #include "server/http.h"
 

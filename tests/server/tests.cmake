@@ -16,3 +16,15 @@ add_test(NAME server/e2e
                  $<TARGET_FILE:petrel> ${e2e_clients})
 set_tests_properties(server/e2e PROPERTIES
   SKIP_RETURN_CODE 77 TIMEOUT 1200 LABELS e2e ENVIRONMENT "${e2e_env}")
+
+# The hardening suite (hardening.test.mjs): empty API keys, slow clients
+# against --header-timeout and --min-body-rate, --max-connections under
+# `ulimit -n 64`, DNS rebinding, CORS and Content-Type.  It shares the npm
+# work directory with server/e2e, hence the lock.
+add_test(NAME server/e2e-hardening
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/e2e/run.sh ${CMAKE_BINARY_DIR}/e2e-server
+                 $<TARGET_FILE:petrel> ${e2e_clients} hardening.test.mjs)
+set_tests_properties(server/e2e-hardening PROPERTIES
+  SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS e2e ENVIRONMENT "${e2e_env}"
+  RESOURCE_LOCK e2e-server-npm)
+set_tests_properties(server/e2e PROPERTIES RESOURCE_LOCK e2e-server-npm)
