@@ -116,9 +116,9 @@ int cmd_serve(int argc, char **argv) {
                         .chat_template = g.chat_template,
                         .idle_timeout = g.idle_timeout,
                         .header_timeout = g.header_timeout,
-                        .min_body_rate = g.min_body_rate == INT_MIN ? 0 /* default */
-                                         : g.min_body_rate == 0    ? -1 /* none */
-                                                                   : g.min_body_rate,
+                        .min_body_rate = g.min_body_rate == INT_MIN ? 0  /* default */
+                                         : g.min_body_rate == 0     ? -1 /* none */
+                                                                    : g.min_body_rate,
                         .max_conns = g.max_conns,
                         .allowed_hosts = g.allowed_hosts,
                         .cors_origins = g.cors_origin,

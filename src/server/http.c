@@ -88,6 +88,7 @@ struct pt_http {
     int port;
     bool check_host;     /* Host is checked: a loopback bind or --allowed-hosts */
     char bound_name[64]; /* the bound address as a Host name ("127.0.0.1", "[::1]") */
+    bool vary_origin;    /* responses depend on Origin: --cors-origin lists some */
     bool paused;         /* accepting paused: at the cap or out of descriptors */
     double pause_logged; /* when a pause was last logged */
     unsigned n_pauses;   /* pauses not logged since */
@@ -239,9 +240,8 @@ static void write_head(pt_conn *c, int status, const char *ctype, const char *he
     else if (c->head.minor == 0)
         evbuffer_add_printf(out, "Connection: keep-alive\r\n");
     if (c->head.request_id[0]) evbuffer_add_printf(out, "X-Request-Id: %s\r\n", c->head.request_id);
-    if (c->acao[0])
-        evbuffer_add_printf(out, "Access-Control-Allow-Origin: %s\r\n%s", c->acao,
-                            strcmp(c->acao, "*") ? "Vary: Origin\r\n" : "");
+    if (c->acao[0]) evbuffer_add_printf(out, "Access-Control-Allow-Origin: %s\r\n", c->acao);
+    if (c->http->vary_origin) evbuffer_add_printf(out, "Vary: Origin\r\n");
     if (headers) evbuffer_add_printf(out, "%s", headers);
     evbuffer_add(out, "\r\n", 2);
 }
@@ -518,8 +518,8 @@ static bool admit_body_type(pt_conn *c) {
     char msg[300];
     snprintf(msg, sizeof msg,
              "a POST body must be JSON: send 'Content-Type: application/json' (got %s%.128s%s)",
-             c->head.content_type[0] ? "'" : "", c->head.content_type[0] ? c->head.content_type
-                                                                         : "no Content-Type",
+             c->head.content_type[0] ? "'" : "",
+             c->head.content_type[0] ? c->head.content_type : "no Content-Type",
              c->head.content_type[0] ? "'" : "");
     early_error(c, 415, "unsupported_media_type", msg);
     return false;
@@ -781,8 +781,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     arm_deadline(c, h->o.header_timeout);
     if (h->n_conns >= h->o.max_conns) {
         char why[96];
-        snprintf(why, sizeof why, "%d connections open, the limit (--max-connections)",
-                 h->n_conns);
+        snprintf(why, sizeof why, "%d connections open, the limit (--max-connections)", h->n_conns);
         pause_accepting(h, why);
     }
 }
@@ -854,6 +853,7 @@ int pt_http_listen(pt_http **out, struct event_base *base, pt_server *srv, const
                                              : ((struct sockaddr_in *)&ss)->sin_port);
     bool loopback = bound_is_loopback(&ss, h->bound_name, sizeof h->bound_name);
     h->check_host = (loopback || o->allowed_hosts) && !pt_http_list_has(o->allowed_hosts, "*");
+    h->vary_origin = o->cors_origins && !pt_http_list_has(o->cors_origins, "*");
     *out = h;
     return 0;
 }

@@ -267,9 +267,8 @@ static int check_list(const char *list, bool origins, pt_err *err) {
         bool ok = strcmp(item, "*") == 0;
         if (!ok && origins) {
             const char *sep = strstr(item, "://");
-            ok = strcmp(item, "null") == 0 ||
-                 (sep && sep > item && !strchr(sep + 3, '/') &&
-                  pt_http_host_name(sep + 3, name, sizeof name) == 0);
+            ok = strcmp(item, "null") == 0 || (sep && sep > item && !strchr(sep + 3, '/') &&
+                                               pt_http_host_name(sep + 3, name, sizeof name) == 0);
         } else if (!ok) {
             ok = pt_http_host_name(item, name, sizeof name) == 0 && strlen(name) == n;
         }

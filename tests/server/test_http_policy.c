@@ -44,8 +44,8 @@ static void test_host_names(void **state) {
     name_is("[::1]", "[::1]");
     name_is("evil.example", "evil.example");
     char out[8];
-    const char *bad[] = {"", ":80", "a:b", "[::1", "[::1]x", "a b", "a/b", "u@h", "a:80:90",
-                         "averyveryverylongname"};
+    const char *bad[] = {"",    ":80", "a:b", "[::1",    "[::1]x",
+                         "a b", "a/b", "u@h", "a:80:90", "averyveryverylongname"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         assert_int_equal(pt_http_host_name(bad[i], out, sizeof out), -1);
     assert_true(pt_http_is_loopback_name("localhost"));
@@ -100,9 +100,8 @@ static void test_head_fields(void **state) {
     assert_string_equal(h.content_type, "application/json");
     assert_string_equal(h.cors_headers, "authorization, x-stainless-os");
     /* echoed back into a response header: anything but names is dropped */
-    assert_int_equal(head("OPTIONS / HTTP/1.1\r\nAccess-Control-Request-Headers: a;b=<x>\r\n\r\n",
-                          &h),
-                     0);
+    assert_int_equal(
+        head("OPTIONS / HTTP/1.1\r\nAccess-Control-Request-Headers: a;b=<x>\r\n\r\n", &h), 0);
     assert_string_equal(h.cors_headers, "");
     /* two Hosts or two Origins: which one would the check have seen? */
     assert_int_equal(head("GET / HTTP/1.1\r\nHost: localhost\r\nHost: evil\r\n\r\n", &h), 400);
@@ -111,10 +110,8 @@ static void test_head_fields(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_json_type),
-        cmocka_unit_test(test_host_names),
-        cmocka_unit_test(test_lists),
-        cmocka_unit_test(test_same_origin),
+        cmocka_unit_test(test_json_type),   cmocka_unit_test(test_host_names),
+        cmocka_unit_test(test_lists),       cmocka_unit_test(test_same_origin),
         cmocka_unit_test(test_head_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
