@@ -174,9 +174,12 @@ static void defaults(pt_server_opts *o, const pt_engine *e) {
     if (o->shutdown_timeout < 0) o->shutdown_timeout = 0;
 }
 
-/* Every sequence must be able to reach the full context at once, so the
- * pool holds parallel x ctx positions (the engine opened it for one). */
+/* Without --kv-budget, every sequence can reach the full context at once:
+ * the pool holds parallel x ctx positions (the engine opened it for one).
+ * With it, the pool is what the budget buys and the scheduler grows
+ * sequences lazily, preempting when it runs out. */
 static int size_kv_pool(pt_engine *e, const pt_server_opts *o, pt_err *err) {
+    if (e->kv_budgeted) return 0; /* --kv-budget sized it; the scheduler preempts within it */
     int need = pt_sched_pages_for(e, o->n_ctx) * o->parallel;
     if (e->kv.cfg.n_pages >= need) return 0;
     int positions = need * e->kv.cfg.page_size;
