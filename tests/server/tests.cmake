@@ -2,7 +2,9 @@
 # SSE and HTTP framing) are picked up by tests/CMakeLists.txt and linked
 # with petrel_server.  This file adds the end-to-end suite: the official
 # OpenAI npm client, raw fetch and curl against a real `petrel serve` from
-# this build (tests/server/e2e/run.sh), with the load test at 64 concurrent
+# this build (tests/server/e2e/run.sh runs every *.test.mjs: e2e, preempt,
+# and hardening: empty API keys, slow clients, `ulimit -n 64`, DNS
+# rebinding, CORS, Content-Type), with the load test at 64 concurrent
 # streaming clients, or 8 in the sanitizer build where each is much slower.
 if(PETREL_SANITIZE)
   set(e2e_clients 8)
@@ -17,14 +19,3 @@ add_test(NAME server/e2e
 set_tests_properties(server/e2e PROPERTIES
   SKIP_RETURN_CODE 77 TIMEOUT 1200 LABELS e2e ENVIRONMENT "${e2e_env}")
 
-# The hardening suite (hardening.test.mjs): empty API keys, slow clients
-# against --header-timeout and --min-body-rate, --max-connections under
-# `ulimit -n 64`, DNS rebinding, CORS and Content-Type.  It shares the npm
-# work directory with server/e2e, hence the lock.
-add_test(NAME server/e2e-hardening
-         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/e2e/run.sh ${CMAKE_BINARY_DIR}/e2e-server
-                 $<TARGET_FILE:petrel> ${e2e_clients} hardening.test.mjs)
-set_tests_properties(server/e2e-hardening PROPERTIES
-  SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS e2e ENVIRONMENT "${e2e_env}"
-  RESOURCE_LOCK e2e-server-npm)
-set_tests_properties(server/e2e PROPERTIES RESOURCE_LOCK e2e-server-npm)

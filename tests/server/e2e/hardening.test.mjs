@@ -1,7 +1,8 @@
 // hardening.test.mjs - `petrel serve` against careless and hostile clients:
 // an empty API key, slow clients, descriptor exhaustion, DNS rebinding,
 // cross-origin web pages and non-JSON bodies (docs/server.md, "Security
-// model").  CTest server/e2e-hardening runs it through run.sh.
+// model").  run.sh runs it with the other *.test.mjs (CTest server/e2e);
+// `run.sh WORK PETREL 8 hardening.test.mjs` runs it alone.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import net from 'node:net';
