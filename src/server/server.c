@@ -307,6 +307,7 @@ static int start(pt_server *s, pt_err *err) {
                         .max_prefill = s->o.max_prefill,
                         .max_queue = s->o.max_queue};
     if (pt_sched_start(&s->sched, s->e, &so, err)) return -1;
+    if (pt_front_start(s, err)) return -1;
     s->base = event_base_new();
     if (!s->base) return pt_fail(err, "cannot create the event loop");
     s->wake = event_new(s->base, -1, 0, wake_cb, s);
@@ -333,6 +334,7 @@ static int start(pt_server *s, pt_err *err) {
 
 static void stop(pt_server *s) {
     pt_http_free(s->http); /* drops what is left; their requests are cancelled */
+    pt_front_stop(s);      /* nothing is submitted after this */
     if (s->sched) pt_sched_cancel_all(s->sched);
     pt_sched_stop(s->sched);           /* every on_done has run when it returns */
     if (s->base) pt_server_deliver(s); /* frees the requests those posted */
