@@ -230,7 +230,7 @@ describe('petrel serve', () => {
     assert.doesNotMatch(r10.stdout, /Transfer-Encoding/);
     assert.ok(r10.stdout.endsWith('data: [DONE]\n\n'));
     // the same JSON bytes, non-streamed, through curl
-    const { stdout: j } = await run('curl', ['-s', '-d', JSON.stringify(chatBody('Once upon a time', 6)), `${srv.url}/v1/chat/completions`]);
+    const { stdout: j } = await run('curl', ['-s', '-H', 'Content-Type: application/json', '-d', JSON.stringify(chatBody('Once upon a time', 6)), `${srv.url}/v1/chat/completions`]);
     const text = chunks.map((c) => c.choices[0]?.delta?.content ?? '').join('');
     assert.equal(JSON.parse(j).choices[0].message.content, text);
   });
@@ -355,10 +355,10 @@ describe('HTTP/1.1 protocol edges', () => {
   });
 
   test('pipelined requests are answered in order', async () => {
-    const req = 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n';
+    const req = 'GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n';
     const body = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 3, temperature: 0 });
-    const post = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
-    const last = 'GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n';
+    const post = `POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+    const last = 'GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n';
     const got = await raw(srv.port, req + post + last);
     const statuses = [...got.matchAll(/HTTP\/1\.1 (\d+)/g)].map((m) => m[1]);
     assert.deepEqual(statuses, ['200', '200', '200']);
