@@ -24,6 +24,10 @@ typedef struct req {
     bool started; /* seq initialized and the prompt pushed (at first admission) */
     pt_seq seq;
     int n_generated, n_preempted;
+    int n_cached; /* prompt positions reused from the prefix cache at first admission */
+    uint64_t *hashes; /* keys of the sequence's full pages, in order */
+    int n_hashed, cap_hashes;
+    int n_published; /* leading pages of its table that carry their key */
     double t_submit, t_admit, t_first, t_last;
 } req;
 
@@ -87,6 +91,7 @@ static void sweep(pt_core *c) {
                 continue;
             }
             free(r->prompt), free(r->bias_ids), free(r->bias_vals);
+            free(r->hashes);
             free(r);
         }
         *counts[l] = k;
@@ -102,6 +107,7 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
     st.n_prompt = r->d.n_prompt;
     st.n_generated = r->n_generated;
     st.n_preempted = r->n_preempted;
+    st.n_cached = r->n_cached;
     st.finish = reason;
     st.t_queue = (r->t_admit > 0 ? r->t_admit : pt_now()) - r->t_submit;
     if (r->n_generated > 0) {
@@ -119,7 +125,8 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
 /* RUNNING -> PREEMPTED: pages back, tokens and sampler kept, to the front
  * of the queue. */
 static void preempt(pt_core *c, req *r) {
-    pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, 0);
+    pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, 0); /* its keyed pages stay cached */
+    r->n_published = 0;
     r->state = PT_REQ_PREEMPTED;
     r->n_preempted++;
     list_remove(c->run, &c->n_run, r);
@@ -128,8 +135,58 @@ static void preempt(pt_core *c, req *r) {
     c->n_wait++;
 }
 
-/* WAITING / PREEMPTED -> RUNNING. */
-static void admit(pt_core *c, req *r) {
+/* ---- the prefix cache ---------------------------------------------------------- */
+
+/* The key of r's full page b (the ones before it are known). */
+static uint64_t page_key(pt_core *c, req *r, int b) {
+    int ps = c->e->kv.cfg.page_size;
+    if (b == r->cap_hashes) {
+        r->cap_hashes = r->cap_hashes ? 2 * r->cap_hashes : 16;
+        r->hashes = pt_xrealloc(r->hashes, sizeof(uint64_t) * (size_t)r->cap_hashes);
+    }
+    if (b == r->n_hashed) {
+        uint64_t parent = b ? r->hashes[b - 1] : 0;
+        r->hashes[r->n_hashed++] =
+            pt_block_hash(parent, r->seq.tokens + (size_t)b * ps, ps, c->e->cache_salt);
+    }
+    return r->hashes[b];
+}
+
+/* Takes the longest run of r's leading full pages that the pool holds,
+ * up to position `end` - 1 (at least one row of the planned ones is still
+ * computed, so the step has its logits, and the plan's page count stays an
+ * upper bound).  Only for a sequence with nothing computed. */
+static void reuse_prefix(pt_core *c, req *r, int end) {
+    pt_kv_cache *kv = &c->e->kv;
+    pt_kv_seq *s = &r->seq.kv;
+    int ps = kv->cfg.page_size, max_pages = (end - 1) / ps;
+    if (!c->e->prefix_cache || s->n_tokens > 0 || s->n_pages > 0) return;
+    int b = 0;
+    for (; b < max_pages; b++) {
+        int32_t id = pt_block_lookup(&kv->pool, page_key(c, r, b));
+        if (id < 0) break;
+        if (s->n_pages == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 16;
+            s->pages = pt_xrealloc(s->pages, sizeof(int32_t) * (size_t)s->cap);
+        }
+        pt_block_ref(&kv->pool, id);
+        s->pages[s->n_pages++] = id;
+    }
+    s->n_tokens = b * ps;
+    r->n_published = b;
+}
+
+/* Gives r's newly full pages their keys, so later requests find them. */
+static void publish_pages(pt_core *c, req *r) {
+    pt_kv_cache *kv = &c->e->kv;
+    int ps = kv->cfg.page_size;
+    if (!c->e->prefix_cache) return;
+    for (; (r->n_published + 1) * ps <= r->seq.kv.n_tokens; r->n_published++)
+        pt_block_set_hash(&kv->pool, r->seq.kv.pages[r->n_published], page_key(c, r, r->n_published));
+}
+
+/* WAITING / PREEMPTED -> RUNNING; the plan computes up to position end. */
+static void admit(pt_core *c, req *r, int end) {
     if (!r->started) {
         pt_seq_init(&r->seq, c->e, &r->d.params.sampling);
         if (r->d.n_bias) pt_sampler_set_bias(r->seq.sampler, r->bias_ids, r->bias_vals, r->d.n_bias);
@@ -137,7 +194,11 @@ static void admit(pt_core *c, req *r) {
         r->seq.n_prompt = r->d.n_prompt;
         r->started = true;
     }
-    if (r->t_admit == 0) r->t_admit = pt_now();
+    reuse_prefix(c, r, end);
+    if (r->t_admit == 0) {
+        r->t_admit = pt_now();
+        r->n_cached = PT_MIN(r->seq.kv.n_tokens, r->d.n_prompt);
+    }
     r->state = PT_REQ_RUNNING;
     list_remove(c->wait, &c->n_wait, r);
     c->run[c->n_run++] = r;
@@ -218,11 +279,13 @@ int pt_core_step(pt_core *c) {
     make_plan(c);
     pt_step_plan *p = &c->plan;
     for (int i = 0; i < p->n_preempt; i++) preempt(c, c->idx_req[p->preempt[i]]);
-    for (int i = 0; i < p->n_admit; i++) admit(c, c->idx_req[p->admit[i]]);
     for (int i = 0; i < p->n_items; i++) {
-        req *r = c->idx_req[p->items[i].req];
+        const pt_step_item *it = &p->items[i];
+        req *r = c->idx_req[it->req];
+        int end = c->pr[it->req].n_computed + it->n_rows; /* as planned */
+        if (r->state != PT_REQ_RUNNING) admit(c, r, end); /* may start past 0: cached */
         c->item_req[i] = r;
-        c->items[i] = (pt_run_item){&r->seq, p->items[i].n_rows, p->items[i].n_logits};
+        c->items[i] = (pt_run_item){&r->seq, end - r->seq.kv.n_tokens, it->n_logits};
     }
     if (p->n_items > 0) {
         pt_err err = {{0}};
@@ -235,6 +298,7 @@ int pt_core_step(pt_core *c) {
             for (int i = 0; i < p->n_items; i++)
                 if (failed < 0 || failed == i) finish(c, c->item_req[i], PT_FINISH_NONE, err.msg);
         } else {
+            for (int i = 0; i < p->n_items; i++) publish_pages(c, c->item_req[i]);
             sample_outputs(c, p->n_items);
         }
     }
