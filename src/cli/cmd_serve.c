@@ -23,7 +23,7 @@ static const cli_opt serve_opts[] = {
     {"api-key", 0, CLI_STR, &g.api_key, "KEY",
      "require 'Authorization: Bearer KEY' on /v1/* (default: $PETREL_API_KEY, else none)"},
     {"parallel", 'P', CLI_INT, &g.parallel, "N",
-     "sequences decoded together, continuous batching (default 8)"},
+     "sequences decoded together, continuous batching; at most --batch (default 8)"},
     {"max-queue", 0, CLI_INT, &g.max_queue, "N",
      "requests that may wait for a slot before 503 (default 1024)"},
     {"prefill-chunk", 0, CLI_INT, &g.prefill, "N",
@@ -60,6 +60,19 @@ int cmd_serve(int argc, char **argv) {
     if (rc) return rc < 0 ? 2 : 0;
     if (g.port < 0 || g.port > 65535) {
         fprintf(stderr, "petrel: --port %d is not a TCP port\n", g.port);
+        return 2;
+    }
+    /* Each running sequence takes one row of every decode batch, so the
+     * table's range narrows to --batch; an explicit --parallel above it is
+     * an error rather than silently lowered. */
+    int batch = cli_margs.batch > 0 ? cli_margs.batch : 512;
+    if (g.parallel > batch) {
+        pt_gen_limit l = pt_gen_limits[PT_GP_PARALLEL];
+        l.hi = batch;
+        char v[16], note[64];
+        snprintf(v, sizeof v, "%d", g.parallel);
+        snprintf(note, sizeof note, "(--batch is %d: raise it for more)", batch);
+        cli_check_range("-P/--parallel", v, g.parallel, &l, note);
         return 2;
     }
     if (!g.api_key && getenv("PETREL_API_KEY") && *getenv("PETREL_API_KEY"))
