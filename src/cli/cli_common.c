@@ -128,8 +128,9 @@ static int set_value(const cli_opt *o, const char *v) {
         /* checked as typed, before rounding to float (0.01f < 0.01); strtod
          * takes "nan" and "inf", which the range check refuses */
         double x = strtod(v, &end);
-        if (*end || errno || end == v || (isfinite(x) && !isfinite((float)x))) break;
+        if (*end || end == v || (errno && !range)) break;
         if (range && cli_check_range(flag, v, x, range, NULL)) return -1;
+        if (errno || (isfinite(x) && !isfinite((float)x))) break; /* beyond a float */
         *(float *)o->dst = (float)x;
         return 0;
     }

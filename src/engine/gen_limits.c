@@ -42,8 +42,8 @@ bool pt_gen_in_range(const pt_gen_limit *l, double x) {
 const char *pt_gen_range_text(const pt_gen_limit *l, char *buf, size_t cap) {
     const char *what = l->integer ? "an integer" : "a number";
     if (l->integer && l->hi >= INT_MAX)
-        snprintf(buf, cap, "%s >= %.0f", what, l->lo);
+        snprintf(buf, cap, "%s >= %.15g", what, l->lo);
     else
-        snprintf(buf, cap, "%s between %g and %g", what, l->lo, l->hi);
+        snprintf(buf, cap, "%s between %.15g and %.15g", what, l->lo, l->hi);
     return buf;
 }

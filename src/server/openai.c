@@ -378,7 +378,7 @@ static int content_text(json_t *c, size_t idx, pt_oai_error *e, json_t **out) {
     char *buf = pt_xmalloc(cap);
     json_t *part;
     json_array_foreach(c, i, part) {
-        char pp[64];
+        char pp[96];
         snprintf(pp, sizeof pp, "%s[%zu]", param, i);
         const char *type = json_string_value(json_object_get(part, "type"));
         json_t *text = json_object_get(part, "text");

@@ -27,7 +27,7 @@ $1"
         shift
     done
     shift
-    timeout 120 "$bin" "$@" </dev/null >/dev/null 2>"$err"
+    timeout 60 "$bin" "$@" </dev/null >/dev/null 2>"$err"
     st=$?
     ok=1
     [ "$st" -eq "$want" ] || ok=0
