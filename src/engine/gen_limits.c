@@ -47,3 +47,33 @@ const char *pt_gen_range_text(const pt_gen_limit *l, char *buf, size_t cap) {
         snprintf(buf, cap, "%s between %.15g and %.15g", what, l->lo, l->hi);
     return buf;
 }
+
+int pt_gen_params_check(const pt_gen_params *p, pt_err *err) {
+    const pt_sampling *s = &p->sampling;
+    const struct {
+        pt_gen_param id;
+        double v;
+    } vals[] = {
+        {PT_GP_MAX_TOKENS, p->max_tokens},
+        {PT_GP_TEMPERATURE, s->temperature},
+        {PT_GP_TOP_K, s->top_k},
+        {PT_GP_TOP_P, s->top_p},
+        {PT_GP_MIN_P, s->min_p},
+        {PT_GP_REPETITION_PENALTY, s->repetition_penalty},
+        {PT_GP_FREQUENCY_PENALTY, s->frequency_penalty},
+        {PT_GP_PRESENCE_PENALTY, s->presence_penalty},
+        {PT_GP_LOGPROBS, s->n_logprobs == -1 ? 0 : s->n_logprobs},
+    };
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+        pt_gen_limit l = pt_gen_limits[vals[i].id];
+        if (!l.integer) { /* the values are floats here: 0.01 arrived as 0.0099999998 */
+            l.lo = (float)l.lo;
+            l.hi = (float)l.hi;
+        }
+        if (pt_gen_in_range(&l, vals[i].v)) continue;
+        char r[64];
+        return pt_fail(err, "%s %g is out of range: it must be %s", l.name, vals[i].v,
+                       pt_gen_range_text(&pt_gen_limits[vals[i].id], r, sizeof r));
+    }
+    return 0;
+}

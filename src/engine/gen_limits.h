@@ -17,6 +17,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "engine/engine.h"
+
 typedef enum pt_gen_param {
     PT_GP_MAX_TOKENS,         /* tokens to generate; the context's end stops earlier */
     PT_GP_TEMPERATURE,        /* 0 = greedy */
@@ -49,5 +51,10 @@ bool pt_gen_in_range(const pt_gen_limit *l, double x);
 /* The range in words, for messages and --help: "a number between 0 and 2",
  * "an integer between 0 and 20", "an integer >= 1".  Returns buf. */
 const char *pt_gen_range_text(const pt_gen_limit *l, char *buf, size_t cap);
+
+/* Checks a whole pt_gen_params against the table (n_logprobs may also be
+ * -1: none), for callers of the C API that pass values no flag or JSON
+ * parser has seen.  Fails naming the first parameter out of range. */
+int pt_gen_params_check(const pt_gen_params *p, pt_err *err);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -57,11 +58,35 @@ static void test_words(void **state) {
                         "a number between 0.01 and 10");
 }
 
+/* The C API's check: the same table over a whole pt_gen_params. */
+static void test_params_check(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_gen_params p = {.max_tokens = 16};
+    p.sampling = pt_sampling_default();
+    assert_int_equal(pt_gen_params_check(&p, &err), 0); /* n_logprobs -1: none */
+    p.sampling.repetition_penalty = 0.01f;              /* the edge, as a float */
+    p.sampling.n_logprobs = 20;
+    assert_int_equal(pt_gen_params_check(&p, &err), 0);
+    p.sampling.temperature = NAN;
+    assert_int_equal(pt_gen_params_check(&p, &err), -1);
+    assert_non_null(strstr(err.msg, "temperature"));
+    p.sampling.temperature = 1;
+    p.max_tokens = 0;
+    assert_int_equal(pt_gen_params_check(&p, &err), -1);
+    assert_non_null(strstr(err.msg, "max_tokens 0 is out of range: it must be an integer >= 1"));
+    p.max_tokens = 1;
+    p.sampling.n_logprobs = 21;
+    assert_int_equal(pt_gen_params_check(&p, &err), -1);
+    assert_non_null(strstr(err.msg, "between 0 and 20"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_edges),
         cmocka_unit_test(test_never_in_range),
         cmocka_unit_test(test_words),
+        cmocka_unit_test(test_params_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
