@@ -21,9 +21,9 @@ static const pt_gen_limit k_cli_limits[] = {
     {"threads", "threads", 0, 4096, true},
     {"ctx", "ctx", 0, INT_MAX, true},
     {"batch", "batch", 0, 1 << 20, true},
-    {"gen", "gen", 1, 1 << 20, true},      /* bench */
-    {"reps", "reps", 1, 1000, true},       /* bench */
-    {"window", "window", 4, 1 << 20, true}, /* eval */
+    {"gen", "gen", 1, 1 << 20, true},               /* bench */
+    {"reps", "reps", 1, 1000, true},                /* bench */
+    {"window", "window", 4, 1 << 20, true},         /* eval */
     {"max-tokens", "max-tokens", 0, INT_MAX, true}, /* eval; 0 = all */
 };
 

@@ -23,10 +23,13 @@ static struct {
 
 static const cli_opt eval_opts[] = {
     {"window", 'w', CLI_INT, &ev.window, "N", "tokens per window; stride is half (default 512)"},
-    {"max-tokens", 0, CLI_INT, &ev.max_tokens, "N", "score at most the first N tokens of TEXT; 0 = all"},
+    {"max-tokens", 0, CLI_INT, &ev.max_tokens, "N",
+     "score at most the first N tokens of TEXT; 0 = all"},
     {"b-kv-type", 0, CLI_STR, &ev.b_kv_type, "T", "kl: KV cache type of model B (default: as A)"},
-    {"b-kv-quant", 0, CLI_STR, &ev.b_kv_quant, "Q", "kl: KV cache codec of model B (default: as A)"},
-    {"ids", 0, CLI_FLAG, &ev.ids, NULL, "TEXTFILE holds token ids (whitespace-separated), not text"},
+    {"b-kv-quant", 0, CLI_STR, &ev.b_kv_quant, "Q",
+     "kl: KV cache codec of model B (default: as A)"},
+    {"ids", 0, CLI_FLAG, &ev.ids, NULL,
+     "TEXTFILE holds token ids (whitespace-separated), not text"},
     {"json", 'o', CLI_STR, &ev.json, "FILE", "also write the result as JSON"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
@@ -90,8 +93,7 @@ int cmd_eval(int argc, char **argv) {
     if (rc) return rc < 0 ? 2 : 0;
     bool kl = n_pos >= 1 && strcmp(pos[0], "kl") == 0;
     int want = kl ? 3 : 2; /* positionals besides the model: mode, [MODEL_B], TEXTFILE */
-    if ((!kl && !(n_pos >= 1 && strcmp(pos[0], "ppl") == 0)) || n_pos < want ||
-        n_pos > want + 1) {
+    if ((!kl && !(n_pos >= 1 && strcmp(pos[0], "ppl") == 0)) || n_pos < want || n_pos > want + 1) {
         fprintf(stderr, "petrel eval: expected `ppl [MODEL] TEXTFILE` or `kl [MODEL_A] MODEL_B "
                         "TEXTFILE` (see --help)\n");
         return 2;
@@ -103,7 +105,8 @@ int cmd_eval(int argc, char **argv) {
             return 2;
         }
         cli_margs.model = pos[1];
-        for (int i = 1; i < n_pos - 1; i++) pos[i] = pos[i + 1];
+        for (int i = 1; i < n_pos - 1; i++)
+            pos[i] = pos[i + 1];
         n_pos--;
     }
     if (!cli_margs.model) cli_margs.model = default_model;

@@ -23,7 +23,8 @@ static const cli_opt gen_opts[] = {
     {"temp", 0, CLI_FLOAT, &g.temp, "T", "temperature; 0 = greedy (default 0.8)"},
     {"top-k", 0, CLI_INT, &g.top_k, "K", "keep the K most likely tokens; 0 = off (default 40)"},
     {"top-p", 0, CLI_FLOAT, &g.top_p, "P", "nucleus sampling; 1 = off (default 0.95)"},
-    {"min-p", 0, CLI_FLOAT, &g.min_p, "P", "drop tokens below P x the best; 0 = off (default 0.05)"},
+    {"min-p", 0, CLI_FLOAT, &g.min_p, "P",
+     "drop tokens below P x the best; 0 = off (default 0.05)"},
     {"repeat-penalty", 0, CLI_FLOAT, &g.rep, "R", "repetition penalty; 1 = off (default 1)"},
     {"frequency-penalty", 0, CLI_FLOAT, &g.freq, "F", "OpenAI frequency penalty (default 0)"},
     {"presence-penalty", 0, CLI_FLOAT, &g.pres, "P", "OpenAI presence penalty (default 0)"},
@@ -49,8 +50,9 @@ static char *read_stdin(void) {
     buf[len] = 0;
     const char *nul = memchr(buf, 0, len);
     if (nul) {
-        fprintf(stderr, "petrel: the prompt read from stdin has a NUL byte at offset %zu (of %zu "
-                        "bytes); a prompt must be text\n",
+        fprintf(stderr,
+                "petrel: the prompt read from stdin has a NUL byte at offset %zu (of %zu "
+                "bytes); a prompt must be text\n",
                 (size_t)(nul - buf), len);
         free(buf);
         return NULL;

@@ -396,7 +396,8 @@ static int content_text(json_t *c, size_t idx, pt_oai_error *e, json_t **out) {
             rc = text ? wrong_type(e, pp, "a string")
                       : fail(e, 400, "missing_required_parameter", pp,
                              "content part %zu of messages[%zu] is of type 'text' but has no "
-                             "'text'", i, idx);
+                             "'text'",
+                             i, idx);
         }
         if (rc) {
             free(buf);
@@ -453,7 +454,8 @@ static int f_messages(pt_oai_request *r, json_t *v, const field *f, const pt_oai
 /* ---- the table ---------------------------------------------------------------------- */
 
 #define LIMIT(p) (&pt_gen_limits[p])
-#define SAMPLING(name, p, member) {name, BOTH, f_sampling_float, LIMIT(p), offsetof(pt_sampling, member)}
+#define SAMPLING(name, p, member)                                                                  \
+    { name, BOTH, f_sampling_float, LIMIT(p), offsetof(pt_sampling, member) }
 
 static const field k_fields[] = {
     {"model", BOTH, f_model, NULL, 0},

@@ -14,7 +14,9 @@
 
 #include "engine/gen_limits.h"
 
-static bool in(pt_gen_param p, double x) { return pt_gen_in_range(&pt_gen_limits[p], x); }
+static bool in(pt_gen_param p, double x) {
+    return pt_gen_in_range(&pt_gen_limits[p], x);
+}
 
 static void test_edges(void **state) {
     (void)state;
@@ -53,9 +55,9 @@ static void test_words(void **state) {
                         "an integer between 0 and 20");
     assert_string_equal(pt_gen_range_text(&pt_gen_limits[PT_GP_MAX_TOKENS], buf, sizeof buf),
                         "an integer >= 1");
-    assert_string_equal(pt_gen_range_text(&pt_gen_limits[PT_GP_REPETITION_PENALTY], buf,
-                                          sizeof buf),
-                        "a number between 0.01 and 10");
+    assert_string_equal(
+        pt_gen_range_text(&pt_gen_limits[PT_GP_REPETITION_PENALTY], buf, sizeof buf),
+        "a number between 0.01 and 10");
 }
 
 /* The C API's check: the same table over a whole pt_gen_params. */

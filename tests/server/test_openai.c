@@ -115,7 +115,8 @@ static void bad_says(int kind, const char *body, int status, const char *code, c
     pt_oai_request r;
     pt_oai_error e;
     assert_int_equal(parse(&r, kind, body, &e), -1);
-    if (want && !strstr(e.message, want)) fail_msg("%s: message '%s' lacks '%s'", body, e.message, want);
+    if (want && !strstr(e.message, want))
+        fail_msg("%s: message '%s' lacks '%s'", body, e.message, want);
     if (avoid && strstr(e.message, avoid))
         fail_msg("%s: message '%s' says '%s'", body, e.message, avoid);
 }
@@ -145,7 +146,8 @@ static void test_messages_point_right(void **state) {
     bad_says(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400,
              "invalid_value", NULL, "NUL", "JSON_ALLOW_NUL");
     bad_says(COMP, "{\"prompt\":\"\\u0000\"}", 400, "invalid_value", NULL, "NUL", "ALLOW_NUL");
-    bad_says(COMP, "{\"prompt\":\"x\",\"a\\u0000\":1}", 400, "invalid_value", NULL, "NUL", "ALLOW_NUL");
+    bad_says(COMP, "{\"prompt\":\"x\",\"a\\u0000\":1}", 400, "invalid_value", NULL, "NUL",
+             "ALLOW_NUL");
     /* n below 1 does not suggest sending 0 requests */
     bad_says(CHAT, "{" MSG ",\"n\":0}", 400, "invalid_value", "n", "must be 1", "requests");
     bad_says(CHAT, "{" MSG ",\"n\":-2}", 400, "invalid_value", "n", "got -2", "requests");
