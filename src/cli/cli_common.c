@@ -27,7 +27,12 @@ static const pt_gen_limit k_cli_limits[] = {
     {"max-tokens", "max-tokens", 0, INT_MAX, true}, /* eval; 0 = all */
 };
 
+/* Flags that are another name of a flag with a range: {alias, flag}. */
+static const char *const k_aliases[][2] = {{"max-seqs", "parallel"}};
+
 const pt_gen_limit *cli_flag_range(const char *name) {
+    for (size_t i = 0; i < PT_ARRAY_LEN(k_aliases); i++)
+        if (strcmp(name, k_aliases[i][0]) == 0) name = k_aliases[i][1];
     const pt_gen_limit *l = pt_gen_limit_of_flag(name);
     for (size_t i = 0; !l && i < PT_ARRAY_LEN(k_cli_limits); i++)
         if (strcmp(k_cli_limits[i].flag, name) == 0) l = &k_cli_limits[i];
@@ -44,6 +49,7 @@ const cli_opt cli_model_opts[] = {
     {"batch", 'b', CLI_INT, &cli_margs.batch, "N", "rows per forward pass (default 512)"},
     {"kv-type", 0, CLI_STR, &cli_margs.kv_type, "T", "KV cache element type: f32, f16 (default), bf16"},
     {"kv-quant", 0, CLI_STR, &cli_margs.kv_quant, "Q", "KV cache codec: none (default), 8, 4 (affine), turbo[:k<bits>v<bits>][:anydim] (TurboQuant, k8v3)"},
+    {"kv-budget", 0, CLI_STR, &cli_margs.kv_budget, "SIZE", "KV pool size: bytes (6G, 512M) or a percentage of free memory (80%); requests grow into it and are preempted when it is full (default: --ctx positions, x --parallel for serve)"},
     {"dummy-dtype", 0, CLI_STR, &cli_margs.dummy_dtype, "T", "weights of dummy models: bf16, f16, f32, q8_0, q4_0, q4_k, q5_k, q6_k, affineB[gG]"},
     {"dummy-seed", 0, CLI_U64, &cli_margs.dummy_seed, "S", "seed of dummy weights"},
     {"verbose", 'v', CLI_FLAG, &cli_margs.verbose, NULL, "log more"},
@@ -205,6 +211,7 @@ int cli_open_engine(pt_engine **e) {
                         .n_ctx = a->ctx,
                         .max_batch = a->batch,
                         .kv_quant = a->kv_quant,
+                        .kv_budget = a->kv_budget,
                         .no_tokenizer = a->no_tokenizer,
                         .dummy_dtype = a->dummy_dtype,
                         .dummy_seed = a->dummy_seed};

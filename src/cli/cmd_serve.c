@@ -24,6 +24,7 @@ static const cli_opt serve_opts[] = {
      "require 'Authorization: Bearer KEY' on /v1/* (default: $PETREL_API_KEY, else none)"},
     {"parallel", 'P', CLI_INT, &g.parallel, "N",
      "sequences decoded together, continuous batching; at most --batch (default 8)"},
+    {"max-seqs", 0, CLI_INT, &g.parallel, "N", "the same as --parallel"},
     {"max-queue", 0, CLI_INT, &g.max_queue, "N",
      "requests that may wait for a slot before 503 (default 1024)"},
     {"prefill-chunk", 0, CLI_INT, &g.prefill, "N",
@@ -72,7 +73,7 @@ int cmd_serve(int argc, char **argv) {
         char v[16], note[64];
         snprintf(v, sizeof v, "%d", g.parallel);
         snprintf(note, sizeof note, "(--batch is %d: raise it for more)", batch);
-        cli_check_range("-P/--parallel", v, g.parallel, &l, note);
+        cli_check_range("-P/--parallel (--max-seqs)", v, g.parallel, &l, note);
         return 2;
     }
     if (!g.api_key && getenv("PETREL_API_KEY") && *getenv("PETREL_API_KEY"))

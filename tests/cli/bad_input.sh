@@ -62,8 +62,9 @@ expect 2 "--logprobs 100" "between 0 and 20" -- $gen --logprobs 100 hi
 expect 2 "--frequency-penalty 3" "between -2 and 2" -- $gen --frequency-penalty=3 hi
 expect 2 "-P/--parallel 0" "between 1 and 65536" -- serve -m $model --port 0 --parallel 0
 expect 2 "-P/--parallel 100000" "between 1 and 65536" -- serve -m $model --port 0 --parallel 100000
-expect 2 "-P/--parallel 600" "between 1 and 512" "--batch" -- serve -m $model --port 0 -P 600
-expect 2 "-P/--parallel 100" "between 1 and 64" -- serve -m $model --port 0 -P 100 --batch 64
+expect 2 "--max-seqs 0" "between 1 and 65536" -- serve -m $model --port 0 --max-seqs 0
+expect 2 "-P/--parallel (--max-seqs) 600" "between 1 and 512" "--batch" -- serve -m $model --port 0 -P 600
+expect 2 "--parallel (--max-seqs) 100" "between 1 and 64" -- serve -m $model --port 0 -P 100 --batch 64
 expect 2 "--gen 0" "an integer between 1 and" -- bench -m $model --gen 0
 expect 2 "-t/--threads -3" "between 0 and" -- bench -m $model -t -3
 
