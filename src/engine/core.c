@@ -206,6 +206,7 @@ static void admit(pt_core *c, req *r, int n_cached_pages) {
         pt_seq_init(&r->seq, c->e, &r->d.params.sampling);
         if (r->d.n_bias) pt_sampler_set_bias(r->seq.sampler, r->bias_ids, r->bias_vals, r->d.n_bias);
         for (int i = 0; i < r->d.n_prompt; i++) pt_seq_push(&r->seq, r->prompt[i]);
+        if (r->d.add_procs) r->d.add_procs(r->d.proc_arg, r->seq.sampler);
         r->seq.n_prompt = r->d.n_prompt;
         r->started = true;
     }
