@@ -8,6 +8,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 pt_dtype pt_parse_kv_dtype(const char *s) {
     if (strcmp(s, "f32") == 0) return PT_F32;
@@ -68,6 +70,34 @@ int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
     return pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, &e->kv_quant, err);
 }
 
+uint64_t pt_engine_cache_salt(const pt_engine *e, const char *dummy_dtype, uint64_t dummy_seed) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    const pt_model_config *c = &e->model->cfg;
+    XXH3_64bits_update(&st, c, sizeof *c); /* zero-initialized: padding is stable */
+    const pt_model_file *mf = e->model->file;
+    if (!mf) {
+        XXH3_64bits_update(&st, dummy_dtype, strlen(dummy_dtype));
+        XXH3_64bits_update(&st, &dummy_seed, sizeof dummy_seed);
+    }
+    for (int i = 0; mf && i < mf->n_tensors; i++) {
+        const pt_tensor_info *t = &mf->tensors[i];
+        XXH3_64bits_update(&st, t->name, strlen(t->name));
+        XXH3_64bits_update(&st, &t->dtype, sizeof t->dtype);
+        XXH3_64bits_update(&st, t->shape, sizeof t->shape);
+        /* a few bytes from each end of every tensor tell checkpoints apart
+         * without reading gigabytes */
+        size_t k = PT_MIN(t->nbytes, (size_t)64);
+        XXH3_64bits_update(&st, t->data, k);
+        XXH3_64bits_update(&st, (const char *)t->data + t->nbytes - k, k);
+    }
+    char fmt[64];
+    pt_kv_format_name(&e->kv.cfg, fmt, sizeof fmt);
+    XXH3_64bits_update(&st, fmt, strlen(fmt));
+    XXH3_64bits_update(&st, &e->kv.cfg.page_size, sizeof e->kv.cfg.page_size);
+    return XXH3_64bits_digest(&st);
+}
+
 int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     *out = NULL;
     double t0 = pt_now();
@@ -94,6 +124,8 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     if (o->kv_budget && budget_positions(e, o->kv_budget, &positions, err)) goto fail;
     e->kv_budgeted = o->kv_budget != NULL;
     if (pt_engine_kv_init(e, positions, err)) goto fail;
+    e->prefix_cache = !o->no_prefix_cache;
+    e->cache_salt = pt_engine_cache_salt(e, o->dummy_dtype ? o->dummy_dtype : "", o->dummy_seed);
     e->runner = pt_xmalloc(sizeof *e->runner);
     pt_runner_init(e->runner, e);
     e->load_seconds = pt_now() - t0;
@@ -219,6 +251,7 @@ int pt_generate(pt_engine *e, const int32_t *prompt, int n_prompt, const pt_gen_
     pt_core_free(c);
     st->n_prompt = g.st.n_prompt;
     st->n_generated = g.st.n_generated;
+    st->n_cached = g.st.n_cached;
     st->t_prefill = st->ttft = g.st.t_prefill;
     st->t_decode = g.st.t_decode;
     st->finish = g.st.finish;

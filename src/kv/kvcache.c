@@ -191,6 +191,32 @@ void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src) {
     }
 }
 
+size_t pt_kv_page_bytes(const pt_kv_cache *kv) {
+    return (size_t)kv->cfg.n_layers * (kv->k_page + kv->v_page);
+}
+
+void pt_kv_page_save(pt_kv_cache *kv, int32_t page, void *host) {
+    pt_backend *be = kv->be;
+    char *h = host;
+    for (int l = 0; l < kv->cfg.n_layers; l++) {
+        be->ops->download(be, h, (char *)kv->k[l] + (size_t)page * kv->k_page, kv->k_page);
+        h += kv->k_page;
+        be->ops->download(be, h, (char *)kv->v[l] + (size_t)page * kv->v_page, kv->v_page);
+        h += kv->v_page;
+    }
+}
+
+void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host) {
+    pt_backend *be = kv->be;
+    const char *h = host;
+    for (int l = 0; l < kv->cfg.n_layers; l++) {
+        be->ops->upload(be, (char *)kv->k[l] + (size_t)page * kv->k_page, h, kv->k_page);
+        h += kv->k_page;
+        be->ops->upload(be, (char *)kv->v[l] + (size_t)page * kv->v_page, h, kv->v_page);
+        h += kv->v_page;
+    }
+}
+
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n) {
     int keep = pages_for(kv, n);
     while (seq->n_pages > keep) pt_block_unref(&kv->pool, seq->pages[--seq->n_pages]);

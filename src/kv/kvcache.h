@@ -76,6 +76,13 @@ int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err
 void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src);
 /* Copies page src's bytes, every layer, K and V, to page dst. */
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src);
+/* Bytes of one page over every layer, K and V: what a host copy holds. */
+size_t pt_kv_page_bytes(const pt_kv_cache *kv);
+/* A page's bytes to host memory (layer by layer, K then V) and back: for
+ * swapping and the disk tier.  pt_kv_page_load restores exactly what
+ * pt_kv_page_save wrote, into any page of a cache of the same format. */
+void pt_kv_page_save(pt_kv_cache *kv, int32_t page, void *host);
+void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host);
 /* Returns all pages of the sequence to the pool and empties it. */
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
 /* Rolls back to n positions: drops positions >= n, and pages past the new
