@@ -16,8 +16,8 @@
 #include "model/model_int.h"
 
 /* y = x·Wᵀ (+ bias) for n rows. */
-static void project(pt_backend *be, float *y, const float *x, const pt_weight *w,
-                    const float *bias, int n) {
+static void project(pt_backend *be, float *y, const float *x, const pt_weight *w, const float *bias,
+                    int n) {
     be->ops->matmul(be, y, x, w, n);
     if (bias) be->ops->add_bias(be, y, bias, n, (int)w->rows);
 }
@@ -63,8 +63,7 @@ void pt_block_attention(pt_model *m, int l, const pt_step *s) {
     pt_kv_view kv = pt_kv_layer(s->kv, l);
 
     be->ops->kv_store(be, &kv, s->b, ws->k, ws->v);
-    be->ops->attention(be, ws->att, ws->q, &kv, s->b, c->n_heads,
-                       1.0f / sqrtf((float)c->head_dim));
+    be->ops->attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, 1.0f / sqrtf((float)c->head_dim));
     project(be, ws->h, ws->att, &L->wo, L->bo, s->n);
 }
 

@@ -35,13 +35,15 @@ static int upload_batch(pt_model *m, const pt_batch *b, int first, int n, pt_bat
     pt_backend *be = m->be;
     pt_workspace *ws = m->ws;
     int max_pages = 1;
-    for (int s = 0; s < b->n_seqs; s++) max_pages = PT_MAX(max_pages, b->seqs[s]->n_pages);
+    for (int s = 0; s < b->n_seqs; s++)
+        max_pages = PT_MAX(max_pages, b->seqs[s]->n_pages);
     if (pt_workspace_block_table(m, (size_t)max_pages * b->n_seqs, err)) return -1;
     for (int s = 0; s < b->n_seqs; s++) {
         const pt_kv_seq *sq = b->seqs[s];
         int32_t *row = ws->h_block_table + (size_t)s * max_pages;
         memcpy(row, sq->pages, sizeof(int32_t) * (size_t)sq->n_pages);
-        for (int p = sq->n_pages; p < max_pages; p++) row[p] = -1;
+        for (int p = sq->n_pages; p < max_pages; p++)
+            row[p] = -1;
     }
     be->ops->upload(be, ws->block_table, ws->h_block_table,
                     sizeof(int32_t) * (size_t)max_pages * b->n_seqs);
@@ -56,8 +58,7 @@ static int upload_batch(pt_model *m, const pt_batch *b, int first, int n, pt_bat
     return 0;
 }
 
-int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits,
-                     pt_err *err) {
+int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits, pt_err *err) {
     for (int first = 0; first < b->n_tokens; first += m->max_batch) {
         int n = PT_MIN(m->max_batch, b->n_tokens - first), n_out;
         pt_batch_view v;

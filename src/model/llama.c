@@ -11,21 +11,26 @@
  */
 #include "model/model_int.h"
 
+/* clang-format off */
 static const pt_arch llama_archs[] = {
-    /* name      gguf      hf          gguf rope      qkv_bias qk_norm */
-    {"llama", "llama", "llama", PT_ROPE_NORM, false, false},
-    {"mistral", NULL, "mistral", PT_ROPE_NORM, false, false}, /* GGUF writes "llama" */
-    {"qwen2", "qwen2", "qwen2", PT_ROPE_NEOX, true, false},
-    {"qwen3", "qwen3", "qwen3", PT_ROPE_NEOX, false, true},
+    /* name      GGUF name  config.json  GGUF rope     qkv_bias qk_norm */
+    {"llama",   "llama",   "llama",     PT_ROPE_NORM, false,   false},
+    {"mistral", NULL,      "mistral",   PT_ROPE_NORM, false,   false}, /* GGUF writes "llama" */
+    {"qwen2",   "qwen2",   "qwen2",     PT_ROPE_NEOX, true,    false},
+    {"qwen3",   "qwen3",   "qwen3",     PT_ROPE_NEOX, false,   true},
 };
+/* clang-format on */
 
 /* ---- Config -------------------------------------------------------------- */
 
 static int read_act(json_t *j, pt_model_config *c, pt_err *err) {
     const char *act = json_string_value(json_object_get(j, "hidden_act"));
-    if (!act || strcmp(act, "silu") == 0) c->act = PT_ACT_SILU;
-    else if (strcmp(act, "gelu_pytorch_tanh") == 0) c->act = PT_ACT_GELU_TANH;
-    else return pt_fail(err, "config.json: hidden_act '%s' is not supported (silu)", act);
+    if (!act || strcmp(act, "silu") == 0)
+        c->act = PT_ACT_SILU;
+    else if (strcmp(act, "gelu_pytorch_tanh") == 0)
+        c->act = PT_ACT_GELU_TANH;
+    else
+        return pt_fail(err, "config.json: hidden_act '%s' is not supported (silu)", act);
     return 0;
 }
 
@@ -59,6 +64,7 @@ static int llama_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char
 
 /* ---- Weights ------------------------------------------------------------- */
 
+/* clang-format off */
 #define L(f) offsetof(pt_layer, f)
 #define M(f) offsetof(pt_model, f)
 static const pt_weight_spec llama_weights[] = {
@@ -83,6 +89,7 @@ static const pt_weight_spec llama_weights[] = {
 };
 #undef L
 #undef M
+/* clang-format on */
 
 /* ---- Forward ------------------------------------------------------------- */
 
@@ -102,7 +109,8 @@ static void llama_layer(pt_model *m, int l, const pt_step *s) {
 
 static void llama_forward(pt_model *m, const pt_step *s) {
     pt_block_embed(m, s);
-    for (int l = 0; l < m->cfg.n_layers; l++) llama_layer(m, l, s);
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        llama_layer(m, l, s);
     pt_block_output(m, s);
 }
 

@@ -59,15 +59,20 @@ static int workspace_init(pt_model *m, int cap, pt_err *err) {
         void **p;
         size_t n;
     } bufs[] = {
-        {(void **)&ws->x, (size_t)cap * c->dim * 4},   {(void **)&ws->h, (size_t)cap * c->dim * 4},
-        {(void **)&ws->q, (size_t)cap * q * 4},        {(void **)&ws->k, (size_t)cap * kvd * 4},
-        {(void **)&ws->v, (size_t)cap * kvd * 4},      {(void **)&ws->att, (size_t)cap * q * 4},
+        {(void **)&ws->x, (size_t)cap * c->dim * 4},
+        {(void **)&ws->h, (size_t)cap * c->dim * 4},
+        {(void **)&ws->q, (size_t)cap * q * 4},
+        {(void **)&ws->k, (size_t)cap * kvd * 4},
+        {(void **)&ws->v, (size_t)cap * kvd * 4},
+        {(void **)&ws->att, (size_t)cap * q * 4},
         {(void **)&ws->gate, (size_t)cap * c->ffn_dim * 4},
         {(void **)&ws->up, (size_t)cap * c->ffn_dim * 4},
         {(void **)&ws->out_h, (size_t)PT_OUT_ROWS * c->dim * 4},
         {(void **)&ws->logits, (size_t)PT_OUT_ROWS * c->vocab_size * 4},
-        {(void **)&ws->tokens, (size_t)cap * 4},       {(void **)&ws->pos, (size_t)cap * 4},
-        {(void **)&ws->seq, (size_t)cap * 4},          {(void **)&ws->out_idx, (size_t)cap * 4},
+        {(void **)&ws->tokens, (size_t)cap * 4},
+        {(void **)&ws->pos, (size_t)cap * 4},
+        {(void **)&ws->seq, (size_t)cap * 4},
+        {(void **)&ws->out_idx, (size_t)cap * 4},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(bufs); i++)
         if (!(*bufs[i].p = pt_model_alloc(m, bufs[i].n)))
@@ -144,8 +149,9 @@ static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_
     if (!json_text) {
         size_t len;
         if (pt_read_file(spec, 1 << 20, &file_text, &len, err))
-            return pt_failp(err, "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b) "
-                                 "nor a readable config.json",
+            return pt_failp(err,
+                            "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b) "
+                            "nor a readable config.json",
                             spec);
         json_text = file_text;
     }
@@ -183,8 +189,8 @@ int pt_model_load(pt_model **out, const char *path, const pt_model_opts *o, pt_e
     if (!o || !o->backend) return pt_fail(err, "pt_model_load: no backend");
     pt_model *m = pt_xcalloc(1, sizeof *m);
     m->be = o->backend;
-    int rc = strncmp(path, "dummy:", 6) == 0 ? load_dummy(m, path + 6, o, err)
-                                             : load_file(m, path, err);
+    int rc =
+        strncmp(path, "dummy:", 6) == 0 ? load_dummy(m, path + 6, o, err) : load_file(m, path, err);
     if (rc == 0) rc = finish_load(m, o, err);
     if (rc) {
         pt_model_free(m);

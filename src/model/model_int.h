@@ -123,7 +123,7 @@ int pt_workspace_block_table(pt_model *m, size_t need, pt_err *err);
  * Each works on the step's rows in the workspace: x is the residual stream,
  * h the input and output of a block, q/k/v/att the attention's buffers. */
 
-void pt_block_embed(pt_model *m, const pt_step *s);                     /* x = embed(tokens) */
+void pt_block_embed(pt_model *m, const pt_step *s); /* x = embed(tokens) */
 void pt_block_norm(pt_model *m, const pt_step *s, float *y, const float *x, const float *gain);
 void pt_block_qkv(pt_model *m, int l, const pt_step *s);       /* h -> q, k, v (roped) */
 void pt_block_attention(pt_model *m, int l, const pt_step *s); /* cache k, v; h = attn(q)·Wo */

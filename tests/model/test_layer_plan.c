@@ -167,7 +167,8 @@ static void test_supported_list_from_table(void **state) {
 static void test_bad_mixture(void **state) {
     (void)state;
     json_t *j = json_loads("{\"model_type\":\"mistral\"," BASE ",\"num_local_experts\":2,"
-                           "\"num_experts_per_tok\":4}", 0, NULL);
+                           "\"num_experts_per_tok\":4}",
+                           0, NULL);
     pt_model_config c;
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
