@@ -159,10 +159,16 @@ static int parse_format(const char *format, pt_weight_format *f, pt_err *err) {
 }
 
 int pt_model_dummy_bytes(const pt_model_config *c, const char *format, size_t *out, pt_err *err) {
+    const pt_family *fam = pt_family_of(c->arch);
+    if (!fam) return pt_fail(err, "dummy weights: unknown architecture '%s'", c->arch);
+    return pt_family_dummy_bytes(fam, c, format, out, err);
+}
+
+int pt_family_dummy_bytes(const pt_family *fam, const pt_model_config *c, const char *format,
+                          size_t *out, pt_err *err) {
     pt_weight_format f;
     if (parse_format(format, &f, err)) return -1;
     *out = 0;
-    const pt_family *fam = c->family;
     for (size_t i = 0; i < fam->n_weights; i++) {
         const pt_weight_spec *s = &fam->weights[i];
         if (s->cols == D_NONE || !pt_spec_needed(c, s->need)) continue;
@@ -178,7 +184,7 @@ int pt_model_make_dummy_weights(pt_model *m, const char *format, uint64_t seed, 
     if (parse_format(format, &f, err)) return -1;
     pt_rng rng;
     pt_rng_seed(&rng, seed);
-    const pt_family *fam = m->cfg.family;
+    const pt_family *fam = m->family;
     for (size_t i = 0; i < fam->n_weights; i++) {
         const pt_weight_spec *s = &fam->weights[i];
         if (!pt_spec_needed(&m->cfg, s->need)) continue;

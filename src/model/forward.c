@@ -65,7 +65,7 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
         if (check_rows(m, kv, b, first, n, err)) return -1;
         if (upload_batch(m, b, first, n, &v, &n_out, err)) return -1;
         pt_step s = {.kv = kv, .b = &v, .n = n, .n_out = n_out, .logits = logits};
-        m->cfg.family->forward(m, &s);
+        m->family->forward(m, &s);
         if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
     }
     m->be->ops->sync(m->be);

@@ -105,8 +105,9 @@ int pt_workspace_block_table(pt_model *m, size_t need, pt_err *err) {
 
 /* ---- Loading ------------------------------------------------------------------ */
 
-/* The layer plan, and room for the family's per-layer weights. */
+/* The family, the layer plan, and room for the family's per-layer weights. */
 static int plan_layers(pt_model *m, pt_err *err) {
+    m->family = pt_family_of(m->cfg.arch); /* the registry named it: never NULL */
     m->plan = pt_xcalloc((size_t)m->cfg.n_layers, sizeof *m->plan);
     m->layers = pt_xcalloc((size_t)m->cfg.n_layers, sizeof *m->layers);
     return pt_model_plan(&m->cfg, m->plan, err);

@@ -26,9 +26,10 @@ enum pt_act { PT_ACT_SILU, PT_ACT_GELU_TANH };
 
 typedef struct pt_family pt_family; /* model_int.h */
 
+/* Plain data, no pointers: the engine hashes its bytes into cache keys
+ * (a pointer would change the key with every process). */
 typedef struct pt_model_config {
     char arch[32]; /* registry name: "llama", "mistral", "qwen2", "qwen3" */
-    const pt_family *family; /* the code that runs it (registry.c) */
     int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size;
     int max_ctx; /* trained context length */
     float norm_eps, rope_theta;
@@ -95,6 +96,7 @@ typedef struct pt_workspace pt_workspace;
 
 typedef struct pt_model {
     pt_model_config cfg;
+    const pt_family *family; /* the code that runs it (registry.c) */
     pt_backend *be;
     pt_model_file *file; /* NULL for dummy weights */
     pt_weight tok_embd, output;

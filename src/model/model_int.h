@@ -88,6 +88,11 @@ struct pt_family {
 };
 
 extern const pt_family pt_family_llama;
+/* The family of a config's architecture (cfg.arch), or NULL. */
+const pt_family *pt_family_of(const char *arch);
+/* Bytes the matrices of family f take for config c in format. */
+int pt_family_dummy_bytes(const pt_family *f, const pt_model_config *c, const char *format,
+                          size_t *out, pt_err *err);
 extern const pt_family *const pt_families[];
 extern const size_t pt_n_families;
 

@@ -42,11 +42,17 @@ static const pt_arch *find_arch(const char *name, bool gguf, const pt_family **f
     return NULL;
 }
 
+const pt_family *pt_family_of(const char *arch) {
+    for (size_t f = 0; f < pt_n_families; f++)
+        for (size_t i = 0; i < pt_families[f]->n_archs; i++)
+            if (strcmp(pt_families[f]->archs[i].name, arch) == 0) return pt_families[f];
+    return NULL;
+}
+
 /* GGUF stores q/k permuted for adjacent-pair rope; Hugging Face files use
  * rotate_half (neox) whatever the architecture. */
-static void apply_arch(pt_model_config *c, const pt_family *f, const pt_arch *a, bool gguf) {
+static void apply_arch(pt_model_config *c, const pt_arch *a, bool gguf) {
     snprintf(c->arch, sizeof c->arch, "%s", a->name);
-    c->family = f;
     c->rope_style = gguf ? a->gguf_rope_style : PT_ROPE_NEOX;
     c->qkv_bias = a->qkv_bias;
     c->qk_norm = a->qk_norm;
@@ -164,7 +170,7 @@ static int config_from_gguf(const pt_gguf *g, const pt_model_file *mf, pt_model_
     if (!a)
         return pt_fail(err, "%s: architecture '%s' is not supported (supported: %s)", mf->path,
                        arch, supported_list(list, sizeof list));
-    apply_arch(c, f, a, true);
+    apply_arch(c, a, true);
     if (f->read_gguf(g, mf, arch, c, err)) return -1;
     return check_shapes(c, err);
 }
@@ -259,7 +265,7 @@ int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (!a)
         return pt_fail(err, "config.json: model_type '%s' is not supported (supported: %s)", type,
                        supported_list(list, sizeof list));
-    apply_arch(c, f, a, false);
+    apply_arch(c, a, false);
     if (f->read_json(j, c, err)) return -1;
     /* MLX quantized models: validated here, read per module by weights.c */
     if (pt_mlx_quant_check(j, err)) return -1;

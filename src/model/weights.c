@@ -216,7 +216,7 @@ static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err
 }
 
 int pt_model_bind_file_weights(pt_model *m, pt_err *err) {
-    const pt_family *f = m->cfg.family;
+    const pt_family *f = m->family;
     for (size_t i = 0; i < f->n_weights; i++) {
         int n = f->weights[i].per_layer ? m->cfg.n_layers : 1;
         for (int l = 0; l < n; l++)
@@ -270,7 +270,7 @@ int pt_weight_hf_name(const char *gguf_name, char *out, size_t cap) {
 pt_weight *pt_model_weight_named(pt_model *m, const char *name) {
     int layer;
     bool gguf;
-    const pt_weight_spec *s = spec_named(m->cfg.family, name, &layer, &gguf);
+    const pt_weight_spec *s = spec_named(m->family, name, &layer, &gguf);
     if (!s || s->cols == D_NONE || (s->per_layer && layer >= m->cfg.n_layers)) return NULL;
     return pt_spec_target(m, s, layer);
 }

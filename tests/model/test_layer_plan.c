@@ -195,10 +195,10 @@ static void test_expert_stack_dummy(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         pt_model m = {.be = be};
         config_of("{\"model_type\":\"llama\"," BASE "}", &m.cfg);
-        m.cfg.family = &fam;
+        m.family = &fam;
         m.cfg.n_experts = 4;
         size_t bytes;
-        assert_int_equal(pt_model_dummy_bytes(&m.cfg, cases[i].format, &bytes, &err), 0);
+        assert_int_equal(pt_family_dummy_bytes(&fam, &m.cfg, cases[i].format, &bytes, &err), 0);
         assert_int_equal(bytes, 3 * 4 * cases[i].stride);
         m.layers = calloc(3, sizeof(pt_layer));
         if (pt_model_make_dummy_weights(&m, cases[i].format, 7, &err)) fail_msg("%s", err.msg);
