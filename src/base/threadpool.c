@@ -23,6 +23,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -153,13 +154,22 @@ pt_pool *pt_pool_new(int n_threads) {
     pool->n_threads = n_threads;
     pool->threads = pt_xcalloc((size_t)n_threads, sizeof *pool->threads);
     pool->workers = pt_xcalloc((size_t)n_threads, sizeof *pool->workers);
-    for (int i = 1; i < n_threads; i++) {
-        pool->workers[i] = (pt_worker){pool, i};
-        if (pthread_create(&pool->threads[i], NULL, worker_main, &pool->workers[i]) != 0) {
-            pool->n_threads = i; /* stop and join only the ones that started */
-            pt_pool_free(pool);
-            return NULL;
-        }
+    /* Workers inherit a full signal mask: a process-directed signal (SIGINT,
+     * SIGTERM) is then handled on an application thread, which may clean up
+     * what it was writing, and never interrupts a worker mid-job. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int started = 1;
+    for (; started < n_threads; started++) {
+        pool->workers[started] = (pt_worker){pool, started};
+        if (pthread_create(&pool->threads[started], NULL, worker_main, &pool->workers[started]) != 0) break;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (started < n_threads) {
+        pool->n_threads = started; /* stop and join only the ones that started */
+        pt_pool_free(pool);
+        return NULL;
     }
     return pool;
 }

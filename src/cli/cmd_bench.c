@@ -5,7 +5,9 @@
  * Decode is memory-bound: a step reads every weight matrix once plus the
  * KV cache up to its depth, so its floor is bytes / read bandwidth.  We
  * measure the machine's read bandwidth here, time real steps, and report
- * achieved/roofline.  Prefill is reported in tok/s and GFLOP/s.
+ * achieved/roofline.  Prefill is reported in tok/s and GFLOP/s.  Bench feeds
+ * token ids and never text, so it loads no tokenizer: any model that runs
+ * can be measured, with or without one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +122,7 @@ int cmd_bench(int argc, char **argv) {
     if (cli_margs.ctx < need_ctx) cli_margs.ctx = need_ctx;
 
     pt_engine *e;
+    cli_margs.no_tokenizer = true;
     if (cli_open_engine(&e)) return 1;
     const pt_model *m = e->model;
     char desc[256];

@@ -3,9 +3,12 @@
 # commands themselves: convert's output directory and its clean-up on a
 # signal, bench without a tokenizer, kvcodec's JSON.  There is no petrel_cli
 # library, so tests/CMakeLists.txt does not pick these up by itself.
-foreach(t test_kvcodec_cli)
+# test_convert_cli also opens the models in-process to compare token ids.
+set(test_kvcodec_cli_libs petrel_io)
+set(test_convert_cli_libs petrel_engine)
+foreach(t test_kvcodec_cli test_convert_cli)
   add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
-  target_link_libraries(${t} PRIVATE petrel_tokenizer PkgConfig::CMOCKA)
+  target_link_libraries(${t} PRIVATE ${${t}_libs} PkgConfig::CMOCKA)
   target_compile_definitions(${t} PRIVATE
     PETREL_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
     PETREL_BIN="$<TARGET_FILE:petrel>")
