@@ -190,6 +190,11 @@ static pid_t start_blocked_convert(void) {
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("convert ended early (status %d)", status);
         if (exists(staged)) break;
+        if (exists(dst)) { /* writing straight into DST: the defect this test is for */
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fail_msg("convert writes %s before it is complete", dst);
+        }
         usleep(10000);
     }
     return pid;
