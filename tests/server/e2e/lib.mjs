@@ -14,14 +14,17 @@ let serial = 0;
 
 // Starts `petrel serve --port 0` with extra flags; resolves once the port
 // file appears.  The server's stderr is kept for failure messages.
-export async function startServer(extra = [], env = {}) {
+// opts.nofile: run it under `ulimit -n` of that many descriptors.
+export async function startServer(extra = [], env = {}, opts = {}) {
   const portFile = path.join(os.tmpdir(), `petrel-e2e-${process.pid}-${serial++}.port`);
   rmSync(portFile, { force: true });
   const args = ['serve', '--port', '0', '--port-file', portFile, ...extra];
-  const proc = spawn(PETREL, args, {
-    stdio: ['ignore', 'ignore', 'pipe'],
-    env: { ...process.env, ...env },
-  });
+  const [cmd, argv] = opts.nofile
+    ? ['sh', ['-c', `ulimit -n ${opts.nofile} && exec "$0" "$@"`, PETREL, ...args]]
+    : [PETREL, args];
+  const fullEnv = { ...process.env, ...env };
+  for (const k of Object.keys(fullEnv)) if (fullEnv[k] === undefined) delete fullEnv[k];
+  const proc = spawn(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'], env: fullEnv });
   let log = '';
   proc.stderr.on('data', (d) => { log += d; });
   const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
