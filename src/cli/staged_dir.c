@@ -151,7 +151,8 @@ int staged_begin(const char *dst, bool replace, const char **tmp, pt_err *err) {
     if (mkdir(st.tmp, 0755)) {
         int e = errno;
         restore_handlers();
-        return pt_fail(err, "%s: %s", st.tmp, strerror(e));
+        if (e == ENOENT) return pt_fail(err, "%s: the directory it goes in, %s, does not exist", st.dst, st.parent);
+        return pt_fail(err, "cannot create %s beside %s: %s", st.tmp, st.dst, strerror(e));
     }
     st.replace = replace;
     st.staged = true;
