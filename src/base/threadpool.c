@@ -72,13 +72,15 @@ struct pt_pool {
     _Atomic uint32_t sleepers; /* workers inside (or about to enter) FUTEX_WAIT on gen */
     pt_pool_fn fn;             /* the job; written before gen is bumped */
     void *ctx;
-    int stop;
+    /* Atomic, as a worker that lost its slice to the caller may still be
+     * reading it while pt_pool_free sets it. */
+    _Atomic int stop;
 
     _Alignas(CACHE_LINE) _Atomic uint32_t pending;
     _Atomic uint32_t caller_asleep;
 
     _Alignas(CACHE_LINE) int n_threads;
-    double spin; /* seconds a waiter spins before it sleeps */
+    _Atomic double spin; /* seconds a waiter spins before it sleeps */
     pthread_t *threads;
     struct pt_worker *workers;
     pt_slot *slots; /* [n_threads]; slot 0 (the caller's) is unused */
@@ -115,7 +117,7 @@ static uint32_t spin_while_equal(_Atomic uint32_t *word, uint32_t value, double 
 
 /* Waits until the generation moves past seen; returns the new generation. */
 static uint32_t worker_wait_job(pt_pool *pool, uint32_t seen) {
-    uint32_t g = spin_while_equal(&pool->gen, seen, pool->spin);
+    uint32_t g = spin_while_equal(&pool->gen, seen, atomic_load_explicit(&pool->spin, memory_order_relaxed));
     while (g == seen) {
         atomic_fetch_add(&pool->sleepers, 1);
         futex_wait(&pool->gen, seen);
@@ -147,7 +149,7 @@ static void *worker_main(void *arg) {
     uint32_t seen = 0;
     for (;;) {
         seen = worker_wait_job(pool, seen);
-        if (pool->stop) break; /* ordered by the acquire of gen */
+        if (atomic_load(&pool->stop)) break;
         if (!claim(pool, w->ith, seen)) continue; /* the caller ran it: we were late */
         pool->fn(pool->ctx, w->ith, pool->n_threads);
         slice_done(pool);
@@ -179,7 +181,8 @@ static void run_late_slices(pt_pool *pool, uint32_t g) {
 static void caller_wait_all(pt_pool *pool) {
     uint32_t left;
     while ((left = atomic_load(&pool->pending)) != 0) {
-        if (spin_while_equal(&pool->pending, left, pool->spin) != left) continue;
+        double spin = atomic_load_explicit(&pool->spin, memory_order_relaxed);
+        if (spin_while_equal(&pool->pending, left, spin) != left) continue;
         atomic_store(&pool->caller_asleep, 1);
         while ((left = atomic_load(&pool->pending)) != 0) futex_wait(&pool->pending, left);
         atomic_store(&pool->caller_asleep, 0);
@@ -195,7 +198,7 @@ pt_pool *pt_pool_new(int n_threads) {
     if (n_threads <= 0) n_threads = online_cores();
     pt_pool *pool = pt_xcalloc(1, sizeof *pool);
     pool->n_threads = n_threads;
-    pool->spin = SPIN_SECONDS;
+    atomic_init(&pool->spin, SPIN_SECONDS);
     pool->threads = pt_xcalloc((size_t)n_threads, sizeof *pool->threads);
     pool->workers = pt_xcalloc((size_t)n_threads, sizeof *pool->workers);
     pool->slots = pt_xcalloc((size_t)n_threads, sizeof *pool->slots);
@@ -221,7 +224,7 @@ pt_pool *pt_pool_new(int n_threads) {
 
 void pt_pool_free(pt_pool *pool) {
     if (!pool) return;
-    pool->stop = 1;
+    atomic_store(&pool->stop, 1);
     publish(pool);
     for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->threads[i], NULL);
     free(pool->threads);
@@ -231,7 +234,7 @@ void pt_pool_free(pt_pool *pool) {
 }
 
 void pt_pool_set_spin(pt_pool *pool, double seconds) {
-    pool->spin = seconds > 0 ? seconds : 0;
+    atomic_store_explicit(&pool->spin, seconds > 0 ? seconds : 0, memory_order_relaxed);
 }
 
 int pt_pool_size(const pt_pool *pool) {
