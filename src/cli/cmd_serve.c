@@ -26,7 +26,7 @@ static const cli_opt serve_opts[] = {
     {"api-key", 0, CLI_STR, &g.api_key, "KEY",
      "require 'Authorization: Bearer KEY' on /v1/* (default: $PETREL_API_KEY, else none)"},
     {"parallel", 'P', CLI_INT, &g.parallel, "N",
-     "sequences decoded together, continuous batching (default 8)"},
+     "sequences decoded together, continuous batching; at most --batch (default 8)"},
     {"max-seqs", 0, CLI_INT, &g.parallel, "N", "the same as --parallel"},
     {"max-queue", 0, CLI_INT, &g.max_queue, "N",
      "requests that may wait for a slot before 503 (default 1024)"},
@@ -98,6 +98,19 @@ int cmd_serve(int argc, char **argv) {
         g.max_conns < 0) {
         fprintf(stderr, "petrel serve: --header-timeout, --min-body-rate and --max-connections "
                         "take positive numbers (--min-body-rate 0: no minimum)\n");
+        return 2;
+    }
+    /* Each running sequence takes one row of every decode batch, so the
+     * table's range narrows to --batch; an explicit --parallel above it is
+     * an error rather than silently lowered. */
+    int batch = cli_margs.batch > 0 ? cli_margs.batch : 512;
+    if (g.parallel > batch) {
+        pt_gen_limit l = pt_gen_limits[PT_GP_PARALLEL];
+        l.hi = batch;
+        char v[16], note[64];
+        snprintf(v, sizeof v, "%d", g.parallel);
+        snprintf(note, sizeof note, "(--batch is %d: raise it for more)", batch);
+        cli_check_range("-P/--parallel (--max-seqs)", v, g.parallel, &l, note);
         return 2;
     }
 

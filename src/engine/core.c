@@ -41,6 +41,7 @@ struct pt_core {
     pt_policy_req *pr;
     int *run_idx, *wait_idx;
     req **idx_req; /* policy index -> request */
+    int *cached_pages; /* policy index -> cached pages a waiting request starts with */
     pt_step_plan plan;
     pt_run_item *items;
     req **item_req;
@@ -60,6 +61,7 @@ static void grow(pt_core *c, int need) {
     c->run_idx = pt_xrealloc(c->run_idx, sizeof(int) * n);
     c->wait_idx = pt_xrealloc(c->wait_idx, sizeof(int) * n);
     c->idx_req = pt_xrealloc(c->idx_req, sizeof(req *) * n);
+    c->cached_pages = pt_xrealloc(c->cached_pages, sizeof(int) * n);
     c->plan.items = pt_xrealloc(c->plan.items, sizeof *c->plan.items * n);
     c->plan.preempt = pt_xrealloc(c->plan.preempt, sizeof(int) * n);
     c->plan.admit = pt_xrealloc(c->plan.admit, sizeof(int) * n);
@@ -145,35 +147,47 @@ static uint64_t page_key(pt_core *c, req *r, int b) {
         r->hashes = pt_xrealloc(r->hashes, sizeof(uint64_t) * (size_t)r->cap_hashes);
     }
     if (b == r->n_hashed) {
+        const int32_t *toks = r->started ? r->seq.tokens : r->prompt;
         uint64_t parent = b ? r->hashes[b - 1] : 0;
-        r->hashes[r->n_hashed++] =
-            pt_block_hash(parent, r->seq.tokens + (size_t)b * ps, ps, c->e->cache_salt);
+        r->hashes[r->n_hashed++] = pt_block_hash(parent, toks + (size_t)b * ps, ps, c->e->cache_salt);
     }
     return r->hashes[b];
 }
 
-/* Takes the longest run of r's leading full pages that the pool holds,
- * up to position `end` - 1 (at least one row of the planned ones is still
- * computed, so the step has its logits, and the plan's page count stays an
- * upper bound).  Only for a sequence with nothing computed. */
-static void reuse_prefix(pt_core *c, req *r, int end) {
+/* How many of r's leading full pages the pool holds (never the page of
+ * its last token: at least one row is computed, so the step has logits),
+ * and how many of those are free (reviving them takes from the free
+ * count).  Looks only; a request with pages of its own probes nothing. */
+static int probe_prefix(pt_core *c, req *r, int *n_revive) {
     pt_kv_cache *kv = &c->e->kv;
-    pt_kv_seq *s = &r->seq.kv;
-    int ps = kv->cfg.page_size, max_pages = (end - 1) / ps;
-    if (!c->e->prefix_cache || s->n_tokens > 0 || s->n_pages > 0) return;
-    int b = 0;
+    int n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
+    int ps = kv->cfg.page_size, max_pages = (n_tokens - 1) / ps, b = 0;
+    *n_revive = 0;
+    if (!c->e->prefix_cache || (r->started && r->seq.kv.n_pages > 0)) return 0;
     for (; b < max_pages; b++) {
         int32_t id = pt_block_lookup(&kv->pool, page_key(c, r, b));
         if (id < 0) break;
-        if (s->n_pages == s->cap) {
-            s->cap = s->cap ? 2 * s->cap : 16;
-            s->pages = pt_xrealloc(s->pages, sizeof(int32_t) * (size_t)s->cap);
-        }
+        *n_revive += pt_block_refs(&kv->pool, id) == 0;
+    }
+    return b;
+}
+
+/* Takes the first n_pages of r's keys from the pool: the pages
+ * probe_prefix found in this same step (nothing was allocated since). */
+static void reuse_prefix(pt_core *c, req *r, int n_pages) {
+    pt_kv_cache *kv = &c->e->kv;
+    pt_kv_seq *s = &r->seq.kv;
+    if (n_pages > s->cap) {
+        s->cap = n_pages;
+        s->pages = pt_xrealloc(s->pages, sizeof(int32_t) * (size_t)s->cap);
+    }
+    for (int b = 0; b < n_pages; b++) {
+        int32_t id = pt_block_lookup(&kv->pool, r->hashes[b]);
         pt_block_ref(&kv->pool, id);
         s->pages[s->n_pages++] = id;
     }
-    s->n_tokens = b * ps;
-    r->n_published = b;
+    s->n_tokens = n_pages * kv->cfg.page_size;
+    r->n_published = n_pages;
 }
 
 /* Gives r's newly full pages their keys, so later requests find them. */
@@ -185,16 +199,18 @@ static void publish_pages(pt_core *c, req *r) {
         pt_block_set_hash(&kv->pool, r->seq.kv.pages[r->n_published], page_key(c, r, r->n_published));
 }
 
-/* WAITING / PREEMPTED -> RUNNING; the plan computes up to position end. */
-static void admit(pt_core *c, req *r, int end) {
+/* WAITING / PREEMPTED -> RUNNING, starting past the n_cached_pages the
+ * plan counted on. */
+static void admit(pt_core *c, req *r, int n_cached_pages) {
     if (!r->started) {
         pt_seq_init(&r->seq, c->e, &r->d.params.sampling);
         if (r->d.n_bias) pt_sampler_set_bias(r->seq.sampler, r->bias_ids, r->bias_vals, r->d.n_bias);
         for (int i = 0; i < r->d.n_prompt; i++) pt_seq_push(&r->seq, r->prompt[i]);
+        if (r->d.add_procs) r->d.add_procs(r->d.proc_arg, r->seq.sampler);
         r->seq.n_prompt = r->d.n_prompt;
         r->started = true;
     }
-    reuse_prefix(c, r, end);
+    reuse_prefix(c, r, n_cached_pages);
     if (r->t_admit == 0) {
         r->t_admit = pt_now();
         r->n_cached = PT_MIN(r->seq.kv.n_tokens, r->d.n_prompt);
@@ -237,6 +253,17 @@ static void describe(pt_core *c, pt_policy_req *p, const req *r) {
     p->n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
     p->n_spec = 0;
     p->pages_held = r->started ? r->seq.kv.n_pages : 0;
+    p->pages_own = p->pages_revive = 0;
+    for (int i = 0; i < p->pages_held; i++)
+        p->pages_own += pt_block_refs(&c->e->kv.pool, r->seq.kv.pages[i]) == 1;
+}
+
+/* A waiting request as it would start: past its cached pages. */
+static void describe_waiting(pt_core *c, pt_policy_req *p, req *r, int *n_cached_pages) {
+    describe(c, p, r);
+    *n_cached_pages = probe_prefix(c, r, &p->pages_revive);
+    p->n_computed = *n_cached_pages * c->e->kv.cfg.page_size;
+    p->pages_held = *n_cached_pages;
 }
 
 static void make_plan(pt_core *c) {
@@ -246,8 +273,10 @@ static void make_plan(pt_core *c) {
         c->idx_req[n] = c->run[i];
         c->run_idx[i] = n;
     }
-    for (int i = 0; i < c->n_wait; i++, n++) {
-        describe(c, &c->pr[n], c->wait[i]);
+    /* only the queue's head can start this step: max_seqs bounds it */
+    int n_wait = PT_MIN(c->n_wait, PT_MAX(0, c->o.max_seqs - c->n_run));
+    for (int i = 0; i < n_wait; i++, n++) {
+        describe_waiting(c, &c->pr[n], c->wait[i], &c->cached_pages[n]);
         c->idx_req[n] = c->wait[i];
         c->wait_idx[i] = n;
     }
@@ -256,7 +285,7 @@ static void make_plan(pt_core *c) {
                             .max_seqs = c->o.max_seqs,
                             .page_size = c->e->kv.cfg.page_size,
                             .free_pages = pt_kv_free_pages(&c->e->kv)};
-    pt_sched_plan(c->pr, c->run_idx, c->n_run, c->wait_idx, c->n_wait, &lim, &c->plan);
+    pt_sched_plan(c->pr, c->run_idx, c->n_run, c->wait_idx, n_wait, &lim, &c->plan);
 }
 
 static void sample_outputs(pt_core *c, int n_items) {
@@ -282,10 +311,9 @@ int pt_core_step(pt_core *c) {
     for (int i = 0; i < p->n_items; i++) {
         const pt_step_item *it = &p->items[i];
         req *r = c->idx_req[it->req];
-        int end = c->pr[it->req].n_computed + it->n_rows; /* as planned */
-        if (r->state != PT_REQ_RUNNING) admit(c, r, end); /* may start past 0: cached */
+        if (r->state != PT_REQ_RUNNING) admit(c, r, c->cached_pages[it->req]);
         c->item_req[i] = r;
-        c->items[i] = (pt_run_item){&r->seq, end - r->seq.kv.n_tokens, it->n_logits};
+        c->items[i] = (pt_run_item){&r->seq, it->n_rows, it->n_logits};
     }
     if (p->n_items > 0) {
         pt_err err = {{0}};
@@ -338,7 +366,7 @@ void pt_core_free(pt_core *c) {
     if (!c) return;
     pt_core_cancel_all(c);
     free(c->run), free(c->wait), free(c->pr), free(c->run_idx), free(c->wait_idx);
-    free(c->idx_req), free(c->plan.items), free(c->plan.preempt), free(c->plan.admit);
+    free(c->idx_req), free(c->cached_pages), free(c->plan.items), free(c->plan.preempt), free(c->plan.admit);
     free(c->plan.order), free(c->plan.gone);
     free(c->items), free(c->item_req);
     pt_runner_free(&c->runner);

@@ -1,8 +1,16 @@
-# tests/cli: the `petrel` binary run as a user runs it (a child process per
-# case, its files and exit status checked), for behaviour that lives in the
-# commands themselves: convert's output directory and its clean-up on a
-# signal, bench without a tokenizer, kvcodec's JSON.  There is no petrel_cli
-# library, so tests/CMakeLists.txt does not pick these up by itself.
+# tests/cli: the `petrel` command line run as a user runs it (a child process
+# per case, its exit status, output and files checked).  There is no
+# petrel_cli library, so tests/CMakeLists.txt does not pick these up itself.
+#
+# bad_input.sh feeds it out-of-range flags, a NUL in stdin and the eval
+# model forms, and checks exit statuses and that stderr names the flag and
+# its range.
+add_test(NAME cli/bad_input
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/bad_input.sh $<TARGET_FILE:petrel>)
+set_tests_properties(cli/bad_input PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 900)
+
+# C tests: convert's output directory (tokenizer carried from GGUF, staging
+# and its clean-up on a signal), bench without a tokenizer, kvcodec's JSON.
 # test_convert_cli also opens the models in-process to compare token ids.
 set(test_kvcodec_cli_libs petrel_io)
 set(test_convert_cli_libs petrel_engine)

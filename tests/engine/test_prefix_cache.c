@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "engine/core.h"
 
 #define MODEL PETREL_SOURCE_DIR "/models/stories260K.gguf"
 
@@ -117,11 +117,82 @@ static void test_salt(void **state) {
     pt_engine_close(a), pt_engine_close(b), pt_engine_close(c);
 }
 
+/* The core, synchronously: requests that share cached prompt pages in a
+ * pool too small for them all.  Preempting a sharer returns none of the
+ * shared pages; the plan must know, or a step finds the pool short.
+ * Every request finishes with the tokens it gets alone. */
+typedef struct {
+    out_tokens toks;
+    pt_sched_stats st;
+    bool done;
+} core_result;
+
+static int core_token(void *user, const pt_sample_result *r) {
+    core_result *x = user;
+    if (x->toks.n < 256) x->toks.ids[x->toks.n++] = r->id;
+    return 0;
+}
+
+static void core_done(void *user, const pt_sched_stats *st) {
+    core_result *x = user;
+    x->st = *st;
+    x->done = true;
+}
+
+static void test_shared_pages_under_preemption(void **state) {
+    (void)state;
+    pt_engine *e = open_engine(NULL, false);
+    int32_t p[45];
+    prompt(p, 45, 0, 0);
+    out_tokens alone;
+    pt_gen_params gp = {.max_tokens = 30, .ignore_eos = true};
+    gp.sampling = pt_sampling_default();
+    gp.sampling.temperature = 0;
+    {
+        pt_gen_stats st;
+        pt_err err = {{0}};
+        alone.n = 0;
+        assert_int_equal(pt_generate(e, p, 45, &gp, collect, &alone, &st, &err), 0);
+    }
+    /* 7 pages: one request needs 5 alone (75 positions), two share 3 */
+    pt_kv_cache_free(&e->kv);
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_kv_init(e->model, &e->kv, 7 * 16, PT_F16, NULL, &err), 0);
+    pt_core_opts co = {.max_seqs = 6, .max_prefill = 16};
+    pt_core *c = pt_core_new(e, &co);
+    enum { N = 6 };
+    core_result res[N] = {0};
+    int preempted = 0, cached = 0;
+    for (int k = 0; k < N; k++) {
+        pt_sched_job job = {.prompt = p, .n_prompt = 45, .params = gp, .on_token = core_token,
+                            .on_done = core_done, .user = &res[k]};
+        assert_int_equal(pt_core_check(c, &job, &err), 0);
+        pt_core_add(c, &job, (uint64_t)k + 1);
+        for (int s = 0; s < 5; s++) pt_core_step(c); /* staggered arrivals */
+    }
+    for (int guard = 0; pt_core_step(c) > 0; guard++) assert_true(guard < 100000);
+    for (int k = 0; k < N; k++) {
+        assert_true(res[k].done);
+        if (res[k].st.finish != PT_FINISH_LENGTH) fail_msg("request %d: %s", k, res[k].st.error);
+        assert_int_equal(res[k].toks.n, 30);
+        assert_memory_equal(res[k].toks.ids, alone.ids, sizeof(int32_t) * 30);
+        preempted += res[k].st.n_preempted;
+        cached += res[k].st.n_cached;
+    }
+    print_message("%d preemptions, %d prompt positions reused over %d requests\n", preempted,
+                  cached, N);
+    assert_true(preempted > 0 && cached > 0);
+    pt_core_free(c);
+    assert_int_equal(pt_kv_free_pages(&e->kv), e->kv.cfg.n_pages);
+    pt_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reuse_f16),
         cmocka_unit_test(test_reuse_turbo),
         cmocka_unit_test(test_salt),
+        cmocka_unit_test(test_shared_pages_under_preemption),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

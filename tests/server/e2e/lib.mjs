@@ -29,7 +29,9 @@ export async function startServer(extra = [], env = {}, opts = {}) {
   proc.stderr.on('data', (d) => { log += d; });
   const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
   for (let i = 0; ; i++) {
-    if (existsSync(portFile) && readFileSync(portFile, 'utf8').endsWith('\n')) break;
+    // the port file is written after the start-up lines; wait for those
+    // to reach us too, so tests may read them at once
+    if (existsSync(portFile) && readFileSync(portFile, 'utf8').endsWith('\n') && /listening on/.test(log)) break;
     if (proc.exitCode !== null) throw new Error(`petrel serve exited ${proc.exitCode}:\n${log}`);
     if (i > 2400) throw new Error(`petrel serve did not start in 120 s:\n${log}`);
     await sleep(50);
