@@ -81,3 +81,45 @@ int pt_bench_requests(pt_engine *e, int n_seqs, int n_prompt, int n_gen, uint64_
     out->decode_tok_s = out->t_decode > 0 ? (double)b.n_after / out->t_decode : 0;
     return 0;
 }
+
+typedef struct one_run {
+    pt_sched_stats st;
+    bool done;
+} one_run;
+
+static int one_token(void *user, const pt_sample_result *r) {
+    (void)user, (void)r;
+    return 0;
+}
+
+static void one_done(void *user, const pt_sched_stats *st) {
+    one_run *o = user;
+    o->st = *st;
+    o->done = true;
+}
+
+int pt_bench_prompt(pt_engine *e, const int32_t *prompt, int n, int n_gen, double *ttft,
+                    double *per_token, int *n_cached, pt_err *err) {
+    pt_core_opts co = {.max_seqs = 1};
+    pt_core *c = pt_core_new(e, &co);
+    one_run o = {0};
+    pt_sched_job job = {.prompt = prompt, .n_prompt = n, .on_token = one_token,
+                        .on_done = one_done, .user = &o};
+    job.params.sampling = pt_sampling_default();
+    job.params.sampling.temperature = 0;
+    job.params.sampling.n_logprobs = -1;
+    job.params.max_tokens = n_gen;
+    job.params.ignore_eos = true;
+    if (pt_core_check(c, &job, err)) {
+        pt_core_free(c);
+        return -1;
+    }
+    pt_core_add(c, &job, 1);
+    while (pt_core_step(c) > 0) {}
+    pt_core_free(c);
+    if (o.st.finish == PT_FINISH_NONE) return pt_fail(err, "%s", o.st.error);
+    *ttft = o.st.ttft;
+    *per_token = o.st.n_generated > 1 ? o.st.t_decode / (o.st.n_generated - 1) : 0;
+    *n_cached = o.st.n_cached;
+    return 0;
+}

@@ -23,4 +23,10 @@ typedef struct pt_bench_run {
 int pt_bench_requests(pt_engine *e, int n_seqs, int n_prompt, int n_gen, uint64_t seed,
                       pt_bench_run *out, int max_seqs, pt_err *err);
 
+/* One request of prompt[0..n) generating n_gen tokens: time to its first
+ * token, seconds per later token, and the prompt positions the prefix
+ * cache served. */
+int pt_bench_prompt(pt_engine *e, const int32_t *prompt, int n, int n_gen, double *ttft,
+                    double *per_token, int *n_cached, pt_err *err);
+
 #endif
