@@ -130,6 +130,31 @@ out:
     return rc;
 }
 
+/* --spec: speculative decode against plain decode at each depth. */
+static int run_spec(pt_engine *e, const pt_spec_params *spec, const int *depths, int n_depths,
+                    json_t *j, pt_err *err) {
+    json_t *ja = json_array();
+    json_object_set_new(j, "speculative", ja);
+    printf("\n%-10s %8s %12s %12s %9s %10s %12s\n", "spec", "depth", "plain t/s", "spec t/s",
+           "speed-up", "accepted", "tokens/step");
+    for (int i = 0; i < n_depths; i++) {
+        pt_bench_spec_run r;
+        int gen = PT_MAX(b.gen, 64);
+        if (pt_bench_spec(e, depths[i] + 1, gen, spec, &r, err)) return -1;
+        double acc = r.n_drafted ? (double)r.n_accepted / r.n_drafted : 0;
+        double per_step = r.steps_spec > 1 ? (double)gen / (r.steps_spec - 1) : 0;
+        printf("%-10s %8d %12.2f %12.2f %8.2fx %9.0f%% %12.2f\n", "", depths[i], r.tok_s_plain,
+               r.tok_s_spec, r.tok_s_plain > 0 ? r.tok_s_spec / r.tok_s_plain : 0, 100 * acc,
+               per_step);
+        json_array_append_new(ja, json_pack("{s:i, s:i, s:f, s:f, s:i, s:i, s:I}", "depth",
+                                            depths[i], "k", spec->k, "tok_s_plain",
+                                            r.tok_s_plain, "tok_s_spec", r.tok_s_spec,
+                                            "drafted", r.n_drafted, "accepted", r.n_accepted,
+                                            "steps", (json_int_t)r.steps_spec));
+    }
+    return 0;
+}
+
 /* N concurrent requests through the scheduler, for each N of --parallel. */
 static int run_parallel(pt_engine *e, const int *ns, int n_ns, json_t *j, pt_err *err) {
     json_t *ja = json_array();
@@ -162,7 +187,7 @@ int cmd_bench(int argc, char **argv) {
     memset(&b, 0, sizeof b);
     b.prompt_lens = "64,256,512", b.depths = "0,512", b.gen = 32, b.reps = 3;
     b.par_prompt = 128, b.par_gen = 128;
-    const cli_opt *tables[] = {bench_opts, cli_model_opts, NULL};
+    const cli_opt *tables[] = {bench_opts, cli_spec_opts, cli_model_opts, NULL};
     int n_pos, rc = cli_parse(argc, argv, "petrel bench [options]", tables, NULL, 0, &n_pos);
     if (rc) return rc < 0 ? 2 : 0;
     int lens[16], depths[16], pars[16], n_pars = 0;
@@ -182,6 +207,10 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "petrel bench: --parallel counts must be >= 1\n");
             return 2;
         }
+    pt_spec_params spec;
+    float oracle_accept = 0;
+    if (cli_spec_params(&spec, true, &oracle_accept)) return 2;
+    spec.oracle_accept = oracle_accept;
     int need_ctx = 0;
     for (int i = 0; i < n_lens; i++) need_ctx = PT_MAX(need_ctx, lens[i] + 1);
     for (int i = 0; i < n_depths; i++) need_ctx = PT_MAX(need_ctx, depths[i] + b.gen + 2);
@@ -251,6 +280,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (n_pars && run_parallel(e, pars, n_pars, j, &err)) goto fail;
     if (b.reuse && run_reuse(&e, j, &err)) goto fail;
+    if (spec.kind != PT_SPEC_OFF && run_spec(e, &spec, depths, n_depths, j, &err)) goto fail;
     /* The bandwidth probe's buffer is freed by now: current RSS is the
      * model's own footprint (weights touched + KV pool + workspace). */
     double rss = pt_current_rss() / 1048576.0, peak = pt_peak_rss() / 1048576.0;
