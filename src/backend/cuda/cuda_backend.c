@@ -775,6 +775,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_attention_init();
     cu_kvq_init();
     cu_gemv_init(cb->n_sm);
+    cu_qgemv_init(cb->n_sm);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", 4);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_MAX_ROWS);

@@ -63,6 +63,9 @@ typedef struct cu_qweight {
  * per weight row and token row per thread). */
 #define CU_QGEMV_MAX_ROWS 16
 
+/* Sets the GEMV's shared-memory limits and sizes its persistent grids;
+ * once per device, before any capture. */
+void cu_qgemv_init(int n_sm);
 /* Whether the kernels take this weight (format, shape, 16-byte aligned). */
 int cu_qweight_ok(const cu_qweight *w);
 /* y[n][rows] = x[n][cols] · wᵀ for n <= CU_QGEMV_MAX_ROWS; -1: not taken. */

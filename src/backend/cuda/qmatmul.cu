@@ -5,17 +5,17 @@
  *
  * Three kernels share one decoder per format:
  *
- *  - qgemv (decode, n <= CU_QGEMV_MAX_ROWS token rows): a block of 128
- *    threads owns QM_ROWS weight rows.  It copies the rows' bytes into
+ *  - qgemv (decode, n <= CU_QGEMV_MAX_ROWS token rows): a persistent grid
+ *    (as many blocks of 128 threads as fit at once) whose blocks walk
+ *    groups of QM_ROWS weight rows.  A block copies the rows' bytes into
  *    shared memory with 16-byte cp.async, one tile of 4096 columns per
- *    stage, the next tile's copy in flight while the current one is
- *    multiplied; the first tiles are requested before the kernel waits for
- *    its predecessor (weights are never written).  Each thread then decodes
- *    one 32-element chunk of every row from shared memory and multiplies it
- *    with the activations (f32, read through L1 once per chunk and shared
- *    by the block's rows).  Needs 16-byte aligned rows (every row size of a
- *    real model); other shapes take qgemv_plain, which decodes from global
- *    memory directly.
+ *    work item, two items in flight ahead of the one it multiplies, also
+ *    across row groups, so its loads never wait for a reduction.  Each
+ *    thread decodes one 32-element chunk of every row of the item from
+ *    shared memory and multiplies it with the activations (f32, loaded for
+ *    one or two token rows at a time, shared by the block's rows).  Needs
+ *    16-byte aligned rows (every row size of a real model); other shapes
+ *    take qgemv_plain, which decodes from global memory directly.
  *  - qdequant: rows of a weight as f16 (for cuBLAS, prefill) or f32 (the
  *    embed op, rows picked by token id).
  *
@@ -35,7 +35,7 @@
 #define QM_THREADS 128
 #define QM_TILE (QM_THREADS * 32) /* columns per stage: one chunk per thread */
 #define QM_ROWS 4                 /* weight rows per block */
-#define QM_STAGES 2
+#define QM_STAGES 3
 
 /* ---- formats ---------------------------------------------------------------- */
 
@@ -213,40 +213,58 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* Requests tile t of the block's rows into its stage (one commit group,
- * possibly empty, per call so the wait counts stay simple). */
+/* Work item k of this block: row group blockIdx.x + (k / n_tiles) *
+ * gridDim.x, tile k % n_tiles.  Requests its bytes into stage slot
+ * k % QM_STAGES (one commit group per call, empty past the last item, so
+ * the wait counts stay simple). */
 template <int F>
-__device__ __forceinline__ void qgemv_stage(uint4 *smem, const cu_qweight &w, int64_t r0,
-                                            size_t row_bytes, int tile16, int t, int n_tiles) {
-    if (t < n_tiles) {
+__device__ __forceinline__ void qgemv_stage(uint4 *smem, const cu_qweight &w, size_t row_bytes,
+                                            int tile16, int n_tiles, int n_items, int k) {
+    if (k < n_items) {
+        int j = k / n_tiles, t = k - j * n_tiles;
+        int64_t r0 = ((int64_t)blockIdx.x + (int64_t)j * gridDim.x) * QM_ROWS;
         int64_t c0 = (int64_t)t * QM_TILE, left = w.cols - c0;
         int n16 = (int)(qf_bytes(F, w.bits, left < QM_TILE ? left : QM_TILE) / 16);
         size_t off = (size_t)qf_bytes(F, w.bits, c0);
-        uint4 *dst = smem + (t % QM_STAGES) * QM_ROWS * tile16;
+        uint4 *dst = smem + (k % QM_STAGES) * QM_ROWS * tile16;
         for (int i = threadIdx.x; i < QM_ROWS * n16; i += QM_THREADS) {
-            int r = i / n16, k = i - r * n16;
+            int r = i / n16, c = i - r * n16;
             int64_t row = r0 + r < w.rows ? r0 + r : w.rows - 1; /* clamped rows: never stored */
-            cp_async16(dst + r * tile16 + k,
-                       (const uint8_t *)w.data + (size_t)row * row_bytes + off + 16 * (size_t)k);
+            cp_async16(dst + r * tile16 + c,
+                       (const uint8_t *)w.data + (size_t)row * row_bytes + off + 16 * (size_t)c);
         }
     }
     cp_async_commit();
 }
 
+/* Token rows whose activations a thread holds at once (32 floats each):
+ * the chunk is decoded again for each such batch of tokens. */
+#define QM_TB(NT) ((NT) == 1 ? 1 : 2)
+
+/* Persistent: the grid is what fits on the GPU at once; each block walks
+ * its row groups (blockIdx.x, + gridDim.x, ...) tile by tile with
+ * QM_STAGES - 1 items in flight ahead of the one it multiplies, across
+ * row groups, so its weight loads never pause for a reduction. */
 template <int F, int NT>
 __global__ void __launch_bounds__(QM_THREADS)
     qgemv_kernel(float *y, const float *x, cu_qweight w, int n) {
     cu_grid_trigger();
     extern __shared__ uint4 qm_smem[];
-    __shared__ float red[QM_THREADS / 32][QM_ROWS * NT];
-    const int64_t r0 = (int64_t)blockIdx.x * QM_ROWS, cols = w.cols;
+    __shared__ float red[2][QM_THREADS / 32][QM_ROWS * NT];
+    const int64_t cols = w.cols;
     const size_t row_bytes = (size_t)qf_bytes(F, w.bits, cols);
     const int tile16 = (int)(qf_bytes(F, w.bits, QM_TILE) / 16);
     const int n_tiles = (int)CU_DIV_UP(cols, (int64_t)QM_TILE);
+    const int64_t n_groups = CU_DIV_UP(w.rows, (int64_t)QM_ROWS);
+    const int my_groups =
+        (int64_t)blockIdx.x < n_groups ? (int)((n_groups - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
+    const int n_items = my_groups * n_tiles;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int TB = QM_TB(NT);
 
-    qgemv_stage<F>(qm_smem, w, r0, row_bytes, tile16, 0, n_tiles);
-    qgemv_stage<F>(qm_smem, w, r0, row_bytes, tile16, 1, n_tiles);
+#pragma unroll
+    for (int k = 0; k < QM_STAGES - 1; k++)
+        qgemv_stage<F>(qm_smem, w, row_bytes, tile16, n_tiles, n_items, k);
     cu_grid_wait();
 
     float acc[QM_ROWS][NT];
@@ -255,55 +273,75 @@ __global__ void __launch_bounds__(QM_THREADS)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
 
-    for (int t = 0; t < n_tiles; t++) {
-        cp_async_wait<QM_STAGES - 1>(); /* tile t has landed (this thread's part) */
+    for (int k = 0; k < n_items; k++) {
+        /* the slot of item k - 1 is free: every thread passed the barrier
+         * at the end of the last iteration */
+        qgemv_stage<F>(qm_smem, w, row_bytes, tile16, n_tiles, n_items, k + QM_STAGES - 1);
+        cp_async_wait<QM_STAGES - 1>(); /* item k has landed (this thread's part) */
         __syncthreads();                /* ... and every other thread's */
+        const int j = k / n_tiles, t = k - j * n_tiles;
+        const int64_t r0 = ((int64_t)blockIdx.x + (int64_t)j * gridDim.x) * QM_ROWS;
         const int64_t gc = (int64_t)t * (QM_TILE / 32) + tid;
         if (gc * 32 < cols) {
-            const uint8_t *st = (const uint8_t *)(qm_smem + (t % QM_STAGES) * QM_ROWS * tile16);
+            const uint8_t *st = (const uint8_t *)(qm_smem + (k % QM_STAGES) * QM_ROWS * tile16);
             qchunk q[QM_ROWS];
 #pragma unroll
             for (int r = 0; r < QM_ROWS; r++)
-                qf_chunk<F>(q[r], st + (size_t)r * tile16 * 16, tid, gc,
-                            w, r0 + r < w.rows ? r0 + r : w.rows - 1);
+                qf_chunk<F>(q[r], st + (size_t)r * tile16 * 16, tid, gc, w,
+                            r0 + r < w.rows ? r0 + r : w.rows - 1);
 #pragma unroll
-            for (int g = 0; g < 4; g++) {
-                float wf[QM_ROWS][8];
+            for (int tb = 0; tb < NT; tb += TB) {
+                if (tb >= n) break;
+                /* all of this batch's activation loads at once */
+                float xf[TB][32];
 #pragma unroll
-                for (int r = 0; r < QM_ROWS; r++) qf_get8(q[r], g, wf[r]);
+                for (int i = 0; i < TB; i++) {
+                    const float4 *xp = (const float4 *)(x + (size_t)(tb + i) * cols + gc * 32);
 #pragma unroll
-                for (int tk = 0; tk < NT; tk++) {
-                    if (tk < n) {
-                        const float4 *xp = (const float4 *)(x + (size_t)tk * cols + gc * 32 + 8 * g);
-                        float4 a = __ldg(xp), b = __ldg(xp + 1);
-                        float xf[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    for (int v = 0; v < 8; v++) {
+                        float4 a = tb + i < n ? __ldg(xp + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+                        xf[i][4 * v] = a.x, xf[i][4 * v + 1] = a.y;
+                        xf[i][4 * v + 2] = a.z, xf[i][4 * v + 3] = a.w;
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    float wf[QM_ROWS][8];
+#pragma unroll
+                    for (int r = 0; r < QM_ROWS; r++) qf_get8(q[r], g, wf[r]);
+#pragma unroll
+                    for (int i = 0; i < TB; i++)
 #pragma unroll
                         for (int r = 0; r < QM_ROWS; r++)
 #pragma unroll
-                            for (int i = 0; i < 8; i++) acc[r][tk] = fmaf(wf[r][i], xf[i], acc[r][tk]);
-                    }
+                            for (int e = 0; e < 8; e++)
+                                acc[r][tb + i] = fmaf(wf[r][e], xf[i][8 * g + e], acc[r][tb + i]);
                 }
             }
         }
-        __syncthreads(); /* everyone is done with this stage before it is refilled */
-        qgemv_stage<F>(qm_smem, w, r0, row_bytes, tile16, t + QM_STAGES, n_tiles);
-    }
-
+        if (t == n_tiles - 1) {
+            /* row group done: sum over the block (red alternates between
+             * two buffers, so one barrier per group suffices) */
+            float(*rd)[QM_ROWS * NT] = red[j & 1];
 #pragma unroll
-    for (int r = 0; r < QM_ROWS; r++)
+            for (int r = 0; r < QM_ROWS; r++)
 #pragma unroll
-        for (int tk = 0; tk < NT; tk++) {
-            float v = tk < n ? cu_warp_sum(acc[r][tk]) : 0.f;
-            if (lane == 0) red[warp][r * NT + tk] = v;
+                for (int tk = 0; tk < NT; tk++) {
+                    float v = tk < n ? cu_warp_sum(acc[r][tk]) : 0.f;
+                    if (lane == 0) rd[warp][r * NT + tk] = v;
+                    acc[r][tk] = 0.f;
+                }
+            __syncthreads();
+            for (int i = tid; i < QM_ROWS * NT; i += QM_THREADS) {
+                int r = i / NT, tk = i % NT;
+                if (tk >= n || r0 + r >= w.rows) continue;
+                float v = 0.f;
+#pragma unroll
+                for (int q = 0; q < QM_THREADS / 32; q++) v += rd[q][i];
+                y[(size_t)tk * w.rows + r0 + r] = v;
+            }
         }
-    __syncthreads();
-    for (int i = tid; i < QM_ROWS * NT; i += QM_THREADS) {
-        int r = i / NT, tk = i % NT;
-        if (tk >= n || r0 + r >= w.rows) continue;
-        float v = 0.f;
-#pragma unroll
-        for (int k = 0; k < QM_THREADS / 32; k++) v += red[k][i];
-        y[(size_t)tk * w.rows + r0 + r] = v;
+        __syncthreads(); /* everyone is done with this slot before it is refilled */
     }
 }
 
@@ -368,10 +406,16 @@ __global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
             float wf[8];
             if (ok) qf_get8(q, g, wf);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float v = ok ? wf[k] : 0.f;
-                if (sizeof(O) == 4) ((float *)dst)[c * 32 + 8 * g + k] = v;
-                else ((__half *)dst)[c * 32 + 8 * g + k] = __float2half_rn(v);
+            for (int k = 0; k < 8; k++) wf[k] = ok ? wf[k] : 0.f;
+            if (sizeof(O) == 4) { /* two 16-byte stores */
+                float4 *d = (float4 *)((float *)dst + c * 32 + 8 * g);
+                d[0] = make_float4(wf[0], wf[1], wf[2], wf[3]);
+                d[1] = make_float4(wf[4], wf[5], wf[6], wf[7]);
+            } else { /* one */
+                __half2 h[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(wf[2 * k], wf[2 * k + 1]);
+                *(uint4 *)((__half *)dst + c * 32 + 8 * g) = *(const uint4 *)h;
             }
         }
     }
@@ -425,13 +469,46 @@ static bool staged_ok(const cu_qweight *w) {
            qf_bytes(w->fmt, w->bits, QM_TILE) % 16 == 0 && w->fmt != CU_AFFN;
 }
 
+/* Shared memory of the staged GEMV for format F, and how many of its blocks
+ * fit on the device at once (cu_qgemv_init: not during a graph capture). */
+static size_t qgemv_smem(int f) {
+    return (size_t)QM_STAGES * QM_ROWS * (size_t)qf_bytes(f, f == CU_AFF4 ? 4 : 8, QM_TILE);
+}
+
+template <int F, int NT> static int &qgemv_fit() {
+    static int fit;
+    return fit;
+}
+
+template <int F, int NT> static void qgemv_init_one(int sms) {
+    size_t smem = qgemv_smem(F);
+    cudaFuncSetAttribute(qgemv_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kernel<F, NT>, QM_THREADS, smem);
+    qgemv_fit<F, NT>() = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+}
+
+template <int F> static void qgemv_init_fmt(int sms) {
+    qgemv_init_one<F, 1>(sms), qgemv_init_one<F, 2>(sms), qgemv_init_one<F, 4>(sms);
+    qgemv_init_one<F, 8>(sms), qgemv_init_one<F, 16>(sms);
+}
+
+extern "C" void cu_qgemv_init(int n_sm) {
+    qgemv_init_fmt<CU_Q8_0>(n_sm), qgemv_init_fmt<CU_Q4_0>(n_sm), qgemv_init_fmt<CU_Q4_K>(n_sm);
+    qgemv_init_fmt<CU_Q5_K>(n_sm), qgemv_init_fmt<CU_Q6_K>(n_sm), qgemv_init_fmt<CU_AFF4>(n_sm);
+    qgemv_init_fmt<CU_AFF8>(n_sm);
+    cudaGetLastError(); /* an attribute the device refuses shows up as a launch error later */
+}
+
+/* Launched without PDL: a persistent grid started early lands unevenly on
+ * the SMs (docs/cuda-notes.md, run 4), and each block owns a fixed share. */
 template <int F, int NT>
 static void launch_qgemv(cudaStream_t s, float *y, const float *x, const cu_qweight &w, int n) {
-    int n_tiles = (int)CU_DIV_UP(w.cols, (int64_t)QM_TILE);
-    size_t smem = (size_t)(n_tiles < QM_STAGES ? n_tiles : QM_STAGES) * QM_ROWS *
-                  (size_t)qf_bytes(F, w.bits, QM_TILE);
-    CU_LAUNCH((qgemv_kernel<F, NT>), (unsigned)CU_DIV_UP(w.rows, (int64_t)QM_ROWS), QM_THREADS,
-              smem, s, y, x, w, n);
+    int64_t groups = CU_DIV_UP(w.rows, (int64_t)QM_ROWS);
+    int fit = qgemv_fit<F, NT>() > 0 ? qgemv_fit<F, NT>() : 132 * 2;
+    unsigned grid = (unsigned)(groups < fit ? groups : fit);
+    cudaLaunchConfig_t cfg = cu_config_pdl(grid, QM_THREADS, qgemv_smem(F), s, false);
+    cudaLaunchKernelEx(&cfg, qgemv_kernel<F, NT>, y, x, w, n);
 }
 
 template <int F>
