@@ -528,7 +528,9 @@ int main(int argc, char **argv) {
      * best of 3 repetitions is GPU time, as in a decode step, not the
      * host's launch rate.  GEMV arm up to 8 rows. */
     setenv("PETREL_CUDA_GEMV_MAX", "8", 1);
+    setenv("PETREL_CUDA_QGEMV_MAX", "16", 1);
     gemv_be = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QGEMV_MAX");
     if (!gemv_be) {
         printf("bench_cuda_ops: skipped: %s\n", err.msg);
         return 77;

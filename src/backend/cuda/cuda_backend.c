@@ -23,7 +23,7 @@
  *
  * Quantized weights (GGUF q8_0/q4_0/q4_k/q5_k/q6_k, MLX affine) stay as the
  * file stores them: up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
- * default 16) run the quantized GEMV of qmatmul.cu, more rows dequantize
+ * default 8) run the quantized GEMV of qmatmul.cu, more rows dequantize
  * the weight to f16 in a scratch buffer and run cublasGemmEx; quantized
  * embedding tables are dequantized row by row.
  *
@@ -778,7 +778,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_qgemv_init(cb->n_sm);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", 4);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
-    cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_MAX_ROWS);
+    cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;

@@ -62,6 +62,9 @@ typedef struct cu_qweight {
 /* Token rows up to which the quantized GEMV runs (it keeps one accumulator
  * per weight row and token row per thread). */
 #define CU_QGEMV_MAX_ROWS 16
+/* Default of PETREL_CUDA_QGEMV_MAX: beyond it dequantize + cuBLAS is
+ * faster (bench_cuda_ops, docs/cuda-notes.md). */
+#define CU_QGEMV_DEFAULT_ROWS 8
 
 /* Sets the GEMV's shared-memory limits and sizes its persistent grids;
  * once per device, before any capture. */

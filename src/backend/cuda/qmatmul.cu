@@ -12,10 +12,14 @@
  *    work item, two items in flight ahead of the one it multiplies, also
  *    across row groups, so its loads never wait for a reduction.  Each
  *    thread decodes one 32-element chunk of every row of the item from
- *    shared memory and multiplies it with the activations (f32, loaded for
- *    one or two token rows at a time, shared by the block's rows).  Needs
+ *    shared memory.  Activations are rounded to int16 codes per block of
+ *    32 (an affine group) exactly as the CPU backend does
+ *    (quant_kernels.h), by the thread that owns the chunk, so a chunk's
+ *    product is an exact integer sum (dp2a: two int16 codes times two int8
+ *    weight codes per instruction), scaled once in f32: ~2 instructions
+ *    per weight instead of ~8 for dequantize-and-multiply in f32.  Needs
  *    16-byte aligned rows (every row size of a real model); other shapes
- *    take qgemv_plain, which decodes from global memory directly.
+ *    take qgemv_plain (f32, decoding from global memory).
  *  - qdequant: rows of a weight as f16 (for cuBLAS, prefill) or f32 (the
  *    embed op, rows picked by token id).
  *
@@ -26,9 +30,11 @@
  * = -32 mul).  Bytes become floats without the slow integer conversion:
  * the float with bits 0x4B000000 | u is exactly 2^23 + u.
  *
- * Arithmetic is f32 throughout (activations are not rounded), so results
- * match a f32 product with the dequantized weights to ~1e-6 relative; the
- * CPU backend rounds activations to int16 (quant_kernels.h), ~3e-5.
+ * Accuracy: the staged GEMV computes the CPU's integer sums, so the two
+ * agree to f32 rounding (~1e-6); both differ from an f32 product by the
+ * activation rounding, at most max|x| / 65534 per element.  The plain
+ * kernel and the embeddings are f32 on the dequantized weights; prefill
+ * rounds weights and activations to f16 (~2^-10 relative).
  */
 #include "backend/cuda/cu_common.cuh"
 
@@ -237,9 +243,38 @@ __device__ __forceinline__ void qgemv_stage(uint4 *smem, const cu_qweight &w, si
     cp_async_commit();
 }
 
-/* Token rows whose activations a thread holds at once (32 floats each):
- * the chunk is decoded again for each such batch of tokens. */
-#define QM_TB(NT) ((NT) == 1 ? 1 : 2)
+/* One token's 32 activations of a chunk as int16 codes, exactly as the
+ * CPU backend rounds them (quant_kernels.h): d = max|x| / 32767 over the
+ * activation block (32 elements, or an affine group of G chunks, held by G
+ * adjacent lanes: every lane of the warp must call this), q = rint(x / d).
+ * xw[p] packs codes 2p and 2p+1; s0, s1 are the sums of the codes of each
+ * half.  Lanes whose chunk is past the row pass valid = false (zeros). */
+__device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uint32_t xw[16],
+                                         float &dx, int &s0, int &s1) {
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 a = valid ? __ldg((const float4 *)xp + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    for (int o = 1; o < G; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+    s0 = 0, s1 = 0;
+#pragma unroll
+    for (int p = 0; p < 16; p++) {
+        /* rint by adding 1.5 * 2^23 (round to nearest even, like lrintf);
+         * the product rounded first, as on the CPU (no fused multiply-add) */
+        int a = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p], id), 12582912.f)) - 0x4B400000;
+        int b = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p + 1], id), 12582912.f)) - 0x4B400000;
+        xw[p] = ((uint32_t)a & 0xffffu) | (uint32_t)b << 16;
+        if (p < 8) s0 += a + b;
+        else s1 += a + b;
+    }
+    dx = d;
+}
 
 /* Persistent: the grid is what fits on the GPU at once; each block walks
  * its row groups (blockIdx.x, + gridDim.x, ...) tile by tile with
@@ -260,7 +295,9 @@ __global__ void __launch_bounds__(QM_THREADS)
         (int64_t)blockIdx.x < n_groups ? (int)((n_groups - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
     const int n_items = my_groups * n_tiles;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int TB = QM_TB(NT);
+    /* activation block in chunks: 32 elements, or an affine group */
+    const int G = F == CU_AFF4 || F == CU_AFF8 ? w.group / 32 : 1;
+    const bool WIDE = F == CU_Q8_0 || F == CU_AFF8; /* codes of 8 bits */
 
 #pragma unroll
     for (int k = 0; k < QM_STAGES - 1; k++)
@@ -282,41 +319,44 @@ __global__ void __launch_bounds__(QM_THREADS)
         const int j = k / n_tiles, t = k - j * n_tiles;
         const int64_t r0 = ((int64_t)blockIdx.x + (int64_t)j * gridDim.x) * QM_ROWS;
         const int64_t gc = (int64_t)t * (QM_TILE / 32) + tid;
-        if (gc * 32 < cols) {
+        const bool valid = gc * 32 < cols;
+        qchunk q[QM_ROWS];
+        if (valid) {
             const uint8_t *st = (const uint8_t *)(qm_smem + (k % QM_STAGES) * QM_ROWS * tile16);
-            qchunk q[QM_ROWS];
 #pragma unroll
-            for (int r = 0; r < QM_ROWS; r++)
+            for (int r = 0; r < QM_ROWS; r++) {
                 qf_chunk<F>(q[r], st + (size_t)r * tile16 * 16, tid, gc, w,
                             r0 + r < w.rows ? r0 + r : w.rows - 1);
+                if (WIDE) { /* 8-bit codes as signed bytes: u - 128, the 128 into add */
 #pragma unroll
-            for (int tb = 0; tb < NT; tb += TB) {
-                if (tb >= n) break;
-                /* all of this batch's activation loads at once */
-                float xf[TB][32];
-#pragma unroll
-                for (int i = 0; i < TB; i++) {
-                    const float4 *xp = (const float4 *)(x + (size_t)(tb + i) * cols + gc * 32);
-#pragma unroll
-                    for (int v = 0; v < 8; v++) {
-                        float4 a = tb + i < n ? __ldg(xp + v) : make_float4(0.f, 0.f, 0.f, 0.f);
-                        xf[i][4 * v] = a.x, xf[i][4 * v + 1] = a.y;
-                        xf[i][4 * v + 2] = a.z, xf[i][4 * v + 3] = a.w;
-                    }
+                    for (int i = 0; i < 8; i++) q[r].u[i] ^= 0x80808080u;
+                    q[r].add[0] += 128.f * q[r].mul[0], q[r].add[1] += 128.f * q[r].mul[1];
                 }
+            }
+        }
 #pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    float wf[QM_ROWS][8];
+        for (int tk = 0; tk < NT; tk++) {
+            if (tk >= n) break;
+            uint32_t xw[16];
+            float dx;
+            int s0, s1;
+            qx_chunk(x + (size_t)tk * cols + gc * 32, valid, G, xw, dx, s0, s1);
+            if (!valid) continue;
 #pragma unroll
-                    for (int r = 0; r < QM_ROWS; r++) qf_get8(q[r], g, wf[r]);
+            for (int r = 0; r < QM_ROWS; r++) {
+                /* exact integer sums of code products per half (dp2a: two
+                 * int16 activations times two int8 weight codes) */
+                int h0 = 0, h1 = 0;
 #pragma unroll
-                    for (int i = 0; i < TB; i++)
-#pragma unroll
-                        for (int r = 0; r < QM_ROWS; r++)
-#pragma unroll
-                            for (int e = 0; e < 8; e++)
-                                acc[r][tb + i] = fmaf(wf[r][e], xf[i][8 * g + e], acc[r][tb + i]);
+                for (int i = 0; i < 4; i++) {
+                    h0 = __dp2a_lo((int)xw[2 * i], (int)q[r].u[i], h0);
+                    h0 = __dp2a_hi((int)xw[2 * i + 1], (int)q[r].u[i], h0);
+                    h1 = __dp2a_lo((int)xw[2 * i + 8], (int)q[r].u[i + 4], h1);
+                    h1 = __dp2a_hi((int)xw[2 * i + 9], (int)q[r].u[i + 4], h1);
                 }
+                float v = q[r].mul[0] * (float)h0 + q[r].add[0] * (float)s0 +
+                          q[r].mul[1] * (float)h1 + q[r].add[1] * (float)s1;
+                acc[r][tk] = fmaf(dx, v, acc[r][tk]);
             }
         }
         if (t == n_tiles - 1) {
