@@ -178,7 +178,7 @@ static void test_tiny_dummies(void **state) {
 }
 
 /* Quantized weights (every matrix and the embedding table): prompts of up
- * to 8 tokens (PETREL_CUDA_QGEMV_MAX) run the GEMV, which computes the
+ * to 8 tokens (PETREL_CUDA_QGEMV_MAX=8 here; the default is 4) run the GEMV, which computes the
  * CPU's integer sums, so logits match the CPU's to ~1e-4 and the greedy
  * tokens must be the same; a 40-token prompt takes the f16
  * dequantize-then-cuBLAS path (~1e-3), checked with the CPU's tokens fed
@@ -259,7 +259,9 @@ static void test_llama_1b(void **state) {
 int main(void) {
     set_paths();
     pt_err err = {{0}};
+    setenv("PETREL_CUDA_QGEMV_MAX", "8", 1); /* quantized prompts of 8 on the GEMV */
     be[GPU] = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QGEMV_MAX");
     if (!be[GPU]) {
         printf("test_cuda_model: skipped: %s\n", err.msg);
         fflush(stdout);

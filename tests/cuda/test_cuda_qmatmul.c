@@ -4,7 +4,7 @@
  * q6_k and MLX affine at 4 and 8 bits (groups 32/64/128, f16 and bf16
  * scales) plus 3 and 6 bits (the plain decoder).
  *
- * matmul: up to PETREL_CUDA_QGEMV_MAX token rows (default 8; the test runs
+ * matmul: up to PETREL_CUDA_QGEMV_MAX token rows (default 4; the test runs
  * with 16) take the GEMV, more dequantize to f16 and run cuBLAS.
  * Tolerances, per output, from the arithmetic (S = sum_k |w_k x_k|,
  * W = sum_k |w_k|), against a double-precision product of the dequantized

@@ -23,7 +23,7 @@
  *
  * Quantized weights (GGUF q8_0/q4_0/q4_k/q5_k/q6_k, MLX affine) stay as the
  * file stores them: up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
- * default 8) run the quantized GEMV of qmatmul.cu, more rows dequantize
+ * default 4) run the quantized GEMV of qmatmul.cu, more rows dequantize
  * the weight to f16 in a scratch buffer and run cublasGemmEx; quantized
  * embedding tables are dequantized row by row.
  *

@@ -64,7 +64,7 @@ typedef struct cu_qweight {
 #define CU_QGEMV_MAX_ROWS 16
 /* Default of PETREL_CUDA_QGEMV_MAX: beyond it dequantize + cuBLAS is
  * faster (bench_cuda_ops, docs/cuda-notes.md). */
-#define CU_QGEMV_DEFAULT_ROWS 8
+#define CU_QGEMV_DEFAULT_ROWS 4
 
 /* Sets the GEMV's shared-memory limits and sizes its persistent grids;
  * once per device, before any capture. */
