@@ -4,3 +4,14 @@
 add_test(NAME cli/bad_input
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/bad_input.sh $<TARGET_FILE:petrel>)
 set_tests_properties(cli/bad_input PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 900)
+
+# `petrel bench serve` run briefly against stories260K: every request's
+# counts are the server's usage, all finished, the HTML report is
+# well-formed, offline and has its plots; a server without usage is refused
+# (bench_serve.mjs; node's own modules only, skipped without node).
+add_test(NAME cli/bench_serve
+         COMMAND sh -c "command -v node >/dev/null || exit 77; exec node \"$0\" \"$1\" \"$2\""
+                 ${CMAKE_CURRENT_LIST_DIR}/bench_serve.mjs $<TARGET_FILE:petrel>
+                 ${CMAKE_BINARY_DIR}/bench-serve-test)
+set_tests_properties(cli/bench_serve PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 900 SKIP_RETURN_CODE 77)
