@@ -27,6 +27,7 @@ typedef struct series {
     const char *name, *color;
     double *x, *y;
     int n, cap;
+    int count; /* what the legend counts when not points (requests of a CDF) */
     bool line, dots;
 } series;
 
@@ -212,7 +213,7 @@ static void svg_plot(FILE *f, const plot *p) {
                 "<text class=\"legend\" x=\"%d\" y=\"%d\">",
                 W - MR - 150, ly, s->color, W - MR - 135, ly + 9);
         html_text(f, s->name);
-        fprintf(f, " (%d)</text>\n", s->n);
+        fprintf(f, " (%d)</text>\n", s->count ? s->count : s->n);
     }
     if (!points)
         fprintf(f, "<text class=\"nodata\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">no data</text>\n",
@@ -229,6 +230,7 @@ static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"}
 /* An empirical CDF of v as a step line. */
 static void cdf(series *s, double *v, int n) {
     bs_percentile(v, n, 50); /* sorts */
+    s->count = n;
     for (int i = 0; i < n; i++) {
         add(s, v[i], (double)i / n);
         add(s, v[i], (double)(i + 1) / n);
@@ -295,17 +297,18 @@ static void plot_sweep(FILE *f, const json_t *sweep) {
 }
 
 static void plot_depth(FILE *f, const json_t *reqs, const json_t *bins) {
-    plot p = {.id = "decode-depth", .title = "Decode speed of one request vs context depth",
+    plot p = {.id = "decode-depth", .title = "Decode speed vs context depth",
               .xlabel = "context depth (prompt tokens)", .ylabel = "decode tokens/s (per request)",
               .ns = 2};
-    p.s[0] = (series){.name = "requests", .color = "#9bb7d4", .dots = true};
-    p.s[1] = (series){.name = "median per depth bin", .color = colors[1], .line = true, .dots = true};
+    p.s[0] = (series){.name = "alone (depth workload)", .color = colors[1], .line = true,
+                      .dots = true};
+    p.s[1] = (series){.name = "other requests, under load", .color = "#9bb7d4", .dots = true};
     size_t i;
     const json_t *r;
-    json_array_foreach(reqs, i, r) add(&p.s[0], num(r, "prompt_tokens"), num(r, "decode_tps"));
-    json_array_foreach(bins, i, r) {
-        double lo = num(r, "depth_lo"), hi = num(r, "depth_hi");
-        add(&p.s[1], (lo + hi) / 2, num(r, "p50"));
+    (void)bins; /* the summary bins the same requests the line joins */
+    json_array_foreach(reqs, i, r) {
+        bool alone = !strcmp(str(r, "workload"), "depth");
+        add(&p.s[alone ? 0 : 1], num(r, "prompt_tokens"), num(r, "decode_tps"));
     }
     svg_plot(f, &p);
 }
@@ -461,7 +464,9 @@ int bs_report_html(const json_t *run, FILE *f) {
             num(run, "duration_s"), json_array_size(reqs));
     html_text(f, str(srv, "address"));
     if (json_is_true(json_object_get(srv, "self_started"))) {
-        fprintf(f, " <code>petrel serve -m ");
+        fprintf(f, " <code>");
+        html_text(f, json_string_value(json_object_get(srv, "bin")) ? str(srv, "bin") : "petrel");
+        fprintf(f, " serve -m ");
         html_text(f, str(srv, "model"));
         size_t i;
         const json_t *a;
@@ -472,9 +477,11 @@ int bs_report_html(const json_t *run, FILE *f) {
         fprintf(f, "</code>");
     }
     fprintf(f, "; context %.0f tokens; peak RSS %.1f MiB. Token counts are the server's "
-               "<code>usage</code>; cached = <code>usage.prompt_tokens_details.cached_tokens"
-               "</code> &gt; 0; after a restart cached prefixes come from the SSD tier.</p>\n",
+               "<code>usage</code> (cached: <code>usage.prompt_tokens_details.cached_tokens"
+               "</code>).</p>\n",
             num(srv, "n_ctx"), num(sum, "peak_rss_mb"));
+    fprintf(f, "<p>A request counts as <i>cached</i> when at least half of its prompt came from "
+               "the prefix cache; after a restart those are <i>SSD-restored</i>.</p>\n");
     const json_t *notes = json_object_get(run, "notes");
     if (json_array_size(notes)) {
         fprintf(f, "<ul class=\"notes\">\n");

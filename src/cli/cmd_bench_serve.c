@@ -13,6 +13,8 @@
  *   shared   many users behind one long system prompt
  *   agent    a long tool-schema prefix, then short tool-result turns
  *   long     long prompts near the context, each sent cold then again
+ *   depth    one request at a time at growing context depths: decode speed
+ *            by depth without other requests sharing the steps
  *   sweep    aggregate throughput at each --concurrency level
  *   restart  stop and restart a self-started server on the same --kv-disk,
  *            then resend (skipped with a note if the server refuses it)
@@ -53,7 +55,7 @@
 /* ---- options ---------------------------------------------------------------------- */
 
 static struct {
-    const char *url, *model, *json, *html, *workloads, *conc, *kv_disk, *api_key, *report_from;
+    const char *url, *model, *server_bin, *json, *html, *workloads, *conc, *kv_disk, *api_key, *report_from;
     int users, turns, max_tokens, shared_users, clients, agents, agent_turns, long_reqs;
     int long_tokens, sweep_reqs, sweep_tokens, restart_reqs, timeout, rss_ms;
     uint64_t seed;
@@ -64,8 +66,10 @@ static const cli_opt bs_opts[] = {
     {"url", 0, CLI_STR, &o.url, "URL", "server to drive, e.g. http://127.0.0.1:8080"},
     {"model", 'm', CLI_STR, &o.model, "M",
      "start `petrel serve -m M` on a free port instead (server flags after --)"},
+    {"server-bin", 0, CLI_STR, &o.server_bin, "PATH",
+     "the petrel binary whose `serve` --model starts (default: this one; e.g. another build)"},
     {"workloads", 'w', CLI_STR, &o.workloads, "W,..",
-     "chat,shared,agent,long,sweep,restart (default: all)"},
+     "chat,shared,agent,long,depth,sweep,restart (default: all)"},
     {"seed", 's', CLI_U64, &o.seed, "N", "seed of every prompt (default 1)"},
     {"json", 'o', CLI_STR, &o.json, "FILE", "every request and the summary (default bench-serve.json)"},
     {"html", 0, CLI_STR, &o.html, "FILE", "the offline report (default: --json with .html)"},
@@ -513,6 +517,27 @@ static void wl_long(void) {
     free(text);
 }
 
+/* depth: alone on the server, prompts of 64, 128, ... tokens up to the
+ * context; the decode rate of each is the model's at that depth. */
+static void wl_depth(void) {
+    int i = 0;
+    for (int t = 64;; t *= 2, i++) {
+        int tokens = t < ctx_budget() ? t : ctx_budget();
+        int n = words_for(tokens);
+        size_t cap = (size_t)n * 12 + 64;
+        char *text = calloc(1, cap);
+        uint64_t s = stream_seed("depth", i, 0);
+        gen_text(&s, n, text, cap);
+        json_t *msgs = json_pack("[o]", msg("user", text));
+        json_t *tg = tags("depth", i, 0);
+        json_object_set_new(tg, "concurrency", json_integer(1));
+        free(chat("depth", msgs, o.max_tokens, tg, NULL));
+        json_decref(msgs);
+        free(text);
+        if (tokens == ctx_budget() || i == 16) break;
+    }
+}
+
 /* sweep: C clients each send --sweep-requests distinct prompts. */
 static int *levels, n_levels;
 static json_t *sweep_levels;
@@ -887,14 +912,15 @@ static json_t *sweep_summary(void) {
     return out;
 }
 
-/* Decode tok/s by context depth (prompt tokens), in power-of-two bins. */
+/* Decode tok/s by context depth (prompt tokens), in power-of-two bins, of
+ * the depth workload's requests (each alone on the server). */
 static json_t *depth_summary(void) {
     vec bins[24] = {{0}};
     size_t i;
     json_t *r;
     json_array_foreach(R.requests, i, r) {
         json_t *d = json_object_get(r, "decode_tps");
-        if (!d) continue;
+        if (!d || strcmp(json_string_value(json_object_get(r, "workload")), "depth")) continue;
         int depth = (int)json_integer_value(json_object_get(r, "prompt_tokens")), b = 0;
         while (b < 23 && (64 << b) <= depth)
             b++;
@@ -941,7 +967,8 @@ static const struct {
     void (*run)(void);
 } workloads[] = {
     {"chat", wl_chat},   {"shared", wl_shared}, {"agent", wl_agent},
-    {"long", wl_long},   {"sweep", wl_sweep},   {"restart", wl_restart},
+    {"long", wl_long},   {"depth", wl_depth},   {"sweep", wl_sweep},
+    {"restart", wl_restart},
 };
 
 static bool wanted(const char *name) {
@@ -991,7 +1018,7 @@ static json_t *config_json(void) {
                           o.agent_turns, "long_requests", o.long_reqs, "sweep_requests",
                           o.sweep_reqs, "sweep_tokens", o.sweep_tokens, "restart_requests",
                           o.restart_reqs, "workloads",
-                          o.workloads ? o.workloads : "chat,shared,agent,long,sweep,restart");
+                          o.workloads ? o.workloads : "chat,shared,agent,long,depth,sweep,restart");
     json_t *lv = json_array();
     for (int i = 0; i < n_levels; i++)
         json_array_append_new(lv, json_integer(levels[i]));
@@ -1070,9 +1097,9 @@ static int check_opts(void) {
                         "one), not both\n");
         return -1;
     }
-    if (o.url && R.n_srv_args) {
-        fprintf(stderr, "petrel bench serve: server flags after -- need --model (a server this "
-                        "command starts)\n");
+    if (o.url && (R.n_srv_args || o.server_bin)) {
+        fprintf(stderr, "petrel bench serve: server flags after -- and --server-bin need --model "
+                        "(a server this command starts)\n");
         return -1;
     }
     for (const char *p = o.workloads; p && *p;) {
@@ -1082,7 +1109,7 @@ static int check_opts(void) {
             ok |= strlen(workloads[i].name) == n && !strncmp(p, workloads[i].name, n);
         if (!ok) {
             fprintf(stderr, "petrel bench serve: unknown workload '%.*s' (chat, shared, agent, "
-                            "long, sweep, restart)\n", (int)n, p);
+                            "long, depth, sweep, restart)\n", (int)n, p);
             return -1;
         }
         p += n + (p[n] == ',');
@@ -1106,9 +1133,12 @@ int cmd_bench_serve(int argc, char **argv) {
         n_own, argv,
         "petrel bench serve (--url URL | --model M [-- SERVER FLAGS]) [options]\n\n"
         "Load-tests an OpenAI-compatible server with seeded workloads (multi-turn chat, a shared\n"
-        "system prompt, an agent loop, long prompts, a concurrency sweep, a restart on the same\n"
-        "--kv-disk) and writes every request to --json and an offline HTML report to --html.\n"
-        "Token counts come from the server's usage; a response without it fails the run.",
+        "system prompt, an agent loop, long prompts, decode by depth, a concurrency sweep, a\n"
+        "restart on the same --kv-disk) and writes every request to --json and an offline\n"
+        "HTML report to --html.  Token counts come from the server's usage; a response\n"
+        "without it fails the run.  A self-started server gets --parallel of the highest\n"
+        "--concurrency unless the flags after -- set it (its KV pool is --ctx x --parallel\n"
+        "unless --kv-budget says otherwise).",
         tables, NULL, 0, &n_pos);
     if (rc) return rc < 0 ? 2 : 0;
     if (!o.html) { /* FILE.json -> FILE.html */
@@ -1126,7 +1156,8 @@ int cmd_bench_serve(int argc, char **argv) {
     R.notes = json_array(), sweep_levels = json_array();
     char why[800];
     if (o.model) {
-        ssize_t n = readlink("/proc/self/exe", R.exe, sizeof R.exe - 1);
+        ssize_t n = o.server_bin ? snprintf(R.exe, sizeof R.exe, "%s", o.server_bin)
+                                 : readlink("/proc/self/exe", R.exe, sizeof R.exe - 1);
         snprintf(R.workdir, sizeof R.workdir, "%s/petrel-bench-XXXXXX",
                  getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
         if (n <= 0 || !mkdtemp(R.workdir)) {
@@ -1192,17 +1223,18 @@ int cmd_bench_serve(int argc, char **argv) {
     for (int k = 0; k < R.n_srv_args; k++)
         json_array_append_new(srv_args, json_string(R.srv_args[k]));
     json_t *run = json_pack(
-        "{s:s, s:i, s:s, s:{s:s, s:s, s:i, s:b, s:o, s:s?}, s:o, s:f, s:f, s:o, s:o, s:o, s:o, "
-        "s:o, s:o}",
+        "{s:s, s:i, s:s, s:{s:s, s:s, s:i, s:b, s:o, s:s?, s:s?}, s:o, s:f, s:f, s:o, s:o, s:o, "
+        "s:o, s:o, s:o}",
         "tool", "petrel bench serve", "format", 1, "created", when, "server", "model_id",
         last.model_id, "address", o.url ? o.url : "self-started", "n_ctx", n_ctx, "self_started",
-        o.model != NULL, "args", srv_args, "model", o.model, "config", config_json(),
+        o.model != NULL, "args", srv_args, "model", o.model, "bin", o.server_bin, "config",
+        config_json(),
         "words_per_token", R.words_per_token, "duration_s", bs_now() - R.t0, "notes", R.notes,
         "phases", R.phases, "summary", sum, "sweep_levels", sweep_levels, "samples", R.samples,
         "requests", R.requests);
     print_summary(sum);
     rc = 0;
-    if (json_dump_file(run, o.json, JSON_INDENT(1))) {
+    if (json_dump_file(run, o.json, JSON_COMPACT)) {
         fprintf(stderr, "petrel bench serve: cannot write %s\n", o.json);
         rc = 1;
     }

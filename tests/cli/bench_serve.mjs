@@ -33,7 +33,7 @@ const run = JSON.parse(readFileSync(json, 'utf8'));
 assert.equal(run.server.n_ctx, 1024, 'the server flags after -- reached the server');
 
 const by = (w) => run.requests.filter((q) => q.workload === w);
-for (const w of ['probe', 'chat', 'shared', 'agent', 'long', 'sweep'])
+for (const w of ['probe', 'chat', 'shared', 'agent', 'long', 'depth', 'sweep'])
   assert.ok(by(w).length > 0, `workload ${w} sent requests`);
 for (const q of run.requests) {
   const id = `request ${q.id} (${q.workload})`;
@@ -61,6 +61,9 @@ for (const l of run.summary.sweep) {
   assert.ok(l.tok_s > 0, 'aggregate throughput');
 }
 assert.ok(run.samples.some((s) => s.rss_mb > 0), 'server RSS sampled from /proc');
+const depths = by('depth').map((q) => q.prompt_tokens);
+assert.ok(depths.length >= 3 && depths.every((d, i) => !i || d > depths[i - 1]), 'growing depths');
+assert.ok(run.summary.decode_by_depth.length >= 3, 'decode speed binned by depth');
 assert.equal(run.summary.all.failed, 0);
 
 // ---- 2. the report --------------------------------------------------------------
