@@ -121,7 +121,7 @@ typedef struct reader {
     size_t remain; /* BODY_LENGTH: bytes left; CH_DATA: bytes left in chunk */
     char sz[32];   /* the chunk-size line so far */
     size_t szn;
-    buf line;      /* the SSE line being read */
+    buf line; /* the SSE line being read */
     bool sse, stop, done;
     buf event; /* data of the SSE event being read */
     buf body;  /* collected body when not streamed */
@@ -269,18 +269,20 @@ int bs_http(const char *host, int port, const char *method, const char *path, co
         ssize_t got = recv(fd, tmp, sizeof tmp, 0);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) {
-            rc = fail(r, errno == EAGAIN || errno == EWOULDBLOCK
-                             ? "no bytes from the server for %d s"
-                             : "read failed (%d s timeout)",
+            rc = fail(r,
+                      errno == EAGAIN || errno == EWOULDBLOCK ? "no bytes from the server for %d s"
+                                                              : "read failed (%d s timeout)",
                       timeout_s);
             break;
         }
         rd.t = bs_now();
         if (got == 0) { /* closed: complete only if the framing says so */
-            if (!have_head) rc = fail(r, "the server closed the connection without answering");
+            if (!have_head)
+                rc = fail(r, "the server closed the connection without answering");
             else if (rd.mode != BODY_CLOSE && !rd.done)
                 rc = fail(r, "the server closed the connection mid-response");
-            else if (rd.sse && rd.line.n) sse_line(&rd, rd.line.p, rd.line.n);
+            else if (rd.sse && rd.line.n)
+                sse_line(&rd, rd.line.p, rd.line.n);
             break;
         }
         const char *p = tmp;

@@ -21,8 +21,8 @@ double bs_now(void);
 typedef int (*bs_event_fn)(void *ctx, const char *data, size_t len, double t);
 
 typedef struct bs_http_result {
-    int status;   /* HTTP status, 0 when no response arrived */
-    char *body;   /* the whole body when not streamed (malloc'd, NUL-ended) */
+    int status; /* HTTP status, 0 when no response arrived */
+    char *body; /* the whole body when not streamed (malloc'd, NUL-ended) */
     size_t body_len;
     char err[160]; /* set when the exchange failed below HTTP */
 } bs_http_result;
@@ -33,8 +33,7 @@ typedef struct bs_http_result {
  * when a response was read completely, -1 with r->err set otherwise.
  * timeout_s bounds each read. */
 int bs_http(const char *host, int port, const char *method, const char *path, const char *body,
-            const char *api_key, int timeout_s, bs_event_fn on_event, void *ctx,
-            bs_http_result *r);
+            const char *api_key, int timeout_s, bs_event_fn on_event, void *ctx, bs_http_result *r);
 void bs_http_result_free(bs_http_result *r);
 
 /* Splits "http://HOST:PORT" (a trailing slash or /v1 allowed) into its parts. */

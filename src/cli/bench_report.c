@@ -53,11 +53,20 @@ static void add(series *s, double x, double y) {
 static void html_text(FILE *f, const char *s) {
     for (; s && *s; s++)
         switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        default:
+            fputc(*s, f);
         }
 }
 
@@ -68,7 +77,9 @@ typedef struct axis {
     bool log;
 } axis;
 
-static double to_axis(const axis *a, double v) { return a->log ? log10(v) : v; }
+static double to_axis(const axis *a, double v) {
+    return a->log ? log10(v) : v;
+}
 
 /* A "nice" step (1, 2 or 5 x 10^k) giving about n ticks over span. */
 static double nice_step(double span, int n) {
@@ -105,9 +116,12 @@ static double py(const axis *a, double v) {
 
 static void label(char *b, size_t cap, double v) {
     double m = fabs(v);
-    if (m >= 1e6) snprintf(b, cap, "%.3gM", v / 1e6);
-    else if (m >= 1e4) snprintf(b, cap, "%.3gk", v / 1e3);
-    else snprintf(b, cap, "%.4g", v);
+    if (m >= 1e6)
+        snprintf(b, cap, "%.3gM", v / 1e6);
+    else if (m >= 1e4)
+        snprintf(b, cap, "%.3gk", v / 1e3);
+    else
+        snprintf(b, cap, "%.4g", v);
 }
 
 /* Tick values: 1-2-5 steps, or on log axes the decades (and 2, 5 between
@@ -204,7 +218,8 @@ static void svg_plot(FILE *f, const plot *p) {
         }
         if (s->dots)
             for (int k = 0; k < s->n; k++)
-                fprintf(f, "<circle class=\"dot\" cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"/>\n",
+                fprintf(f,
+                        "<circle class=\"dot\" cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"/>\n",
                         px(&ax, s->x[k]), py(&ay, s->y[k]), s->line ? 3.0 : 2.2, s->color);
         /* legend, top right */
         int ly = MT + 6 + 16 * i;
@@ -216,7 +231,8 @@ static void svg_plot(FILE *f, const plot *p) {
         fprintf(f, " (%d)</text>\n", s->count ? s->count : s->n);
     }
     if (!points)
-        fprintf(f, "<text class=\"nodata\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">no data</text>\n",
+        fprintf(f,
+                "<text class=\"nodata\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">no data</text>\n",
                 (ML + W - MR) / 2, (MT + H - MB) / 2);
     fprintf(f, "</svg></figure>\n");
     for (int i = 0; i < p->ns; i++)
@@ -252,8 +268,8 @@ static void plot_cdf(FILE *f, const json_t *reqs, const char *field, const char 
                      const char *title, const char *xlabel) {
     static const char *const cls[] = {"cold", "ram", "ssd"};
     static const char *const names[] = {"cold", "RAM-cached", "SSD-restored"};
-    plot p = {.id = id, .title = title, .xlabel = xlabel, .ylabel = "fraction of requests",
-              .xlog = true};
+    plot p = {
+        .id = id, .title = title, .xlabel = xlabel, .ylabel = "fraction of requests", .xlog = true};
     for (int c = 0; c < 3; c++) {
         double *v = malloc((json_array_size(reqs) + 1) * sizeof *v);
         int n = 0;
@@ -275,17 +291,25 @@ static void plot_cdf(FILE *f, const json_t *reqs, const char *field, const char 
 }
 
 static void plot_sweep(FILE *f, const json_t *sweep) {
-    plot p = {.id = "throughput", .title = "Aggregate decode throughput vs concurrency",
-              .xlabel = "concurrent clients", .ylabel = "completion tokens/s (all clients)",
-              .xlog = true, .ns = 1};
+    plot p = {.id = "throughput",
+              .title = "Aggregate decode throughput vs concurrency",
+              .xlabel = "concurrent clients",
+              .ylabel = "completion tokens/s (all clients)",
+              .xlog = true,
+              .ns = 1};
     p.s[0] = (series){.name = "aggregate tok/s", .color = colors[0], .line = true, .dots = true};
     size_t i;
     const json_t *lv;
     json_array_foreach(sweep, i, lv) add(&p.s[0], num(lv, "concurrency"), num(lv, "tok_s"));
     svg_plot(f, &p);
 
-    plot q = {.id = "sweep-ttft", .title = "TTFT vs concurrency", .xlabel = "concurrent clients",
-              .ylabel = "TTFT (ms)", .xlog = true, .ylog = true, .ns = 2};
+    plot q = {.id = "sweep-ttft",
+              .title = "TTFT vs concurrency",
+              .xlabel = "concurrent clients",
+              .ylabel = "TTFT (ms)",
+              .xlog = true,
+              .ylog = true,
+              .ns = 2};
     q.s[0] = (series){.name = "p50", .color = colors[0], .line = true, .dots = true};
     q.s[1] = (series){.name = "p90", .color = colors[1], .line = true, .dots = true};
     json_array_foreach(sweep, i, lv) {
@@ -297,11 +321,13 @@ static void plot_sweep(FILE *f, const json_t *sweep) {
 }
 
 static void plot_depth(FILE *f, const json_t *reqs, const json_t *bins) {
-    plot p = {.id = "decode-depth", .title = "Decode speed vs context depth",
-              .xlabel = "context depth (prompt tokens)", .ylabel = "decode tokens/s (per request)",
+    plot p = {.id = "decode-depth",
+              .title = "Decode speed vs context depth",
+              .xlabel = "context depth (prompt tokens)",
+              .ylabel = "decode tokens/s (per request)",
               .ns = 2};
-    p.s[0] = (series){.name = "alone (depth workload)", .color = colors[1], .line = true,
-                      .dots = true};
+    p.s[0] =
+        (series){.name = "alone (depth workload)", .color = colors[1], .line = true, .dots = true};
     p.s[1] = (series){.name = "other requests, under load", .color = "#9bb7d4", .dots = true};
     size_t i;
     const json_t *r;
@@ -314,15 +340,23 @@ static void plot_depth(FILE *f, const json_t *reqs, const json_t *bins) {
 }
 
 static void plot_rss(FILE *f, const json_t *samples, const json_t *phases) {
-    plot p = {.id = "rss", .title = "Server memory over the run", .xlabel = "time (s)",
-              .ylabel = "resident set (MiB)", .ns = 1, .spans = phases};
+    plot p = {.id = "rss",
+              .title = "Server memory over the run",
+              .xlabel = "time (s)",
+              .ylabel = "resident set (MiB)",
+              .ns = 1,
+              .spans = phases};
     p.s[0] = (series){.name = "RSS", .color = colors[0], .line = true};
     size_t i;
     const json_t *s;
     json_array_foreach(samples, i, s) add(&p.s[0], num(s, "t_s"), num(s, "rss_mb"));
     svg_plot(f, &p);
-    plot q = {.id = "kv", .title = "KV pages reserved by running requests", .xlabel = "time (s)",
-              .ylabel = "pages", .ns = 1, .spans = phases};
+    plot q = {.id = "kv",
+              .title = "KV pages reserved by running requests",
+              .xlabel = "time (s)",
+              .ylabel = "pages",
+              .ns = 1,
+              .spans = phases};
     q.s[0] = (series){.name = "reserved", .color = colors[2], .line = true};
     json_array_foreach(samples, i, s) add(&q.s[0], num(s, "t_s"), num(s, "kv_pages_reserved"));
     svg_plot(f, &q);
@@ -402,11 +436,12 @@ static void sweep_table(FILE *f, const json_t *sweep) {
 }
 
 static void request_table(FILE *f, const json_t *reqs) {
-    fprintf(f, "<details><summary>All %zu requests (the JSON file has bodies and responses)"
-               "</summary>\n<table class=\"reqs\"><tr><th>id</th><th>workload</th><th>phase</th>"
-               "<th>user</th><th>turn</th><th>conc.</th><th>prompt</th><th>cached</th>"
-               "<th>completion</th><th>finish</th><th>TTFT (ms)</th><th>total (ms)</th>"
-               "<th>ITL (ms)</th><th>error</th></tr>\n",
+    fprintf(f,
+            "<details><summary>All %zu requests (the JSON file has bodies and responses)"
+            "</summary>\n<table class=\"reqs\"><tr><th>id</th><th>workload</th><th>phase</th>"
+            "<th>user</th><th>turn</th><th>conc.</th><th>prompt</th><th>cached</th>"
+            "<th>completion</th><th>finish</th><th>TTFT (ms)</th><th>total (ms)</th>"
+            "<th>ITL (ms)</th><th>error</th></tr>\n",
             json_array_size(reqs));
     size_t i;
     const json_t *r;
@@ -476,9 +511,10 @@ int bs_report_html(const json_t *run, FILE *f) {
         }
         fprintf(f, "</code>");
     }
-    fprintf(f, "; context %.0f tokens; peak RSS %.1f MiB. Token counts are the server's "
-               "<code>usage</code> (cached: <code>usage.prompt_tokens_details.cached_tokens"
-               "</code>).</p>\n",
+    fprintf(f,
+            "; context %.0f tokens; peak RSS %.1f MiB. Token counts are the server's "
+            "<code>usage</code> (cached: <code>usage.prompt_tokens_details.cached_tokens"
+            "</code>).</p>\n",
             num(srv, "n_ctx"), num(sum, "peak_rss_mb"));
     fprintf(f, "<p>A request counts as <i>cached</i> when at least half of its prompt came from "
                "the prefix cache; after a restart those are <i>SSD-restored</i>.</p>\n");

@@ -55,7 +55,8 @@
 /* ---- options ---------------------------------------------------------------------- */
 
 static struct {
-    const char *url, *model, *server_bin, *json, *html, *workloads, *conc, *kv_disk, *api_key, *report_from;
+    const char *url, *model, *server_bin, *json, *html, *workloads, *conc, *kv_disk, *api_key,
+        *report_from;
     int users, turns, max_tokens, shared_users, clients, agents, agent_turns, long_reqs;
     int long_tokens, sweep_reqs, sweep_tokens, restart_reqs, timeout, rss_ms;
     uint64_t seed;
@@ -71,14 +72,16 @@ static const cli_opt bs_opts[] = {
     {"workloads", 'w', CLI_STR, &o.workloads, "W,..",
      "chat,shared,agent,long,depth,sweep,restart (default: all)"},
     {"seed", 's', CLI_U64, &o.seed, "N", "seed of every prompt (default 1)"},
-    {"json", 'o', CLI_STR, &o.json, "FILE", "every request and the summary (default bench-serve.json)"},
+    {"json", 'o', CLI_STR, &o.json, "FILE",
+     "every request and the summary (default bench-serve.json)"},
     {"html", 0, CLI_STR, &o.html, "FILE", "the offline report (default: --json with .html)"},
     {"max-tokens", 'n', CLI_INT, &o.max_tokens, "N", "tokens generated per request (default 32)"},
     {"stop-at-eos", 0, CLI_FLAG, &o.eos, NULL,
      "let the model end replies early (default: ignore_eos, so every reply has --max-tokens)"},
     {"users", 0, CLI_INT, &o.users, "N", "chat: conversations (default 4)"},
     {"turns", 0, CLI_INT, &o.turns, "N", "chat: turns per conversation (default 4)"},
-    {"shared-users", 0, CLI_INT, &o.shared_users, "N", "shared: users of one system prompt (default 8)"},
+    {"shared-users", 0, CLI_INT, &o.shared_users, "N",
+     "shared: users of one system prompt (default 8)"},
     {"clients", 'c', CLI_INT, &o.clients, "N",
      "requests in flight in the chat, shared and agent workloads (default 4)"},
     {"agents", 0, CLI_INT, &o.agents, "N", "agent: agent loops (default 2)"},
@@ -94,7 +97,8 @@ static const cli_opt bs_opts[] = {
      "the server's SSD tier directory (restart uses a fresh one if not given)"},
     {"api-key", 0, CLI_STR, &o.api_key, "KEY", "bearer key (default: $PETREL_API_KEY)"},
     {"timeout", 0, CLI_INT, &o.timeout, "S", "give up on a silent request after S s (default 600)"},
-    {"rss-interval", 0, CLI_INT, &o.rss_ms, "MS", "server memory sampled every MS ms (default 250)"},
+    {"rss-interval", 0, CLI_INT, &o.rss_ms, "MS",
+     "server memory sampled every MS ms (default 250)"},
     {"report-from", 0, CLI_STR, &o.report_from, "FILE", "only re-render the HTML of a saved run"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
@@ -170,14 +174,14 @@ static unsigned rnd(uint64_t *s, unsigned n) {
 
 /* Simple English words, so small story models tokenize them compactly. */
 static const char *const words[] = {
-    "the",   "a",      "little", "girl",   "boy",   "dog",   "cat",   "bird",  "tree",  "park",
-    "sun",   "ball",   "happy",  "sad",    "big",   "small", "red",   "blue",  "green", "house",
-    "mom",   "dad",    "friend", "play",   "run",   "jump",  "look",  "find",  "want",  "like",
-    "went",  "saw",    "said",   "was",    "had",   "day",   "time",  "fun",   "toy",   "box",
-    "water", "flower", "garden", "car",    "truck", "cake",  "tea",   "book",  "bed",   "night",
-    "star",  "moon",   "rain",   "hill",   "river", "fish",  "boat",  "shoe",  "hat",   "door",
-    "and",   "then",   "with",   "to",     "in",    "on",    "of",    "very",  "they",  "she",
-    "he",    "it",     "could",  "would",  "help",  "share", "smile", "laugh", "walk",  "home",
+    "the",   "a",      "little", "girl",  "boy",   "dog",   "cat",   "bird",  "tree",  "park",
+    "sun",   "ball",   "happy",  "sad",   "big",   "small", "red",   "blue",  "green", "house",
+    "mom",   "dad",    "friend", "play",  "run",   "jump",  "look",  "find",  "want",  "like",
+    "went",  "saw",    "said",   "was",   "had",   "day",   "time",  "fun",   "toy",   "box",
+    "water", "flower", "garden", "car",   "truck", "cake",  "tea",   "book",  "bed",   "night",
+    "star",  "moon",   "rain",   "hill",  "river", "fish",  "boat",  "shoe",  "hat",   "door",
+    "and",   "then",   "with",   "to",    "in",    "on",    "of",    "very",  "they",  "she",
+    "he",    "it",     "could",  "would", "help",  "share", "smile", "laugh", "walk",  "home",
 };
 
 /* Appends about n words of sentences to b (cap bytes, NUL-terminated). */
@@ -204,7 +208,9 @@ static int words_for(int t) {
 }
 
 /* Prompt tokens a text adds, by the probe's ratio. */
-static int est_tokens(const char *text) { return (int)(strlen(text) / R.chars_per_token) + 1; }
+static int est_tokens(const char *text) {
+    return (int)(strlen(text) / R.chars_per_token) + 1;
+}
 
 static json_t *msg(const char *role, const char *text) {
     return json_pack("{s:s, s:s}", "role", role, "content", text);
@@ -294,7 +300,8 @@ static char *chat(const char *workload, json_t *messages, int max_tokens, json_t
     double t_end = bs_now();
     free(text);
 
-    if (rc) snprintf(st.err, sizeof st.err, "%s", hr.err);
+    if (rc)
+        snprintf(st.err, sizeof st.err, "%s", hr.err);
     else if (hr.status != 200)
         snprintf(st.err, sizeof st.err, "HTTP %d: %.400s", hr.status, hr.body ? hr.body : "");
     else if (!st.err[0] && !st.done)
@@ -309,20 +316,22 @@ static char *chat(const char *workload, json_t *messages, int max_tokens, json_t
     int n_prompt = usage_int(st.usage, "prompt_tokens");
     int n_gen = usage_int(st.usage, "completion_tokens");
     int n_cached = usage_int(json_object_get(st.usage, "prompt_tokens_details"), "cached_tokens");
-    json_t *rec = json_pack("{s:s, s:o, s:f, s:f, s:i}", "workload", workload, "body", body,
-                            "t_start_s", st.t_send - R.t0, "e2e_ms", (t_end - st.t_send) * 1e3,
-                            "status", hr.status);
+    json_t *rec =
+        json_pack("{s:s, s:o, s:f, s:f, s:i}", "workload", workload, "body", body, "t_start_s",
+                  st.t_send - R.t0, "e2e_ms", (t_end - st.t_send) * 1e3, "status", hr.status);
     json_object_update(rec, tags);
     json_decref(tags);
-    if (st.t_first > 0) json_object_set_new(rec, "ttft_ms", json_real((st.t_first - st.t_send) * 1e3));
+    if (st.t_first > 0)
+        json_object_set_new(rec, "ttft_ms", json_real((st.t_first - st.t_send) * 1e3));
     json_object_set_new(rec, "chunk_ms", st.chunk_ms);
     if (!st.err[0]) {
         json_object_set_new(rec, "prompt_tokens", json_integer(n_prompt));
         json_object_set_new(rec, "completion_tokens", json_integer(n_gen));
         json_object_set_new(rec, "cached_tokens", json_integer(n_cached));
-        json_object_set_new(rec, "cache", json_string(2 * n_cached < n_prompt ? "cold"
-                                                      : R.after_restart       ? "ssd"
-                                                                              : "ram"));
+        json_object_set_new(rec, "cache",
+                            json_string(2 * n_cached < n_prompt ? "cold"
+                                        : R.after_restart       ? "ssd"
+                                                                : "ram"));
         json_object_set_new(rec, "finish_reason", json_string(st.finish));
         /* decode rate: tokens after the first over the time they took */
         if (n_gen > 1 && st.t_last > st.t_first) {
@@ -382,8 +391,10 @@ static void run_pool(int n, int k, job_fn fn, void *ctx) {
     pthread_t *t = calloc((size_t)(k > 0 ? k : 1), sizeof *t);
     int started = 0;
     for (int i = 0; i < k; i++)
-        if (pthread_create(&t[i], NULL, pool_thread, &p) == 0) started++;
-        else break;
+        if (pthread_create(&t[i], NULL, pool_thread, &p) == 0)
+            started++;
+        else
+            break;
     if (started == 0) pool_thread(&p); /* no threads: run them here */
     for (int i = 0; i < started; i++)
         pthread_join(t[i], NULL);
@@ -433,7 +444,9 @@ static void chat_user(int u, void *ctx) {
     json_decref(msgs);
 }
 
-static void wl_chat(void) { run_pool(o.users, o.clients, chat_user, NULL); }
+static void wl_chat(void) {
+    run_pool(o.users, o.clients, chat_user, NULL);
+}
 
 /* shared: one system prompt of half the context, then many short users */
 static char *shared_system;
@@ -449,7 +462,9 @@ static void shared_user(int u, void *ctx) {
     json_decref(msgs);
 }
 
-static void shared_user_rest(int u, void *ctx) { shared_user(u + 1, ctx); }
+static void shared_user_rest(int u, void *ctx) {
+    shared_user(u + 1, ctx);
+}
 
 static void wl_shared(void) {
     int n = words_for(ctx_budget() / 2);
@@ -480,8 +495,8 @@ static void wl_agent(void) {
     strcpy(agent_prefix, "You are an agent. Call one of these tools by name.\n");
     uint64_t s = stream_seed("agent-tools", 0, 0);
     /* JSON punctuation splits into more tokens per byte than words do */
-    for (int k = 0; est_tokens(agent_prefix) * 1.4 < ctx_budget() / 3 &&
-                    strlen(agent_prefix) + 512 < cap;
+    for (int k = 0;
+         est_tokens(agent_prefix) * 1.4 < ctx_budget() / 3 && strlen(agent_prefix) + 512 < cap;
          k++) {
         char desc[256] = "", arg[128] = "";
         gen_text(&s, 6, desc, sizeof desc);
@@ -562,9 +577,9 @@ static void wl_sweep(void) {
         int c = levels[l];
         double t = bs_now();
         run_pool(c * o.sweep_reqs, c, sweep_job, &c);
-        json_array_append_new(sweep_levels, json_pack("{s:i, s:f, s:f}", "concurrency", c,
-                                                      "t_begin_s", t - R.t0, "wall_s",
-                                                      bs_now() - t));
+        json_array_append_new(sweep_levels,
+                              json_pack("{s:i, s:f, s:f}", "concurrency", c, "t_begin_s", t - R.t0,
+                                        "wall_s", bs_now() - t));
     }
 }
 
@@ -594,7 +609,11 @@ static int query_model(server *s) {
     if (bs_http(s->host, s->port, "GET", "/v1/models", NULL, o.api_key, 30, NULL, NULL, &hr) ||
         hr.status != 200) {
         fprintf(stderr, "bench serve: GET /v1/models on %s:%d failed: %s (HTTP %d)\n", s->host,
-                s->port, hr.err[0] ? hr.err : hr.body ? hr.body : "", hr.status);
+                s->port,
+                hr.err[0] ? hr.err
+                : hr.body ? hr.body
+                          : "",
+                hr.status);
         bs_http_result_free(&hr);
         return -1;
     }
@@ -722,7 +741,8 @@ static void wl_restart(void) {
         stop_server();
         if (start_server(dir, why, sizeof why)) {
             note("restart skipped: the server refused --kv-disk %s (%s)", dir, why);
-            if (start_server(NULL, why, sizeof why)) note("and could not be started again: %s", why);
+            if (start_server(NULL, why, sizeof why))
+                note("and could not be started again: %s", why);
             return;
         }
     }
@@ -812,17 +832,19 @@ typedef struct vec {
 } vec;
 
 static void vec_add(vec *a, double x) {
-    if (a->n == a->cap) a->cap = a->cap ? a->cap * 2 : 64, a->v = realloc(a->v, a->cap * sizeof *a->v);
+    if (a->n == a->cap)
+        a->cap = a->cap ? a->cap * 2 : 64, a->v = realloc(a->v, a->cap * sizeof *a->v);
     a->v[a->n++] = x;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 double bs_percentile(double *v, int n, double p) {
     if (n <= 0) return NAN;
-    for (int i = 1; i < n; i++) /* insertion sort: a run has thousands at most */
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1], v[j - 1] = t;
-        }
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
     double x = p / 100.0 * (n - 1);
     int i = (int)x;
     return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
@@ -898,16 +920,19 @@ static json_t *sweep_summary(void) {
         json_t *r;
         json_array_foreach(R.requests, j, r) {
             if (json_integer_value(json_object_get(r, "concurrency")) != c ||
-                json_object_get(r, "error") || strcmp(json_string_value(json_object_get(r, "workload")), "sweep"))
+                json_object_get(r, "error") ||
+                strcmp(json_string_value(json_object_get(r, "workload")), "sweep"))
                 continue;
             n++;
             gen += json_integer_value(json_object_get(r, "completion_tokens"));
-            if (json_object_get(r, "ttft_ms")) vec_add(&ttft, json_real_value(json_object_get(r, "ttft_ms")));
+            if (json_object_get(r, "ttft_ms"))
+                vec_add(&ttft, json_real_value(json_object_get(r, "ttft_ms")));
         }
-        json_array_append_new(out, json_pack("{s:i, s:i, s:I, s:f, s:f, s:f, s:o}", "concurrency", c,
-                                             "requests", n, "completion_tokens", (json_int_t)gen,
+        json_array_append_new(out, json_pack("{s:i, s:i, s:I, s:f, s:f, s:f, s:o}", "concurrency",
+                                             c, "requests", n, "completion_tokens", (json_int_t)gen,
                                              "wall_s", wall, "tok_s", wall > 0 ? gen / wall : 0.0,
-                                             "req_s", wall > 0 ? n / wall : 0.0, "ttft_ms", dist(&ttft)));
+                                             "req_s", wall > 0 ? n / wall : 0.0, "ttft_ms",
+                                             dist(&ttft)));
     }
     return out;
 }
@@ -966,9 +991,8 @@ static const struct {
     const char *name;
     void (*run)(void);
 } workloads[] = {
-    {"chat", wl_chat},   {"shared", wl_shared}, {"agent", wl_agent},
-    {"long", wl_long},   {"depth", wl_depth},   {"sweep", wl_sweep},
-    {"restart", wl_restart},
+    {"chat", wl_chat},   {"shared", wl_shared}, {"agent", wl_agent},     {"long", wl_long},
+    {"depth", wl_depth}, {"sweep", wl_sweep},   {"restart", wl_restart},
 };
 
 static bool wanted(const char *name) {
@@ -1011,14 +1035,13 @@ static int write_html(const json_t *run, const char *path) {
 }
 
 static json_t *config_json(void) {
-    json_t *c = json_pack("{s:I, s:i, s:b, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s}",
-                          "seed", (json_int_t)o.seed, "max_tokens", o.max_tokens, "ignore_eos",
-                          !o.eos, "users", o.users, "turns", o.turns, "shared_users",
-                          o.shared_users, "clients", o.clients, "agents", o.agents, "agent_turns",
-                          o.agent_turns, "long_requests", o.long_reqs, "sweep_requests",
-                          o.sweep_reqs, "sweep_tokens", o.sweep_tokens, "restart_requests",
-                          o.restart_reqs, "workloads",
-                          o.workloads ? o.workloads : "chat,shared,agent,long,depth,sweep,restart");
+    json_t *c = json_pack(
+        "{s:I, s:i, s:b, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "seed",
+        (json_int_t)o.seed, "max_tokens", o.max_tokens, "ignore_eos", !o.eos, "users", o.users,
+        "turns", o.turns, "shared_users", o.shared_users, "clients", o.clients, "agents", o.agents,
+        "agent_turns", o.agent_turns, "long_requests", o.long_reqs, "sweep_requests", o.sweep_reqs,
+        "sweep_tokens", o.sweep_tokens, "restart_requests", o.restart_reqs, "workloads",
+        o.workloads ? o.workloads : "chat,shared,agent,long,depth,sweep,restart");
     json_t *lv = json_array();
     for (int i = 0; i < n_levels; i++)
         json_array_append_new(lv, json_integer(levels[i]));
@@ -1044,12 +1067,11 @@ static void print_summary(const json_t *sum) {
     }
     json_t *lv;
     size_t i;
-    json_array_foreach(json_object_get(sum, "sweep"), i, lv)
-        printf("concurrency %3d: %8.1f tok/s aggregate, %6.2f req/s, TTFT p50 %.1f ms\n",
-               (int)json_integer_value(json_object_get(lv, "concurrency")),
-               json_real_value(json_object_get(lv, "tok_s")),
-               json_real_value(json_object_get(lv, "req_s")),
-               P(json_object_get(lv, "ttft_ms"), "p50"));
+    json_array_foreach(json_object_get(sum, "sweep"), i, lv) printf(
+        "concurrency %3d: %8.1f tok/s aggregate, %6.2f req/s, TTFT p50 %.1f ms\n",
+        (int)json_integer_value(json_object_get(lv, "concurrency")),
+        json_real_value(json_object_get(lv, "tok_s")),
+        json_real_value(json_object_get(lv, "req_s")), P(json_object_get(lv, "ttft_ms"), "p50"));
 #undef P
 }
 
@@ -1083,9 +1105,9 @@ static int split_server_args(int argc, char **argv) {
 }
 
 static int check_opts(void) {
-    int ints[] = {o.max_tokens, o.users, o.turns, o.shared_users, o.clients, o.agents,
-                  o.agent_turns, o.long_reqs, o.sweep_reqs, o.sweep_tokens, o.restart_reqs,
-                  o.timeout, o.rss_ms};
+    int ints[] = {o.max_tokens,   o.users,       o.turns,     o.shared_users, o.clients,
+                  o.agents,       o.agent_turns, o.long_reqs, o.sweep_reqs,   o.sweep_tokens,
+                  o.restart_reqs, o.timeout,     o.rss_ms};
     for (size_t i = 0; i < PT_ARRAY_LEN(ints); i++)
         if (ints[i] < 1 || ints[i] > 1 << 20) {
             fprintf(stderr, "petrel bench serve: counts, sizes and times must be 1..1048576\n");
@@ -1108,8 +1130,10 @@ static int check_opts(void) {
         for (size_t i = 0; i < PT_ARRAY_LEN(workloads); i++)
             ok |= strlen(workloads[i].name) == n && !strncmp(p, workloads[i].name, n);
         if (!ok) {
-            fprintf(stderr, "petrel bench serve: unknown workload '%.*s' (chat, shared, agent, "
-                            "long, depth, sweep, restart)\n", (int)n, p);
+            fprintf(stderr,
+                    "petrel bench serve: unknown workload '%.*s' (chat, shared, agent, "
+                    "long, depth, sweep, restart)\n",
+                    (int)n, p);
             return -1;
         }
         p += n + (p[n] == ',');
@@ -1161,8 +1185,10 @@ int cmd_bench_serve(int argc, char **argv) {
         snprintf(R.workdir, sizeof R.workdir, "%s/petrel-bench-XXXXXX",
                  getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
         if (n <= 0 || !mkdtemp(R.workdir)) {
-            fprintf(stderr, "petrel bench serve: cannot find this binary or make a temporary "
-                            "directory: %s\n", strerror(errno));
+            fprintf(stderr,
+                    "petrel bench serve: cannot find this binary or make a temporary "
+                    "directory: %s\n",
+                    strerror(errno));
             return 1;
         }
         R.exe[n] = 0;
@@ -1201,9 +1227,9 @@ int cmd_bench_serve(int argc, char **argv) {
     server last = R.srv;
     stop_server();
 
-    json_t *sum = json_pack("{s:o, s:o, s:o, s:o}", "all", summarize(NULL), "workloads",
-                            json_object(), "sweep", sweep_summary(), "decode_by_depth",
-                            depth_summary());
+    json_t *sum =
+        json_pack("{s:o, s:o, s:o, s:o}", "all", summarize(NULL), "workloads", json_object(),
+                  "sweep", sweep_summary(), "decode_by_depth", depth_summary());
     for (size_t i = 0; i < PT_ARRAY_LEN(workloads); i++)
         if (wanted(workloads[i].name))
             json_object_set_new(json_object_get(sum, "workloads"), workloads[i].name,
@@ -1228,10 +1254,9 @@ int cmd_bench_serve(int argc, char **argv) {
         "tool", "petrel bench serve", "format", 1, "created", when, "server", "model_id",
         last.model_id, "address", o.url ? o.url : "self-started", "n_ctx", n_ctx, "self_started",
         o.model != NULL, "args", srv_args, "model", o.model, "bin", o.server_bin, "config",
-        config_json(),
-        "words_per_token", R.words_per_token, "duration_s", bs_now() - R.t0, "notes", R.notes,
-        "phases", R.phases, "summary", sum, "sweep_levels", sweep_levels, "samples", R.samples,
-        "requests", R.requests);
+        config_json(), "words_per_token", R.words_per_token, "duration_s", bs_now() - R.t0, "notes",
+        R.notes, "phases", R.phases, "summary", sum, "sweep_levels", sweep_levels, "samples",
+        R.samples, "requests", R.requests);
     print_summary(sum);
     rc = 0;
     if (json_dump_file(run, o.json, JSON_COMPACT)) {
