@@ -1194,6 +1194,7 @@ int cmd_bench_serve(int argc, char **argv) {
         R.exe[n] = 0;
         if (start_server(o.kv_disk, why, sizeof why)) {
             fprintf(stderr, "petrel bench serve: could not start the server: %s\n", why);
+            nftw(R.workdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
             return 1;
         }
     } else {

@@ -6,7 +6,8 @@
 //     length, no error); its token counts are exactly the server's usage
 //     (prompt, completion, cached) and completion_tokens == max_tokens
 //     (ignore_eos); repeated long prompts and later chat turns were served
-//     from the RAM prefix cache; restart ran or says why it was skipped;
+//     from the RAM prefix cache; restart ran (then prompts resent after it
+//     were restored from the SSD tier) or says why it was skipped;
 //     the summary's sweep has every --concurrency level;
 //  2. the HTML is well-formed (every non-void tag closed, in order), is
 //     offline (no script, no external reference) and has the plots, each
@@ -55,6 +56,9 @@ assert.ok(repeat.length && repeat.every((q) => q.cache === 'ram' && q.cached_tok
 assert.ok(by('chat').some((q) => q.turn > 0 && q.cached_tokens > 0), 'later chat turns reuse history');
 assert.ok(by('restart').length > 0 || run.notes.some((n) => /restart skipped/.test(n)),
   'restart ran or says why not');
+if (by('restart').length) // the server has --kv-disk: resent prompts come back from disk
+  assert.ok(by('restart').some((q) => q.phase === 'after-restart' && q.cache === 'ssd'),
+    'after a restart on the same --kv-disk, prompts are SSD-restored');
 assert.deepEqual(run.summary.sweep.map((l) => l.concurrency), [1, 2, 4], 'sweep levels');
 for (const l of run.summary.sweep) {
   assert.equal(l.requests, l.concurrency, `sweep ${l.concurrency}: one request per client`);
