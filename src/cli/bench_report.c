@@ -17,11 +17,11 @@
 #include "cli/bench_serve.h"
 
 #define W 680
-#define H 340
+#define H 360
 #define ML 70 /* margins: room for tick labels and axis titles */
 #define MR 20
 #define MT 34
-#define MB 50
+#define MB 68 /* and the legend, a row under the axis title */
 
 typedef struct series {
     const char *name, *color;
@@ -198,7 +198,7 @@ static void svg_plot(FILE *f, const plot *p) {
             "<line class=\"axis\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n",
             ML, H - MB, W - MR, H - MB, ML, MT, ML, H - MB);
     fprintf(f, "<text class=\"label\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">", (ML + W - MR) / 2,
-            H - 12);
+            H - 32);
     html_text(f, p->xlabel);
     fprintf(f, "%s</text>\n", p->xlog ? " (log)" : "");
     fprintf(f,
@@ -221,14 +221,20 @@ static void svg_plot(FILE *f, const plot *p) {
                 fprintf(f,
                         "<circle class=\"dot\" cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"/>\n",
                         px(&ax, s->x[k]), py(&ay, s->y[k]), s->line ? 3.0 : 2.2, s->color);
-        /* legend, top right */
-        int ly = MT + 6 + 16 * i;
+    }
+    /* the legend: a row under the plot, where it can hide no data */
+    double lx = ML;
+    for (int i = 0; i < p->ns; i++) {
+        const series *s = &p->s[i];
+        char text[96];
+        snprintf(text, sizeof text, "%s (%d)", s->name, s->count ? s->count : s->n);
         fprintf(f,
-                "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                "<text class=\"legend\" x=\"%d\" y=\"%d\">",
-                W - MR - 150, ly, s->color, W - MR - 135, ly + 9);
-        html_text(f, s->name);
-        fprintf(f, " (%d)</text>\n", s->count ? s->count : s->n);
+                "<rect x=\"%.0f\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+                "<text class=\"legend\" x=\"%.0f\" y=\"%d\">",
+                lx, H - 18, s->color, lx + 15, H - 9);
+        html_text(f, text);
+        fprintf(f, "</text>\n");
+        lx += 15 + 6.2 * strlen(text) + 18;
     }
     if (!points)
         fprintf(f,
