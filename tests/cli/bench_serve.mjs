@@ -30,6 +30,12 @@ const args = ['bench', 'serve', '-m', 'models/stories260K.gguf', '-o', json, '-n
   '--sweep-tokens', '64', '--restart-requests', '2', '--rss-interval', '50', '--', '--ctx', '1024'];
 const r = spawnSync(bin, args, { encoding: 'utf8', timeout: 600e3 });
 assert.equal(r.status, 0, `bench serve failed:\n${r.stderr}`);
+// A failed check below shows what the run printed, to tell a server fault
+// from a harness one.
+process.on('uncaughtException', (e) => {
+  console.error(`${e.stack}\n--- bench serve's stderr (tail):\n${r.stderr.slice(-4000)}`);
+  process.exit(1);
+});
 const run = JSON.parse(readFileSync(json, 'utf8'));
 assert.equal(run.server.n_ctx, 1024, 'the server flags after -- reached the server');
 
@@ -37,7 +43,7 @@ const by = (w) => run.requests.filter((q) => q.workload === w);
 for (const w of ['probe', 'chat', 'shared', 'agent', 'long', 'depth', 'sweep'])
   assert.ok(by(w).length > 0, `workload ${w} sent requests`);
 for (const q of run.requests) {
-  const id = `request ${q.id} (${q.workload})`;
+  const id = `request ${q.id} (${q.workload}) ${JSON.stringify({ ...q, body: undefined })}`;
   assert.equal(q.error, undefined, `${id} failed: ${q.error}`);
   assert.equal(q.status, 200, id);
   assert.ok(['stop', 'length'].includes(q.finish_reason), `${id} finished: ${q.finish_reason}`);
