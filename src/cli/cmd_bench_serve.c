@@ -31,6 +31,7 @@
  *     warm); after a restart those are "ssd" (the RAM cache died with the
  *     old process).  The exact cached_tokens is kept in every record.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -108,7 +109,8 @@ static const cli_opt bs_opts[] = {
 typedef struct server {
     char host[256];
     int port;
-    pid_t pid; /* 0 when not ours */
+    pid_t pid;       /* 0 when not ours */
+    pid_t watch_pid; /* a --url server's process on this machine, for its RSS */
     char model_id[256];
     int n_ctx;
 } server;
@@ -786,13 +788,59 @@ static double proc_rss_mb(pid_t pid) {
     return kb < 0 ? -1 : kb / 1024;
 }
 
-/* Samples RSS (/proc when the server is ours; /health's rss_bytes when it
+/* The process listening on a local TCP port (a --url server on this
+ * machine): the socket's inode from /proc/net/tcp{,6}, then the process
+ * holding a descriptor to it.  0 when not found or not ours to read. */
+static pid_t listener_pid(int port) {
+    unsigned long inode = 0;
+    static const char *const tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    for (size_t t = 0; t < PT_ARRAY_LEN(tables) && !inode; t++) {
+        FILE *f = fopen(tables[t], "r");
+        char line[512], local[64];
+        unsigned st;
+        unsigned long ino;
+        while (f && fgets(line, sizeof line, f)) {
+            if (sscanf(line, " %*d: %63s %*s %x %*s %*s %*s %*d %*d %lu", local, &st, &ino) != 3)
+                continue;
+            char *c = strrchr(local, ':');
+            if (c && st == 0x0A /* LISTEN */ && strtol(c + 1, NULL, 16) == port) {
+                inode = ino;
+                break;
+            }
+        }
+        if (f) fclose(f);
+    }
+    if (!inode) return 0;
+    char want[64];
+    snprintf(want, sizeof want, "socket:[%lu]", inode);
+    pid_t found = 0;
+    DIR *procs = opendir("/proc");
+    struct dirent *e;
+    while (!found && procs && (e = readdir(procs))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char dir[300], link[600], target[64];
+        snprintf(dir, sizeof dir, "/proc/%s/fd", e->d_name);
+        DIR *fds = opendir(dir);
+        struct dirent *x;
+        while (!found && fds && (x = readdir(fds))) {
+            snprintf(link, sizeof link, "%s/%s", dir, x->d_name);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n > 0 && (target[n] = 0, strcmp(target, want) == 0)) found = atoi(e->d_name);
+        }
+        if (fds) closedir(fds);
+    }
+    if (procs) closedir(procs);
+    return found;
+}
+
+/* Samples RSS (/proc when the server is ours or local; /health's rss_bytes when it
  * reports one) and the KV pages /health shows, until R.sampling drops. */
 static void *sampler(void *arg) {
     (void)arg;
     while (R.sampling) {
         server s = current_server();
-        double t = bs_now() - R.t0, rss = s.pid > 0 ? proc_rss_mb(s.pid) : -1;
+        pid_t pid = s.pid > 0 ? s.pid : s.watch_pid;
+        double t = bs_now() - R.t0, rss = pid > 0 ? proc_rss_mb(pid) : -1;
         json_t *smp = NULL;
         bs_http_result hr;
         if (s.port > 0 &&
@@ -1050,15 +1098,15 @@ static json_t *config_json(void) {
 }
 
 static void print_summary(const json_t *sum) {
-    printf("%-8s %5s %6s %9s %9s %9s %9s %8s %8s\n", "workload", "reqs", "hit%", "cold p50",
-           "cold p99", "cache p50", "cache p99", "itl p50", "tok/s");
+    printf("%-8s %5s %6s %9s %9s %9s %9s %8s %8s   (0: none measured)\n", "workload", "reqs",
+           "hit%", "cold p50", "cold p99", "cache p50", "cache p99", "itl p50", "tok/s");
     const char *k;
     json_t *w;
     json_object_foreach(json_object_get(sum, "workloads"), k, w) {
         json_t *tt = json_object_get(w, "ttft_ms");
         json_t *cold = json_object_get(tt, "cold"), *ram = json_object_get(tt, "ram");
         if (!json_integer_value(json_object_get(ram, "n"))) ram = json_object_get(tt, "ssd");
-#define P(d, q) (json_object_get(d, q) ? json_real_value(json_object_get(d, q)) : NAN)
+#define P(d, q) (json_object_get(d, q) ? json_real_value(json_object_get(d, q)) : 0)
         printf("%-8s %5d %5.1f%% %7.1fms %7.1fms %7.1fms %7.1fms %6.2fms %8.1f\n", k,
                (int)json_integer_value(json_object_get(w, "requests")),
                100 * json_real_value(json_object_get(w, "cache_hit_rate")), P(cold, "p50"),
@@ -1203,6 +1251,12 @@ int cmd_bench_serve(int argc, char **argv) {
             return 2;
         }
         if (query_model(&R.srv)) return 1;
+        const char *h = R.srv.host;
+        if (!strcmp(h, "127.0.0.1") || !strcmp(h, "localhost") || !strcmp(h, "::1"))
+            R.srv.watch_pid = listener_pid(R.srv.port);
+        if (!R.srv.watch_pid)
+            note("the server's process is not readable here: its memory comes from /health's "
+                 "rss_bytes, if it reports one");
     }
 
     pthread_t smp;

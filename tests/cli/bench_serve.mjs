@@ -13,9 +13,11 @@
 //     offline (no script, no external reference) and has the plots, each
 //     with drawn series and none saying "no data";
 //  3. against a fake server whose stream has no `usage`, the run refuses
-//     the responses: exit status 1 and every record carries the error.
+//     the responses: exit status 1 and every record carries the error;
+//  4. --url against a running `petrel serve` works, and samples the RSS of
+//     the process listening on that port.
 import { spawnSync, spawn } from 'node:child_process';
-import { readFileSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import assert from 'node:assert/strict';
 
@@ -130,4 +132,26 @@ const bad = JSON.parse(readFileSync(`${work}/nousage.json`, 'utf8'));
 assert.ok(bad.requests.length > 0 && bad.requests.every((q) => /no usage/.test(q.error)),
   'every response without usage is recorded as refused');
 assert.ok(bad.requests.every((q) => q.prompt_tokens === undefined), 'no counts are invented');
+
+// ---- 4. --url against a running petrel serve on this machine ----------------------
+// Its memory comes from /proc of the process listening on the port.
+const portFile = `${work}/port`;
+rmSync(portFile, { force: true });
+const srv = spawn(bin, ['serve', '--port', '0', '--port-file', portFile, '-q'], { stdio: 'ignore' });
+let srvPort = 0;
+for (let i = 0; i < 600 && !srvPort; i++) {
+  await new Promise((ok) => setTimeout(ok, 100));
+  const t = existsSync(portFile) ? readFileSync(portFile, 'utf8') : '';
+  if (t.endsWith('\n')) srvPort = parseInt(t, 10);
+}
+assert.ok(srvPort > 0, 'petrel serve started');
+const u = spawnSync(bin, ['bench', 'serve', '--url', `http://127.0.0.1:${srvPort}`, '-w', 'long',
+  '--long-requests', '1', '--long-tokens', '100', '-n', '4', '--rss-interval', '20',
+  '-o', `${work}/url.json`], { encoding: 'utf8', timeout: 300e3 });
+srv.kill('SIGTERM');
+assert.equal(u.status, 0, `bench serve --url failed:\n${u.stderr}`);
+const viaUrl = JSON.parse(readFileSync(`${work}/url.json`, 'utf8'));
+assert.equal(viaUrl.server.self_started, false);
+assert.ok(viaUrl.requests.length >= 4 && viaUrl.requests.every((q) => !q.error), '--url requests');
+assert.ok(viaUrl.samples.some((x) => x.rss_mb > 0), 'a local --url server\'s RSS is sampled');
 console.log(`ok: ${run.requests.length} requests checked, ${plots.length} plots`);
