@@ -289,7 +289,10 @@ int bs_http(const char *host, int port, const char *method, const char *path, co
         size_t n = (size_t)got;
         if (!have_head) {
             size_t old = hb.n;
-            buf_add(&hb, tmp, n);
+            if (buf_add(&hb, tmp, n)) {
+                rc = fail(r, "out of memory reading the response head");
+                break;
+            }
             char *end = strstr(hb.p, "\r\n\r\n");
             if (!end) {
                 if (hb.n > 65536) {
