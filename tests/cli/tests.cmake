@@ -24,3 +24,26 @@ foreach(t test_kvcodec_cli test_convert_cli)
   add_test(NAME cli/${t} COMMAND ${t})
   set_tests_properties(cli/${t} PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 900)
 endforeach()
+
+# `petrel bench serve` run briefly against stories260K: every request's
+# counts are the server's usage, all finished, the HTML report is
+# well-formed, offline and has its plots; a server without usage is refused
+# (bench_serve.mjs; node's own modules only, skipped without node).
+add_test(NAME cli/bench_serve
+         COMMAND sh -c "command -v node >/dev/null || exit 77; exec node \"$0\" \"$1\" \"$2\""
+                 ${CMAKE_CURRENT_LIST_DIR}/bench_serve.mjs $<TARGET_FILE:petrel>
+                 ${CMAKE_BINARY_DIR}/bench-serve-test)
+set_tests_properties(cli/bench_serve PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 900 SKIP_RETURN_CODE 77)
+
+# The bench serve report opened in headless Chromium (Debian's chromium):
+# re-rendered by this build from the committed CPU run, its seven plots must
+# be SVG in Chromium's DOM and their series' colours on the screenshot
+# (bench_report_render.mjs).  Skipped (77) without node or chromium.
+add_test(NAME cli/bench_report_chromium
+         COMMAND sh -c "command -v node >/dev/null || exit 77; exec node \"$0\" \"$1\" \"$2\" \"$3\""
+                 ${CMAKE_CURRENT_LIST_DIR}/bench_report_render.mjs $<TARGET_FILE:petrel>
+                 ${CMAKE_BINARY_DIR}/bench-report-chromium
+                 ${CMAKE_SOURCE_DIR}/bench/results/stories260k-cpu-serve.json)
+set_tests_properties(cli/bench_report_chromium PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 300 SKIP_RETURN_CODE 77)
