@@ -59,8 +59,25 @@ enum pt_qk_perm {
 typedef void (*pt_qk_rows_fn)(const pt_weight *w, const pt_qact *a, float *y, int64_t r0,
                               int64_t r1);
 
+/* int8 activations for the prefill GEMM (quant_i8_avx2.c): blocks of 32,
+ * d = max|x| / 127, codes in [-127, 127], natural order. */
+typedef struct pt_qact8 {
+    int n;
+    int64_t cols, n_chunks;
+    int8_t *q; /* [n][cols], 32-byte aligned rows */
+    float *d;  /* [n][n_chunks] */
+} pt_qact8;
+
+typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0,
+                               int64_t r1);
+
+/* Below this many tokens a call takes the int16 row kernels: decode is
+ * memory-bound, and int16 rounds activations 258x finer. */
+#define PT_QK_I8_MIN_TOKENS 4
+
 typedef struct pt_qk_ctx {
     bool avx2;     /* use the AVX2 kernels (the caller checked the CPU) */
+    bool i8;       /* with avx2: the int8 GEMM for n >= PT_QK_I8_MIN_TOKENS where one exists */
     void *scratch; /* activation codes and scales, grown on demand */
     size_t cap;
 } pt_qk_ctx;
@@ -90,5 +107,13 @@ void pt_qk_quantize_act(pt_qact *a, const float *x, int t0, int t1);
 pt_qk_rows_fn pt_qk_portable_rows(const pt_weight *w);
 pt_qk_rows_fn pt_qk_avx2_rows(const pt_weight *w);
 int pt_qk_avx2_perm(const pt_weight *w);
+/* The int8-activation GEMM for w (q8_0, q4_0), or NULL. */
+pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w);
+size_t pt_qk_act8_bytes(int n, int64_t cols);
+void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols);
+void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
+/* The kernels pt_qk_matmul would run for w with n tokens: "int8 gemm",
+ * "avx2 int16" or "portable int16" (bench and tests report it). */
+const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n);
 
 #endif
