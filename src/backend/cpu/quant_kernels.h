@@ -66,6 +66,7 @@ typedef struct pt_qact8 {
     int64_t cols, n_chunks;
     int8_t *q; /* [n][cols], 32-byte aligned rows */
     float *d;  /* [n][n_chunks] */
+    float *ds; /* [n][n_chunks] d * sum of the chunk's codes */
 } pt_qact8;
 
 typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0,
