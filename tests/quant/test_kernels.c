@@ -177,23 +177,26 @@ static void test_gguf_all(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_format((fmt){ts[i], 0, 0, PT_F16}, pt_dtype_name(ts[i]));
 }
 
-/* The int8-activation GEMM (q8_0, q4_0 prefill) against the reference
+/* The int8-activation GEMM (q8_0, q4_0, q4_k, q5_k, affine 4-bit prefill) against the reference
  * weights times the activations rounded as it rounds them (to f32 rounding,
  * 1e-5 of sum |w x|), and against the exact activations within the int8
  * rounding bound sum |w_i| * d_x / 2, d_x = max|x| / 127.  Shapes cover
  * every tile remainder (rows 1..5 and 37, tokens 4..9 and 33), more rows
  * than one cache block (1000), and extreme codes (q8_0 -128, a zero block). */
-static void check_i8(pt_dtype t) {
+static void check_i8(fmt f) {
+    pt_dtype t = f.t;
+    int block = f.t == PT_AFFINE ? f.gs : pt_dtype_get(f.t)->block;
     static const int64_t row_counts[] = {1, 2, 3, 5, 37, 1000};
     static const int ns[] = {4, 5, 6, 7, 9, 33};
     pt_rng rng;
-    pt_rng_seed(&rng, 77 + (uint64_t)t);
+    pt_rng_seed(&rng, 77 + (uint64_t)t * 10 + (uint64_t)f.gs + (uint64_t)f.st);
     pt_pool *pool = pt_pool_new(2);
     for (size_t ri = 0; ri < PT_ARRAY_LEN(row_counts); ri++)
         for (int64_t cols = 32; cols <= 4096; cols *= 8) {
             int64_t rows = row_counts[ri];
+            if (cols % block) continue;
             qw q;
-            make_weight(&q, (fmt){t, 0, 0, PT_F16}, rows, cols, &rng);
+            make_weight(&q, f, rows, cols, &rng);
             if (t == PT_Q8_0) ((int8_t *)q.data)[2] = -128; /* row 0, element 0: |w| = 128 */
             float *wref = malloc(sizeof(float) * (size_t)(rows * cols));
             for (int64_t r = 0; r < rows; r++) pt_weight_dequantize_row(&q.w, r, wref + r * cols);
@@ -222,8 +225,8 @@ static void check_i8(pt_dtype t) {
                         }
                         double tol = 1e-5 * mag + 1e-6, got = y[(size_t)k * (size_t)rows + (size_t)r];
                         if (!(fabs(got - same) <= tol))
-                            fail_msg("%s int8 gemm %lldx%lld n=%d token %d row %lld: %.7g, want %.7g (tol %.2g)",
-                                     pt_dtype_name(t), (long long)rows, (long long)cols, n, k,
+                            fail_msg("%s/%d int8 gemm %lldx%lld n=%d token %d row %lld: %.7g, want %.7g (tol %.2g)",
+                                     pt_dtype_name(t), f.gs, (long long)rows, (long long)cols, n, k,
                                      (long long)r, got, same, tol);
                         if (!(fabs(got - exact) <= bound + tol))
                             fail_msg("%s int8 gemm: error %.3g vs exact beyond the bound %.3g",
@@ -245,13 +248,18 @@ static void test_i8_gemm(void **state) {
         print_message("note: no AVX2 on this CPU; int8 GEMM not tested\n");
         return;
     }
-    check_i8(PT_Q8_0);
-    check_i8(PT_Q4_0);
+    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K};
+    for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16});
+    static const int gss[] = {32, 64, 128};
+    static const pt_dtype sts[] = {PT_F16, PT_BF16, PT_F32};
+    for (int g = 0; g < 3; g++) check_i8((fmt){PT_AFFINE, 4, gss[g], sts[g]});
     /* below the token threshold, and for other formats, the int16 kernels run */
     pt_qk_ctx ctx = {.avx2 = true, .i8 = true};
     pt_weight w = {.dtype = PT_Q8_0, .rows = 1, .cols = 32};
     assert_string_equal(pt_qk_path(&ctx, &w, PT_QK_I8_MIN_TOKENS - 1), "avx2 int16");
     w.dtype = PT_Q6_K;
+    assert_string_equal(pt_qk_path(&ctx, &w, 64), "avx2 int16");
+    w = (pt_weight){.dtype = PT_AFFINE, .rows = 1, .cols = 64, .bits = 8, .group_size = 64};
     assert_string_equal(pt_qk_path(&ctx, &w, 64), "avx2 int16");
 }
 

@@ -1,6 +1,7 @@
 /*
- * quant_i8_avx2.c - prefill for GGUF q8_0 and q4_0 weights: a GEMM with
- * int8 activations on AVX2, weights repacked into panels of 8 rows.
+ * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k and MLX affine
+ * 4-bit weights: a GEMM with int8 activations on AVX2, weights repacked
+ * into panels of 8 rows.
  *
  * Prefill is compute-bound.  The int16 row kernels of quant_avx2.c read
  * 2 bytes of activation per multiply-add from L2 and finish every 32-wide
@@ -18,11 +19,15 @@
  *     block, token and 8 rows, and no horizontal sums;
  *   - a register tile of TT tokens x 8 rows; the panel stays in L1 while
  *     every token of the call goes by.
- * Products use vpmaddubsw (u8 x s8, pairs summed to i16):
- *   q4_0: the unsigned nibbles c in [0, 15] against the signed activation
- *     codes; the -8 offset is -8 * d_w * (d_x * sum of the block's codes),
- *     one FMA per block.  A pair is at most 2 * 15 * 127 = 3810, so the 8
- *     groups of a block add up in i16 (<= 30480) before one vpmaddwd;
+ * Every format but q8_0 is read as unsigned codes c with, per block of 32,
+ * weight = mul * c + add (q4_0: d, -8d; q4_k, q5_k: d * sc, -dmin * m;
+ * affine: the group's scale and bias).  Products use vpmaddubsw (u8 x s8,
+ * pairs summed to i16):
+ *   unsigned codes against the signed activation codes; add meets the
+ *     block's d_x * sum of codes, one FMA per block.  A 4-bit pair is at
+ *     most 2 * 15 * 127 = 3810, so the 8 groups of a block add up in i16
+ *     (<= 30480) before one vpmaddwd; 5-bit pairs (7874) go 4 groups at a
+ *     time;
  *   - q8_0: the sign trick |w| * sign(x, w) = w * x (|w| <= 128, |x| <=
  *     127: a pair stays below 2^15); pairs of groups cannot share an i16
  *     sum, so each goes through vpmaddwd.
@@ -45,12 +50,16 @@
 #define CHAIN(v) __asm__("" : "+x"(v))
 
 /* One block of a panel: codes[g] holds group g (columns 4g..4g+3) of the
- * 8 rows, row j in lane j; abs is |codes| (q8_0 only); d the rows' scales. */
+ * 8 rows, row j in lane j; abs is |codes| (q8_0 only); weight = mul * code
+ * + add for row j's lane. */
 typedef struct pblock {
     __m256i codes[8];
     __m256i abs[8];
-    float d[NR];
+    float mul[NR], add[NR];
 } pblock;
+
+/* The formats, as the template parameter of the kernels. */
+enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4 };
 
 AI float f16(const uint8_t *p) {
     uint16_t h;
@@ -58,13 +67,79 @@ AI float f16(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* The 32 codes of a block, natural order.  q4_0: unsigned nibbles, low
- * ones are elements 0..15, high ones 16..31; q8_0: signed bytes. */
-AI __m256i codes(const uint8_t *blk, const int q4) {
-    if (!q4) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
-    __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+AI float scale_at(const void *p, int64_t i, pt_dtype t) {
+    uint16_t h;
+    float f;
+    switch (t) {
+    case PT_F16: memcpy(&h, (const uint8_t *)p + 2 * i, 2); return _cvtsh_ss(h);
+    case PT_BF16: memcpy(&h, (const uint8_t *)p + 2 * i, 2); return pt_bf16_to_f32(h);
+    default: memcpy(&f, (const uint8_t *)p + 4 * i, 4); return f;
+    }
+}
+
+AI void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Bytes of one row of w. */
+static size_t row_bytes_of(const pt_weight *w) {
+    switch (w->dtype) {
+    case PT_Q8_0: return (size_t)(w->cols / 32) * 34;
+    case PT_Q4_0: return (size_t)(w->cols / 32) * 18;
+    case PT_Q4_K: return (size_t)(w->cols / 256) * 144;
+    case PT_Q5_K: return (size_t)(w->cols / 256) * 176;
+    default: return (size_t)(w->cols / 2); /* affine 4-bit */
+    }
+}
+
+/* The 32 codes of block c of row r, natural order, and the block's mul and
+ * add.  q8_0: signed bytes; the others unsigned. */
+AI __m256i decode(const pt_weight *w, const uint8_t *row, int64_t r, int64_t c, const int F,
+                  float *mul, float *add) {
+    if (F == F_Q8_0 || F == F_Q4_0) {
+        const uint8_t *blk = row + (F == F_Q8_0 ? 34 : 18) * (size_t)c;
+        float d = _cvtsh_ss((uint16_t)(blk[0] | blk[1] << 8));
+        *mul = d;
+        *add = F == F_Q4_0 ? -8 * d : 0;
+        if (F == F_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+        /* low nibbles are elements 0..15, high ones 16..31 */
+        __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+        return _mm256_and_si256(b, _mm256_set1_epi8(15));
+    }
+    if (F == F_Q4_K || F == F_Q5_K) { /* sub-block j of a 256-block */
+        const uint8_t *blk = row + (F == F_Q4_K ? 144 : 176) * (size_t)(c / 8);
+        int j = (int)(c % 8), sc, m;
+        scale_min_k4(j, blk + 4, &sc, &m);
+        *mul = _cvtsh_ss((uint16_t)(blk[0] | blk[1] << 8)) * (float)sc;
+        *add = -(_cvtsh_ss((uint16_t)(blk[2] | blk[3] << 8)) * (float)m);
+        const uint8_t *qs = blk + (F == F_Q4_K ? 16 : 48) + 32 * (j / 2);
+        __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+        if (j % 2) v = _mm256_srli_epi16(v, 4);
+        v = _mm256_and_si256(v, _mm256_set1_epi8(15));
+        if (F == F_Q5_K) { /* bit j of qh[i] is element i's fifth bit */
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+            __m256i bit = _mm256_set1_epi8((char)(1 << j));
+            __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+            v = _mm256_or_si256(v, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+        }
+        return v;
+    }
+    /* affine 4-bit: a little-endian nibble stream, element 2i in byte i's
+     * low nibble; one scale and bias per group of group_size */
+    int64_t groups = w->cols / w->group_size, g = c * 32 / w->group_size;
+    *mul = scale_at(w->scales, r * groups + g, w->scale_dtype);
+    *add = scale_at(w->biases, r * groups + g, w->scale_dtype);
+    __m128i v = _mm_loadu_si128((const __m128i *)(row + 16 * (size_t)c));
+    __m128i m = _mm_set1_epi8(15), lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(lo, hi)),
+                                   _mm_unpackhi_epi8(lo, hi), 1);
 }
 
 /* Transposes 8 vectors of 8 dwords: out[g] lane j = in[j] lane g. */
@@ -87,27 +162,25 @@ AI void transpose8(__m256i v[8]) {
     }
 }
 
-/* Packs blocks [c0, c0 + kc) of rows [r, r + nr) into p; rows past nr are
- * zero. */
-AI void pack(pblock *p, const uint8_t *w, size_t row_bytes, int nr, int64_t c0, int kc,
-             const int q4) {
-    const size_t bb = q4 ? 18 : 34;
+/* Packs blocks [c0, c0 + kc) of rows [r, r + nr) of w into p; rows past
+ * nr are zero. */
+AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr, int64_t c0,
+             int kc, const int F) {
     for (int c = 0; c < kc; c++) {
         __m256i v[8];
         for (int j = 0; j < NR; j++) {
             if (j < nr) {
-                const uint8_t *blk = w + (size_t)j * row_bytes + bb * (size_t)(c0 + c);
-                v[j] = codes(blk, q4);
-                p[c].d[j] = f16(blk);
+                const uint8_t *row = (const uint8_t *)w->data + (size_t)(r + j) * row_bytes;
+                v[j] = decode(w, row, r + j, c0 + c, F, &p[c].mul[j], &p[c].add[j]);
             } else {
                 v[j] = _mm256_setzero_si256();
-                p[c].d[j] = 0;
+                p[c].mul[j] = p[c].add[j] = 0;
             }
         }
         transpose8(v);
         for (int g = 0; g < 8; g++) {
             p[c].codes[g] = v[g];
-            if (!q4) p[c].abs[g] = _mm256_sign_epi8(v[g], v[g]); /* -128 -> 128 as u8 */
+            if (F == F_Q8_0) p[c].abs[g] = _mm256_sign_epi8(v[g], v[g]); /* -128 -> 128 as u8 */
         }
     }
 }
@@ -121,7 +194,9 @@ AI __m256i bcast4(const int8_t *x) {
 
 /* acc[t] (8 rows) += the panel's kc blocks . token t0 + t's blocks c0.. */
 AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, const int NT,
-             const int q4, __m256 acc[TT]) {
+             const int F, __m256 acc[TT]) {
+    /* groups whose u8 x s8 pairs fit one i16 sum: 8 for 4-bit codes, 4 for 5-bit */
+    const int per_i16 = F == F_Q5_K ? 4 : 8;
     const __m256i ones = _mm256_set1_epi16(1);
     const int8_t *x[TT];
     const float *dx[TT], *ds[TT];
@@ -139,13 +214,17 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const int8_t *xt = x[t] + 32 * c;
-            if (q4) {
-                __m256i s = _mm256_maddubs_epi16(_mm256_load_si256(&b->codes[0]), bcast4(xt));
+            if (F != F_Q8_0) {
+                __m256i s = _mm256_setzero_si256();
+                for (int h = 0; h < 8; h += per_i16) {
+                    __m256i s16 = _mm256_maddubs_epi16(_mm256_load_si256(&b->codes[h]), bcast4(xt + 4 * h));
 #pragma GCC unroll 8
-                for (int g = 1; g < 8; g++)
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_load_si256(&b->codes[g]),
-                                                                  bcast4(xt + 4 * g)));
-                isum[t] = _mm256_madd_epi16(s, ones);
+                    for (int g = h + 1; g < h + per_i16; g++)
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_load_si256(&b->codes[g]),
+                                                                        bcast4(xt + 4 * g)));
+                    s = h ? _mm256_add_epi32(s, _mm256_madd_epi16(s16, ones)) : _mm256_madd_epi16(s16, ones);
+                }
+                isum[t] = s;
             } else {
                 __m256i s = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -158,19 +237,18 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
                 isum[t] = s;
             }
         }
-        __m256 dw = _mm256_load_ps(b->d);
-        __m256 dw8 = q4 ? _mm256_mul_ps(dw, _mm256_set1_ps(8)) : dw;
+        __m256 mul = _mm256_load_ps(b->mul), add = _mm256_load_ps(b->add);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]),
-                                     _mm256_mul_ps(dw, _mm256_broadcast_ss(dx[t] + c)), acc[t]);
-            if (q4) acc[t] = _mm256_fnmadd_ps(dw8, _mm256_broadcast_ss(ds[t] + c), acc[t]);
+                                     _mm256_mul_ps(mul, _mm256_broadcast_ss(dx[t] + c)), acc[t]);
+            if (F != F_Q8_0) acc[t] = _mm256_fmadd_ps(add, _mm256_broadcast_ss(ds[t] + c), acc[t]);
         }
     }
 }
 
 /* y[t][r..r+nr) (+)= the tile's lanes. */
-AI void store(float *y, int64_t ldy, __m256 v, int nr, bool add) {
+AI void store(float *y, __m256 v, int nr, bool add) {
     float tmp[NR];
     if (nr == NR) {
         if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(y));
@@ -179,47 +257,51 @@ AI void store(float *y, int64_t ldy, __m256 v, int nr, bool add) {
     }
     _mm256_storeu_ps(tmp, v);
     for (int j = 0; j < nr; j++) y[j] = add ? y[j] + tmp[j] : tmp[j];
-    (void)ldy;
 }
 
 AI void rows_i8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1,
-                const int q4) {
+                const int F) {
     _Alignas(32) pblock panel[KC];
-    size_t row_bytes = (size_t)(w->cols / 32) * (q4 ? 18 : 34);
+    size_t row_bytes = row_bytes_of(w);
     for (int64_t r = r0; r < r1; r += NR) {
         int nr = (int)PT_MIN(NR, r1 - r);
         for (int64_t c0 = 0; c0 < a->n_chunks; c0 += KC) {
             int kc = (int)PT_MIN(KC, a->n_chunks - c0);
-            pack(panel, (const uint8_t *)w->data + (size_t)r * row_bytes, row_bytes, nr, c0, kc, q4);
+            pack(panel, w, row_bytes, r, nr, c0, kc, F);
             for (int t0 = 0; t0 < a->n; t0 += TT) {
                 int nt = PT_MIN(TT, a->n - t0);
                 __m256 acc[TT];
                 for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
                 switch (nt) {
-                case 4: tile(panel, kc, a, t0, c0, 4, q4, acc); break;
-                case 3: tile(panel, kc, a, t0, c0, 3, q4, acc); break;
-                case 2: tile(panel, kc, a, t0, c0, 2, q4, acc); break;
-                default: tile(panel, kc, a, t0, c0, 1, q4, acc); break;
+                case 4: tile(panel, kc, a, t0, c0, 4, F, acc); break;
+                case 3: tile(panel, kc, a, t0, c0, 3, F, acc); break;
+                case 2: tile(panel, kc, a, t0, c0, 2, F, acc); break;
+                default: tile(panel, kc, a, t0, c0, 1, F, acc); break;
                 }
                 for (int t = 0; t < nt; t++)
-                    store(y + (size_t)(t0 + t) * (size_t)w->rows + (size_t)r, w->rows, acc[t], nr, c0 > 0);
+                    store(y + (size_t)(t0 + t) * (size_t)w->rows + (size_t)r, acc[t], nr, c0 > 0);
             }
         }
     }
 }
 
-static void rows_q8_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
-    rows_i8(w, a, y, r0, r1, 0);
-}
-
-static void rows_q4_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
-    rows_i8(w, a, y, r0, r1, 1);
-}
+#define ROWS(name, F)                                                                              \
+    static void name(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {    \
+        rows_i8(w, a, y, r0, r1, F);                                                               \
+    }
+ROWS(rows_q8_0, F_Q8_0)
+ROWS(rows_q4_0, F_Q4_0)
+ROWS(rows_q4_k, F_Q4_K)
+ROWS(rows_q5_k, F_Q5_K)
+ROWS(rows_aff4, F_AFF4)
 
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
     switch (w->dtype) {
     case PT_Q8_0: return rows_q8_0;
     case PT_Q4_0: return rows_q4_0;
+    case PT_Q4_K: return rows_q4_k;
+    case PT_Q5_K: return rows_q5_k;
+    case PT_AFFINE: return w->bits == 4 ? rows_aff4 : NULL; /* groups of 32, 64, 128 */
     default: return NULL;
     }
 }
