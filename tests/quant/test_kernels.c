@@ -177,7 +177,7 @@ static void test_gguf_all(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_format((fmt){ts[i], 0, 0, PT_F16}, pt_dtype_name(ts[i]));
 }
 
-/* The int8-activation GEMM (q8_0, q4_0, q4_k, q5_k, affine 4-bit prefill) against the reference
+/* The int8-activation GEMM (q8_0, q4_0, q4_k, q5_k, q6_k, affine 4-bit prefill) against the reference
  * weights times the activations rounded as it rounds them (to f32 rounding,
  * 1e-5 of sum |w x|), and against the exact activations within the int8
  * rounding bound sum |w_i| * d_x / 2, d_x = max|x| / 127.  Shapes cover
@@ -248,7 +248,7 @@ static void test_i8_gemm(void **state) {
         print_message("note: no AVX2 on this CPU; int8 GEMM not tested\n");
         return;
     }
-    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K};
+    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
     for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16});
     static const int gss[] = {32, 64, 128};
     static const pt_dtype sts[] = {PT_F16, PT_BF16, PT_F32};
@@ -257,8 +257,6 @@ static void test_i8_gemm(void **state) {
     pt_qk_ctx ctx = {.avx2 = true, .i8 = true};
     pt_weight w = {.dtype = PT_Q8_0, .rows = 1, .cols = 32};
     assert_string_equal(pt_qk_path(&ctx, &w, PT_QK_I8_MIN_TOKENS - 1), "avx2 int16");
-    w.dtype = PT_Q6_K;
-    assert_string_equal(pt_qk_path(&ctx, &w, 64), "avx2 int16");
     w = (pt_weight){.dtype = PT_AFFINE, .rows = 1, .cols = 64, .bits = 8, .group_size = 64};
     assert_string_equal(pt_qk_path(&ctx, &w, 64), "avx2 int16");
 }

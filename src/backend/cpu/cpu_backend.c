@@ -151,7 +151,7 @@ pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err) 
     const char *i8 = getenv("PETREL_CPU_INT8");
     cb->quant.i8 = cb->quant.avx2 && !(i8 && strcmp(i8, "0") == 0);
     snprintf(cb->detail, sizeof cb->detail, "%s%s, %d thread%s", k->name,
-             cb->quant.i8 ? " (q8_0/q4_0 prefill: int8 gemm)" : "", n_threads,
+             cb->quant.i8 ? " + int8 gemm for quantized prefill" : "", n_threads,
              n_threads == 1 ? "" : "s");
     cb->base = (pt_backend){
         .ops = &cpu_ops, .name = "cpu", .detail = cb->detail, .n_threads = n_threads,

@@ -1,6 +1,6 @@
 /*
- * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k and MLX affine
- * 4-bit weights: a GEMM with int8 activations on AVX2, weights repacked
+ * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k, q6_k and MLX
+ * affine 4-bit weights: a GEMM with int8 activations on AVX2, weights repacked
  * into panels of 8 rows.
  *
  * Prefill is compute-bound.  The int16 row kernels of quant_avx2.c read
@@ -19,7 +19,10 @@
  *     block, token and 8 rows, and no horizontal sums;
  *   - a register tile of TT tokens x 8 rows; the panel stays in L1 while
  *     every token of the call goes by.
- * Every format but q8_0 is read as unsigned codes c with, per block of 32,
+ * q6_k is read like q8_0 (signed codes q - 32, the sign trick; |w| <= 32
+ * lets 4 groups share an i16 sum), with a second mul for the block's
+ * columns 16..31 (its int8 scales cover 16 columns).
+ * Every other format is read as unsigned codes c with, per block of 32,
  * weight = mul * c + add (q4_0: d, -8d; q4_k, q5_k: d * sc, -dmin * m;
  * affine: the group's scale and bias).  Products use vpmaddubsw (u8 x s8,
  * pairs summed to i16):
@@ -56,10 +59,11 @@ typedef struct pblock {
     __m256i codes[8];
     __m256i abs[8];
     float mul[NR], add[NR];
+    float mul2[NR]; /* q6_k: mul of columns 16..31 (mul is 0..15's) */
 } pblock;
 
 /* The formats, as the template parameter of the kernels. */
-enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4 };
+enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4, F_Q6_K };
 
 AI float f16(const uint8_t *p) {
     uint16_t h;
@@ -94,14 +98,31 @@ static size_t row_bytes_of(const pt_weight *w) {
     case PT_Q4_0: return (size_t)(w->cols / 32) * 18;
     case PT_Q4_K: return (size_t)(w->cols / 256) * 144;
     case PT_Q5_K: return (size_t)(w->cols / 256) * 176;
+    case PT_Q6_K: return (size_t)(w->cols / 256) * 210;
     default: return (size_t)(w->cols / 2); /* affine 4-bit */
     }
 }
 
 /* The 32 codes of block c of row r, natural order, and the block's mul and
- * add.  q8_0: signed bytes; the others unsigned. */
+ * add (and q6_k's mul2).  q8_0, q6_k: signed bytes; the others unsigned. */
 AI __m256i decode(const pt_weight *w, const uint8_t *row, int64_t r, int64_t c, const int F,
-                  float *mul, float *add) {
+                  float *mul, float *add, float *mul2) {
+    if (F == F_Q6_K) { /* codes q - 32 in [-32, 31]; int8 scales per 16 columns */
+        const uint8_t *blk = row + 210 * (size_t)(c / 8);
+        int j = (int)(c % 8), half = j / 4, k = j % 4;
+        const int8_t *sc = (const int8_t *)(blk + 192) + 2 * j;
+        float d = _cvtsh_ss((uint16_t)(blk[208] | blk[209] << 8));
+        *mul = d * (float)sc[0];
+        *mul2 = d * (float)sc[1];
+        *add = 0;
+        __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + (k & 1 ? 32 : 0)));
+        __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+        if (k & 2) l = _mm256_srli_epi16(l, 4);
+        l = _mm256_and_si256(l, _mm256_set1_epi8(15));
+        h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 4)), _mm256_set1_epi8(32));
+    }
+    *mul2 = 0;
     if (F == F_Q8_0 || F == F_Q4_0) {
         const uint8_t *blk = row + (F == F_Q8_0 ? 34 : 18) * (size_t)c;
         float d = _cvtsh_ss((uint16_t)(blk[0] | blk[1] << 8));
@@ -171,16 +192,16 @@ AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr,
         for (int j = 0; j < NR; j++) {
             if (j < nr) {
                 const uint8_t *row = (const uint8_t *)w->data + (size_t)(r + j) * row_bytes;
-                v[j] = decode(w, row, r + j, c0 + c, F, &p[c].mul[j], &p[c].add[j]);
+                v[j] = decode(w, row, r + j, c0 + c, F, &p[c].mul[j], &p[c].add[j], &p[c].mul2[j]);
             } else {
                 v[j] = _mm256_setzero_si256();
-                p[c].mul[j] = p[c].add[j] = 0;
+                p[c].mul[j] = p[c].add[j] = p[c].mul2[j] = 0;
             }
         }
         transpose8(v);
         for (int g = 0; g < 8; g++) {
             p[c].codes[g] = v[g];
-            if (F == F_Q8_0) p[c].abs[g] = _mm256_sign_epi8(v[g], v[g]); /* -128 -> 128 as u8 */
+            if (F == F_Q8_0 || F == F_Q6_K) p[c].abs[g] = _mm256_sign_epi8(v[g], v[g]); /* -128 -> 128 as u8 */
         }
     }
 }
@@ -207,15 +228,30 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
         ds[t] = a->ds + (size_t)(t0 + t) * (size_t)a->n_chunks + c0;
     }
     for (int c = 0; c < kc; c++) {
-        __m256i isum[TT];
+        __m256i isum[TT], isum2[TT];
         const pblock *b = &p[c];
         /* Token by token, so each isum is one chain: interleaving the
          * tokens' products makes GCC spill them all before adding. */
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const int8_t *xt = x[t] + 32 * c;
-            if (F != F_Q8_0) {
+            if (F == F_Q6_K) { /* |w| <= 32: 4 groups per i16 sum; halves kept apart */
+                __m256i sh[2];
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int g = 4 * h; g < 4 * h + 4; g++)
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(
+                                                        _mm256_load_si256(&b->abs[g]),
+                                                        _mm256_sign_epi8(bcast4(xt + 4 * g), b->codes[g])));
+                    sh[h] = _mm256_madd_epi16(s16, ones);
+                }
+                isum[t] = sh[0];
+                isum2[t] = sh[1];
+            } else if (F != F_Q8_0) {
                 __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 2
                 for (int h = 0; h < 8; h += per_i16) {
                     __m256i s16 = _mm256_maddubs_epi16(_mm256_load_si256(&b->codes[h]), bcast4(xt + 4 * h));
 #pragma GCC unroll 8
@@ -242,7 +278,12 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
         for (int t = 0; t < NT; t++) {
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]),
                                      _mm256_mul_ps(mul, _mm256_broadcast_ss(dx[t] + c)), acc[t]);
-            if (F != F_Q8_0) acc[t] = _mm256_fmadd_ps(add, _mm256_broadcast_ss(ds[t] + c), acc[t]);
+            if (F == F_Q6_K)
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[t]),
+                                         _mm256_mul_ps(_mm256_load_ps(b->mul2), _mm256_broadcast_ss(dx[t] + c)),
+                                         acc[t]);
+            else if (F != F_Q8_0)
+                acc[t] = _mm256_fmadd_ps(add, _mm256_broadcast_ss(ds[t] + c), acc[t]);
         }
     }
 }
@@ -294,6 +335,7 @@ ROWS(rows_q4_0, F_Q4_0)
 ROWS(rows_q4_k, F_Q4_K)
 ROWS(rows_q5_k, F_Q5_K)
 ROWS(rows_aff4, F_AFF4)
+ROWS(rows_q6_k, F_Q6_K)
 
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
     switch (w->dtype) {
@@ -301,6 +343,7 @@ pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
     case PT_Q4_0: return rows_q4_0;
     case PT_Q4_K: return rows_q4_k;
     case PT_Q5_K: return rows_q5_k;
+    case PT_Q6_K: return rows_q6_k;
     case PT_AFFINE: return w->bits == 4 ? rows_aff4 : NULL; /* groups of 32, 64, 128 */
     default: return NULL;
     }

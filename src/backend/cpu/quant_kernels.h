@@ -108,7 +108,8 @@ void pt_qk_quantize_act(pt_qact *a, const float *x, int t0, int t1);
 pt_qk_rows_fn pt_qk_portable_rows(const pt_weight *w);
 pt_qk_rows_fn pt_qk_avx2_rows(const pt_weight *w);
 int pt_qk_avx2_perm(const pt_weight *w);
-/* The int8-activation GEMM for w (q8_0, q4_0), or NULL. */
+/* The int8-activation GEMM for w (q8_0, q4_0, q4_k, q5_k, q6_k, affine
+ * 4-bit), or NULL. */
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w);
 size_t pt_qk_act8_bytes(int n, int64_t cols);
 void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols);
