@@ -79,7 +79,7 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
 
 # One llama-bench run: "pp_tok_s tg_tok_s".
 run_llama() {
-  LD_LIBRARY_PATH=$lcpp $lcpp/llama-bench -m "$1" -t "$2" -p 128 -n 32 -r 1 -o json 2>/dev/null |
+  LD_LIBRARY_PATH=$lcpp $lcpp/llama-bench -m "$1" -t "$2" -p 128 -n ${GEN:-16} -r 1 -o json 2>/dev/null |
     jq -r '[(.[] | select(.n_prompt > 0) | .avg_ts), (.[] | select(.n_gen > 0) | .avg_ts)] | map(tostring) | join(" ")'
 }
 
@@ -87,7 +87,7 @@ run_llama() {
 run_petrel() {
   local js
   js=$(mktemp)
-  $p bench -m "$1" -t "$2" -p 128 -d 0 -g 32 -r 1 -o "$js" >/dev/null 2>&1
+  $p bench -m "$1" -t "$2" -p 128 -d 0 -g ${GEN:-16} -r 1 -o "$js" >/dev/null 2>&1
   jq -r '[.prefill[0].tok_s, .decode[0].tok_s, .decode[0].bytes_per_token, .read_bandwidth_gbs,
           .compute_peak_gops, .prefill[0].gflops] | map(tostring) | join(" ")' "$js"
   rm -f "$js"
