@@ -85,6 +85,8 @@ typedef struct pt_backend_ops {
     void (*free)(pt_backend *be, void *p, size_t nbytes);
     void (*upload)(pt_backend *be, void *dst, const void *src, size_t nbytes);
     void (*download)(pt_backend *be, void *dst, const void *src, size_t nbytes);
+    /* Backend memory to backend memory, in op order (KV page copies). */
+    void (*copy)(pt_backend *be, void *dst, const void *src, size_t nbytes);
     void (*sync)(pt_backend *be);
 
     /* y[n][w.rows] = x[n][w.cols] · wᵀ.  y must not alias x. */
@@ -119,6 +121,10 @@ typedef struct pt_backend_ops {
      * when a cache is created, so a refusal comes before any work. */
     int (*kv_quant_check)(pt_backend *be, int kvq, int k_bits, int v_bits, int group, int head_dim,
                           pt_err *err);
+
+    /* Bytes of backend memory free now; NULL for host memory (then the
+     * system's available memory counts). */
+    size_t (*free_memory)(pt_backend *be);
 
     /* Measured memory read bandwidth in bytes/s (a large streaming read on
      * all threads), for rooflines. */

@@ -31,7 +31,7 @@ int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *ta
 
 /* Flags every model-using subcommand takes, and turning them into options. */
 typedef struct cli_model_args {
-    const char *model, *device, *kernels, *kv_type, *kv_quant, *dummy_dtype;
+    const char *model, *device, *kernels, *kv_type, *kv_quant, *kv_budget, *dummy_dtype;
     int threads, ctx, batch;
     uint64_t dummy_seed;
     bool verbose;

@@ -23,6 +23,7 @@ const cli_opt cli_model_opts[] = {
     {"batch", 'b', CLI_INT, &cli_margs.batch, "N", "rows per forward pass (default 512)"},
     {"kv-type", 0, CLI_STR, &cli_margs.kv_type, "T", "KV cache element type: f32, f16 (default), bf16"},
     {"kv-quant", 0, CLI_STR, &cli_margs.kv_quant, "Q", "KV cache codec: none (default), 8, 4 (affine), turbo[:k<bits>v<bits>][:anydim] (TurboQuant, k8v3)"},
+    {"kv-budget", 0, CLI_STR, &cli_margs.kv_budget, "SIZE", "KV pool size: bytes (6G, 512M) or a percentage of free memory (80%); requests grow into it and are preempted when it is full (default: --ctx positions, x --parallel for serve)"},
     {"dummy-dtype", 0, CLI_STR, &cli_margs.dummy_dtype, "T", "weights of dummy models: bf16, f16, f32, q8_0, q4_0, q4_k, q5_k, q6_k, affineB[gG]"},
     {"dummy-seed", 0, CLI_U64, &cli_margs.dummy_seed, "S", "seed of dummy weights"},
     {"verbose", 'v', CLI_FLAG, &cli_margs.verbose, NULL, "log more"},
@@ -153,6 +154,7 @@ int cli_open_engine(pt_engine **e) {
                         .n_ctx = a->ctx,
                         .max_batch = a->batch,
                         .kv_quant = a->kv_quant,
+                        .kv_budget = a->kv_budget,
                         .no_tokenizer = a->no_tokenizer,
                         .dummy_dtype = a->dummy_dtype,
                         .dummy_seed = a->dummy_seed};

@@ -14,10 +14,11 @@
 #include <stdlib.h>
 
 #include "cli/cli.h"
+#include "engine/bench.h"
 
 static struct {
-    const char *prompt_lens, *depths, *json;
-    int gen, reps;
+    const char *prompt_lens, *depths, *json, *parallel;
+    int gen, reps, par_prompt, par_gen, max_seqs;
 } b;
 
 static const cli_opt bench_opts[] = {
@@ -26,6 +27,12 @@ static const cli_opt bench_opts[] = {
     {"gen", 'g', CLI_INT, &b.gen, "N", "decode steps timed per depth (default 32)"},
     {"reps", 'r', CLI_INT, &b.reps, "N", "repetitions; the best is kept (default 3)"},
     {"json", 'o', CLI_STR, &b.json, "FILE", "also write the results as JSON"},
+    {"parallel", 'P', CLI_STR, &b.parallel, "N,N..",
+     "also run N concurrent requests through the scheduler and report aggregate decode "
+     "(like llama-batched-bench -npl; e.g. 1,8,32,64)"},
+    {"parallel-prompt", 0, CLI_INT, &b.par_prompt, "N", "prompt tokens per request of --parallel (default 128)"},
+    {"parallel-gen", 0, CLI_INT, &b.par_gen, "N", "tokens generated per request of --parallel (default 128)"},
+    {"max-seqs", 0, CLI_INT, &b.max_seqs, "N", "requests running at once in --parallel runs (default: all)"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
 
@@ -60,66 +67,78 @@ static double flops_per_token(const pt_model *m) {
     return 2.0 * (layer * c->n_layers + (double)c->vocab_size * c->dim);
 }
 
-static void fill_tokens(pt_seq *s, int n, int vocab, pt_rng *rng) {
-    for (int i = 0; i < n; i++) pt_seq_push(s, (int32_t)(pt_rng_next(rng) % (uint64_t)vocab));
-}
-
-/* Times a prefill of len tokens on a fresh sequence. */
+/* Times a prefill of len tokens on a fresh request (through the core). */
 static int time_prefill(pt_engine *e, int len, double *sec, pt_err *err) {
-    pt_sampling sp = pt_sampling_default();
-    sp.temperature = 0;
-    sp.n_logprobs = -1;
-    pt_seq s;
-    pt_seq_init(&s, e, &sp);
-    pt_rng rng;
-    pt_rng_seed(&rng, (uint64_t)len);
-    fill_tokens(&s, len, e->model->cfg.vocab_size, &rng);
-    pt_sample_result r;
-    double t0 = pt_now();
-    int rc = pt_seq_prefill(e, &s, &r, err);
-    *sec = pt_now() - t0;
-    pt_seq_free(&s, e);
-    return rc;
+    pt_bench_run r;
+    if (pt_bench_requests(e, 1, len, 1, (uint64_t)len, &r, 0, err)) return -1;
+    *sec = r.t_prefill;
+    return 0;
 }
 
-/* Fills depth positions, then times gen decode steps. */
+/* Fills depth positions, then times gen decode steps: seconds per token. */
 static int time_decode(pt_engine *e, int depth, int gen, double *sec, pt_err *err) {
-    pt_sampling sp = pt_sampling_default();
-    sp.temperature = 0;
-    sp.n_logprobs = -1;
-    pt_seq s;
-    pt_seq_init(&s, e, &sp);
-    pt_rng rng;
-    pt_rng_seed(&rng, 7);
-    fill_tokens(&s, depth + 1, e->model->cfg.vocab_size, &rng);
-    pt_sample_result r;
-    int rc = pt_seq_prefill(e, &s, &r, err);
-    double t0 = pt_now();
-    for (int i = 0; i < gen && rc == 0; i++) {
-        pt_seq_push(&s, r.id);
-        rc = pt_seq_decode(e, &s, &r, err);
+    pt_bench_run r;
+    if (pt_bench_requests(e, 1, depth + 1, gen + 1, 7, &r, 0, err)) return -1;
+    *sec = r.t_decode / gen;
+    return 0;
+}
+
+/* N concurrent requests through the scheduler, for each N of --parallel. */
+static int run_parallel(pt_engine *e, const int *ns, int n_ns, json_t *j, pt_err *err) {
+    json_t *ja = json_array();
+    json_object_set_new(j, "parallel", ja);
+    printf("\n%-10s %8s %8s %12s %12s %12s %14s\n", "parallel", "seqs", "pp+tg", "prefill t/s",
+           "decode t/s", "per seq t/s", "host ms/step");
+    for (int i = 0; i < n_ns; i++) {
+        int n = ns[i], need = n * (b.par_prompt + b.par_gen + 1);
+        if (!e->kv_budgeted && e->kv.cfg.n_pages * e->kv.cfg.page_size < need &&
+            pt_engine_kv_init(e, need, err))
+            return -1;
+        pt_bench_run r;
+        if (pt_bench_requests(e, n, b.par_prompt, b.par_gen, 11, &r, b.max_seqs, err)) return -1;
+        double host_ms = r.timing.n_steps ? 1e3 * r.timing.t_host / r.timing.n_steps : 0;
+        printf("%-10s %8d %4d+%-3d %12.1f %12.1f %12.2f %14.3f\n", "", n, b.par_prompt, b.par_gen,
+               r.prefill_tok_s, r.decode_tok_s, r.decode_tok_s / n, host_ms);
+        json_array_append_new(
+            ja, json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:I, s:f, s:f, s:f}", "seqs", n,
+                          "prompt", b.par_prompt, "gen", b.par_gen, "prefill_tok_s",
+                          r.prefill_tok_s, "decode_tok_s", r.decode_tok_s, "t_decode",
+                          r.t_decode, "steps", (json_int_t)r.timing.n_steps, "host_s",
+                          r.timing.t_host, "forward_s", r.timing.t_forward, "sample_s",
+                          r.timing.t_sample));
     }
-    *sec = (pt_now() - t0) / gen;
-    pt_seq_free(&s, e);
-    return rc;
+    return 0;
 }
 
 int cmd_bench(int argc, char **argv) {
     cli_model_defaults();
     memset(&b, 0, sizeof b);
     b.prompt_lens = "64,256,512", b.depths = "0,512", b.gen = 32, b.reps = 3;
+    b.par_prompt = 128, b.par_gen = 128;
     const cli_opt *tables[] = {bench_opts, cli_model_opts, NULL};
     int n_pos, rc = cli_parse(argc, argv, "petrel bench [options]", tables, NULL, 0, &n_pos);
     if (rc) return rc < 0 ? 2 : 0;
-    int lens[16], depths[16];
+    int lens[16], depths[16], pars[16], n_pars = 0;
     int n_lens = parse_list(b.prompt_lens, lens, 16), n_depths = parse_list(b.depths, depths, 16);
     if (n_lens < 0 || n_depths < 0 || b.gen < 1 || b.reps < 1) {
         fprintf(stderr, "petrel bench: bad --prompt-lens, --depths, --gen or --reps\n");
         return 2;
     }
+    if (b.parallel && ((n_pars = parse_list(b.parallel, pars, 16)) <= 0 || b.par_prompt < 1 ||
+                       b.par_gen < 2 || b.max_seqs < 0)) {
+        fprintf(stderr, "petrel bench: --parallel takes counts like 1,8,32,64 (each >= 1); "
+                        "--parallel-prompt >= 1, --parallel-gen >= 2\n");
+        return 2;
+    }
+    for (int i = 0; i < n_pars; i++)
+        if (pars[i] < 1) {
+            fprintf(stderr, "petrel bench: --parallel counts must be >= 1\n");
+            return 2;
+        }
     int need_ctx = 0;
     for (int i = 0; i < n_lens; i++) need_ctx = PT_MAX(need_ctx, lens[i] + 1);
     for (int i = 0; i < n_depths; i++) need_ctx = PT_MAX(need_ctx, depths[i] + b.gen + 2);
+    if (n_pars) need_ctx = PT_MAX(need_ctx, b.par_prompt + b.par_gen + 2);
     if (cli_margs.ctx < need_ctx) cli_margs.ctx = need_ctx;
 
     pt_engine *e;
@@ -187,6 +206,7 @@ int cmd_bench(int argc, char **argv) {
                                             "tok_s", tps, "bytes_per_token", bytes,
                                             "roofline_tok_s", roof, "fraction", tps / roof));
     }
+    if (n_pars && run_parallel(e, pars, n_pars, j, &err)) goto fail;
     /* The bandwidth probe's buffer is freed by now: current RSS is the
      * model's own footprint (weights touched + KV pool + workspace). */
     double rss = pt_current_rss() / 1048576.0, peak = pt_peak_rss() / 1048576.0;

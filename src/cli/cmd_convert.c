@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "engine/runner.h"
 #include "eval/eval.h"
 #include "quant/bpw.h"
 #include "quant/convert.h"
@@ -66,10 +67,8 @@ static int probe_open(pt_engine **out, const char *path, int n_ctx, pt_err *err)
     if (pt_model_load(&e->model, path, &mo, err)) return -1;
     e->n_ctx = n_ctx;
     if (pt_model_kv_init(e->model, &e->kv, n_ctx, PT_F32, NULL, err)) return -1;
-    e->logits = pt_xmalloc(sizeof(float) * (size_t)e->model->cfg.vocab_size);
-    e->b_pos = pt_xmalloc(sizeof(int32_t) * (size_t)e->model->max_batch);
-    e->b_seq = pt_xcalloc((size_t)e->model->max_batch, sizeof(int32_t));
-    e->b_want = pt_xcalloc((size_t)e->model->max_batch, sizeof(bool));
+    e->runner = pt_xmalloc(sizeof *e->runner);
+    pt_runner_init(e->runner, e);
     return 0;
 }
 

@@ -24,6 +24,7 @@ static const cli_opt serve_opts[] = {
      "require 'Authorization: Bearer KEY' on /v1/* (default: $PETREL_API_KEY, else none)"},
     {"parallel", 'P', CLI_INT, &g.parallel, "N",
      "sequences decoded together, continuous batching (default 8)"},
+    {"max-seqs", 0, CLI_INT, &g.parallel, "N", "the same as --parallel"},
     {"max-queue", 0, CLI_INT, &g.max_queue, "N",
      "requests that may wait for a slot before 503 (default 1024)"},
     {"prefill-chunk", 0, CLI_INT, &g.prefill, "N",

@@ -3,6 +3,9 @@
  */
 #include "engine/engine.h"
 
+#include "engine/core.h"
+#include "engine/runner.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,6 +14,53 @@ pt_dtype pt_parse_kv_dtype(const char *s) {
     if (strcmp(s, "f16") == 0) return PT_F16;
     if (strcmp(s, "bf16") == 0) return PT_BF16;
     return (pt_dtype)-1;
+}
+
+int pt_parse_budget(const char *s, size_t free_bytes, size_t *out, pt_err *err) {
+    char *end;
+    double v = strtod(s, &end);
+    double mult = 1;
+    if (*end == '%') {
+        if (!(v > 0 && v <= 100) || end[1])
+            return pt_fail(err, "--kv-budget %s: a percentage must be in (0, 100]", s);
+        if (!free_bytes) return pt_fail(err, "--kv-budget %s: free memory is unknown here", s);
+        *out = (size_t)(v / 100 * (double)free_bytes);
+        return 0;
+    }
+    switch (*end) {
+    case 'k': case 'K': mult = 1024.0, end++; break;
+    case 'm': case 'M': mult = 1048576.0, end++; break;
+    case 'g': case 'G': mult = 1073741824.0, end++; break;
+    case 't': case 'T': mult = 1099511627776.0, end++; break;
+    }
+    if (*end == 'i' || *end == 'B') end += *end == 'i' && end[1] == 'B' ? 2 : 1;
+    if (end == s || *end || !(v > 0) || v * mult > 1e15)
+        return pt_fail(err, "--kv-budget %s: expected a size like 6G, 512M, 1.5G or a "
+                            "percentage like 80%%", s);
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+/* Positions the --kv-budget buys in the engine's KV format. */
+static int budget_positions(pt_engine *e, const char *budget, int *positions, pt_err *err) {
+    pt_kv_cache probe;
+    if (pt_model_kv_init(e->model, &probe, 1, e->kv_dtype, &e->kv_quant, err)) return -1;
+    size_t per_token = pt_kv_bytes_per_token(&probe.cfg);
+    int page = probe.cfg.page_size;
+    pt_kv_cache_free(&probe);
+    size_t free_b = e->be->ops->free_memory ? e->be->ops->free_memory(e->be) : pt_mem_available();
+    size_t bytes;
+    if (pt_parse_budget(budget, free_b, &bytes, err)) return -1;
+    size_t pages = bytes / (per_token * (size_t)page);
+    if (pages < 1)
+        return pt_fail(err, "--kv-budget %s holds no KV page (one is %zu bytes)", budget,
+                       per_token * (size_t)page);
+    if (pages > (1u << 28)) pages = 1u << 28;
+    *positions = (int)pages * page;
+    if (*positions < e->n_ctx)
+        pt_warn("--kv-budget %s holds %d positions, fewer than the context of %d: a request "
+                "ends (finish_reason length) when it needs more", budget, *positions, e->n_ctx);
+    return 0;
 }
 
 int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
@@ -40,11 +90,12 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : PT_MIN(e->model->cfg.max_ctx, 4096);
     e->kv_dtype = o->kv_dtype;
     if (pt_kvq_parse(o->kv_quant, &e->kv_quant, err)) goto fail;
-    if (pt_engine_kv_init(e, e->n_ctx, err)) goto fail;
-    e->logits = pt_xmalloc(sizeof(float) * (size_t)e->model->cfg.vocab_size);
-    e->b_pos = pt_xmalloc(sizeof(int32_t) * (size_t)e->model->max_batch);
-    e->b_seq = pt_xcalloc((size_t)e->model->max_batch, sizeof(int32_t));
-    e->b_want = pt_xcalloc((size_t)e->model->max_batch, sizeof(bool));
+    int positions = e->n_ctx;
+    if (o->kv_budget && budget_positions(e, o->kv_budget, &positions, err)) goto fail;
+    e->kv_budgeted = o->kv_budget != NULL;
+    if (pt_engine_kv_init(e, positions, err)) goto fail;
+    e->runner = pt_xmalloc(sizeof *e->runner);
+    pt_runner_init(e->runner, e);
     e->load_seconds = pt_now() - t0;
     *out = e;
     return 0;
@@ -59,10 +110,8 @@ void pt_engine_close(pt_engine *e) {
     if (e->tok) pt_tokenizer_free(e->tok);
     if (e->model) pt_model_free(e->model);
     if (e->be) e->be->ops->destroy(e->be);
-    free(e->logits);
-    free(e->b_pos);
-    free(e->b_seq);
-    free(e->b_want);
+    if (e->runner) pt_runner_free(e->runner);
+    free(e->runner);
     free(e);
 }
 
@@ -88,31 +137,16 @@ void pt_seq_push(pt_seq *s, int32_t id) {
 }
 
 /* Runs tokens [kv.n_tokens, n_tokens) of one sequence, wanting the logits of
- * the last, and samples from them.  Chunks of max_batch rows reuse the
- * model's workspace. */
+ * the last, and samples from them. */
 static int run_tail(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err) {
-    int first = s->kv.n_tokens, n = s->n_tokens - first;
+    int n = s->n_tokens - s->kv.n_tokens, failed;
     if (n <= 0) return pt_fail(err, "nothing to run");
     if (s->n_tokens > e->n_ctx)
         return pt_fail(err, "context full: %d tokens, the context holds %d (raise --ctx)",
                        s->n_tokens, e->n_ctx);
-    int chunk = e->model->max_batch;
-    int32_t *pos = e->b_pos, *seq = e->b_seq;
-    bool *want = e->b_want;
-    pt_kv_seq *seqs[1] = {&s->kv};
-    int rc = 0;
-    for (int i = first; i < s->n_tokens && rc == 0; i += chunk) {
-        int k = PT_MIN(chunk, s->n_tokens - i);
-        for (int j = 0; j < k; j++) {
-            pos[j] = i + j;
-            seq[j] = 0;
-            want[j] = i + j == s->n_tokens - 1;
-        }
-        pt_batch b = {k, s->tokens + i, pos, seq, want, 1, seqs};
-        rc = pt_model_forward(e->model, &e->kv, &b, e->logits, err);
-    }
-    if (rc) return -1;
-    pt_sampler_sample(s->sampler, e->logits, r);
+    pt_run_item it = {s, n, 1};
+    if (pt_runner_run(e->runner, &it, 1, &failed, err)) return -1;
+    pt_sampler_sample(s->sampler, e->runner->logits, r);
     return 0;
 }
 
@@ -124,53 +158,70 @@ int pt_seq_decode(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err) {
     return run_tail(e, s, r, err);
 }
 
+/* pt_generate on the core: detokenizes each token for the callback, and
+ * turns end-of-generation into a stop itself so that the callback sees
+ * that token too (it prints logprobs for it). */
+typedef struct gen_run {
+    pt_engine *e;
+    const pt_gen_params *p;
+    pt_token_cb cb;
+    void *user;
+    pt_detok dt;
+    pt_sched_stats st;
+    bool done, eog;
+} gen_run;
+
+static int gen_token(void *user, const pt_sample_result *r) {
+    gen_run *g = user;
+    const pt_tokenizer *tok = g->e->tok;
+    char text[1024];
+    g->eog = tok && !g->p->ignore_eos && r->id < pt_tokenizer_n_vocab(tok) &&
+             pt_tokenizer_is_eog(tok, r->id);
+    size_t len = 0;
+    if (tok) len = g->eog ? pt_detok_flush(&g->dt, text, sizeof text)
+                          : pt_detok_push(&g->dt, r->id, text, sizeof text);
+    int stop = g->cb ? g->cb(g->user, r, text, len) : 0;
+    return stop || g->eog;
+}
+
+static void gen_done(void *user, const pt_sched_stats *st) {
+    gen_run *g = user;
+    g->st = *st;
+    g->done = true;
+    if (st->finish == PT_FINISH_LENGTH && g->e->tok) {
+        char text[1024];
+        size_t len = pt_detok_flush(&g->dt, text, sizeof text);
+        if (len && g->cb) g->cb(g->user, NULL, text, len);
+    }
+}
+
 int pt_generate(pt_engine *e, const int32_t *prompt, int n_prompt, const pt_gen_params *p,
                 pt_token_cb cb, void *user, pt_gen_stats *st, pt_err *err) {
     memset(st, 0, sizeof *st);
-    if (n_prompt <= 0) return pt_fail(err, "empty prompt");
-    if (n_prompt >= e->n_ctx)
-        return pt_fail(err, "prompt of %d tokens does not fit the context of %d", n_prompt,
-                       e->n_ctx);
-    pt_seq s;
-    pt_seq_init(&s, e, &p->sampling);
-    for (int i = 0; i < n_prompt; i++) pt_seq_push(&s, prompt[i]);
-    s.n_prompt = n_prompt;
-    st->n_prompt = n_prompt;
-
-    pt_detok dt;
-    if (e->tok) pt_detok_init(&dt, e->tok);
-    char text[1024];
-    pt_sample_result r;
-    double t0 = pt_now();
-    int rc = pt_seq_prefill(e, &s, &r, err);
-    st->t_prefill = st->ttft = pt_now() - t0;
-    double t1 = pt_now();
-    while (rc == 0) {
-        st->n_generated++;
-        bool eog = e->tok && pt_tokenizer_is_eog(e->tok, r.id) && !p->ignore_eos;
-        size_t len = e->tok && !eog ? pt_detok_push(&dt, r.id, text, sizeof text) : 0;
-        if (eog) {
-            st->finish = PT_FINISH_STOP;
-            len = e->tok ? pt_detok_flush(&dt, text, sizeof text) : 0;
-        }
-        if (cb && cb(user, &r, text, len)) {
-            st->finish = PT_FINISH_STOP;
-            break;
-        }
-        if (eog) break;
-        if (st->n_generated >= p->max_tokens || s.n_tokens + 1 >= e->n_ctx) {
-            st->finish = PT_FINISH_LENGTH;
-            break;
-        }
-        pt_seq_push(&s, r.id);
-        rc = pt_seq_decode(e, &s, &r, err);
+    gen_run g = {.e = e, .p = p, .cb = cb, .user = user};
+    if (e->tok) pt_detok_init(&g.dt, e->tok);
+    pt_core_opts co = {.max_seqs = 1};
+    pt_core *c = pt_core_new(e, &co);
+    pt_sched_job job = {.prompt = prompt,
+                        .n_prompt = n_prompt,
+                        .params = *p,
+                        .on_token = gen_token,
+                        .on_done = gen_done,
+                        .user = &g};
+    job.params.ignore_eos = true; /* gen_token stops at end of generation */
+    job.params.max_tokens = PT_MAX(p->max_tokens, 1);
+    if (pt_core_check(c, &job, err)) {
+        pt_core_free(c);
+        return -1;
     }
-    if (rc == 0 && e->tok && st->finish == PT_FINISH_LENGTH) {
-        size_t len = pt_detok_flush(&dt, text, sizeof text);
-        if (len && cb) cb(user, NULL, text, len);
-    }
-    /* the first token came out of prefill; decode covers the rest */
-    st->t_decode = pt_now() - t1;
-    pt_seq_free(&s, e);
-    return rc;
+    pt_core_add(c, &job, 1);
+    while (pt_core_step(c) > 0) {}
+    pt_core_free(c);
+    st->n_prompt = g.st.n_prompt;
+    st->n_generated = g.st.n_generated;
+    st->t_prefill = st->ttft = g.st.t_prefill;
+    st->t_decode = g.st.t_decode;
+    st->finish = g.st.finish;
+    if (g.st.finish == PT_FINISH_NONE) return pt_fail(err, "%s", g.st.error);
+    return 0;
 }

@@ -4,8 +4,9 @@
  *
  * pt_seq is one conversation's state: its pages in the KV cache, its
  * sampler, and the tokens so far.  pt_generate() drives one sequence from
- * prompt to a stop condition, streaming each token to a callback; the
- * server's scheduler drives many through pt_engine_step().
+ * prompt to a stop condition through the engine core (core.h), the same
+ * loop the server's scheduler drives many through, streaming each token to
+ * a callback.
  */
 #ifndef PETREL_ENGINE_H
 #define PETREL_ENGINE_H
@@ -19,7 +20,9 @@ typedef struct pt_engine_opts {
     const char *device;  /* "cpu" (default) */
     int n_threads;       /* <= 0: one per core */
     const char *kernels; /* CPU kernels: "auto", "avx2", "portable" */
-    int n_ctx;           /* KV positions in the pool; 0: min(model's, 4096) */
+    int n_ctx;           /* positions per sequence; 0: min(model's, 4096) */
+    const char *kv_budget; /* --kv-budget: pool size as bytes ("6G", "512M") or
+                            * "N%" of free memory; NULL: n_ctx positions */
     pt_dtype kv_dtype;   /* PT_F32, PT_F16, PT_BF16 */
     const char *kv_quant; /* --kv-quant: NULL/"none", "8", "4", "turbo[:k<b>v<b>]" */
     bool no_tokenizer;    /* do not load one (callers that feed token ids) */
@@ -36,9 +39,8 @@ typedef struct pt_engine {
     pt_dtype kv_dtype;     /* the pool's format, kept for pt_engine_kv_init */
     pt_kvq_spec kv_quant;
     int n_ctx;
-    float *logits; /* host [vocab]: the last row's logits */
-    int32_t *b_pos, *b_seq; /* host batch scratch [max_batch] */
-    bool *b_want;
+    bool kv_budgeted; /* the pool was sized by --kv-budget, not by n_ctx */
+    struct pt_runner *runner; /* for pt_seq_prefill / pt_seq_decode */
     double load_seconds;
 } pt_engine;
 
@@ -87,6 +89,10 @@ int pt_seq_prefill(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
 int pt_seq_decode(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
 
 pt_dtype pt_parse_kv_dtype(const char *s); /* -1 if unknown */
+
+/* Bytes of a --kv-budget value: "6G", "512M", "1.5G", "123456" (bytes) or
+ * "N%" of free_bytes.  -1 with a message if it is not one. */
+int pt_parse_budget(const char *s, size_t free_bytes, size_t *out, pt_err *err);
 
 /* (Re)builds the KV pool for n_positions in the engine's format (dtype and
  * --kv-quant codec); the pool must hold no sequences. */

@@ -20,7 +20,7 @@ static int window_logits(pt_engine *e, const int32_t *tokens, int n, int from, f
         want[i] = i >= from && i < n - 1;
     }
     pt_batch b = {n, (int32_t *)tokens, pos, seq, want, 1, seqs};
-    int rc = pt_model_forward(e->model, &e->kv, &b, out, err);
+    int rc = pt_model_run(e->model, &e->kv, &b, out, err);
     pt_kv_seq_release(&e->kv, &kv);
     free(pos);
     free(seq);

@@ -78,6 +78,8 @@ static int plan(pt_kv_cache *kv, pt_err *err) {
     size_t k, v;
     if (slot_bytes(cfg, &k, &v, err)) return -1;
     size_t slots = (size_t)cfg->page_size * (size_t)cfg->n_pages, pad = quantized(cfg) ? QUANT_PAD : 0;
+    kv->k_page = (size_t)cfg->page_size * k;
+    kv->v_page = (size_t)cfg->page_size * v;
     if (!pt_mul_ok(slots, k, &kv->k_bytes) || !pt_mul_ok(slots, v, &kv->v_bytes) ||
         !pt_add_ok(kv->k_bytes, pad, &kv->k_bytes) || !pt_add_ok(kv->v_bytes, pad, &kv->v_bytes))
         return pt_fail(err, "KV cache: size overflows");
@@ -105,11 +107,10 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
         pt_kv_cache_free(kv);
         return -1;
     }
-    kv->free_pages = pt_xmalloc(sizeof(int32_t) * (size_t)cfg->n_pages);
-    kv->refs = pt_xcalloc((size_t)cfg->n_pages, sizeof(uint16_t));
-    /* Pop order 0, 1, 2...: the stack holds ids in reverse. */
-    for (int i = 0; i < cfg->n_pages; i++) kv->free_pages[i] = cfg->n_pages - 1 - i;
-    kv->n_free = cfg->n_pages;
+    if (pt_block_pool_init(&kv->pool, cfg->n_pages, err)) {
+        pt_kv_cache_free(kv);
+        return -1;
+    }
     return 0;
 }
 
@@ -122,36 +123,77 @@ void pt_kv_cache_free(pt_kv_cache *kv) {
     if (kv->tables) kv->be->ops->free(kv->be, kv->tables, kv->tables_bytes);
     free(kv->k);
     free(kv->v);
-    free(kv->free_pages);
-    free(kv->refs);
+    pt_block_pool_free(&kv->pool);
     memset(kv, 0, sizeof *kv);
 }
 
+static int pages_for(const pt_kv_cache *kv, int n_positions) {
+    return (n_positions + kv->cfg.page_size - 1) / kv->cfg.page_size;
+}
+
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err) {
-    int need = (n_positions + kv->cfg.page_size - 1) / kv->cfg.page_size;
+    int need = pages_for(kv, n_positions);
     if (need <= seq->n_pages) return 0;
-    if (need - seq->n_pages > kv->n_free)
+    if (need - seq->n_pages > kv->pool.n_free)
         return pt_fail(err, "KV cache full: %d positions need %d more pages, %d free", n_positions,
-                       need - seq->n_pages, kv->n_free);
+                       need - seq->n_pages, kv->pool.n_free);
     if (need > seq->cap) {
         seq->cap = PT_MAX(need, seq->cap * 2);
         seq->pages = pt_xrealloc(seq->pages, sizeof(int32_t) * (size_t)seq->cap);
     }
-    while (seq->n_pages < need) {
-        int32_t id = kv->free_pages[--kv->n_free];
-        kv->refs[id] = 1;
-        seq->pages[seq->n_pages++] = id;
+    while (seq->n_pages < need) seq->pages[seq->n_pages++] = pt_block_alloc(&kv->pool);
+    return 0;
+}
+
+int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from, int to) {
+    if (to <= from) return 0;
+    int first = from / kv->cfg.page_size, end = pages_for(kv, to), n = 0;
+    for (int i = first; i < PT_MIN(end, seq->n_pages); i++)
+        n += pt_block_refs(&kv->pool, seq->pages[i]) > 1;
+    return n + PT_MAX(0, end - seq->n_pages);
+}
+
+int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err) {
+    if (to <= from) return 0;
+    int n_old = seq->n_pages;
+    if (pt_kv_seq_pages_needed(kv, seq, from, to) > kv->pool.n_free)
+        return pt_fail(err, "KV cache full: writing positions %d..%d needs %d pages, %d free",
+                       from, to - 1, pt_kv_seq_pages_needed(kv, seq, from, to), kv->pool.n_free);
+    if (pt_kv_seq_reserve(kv, seq, to, err)) return -1;
+    for (int i = from / kv->cfg.page_size; i < PT_MIN(pages_for(kv, to), n_old); i++) {
+        int32_t old = seq->pages[i];
+        if (pt_block_refs(&kv->pool, old) == 1) continue;
+        int32_t fresh = pt_block_alloc(&kv->pool);
+        pt_kv_copy_page(kv, fresh, old);
+        pt_block_unref(&kv->pool, old);
+        seq->pages[i] = fresh;
     }
     return 0;
 }
 
-static void unref_page(pt_kv_cache *kv, int32_t id) {
-    if (--kv->refs[id] == 0) kv->free_pages[kv->n_free++] = id;
+void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src) {
+    dst->cap = PT_MAX(src->n_pages, 1);
+    dst->pages = pt_xmalloc(sizeof(int32_t) * (size_t)dst->cap);
+    for (int i = 0; i < src->n_pages; i++) {
+        pt_block_ref(&kv->pool, src->pages[i]);
+        dst->pages[i] = src->pages[i];
+    }
+    dst->n_pages = src->n_pages;
+    dst->n_tokens = src->n_tokens;
+}
+
+void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src) {
+    pt_backend *be = kv->be;
+    for (int l = 0; l < kv->cfg.n_layers; l++) {
+        char *k = kv->k[l], *v = kv->v[l];
+        be->ops->copy(be, k + (size_t)dst * kv->k_page, k + (size_t)src * kv->k_page, kv->k_page);
+        be->ops->copy(be, v + (size_t)dst * kv->v_page, v + (size_t)src * kv->v_page, kv->v_page);
+    }
 }
 
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n) {
-    int keep = (n + kv->cfg.page_size - 1) / kv->cfg.page_size;
-    while (seq->n_pages > keep) unref_page(kv, seq->pages[--seq->n_pages]);
+    int keep = pages_for(kv, n);
+    while (seq->n_pages > keep) pt_block_unref(&kv->pool, seq->pages[--seq->n_pages]);
     if (seq->n_tokens > n) seq->n_tokens = n;
 }
 
@@ -162,7 +204,7 @@ void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq) {
 }
 
 int pt_kv_free_pages(const pt_kv_cache *kv) {
-    return kv->n_free;
+    return kv->pool.n_free;
 }
 
 pt_kv_view pt_kv_layer(const pt_kv_cache *kv, int layer) {

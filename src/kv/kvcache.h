@@ -3,10 +3,12 @@
  * memory and, per sequence, a block table of the pages it owns.
  *
  * A page holds page_size consecutive positions of one sequence, for every
- * layer (one buffer per layer and per K/V, indexed by page id).  Sequences
- * grow a page at a time; releasing a sequence returns its pages to the free
- * list.  Pages carry a reference count so that a later prefix cache can share
- * full pages between sequences.
+ * layer (one buffer per layer and per K/V, indexed by page id).  The ids are
+ * managed by a block pool (block_pool.h): reference counts, a free queue in
+ * eviction order that keeps freed pages' content hashes, a hash -> page map.
+ * Sequences grow a page at a time; a fork shares every page of its parent
+ * and copies a shared page only when it writes into it (pt_kv_seq_own);
+ * truncation (rollback) and release give pages back.
  *
  * A cache has one codec (cfg.quant, --kv-quant): plain elements of cfg.dtype,
  * or rows of a KV codec (kv_codec.h) whose byte sizes set the page size.
@@ -22,6 +24,7 @@
 #define PETREL_KVCACHE_H
 
 #include "backend/backend.h"
+#include "kv/block_pool.h"
 #include "kv/kv_codec.h"
 
 #define PT_KV_PAGE_SIZE 16 /* positions per page unless a caller asks otherwise */
@@ -42,9 +45,8 @@ typedef struct pt_kv_cache {
     void **k, **v;           /* [n_layers] backend buffers */
     float *tables;           /* backend copy of the codec's tables, or NULL */
     size_t tables_bytes;
-    int32_t *free_pages; /* stack of free page ids */
-    int n_free;
-    uint16_t *refs; /* [n_pages] owners of each page */
+    size_t k_page, v_page;   /* bytes of one page of one layer's K / V */
+    pt_block_pool pool;      /* page ids: owners, free queue, content hashes */
 } pt_kv_cache;
 
 typedef struct pt_kv_seq {
@@ -61,11 +63,23 @@ size_t pt_kv_bytes_per_token(const pt_kv_config *cfg);
 /* The cache's element format: the dtype name ("f16") or the codec's
  * ("turbo-k8v3", "affine8").  Part of any key that shares pages. */
 const char *pt_kv_format_name(const pt_kv_config *cfg, char *buf, size_t cap);
-/* Ensures the sequence owns pages for positions [0, n_positions). */
+/* Ensures the sequence has pages for positions [0, n_positions). */
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err);
+/* Pages a sequence needs taken from the pool to write positions
+ * [from, to): new pages past its table plus copies of shared ones. */
+int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from, int to);
+/* Reserves [0, to) and makes the pages covering [from, to) the sequence's
+ * own, copying any page it shares (copy on write), so writing those
+ * positions cannot change another sequence's view. */
+int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err);
+/* dst (empty) shares every page and position of src. */
+void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src);
+/* Copies page src's bytes, every layer, K and V, to page dst. */
+void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src);
 /* Returns all pages of the sequence to the pool and empties it. */
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
-/* Drops positions >= n (pages past the new end go back to the pool). */
+/* Rolls back to n positions: drops positions >= n, and pages past the new
+ * end go back to the pool (exactly ceil(n / page_size) stay). */
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
 int pt_kv_free_pages(const pt_kv_cache *kv);
 pt_kv_view pt_kv_layer(const pt_kv_cache *kv, int layer);

@@ -236,7 +236,9 @@ static int check_batch(pt_model *m, pt_kv_cache *kv, const pt_batch *b, int firs
         if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
             return pt_fail(err, "row %d: sequence index %d out of range", i, b->seq[i]);
         if (b->pos[i] < 0) return pt_fail(err, "row %d: negative position", i);
-        if (pt_kv_seq_reserve(kv, b->seqs[b->seq[i]], b->pos[i] + 1, err)) return -1;
+        if (b->pos[i] >= b->seqs[b->seq[i]]->n_pages * kv->cfg.page_size)
+            return pt_fail(err, "row %d: position %d has no KV page (the caller reserves them)", i,
+                           b->pos[i]);
     }
     return 0;
 }
@@ -281,10 +283,6 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
         if (n_out) {
             output_forward(m, n_out, logits);
             logits += (size_t)n_out * c->vocab_size;
-        }
-        for (int i = first; i < first + n; i++) {
-            pt_kv_seq *sq = b->seqs[b->seq[i]];
-            if (b->pos[i] + 1 > sq->n_tokens) sq->n_tokens = b->pos[i] + 1;
         }
     }
     m->be->ops->sync(m->be);

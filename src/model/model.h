@@ -76,12 +76,21 @@ typedef struct pt_model {
 int pt_model_load(pt_model **out, const char *path, const pt_model_opts *opts, pt_err *err);
 void pt_model_free(pt_model *m);
 
-/* Runs the batch: stores each row's K/V in the cache (the sequences must
- * have pages reserved for the positions, see pt_model_reserve) and writes the
- * logits of rows with batch->logits set, in row order, to logits (host
- * memory, [n_wanted][vocab_size]). */
+/* Runs the batch: stores each row's K/V in the cache and writes the logits
+ * of rows with batch->logits set, in row order, to logits (host memory,
+ * [n_wanted][vocab_size]).  The forward reads the sequences' block tables
+ * and changes no sequence state: the caller owns pages and positions (the
+ * engine's runner; for direct use, pt_batch_reserve before and
+ * pt_batch_advance after). */
 int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *batch, float *logits,
                      pt_err *err);
+
+/* For callers that drive the forward directly: reserve the pages every row
+ * writes (copying shared ones), and afterwards count the rows as computed. */
+int pt_batch_reserve(pt_kv_cache *kv, const pt_batch *b, pt_err *err);
+void pt_batch_advance(const pt_batch *b);
+/* The three in one: reserve, forward, advance. */
+int pt_model_run(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits, pt_err *err);
 
 /* A KV cache shaped for this model with room for n_positions positions:
  * elements of dtype, or rows of the codec quant asks for (NULL or kind

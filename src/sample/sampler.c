@@ -1,10 +1,11 @@
 /*
- * sampler.c - the sampler chain: penalties, logit bias, then greedy argmax
- * or temperature / top-k / top-p / min-p and a seeded draw.
+ * sampler.c - the sampler chain: logits processors (logit bias, penalties,
+ * and any the caller adds: logits_proc.h), then greedy argmax or
+ * temperature / top-k / top-p / min-p and a seeded draw.
  *
  * Everything a call to pt_sampler_sample() needs is allocated by
- * pt_sampler_new() (or grown by pt_sampler_accept() / pt_sampler_set_bias()),
- * so sampling itself never allocates.  The costs per call are:
+ * pt_sampler_new() (or grown by pt_sampler_accept() / pt_sampler_set_bias()
+ * / pt_sampler_add_proc()), so sampling itself never allocates.  The costs per call are:
  *
  *   greedy, no logprobs      one pass over the vocabulary (argmax)
  *   logprobs                 two more passes over the raw logits
@@ -26,6 +27,8 @@
  */
 #include "sample/sampler.h"
 
+#include "sample/logits_proc.h"
+
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -37,28 +40,18 @@ struct pt_sampler {
     pt_sampling p; /* sanitized copy of the caller's parameters */
     int n_vocab;
     bool greedy;   /* temperature <= 1e-5: argmax, filters ignored */
-    bool penalize; /* some penalty is on and the window is not empty */
     pt_rng rng;
 
-    /* Penalty window: the last `window` accepted ids (a ring over
-     * hist[0..window) once full, oldest at hist_head), and how often each id
-     * occurs in it.  window is INT_MAX for "the whole history". */
-    int window;
-    int32_t *hist;
-    int hist_len, hist_cap, hist_head;
-    int32_t *counts; /* [n_vocab], only when penalize */
+    /* The processors, applied in order: the bias (slot 0, a no-op until
+     * set), the penalties when any is on, then the caller's. */
+    pt_logits_proc *procs;
+    int n_procs;
+    int bias_slot, penalty_slot; /* -1 when absent */
 
-    /* Logit bias, already filtered to valid ids. */
-    int32_t *bias_id;
-    float *bias_val;
-    int n_bias;
-
-    /* Raw values of the logits that penalties and bias overwrote in this
-     * call, so the chosen token's logprob is of the unmodified
-     * distribution.  Capacity hist_cap + n_bias covers every write. */
-    int32_t *saved_id;
-    float *saved_raw;
-    int n_saved, saved_cap;
+    /* The edit record of the current call: raw values of the logits the
+     * processors overwrote, so the chosen token's logprob is of the
+     * unmodified distribution.  Sized by the processors' max_writes. */
+    pt_logits edit;
 
     /* Work space of the random path, [n_vocab] each: candidate ids and
      * their unnormalized probabilities (indexed by token id). */
@@ -85,23 +78,21 @@ pt_sampling pt_sampling_default(void) {
  * Construction and history
  * ---------------------------------------------------------------------- */
 
-/* Makes room for hist_cap + n_bias saved raw logits. */
-static void ensure_saved_cap(pt_sampler *s) {
-    int need = s->hist_cap + s->n_bias;
-    if (s->saved_cap >= need) return;
-    s->saved_id = pt_xrealloc(s->saved_id, (size_t)need * sizeof(*s->saved_id));
-    s->saved_raw = pt_xrealloc(s->saved_raw, (size_t)need * sizeof(*s->saved_raw));
-    s->saved_cap = need;
+/* Makes room in the edit record for every write the processors may make. */
+static void ensure_record(pt_sampler *s) {
+    int need = 0;
+    for (int i = 0; i < s->n_procs; i++) need += s->procs[i].ops->max_writes(s->procs[i].self);
+    if (s->edit.cap >= need) return;
+    need = PT_MAX(need, 2 * s->edit.cap);
+    s->edit.saved_id = pt_xrealloc(s->edit.saved_id, (size_t)need * sizeof(int32_t));
+    s->edit.saved_raw = pt_xrealloc(s->edit.saved_raw, (size_t)need * sizeof(float));
+    s->edit.cap = need;
 }
 
-/* Doubles the history buffer, never past the window. */
-static void grow_history(pt_sampler *s) {
-    int cap = 64;
-    if (s->hist_cap > 0) cap = s->hist_cap > INT_MAX / 2 ? INT_MAX : s->hist_cap * 2;
-    if (cap > s->window) cap = s->window;
-    s->hist = pt_xrealloc(s->hist, (size_t)cap * sizeof(*s->hist));
-    s->hist_cap = cap;
-    ensure_saved_cap(s);
+static int add_proc(pt_sampler *s, pt_logits_proc p) {
+    s->procs = pt_xrealloc(s->procs, sizeof *s->procs * (size_t)(s->n_procs + 1));
+    s->procs[s->n_procs] = p;
+    return s->n_procs++;
 }
 
 /* Replaces values the sampler cannot use with the "off" value, so the
@@ -119,11 +110,12 @@ pt_sampler *pt_sampler_new(const pt_sampling *params, int n_vocab) {
     sanitize(&s->p);
     s->n_vocab = n_vocab;
     s->greedy = !(s->p.temperature > PT_GREEDY_TEMPERATURE);
-    s->window = s->p.penalty_last_n < 0 ? INT_MAX : s->p.penalty_last_n;
-    s->penalize =
-        s->window > 0 && (s->p.repetition_penalty != 1.0f || s->p.frequency_penalty != 0.0f ||
-                          s->p.presence_penalty != 0.0f);
-    if (s->penalize) s->counts = pt_xcalloc((size_t)n_vocab, sizeof(*s->counts));
+    s->edit.n_vocab = n_vocab;
+    s->bias_slot = add_proc(s, pt_bias_proc_new(NULL, NULL, 0, n_vocab));
+    bool penalize = s->p.penalty_last_n != 0 &&
+                    (s->p.repetition_penalty != 1.0f || s->p.frequency_penalty != 0.0f ||
+                     s->p.presence_penalty != 0.0f);
+    s->penalty_slot = penalize ? add_proc(s, pt_penalty_proc_new(&s->p, n_vocab)) : -1;
     if (!s->greedy) {
         s->ids = pt_xmalloc((size_t)n_vocab * sizeof(*s->ids));
         s->w = pt_xmalloc((size_t)n_vocab * sizeof(*s->w));
@@ -134,104 +126,39 @@ pt_sampler *pt_sampler_new(const pt_sampling *params, int n_vocab) {
 
 void pt_sampler_free(pt_sampler *s) {
     if (!s) return;
-    free(s->hist);
-    free(s->counts);
-    free(s->bias_id);
-    free(s->bias_val);
-    free(s->saved_id);
-    free(s->saved_raw);
+    for (int i = 0; i < s->n_procs; i++) s->procs[i].ops->free(s->procs[i].self);
+    free(s->procs);
+    free(s->edit.saved_id);
+    free(s->edit.saved_raw);
     free(s->ids);
     free(s->w);
     free(s);
 }
 
 void pt_sampler_accept(pt_sampler *s, int32_t id) {
-    if (!s->penalize || id < 0 || id >= s->n_vocab) return;
-    if (s->hist_len < s->window) {
-        if (s->hist_len == s->hist_cap) grow_history(s);
-        s->hist[s->hist_len++] = id;
-    } else {
-        /* Window full: the oldest token leaves as this one enters. */
-        s->counts[s->hist[s->hist_head]]--;
-        s->hist[s->hist_head] = id;
-        s->hist_head = s->hist_head + 1 == s->window ? 0 : s->hist_head + 1;
-    }
-    s->counts[id]++;
+    for (int i = 0; i < s->n_procs; i++) s->procs[i].ops->accept(s->procs[i].self, id);
+    ensure_record(s);
+}
+
+void pt_sampler_rollback(pt_sampler *s, int n) {
+    for (int i = 0; i < s->n_procs; i++) s->procs[i].ops->rollback(s->procs[i].self, n);
 }
 
 void pt_sampler_reset(pt_sampler *s) {
-    if (s->counts) memset(s->counts, 0, (size_t)s->n_vocab * sizeof(*s->counts));
-    s->hist_len = 0;
-    s->hist_head = 0;
+    pt_sampler_rollback(s, INT_MAX);
     pt_rng_seed(&s->rng, s->p.seed);
 }
 
 void pt_sampler_set_bias(pt_sampler *s, const int32_t *ids, const float *values, int n) {
-    s->n_bias = 0;
-    if (n <= 0) return;
-    s->bias_id = pt_xrealloc(s->bias_id, (size_t)n * sizeof(*s->bias_id));
-    s->bias_val = pt_xrealloc(s->bias_val, (size_t)n * sizeof(*s->bias_val));
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= s->n_vocab) continue;
-        s->bias_id[s->n_bias] = ids[i];
-        s->bias_val[s->n_bias] = values[i];
-        s->n_bias++;
-    }
-    ensure_saved_cap(s);
+    pt_logits_proc *b = &s->procs[s->bias_slot];
+    b->ops->free(b->self);
+    *b = pt_bias_proc_new(ids, values, PT_MAX(n, 0), s->n_vocab);
+    ensure_record(s);
 }
 
-/* ------------------------------------------------------------------------
- * Logits processors: penalties and bias
- * ---------------------------------------------------------------------- */
-
-/* Remembers logits[id] before a processor changes it (only when logprobs are
- * wanted; the capacity invariant makes the bound check a formality). */
-static void save_raw(pt_sampler *s, const float *logits, int32_t id) {
-    if (s->p.n_logprobs < 0 || s->n_saved == s->saved_cap) return;
-    s->saved_id[s->n_saved] = id;
-    s->saved_raw[s->n_saved] = logits[id];
-    s->n_saved++;
-}
-
-/* The unmodified logit of id: the first value saved for it, if any. */
-static float raw_logit(const pt_sampler *s, const float *logits, int32_t id) {
-    for (int i = 0; i < s->n_saved; i++)
-        if (s->saved_id[i] == id) return s->saved_raw[i];
-    return logits[id];
-}
-
-/* One distinct token of the window, seen `count` times: CTRL's repetition
- * penalty (divide a positive logit, multiply a negative one), then OpenAI's
- * frequency and presence penalties. */
-static float penalized_logit(const pt_sampling *p, float x, int count) {
-    if (p->repetition_penalty != 1.0f)
-        x = x > 0.0f ? x / p->repetition_penalty : x * p->repetition_penalty;
-    return x - (float)count * p->frequency_penalty - p->presence_penalty;
-}
-
-/* Penalizes each distinct token of the window once.  A token's count is
- * negated once it is done, so later copies of it are skipped; a second
- * pass restores the counts. */
-static void apply_penalties(pt_sampler *s, float *logits) {
-    for (int i = 0; i < s->hist_len; i++) {
-        int32_t id = s->hist[i];
-        int count = s->counts[id];
-        if (count <= 0) continue;
-        save_raw(s, logits, id);
-        logits[id] = penalized_logit(&s->p, logits[id], count);
-        s->counts[id] = -count;
-    }
-    for (int i = 0; i < s->hist_len; i++) {
-        int32_t id = s->hist[i];
-        if (s->counts[id] < 0) s->counts[id] = -s->counts[id];
-    }
-}
-
-static void apply_bias(pt_sampler *s, float *logits) {
-    for (int i = 0; i < s->n_bias; i++) {
-        save_raw(s, logits, s->bias_id[i]);
-        logits[s->bias_id[i]] += s->bias_val[i];
-    }
+void pt_sampler_add_proc(pt_sampler *s, pt_logits_proc p) {
+    add_proc(s, p);
+    ensure_record(s);
 }
 
 /* ------------------------------------------------------------------------
@@ -524,10 +451,12 @@ void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out) {
     double lse = 0.0;
     out->n_top = 0;
     out->logprob = 0.0f;
-    s->n_saved = 0;
     if (want_logprobs) lse = raw_logprobs(s, logits, out);
-    apply_bias(s, logits); /* before the penalties, as llama.cpp and vLLM do */
-    if (s->penalize) apply_penalties(s, logits);
+    /* bias before the penalties, as llama.cpp and vLLM do */
+    s->edit.v = logits;
+    s->edit.record = want_logprobs;
+    s->edit.n_saved = 0;
+    for (int i = 0; i < s->n_procs; i++) s->procs[i].ops->apply(s->procs[i].self, &s->edit);
     out->id = s->greedy ? argmax(logits, s->n_vocab) : sample_random(s, logits);
-    if (want_logprobs) out->logprob = (float)(raw_logit(s, logits, out->id) - lse);
+    if (want_logprobs) out->logprob = (float)(pt_logits_raw(&s->edit, out->id) - lse);
 }

@@ -1,9 +1,10 @@
 /*
  * sampler.h - from logits to the next token.
  *
- * A chain of small stages, applied in this order: logit bias, then
- * repetition / frequency / presence penalties over the tokens seen so far
- * (bias first, as llama.cpp and vLLM do), then either greedy argmax
+ * A chain of small stages, applied in this order: logits processors
+ * (logits_proc.h): logit bias, then repetition / frequency / presence
+ * penalties over the tokens seen so far (bias first, as llama.cpp and vLLM
+ * do), then any the caller added (grammar masks); then either greedy argmax
  * (temperature 0) or
  * temperature -> top-k -> top-p -> min-p -> a draw from the seeded RNG.
  * Logprobs are always of the model's raw distribution (log-softmax of the
@@ -52,6 +53,9 @@ void pt_sampler_free(pt_sampler *s);
 /* Records a token as part of the history (prompt or generated) the
  * penalties look at.  A no-op when all penalties are off. */
 void pt_sampler_accept(pt_sampler *s, int32_t id);
+/* Forgets the last n accepted tokens in every processor (speculative
+ * drafts rejected).  The RNG is not rewound. */
+void pt_sampler_rollback(pt_sampler *s, int n);
 /* Forgets the history and reseeds the RNG: the sampler is as new (the bias
  * is kept). */
 void pt_sampler_reset(pt_sampler *s);
@@ -60,6 +64,10 @@ void pt_sampler_reset(pt_sampler *s);
  * bias; n = 0 clears it.  Ids outside [0, n_vocab) are ignored (the API
  * layer rejects them); -100 effectively bans a token. */
 void pt_sampler_set_bias(pt_sampler *s, const int32_t *ids, const float *values, int n);
+/* Appends a logits processor (logits_proc.h), applied after the bias and
+ * the penalties; the sampler owns it from now on. */
+struct pt_logits_proc;
+void pt_sampler_add_proc(pt_sampler *s, struct pt_logits_proc p);
 /* Picks the next token.  logits [n_vocab] are modified in place (penalties
  * and bias are applied there; temperature is not).  Never allocates. */
 void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out);

@@ -2,20 +2,27 @@
  * completion.c - /v1/chat/completions and /v1/completions: a validated
  * request becomes a prompt, a scheduler job, and then JSON or an SSE stream.
  *
- * A request (pt_req) lives in three places at once, each with its own part:
+ * A request (pt_req) lives in four places, each with its own part:
  *
- *   scheduler thread  on_token / on_done: detokenize, hold back text that
- *                     may be the start of a stop string, cut at a stop
- *                     string, and post "pieces" (released text + the tokens
- *                     it came from) to the request's outbox;
- *   srv->mu           the outbox: pieces, the done flag and final stats;
- *   event loop        deliver(): turn pieces into SSE chunks or accumulate
- *                     them, and answer when done.
+ *   prompt worker     pt_front_work (front.c's thread): render the chat
+ *                     template, tokenize, submit the job, or post a
+ *                     failure; the loop never blocks on a long prompt;
+ *   scheduler thread  on_token / on_done: post the sampled tokens and the
+ *                     final stats to the request's outbox; nothing else, so
+ *                     the thread that owns the model does no text work;
+ *   srv->mu           the outbox: tokens, the done flag and final stats,
+ *                     and the stop flag the loop raises;
+ *   event loop        deliver(): the output filter - detokenize, hold back
+ *                     text that may be the start of a stop string, cut at
+ *                     a stop string (then stop the job: a token or two may
+ *                     be computed in vain, and are not counted) - then SSE
+ *                     chunks or the accumulated answer when done.
  *
- * Lifetime: the request is freed on the event loop once on_done's news has
- * been delivered (the scheduler never touches it after on_done).  If the
- * client leaves first, the connection forgets the request, the job is
- * cancelled, and the request waits for on_done before it is freed.
+ * Lifetime: the request is freed on the event loop once on_done's news (or
+ * the worker's failure) has been delivered; neither thread touches it
+ * after posting that.  If the client leaves first, the connection forgets
+ * the request, the job is cancelled (or never submitted), and the request
+ * waits for that last news before it is freed.
  *
  * Streaming and non-streaming share every step up to deliver(), so at
  * temperature 0 the streamed text is the non-streamed text by construction.
@@ -57,7 +64,10 @@ struct pt_req {
     int n_prompt;
     pt_stop stop;
 
-    /* scheduler thread, until on_done */
+    /* prompt worker, until it posts */
+    pt_oai_request oai; /* the parsed request, owned until tokenized */
+
+    /* event loop: the output filter */
     pt_detok dt;
     char *hold; /* text not released yet */
     size_t hold_len, hold_cap;
@@ -65,9 +75,20 @@ struct pt_req {
     int n_pend, cap_pend;
     size_t released; /* bytes of completion text released */
     bool matched;    /* a stop string ended the text */
+    int n_used;      /* tokens that made the text (up to the stop string) */
+    piece *rel_head, *rel_tail; /* released by the filter, not sent yet */
 
     /* under srv->mu */
-    piece *out_head, *out_tail;
+    bool front_busy; /* the prompt worker may still touch it: not freed yet */
+    bool gone;   /* the client left before the job was submitted */
+    struct {     /* the worker's failure: status 0 = none */
+        int status;
+        const char *code, *param;
+        char msg[512];
+    } fail;
+    pt_sample_result *toks; /* sampled, for the loop's filter */
+    int n_toks, cap_toks;
+    bool stop_seen; /* the loop matched a stop string: end the job */
     bool done;
     pt_sched_stats st;
     bool in_outbox;
@@ -75,38 +96,51 @@ struct pt_req {
 
     /* event loop */
     pt_req *next_drain;
-    piece *drain;
+    pt_sample_result *drain; /* tokens taken from the outbox */
+    int n_drain, cap_drain;
     bool drain_done;
+    bool began;            /* the stream's head is sent */
     struct evbuffer *text; /* non-streamed: the content so far */
     json_t *lp;            /* non-streamed: logprobs so far */
 };
 
-/* ---- the scheduler side --------------------------------------------------------- */
+/* ---- the scheduler side: tokens out -------------------------------------------- */
 
-static void post(pt_req *q, piece *p, bool done, const pt_sched_stats *st) {
+/* Adds q to the outbox (under mu) so the loop looks at it. */
+static void enlist(pt_req *q) {
+    if (q->in_outbox) return;
+    q->in_outbox = true;
+    q->next_out = q->srv->outbox;
+    q->srv->outbox = q;
+}
+
+static int on_token(void *user, const pt_sample_result *r) {
+    pt_req *q = user;
     pt_server *s = q->srv;
     pthread_mutex_lock(&s->mu);
-    if (p) {
-        if (q->out_tail)
-            q->out_tail->next = p;
-        else
-            q->out_head = p;
-        q->out_tail = p;
+    if (q->n_toks == q->cap_toks) {
+        q->cap_toks = q->cap_toks ? 2 * q->cap_toks : 16;
+        q->toks = pt_xrealloc(q->toks, sizeof *q->toks * (size_t)q->cap_toks);
     }
-    if (done) {
-        q->done = true;
-        q->st = *st;
-    }
-    if (!q->in_outbox) {
-        q->in_outbox = true;
-        q->next_out = s->outbox;
-        s->outbox = q;
-    }
+    q->toks[q->n_toks++] = *r;
+    bool stop = q->stop_seen;
+    enlist(q);
     pthread_mutex_unlock(&s->mu);
-    /* a non-streamed answer is only of use whole: its pieces wait in the
-     * outbox (or ride along with another wakeup) until it is done */
-    if (q->stream || done) pt_server_wake(s);
+    pt_server_wake(s);
+    return stop;
 }
+
+static void on_done(void *user, const pt_sched_stats *st) {
+    pt_req *q = user;
+    pthread_mutex_lock(&q->srv->mu);
+    q->done = true;
+    q->st = *st;
+    enlist(q);
+    pthread_mutex_unlock(&q->srv->mu);
+    pt_server_wake(q->srv);
+}
+
+/* ---- the output filter (event loop) ---------------------------------------------- */
 
 /* Releases the first k held bytes, with the pending tokens whose text
  * starts before the new end (all of them if all). */
@@ -133,7 +167,11 @@ static void release(pt_req *q, size_t k, bool all) {
         q->n_pend -= nt;
     }
     q->released = end;
-    post(q, p, false, NULL);
+    if (q->rel_tail)
+        q->rel_tail->next = p;
+    else
+        q->rel_head = p;
+    q->rel_tail = p;
 }
 
 static void hold_reserve(pt_req *q, size_t extra) {
@@ -143,10 +181,13 @@ static void hold_reserve(pt_req *q, size_t extra) {
     q->hold = pt_xrealloc(q->hold, q->hold_cap);
 }
 
-static int on_token(void *user, const pt_sample_result *r) {
-    pt_req *q = user;
+/* One token through the filter.  A stop string ends the text here and
+ * asks the scheduler to end the job. */
+static void filter_token(pt_req *q, const pt_sample_result *r) {
+    if (q->matched) return; /* computed after the stop: not part of the answer */
     const pt_tokenizer *tok = q->srv->e->tok;
     size_t start = q->released + q->hold_len;
+    q->n_used++;
     if (r->id < pt_tokenizer_n_vocab(tok)) {
         size_t plen;
         pt_token_bytes(tok, r->id, &plen);
@@ -163,26 +204,33 @@ static int on_token(void *user, const pt_sample_result *r) {
     }
     bool matched;
     size_t k = pt_stop_scan(&q->stop, q->hold, q->hold_len, &matched);
-    if (matched) {
-        q->hold_len = k; /* the stop string and what follows are dropped */
-        q->matched = true;
+    if (!matched) {
         release(q, k, false);
-        q->n_pend = 0;
-        return 1;
+        return;
     }
+    q->hold_len = k; /* the stop string and what follows are dropped */
+    q->matched = true;
     release(q, k, false);
-    return 0;
+    q->n_pend = 0;
+    pthread_mutex_lock(&q->srv->mu);
+    q->stop_seen = true; /* on_token answers "stop" from now on */
+    pthread_mutex_unlock(&q->srv->mu);
+    pt_sched_cancel(q->srv->sched, q->job); /* and a step that samples nothing ends it too */
 }
 
-static void on_done(void *user, const pt_sched_stats *st) {
-    pt_req *q = user;
-    if (!q->matched && st->finish != PT_FINISH_CANCEL && st->finish != PT_FINISH_NONE) {
-        /* the end of the text: what was held back for a stop string is final */
-        hold_reserve(q, 72);
-        q->hold_len += pt_detok_flush(&q->dt, q->hold + q->hold_len, q->hold_cap - q->hold_len);
-        release(q, q->hold_len, true);
+/* The job ended: settle what was held back, and make the stats describe
+ * the answer (a stop string ends it with "stop", whatever the job saw). */
+static void filter_done(pt_req *q) {
+    if (q->matched) {
+        q->st.finish = PT_FINISH_STOP;
+        q->st.n_generated = q->n_used;
+        return;
     }
-    post(q, NULL, true, st);
+    if (q->st.finish == PT_FINISH_CANCEL || q->st.finish == PT_FINISH_NONE) return;
+    /* the end of the text: what was held back for a stop string is final */
+    hold_reserve(q, 72);
+    q->hold_len += pt_detok_flush(&q->dt, q->hold + q->hold_len, q->hold_cap - q->hold_len);
+    release(q, q->hold_len, true);
 }
 
 /* ---- JSON pieces ------------------------------------------------------------------ */
@@ -293,8 +341,9 @@ static void free_pieces(piece *p) {
 
 static void req_free(pt_req *q) {
     pt_server *s = q->srv;
-    free_pieces(q->out_head);
-    free_pieces(q->drain);
+    free_pieces(q->rel_head);
+    free(q->toks);
+    free(q->drain);
     pt_stop_free(&q->stop);
     free(q->hold);
     free(q->pend);
@@ -443,9 +492,24 @@ static void stream_pieces(pt_req *q, const piece *p) {
 }
 
 static void deliver_one(pt_req *q) {
-    piece *p = q->drain;
     bool done = q->drain_done;
-    q->drain = NULL;
+    if (done && q->fail.status) { /* the prompt worker refused it; no job ran */
+        if (q->conn)
+            pt_http_error(q->conn, q->fail.status, NULL, q->fail.code, q->fail.param, "%s",
+                          q->fail.msg);
+        req_free(q);
+        return;
+    }
+    for (int i = 0; i < q->n_drain; i++) filter_token(q, &q->drain[i]);
+    q->n_drain = 0;
+    if (done) filter_done(q);
+    piece *p = q->rel_head;
+    q->rel_head = q->rel_tail = NULL;
+    if (q->conn && q->stream && !q->began) {
+        pt_http_stream_begin(q->conn, 200, "text/event-stream", NULL);
+        if (q->chat) send_event(q, chunk(q, "", 0, NULL, 0, NULL, true)); /* the role comes first */
+    }
+    q->began = true;
     if (q->conn) {
         if (q->stream) {
             stream_pieces(q, p);
@@ -471,9 +535,12 @@ void pt_server_deliver(pt_server *s) {
     pthread_mutex_lock(&s->mu);
     for (pt_req *q = s->outbox; q; q = q->next_out) {
         q->in_outbox = false;
-        q->drain = q->out_head;
-        q->drain_done = q->done;
-        q->out_head = q->out_tail = NULL;
+        /* swap the token arrays: the outbox gets the emptied one back */
+        pt_sample_result *t = q->drain;
+        int cap = q->cap_drain;
+        q->drain = q->toks, q->n_drain = q->n_toks, q->cap_drain = q->cap_toks;
+        q->toks = t, q->n_toks = 0, q->cap_toks = cap;
+        q->drain_done = q->done && !q->front_busy;
         q->next_drain = list;
         list = q;
     }
@@ -490,7 +557,11 @@ void pt_server_deliver(pt_server *s) {
 static void on_gone(void *user) {
     pt_req *q = user;
     q->conn = NULL;
-    pt_sched_cancel(q->srv->sched, q->job);
+    pthread_mutex_lock(&q->srv->mu);
+    q->gone = true;
+    uint64_t job = q->job;
+    pthread_mutex_unlock(&q->srv->mu);
+    if (job) pt_sched_cancel(q->srv->sched, job);
 }
 
 /* ---- from request to job --------------------------------------------------------------- */
@@ -513,8 +584,17 @@ static void make_id(pt_req *q) {
              (unsigned long long)(b & 0xffffffffffffull));
 }
 
-/* The prompt's token ids; on error answers the client and returns -1. */
-static int prompt_tokens(pt_conn *c, pt_server *s, const pt_oai_request *r, int32_t **ids,
+/* Records why the worker refused the request (answered on the loop). */
+static int refuse(pt_req *q, int status, const char *code, const char *param, const char *msg) {
+    q->fail.status = status;
+    q->fail.code = code;
+    q->fail.param = param;
+    snprintf(q->fail.msg, sizeof q->fail.msg, "%s", msg);
+    return -1;
+}
+
+/* The prompt's token ids; on error records the failure and returns -1. */
+static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32_t **ids,
                          size_t *n) {
     pt_err err = {{0}};
     const pt_tokenizer *tok = s->e->tok;
@@ -526,23 +606,17 @@ static int prompt_tokens(pt_conn *c, pt_server *s, const pt_oai_request *r, int3
     }
     if (r->kind == PT_OAI_COMPLETION) {
         if (pt_tokenize(tok, r->prompt, r->prompt_len, true, true, ids, n, &err) == 0) return 0;
-        pt_http_error(c, 400, NULL, "invalid_prompt", "prompt", "%s", err.msg);
-        return -1;
+        return refuse(q, 400, "invalid_prompt", "prompt", err.msg);
     }
     char *text;
     size_t len;
     if (pt_chat_tmpl_render(s->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
-                            &err)) {
-        pt_http_error(c, 400, NULL, "invalid_messages", "messages", "%s", err.msg);
-        return -1;
-    }
+                            &err))
+        return refuse(q, 400, "invalid_messages", "messages", err.msg);
     /* the template writes any BOS itself; add one only if it did not */
     int rc = pt_tokenize(tok, text, len, false, true, ids, n, &err);
     free(text);
-    if (rc) {
-        pt_http_error(c, 400, NULL, "invalid_messages", "messages", "%s", err.msg);
-        return -1;
-    }
+    if (rc) return refuse(q, 400, "invalid_messages", "messages", err.msg);
     int32_t bos = pt_tokenizer_bos(tok);
     if (pt_tokenizer_adds_bos(tok) && bos >= 0 && (*n == 0 || (*ids)[0] != bos)) {
         *ids = pt_xrealloc(*ids, sizeof(int32_t) * (*n + 1));
@@ -573,6 +647,8 @@ static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r) {
     return q;
 }
 
+/* Parses on the loop (cheap, and errors answer at once); the prompt goes
+ * to the worker. */
 static void handle(pt_conn *c, const char *body, size_t len, int kind) {
     pt_server *s = pt_conn_server(c);
     if (s->state != SRV_RUNNING) {
@@ -585,51 +661,76 @@ static void handle(pt_conn *c, const char *body, size_t len, int kind) {
         pt_http_error(c, e.status, e.type, e.code, e.param[0] ? e.param : NULL, "%s", e.message);
         return;
     }
+    pt_req *q = req_new(s, c, &r);
+    q->oai = r; /* q owns the parsed request now */
+    q->front_busy = true;
+    pt_conn_on_gone(c, on_gone, q);
+    pt_front_push(s, q);
+}
+
+/* Tokenizes and submits q, or records why not; then tells the loop. */
+static int front_submit(pt_server *s, pt_req *q) {
+    pt_oai_request *r = &q->oai;
     int32_t *ids = NULL;
     size_t n = 0;
-    if (prompt_tokens(c, s, &r, &ids, &n)) {
-        pt_oai_request_free(&r);
-        return;
-    }
+    if (prompt_tokens(q, s, r, &ids, &n)) return -1;
     int n_ctx = s->o.n_ctx;
     if ((int64_t)n >= n_ctx) {
-        pt_http_error(c, 400, NULL, "context_length_exceeded",
-                      kind == PT_OAI_CHAT ? "messages" : "prompt",
-                      "This model's maximum context length is %d tokens, but the prompt has %zu "
-                      "tokens; shorten it or start the server with a larger --ctx",
-                      n_ctx, n);
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "This model's maximum context length is %d tokens, but the prompt has %zu "
+                 "tokens; shorten it or start the server with a larger --ctx",
+                 n_ctx, n);
         free(ids);
-        pt_oai_request_free(&r);
-        return;
+        return refuse(q, 400, "context_length_exceeded",
+                      r->kind == PT_OAI_CHAT ? "messages" : "prompt", msg);
     }
-    pt_req *q = req_new(s, c, &r);
     pt_sched_job job = {.prompt = ids,
                         .n_prompt = (int)n,
                         .on_token = on_token,
                         .on_done = on_done,
                         .user = q,
-                        .bias_ids = r.bias_ids,
-                        .bias_vals = r.bias_vals,
-                        .n_bias = r.n_bias};
-    job.params.sampling = r.sampling;
-    if (!r.seed_given) job.params.sampling.seed = random_seed();
-    job.params.max_tokens = r.max_tokens;
-    job.params.ignore_eos = r.ignore_eos;
+                        .bias_ids = r->bias_ids,
+                        .bias_vals = r->bias_vals,
+                        .n_bias = r->n_bias};
+    job.params.sampling = r->sampling;
+    if (!r->seed_given) job.params.sampling.seed = random_seed();
+    job.params.max_tokens = r->max_tokens;
+    job.params.ignore_eos = r->ignore_eos;
     q->n_prompt = (int)n;
     pt_err err = {{0}};
-    q->job = pt_sched_submit(s->sched, &job, &err);
+    uint64_t id = pt_sched_submit(s->sched, &job, &err);
     free(ids);
-    pt_oai_request_free(&r);
-    if (!q->job) {
-        pt_http_error(c, 503, NULL, "server_busy", NULL, "%s", err.msg);
-        req_free(q);
-        return;
-    }
-    pt_conn_on_gone(c, on_gone, q);
-    if (q->stream) {
-        pt_http_stream_begin(c, 200, "text/event-stream", NULL);
-        if (q->chat) send_event(q, chunk(q, "", 0, NULL, 0, NULL, true)); /* the role comes first */
-    }
+    if (!id) return refuse(q, 503, "server_busy", NULL, err.msg);
+    /* q->front_busy keeps q alive even if the job is already done */
+    pthread_mutex_lock(&s->mu);
+    q->job = id;
+    bool gone = q->gone;
+    pthread_mutex_unlock(&s->mu);
+    if (gone) pt_sched_cancel(s->sched, id); /* it left while we tokenized */
+    return 0;
+}
+
+void pt_front_work(pt_server *s, pt_req *q, bool shutting_down) {
+    pthread_mutex_lock(&s->mu);
+    bool gone = q->gone;
+    pthread_mutex_unlock(&s->mu);
+    int rc;
+    if (shutting_down)
+        rc = refuse(q, 503, "server_shutting_down", NULL, "the server is shutting down");
+    else if (gone)
+        rc = refuse(q, 499, "client_closed_request", NULL, "the client left");
+    else
+        rc = front_submit(s, q);
+    pt_oai_request_free(&q->oai);
+    /* The worker's last touch: after this the loop may free q.  A failure
+     * is final news; a success lets a stream's head go out. */
+    pthread_mutex_lock(&s->mu);
+    q->front_busy = false;
+    if (rc) q->done = true;
+    enlist(q);
+    pthread_mutex_unlock(&s->mu);
+    pt_server_wake(s);
 }
 
 void pt_handle_chat(pt_conn *c, const char *body, size_t len) {

@@ -553,11 +553,11 @@ json_t *pt_oai_timings(const pt_sched_stats *st) {
     int n_dec = st->n_generated > 1 ? st->n_generated - 1 : 0;
     double pre = st->t_prefill > 0 ? st->n_prompt / st->t_prefill : 0;
     double dec = st->t_decode > 0 ? n_dec / st->t_decode : 0;
-    return json_pack("{s:f, s:f, s:i, s:f, s:f, s:i, s:f, s:f}", "queue_ms", st->t_queue * 1e3,
+    return json_pack("{s:f, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:i}", "queue_ms", st->t_queue * 1e3,
                      "ttft_ms", st->ttft * 1e3, "prompt_tokens", st->n_prompt, "prefill_ms",
                      st->t_prefill * 1e3, "prefill_tokens_per_second", pre, "completion_tokens",
                      st->n_generated, "decode_ms", st->t_decode * 1e3, "decode_tokens_per_second",
-                     dec);
+                     dec, "preemptions", st->n_preempted);
 }
 
 const char *pt_oai_finish_reason(int finish) {

@@ -165,9 +165,12 @@ static void defaults(pt_server_opts *o, const pt_engine *e) {
     if (o->shutdown_timeout < 0) o->shutdown_timeout = 0;
 }
 
-/* Every sequence must be able to reach the full context at once, so the
- * pool holds parallel x ctx positions (the engine opened it for one). */
+/* Without --kv-budget, every sequence can reach the full context at once:
+ * the pool holds parallel x ctx positions (the engine opened it for one).
+ * With it, the pool is what the budget buys and the scheduler grows
+ * sequences lazily, preempting when it runs out. */
 static int size_kv_pool(pt_engine *e, const pt_server_opts *o, pt_err *err) {
+    if (e->kv_budgeted) return 0; /* --kv-budget sized it; the scheduler preempts within it */
     int need = pt_sched_pages_for(e, o->n_ctx) * o->parallel;
     if (e->kv.cfg.n_pages >= need) return 0;
     int positions = need * e->kv.cfg.page_size;
@@ -206,6 +209,7 @@ static int start(pt_server *s, pt_err *err) {
                         .max_prefill = s->o.max_prefill,
                         .max_queue = s->o.max_queue};
     if (pt_sched_start(&s->sched, s->e, &so, err)) return -1;
+    if (pt_front_start(s, err)) return -1;
     s->base = event_base_new();
     if (!s->base) return pt_fail(err, "cannot create the event loop");
     s->wake = event_new(s->base, -1, 0, wake_cb, s);
@@ -226,6 +230,7 @@ static int start(pt_server *s, pt_err *err) {
 
 static void stop(pt_server *s) {
     pt_http_free(s->http); /* drops what is left; their requests are cancelled */
+    pt_front_stop(s);      /* nothing is submitted after this */
     if (s->sched) pt_sched_cancel_all(s->sched);
     pt_sched_stop(s->sched);           /* every on_done has run when it returns */
     if (s->base) pt_server_deliver(s); /* frees the requests those posted */

@@ -4,7 +4,8 @@
  *
  * Thread rules: everything here belongs to the event-loop thread except
  * what `mu` guards (the outbox of generation results, filled by the
- * scheduler thread) and pt_server_wake, which any thread may call.
+ * scheduler thread and the prompt worker) and pt_server_wake, which any
+ * thread may call.
  */
 #ifndef PETREL_SERVER_INT_H
 #define PETREL_SERVER_INT_H
@@ -19,12 +20,14 @@
 struct event;
 typedef struct pt_req pt_req;
 typedef struct pt_chat_tmpl pt_chat_tmpl;
+typedef struct pt_front pt_front;
 
 enum { SRV_RUNNING, SRV_DRAINING, SRV_CANCELLING };
 
 struct pt_server {
     pt_engine *e;
     pt_sched *sched;
+    pt_front *front; /* the prompt worker (front.c) */
     pt_http *http;
     struct event_base *base;
     pt_server_opts o;
@@ -64,6 +67,16 @@ void pt_handle_models(pt_conn *c, const char *body, size_t len);
 void pt_handle_model(pt_conn *c, const char *body, size_t len);
 void pt_handle_chat(pt_conn *c, const char *body, size_t len);
 void pt_handle_completions(pt_conn *c, const char *body, size_t len);
+
+/* The prompt worker (front.c): renders and tokenizes requests off the
+ * event loop, in arrival order, and submits them. */
+int pt_front_start(pt_server *s, pt_err *err);
+void pt_front_push(pt_server *s, pt_req *q);
+/* Answers what is still queued "shutting down" and joins the thread. */
+void pt_front_stop(pt_server *s);
+/* On the worker: prompt -> ids -> scheduler job, or a failure posted to
+ * the loop; shutting_down refuses it instead (completion.c). */
+void pt_front_work(pt_server *s, pt_req *q, bool shutting_down);
 
 /* Chat prompts (prompt.c): the model's template, or --chat-template. */
 int pt_chat_tmpl_open(pt_chat_tmpl **out, pt_engine *e, const char *override_path, pt_err *err);

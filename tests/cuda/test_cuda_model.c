@@ -72,7 +72,7 @@ static void forward(side *s, int n, const int32_t *tok, const int32_t *pos, cons
     for (int i = 0; i < n_seqs; i++) seqs[i] = &s->seqs[i];
     pt_batch b = {n, (int32_t *)tok, (int32_t *)pos, (int32_t *)seq, (bool *)want, n_seqs, seqs};
     pt_err err = {{0}};
-    if (pt_model_forward(s->m, &s->kv, &b, out, &err)) fail_msg("forward: %s", err.msg);
+    if (pt_model_run(s->m, &s->kv, &b, out, &err)) fail_msg("forward: %s", err.msg);
 }
 
 static int argmax(const float *x, int n) {

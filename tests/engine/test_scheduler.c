@@ -149,6 +149,55 @@ static void test_batched_equals_alone(void **state) {
     run_cases(16, 4, 0, 16); /* a small batch: decode rows crowd out prefill */
 }
 
+/* A KV pool with room for about two of sixteen concurrent jobs of mixed
+ * lengths: pages grow lazily, the latest arrivals are preempted and
+ * recomputed, and every job still produces exactly its alone-tokens. */
+static void test_preemption_equals_alone(void **state) {
+    (void)state;
+    pt_engine *e = open_engine(128, 0);
+    pt_kv_cache_free(&e->kv);
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_kv_init(e->model, &e->kv, 9 * 16, PT_F32, NULL, &err), 0);
+    int pool = pt_kv_free_pages(&e->kv);
+    assert_int_equal(pool, 9);
+    pt_sched *s;
+    pt_sched_opts o = {.max_seqs = 16, .n_ctx = 128};
+    assert_int_equal(pt_sched_start(&s, e, &o, &err), 0);
+    json_t *g = cases();
+    json_t *cs = json_object_get(g, "cases");
+    int n_cases = (int)json_array_size(cs);
+    enum { N = 16 };
+    result res[N];
+    int max_tokens[N];
+    for (int k = 0; k < N; k++) {
+        int32_t prompt[64];
+        int n = ids(json_array_get(cs, (size_t)(k % n_cases)), "prompt_ids", prompt);
+        result_init(&res[k]);
+        max_tokens[k] = 12 + (k * 7) % 37; /* 12..48 */
+        pt_sched_job j = greedy_job(prompt, n, max_tokens[k], &res[k]);
+        assert_true(pt_sched_submit(s, &j, &err) > 0);
+    }
+    int preempted = 0;
+    for (int k = 0; k < N; k++) {
+        wait_done(&res[k]);
+        int32_t want[64];
+        ids(json_array_get(cs, (size_t)(k % n_cases)), "continuation_ids", want);
+        assert_int_equal(res[k].st.finish, PT_FINISH_LENGTH);
+        assert_int_equal(res[k].n, max_tokens[k]);
+        for (int t = 0; t < max_tokens[k]; t++)
+            if (res[k].tokens[t] != want[t])
+                fail_msg("job %d (preempted %d times) token %d: %d, alone %d", k,
+                         res[k].st.n_preempted, t, res[k].tokens[t], want[t]);
+        preempted += res[k].st.n_preempted;
+    }
+    print_message("%d preemptions over %d jobs, pool of %d pages\n", preempted, N, pool);
+    assert_true(preempted > 0); /* the budget really was too small */
+    pt_sched_stop(s);
+    assert_int_equal(pt_kv_free_pages(&e->kv), pool);
+    json_decref(g);
+    pt_engine_close(e);
+}
+
 static void test_stop_length_cancel(void **state) {
     (void)state;
     pt_engine *e = open_engine(256, 0);
@@ -233,6 +282,7 @@ static void test_stop_with_work(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
+        cmocka_unit_test(test_preemption_equals_alone),
         cmocka_unit_test(test_stop_length_cancel),
         cmocka_unit_test(test_stop_with_work),
     };

@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "engine/engine.h"
+#include "engine/runner.h"
 
 #define MODEL PETREL_SOURCE_DIR "/models/stories260K.gguf"
 #define FIXTURES PETREL_SOURCE_DIR "/tests/fixtures/"
@@ -92,7 +93,7 @@ static void check_logits(const char *kernels, int threads, int max_batch, pt_dty
     assert_int_equal(pt_seq_prefill(e, &s, &r, &err), 0);
     double max_diff = 0;
     for (size_t i = 0; i < json_array_size(want); i++) {
-        double d = fabs(e->logits[i] - json_number_value(json_array_get(want, i)));
+        double d = fabs(e->runner->logits[i] - json_number_value(json_array_get(want, i)));
         if (d > max_diff) max_diff = d;
     }
     if (getenv("PETREL_TEST_VERBOSE"))
@@ -209,7 +210,7 @@ static void test_batched_decode(void **state) {
     }
     for (int step = 0; step < STEPS; step++) {
         pt_batch b = {n, tok, pos, seq, want_logits, N, seqs};
-        assert_int_equal(pt_model_forward(e->model, &e->kv, &b, logits, &err), 0);
+        assert_int_equal(pt_model_run(e->model, &e->kv, &b, logits, &err), 0);
         n = 0;
         for (int s = 0; s < N; s++) {
             const float *l = logits + (size_t)s * vocab;

@@ -63,7 +63,7 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
     pt_kv_seq *seqs[1] = {&s};
     pt_batch b = {n, tok, pos, seq, want, 1, seqs};
     pt_err err;
-    if (pt_model_forward(m, kv, &b, logits, &err)) fail_msg("%s: %s", name, err.msg);
+    if (pt_model_run(m, kv, &b, logits, &err)) fail_msg("%s: %s", name, err.msg);
     json_t *rows = json_object_get(p, "logits");
     for (int i = 0; i < n; i++) {
         double d = row_diff(logits + (size_t)i * vocab, json_array_get(rows, (size_t)i), vocab);
@@ -82,7 +82,7 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
         int32_t p1 = n + step, s0 = 0;
         bool w = true;
         pt_batch d = {1, &next, &p1, &s0, &w, 1, seqs};
-        if (pt_model_forward(m, kv, &d, logits, &err)) fail_msg("%s: %s", name, err.msg);
+        if (pt_model_run(m, kv, &d, logits, &err)) fail_msg("%s: %s", name, err.msg);
         double diff = row_diff(logits, json_array_get(glog, (size_t)step + 1), vocab);
         if (diff > TOL) fail_msg("%s: decode step %d: max |logit diff| %.3g", name, step + 1, diff);
         next = argmax(logits, vocab);

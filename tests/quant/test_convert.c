@@ -105,7 +105,7 @@ static float *logits_of(pt_model *m, const int32_t *tok, int n) {
     pt_kv_seq *seqs[1] = {&s};
     pt_batch b = {n, (int32_t *)tok, pos, seq, want, 1, seqs};
     float *out = malloc(sizeof(float) * (size_t)n * (size_t)m->cfg.vocab_size);
-    if (pt_model_forward(m, &kv, &b, out, &err)) fail_msg("forward: %s", err.msg);
+    if (pt_model_run(m, &kv, &b, out, &err)) fail_msg("forward: %s", err.msg);
     pt_kv_seq_release(&kv, &s);
     pt_kv_cache_free(&kv);
     return out;

@@ -93,6 +93,7 @@ static const pt_backend_ops cpu_ops = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
     .sync = cpu_sync,
     .matmul = pt_cpu_matmul,
     .embed = pt_cpu_embed,

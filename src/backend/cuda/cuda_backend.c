@@ -164,6 +164,18 @@ static void cuda_download(pt_backend *be, void *dst, const void *src, size_t nby
     check(cudaStreamSynchronize(cb->stream), "download");
 }
 
+static void cuda_copy(pt_backend *be, void *dst, const void *src, size_t nbytes) {
+    if (!nbytes) return;
+    flush(cb_of(be));
+    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb_of(be)->stream), "copy");
+}
+
+static size_t cuda_free_memory(pt_backend *be) {
+    size_t free_b = 0, total = 0;
+    (void)be;
+    return cudaMemGetInfo(&free_b, &total) == cudaSuccess ? free_b : 0;
+}
+
 static void cuda_sync(pt_backend *be) {
     flush(cb_of(be));
     check(cudaStreamSynchronize(cb_of(be)->stream), "sync");
@@ -614,6 +626,7 @@ static const pt_backend_ops cuda_ops = {
     .free = cuda_free,
     .upload = cuda_upload,
     .download = cuda_download,
+    .copy = cuda_copy,
     .sync = cuda_sync,
     .matmul = cuda_matmul,
     .embed = cuda_embed,
@@ -626,6 +639,7 @@ static const pt_backend_ops cuda_ops = {
     .attention = cuda_attention,
     .gather_rows = cuda_gather_rows,
     .kv_quant_check = cuda_kv_quant_check,
+    .free_memory = cuda_free_memory,
     .read_bandwidth = cuda_read_bandwidth,
     .destroy = cuda_destroy,
 };

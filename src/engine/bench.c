@@ -1,0 +1,83 @@
+/*
+ * bench.c - timed runs through the engine core (see bench.h).
+ *
+ * Prefill time runs from submission until every request has its first
+ * token; decode throughput counts the tokens sampled after that moment
+ * over the time to the last one.  Requests that finish their prompt early
+ * decode while others still prefill, as in a real server; those tokens
+ * count toward neither figure.
+ */
+#include "engine/bench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct bench_state {
+    int n_seqs, n_first;
+    long n_after; /* tokens sampled once every request had its first */
+    double t_all_first, t_end;
+    char error[256];
+} bench_state;
+
+typedef struct bench_req {
+    bench_state *b;
+    int n;
+} bench_req;
+
+static int bench_token(void *user, const pt_sample_result *r) {
+    (void)r;
+    bench_req *q = user;
+    bench_state *b = q->b;
+    double now = pt_now();
+    if (q->n++ == 0 && ++b->n_first == b->n_seqs) b->t_all_first = now;
+    else if (b->n_first == b->n_seqs) b->n_after++;
+    b->t_end = now;
+    return 0;
+}
+
+static void bench_done(void *user, const pt_sched_stats *st) {
+    bench_req *q = user;
+    if (st->finish == PT_FINISH_NONE && !q->b->error[0])
+        snprintf(q->b->error, sizeof q->b->error, "%s", st->error);
+}
+
+int pt_bench_requests(pt_engine *e, int n_seqs, int n_prompt, int n_gen, uint64_t seed,
+                      pt_bench_run *out, int max_seqs, pt_err *err) {
+    memset(out, 0, sizeof *out);
+    out->n_seqs = n_seqs, out->n_prompt = n_prompt, out->n_gen = n_gen;
+    pt_core_opts co = {.max_seqs = max_seqs > 0 ? max_seqs : n_seqs, .n_ctx = PT_MIN(e->n_ctx, n_prompt + n_gen + 1)};
+    pt_core *c = pt_core_new(e, &co);
+    bench_state b = {.n_seqs = n_seqs};
+    bench_req *reqs = pt_xcalloc((size_t)n_seqs, sizeof *reqs);
+    int32_t *prompt = pt_xmalloc(sizeof(int32_t) * (size_t)n_prompt);
+    int vocab = e->model->cfg.vocab_size, rc = 0;
+    pt_rng rng;
+    pt_rng_seed(&rng, seed);
+    for (int s = 0; s < n_seqs && rc == 0; s++) {
+        for (int i = 0; i < n_prompt; i++)
+            prompt[i] = (int32_t)(pt_rng_next(&rng) % (uint64_t)vocab);
+        reqs[s].b = &b;
+        pt_sched_job job = {.prompt = prompt, .n_prompt = n_prompt, .on_token = bench_token,
+                            .on_done = bench_done, .user = &reqs[s]};
+        job.params.sampling = pt_sampling_default();
+        job.params.sampling.temperature = 0;
+        job.params.sampling.n_logprobs = -1;
+        job.params.max_tokens = n_gen;
+        job.params.ignore_eos = true;
+        rc = pt_core_check(c, &job, err);
+        if (rc == 0) pt_core_add(c, &job, (uint64_t)s + 1);
+    }
+    double t0 = pt_now();
+    while (rc == 0 && pt_core_step(c) > 0) {}
+    out->timing = pt_core_get_timing(c);
+    pt_core_free(c);
+    free(prompt);
+    free(reqs);
+    if (rc) return -1;
+    if (b.error[0]) return pt_fail(err, "%s", b.error);
+    out->t_prefill = b.t_all_first - t0;
+    out->t_decode = b.t_end - b.t_all_first;
+    out->prefill_tok_s = out->t_prefill > 0 ? (double)n_seqs * n_prompt / out->t_prefill : 0;
+    out->decode_tok_s = out->t_decode > 0 ? (double)b.n_after / out->t_decode : 0;
+    return 0;
+}

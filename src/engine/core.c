@@ -1,0 +1,361 @@
+/*
+ * core.c - requests, the step, and the finish rules (see core.h).
+ *
+ * The core keeps two ordered lists of live requests: run[] (RUNNING, in
+ * admission order) and wait[] (WAITING and PREEMPTED, in queue order, the
+ * preempted at the front).  A step turns both into the policy's plain
+ * numbers, asks for a plan, and applies it.
+ */
+#include "engine/core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/runner.h"
+#include "engine/sched_policy.h"
+
+typedef struct req {
+    uint64_t id;
+    int state; /* enum pt_req_state */
+    pt_sched_job d;
+    int32_t *prompt, *bias_ids; /* our copies */
+    float *bias_vals;
+    int max_new; /* generated tokens at most */
+    bool started; /* seq initialized and the prompt pushed (at first admission) */
+    pt_seq seq;
+    int n_generated, n_preempted;
+    double t_submit, t_admit, t_first, t_last;
+} req;
+
+struct pt_core {
+    pt_engine *e;
+    pt_core_opts o;
+    int max_rows;
+    req **run, **wait;
+    int n_run, n_wait, cap;
+    /* step scratch */
+    pt_policy_req *pr;
+    int *run_idx, *wait_idx;
+    req **idx_req; /* policy index -> request */
+    pt_step_plan plan;
+    pt_run_item *items;
+    req **item_req;
+    pt_runner runner;
+    pt_core_timing timing;
+};
+
+/* ---- lists ----------------------------------------------------------------- */
+
+static void grow(pt_core *c, int need) {
+    if (need <= c->cap) return;
+    c->cap = PT_MAX(need, 2 * c->cap);
+    size_t n = (size_t)c->cap;
+    c->run = pt_xrealloc(c->run, sizeof(req *) * n);
+    c->wait = pt_xrealloc(c->wait, sizeof(req *) * n);
+    c->pr = pt_xrealloc(c->pr, sizeof *c->pr * n);
+    c->run_idx = pt_xrealloc(c->run_idx, sizeof(int) * n);
+    c->wait_idx = pt_xrealloc(c->wait_idx, sizeof(int) * n);
+    c->idx_req = pt_xrealloc(c->idx_req, sizeof(req *) * n);
+    c->plan.items = pt_xrealloc(c->plan.items, sizeof *c->plan.items * n);
+    c->plan.preempt = pt_xrealloc(c->plan.preempt, sizeof(int) * n);
+    c->plan.admit = pt_xrealloc(c->plan.admit, sizeof(int) * n);
+    c->plan.order = pt_xrealloc(c->plan.order, sizeof(int) * n);
+    c->plan.gone = pt_xrealloc(c->plan.gone, sizeof(bool) * n);
+    c->items = pt_xrealloc(c->items, sizeof *c->items * n);
+    c->item_req = pt_xrealloc(c->item_req, sizeof(req *) * n);
+}
+
+static void list_remove(req **list, int *n, const req *r) {
+    for (int i = 0; i < *n; i++)
+        if (list[i] == r) {
+            memmove(list + i, list + i + 1, sizeof(req *) * (size_t)(*n - i - 1));
+            (*n)--;
+            return;
+        }
+}
+
+/* Drops FINISHED requests from both lists and frees them. */
+static void sweep(pt_core *c) {
+    req **lists[2] = {c->run, c->wait};
+    int *counts[2] = {&c->n_run, &c->n_wait};
+    for (int l = 0; l < 2; l++) {
+        int k = 0;
+        for (int i = 0; i < *counts[l]; i++) {
+            req *r = lists[l][i];
+            if (r->state != PT_REQ_FINISHED) {
+                lists[l][k++] = r;
+                continue;
+            }
+            free(r->prompt), free(r->bias_ids), free(r->bias_vals);
+            free(r);
+        }
+        *counts[l] = k;
+    }
+}
+
+/* ---- transitions ----------------------------------------------------------- */
+
+/* any -> FINISHED: gives the pages back, then reports. */
+static void finish(pt_core *c, req *r, int reason, const char *error) {
+    if (r->state == PT_REQ_FINISHED) return;
+    pt_sched_stats st = {0};
+    st.n_prompt = r->d.n_prompt;
+    st.n_generated = r->n_generated;
+    st.n_preempted = r->n_preempted;
+    st.finish = reason;
+    st.t_queue = (r->t_admit > 0 ? r->t_admit : pt_now()) - r->t_submit;
+    if (r->n_generated > 0) {
+        st.ttft = r->t_first - r->t_submit;
+        st.t_prefill = r->t_first - r->t_admit;
+        st.t_decode = r->t_last - r->t_first;
+    }
+    if (error) snprintf(st.error, sizeof st.error, "%s", error);
+    if (r->started) pt_seq_free(&r->seq, c->e);
+    r->started = false;
+    r->state = PT_REQ_FINISHED;
+    if (r->d.on_done) r->d.on_done(r->d.user, &st);
+}
+
+/* RUNNING -> PREEMPTED: pages back, tokens and sampler kept, to the front
+ * of the queue. */
+static void preempt(pt_core *c, req *r) {
+    pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, 0);
+    r->state = PT_REQ_PREEMPTED;
+    r->n_preempted++;
+    list_remove(c->run, &c->n_run, r);
+    memmove(c->wait + 1, c->wait, sizeof(req *) * (size_t)c->n_wait);
+    c->wait[0] = r;
+    c->n_wait++;
+}
+
+/* WAITING / PREEMPTED -> RUNNING. */
+static void admit(pt_core *c, req *r) {
+    if (!r->started) {
+        pt_seq_init(&r->seq, c->e, &r->d.params.sampling);
+        if (r->d.n_bias) pt_sampler_set_bias(r->seq.sampler, r->bias_ids, r->bias_vals, r->d.n_bias);
+        for (int i = 0; i < r->d.n_prompt; i++) pt_seq_push(&r->seq, r->prompt[i]);
+        r->seq.n_prompt = r->d.n_prompt;
+        r->started = true;
+    }
+    if (r->t_admit == 0) r->t_admit = pt_now();
+    r->state = PT_REQ_RUNNING;
+    list_remove(c->wait, &c->n_wait, r);
+    c->run[c->n_run++] = r;
+}
+
+/* ---- output ------------------------------------------------------------------ */
+
+/* A token came out for r: report it and decide whether r goes on. */
+static void on_sampled(pt_core *c, req *r, const pt_sample_result *s) {
+    double now = pt_now();
+    if (r->n_generated++ == 0) r->t_first = now;
+    r->t_last = now;
+    const pt_tokenizer *tok = c->e->tok;
+    if (tok && !r->d.params.ignore_eos && s->id < pt_tokenizer_n_vocab(tok) &&
+        pt_tokenizer_is_eog(tok, s->id)) {
+        finish(c, r, PT_FINISH_STOP, NULL);
+        return;
+    }
+    if (r->d.on_token && r->d.on_token(r->d.user, s)) {
+        finish(c, r, PT_FINISH_STOP, NULL);
+        return;
+    }
+    if (r->n_generated >= r->max_new) {
+        finish(c, r, PT_FINISH_LENGTH, NULL);
+        return;
+    }
+    pt_seq_push(&r->seq, s->id); /* computed in a later step */
+}
+
+/* ---- the step ------------------------------------------------------------------ */
+
+static void describe(pt_core *c, pt_policy_req *p, const req *r) {
+    p->arrival = r->id;
+    p->priority = 0;
+    p->n_computed = r->started ? r->seq.kv.n_tokens : 0;
+    p->n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
+    p->n_spec = 0;
+    p->pages_held = r->started ? r->seq.kv.n_pages : 0;
+}
+
+static void make_plan(pt_core *c) {
+    int n = 0;
+    for (int i = 0; i < c->n_run; i++, n++) {
+        describe(c, &c->pr[n], c->run[i]);
+        c->idx_req[n] = c->run[i];
+        c->run_idx[i] = n;
+    }
+    for (int i = 0; i < c->n_wait; i++, n++) {
+        describe(c, &c->pr[n], c->wait[i]);
+        c->idx_req[n] = c->wait[i];
+        c->wait_idx[i] = n;
+    }
+    pt_policy_limits lim = {.max_rows = c->max_rows,
+                            .max_prefill = c->o.max_prefill,
+                            .max_seqs = c->o.max_seqs,
+                            .page_size = c->e->kv.cfg.page_size,
+                            .free_pages = pt_kv_free_pages(&c->e->kv)};
+    pt_sched_plan(c->pr, c->run_idx, c->n_run, c->wait_idx, c->n_wait, &lim, &c->plan);
+}
+
+static void sample_outputs(pt_core *c, int n_items) {
+    size_t vocab = (size_t)c->e->model->cfg.vocab_size;
+    float *logits = c->runner.logits;
+    for (int i = 0; i < n_items; i++) {
+        int k = c->items[i].n_logits;
+        if (k == 0) continue;
+        req *r = c->item_req[i];
+        pt_sample_result s;
+        pt_sampler_sample(r->seq.sampler, logits + (size_t)(k - 1) * vocab, &s);
+        logits += (size_t)k * vocab;
+        on_sampled(c, r, &s);
+    }
+}
+
+int pt_core_step(pt_core *c) {
+    if (c->n_run + c->n_wait == 0) return 0;
+    double t0 = pt_now(), t1 = t0, t2 = t0;
+    make_plan(c);
+    pt_step_plan *p = &c->plan;
+    for (int i = 0; i < p->n_preempt; i++) preempt(c, c->idx_req[p->preempt[i]]);
+    for (int i = 0; i < p->n_admit; i++) admit(c, c->idx_req[p->admit[i]]);
+    for (int i = 0; i < p->n_items; i++) {
+        req *r = c->idx_req[p->items[i].req];
+        c->item_req[i] = r;
+        c->items[i] = (pt_run_item){&r->seq, p->items[i].n_rows, p->items[i].n_logits};
+    }
+    if (p->n_items > 0) {
+        pt_err err = {{0}};
+        int failed;
+        t1 = pt_now();
+        int rc = pt_runner_run(&c->runner, c->items, p->n_items, &failed, &err);
+        t2 = pt_now();
+        if (rc) {
+            pt_warn("engine: step failed: %s", err.msg);
+            for (int i = 0; i < p->n_items; i++)
+                if (failed < 0 || failed == i) finish(c, c->item_req[i], PT_FINISH_NONE, err.msg);
+        } else {
+            sample_outputs(c, p->n_items);
+        }
+    }
+    double t3 = pt_now();
+    sweep(c);
+    double t4 = pt_now();
+    c->timing.n_steps++;
+    c->timing.t_host += (t1 - t0) + (t4 - t3);
+    c->timing.t_forward += t2 - t1;
+    c->timing.t_sample += t3 - t2;
+    return c->n_run + c->n_wait;
+}
+
+/* ---- the public side ------------------------------------------------------------ */
+
+pt_core *pt_core_new(pt_engine *e, const pt_core_opts *o) {
+    pt_core *c = pt_xcalloc(1, sizeof *c);
+    c->e = e;
+    c->o = *o;
+    c->max_rows = e->model->max_batch;
+    if (c->o.max_seqs <= 0) c->o.max_seqs = 8;
+    if (c->o.max_seqs > c->max_rows) c->o.max_seqs = c->max_rows;
+    if (c->o.n_ctx <= 0 || c->o.n_ctx > e->n_ctx) c->o.n_ctx = e->n_ctx;
+    if (c->o.max_prefill <= 0) c->o.max_prefill = c->max_rows;
+    grow(c, 16);
+    pt_runner_init(&c->runner, e);
+    return c;
+}
+
+void pt_core_cancel_all(pt_core *c) {
+    for (int i = 0; i < c->n_run; i++) finish(c, c->run[i], PT_FINISH_CANCEL, NULL);
+    for (int i = 0; i < c->n_wait; i++) finish(c, c->wait[i], PT_FINISH_CANCEL, NULL);
+    sweep(c);
+}
+
+void pt_core_free(pt_core *c) {
+    if (!c) return;
+    pt_core_cancel_all(c);
+    free(c->run), free(c->wait), free(c->pr), free(c->run_idx), free(c->wait_idx);
+    free(c->idx_req), free(c->plan.items), free(c->plan.preempt), free(c->plan.admit);
+    free(c->plan.order), free(c->plan.gone);
+    free(c->items), free(c->item_req);
+    pt_runner_free(&c->runner);
+    free(c);
+}
+
+/* Positions a request may use: its context, and never more than the pool
+ * holds, so that alone it always fits. */
+static int room_for(const pt_core *c) {
+    const pt_kv_config *kc = &c->e->kv.cfg;
+    int64_t pool = (int64_t)kc->n_pages * kc->page_size;
+    return (int)PT_MIN((int64_t)c->o.n_ctx, pool);
+}
+
+int pt_core_check(const pt_core *c, const pt_sched_job *d, pt_err *err) {
+    int vocab = c->e->model->cfg.vocab_size, room = room_for(c);
+    if (d->n_prompt <= 0) return pt_fail(err, "empty prompt");
+    if (d->n_prompt >= c->o.n_ctx)
+        return pt_fail(err, "prompt of %d tokens does not fit the context of %d", d->n_prompt,
+                       c->o.n_ctx);
+    if (d->n_prompt >= room)
+        return pt_fail(err, "prompt of %d tokens does not fit the KV pool of %d positions "
+                            "(raise --kv-budget)", d->n_prompt, room);
+    for (int i = 0; i < d->n_prompt; i++)
+        if (d->prompt[i] < 0 || d->prompt[i] >= vocab)
+            return pt_fail(err, "prompt token %d (at position %d) is out of range (vocabulary %d)",
+                           d->prompt[i], i, vocab);
+    return 0;
+}
+
+void pt_core_add(pt_core *c, const pt_sched_job *d, uint64_t id) {
+    grow(c, c->n_run + c->n_wait + 1);
+    req *r = pt_xcalloc(1, sizeof *r);
+    r->id = id;
+    r->state = PT_REQ_WAITING;
+    r->d = *d;
+    r->prompt = pt_xmalloc(sizeof(int32_t) * (size_t)d->n_prompt);
+    memcpy(r->prompt, d->prompt, sizeof(int32_t) * (size_t)d->n_prompt);
+    r->d.prompt = r->prompt;
+    if (d->n_bias > 0) {
+        r->bias_ids = pt_xmalloc(sizeof(int32_t) * (size_t)d->n_bias);
+        r->bias_vals = pt_xmalloc(sizeof(float) * (size_t)d->n_bias);
+        memcpy(r->bias_ids, d->bias_ids, sizeof(int32_t) * (size_t)d->n_bias);
+        memcpy(r->bias_vals, d->bias_vals, sizeof(float) * (size_t)d->n_bias);
+    }
+    r->d.bias_ids = r->bias_ids;
+    r->d.bias_vals = r->bias_vals;
+    int left = room_for(c) - d->n_prompt;
+    r->max_new = d->params.max_tokens > 0 ? PT_MIN(d->params.max_tokens, left) : left;
+    r->t_submit = pt_now();
+    c->wait[c->n_wait++] = r;
+}
+
+bool pt_core_cancel(pt_core *c, uint64_t id) {
+    req **lists[2] = {c->run, c->wait};
+    int counts[2] = {c->n_run, c->n_wait};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < counts[l]; i++)
+            if (lists[l][i]->id == id && lists[l][i]->state != PT_REQ_FINISHED) {
+                finish(c, lists[l][i], PT_FINISH_CANCEL, NULL);
+                sweep(c);
+                return true;
+            }
+    return false;
+}
+
+static int count_live(req *const *list, int n) {
+    int k = 0;
+    for (int i = 0; i < n; i++) k += list[i]->state != PT_REQ_FINISHED;
+    return k;
+}
+
+void pt_core_counts(const pt_core *c, int *n_waiting, int *n_running) {
+    if (n_waiting) *n_waiting = count_live(c->wait, c->n_wait);
+    if (n_running) *n_running = count_live(c->run, c->n_run);
+}
+
+pt_core_timing pt_core_get_timing(const pt_core *c) {
+    return c->timing;
+}
+
+const pt_core_opts *pt_core_options(const pt_core *c) {
+    return &c->o;
+}
