@@ -4,9 +4,10 @@
  * q4_k, q5_k, q6_k.  Matrix-vector and matrix-matrix products, threaded, in
  * an AVX2 and a portable flavour, and row dequantization for embeddings.
  *
- * Numerics (docs/quantization.md): activations are quantized on the fly to
- * int16 in blocks of 32 elements, or of the group size for affine weights
- * (d = max|x| / 32767, q = rint(x / d)).  Every
+ * Numerics (docs/quantization.md): decode (and any call of fewer than
+ * PT_QK_I8_MIN_TOKENS tokens, and every call without AVX2) quantizes
+ * activations to int16 in blocks of 32 elements, or of the group size for
+ * affine weights (d = max|x| / 32767, q = rint(x / d)).  Every
  * product of a weight code and an activation code is then an exact integer
  * dot product over a block (vpmaddwd on AVX2); each block's sum is scaled
  * once in f32:
@@ -17,12 +18,17 @@
  * group's scale and bias; q4_k: d*sc and -dmin*m; ...).  The only error
  * beyond f32 rounding is the activation's rounding, at most d_x / 2 =
  * max|x| / 65534 per element: logits of whole models match an f32 forward
- * on the dequantized weights to about 1e-4 of their range.  (int8
- * activations, as llama.cpp uses, cost 1-3% of the logit range on our test
- * models; int16 costs one more instruction per 16 weights and token, and
- * decode is memory-bound either way.)  The AVX2 and portable kernels
- * compute the same integer sums; they differ only in the order of f32
- * additions.
+ * on the dequantized weights to about 1e-4 of their range.  The AVX2 and
+ * portable kernels compute the same integer sums; they differ only in the
+ * order of f32 additions.
+ *
+ * Prefill on AVX2 (quant_i8_avx2.c) quantizes activations to int8 instead
+ * (blocks of 32, d = max|x| / 127, as llama.cpp does): the same sum, 258x
+ * coarser rounding, 2-4x the speed.  Measured cost: 0.6-0.9% of the logit
+ * range on test_convert's 4-bit models (int16: < 0.1%), KL 5e-4 nats
+ * against int16 on a random TinyLlama-shape Q8_0 model, half what Q8_0
+ * weights cost against F16 there (docs/benchmarks.md).  PETREL_CPU_INT8=0
+ * (read when the backend is created) keeps prefill on int16.
  *
  * Use: keep a pt_qk_ctx per backend (it owns the activation scratch) and
  * call pt_qk_matmul for any weight whose dtype pt_qk_handles().
