@@ -5,11 +5,18 @@
  * Each subcommand declares its flags as a table of cli_opt rows (name,
  * value kind, where to store it, help text); parsing and --help come from
  * the table, so a flag is documented where it is defined.
+ *
+ * Numeric flags have ranges, looked up by flag name: the generation
+ * parameters in engine/gen_limits.h (the table the OpenAI server checks
+ * too), the rest in cli_common.c.  So a flag name means one thing in every
+ * command.  A value outside its range is an error naming the flag and the
+ * range, never clamped; --help prints each range.
  */
 #ifndef PETREL_CLI_H
 #define PETREL_CLI_H
 
 #include "engine/engine.h"
+#include "engine/gen_limits.h"
 
 enum cli_kind { CLI_FLAG, CLI_INT, CLI_FLOAT, CLI_STR, CLI_U64 };
 
@@ -29,9 +36,17 @@ typedef struct cli_opt {
 int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *tables,
               const char **pos, int max_pos, int *n_pos);
 
+/* The range of a flag (by its long name), or NULL if it has none. */
+const pt_gen_limit *cli_flag_range(const char *name);
+/* If x is outside l, prints "petrel: FLAG VALUE is out of range: it must be
+ * RANGE" (RANGE from l, then note if not NULL) and returns -1; else 0. */
+int cli_check_range(const char *flag, const char *value, double x, const pt_gen_limit *l,
+                    const char *note);
+
 /* Flags every model-using subcommand takes, and turning them into options. */
 typedef struct cli_model_args {
-    const char *model, *device, *kernels, *kv_type, *kv_quant, *kv_budget, *dummy_dtype;
+    const char *model, *device, *kernels, *kv_type, *kv_quant, *kv_budget, *prefix_cache,
+        *kv_disk, *kv_disk_size, *dummy_dtype;
     int threads, ctx, batch;
     uint64_t dummy_seed;
     bool verbose;

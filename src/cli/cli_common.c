@@ -2,6 +2,8 @@
  * cli_common.c - option tables, parsing, and opening the engine from flags.
  */
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -12,6 +14,30 @@
 #endif
 
 cli_model_args cli_margs;
+
+/* Ranges of the numeric flags that are not generation parameters (those
+ * are in engine/gen_limits.c).  0 is the default where a help line says so. */
+static const pt_gen_limit k_cli_limits[] = {
+    {"threads", "threads", 0, 4096, true},
+    {"ctx", "ctx", 0, INT_MAX, true},
+    {"batch", "batch", 0, 1 << 20, true},
+    {"gen", "gen", 1, 1 << 20, true},               /* bench */
+    {"reps", "reps", 1, 1000, true},                /* bench */
+    {"window", "window", 4, 1 << 20, true},         /* eval */
+    {"max-tokens", "max-tokens", 0, INT_MAX, true}, /* eval; 0 = all */
+};
+
+/* Flags that are another name of a flag with a range: {alias, flag}. */
+static const char *const k_aliases[][2] = {{"max-seqs", "parallel"}};
+
+const pt_gen_limit *cli_flag_range(const char *name) {
+    for (size_t i = 0; i < PT_ARRAY_LEN(k_aliases); i++)
+        if (strcmp(name, k_aliases[i][0]) == 0) name = k_aliases[i][1];
+    const pt_gen_limit *l = pt_gen_limit_of_flag(name);
+    for (size_t i = 0; !l && i < PT_ARRAY_LEN(k_cli_limits); i++)
+        if (strcmp(k_cli_limits[i].flag, name) == 0) l = &k_cli_limits[i];
+    return l;
+}
 
 const cli_opt cli_model_opts[] = {
     {"model", 'm', CLI_STR, &cli_margs.model, "PATH",
@@ -24,6 +50,9 @@ const cli_opt cli_model_opts[] = {
     {"kv-type", 0, CLI_STR, &cli_margs.kv_type, "T", "KV cache element type: f32, f16 (default), bf16"},
     {"kv-quant", 0, CLI_STR, &cli_margs.kv_quant, "Q", "KV cache codec: none (default), 8, 4 (affine), turbo[:k<bits>v<bits>][:anydim] (TurboQuant, k8v3)"},
     {"kv-budget", 0, CLI_STR, &cli_margs.kv_budget, "SIZE", "KV pool size: bytes (6G, 512M) or a percentage of free memory (80%); requests grow into it and are preempted when it is full (default: --ctx positions, x --parallel for serve)"},
+    {"prefix-cache", 0, CLI_STR, &cli_margs.prefix_cache, "on|off", "reuse the KV pages of identical prompt prefixes across requests (default on)"},
+    {"kv-disk", 0, CLI_STR, &cli_margs.kv_disk, "DIR", "keep the prefix cache's pages on disk too: evicted ones, and all at exit; a restart on the same model reuses them"},
+    {"kv-disk-size", 0, CLI_STR, &cli_margs.kv_disk_size, "SIZE", "most bytes --kv-disk may hold, least recently used go first (default: 8G or half the free space)"},
     {"dummy-dtype", 0, CLI_STR, &cli_margs.dummy_dtype, "T", "weights of dummy models: bf16, f16, f32, q8_0, q4_0, q4_k, q5_k, q6_k, affineB[gG]"},
     {"dummy-seed", 0, CLI_U64, &cli_margs.dummy_seed, "S", "seed of dummy weights"},
     {"verbose", 'v', CLI_FLAG, &cli_margs.verbose, NULL, "log more"},
@@ -49,7 +78,13 @@ static void print_help(const char *usage, const cli_opt *const *tables) {
             snprintf(left, sizeof left, "%s%c%s--%s %s", o->short_name ? "-" : "",
                      o->short_name ? o->short_name : ' ', o->short_name ? ", " : "  ", o->name,
                      o->arg ? o->arg : "");
-            printf("  %-28s %s\n", left + (o->short_name ? 0 : 1), o->help);
+            char range[64] = "";
+            const pt_gen_limit *l = cli_flag_range(o->name);
+            if (l) {
+                char r[48];
+                snprintf(range, sizeof range, " [%s]", pt_gen_range_text(l, r, sizeof r));
+            }
+            printf("  %-28s %s%s\n", left + (o->short_name ? 0 : 1), o->help, range);
         }
     printf("  %-28s %s\n", "-h, --help", "show this help");
 }
@@ -61,13 +96,34 @@ static const cli_opt *find_opt(const cli_opt *const *tables, const char *name, c
     return NULL;
 }
 
+/* The flag as a user may have typed it: "-n/--n-predict" or "--temp". */
+static const char *flag_name(const cli_opt *o, char *buf, size_t cap) {
+    if (o->short_name)
+        snprintf(buf, cap, "-%c/--%s", o->short_name, o->name);
+    else
+        snprintf(buf, cap, "--%s", o->name);
+    return buf;
+}
+
+int cli_check_range(const char *flag, const char *value, double x, const pt_gen_limit *l,
+                    const char *note) {
+    if (pt_gen_in_range(l, x)) return 0;
+    char r[64];
+    fprintf(stderr, "petrel: %s %s is out of range: it must be %s%s%s\n", flag, value,
+            pt_gen_range_text(l, r, sizeof r), note ? " " : "", note ? note : "");
+    return -1;
+}
+
 static int set_value(const cli_opt *o, const char *v) {
-    char *end;
+    char *end, flag[80];
+    flag_name(o, flag, sizeof flag);
+    const pt_gen_limit *range = cli_flag_range(o->name);
     errno = 0;
     switch (o->kind) {
     case CLI_INT: {
         long x = strtol(v, &end, 10);
-        if (*end || errno || x < -2147483647 || x > 2147483647) break;
+        if (*end || errno || end == v || x < -2147483647 || x > 2147483647) break;
+        if (range && cli_check_range(flag, v, (double)x, range, NULL)) return -1;
         *(int *)o->dst = (int)x;
         return 0;
     }
@@ -78,14 +134,18 @@ static int set_value(const cli_opt *o, const char *v) {
         return 0;
     }
     case CLI_FLOAT: {
-        float x = strtof(v, &end);
-        if (*end || errno) break;
-        *(float *)o->dst = x;
+        /* checked as typed, before rounding to float (0.01f < 0.01); strtod
+         * takes "nan" and "inf", which the range check refuses */
+        double x = strtod(v, &end);
+        if (*end || end == v || (errno && !range)) break;
+        if (range && cli_check_range(flag, v, x, range, NULL)) return -1;
+        if (errno || (isfinite(x) && !isfinite((float)x))) break; /* beyond a float */
+        *(float *)o->dst = (float)x;
         return 0;
     }
     case CLI_STR: *(const char **)o->dst = v; return 0;
     }
-    fprintf(stderr, "petrel: --%s: '%s' is not a valid %s\n", o->name, v,
+    fprintf(stderr, "petrel: %s: '%s' is not a valid %s\n", flag, v,
             o->kind == CLI_FLOAT ? "number" : "integer");
     return -1;
 }
@@ -155,6 +215,9 @@ int cli_open_engine(pt_engine **e) {
                         .max_batch = a->batch,
                         .kv_quant = a->kv_quant,
                         .kv_budget = a->kv_budget,
+                        .kv_disk = a->kv_disk,
+                        .kv_disk_size = a->kv_disk_size,
+                        .no_prefix_cache = a->prefix_cache && strcmp(a->prefix_cache, "off") == 0,
                         .no_tokenizer = a->no_tokenizer,
                         .dummy_dtype = a->dummy_dtype,
                         .dummy_seed = a->dummy_seed};
@@ -164,6 +227,10 @@ int cli_open_engine(pt_engine **e) {
         return -1;
     }
     o.kv_dtype = (pt_dtype)kt;
+    if (a->prefix_cache && strcmp(a->prefix_cache, "on") && strcmp(a->prefix_cache, "off")) {
+        fprintf(stderr, "petrel: --prefix-cache takes on or off, not '%s'\n", a->prefix_cache);
+        return -1;
+    }
     pt_err err = {{0}};
     if (pt_engine_open(e, &o, &err)) {
         fprintf(stderr, "petrel: %s\n", err.msg);

@@ -1,6 +1,9 @@
 /*
- * cmd_eval.c - `petrel eval ppl MODEL TEXT` and
- * `petrel eval kl MODEL_A MODEL_B TEXT`: quality numbers with progress.
+ * cmd_eval.c - `petrel eval ppl [MODEL] TEXT` and
+ * `petrel eval kl [MODEL_A] MODEL_B TEXT`: quality numbers with progress.
+ *
+ * The model (model A of kl) is given with -m like every other command, or
+ * positionally as it always could be; neither means the default model.
  *
  * With --ids, TEXT is a file of whitespace-separated token ids instead of
  * text: models without a tokenizer (Hugging Face fixtures, dummy weights)
@@ -20,10 +23,13 @@ static struct {
 
 static const cli_opt eval_opts[] = {
     {"window", 'w', CLI_INT, &ev.window, "N", "tokens per window; stride is half (default 512)"},
-    {"max-tokens", 0, CLI_INT, &ev.max_tokens, "N", "score at most the first N tokens of TEXT"},
+    {"max-tokens", 0, CLI_INT, &ev.max_tokens, "N",
+     "score at most the first N tokens of TEXT; 0 = all"},
     {"b-kv-type", 0, CLI_STR, &ev.b_kv_type, "T", "kl: KV cache type of model B (default: as A)"},
-    {"b-kv-quant", 0, CLI_STR, &ev.b_kv_quant, "Q", "kl: KV cache codec of model B (default: as A)"},
-    {"ids", 0, CLI_FLAG, &ev.ids, NULL, "TEXTFILE holds token ids (whitespace-separated), not text"},
+    {"b-kv-quant", 0, CLI_STR, &ev.b_kv_quant, "Q",
+     "kl: KV cache codec of model B (default: as A)"},
+    {"ids", 0, CLI_FLAG, &ev.ids, NULL,
+     "TEXTFILE holds token ids (whitespace-separated), not text"},
     {"json", 'o', CLI_STR, &ev.json, "FILE", "also write the result as JSON"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
@@ -75,26 +81,42 @@ int cmd_eval(int argc, char **argv) {
     memset(&ev, 0, sizeof ev);
     ev.window = 512;
     const cli_opt *tables[] = {eval_opts, cli_model_opts, NULL};
-    const char *pos[4];
+    const char *pos[4], *default_model = cli_margs.model;
     int n_pos;
+    cli_margs.model = NULL; /* to tell -m MODEL from no model flag at all */
     int rc = cli_parse(argc, argv,
-                       "petrel eval ppl [options] MODEL TEXTFILE\n"
-                       "       petrel eval kl [options] MODEL_A MODEL_B TEXTFILE",
+                       "petrel eval ppl [options] [MODEL] TEXTFILE\n"
+                       "       petrel eval kl [options] [MODEL_A] MODEL_B TEXTFILE\n\n"
+                       "MODEL (or MODEL_A) is given with -m or in its place here; with neither,\n"
+                       "the default model (see -m).",
                        tables, pos, 4, &n_pos);
     if (rc) return rc < 0 ? 2 : 0;
-    bool kl = n_pos == 4 && strcmp(pos[0], "kl") == 0;
-    if (!kl && !(n_pos == 3 && strcmp(pos[0], "ppl") == 0)) {
-        fprintf(stderr, "petrel eval: expected `ppl MODEL TEXTFILE` or `kl MODEL_A MODEL_B "
+    bool kl = n_pos >= 1 && strcmp(pos[0], "kl") == 0;
+    int want = kl ? 3 : 2; /* positionals besides the model: mode, [MODEL_B], TEXTFILE */
+    if ((!kl && !(n_pos >= 1 && strcmp(pos[0], "ppl") == 0)) || n_pos < want || n_pos > want + 1) {
+        fprintf(stderr, "petrel eval: expected `ppl [MODEL] TEXTFILE` or `kl [MODEL_A] MODEL_B "
                         "TEXTFILE` (see --help)\n");
         return 2;
     }
+    if (n_pos == want + 1) { /* the model positionally */
+        if (cli_margs.model) {
+            fprintf(stderr, "petrel eval: the model is given twice (-m %s and %s): give one\n",
+                    cli_margs.model, pos[1]);
+            return 2;
+        }
+        cli_margs.model = pos[1];
+        for (int i = 1; i < n_pos - 1; i++)
+            pos[i] = pos[i + 1];
+        n_pos--;
+    }
+    if (!cli_margs.model) cli_margs.model = default_model;
+    /* now pos is: mode, [MODEL_B,] TEXTFILE */
     if (cli_margs.ctx < ev.window) cli_margs.ctx = ev.window;
     cli_margs.no_tokenizer = ev.ids;
     pt_engine *a = NULL, *b = NULL;
-    cli_margs.model = pos[1];
     if (cli_open_engine(&a)) return 1;
     if (kl) {
-        cli_margs.model = pos[2];
+        cli_margs.model = pos[1];
         if (ev.b_kv_type) cli_margs.kv_type = ev.b_kv_type;
         if (ev.b_kv_quant) cli_margs.kv_quant = ev.b_kv_quant;
         if (cli_open_engine(&b)) {
@@ -111,7 +133,7 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "petrel eval: model A has no tokenizer (give token ids with --ids)\n");
         goto out;
     }
-    if (tokenize_file(a, pos[kl ? 3 : 2], &ids, &n)) goto out;
+    if (tokenize_file(a, pos[kl ? 2 : 1], &ids, &n)) goto out;
     fprintf(stderr, "petrel eval: %zu tokens, window %d\n", n, ev.window);
     if (kl ? pt_eval_kl(a, b, ids, (int)n, ev.window, progress, NULL, &r, &err)
            : pt_eval_ppl(a, ids, (int)n, ev.window, progress, NULL, &r, &err)) {

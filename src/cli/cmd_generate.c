@@ -15,12 +15,16 @@ static struct {
     bool seed_set, no_bos, ignore_eos, special, no_echo;
 } g;
 
+/* The sampling flags take the ranges the server takes: cli_parse looks
+ * each up by name in engine/gen_limits.h. */
 static const cli_opt gen_opts[] = {
-    {"n-predict", 'n', CLI_INT, &g.n, "N", "tokens to generate (default 128)"},
+    {"n-predict", 'n', CLI_INT, &g.n, "N",
+     "tokens to generate; end of text or a full context stops earlier (default 128)"},
     {"temp", 0, CLI_FLOAT, &g.temp, "T", "temperature; 0 = greedy (default 0.8)"},
     {"top-k", 0, CLI_INT, &g.top_k, "K", "keep the K most likely tokens; 0 = off (default 40)"},
     {"top-p", 0, CLI_FLOAT, &g.top_p, "P", "nucleus sampling; 1 = off (default 0.95)"},
-    {"min-p", 0, CLI_FLOAT, &g.min_p, "P", "drop tokens below P x the best; 0 = off (default 0.05)"},
+    {"min-p", 0, CLI_FLOAT, &g.min_p, "P",
+     "drop tokens below P x the best; 0 = off (default 0.05)"},
     {"repeat-penalty", 0, CLI_FLOAT, &g.rep, "R", "repetition penalty; 1 = off (default 1)"},
     {"frequency-penalty", 0, CLI_FLOAT, &g.freq, "F", "OpenAI frequency penalty (default 0)"},
     {"presence-penalty", 0, CLI_FLOAT, &g.pres, "P", "OpenAI presence penalty (default 0)"},
@@ -33,6 +37,8 @@ static const cli_opt gen_opts[] = {
     {NULL, 0, 0, NULL, NULL, NULL},
 };
 
+/* All of stdin.  A prompt is text: a NUL byte in it is refused rather
+ * than letting the C strings downstream cut the prompt there. */
 static char *read_stdin(void) {
     size_t cap = 4096, len = 0;
     char *buf = pt_xmalloc(cap);
@@ -42,6 +48,15 @@ static char *read_stdin(void) {
         if (cap - len < 2) buf = pt_xrealloc(buf, cap *= 2);
     }
     buf[len] = 0;
+    const char *nul = memchr(buf, 0, len);
+    if (nul) {
+        fprintf(stderr,
+                "petrel: the prompt read from stdin has a NUL byte at offset %zu (of %zu "
+                "bytes); a prompt must be text\n",
+                (size_t)(nul - buf), len);
+        free(buf);
+        return NULL;
+    }
     return buf;
 }
 
@@ -77,6 +92,7 @@ int cmd_generate(int argc, char **argv) {
     char *prompt;
     if (n_pos == 0 || (n_pos == 1 && strcmp(pos[0], "-") == 0)) {
         prompt = read_stdin();
+        if (!prompt) return 2;
     } else { /* words joined by spaces, as a shell user expects */
         size_t len = 1;
         for (int i = 0; i < n_pos; i++) len += strlen(pos[i]) + 1;
@@ -120,7 +136,7 @@ int cmd_generate(int argc, char **argv) {
     p.sampling.frequency_penalty = g.freq;
     p.sampling.presence_penalty = g.pres;
     p.sampling.seed = g.seed;
-    p.sampling.n_logprobs = g.logprobs < 0 ? -1 : PT_MIN(g.logprobs, 20);
+    p.sampling.n_logprobs = g.logprobs; /* -1 unless given; given is 0..20 */
     if (!g.no_echo) {
         fputs(prompt, stdout);
         fflush(stdout);

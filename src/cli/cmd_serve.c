@@ -3,6 +3,7 @@
  *
  * Flags go into pt_server_opts; src/server/ does the rest (docs/server.md).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,7 +12,9 @@
 
 static struct {
     const char *host, *api_key, *model_name, *chat_template, *port_file;
+    const char *allowed_hosts, *cors_origin;
     int port, parallel, max_queue, prefill, idle_timeout, shutdown_timeout;
+    int header_timeout, min_body_rate, max_conns;
     uint64_t max_body;
     bool quiet;
 } g;
@@ -23,7 +26,7 @@ static const cli_opt serve_opts[] = {
     {"api-key", 0, CLI_STR, &g.api_key, "KEY",
      "require 'Authorization: Bearer KEY' on /v1/* (default: $PETREL_API_KEY, else none)"},
     {"parallel", 'P', CLI_INT, &g.parallel, "N",
-     "sequences decoded together, continuous batching (default 8)"},
+     "sequences decoded together, continuous batching; at most --batch (default 8)"},
     {"max-seqs", 0, CLI_INT, &g.parallel, "N", "the same as --parallel"},
     {"max-queue", 0, CLI_INT, &g.max_queue, "N",
      "requests that may wait for a slot before 503 (default 1024)"},
@@ -37,6 +40,17 @@ static const cli_opt serve_opts[] = {
      "Jinja chat template to use instead of the model's"},
     {"idle-timeout", 0, CLI_INT, &g.idle_timeout, "S",
      "close idle or stalled connections after S seconds (default 60)"},
+    {"header-timeout", 0, CLI_INT, &g.header_timeout, "S",
+     "a request head must arrive within S seconds of its start, else 408 (default 10)"},
+    {"min-body-rate", 0, CLI_INT, &g.min_body_rate, "B",
+     "a request body must arrive at B bytes/s or more, over each --header-timeout window, "
+     "else 408 (default 1024; 0 = no minimum)"},
+    {"max-connections", 0, CLI_INT, &g.max_conns, "N",
+     "open connections before new ones wait (default: what ulimit -n leaves)"},
+    {"allowed-hosts", 0, CLI_STR, &g.allowed_hosts, "H,..",
+     "Host names served besides localhost ones (DNS-rebinding guard; * = any)"},
+    {"cors-origin", 0, CLI_STR, &g.cors_origin, "O,..",
+     "web origins (http://host:port) allowed to call the API from a browser (* = any)"},
     {"shutdown-timeout", 0, CLI_INT, &g.shutdown_timeout, "S",
      "on SIGINT/SIGTERM, let requests finish for up to S seconds, then cancel (default 10)"},
     {"port-file", 0, CLI_STR, &g.port_file, "PATH", "write the bound port to PATH once listening"},
@@ -48,6 +62,7 @@ int cmd_serve(int argc, char **argv) {
     cli_model_defaults();
     memset(&g, 0, sizeof g);
     g.port = 8080, g.shutdown_timeout = 10, g.max_body = 8u << 20;
+    g.min_body_rate = INT_MIN; /* not given: 0 there means "no minimum" */
     const cli_opt *tables[] = {serve_opts, cli_model_opts, NULL};
     const char *pos[1];
     int n_pos;
@@ -63,8 +78,41 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "petrel: --port %d is not a TCP port\n", g.port);
         return 2;
     }
-    if (!g.api_key && getenv("PETREL_API_KEY") && *getenv("PETREL_API_KEY"))
-        g.api_key = getenv("PETREL_API_KEY");
+    /* an empty key would mean "no auth" while looking like a key: with
+     * --api-key "$KEY" and KEY unset, that is a silent open server */
+    if (g.api_key && !*g.api_key) {
+        fprintf(stderr, "petrel serve: --api-key is empty (an unset variable?); give a key, or "
+                        "leave the flag out to serve without one\n");
+        return 2;
+    }
+    const char *env_key = getenv("PETREL_API_KEY");
+    if (!g.api_key && env_key) {
+        if (!*env_key) {
+            fprintf(stderr, "petrel serve: PETREL_API_KEY is set but empty; set it to a key, or "
+                            "unset it to serve without one\n");
+            return 2;
+        }
+        g.api_key = env_key;
+    }
+    if (g.header_timeout < 0 || (g.min_body_rate < 0 && g.min_body_rate != INT_MIN) ||
+        g.max_conns < 0) {
+        fprintf(stderr, "petrel serve: --header-timeout, --min-body-rate and --max-connections "
+                        "take positive numbers (--min-body-rate 0: no minimum)\n");
+        return 2;
+    }
+    /* Each running sequence takes one row of every decode batch, so the
+     * table's range narrows to --batch; an explicit --parallel above it is
+     * an error rather than silently lowered. */
+    int batch = cli_margs.batch > 0 ? cli_margs.batch : 512;
+    if (g.parallel > batch) {
+        pt_gen_limit l = pt_gen_limits[PT_GP_PARALLEL];
+        l.hi = batch;
+        char v[16], note[64];
+        snprintf(v, sizeof v, "%d", g.parallel);
+        snprintf(note, sizeof note, "(--batch is %d: raise it for more)", batch);
+        cli_check_range("-P/--parallel (--max-seqs)", v, g.parallel, &l, note);
+        return 2;
+    }
 
     pt_engine *e;
     if (cli_open_engine(&e)) return 1;
@@ -81,6 +129,13 @@ int cmd_serve(int argc, char **argv) {
                         .model_id = g.model_name ? g.model_name : model_id,
                         .chat_template = g.chat_template,
                         .idle_timeout = g.idle_timeout,
+                        .header_timeout = g.header_timeout,
+                        .min_body_rate = g.min_body_rate == INT_MIN ? 0  /* default */
+                                         : g.min_body_rate == 0     ? -1 /* none */
+                                                                    : g.min_body_rate,
+                        .max_conns = g.max_conns,
+                        .allowed_hosts = g.allowed_hosts,
+                        .cors_origins = g.cors_origin,
                         .shutdown_timeout = g.shutdown_timeout,
                         .port_file = g.port_file,
                         .quiet = g.quiet};

@@ -24,6 +24,10 @@ typedef struct req {
     bool started; /* seq initialized and the prompt pushed (at first admission) */
     pt_seq seq;
     int n_generated, n_preempted;
+    int n_cached; /* prompt positions reused from the prefix cache at first admission */
+    uint64_t *hashes; /* keys of the sequence's full pages, in order */
+    int n_hashed, cap_hashes;
+    int n_published; /* leading pages of its table that carry their key */
     double t_submit, t_admit, t_first, t_last;
 } req;
 
@@ -37,6 +41,7 @@ struct pt_core {
     pt_policy_req *pr;
     int *run_idx, *wait_idx;
     req **idx_req; /* policy index -> request */
+    int *cached_pages; /* policy index -> cached pages a waiting request starts with */
     pt_step_plan plan;
     pt_run_item *items;
     req **item_req;
@@ -56,6 +61,7 @@ static void grow(pt_core *c, int need) {
     c->run_idx = pt_xrealloc(c->run_idx, sizeof(int) * n);
     c->wait_idx = pt_xrealloc(c->wait_idx, sizeof(int) * n);
     c->idx_req = pt_xrealloc(c->idx_req, sizeof(req *) * n);
+    c->cached_pages = pt_xrealloc(c->cached_pages, sizeof(int) * n);
     c->plan.items = pt_xrealloc(c->plan.items, sizeof *c->plan.items * n);
     c->plan.preempt = pt_xrealloc(c->plan.preempt, sizeof(int) * n);
     c->plan.admit = pt_xrealloc(c->plan.admit, sizeof(int) * n);
@@ -87,6 +93,7 @@ static void sweep(pt_core *c) {
                 continue;
             }
             free(r->prompt), free(r->bias_ids), free(r->bias_vals);
+            free(r->hashes);
             free(r);
         }
         *counts[l] = k;
@@ -102,6 +109,7 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
     st.n_prompt = r->d.n_prompt;
     st.n_generated = r->n_generated;
     st.n_preempted = r->n_preempted;
+    st.n_cached = r->n_cached;
     st.finish = reason;
     st.t_queue = (r->t_admit > 0 ? r->t_admit : pt_now()) - r->t_submit;
     if (r->n_generated > 0) {
@@ -119,7 +127,8 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
 /* RUNNING -> PREEMPTED: pages back, tokens and sampler kept, to the front
  * of the queue. */
 static void preempt(pt_core *c, req *r) {
-    pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, 0);
+    pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, 0); /* its keyed pages stay cached */
+    r->n_published = 0;
     r->state = PT_REQ_PREEMPTED;
     r->n_preempted++;
     list_remove(c->run, &c->n_run, r);
@@ -128,16 +137,96 @@ static void preempt(pt_core *c, req *r) {
     c->n_wait++;
 }
 
-/* WAITING / PREEMPTED -> RUNNING. */
-static void admit(pt_core *c, req *r) {
+/* ---- the prefix cache ---------------------------------------------------------- */
+
+/* The key of r's full page b (the ones before it are known). */
+static uint64_t page_key(pt_core *c, req *r, int b) {
+    int ps = c->e->kv.cfg.page_size;
+    if (b == r->cap_hashes) {
+        r->cap_hashes = r->cap_hashes ? 2 * r->cap_hashes : 16;
+        r->hashes = pt_xrealloc(r->hashes, sizeof(uint64_t) * (size_t)r->cap_hashes);
+    }
+    if (b == r->n_hashed) {
+        const int32_t *toks = r->started ? r->seq.tokens : r->prompt;
+        uint64_t parent = b ? r->hashes[b - 1] : 0;
+        r->hashes[r->n_hashed++] = pt_block_hash(parent, toks + (size_t)b * ps, ps, c->e->cache_salt);
+    }
+    return r->hashes[b];
+}
+
+/* How many of r's leading full pages the pool holds (never the page of
+ * its last token: at least one row is computed, so the step has logits),
+ * and how many of those are free (reviving them takes from the free
+ * count).  Looks only; a request with pages of its own probes nothing. */
+static int probe_prefix(pt_core *c, req *r, int *n_revive) {
+    pt_kv_cache *kv = &c->e->kv;
+    int n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
+    int ps = kv->cfg.page_size, max_pages = (n_tokens - 1) / ps, b = 0;
+    *n_revive = 0;
+    if (!c->e->prefix_cache || (r->started && r->seq.kv.n_pages > 0)) return 0;
+    for (; b < max_pages; b++) {
+        uint64_t key = page_key(c, r, b);
+        int32_t id = pt_block_lookup(&kv->pool, key);
+        if (id >= 0)
+            *n_revive += pt_block_refs(&kv->pool, id) == 0;
+        else if (kv->disk && pt_disk_has(kv->disk, key))
+            (*n_revive)++; /* read back into a free page */
+        else
+            break;
+    }
+    return b;
+}
+
+/* Takes the first n_pages of r's keys, as probe_prefix found them in this
+ * step: from the pool, or read back from the disk tier.  A page that is no
+ * longer there (another admission in this step evicted it) or fails its
+ * checksum ends the run early; the step then computes those positions,
+ * which costs the same free pages. */
+static void reuse_prefix(pt_core *c, req *r, int n_pages) {
+    pt_kv_cache *kv = &c->e->kv;
+    pt_kv_seq *s = &r->seq.kv;
+    if (n_pages > s->cap) {
+        s->cap = n_pages;
+        s->pages = pt_xrealloc(s->pages, sizeof(int32_t) * (size_t)s->cap);
+    }
+    int b = 0;
+    for (; b < n_pages; b++) {
+        int32_t id = pt_block_lookup(&kv->pool, r->hashes[b]);
+        if (id >= 0)
+            pt_block_ref(&kv->pool, id);
+        else if ((id = pt_kv_restore_page(kv, r->hashes[b])) < 0)
+            break;
+        s->pages[s->n_pages++] = id;
+    }
+    s->n_tokens = b * kv->cfg.page_size;
+    r->n_published = b;
+}
+
+/* Gives r's newly full pages their keys, so later requests find them. */
+static void publish_pages(pt_core *c, req *r) {
+    pt_kv_cache *kv = &c->e->kv;
+    int ps = kv->cfg.page_size;
+    if (!c->e->prefix_cache) return;
+    for (; (r->n_published + 1) * ps <= r->seq.kv.n_tokens; r->n_published++)
+        pt_block_set_hash(&kv->pool, r->seq.kv.pages[r->n_published], page_key(c, r, r->n_published));
+}
+
+/* WAITING / PREEMPTED -> RUNNING, starting past the n_cached_pages the
+ * plan counted on. */
+static void admit(pt_core *c, req *r, int n_cached_pages) {
     if (!r->started) {
         pt_seq_init(&r->seq, c->e, &r->d.params.sampling);
         if (r->d.n_bias) pt_sampler_set_bias(r->seq.sampler, r->bias_ids, r->bias_vals, r->d.n_bias);
         for (int i = 0; i < r->d.n_prompt; i++) pt_seq_push(&r->seq, r->prompt[i]);
+        if (r->d.add_procs) r->d.add_procs(r->d.proc_arg, r->seq.sampler);
         r->seq.n_prompt = r->d.n_prompt;
         r->started = true;
     }
-    if (r->t_admit == 0) r->t_admit = pt_now();
+    reuse_prefix(c, r, n_cached_pages);
+    if (r->t_admit == 0) {
+        r->t_admit = pt_now();
+        r->n_cached = PT_MIN(r->seq.kv.n_tokens, r->d.n_prompt);
+    }
     r->state = PT_REQ_RUNNING;
     list_remove(c->wait, &c->n_wait, r);
     c->run[c->n_run++] = r;
@@ -176,6 +265,17 @@ static void describe(pt_core *c, pt_policy_req *p, const req *r) {
     p->n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
     p->n_spec = 0;
     p->pages_held = r->started ? r->seq.kv.n_pages : 0;
+    p->pages_own = p->pages_revive = 0;
+    for (int i = 0; i < p->pages_held; i++)
+        p->pages_own += pt_block_refs(&c->e->kv.pool, r->seq.kv.pages[i]) == 1;
+}
+
+/* A waiting request as it would start: past its cached pages. */
+static void describe_waiting(pt_core *c, pt_policy_req *p, req *r, int *n_cached_pages) {
+    describe(c, p, r);
+    *n_cached_pages = probe_prefix(c, r, &p->pages_revive);
+    p->n_computed = *n_cached_pages * c->e->kv.cfg.page_size;
+    p->pages_held = *n_cached_pages;
 }
 
 static void make_plan(pt_core *c) {
@@ -185,8 +285,10 @@ static void make_plan(pt_core *c) {
         c->idx_req[n] = c->run[i];
         c->run_idx[i] = n;
     }
-    for (int i = 0; i < c->n_wait; i++, n++) {
-        describe(c, &c->pr[n], c->wait[i]);
+    /* only the queue's head can start this step: max_seqs bounds it */
+    int n_wait = PT_MIN(c->n_wait, PT_MAX(0, c->o.max_seqs - c->n_run));
+    for (int i = 0; i < n_wait; i++, n++) {
+        describe_waiting(c, &c->pr[n], c->wait[i], &c->cached_pages[n]);
         c->idx_req[n] = c->wait[i];
         c->wait_idx[i] = n;
     }
@@ -195,7 +297,7 @@ static void make_plan(pt_core *c) {
                             .max_seqs = c->o.max_seqs,
                             .page_size = c->e->kv.cfg.page_size,
                             .free_pages = pt_kv_free_pages(&c->e->kv)};
-    pt_sched_plan(c->pr, c->run_idx, c->n_run, c->wait_idx, c->n_wait, &lim, &c->plan);
+    pt_sched_plan(c->pr, c->run_idx, c->n_run, c->wait_idx, n_wait, &lim, &c->plan);
 }
 
 static void sample_outputs(pt_core *c, int n_items) {
@@ -218,11 +320,13 @@ int pt_core_step(pt_core *c) {
     make_plan(c);
     pt_step_plan *p = &c->plan;
     for (int i = 0; i < p->n_preempt; i++) preempt(c, c->idx_req[p->preempt[i]]);
-    for (int i = 0; i < p->n_admit; i++) admit(c, c->idx_req[p->admit[i]]);
     for (int i = 0; i < p->n_items; i++) {
-        req *r = c->idx_req[p->items[i].req];
+        const pt_step_item *it = &p->items[i];
+        req *r = c->idx_req[it->req];
+        int end = c->pr[it->req].n_computed + it->n_rows; /* as planned */
+        if (r->state != PT_REQ_RUNNING) admit(c, r, c->cached_pages[it->req]);
         c->item_req[i] = r;
-        c->items[i] = (pt_run_item){&r->seq, p->items[i].n_rows, p->items[i].n_logits};
+        c->items[i] = (pt_run_item){&r->seq, end - r->seq.kv.n_tokens, it->n_logits};
     }
     if (p->n_items > 0) {
         pt_err err = {{0}};
@@ -235,6 +339,7 @@ int pt_core_step(pt_core *c) {
             for (int i = 0; i < p->n_items; i++)
                 if (failed < 0 || failed == i) finish(c, c->item_req[i], PT_FINISH_NONE, err.msg);
         } else {
+            for (int i = 0; i < p->n_items; i++) publish_pages(c, c->item_req[i]);
             sample_outputs(c, p->n_items);
         }
     }
@@ -274,7 +379,7 @@ void pt_core_free(pt_core *c) {
     if (!c) return;
     pt_core_cancel_all(c);
     free(c->run), free(c->wait), free(c->pr), free(c->run_idx), free(c->wait_idx);
-    free(c->idx_req), free(c->plan.items), free(c->plan.preempt), free(c->plan.admit);
+    free(c->idx_req), free(c->cached_pages), free(c->plan.items), free(c->plan.preempt), free(c->plan.admit);
     free(c->plan.order), free(c->plan.gone);
     free(c->items), free(c->item_req);
     pt_runner_free(&c->runner);

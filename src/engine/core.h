@@ -63,6 +63,13 @@ typedef struct pt_sched_job {
     pt_sched_token_fn on_token;
     pt_sched_done_fn on_done;
     void *user;
+    /* Extra logits processors (grammar masks...): called on the engine's
+     * thread when the request first starts, after the prompt is in the
+     * sampler's history, to append processors with pt_sampler_add_proc
+     * (applied after the bias and penalties; they see generated tokens
+     * only).  proc_arg must live until on_done.  NULL: none. */
+    void (*add_procs)(void *proc_arg, pt_sampler *s);
+    void *proc_arg;
 } pt_sched_job;
 
 typedef struct pt_core_opts {

@@ -26,6 +26,9 @@ typedef struct pt_engine_opts {
     pt_dtype kv_dtype;   /* PT_F32, PT_F16, PT_BF16 */
     const char *kv_quant; /* --kv-quant: NULL/"none", "8", "4", "turbo[:k<b>v<b>]" */
     bool no_tokenizer;    /* do not load one (callers that feed token ids) */
+    bool no_prefix_cache; /* --prefix-cache off: never reuse KV pages across requests */
+    const char *kv_disk;      /* --kv-disk DIR: the prefix cache's disk tier, or NULL */
+    const char *kv_disk_size; /* --kv-disk-size SIZE (default: 8G or half the free space) */
     int max_batch;       /* rows per forward; 0: 512 */
     const char *dummy_dtype;
     uint64_t dummy_seed;
@@ -40,6 +43,9 @@ typedef struct pt_engine {
     pt_kvq_spec kv_quant;
     int n_ctx;
     bool kv_budgeted; /* the pool was sized by --kv-budget, not by n_ctx */
+    bool prefix_cache;   /* reuse full KV pages by content (core.c) */
+    pt_disk *disk;       /* --kv-disk, or NULL */
+    uint64_t cache_salt; /* everything besides tokens that decides a page's bytes */
     struct pt_runner *runner; /* for pt_seq_prefill / pt_seq_decode */
     double load_seconds;
 } pt_engine;
@@ -69,6 +75,7 @@ typedef struct pt_gen_params {
 
 typedef struct pt_gen_stats {
     int n_prompt, n_generated;
+    int n_cached; /* prompt positions reused from the prefix cache */
     double t_prefill, t_decode; /* seconds */
     double ttft;                /* prompt in -> first token out, seconds */
     int finish;                 /* enum pt_finish */
@@ -97,5 +104,11 @@ int pt_parse_budget(const char *s, size_t free_bytes, size_t *out, pt_err *err);
 /* (Re)builds the KV pool for n_positions in the engine's format (dtype and
  * --kv-quant codec); the pool must hold no sequences. */
 int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err);
+
+/* The salt of every KV page key: a fingerprint of the weights (tensor
+ * names, types, shapes and samples of their bytes, or the dummy seed and
+ * format), the configuration (rope included), the KV format and the page
+ * size.  Two engines share cached pages only if their salts are equal. */
+uint64_t pt_engine_cache_salt(const pt_engine *e, const char *dummy_dtype, uint64_t dummy_seed);
 
 #endif

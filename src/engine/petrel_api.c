@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "engine/engine.h"
+#include "engine/gen_limits.h"
 #include "petrel/petrel.h"
 
 struct petrel_model {
@@ -68,12 +69,6 @@ int petrel_generate(petrel_model *m, const char *prompt, const petrel_params *p,
         copy_err(err, err_cap, "this model has no tokenizer");
         return -1;
     }
-    int32_t *ids;
-    size_t n;
-    if (pt_tokenize(m->e->tok, prompt, strlen(prompt), p->add_bos, false, &ids, &n, &e)) {
-        copy_err(err, err_cap, e.msg);
-        return -1;
-    }
     pt_gen_params gp = {.max_tokens = p->max_tokens};
     gp.sampling = pt_sampling_default();
     gp.sampling.temperature = p->temperature;
@@ -85,6 +80,17 @@ int petrel_generate(petrel_model *m, const char *prompt, const petrel_params *p,
     gp.sampling.presence_penalty = p->presence_penalty;
     gp.sampling.seed = p->seed;
     gp.sampling.n_logprobs = -1;
+    /* the ranges `petrel generate` and the server enforce (gen_limits.h) */
+    if (pt_gen_params_check(&gp, &e)) {
+        copy_err(err, err_cap, e.msg);
+        return -1;
+    }
+    int32_t *ids;
+    size_t n;
+    if (pt_tokenize(m->e->tok, prompt, strlen(prompt), p->add_bos, false, &ids, &n, &e)) {
+        copy_err(err, err_cap, e.msg);
+        return -1;
+    }
     relay rl = {cb, user};
     pt_gen_stats st;
     int rc = pt_generate(m->e, ids, (int)n, &gp, relay_text, &rl, &st, &e);

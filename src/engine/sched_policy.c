@@ -48,13 +48,14 @@ static void add_item(planner *p, int req, int n_rows) {
     p->plan->n_rows += n_rows;
 }
 
-/* Preempts the least important running request not yet preempted that has
- * no rows in this step's plan... or, failing that, the least important one
- * overall (whose granted rows are then withdrawn).  Returns its index in
+/* Preempts the least important running request not yet preempted whose
+ * preemption returns pages (one holding only shared pages frees nothing:
+ * it is left alone), or else `self`, the request short of pages.  Rows it
+ * was granted earlier in this pass are withdrawn.  Returns its index in
  * order[], or -1 if none is left. */
-static int preempt_last(planner *p) {
+static int preempt_last(planner *p, int self) {
     for (int k = p->n_order - 1; k >= 0; k--) {
-        if (p->gone[k]) continue;
+        if (p->gone[k] || (k != self && p->reqs[p->order[k]].pages_own == 0)) continue;
         int req = p->order[k];
         for (int i = 0; i < p->plan->n_items; i++) {
             pt_step_item *it = &p->plan->items[i];
@@ -68,7 +69,7 @@ static int preempt_last(planner *p) {
             break;
         }
         p->gone[k] = true;
-        p->free_pages += p->reqs[req].pages_held;
+        p->free_pages += p->reqs[req].pages_own; /* shared pages stay with the others */
         p->plan->preempt[p->plan->n_preempt++] = req;
         p->n_live--;
         return k;
@@ -91,7 +92,7 @@ static void schedule_running(planner *p, int k, bool catching) {
     }
     if (n <= 0) return;
     while (pages_to(p, r, r->n_computed + n) > p->free_pages) {
-        int victim = preempt_last(p);
+        int victim = preempt_last(p, k);
         if (victim == k || victim < 0) return;
     }
     add_item(p, req, n);
@@ -122,10 +123,12 @@ void pt_sched_plan(const pt_policy_req *reqs, const int *running, int n_running,
         int req = waiting[i];
         const pt_policy_req *r = &reqs[req];
         int n = PT_MIN(PT_MIN(behind(r), p.rows_left), p.prefill_left);
-        if (p.n_live >= lim->max_seqs || n <= 0 || pages_to(&p, r, r->n_computed + n) > p.free_pages)
+        if (p.n_live >= lim->max_seqs || n <= 0 ||
+            pages_to(&p, r, r->n_computed + n) + r->pages_revive > p.free_pages)
             break;
         plan->admit[plan->n_admit++] = req;
         p.n_live++;
+        p.free_pages -= r->pages_revive;
         add_item(&p, req, n);
     }
 }

@@ -24,6 +24,9 @@
  *   3. only when nothing was preempted, waiting requests are admitted in
  *      queue order (a head that does not fit blocks the rest: FIFO, no
  *      starvation), within max_seqs, the row budget and the pages left.
+ *      A waiting request may start past cached pages (the prefix cache):
+ *      its n_computed and pages_held say so, and pages_revive counts the
+ *      free ones among them, which its admission takes from the pool.
  *
  * Nothing here touches a model, a cache or a thread: tests drive it with
  * plain numbers (tests/engine/test_sched_policy.c).
@@ -40,7 +43,10 @@ typedef struct pt_policy_req {
     int n_computed;    /* positions whose KV is stored */
     int n_tokens;      /* known tokens, the last not yet computed */
     int n_spec;        /* draft tokens after them, verified this step */
-    int pages_held;    /* pages that preemption would return */
+    int pages_held;    /* pages in its block table (growth starts past them) */
+    int pages_own;     /* of those, held by it alone: what preemption returns */
+    int pages_revive;  /* waiting: cached free pages it starts with (they
+                        * leave the free count when it is admitted) */
 } pt_policy_req;
 
 typedef struct pt_policy_limits {

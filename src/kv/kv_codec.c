@@ -26,21 +26,27 @@ static int parse_kv_bits(const char *s, int *kb, int *vb) {
     return 0;
 }
 
-static int parse_turbo(const char *s, pt_kvq_spec *out, pt_err *err) {
+/* spec is the whole --kv-quant value ("turbo" or "turbo:..."): errors quote
+ * it whole, and the part in it that is wrong. */
+static int parse_turbo(const char *spec, pt_kvq_spec *out, pt_err *err) {
     *out = (pt_kvq_spec){.kind = PT_KVQ_TURBO, .k_bits = 8, .v_bits = 3};
     char buf[64];
-    snprintf(buf, sizeof buf, "%s", s);
+    snprintf(buf, sizeof buf, "%s", spec[5] ? spec + 6 : "");
     for (char *save = NULL, *part = strtok_r(buf, ":", &save); part;
          part = strtok_r(NULL, ":", &save)) {
         if (strcmp(part, "anydim") == 0)
             out->any_dim = true;
         else if (parse_kv_bits(part, &out->k_bits, &out->v_bits))
-            return pt_fail(err, "--kv-quant turbo:%s: expected k<bits>v<bits> (e.g. k8v3)", part);
+            return pt_fail(err,
+                           "--kv-quant '%.64s': '%s' is neither k<bits>v<bits> (e.g. k8v3) nor "
+                           "anydim",
+                           spec, part);
     }
     if (!pt_tq_k_bits_ok(out->k_bits))
-        return pt_fail(err, "--kv-quant turbo: key bits %d are not one of 2, 4, 5, 8", out->k_bits);
+        return pt_fail(err, "--kv-quant '%.64s': key bits %d are not one of 2, 4, 5, 8", spec,
+                       out->k_bits);
     if (!pt_tq_v_bits_ok(out->v_bits))
-        return pt_fail(err, "--kv-quant turbo: value bits %d are not one of 2, 3, 4, 5, 8",
+        return pt_fail(err, "--kv-quant '%.64s': value bits %d are not one of 2, 3, 4, 5, 8", spec,
                        out->v_bits);
     return 0;
 }
@@ -52,8 +58,7 @@ int pt_kvq_parse(const char *s, pt_kvq_spec *out, pt_err *err) {
         *out = (pt_kvq_spec){.kind = PT_KVQ_AFFINE, .k_bits = s[0] - '0', .v_bits = s[0] - '0'};
         return 0;
     }
-    if (strcmp(s, "turbo") == 0) return parse_turbo("", out, err);
-    if (strncmp(s, "turbo:", 6) == 0) return parse_turbo(s + 6, out, err);
+    if (strcmp(s, "turbo") == 0 || strncmp(s, "turbo:", 6) == 0) return parse_turbo(s, out, err);
     return pt_fail(err, "--kv-quant '%s': expected none, 8, 4 or turbo[:k<bits>v<bits>]", s);
 }
 

@@ -216,7 +216,10 @@ int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
         if (!json_int(j, req[i].key, (int *)((char *)c + req[i].off)))
-            return pt_fail(err, "config.json: missing or non-integer %s", req[i].key);
+            return json_is_integer(json_object_get(j, req[i].key))
+                       ? pt_fail(err, "config.json: %s %lld is out of range", req[i].key,
+                                 (long long)json_integer_value(json_object_get(j, req[i].key)))
+                       : pt_fail(err, "config.json: missing or non-integer %s", req[i].key);
     if (!json_int(j, "num_key_value_heads", &c->n_kv_heads)) c->n_kv_heads = c->n_heads;
     if (!json_int(j, "head_dim", &c->head_dim)) c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
     c->n_rot = c->head_dim;

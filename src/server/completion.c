@@ -30,6 +30,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -132,12 +133,13 @@ static int on_token(void *user, const pt_sample_result *r) {
 
 static void on_done(void *user, const pt_sched_stats *st) {
     pt_req *q = user;
-    pthread_mutex_lock(&q->srv->mu);
+    pt_server *s = q->srv; /* q may be freed by the loop once we unlock */
+    pthread_mutex_lock(&s->mu);
     q->done = true;
     q->st = *st;
     enlist(q);
-    pthread_mutex_unlock(&q->srv->mu);
-    pt_server_wake(q->srv);
+    pthread_mutex_unlock(&s->mu);
+    pt_server_wake(s);
 }
 
 /* ---- the output filter (event loop) ---------------------------------------------- */
@@ -566,12 +568,13 @@ static void on_gone(void *user) {
 
 /* ---- from request to job --------------------------------------------------------------- */
 
+/* Called on the loop (ids) and on the prompt worker (seeds). */
 static uint64_t random_seed(void) {
-    static uint64_t counter;
+    static _Atomic uint64_t counter;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t z =
-        (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (++counter * 0x9e3779b97f4a7c15ull);
+        (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((atomic_fetch_add(&counter, 1) + 1) * 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64 finalizer */
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -699,6 +702,11 @@ static int front_submit(pt_server *s, pt_req *q) {
     job.params.ignore_eos = r->ignore_eos;
     q->n_prompt = (int)n;
     pt_err err = {{0}};
+    if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */
+        free(ids);
+        return refuse(q, 400, "context_length_exceeded",
+                      r->kind == PT_OAI_CHAT ? "messages" : "prompt", err.msg);
+    }
     uint64_t id = pt_sched_submit(s->sched, &job, &err);
     free(ids);
     if (!id) return refuse(q, 503, "server_busy", NULL, err.msg);

@@ -16,9 +16,27 @@
  * path 404, a bad key 401; a body over the limit gets 413 before it is read.
  * Every error body is OpenAI-shaped JSON.  One log line per request is
  * written when its response ends (or its client leaves).
+ *
+ * Hostile clients (docs/server.md, "Security model"):
+ *   - Time: a request head must be complete --header-timeout seconds after
+ *     its first byte (a new connection's clock starts at accept), and a body
+ *     must bring --min-body-rate bytes/s over each such window, else 408 and
+ *     close.  One timer per connection (`deadline`) serves both and also
+ *     bounds the linger, so a trickling client cannot hold a descriptor.
+ *   - Descriptors: at --max-connections (or when accept runs out of
+ *     descriptors) the listener is disabled; new connections wait in the
+ *     kernel's queue and accepting resumes when one of ours closes.  One log
+ *     line per minute at most says so.
+ *   - Browsers: before a body is read, a Host that is not ours (a
+ *     DNS-rebinding page) and a cross-origin Origin that --cors-origin does
+ *     not allow get 403; a POST that is not application/json gets 415 (an
+ *     HTML form cannot send one, and a page's fetch of one must preflight).
+ *     An allowed origin's responses carry Access-Control-Allow-Origin and
+ *     OPTIONS preflights are answered.
  */
 #include "server/http.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -36,12 +54,18 @@
 enum { C_HEAD, C_BODY, C_BUSY, C_CLOSING, C_LINGER };
 
 #define LINGER_SECONDS 2
+#define PAUSE_LOG_SECONDS 60 /* at most one "not accepting" line per minute */
+#define EMFILE_RETRY_MS 1000 /* out of descriptors with none of ours to close */
 
 struct pt_conn {
     pt_http *http;
     pt_conn *prev, *next;
     struct bufferevent *bev;
-    struct event *kick; /* deferred look at pipelined input */
+    struct event *kick;     /* deferred look at pipelined input */
+    struct event *deadline; /* head deadline, body-rate window or linger limit */
+    bool head_clock;        /* the head deadline is running */
+    size_t window_mark;     /* body bytes when the rate window began */
+    char acao[264];         /* Access-Control-Allow-Origin of this request, "" none */
     int state;
     pt_http_head head;
     struct evbuffer *body;
@@ -59,9 +83,15 @@ struct pt_http {
     pt_server *srv;
     struct event_base *base;
     struct evconnlistener *lis;
-    struct event *resume; /* re-enables accepting after an accept error */
+    struct event *resume; /* re-enables accepting after running out of descriptors */
     pt_http_opts o;
     int port;
+    bool check_host;     /* Host is checked: a loopback bind or --allowed-hosts */
+    char bound_name[64]; /* the bound address as a Host name ("127.0.0.1", "[::1]") */
+    bool vary_origin;    /* responses depend on Origin: --cors-origin lists some */
+    bool paused;         /* accepting paused: at the cap or out of descriptors */
+    double pause_logged; /* when a pause was last logged */
+    unsigned n_pauses;   /* pauses not logged since */
     pt_conn *conns;
     int n_conns;
     uint64_t n_requests;
@@ -104,6 +134,11 @@ static void set_read_timeout(pt_conn *c, bool on) {
     bufferevent_set_timeouts(c->bev, on ? &tv : NULL, &tv);
 }
 
+static void arm_deadline(pt_conn *c, int seconds) {
+    struct timeval tv = {seconds, 0};
+    event_add(c->deadline, &tv);
+}
+
 const pt_http_head *pt_conn_head(const pt_conn *c) {
     return &c->head;
 }
@@ -134,6 +169,8 @@ static void log_request(pt_conn *c, const char *status_text) {
 
 /* ---- closing ----------------------------------------------------------------- */
 
+static void resume_accepting(pt_http *h);
+
 static void conn_free(pt_conn *c) {
     pt_http *h = c->http;
     if (c->prev)
@@ -144,8 +181,10 @@ static void conn_free(pt_conn *c) {
     h->n_conns--;
     bufferevent_free(c->bev);
     event_free(c->kick);
+    event_free(c->deadline);
     evbuffer_free(c->body);
     free(c);
+    resume_accepting(h); /* a descriptor and a slot are free again */
     if (h->draining && h->n_conns == 0 && h->drained) {
         void (*done)(void *) = h->drained;
         h->drained = NULL;
@@ -172,6 +211,7 @@ static void start_linger(pt_conn *c) {
     struct timeval tv = {LINGER_SECONDS, 0};
     bufferevent_set_timeouts(c->bev, &tv, NULL);
     bufferevent_enable(c->bev, EV_READ);
+    arm_deadline(c, LINGER_SECONDS); /* a client that keeps sending cannot stretch it */
 }
 
 /* ---- responses ------------------------------------------------------------------ */
@@ -186,7 +226,9 @@ static void write_head(pt_conn *c, int status, const char *ctype, const char *he
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nServer: petrel\r\n", status,
                         pt_http_reason(status));
     if (ctype) evbuffer_add_printf(out, "Content-Type: %s\r\n", ctype);
-    if (content_length >= 0) {
+    if (status == 204) {
+        /* no body and, by RFC 9110, no Content-Length */
+    } else if (content_length >= 0) {
         evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)content_length);
     } else {
         c->chunked_out = c->head.minor == 1;
@@ -198,6 +240,8 @@ static void write_head(pt_conn *c, int status, const char *ctype, const char *he
     else if (c->head.minor == 0)
         evbuffer_add_printf(out, "Connection: keep-alive\r\n");
     if (c->head.request_id[0]) evbuffer_add_printf(out, "X-Request-Id: %s\r\n", c->head.request_id);
+    if (c->acao[0]) evbuffer_add_printf(out, "Access-Control-Allow-Origin: %s\r\n", c->acao);
+    if (c->http->vary_origin) evbuffer_add_printf(out, "Vary: Origin\r\n");
     if (headers) evbuffer_add_printf(out, "%s", headers);
     evbuffer_add(out, "\r\n", 2);
 }
@@ -217,6 +261,7 @@ static void response_done(pt_conn *c) {
         return;
     }
     c->state = C_HEAD;
+    c->head_clock = false; /* the next head's first byte starts it */
     evbuffer_drain(c->body, evbuffer_get_length(c->body));
     set_read_timeout(c, true);
     /* pipelined requests may already be buffered: look at them from the
@@ -343,8 +388,8 @@ static bool key_equal(const char *a, const char *b) {
 }
 
 static bool authorized(pt_conn *c) {
-    const char *key = c->http->o.api_key;
-    if (!key || !*key) return true;
+    const char *key = c->http->o.api_key; /* never "": the server refuses to start */
+    if (!key) return true;
     const char *a = c->head.authorization;
     if (strncasecmp(a, "Bearer ", 7) != 0) return false;
     a += 7;
@@ -353,8 +398,26 @@ static bool authorized(pt_conn *c) {
     return key_equal(a, key);
 }
 
+/* OPTIONS on a route: its methods, and for an allowed origin the CORS
+ * preflight answer.  Browsers send preflights without credentials, so no key
+ * is asked for. */
+static void reply_options(pt_conn *c, const char *allow) {
+    char hdr[1024];
+    int n = snprintf(hdr, sizeof hdr, "Allow: %s, OPTIONS\r\n", allow);
+    if (c->acao[0]) {
+        const char *more = c->head.cors_headers;
+        snprintf(hdr + n, sizeof hdr - (size_t)n,
+                 "Access-Control-Allow-Methods: %s, OPTIONS\r\n"
+                 "Access-Control-Allow-Headers: Authorization, Content-Type%s%s\r\n"
+                 "Access-Control-Max-Age: 600\r\n",
+                 allow, more[0] ? ", " : "", more);
+    }
+    pt_http_reply(c, 204, NULL, hdr, "", 0);
+}
+
 static void dispatch(pt_conn *c) {
     c->state = C_BUSY;
+    event_del(c->deadline);
     set_read_timeout(c, false);
     const char *path = c->head.path;
     const struct route *hit = NULL;
@@ -367,6 +430,10 @@ static void dispatch(pt_conn *c) {
         else
             snprintf(allow + strlen(allow), sizeof allow - strlen(allow), "%s%s",
                      allow[0] ? ", " : "", r->method);
+    }
+    if (!hit && allow[0] && strcmp(c->head.method, "OPTIONS") == 0) {
+        reply_options(c, allow);
+        return;
     }
     if (!hit && allow[0]) {
         char hdr[128], msg[256];
@@ -395,6 +462,69 @@ static void dispatch(pt_conn *c) {
     hit->fn(c, body, len);
 }
 
+/* ---- admission: Host, Origin, Content-Type -------------------------------------------- */
+
+/* A DNS-rebinding page reaches a loopback server under its own name, so on
+ * a loopback bind only loopback names are served.  No Host at all is not a
+ * browser (HTTP/1.0 tools), and is let through. */
+static bool host_allowed(const pt_http *h, const char *host) {
+    if (!host[0] || !h->check_host) return true;
+    char name[256];
+    if (pt_http_host_name(host, name, sizeof name)) return false;
+    return pt_http_is_loopback_name(name) || strcmp(name, h->bound_name) == 0 ||
+           pt_http_list_has(h->o.allowed_hosts, name);
+}
+
+/* Whether a request with an Origin may go on; sets the origin its responses
+ * allow.  Same-origin requests need no CORS headers. */
+static bool origin_allowed(pt_conn *c) {
+    const char *origin = c->head.origin, *list = c->http->o.cors_origins;
+    if (pt_http_list_has(list, "*")) {
+        snprintf(c->acao, sizeof c->acao, "*");
+        return true;
+    }
+    if (pt_http_list_has(list, origin)) {
+        snprintf(c->acao, sizeof c->acao, "%s", origin);
+        return true;
+    }
+    return pt_http_same_origin(origin, c->head.host);
+}
+
+/* The checks made before a body is read; false: refused (and answered). */
+static bool admit_sender(pt_conn *c) {
+    char msg[600];
+    if (!host_allowed(c->http, c->head.host)) {
+        snprintf(msg, sizeof msg,
+                 "Host '%.200s' is not served here: this server answers to localhost names "
+                 "and its own address; start it with --allowed-hosts NAME to add one",
+                 c->head.host);
+        early_error(c, 403, "host_not_allowed", msg);
+        return false;
+    }
+    if (c->head.origin[0] && !origin_allowed(c)) {
+        snprintf(msg, sizeof msg,
+                 "cross-origin request from '%.200s' refused; start the server with "
+                 "--cors-origin ORIGIN to allow a web page to call it",
+                 c->head.origin);
+        early_error(c, 403, "origin_not_allowed", msg);
+        return false;
+    }
+    return true;
+}
+
+static bool admit_body_type(pt_conn *c) {
+    if (strcmp(c->head.method, "POST") != 0 || pt_http_is_json_type(c->head.content_type))
+        return true;
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "a POST body must be JSON: send 'Content-Type: application/json' (got %s%.128s%s)",
+             c->head.content_type[0] ? "'" : "",
+             c->head.content_type[0] ? c->head.content_type : "no Content-Type",
+             c->head.content_type[0] ? "'" : "");
+    early_error(c, 415, "unsupported_media_type", msg);
+    return false;
+}
+
 /* ---- reading ----------------------------------------------------------------------- */
 
 /* Results of one reading step. */
@@ -404,6 +534,10 @@ static int read_head(pt_conn *c) {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     size_t avail = evbuffer_get_length(in);
     if (avail == 0) return R_WAIT;
+    if (!c->head_clock) { /* the first byte of a head on a kept-alive connection */
+        c->head_clock = true;
+        arm_deadline(c, c->http->o.header_timeout);
+    }
     size_t look = PT_MIN(avail, (size_t)PT_HTTP_MAX_HEAD);
     const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)look);
     size_t end = pt_http_head_end(p, look);
@@ -411,6 +545,8 @@ static int read_head(pt_conn *c) {
     c->t_start = pt_now();
     c->id = ++c->http->n_requests;
     memset(&c->head, 0, sizeof c->head);
+    c->acao[0] = 0;
+    event_del(c->deadline);
     if (!end) {
         snprintf(c->head.method, sizeof c->head.method, "-");
         snprintf(c->head.path, sizeof c->head.path, "-");
@@ -427,6 +563,7 @@ static int read_head(pt_conn *c) {
         return R_WAIT;
     }
     c->keep_alive = true;
+    if (!admit_sender(c)) return R_WAIT;
     size_t max = c->http->o.max_body;
     if (c->head.content_length > 0 && (uint64_t)c->head.content_length > max) {
         char msg[160];
@@ -437,11 +574,14 @@ static int read_head(pt_conn *c) {
         early_error(c, 413, "request_too_large", msg);
         return R_WAIT;
     }
+    if (!admit_body_type(c)) return R_WAIT;
     if (c->head.expect_continue && c->head.minor == 1 &&
         (c->head.chunked || c->head.content_length > 0))
         evbuffer_add_printf(out_of(c), "HTTP/1.1 100 Continue\r\n\r\n");
     memset(&c->chunked_in, 0, sizeof c->chunked_in);
     c->state = C_BODY;
+    c->window_mark = 0;
+    if (c->http->o.min_body_rate > 0) arm_deadline(c, c->http->o.header_timeout);
     return R_AGAIN;
 }
 
@@ -514,6 +654,54 @@ static void kick_cb(evutil_socket_t fd, short what, void *arg) {
     process_input(c);
 }
 
+/* A request that is too slow gets 408 (its head may be only partly read). */
+static void too_slow(pt_conn *c, const char *msg) {
+    if (c->state == C_HEAD) {
+        c->t_start = pt_now();
+        c->id = ++c->http->n_requests;
+        memset(&c->head, 0, sizeof c->head);
+        snprintf(c->head.method, sizeof c->head.method, "-");
+        snprintf(c->head.path, sizeof c->head.path, "-");
+    }
+    early_error(c, 408, "request_timeout", msg);
+}
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    pt_conn *c = arg;
+    const pt_http_opts *o = &c->http->o;
+    char msg[200];
+    switch (c->state) {
+    case C_HEAD:
+        if (evbuffer_get_length(bufferevent_get_input(c->bev)) == 0) {
+            conn_free(c); /* a new connection that never spoke: nobody to answer */
+            return;
+        }
+        snprintf(msg, sizeof msg, "request head not complete after %d s (--header-timeout)",
+                 o->header_timeout);
+        too_slow(c, msg);
+        return;
+    case C_BODY: {
+        size_t have = evbuffer_get_length(c->body), got = have - c->window_mark;
+        if (got >= (size_t)o->min_body_rate * (size_t)o->header_timeout) {
+            c->window_mark = have;
+            arm_deadline(c, o->header_timeout);
+            return;
+        }
+        snprintf(msg, sizeof msg,
+                 "request body arrived at %zu bytes/s, under the minimum of %d (--min-body-rate)",
+                 got / (size_t)o->header_timeout, o->min_body_rate);
+        too_slow(c, msg);
+        return;
+    }
+    case C_LINGER:
+        conn_free(c);
+        return;
+    default:
+        return;
+    }
+}
+
 static void conn_write(struct bufferevent *bev, void *arg) {
     (void)bev;
     pt_conn *c = arg;
@@ -531,6 +719,33 @@ static void conn_event(struct bufferevent *bev, short what, void *arg) {
 
 /* ---- listening ----------------------------------------------------------------------- */
 
+/* Stops accepting: connections wait in the kernel's queue (the listener's
+ * backlog) instead of costing a descriptor here.  Logged once a minute at
+ * most, however often it happens. */
+static void pause_accepting(pt_http *h, const char *why) {
+    if (!h->lis || h->paused) return;
+    evconnlistener_disable(h->lis);
+    h->paused = true;
+    h->n_pauses++;
+    double now = pt_now();
+    if (h->pause_logged > 0 && now - h->pause_logged < PAUSE_LOG_SECONDS) return;
+    if (h->n_pauses > 1)
+        pt_warn("serve: %s; not accepting new connections until one closes (%u pauses in the "
+                "last %d s)",
+                why, h->n_pauses, PAUSE_LOG_SECONDS);
+    else
+        pt_warn("serve: %s; not accepting new connections until one closes", why);
+    h->pause_logged = now;
+    h->n_pauses = 0;
+}
+
+static void resume_accepting(pt_http *h) {
+    if (!h->paused || !h->lis || h->draining || h->n_conns >= h->o.max_conns) return;
+    h->paused = false;
+    event_del(h->resume);
+    evconnlistener_enable(h->lis);
+}
+
 static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
                       int salen, void *arg) {
     (void)lis, (void)sa, (void)salen;
@@ -541,13 +756,15 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     c->http = h;
     c->bev = bufferevent_socket_new(h->base, fd, BEV_OPT_CLOSE_ON_FREE);
     c->kick = evtimer_new(h->base, kick_cb, c);
+    c->deadline = evtimer_new(h->base, deadline_cb, c);
     c->body = evbuffer_new();
-    if (!c->bev || !c->kick || !c->body) {
+    if (!c->bev || !c->kick || !c->deadline || !c->body) {
         if (c->bev)
             bufferevent_free(c->bev);
         else
             evutil_closesocket(fd);
         if (c->kick) event_free(c->kick);
+        if (c->deadline) event_free(c->deadline);
         if (c->body) evbuffer_free(c->body);
         free(c);
         return;
@@ -559,23 +776,49 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     bufferevent_setcb(c->bev, conn_read, conn_write, conn_event, c);
     set_read_timeout(c, true);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    c->head_clock = true; /* a new connection's first head is due from now */
+    c->t_start = pt_now();
+    arm_deadline(c, h->o.header_timeout);
+    if (h->n_conns >= h->o.max_conns) {
+        char why[96];
+        snprintf(why, sizeof why, "%d connections open, the limit (--max-connections)", h->n_conns);
+        pause_accepting(h, why);
+    }
 }
 
 static void resume_cb(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
-    pt_http *h = arg;
-    if (h->lis) evconnlistener_enable(h->lis);
+    resume_accepting(arg);
 }
 
 /* EMFILE and friends: the pending connection stays queued, so accepting
- * again at once would spin.  Pause for a moment and keep serving the
+ * again at once would spin.  Pause until one of our connections closes (or
+ * a second passes, if the descriptors went elsewhere) and keep serving the
  * connections we have. */
 static void on_accept_error(struct evconnlistener *lis, void *arg) {
+    (void)lis;
     pt_http *h = arg;
-    pt_warn("serve: accept failed: %s; pausing new connections for 100 ms", strerror(errno));
-    evconnlistener_disable(lis);
-    static const struct timeval pause = {0, 100000};
-    event_add(h->resume, &pause);
+    char why[160];
+    snprintf(why, sizeof why, "accept failed with %d connections open: %s", h->n_conns,
+             strerror(errno));
+    pause_accepting(h, why);
+    static const struct timeval retry = {EMFILE_RETRY_MS / 1000, (EMFILE_RETRY_MS % 1000) * 1000};
+    event_add(h->resume, &retry);
+}
+
+/* The bound address: whether it is loopback, and its name in a Host header. */
+static bool bound_is_loopback(const struct sockaddr_storage *ss, char *name, size_t cap) {
+    char a[INET6_ADDRSTRLEN] = "";
+    if (ss->ss_family == AF_INET) {
+        const struct in_addr *in = &((const struct sockaddr_in *)ss)->sin_addr;
+        inet_ntop(AF_INET, in, a, sizeof a);
+        snprintf(name, cap, "%s", a);
+        return (ntohl(in->s_addr) >> 24) == 127;
+    }
+    const struct in6_addr *in6 = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    inet_ntop(AF_INET6, in6, a, sizeof a);
+    snprintf(name, cap, "[%s]", a);
+    return IN6_IS_ADDR_LOOPBACK(in6) || (IN6_IS_ADDR_V4MAPPED(in6) && in6->s6_addr[12] == 127);
 }
 
 int pt_http_listen(pt_http **out, struct event_base *base, pt_server *srv, const pt_http_opts *o,
@@ -608,6 +851,9 @@ int pt_http_listen(pt_http **out, struct event_base *base, pt_server *srv, const
     getsockname(evconnlistener_get_fd(h->lis), (struct sockaddr *)&ss, &sl);
     h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    bool loopback = bound_is_loopback(&ss, h->bound_name, sizeof h->bound_name);
+    h->check_host = (loopback || o->allowed_hosts) && !pt_http_list_has(o->allowed_hosts, "*");
+    h->vary_origin = o->cors_origins && !pt_http_list_has(o->cors_origins, "*");
     *out = h;
     return 0;
 }
@@ -643,6 +889,7 @@ void pt_http_drain(pt_http *h, void (*done)(void *), void *user) {
 
 void pt_http_free(pt_http *h) {
     if (!h) return;
+    h->draining = true; /* closing connections must not re-enable accepting */
     while (h->conns) {
         h->drained = NULL;
         conn_drop(h->conns, "server stopped");

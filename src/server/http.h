@@ -33,7 +33,11 @@ typedef struct pt_http_head {
     bool chunked;           /* Transfer-Encoding: chunked */
     bool expect_continue;
     char authorization[512];
-    char request_id[64]; /* X-Request-Id, echoed back */
+    char request_id[64];    /* X-Request-Id, echoed back */
+    char host[256];         /* Host, as sent ("" if absent) */
+    char origin[256];       /* Origin: set by browsers on cross-origin and POST requests */
+    char content_type[128]; /* Content-Type */
+    char cors_headers[512]; /* Access-Control-Request-Headers of a preflight, if plain tokens */
 } pt_http_head;
 
 /* Parses a request head: buf[0..len) is everything up to and including the
@@ -61,6 +65,28 @@ int pt_chunked_decode(pt_chunked *c, struct evbuffer *in, struct evbuffer *out, 
 void pt_http_chunk(struct evbuffer *out, const void *data, size_t len);
 
 const char *pt_http_reason(int status);
+
+/* ---- request policy (http_parse.c): pure checks http.c applies ---- */
+
+/* Whether a Content-Type value is application/json, parameters (charset)
+ * allowed. */
+bool pt_http_is_json_type(const char *content_type);
+
+/* The host name of a Host header value: lower case, without the port or a
+ * trailing dot; an IPv6 literal keeps its brackets ("[::1]").  Returns 0,
+ * or -1 if the value is malformed. */
+int pt_http_host_name(const char *host, char *out, size_t cap);
+
+/* Whether name is localhost, 127.0.0.1 or [::1]. */
+bool pt_http_is_loopback_name(const char *name);
+
+/* Whether the comma-separated list holds item (any case; "*" holds
+ * everything).  A NULL list holds nothing. */
+bool pt_http_list_has(const char *list, const char *item);
+
+/* Whether an Origin value names the server the Host header names (an
+ * "http://" origin with the same host and port). */
+bool pt_http_same_origin(const char *origin, const char *host);
 
 /* ---- connections (http.c) ---- */
 
@@ -97,10 +123,15 @@ void pt_http_stream_end(pt_conn *c);
 /* The listening side, owned by the server. */
 typedef struct pt_http_opts {
     const char *host;
-    int port;            /* 0: any free port */
-    const char *api_key; /* NULL: no auth */
-    size_t max_body;     /* bytes of a request body */
-    int idle_timeout;    /* seconds a keep-alive connection may sit idle */
+    int port;                  /* 0: any free port */
+    const char *api_key;       /* NULL: no auth; never "" */
+    size_t max_body;           /* bytes of a request body */
+    int idle_timeout;          /* seconds a keep-alive connection may sit idle */
+    int header_timeout;        /* seconds a request head may take once begun */
+    int min_body_rate;         /* bytes/s a body must keep up, per header_timeout window; 0: off */
+    int max_conns;             /* open connections before accepting pauses */
+    const char *allowed_hosts; /* extra Host names (comma list, "*": any); NULL: none */
+    const char *cors_origins;  /* origins allowed cross-origin (comma list, "*"); NULL: none */
 } pt_http_opts;
 
 typedef struct pt_http pt_http;

@@ -8,7 +8,11 @@
  * Content-Lengths, Content-Length together with Transfer-Encoding, a
  * transfer coding other than chunked, obsolete header folding and
  * whitespace before a header's colon are all rejected.  A bare LF is
- * accepted as a line end, as RFC 9112 allows.
+ * accepted as a line end, as RFC 9112 allows.  Two Host or two Origin
+ * headers are rejected too: the checks below must see the one value.
+ *
+ * The request-policy helpers (JSON content types, Host names, allow lists,
+ * same origin) are pure string checks as well; http.c decides with them.
  */
 #include "server/http.h"
 
@@ -26,6 +30,7 @@ static const struct {
     {204, "No Content"},
     {400, "Bad Request"},
     {401, "Unauthorized"},
+    {403, "Forbidden"},
     {404, "Not Found"},
     {405, "Method Not Allowed"},
     {408, "Request Timeout"},
@@ -201,6 +206,23 @@ static int parse_header(const char *s, size_t n, pt_http_head *h, bool *te, bool
     }
     if (IS("authorization"))
         return set_field(h->authorization, sizeof h->authorization, v, vl, "Authorization", err);
+    if (IS("host") || IS("origin")) {
+        bool host = IS("host");
+        char *dst = host ? h->host : h->origin;
+        /* two of them would let two parties disagree about the target */
+        if (dst[0]) return refuse(err, 400, "more than one %s header", host ? "Host" : "Origin");
+        return set_field(dst, host ? sizeof h->host : sizeof h->origin, v, vl,
+                         host ? "Host" : "Origin", err);
+    }
+    if (IS("content-type"))
+        return set_field(h->content_type, sizeof h->content_type, v, vl, "Content-Type", err);
+    if (IS("access-control-request-headers")) {
+        /* echoed back in a preflight answer: plain header names only */
+        for (size_t i = 0; i < vl; i++)
+            if (!is_tchar((unsigned char)v[i]) && v[i] != ',' && v[i] != ' ') return 0;
+        return set_field(h->cors_headers, sizeof h->cors_headers, v, vl,
+                         "Access-Control-Request-Headers", err);
+    }
     if (IS("x-request-id")) {
         for (size_t i = 0; i < vl; i++)
             if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
@@ -238,6 +260,81 @@ int pt_http_parse_head(const char *buf, size_t len, pt_http_head *h, pt_err *err
     if (te && h->minor == 0) return refuse(err, 400, "Transfer-Encoding in an HTTP/1.0 request");
     h->keep_alive = h->minor == 1 ? !conn_close : conn_keep && !conn_close;
     return 0;
+}
+
+/* ---- request policy ---- */
+
+bool pt_http_is_json_type(const char *ct) {
+    static const char k_json[] = "application/json";
+    size_t n = sizeof k_json - 1;
+    if (strncasecmp(ct, k_json, n) != 0) return false;
+    ct += n;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    return *ct == 0 || *ct == ';';
+}
+
+int pt_http_host_name(const char *host, char *out, size_t cap) {
+    size_t n = strlen(host), end;
+    if (n == 0) return -1;
+    if (host[0] == '[') { /* [v6]:port */
+        const char *rb = strchr(host, ']');
+        if (!rb) return -1;
+        end = (size_t)(rb - host) + 1;
+        if (host[end] && host[end] != ':') return -1;
+    } else {
+        const char *colon = strchr(host, ':');
+        end = colon ? (size_t)(colon - host) : n;
+    }
+    const char *port = host + end;
+    if (*port == ':')
+        for (const char *p = port + 1; *p; p++)
+            if (!isdigit((unsigned char)*p)) return -1;
+    if (end > 1 && host[end - 1] == '.') end--; /* "localhost." is localhost */
+    if (end == 0 || end >= cap) return -1;
+    for (size_t i = 0; i < end; i++) {
+        unsigned char ch = (unsigned char)host[i];
+        if (ch <= ' ' || ch >= 0x7f || ch == '/' || ch == '@') return -1;
+        out[i] = (char)tolower(ch);
+    }
+    out[end] = 0;
+    return 0;
+}
+
+bool pt_http_is_loopback_name(const char *name) {
+    return strcmp(name, "localhost") == 0 || strcmp(name, "127.0.0.1") == 0 ||
+           strcmp(name, "[::1]") == 0;
+}
+
+bool pt_http_list_has(const char *list, const char *item) {
+    if (!list) return false;
+    size_t il = strlen(item);
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        const char *e = p;
+        while (*e && *e != ',')
+            e++;
+        const char *t = e;
+        while (t > p && t[-1] == ' ')
+            t--;
+        size_t n = (size_t)(t - p);
+        if (n == 1 && *p == '*') return true;
+        if (n == il && n && strncasecmp(p, item, n) == 0) return true;
+        p = e;
+    }
+    return false;
+}
+
+bool pt_http_same_origin(const char *origin, const char *host) {
+    /* no TLS here, so a same-origin page was served over http:// */
+    if (strncasecmp(origin, "http://", 7) != 0 || !host[0]) return false;
+    const char *o = origin + 7;
+    size_t hl = strlen(host);
+    if (strncasecmp(o, host, hl) == 0 && o[hl] == 0) return true;
+    /* "Host: h:80" and "Origin: http://h" name the same place */
+    return hl > 3 && strcmp(host + hl - 3, ":80") == 0 && strlen(o) == hl - 3 &&
+           strncasecmp(o, host, hl - 3) == 0;
 }
 
 /* ---- chunked bodies ---- */

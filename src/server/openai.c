@@ -3,9 +3,13 @@
  *
  * Fields are a table: name, which endpoints take it, a parser, and for
  * numbers the allowed range and where the value goes.  Adding a field is
- * adding a row.
+ * adding a row.  The ranges of the generation parameters are not written
+ * here: they come from engine/gen_limits.h, the table the CLI flags are
+ * checked against too.
  */
 #include "server/openai.h"
+
+#include "engine/gen_limits.h"
 
 #include <limits.h>
 #include <math.h>
@@ -14,7 +18,6 @@
 #include <stdlib.h>
 
 #define BOTH (PT_OAI_CHAT | PT_OAI_COMPLETION)
-#define MAX_LOGPROBS 20
 
 typedef struct field field;
 typedef int (*field_fn)(pt_oai_request *r, json_t *v, const field *f, const pt_oai_limits *lim,
@@ -24,8 +27,8 @@ struct field {
     const char *name;
     int kinds;
     field_fn parse;
-    double lo, hi; /* range of numbers */
-    size_t off;    /* offset of a float in pt_sampling */
+    const pt_gen_limit *range; /* of numbers, or NULL */
+    size_t off;                /* offset of a float in pt_sampling */
 };
 
 /* ---- errors ---------------------------------------------------------------- */
@@ -85,11 +88,19 @@ static bool get_int(json_t *v, long long *out) {
     return false;
 }
 
+static int out_of_range(pt_oai_error *e, const field *f, const char *got) {
+    char r[64];
+    return fail(e, 400, "invalid_value", f->name, "'%s' must be %s, got %s", f->name,
+                pt_gen_range_text(f->range, r, sizeof r), got);
+}
+
 static int int_in_range(json_t *v, const field *f, pt_oai_error *e, long long *out) {
     if (!get_int(v, out)) return wrong_type(e, f->name, "an integer");
-    if (*out < f->lo || *out > f->hi)
-        return fail(e, 400, "invalid_value", f->name,
-                    "'%s' must be between %.0f and %.0f, got %lld", f->name, f->lo, f->hi, *out);
+    if (!pt_gen_in_range(f->range, (double)*out)) {
+        char got[32];
+        snprintf(got, sizeof got, "%lld", *out);
+        return out_of_range(e, f, got);
+    }
     return 0;
 }
 
@@ -98,9 +109,11 @@ static int f_sampling_float(pt_oai_request *r, json_t *v, const field *f, const 
     (void)lim;
     if (!json_is_number(v)) return wrong_type(e, f->name, "a number");
     double x = json_number_value(v);
-    if (!(x >= f->lo && x <= f->hi))
-        return fail(e, 400, "invalid_value", f->name, "'%s' must be between %g and %g, got %g",
-                    f->name, f->lo, f->hi, x);
+    if (!pt_gen_in_range(f->range, x)) {
+        char got[32];
+        snprintf(got, sizeof got, "%g", x);
+        return out_of_range(e, f, got);
+    }
     *(float *)((char *)&r->sampling + f->off) = (float)x;
     return 0;
 }
@@ -168,10 +181,13 @@ static int f_n(pt_oai_request *r, json_t *v, const field *f, const pt_oai_limits
     (void)r, (void)lim;
     long long n;
     if (!get_int(v, &n)) return wrong_type(e, f->name, "an integer");
-    if (n != 1)
+    if (n > 1)
         return fail(e, 400, "unsupported_value", f->name,
                     "'%s' must be 1: Petrel generates one choice per request (send %lld requests)",
                     f->name, n);
+    if (n < 1)
+        return fail(e, 400, "invalid_value", f->name,
+                    "'%s' must be 1 (the number of choices to generate), got %lld", f->name, n);
     return 0;
 }
 
@@ -317,9 +333,13 @@ static int token_ids(pt_oai_request *r, json_t *a, const pt_oai_limits *lim, pt_
     json_t *t;
     json_array_foreach(a, i, t) {
         long long id;
-        if (!get_int(t, &id) || id < 0 || id >= lim->n_vocab)
+        if (!get_int(t, &id))
+            return fail(e, 400, "invalid_type", "prompt",
+                        "prompt[%zu] is not an integer: a token-id prompt holds only integers", i);
+        if (id < 0 || id >= lim->n_vocab)
             return fail(e, 400, "invalid_value", "prompt",
-                        "prompt token %zu is not a token id below %d", i, lim->n_vocab);
+                        "prompt[%zu] is %lld, not a token id: ids are 0 to %d for this model", i,
+                        id, lim->n_vocab - 1);
         r->prompt_ids[i] = (int32_t)id;
     }
     r->n_prompt_ids = (int)n;
@@ -358,12 +378,30 @@ static int content_text(json_t *c, size_t idx, pt_oai_error *e, json_t **out) {
     char *buf = pt_xmalloc(cap);
     json_t *part;
     json_array_foreach(c, i, part) {
+        char pp[96];
+        snprintf(pp, sizeof pp, "%s[%zu]", param, i);
         const char *type = json_string_value(json_object_get(part, "type"));
         json_t *text = json_object_get(part, "text");
-        if (!type || strcmp(type, "text") != 0 || !json_is_string(text)) {
+        int rc = 0;
+        if (!json_is_object(part))
+            rc = wrong_type(e, pp, "a content part object ({\"type\": \"text\", \"text\": ...})");
+        else if (!type)
+            rc = fail(e, 400, "missing_required_parameter", pp,
+                      "content part %zu of messages[%zu] has no 'type' string", i, idx);
+        else if (strcmp(type, "text") != 0)
+            rc = fail(e, 400, "unsupported_value", pp,
+                      "only text content parts are supported (got '%.40s')", type);
+        else if (!json_is_string(text)) {
+            snprintf(pp, sizeof pp, "%s[%zu].text", param, i);
+            rc = text ? wrong_type(e, pp, "a string")
+                      : fail(e, 400, "missing_required_parameter", pp,
+                             "content part %zu of messages[%zu] is of type 'text' but has no "
+                             "'text'",
+                             i, idx);
+        }
+        if (rc) {
             free(buf);
-            return fail(e, 400, "unsupported_value", param,
-                        "only text content parts are supported (got '%.40s')", type ? type : "?");
+            return rc;
         }
         size_t n = json_string_length(text);
         while (len + n + 2 > cap)
@@ -415,39 +453,40 @@ static int f_messages(pt_oai_request *r, json_t *v, const field *f, const pt_oai
 
 /* ---- the table ---------------------------------------------------------------------- */
 
-#define SAMPLING(name, lo, hi, member)                                                             \
-    { name, BOTH, f_sampling_float, lo, hi, offsetof(pt_sampling, member) }
+#define LIMIT(p) (&pt_gen_limits[p])
+#define SAMPLING(name, p, member)                                                                  \
+    { name, BOTH, f_sampling_float, LIMIT(p), offsetof(pt_sampling, member) }
 
 static const field k_fields[] = {
-    {"model", BOTH, f_model, 0, 0, 0},
-    {"messages", PT_OAI_CHAT, f_messages, 0, 0, 0},
-    {"prompt", PT_OAI_COMPLETION, f_prompt, 0, 0, 0},
-    {"stream", BOTH, f_stream, 0, 0, 0},
-    {"stream_options", BOTH, f_stream_options, 0, 0, 0},
-    {"max_tokens", BOTH, f_max_tokens, 1, INT_MAX, 0},
-    {"max_completion_tokens", BOTH, f_max_tokens, 1, INT_MAX, 0},
-    SAMPLING("temperature", 0, 2, temperature),
-    SAMPLING("top_p", 0, 1, top_p),
-    SAMPLING("min_p", 0, 1, min_p),
-    SAMPLING("frequency_penalty", -2, 2, frequency_penalty),
-    SAMPLING("presence_penalty", -2, 2, presence_penalty),
-    SAMPLING("repetition_penalty", 0.01, 10, repetition_penalty),
-    {"top_k", BOTH, f_top_k, -1, INT_MAX, 0},
-    {"seed", BOTH, f_seed, 0, 0, 0},
-    {"stop", BOTH, f_stop, 0, 0, 0},
-    {"logprobs", PT_OAI_CHAT, f_logprobs, 0, 0, 0},
-    {"logprobs", PT_OAI_COMPLETION, f_logprobs, 0, MAX_LOGPROBS, 0},
-    {"top_logprobs", PT_OAI_CHAT, f_top_logprobs, 0, MAX_LOGPROBS, 0},
-    {"n", BOTH, f_n, 0, 0, 0},
-    {"best_of", PT_OAI_COMPLETION, f_best_of, 0, 0, 0},
-    {"echo", PT_OAI_COMPLETION, f_echo, 0, 0, 0},
-    {"suffix", PT_OAI_COMPLETION, f_suffix, 0, 0, 0},
-    {"user", BOTH, f_user, 0, 0, 0},
-    {"logit_bias", BOTH, f_logit_bias, 0, 0, 0},
-    {"ignore_eos", BOTH, f_ignore_eos, 0, 0, 0},
-    {"response_format", BOTH, f_response_format, 0, 0, 0},
-    {"tools", PT_OAI_CHAT, f_tools, 0, 0, 0},
-    {"chat_template_kwargs", PT_OAI_CHAT, f_template_kwargs, 0, 0, 0},
+    {"model", BOTH, f_model, NULL, 0},
+    {"messages", PT_OAI_CHAT, f_messages, NULL, 0},
+    {"prompt", PT_OAI_COMPLETION, f_prompt, NULL, 0},
+    {"stream", BOTH, f_stream, NULL, 0},
+    {"stream_options", BOTH, f_stream_options, NULL, 0},
+    {"max_tokens", BOTH, f_max_tokens, LIMIT(PT_GP_MAX_TOKENS), 0},
+    {"max_completion_tokens", BOTH, f_max_tokens, LIMIT(PT_GP_MAX_TOKENS), 0},
+    SAMPLING("temperature", PT_GP_TEMPERATURE, temperature),
+    SAMPLING("top_p", PT_GP_TOP_P, top_p),
+    SAMPLING("min_p", PT_GP_MIN_P, min_p),
+    SAMPLING("frequency_penalty", PT_GP_FREQUENCY_PENALTY, frequency_penalty),
+    SAMPLING("presence_penalty", PT_GP_PRESENCE_PENALTY, presence_penalty),
+    SAMPLING("repetition_penalty", PT_GP_REPETITION_PENALTY, repetition_penalty),
+    {"top_k", BOTH, f_top_k, LIMIT(PT_GP_TOP_K), 0},
+    {"seed", BOTH, f_seed, NULL, 0},
+    {"stop", BOTH, f_stop, NULL, 0},
+    {"logprobs", PT_OAI_CHAT, f_logprobs, NULL, 0},
+    {"logprobs", PT_OAI_COMPLETION, f_logprobs, LIMIT(PT_GP_LOGPROBS), 0},
+    {"top_logprobs", PT_OAI_CHAT, f_top_logprobs, LIMIT(PT_GP_LOGPROBS), 0},
+    {"n", BOTH, f_n, NULL, 0},
+    {"best_of", PT_OAI_COMPLETION, f_best_of, NULL, 0},
+    {"echo", PT_OAI_COMPLETION, f_echo, NULL, 0},
+    {"suffix", PT_OAI_COMPLETION, f_suffix, NULL, 0},
+    {"user", BOTH, f_user, NULL, 0},
+    {"logit_bias", BOTH, f_logit_bias, NULL, 0},
+    {"ignore_eos", BOTH, f_ignore_eos, NULL, 0},
+    {"response_format", BOTH, f_response_format, NULL, 0},
+    {"tools", PT_OAI_CHAT, f_tools, NULL, 0},
+    {"chat_template_kwargs", PT_OAI_CHAT, f_template_kwargs, NULL, 0},
 };
 
 static void defaults(pt_oai_request *r, int kind) {
@@ -461,6 +500,15 @@ int pt_oai_parse(pt_oai_request *r, int kind, const char *body, size_t len,
     defaults(r, kind);
     json_error_t je;
     r->root = json_loadb(body, len, 0, &je);
+    /* jansson refuses \u0000 unless given JSON_ALLOW_NUL.  Petrel keeps it
+     * refused, as `petrel generate` refuses a NUL on stdin (a prompt is
+     * text), but says so in words rather than with jansson's flag name. */
+    if (!r->root && (json_error_code(&je) == json_error_null_character ||
+                     json_error_code(&je) == json_error_null_byte_in_key))
+        return fail(e, 400, "invalid_value", NULL,
+                    "the request contains \\u0000 (a NUL character) at line %d, column %d; "
+                    "Petrel does not accept NUL in any text",
+                    je.line, je.column);
     if (!r->root)
         return fail(e, 400, "invalid_json", NULL,
                     "We could not parse the JSON body of your request: %s (line %d, column %d)",
@@ -551,7 +599,8 @@ json_t *pt_oai_usage(int n_prompt, int n_completion, int n_cached) {
 
 json_t *pt_oai_timings(const pt_sched_stats *st) {
     int n_dec = st->n_generated > 1 ? st->n_generated - 1 : 0;
-    double pre = st->t_prefill > 0 ? st->n_prompt / st->t_prefill : 0;
+    /* the prefill computed only what the prefix cache did not hold */
+    double pre = st->t_prefill > 0 ? (st->n_prompt - st->n_cached) / st->t_prefill : 0;
     double dec = st->t_decode > 0 ? n_dec / st->t_decode : 0;
     return json_pack("{s:f, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:i}", "queue_ms", st->t_queue * 1e3,
                      "ttft_ms", st->ttft * 1e3, "prompt_tokens", st->n_prompt, "prefill_ms",

@@ -12,12 +12,18 @@
  */
 #include "server/server_int.h"
 
+#include <dirent.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
+
+/* Descriptors kept free beyond those open at start-up: the log, a port
+ * file, what libevent and the C library open later. */
+#define FD_HEADROOM 16
 
 /* ---- logging and wakeups ------------------------------------------------------- */
 
@@ -162,6 +168,9 @@ static void defaults(pt_server_opts *o, const pt_engine *e) {
     if (o->max_queue <= 0) o->max_queue = 1024;
     if (o->n_ctx <= 0) o->n_ctx = e->n_ctx;
     if (o->idle_timeout <= 0) o->idle_timeout = 60;
+    if (o->header_timeout <= 0) o->header_timeout = 10;
+    if (o->min_body_rate == 0) o->min_body_rate = 1024;
+    if (o->min_body_rate < 0) o->min_body_rate = 0; /* pt_http_opts: 0 is none */
     if (o->shutdown_timeout < 0) o->shutdown_timeout = 0;
 }
 
@@ -189,6 +198,92 @@ static int size_kv_pool(pt_engine *e, const pt_server_opts *o, pt_err *err) {
     return 0;
 }
 
+/* Descriptors open now (the model's, the loop's, stdio). */
+static int open_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return 32; /* no /proc: a generous guess */
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the directory's own */
+}
+
+/* --max-connections: by default what RLIMIT_NOFILE leaves after the
+ * descriptors open now and some headroom, so that accept never fails for
+ * lack of one. */
+static int size_conn_cap(pt_server_opts *o, pt_err *err) {
+    struct rlimit rl;
+    long limit = 65536;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        limit = (long)PT_MIN(rl.rlim_cur, (rlim_t)1 << 30);
+    int used = open_fds();
+    long room = limit - used - FD_HEADROOM;
+    if (o->max_conns > 0) {
+        if (o->max_conns > room)
+            pt_warn("serve: --max-connections %d is more than the %ld descriptors ulimit -n "
+                    "leaves; accepting will pause when they run out",
+                    o->max_conns, room > 0 ? room : 0);
+        return 0;
+    }
+    if (room < 1)
+        return pt_fail(err,
+                       "ulimit -n is %ld and %d descriptors are already open: no room for "
+                       "connections; raise ulimit -n",
+                       limit, used);
+    o->max_conns = (int)PT_MIN(room, 1L << 20);
+    return 0;
+}
+
+/* A key that a client could never send is a mistake, not a policy.  (The
+ * command line refuses an empty one with the flag's or variable's name.) */
+static int check_api_key(const char *key, pt_err *err) {
+    if (!key) return 0;
+    if (!*key)
+        return pt_fail(err, "the API key is empty: give a key, or none to serve without one");
+    for (const char *p = key; *p; p++)
+        if ((unsigned char)*p <= ' ' || (unsigned char)*p >= 0x7f)
+            return pt_fail(err,
+                           "the API key has a space or a non-printable byte (at %d): a client "
+                           "cannot send it in an Authorization header",
+                           (int)(p - key));
+    return 0;
+}
+
+/* --allowed-hosts takes host names (any port matches), --cors-origin whole
+ * origins ("http://host:port", as browsers send them). */
+static int check_list(const char *list, bool origins, pt_err *err) {
+    if (!list) return 0;
+    const char *flag = origins ? "--cors-origin" : "--allowed-hosts";
+    for (const char *p = list;;) {
+        while (*p == ' ')
+            p++;
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n && p[n - 1] == ' ')
+            n--;
+        char item[256], name[256];
+        if (n == 0 || n >= sizeof item)
+            return pt_fail(err, "%s: empty or overlong entry in '%s'", flag, list);
+        memcpy(item, p, n);
+        item[n] = 0;
+        bool ok = strcmp(item, "*") == 0;
+        if (!ok && origins) {
+            const char *sep = strstr(item, "://");
+            ok = strcmp(item, "null") == 0 || (sep && sep > item && !strchr(sep + 3, '/') &&
+                                               pt_http_host_name(sep + 3, name, sizeof name) == 0);
+        } else if (!ok) {
+            ok = pt_http_host_name(item, name, sizeof name) == 0 && strlen(name) == n;
+        }
+        if (!ok)
+            return pt_fail(err, "%s: '%s' is not %s", flag, item,
+                           origins ? "an origin like http://localhost:3000 (no path), or *"
+                                   : "a host name like example.com (no port), or *");
+        if (!e) return 0;
+        p = e + 1;
+    }
+}
+
 static void write_port_file(const char *path, int port) {
     FILE *f = fopen(path, "w");
     if (!f) {
@@ -200,6 +295,9 @@ static void write_port_file(const char *path, int port) {
 }
 
 static int start(pt_server *s, pt_err *err) {
+    if (check_api_key(s->o.api_key, err) || check_list(s->o.allowed_hosts, false, err) ||
+        check_list(s->o.cors_origins, true, err))
+        return -1;
     if (!s->e->tok)
         return pt_fail(err, "this model has no tokenizer (dummy weights): nothing to serve");
     if (size_kv_pool(s->e, &s->o, err)) return -1;
@@ -220,11 +318,17 @@ static int start(pt_server *s, pt_err *err) {
         return pt_fail(err, "cannot create the server's events");
     event_add(s->sig_int, NULL);
     event_add(s->sig_term, NULL);
+    if (size_conn_cap(&s->o, err)) return -1;
     pt_http_opts ho = {.host = s->o.host,
                        .port = s->o.port,
                        .api_key = s->o.api_key,
                        .max_body = s->o.max_body,
-                       .idle_timeout = s->o.idle_timeout};
+                       .idle_timeout = s->o.idle_timeout,
+                       .header_timeout = s->o.header_timeout,
+                       .min_body_rate = s->o.min_body_rate,
+                       .max_conns = s->o.max_conns,
+                       .allowed_hosts = s->o.allowed_hosts,
+                       .cors_origins = s->o.cors_origins};
     return pt_http_listen(&s->http, s->base, s, &ho, err);
 }
 
@@ -263,9 +367,12 @@ int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err) {
     bool v6 = strchr(s.o.host, ':') != NULL;
     fprintf(stderr,
             "petrel serve: model %s, %d parallel x %d positions, chat template: %s\n"
-            "petrel serve: listening on http://%s%s%s:%d%s\n",
+            "petrel serve: listening on http://%s%s%s:%d, up to %d connections, %s\n",
             s.model_id, s.o.parallel, s.o.n_ctx, pt_chat_tmpl_source(s.tmpl), v6 ? "[" : "",
-            s.o.host, v6 ? "]" : "", port, s.o.api_key ? " (API key required)" : "");
+            s.o.host, v6 ? "]" : "", port, s.o.max_conns,
+            s.o.api_key ? "API key required"
+                        : "no API key (anyone who can connect may use it; --api-key or "
+                          "$PETREL_API_KEY sets one)");
     if (s.o.port_file) write_port_file(s.o.port_file, port);
     event_base_dispatch(s.base);
     pt_server_log(&s, "stopped after %llu request(s)", (unsigned long long)s.n_served);

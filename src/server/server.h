@@ -15,7 +15,7 @@
 typedef struct pt_server_opts {
     const char *host;          /* default 127.0.0.1 */
     int port;                  /* default 8080; 0 = any free port */
-    const char *api_key;       /* NULL: no auth */
+    const char *api_key;       /* NULL: no auth; "" is refused (a start-up error) */
     size_t max_body;           /* bytes; default 8 MiB */
     int parallel;              /* sequences decoded together; default 8 */
     int max_queue;             /* waiting requests before 503; default 1024 */
@@ -24,6 +24,11 @@ typedef struct pt_server_opts {
     const char *model_id;      /* name in /v1/models; default from the path */
     const char *chat_template; /* a file overriding the model's template */
     int idle_timeout;          /* seconds; default 60 */
+    int header_timeout;        /* seconds a request head may take; default 10 */
+    int min_body_rate;         /* bytes/s a body must keep up; default 1024, < 0: none */
+    int max_conns;             /* open connections; default from RLIMIT_NOFILE */
+    const char *allowed_hosts; /* Host names served besides loopback ones; "*": any */
+    const char *cors_origins;  /* origins web pages may call from; "*": any */
     int shutdown_timeout;      /* seconds in-flight requests get on SIGTERM; default 10 */
     const char *port_file;     /* write the bound port here once listening */
     bool quiet;                /* no per-request log lines */

@@ -38,7 +38,7 @@ static void world_init(world *w, int free_pages) {
 static int add_running(world *w, uint64_t arrival, int n_computed, int n_tokens) {
     int i = w->n_running + w->n_waiting;
     w->r[i] = (pt_policy_req){.arrival = arrival, .n_computed = n_computed, .n_tokens = n_tokens,
-                              .pages_held = (n_computed + 3) / 4};
+                              .pages_held = (n_computed + 3) / 4, .pages_own = (n_computed + 3) / 4};
     w->running[w->n_running++] = i;
     return i;
 }
@@ -219,12 +219,60 @@ static void test_spec_rows(void **state) {
     assert_int_equal(item_of(&w, b)->n_logits, 1);
 }
 
+/* Preempting a request returns only the pages it alone holds: requests
+ * whose pages are all shared free nothing and are left running; the one
+ * short of pages goes itself. */
+static void test_shared_pages_not_counted(void **state) {
+    (void)state;
+    world w;
+    world_init(&w, 0);
+    int a = add_running(&w, 1, 8, 9);  /* needs a page */
+    int b = add_running(&w, 2, 6, 7);  /* fits; 2 pages, both shared with c */
+    int c = add_running(&w, 3, 3, 4);  /* fits; holds 1 of its own */
+    w.r[b].pages_own = 0;
+    w.r[c].pages_own = 0; /* its page is shared too */
+    plan(&w);
+    assert_int_equal(w.plan.n_preempt, 1);
+    assert_int_equal(w.plan.preempt[0], a);
+    assert_non_null(item_of(&w, b));
+    assert_non_null(item_of(&w, c));
+    /* with a page of its own, c is preempted for a as before */
+    w.r[c].pages_own = 1;
+    plan(&w);
+    assert_int_equal(w.plan.n_preempt, 1);
+    assert_int_equal(w.plan.preempt[0], c);
+    assert_non_null(item_of(&w, a));
+}
+
+/* A waiting request that starts past cached pages computes only the rest;
+ * the free cached pages it revives count against the pool. */
+static void test_cached_start(void **state) {
+    (void)state;
+    for (int free_pages = 4; free_pages >= 3; free_pages--) {
+        world w;
+        world_init(&w, free_pages);
+        int a = add_waiting(&w, 1, 20);
+        w.r[a].n_computed = 16, w.r[a].pages_held = 4; /* 4 cached pages of 4 positions */
+        w.r[a].pages_revive = 3;                      /* 3 of them free */
+        plan(&w);
+        if (free_pages == 4) { /* 3 revived + 1 new page for positions 16..19 */
+            assert_int_equal(w.plan.n_admit, 1);
+            assert_int_equal(item_of(&w, a)->n_rows, 4);
+            assert_int_equal(item_of(&w, a)->new_pages, 1);
+        } else {
+            assert_int_equal(w.plan.n_admit, 0); /* it waits for one more */
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_growth),       cmocka_unit_test(test_budgets),
         cmocka_unit_test(test_preemption_order),  cmocka_unit_test(test_self_preemption),
         cmocka_unit_test(test_chunk_shrinks),     cmocka_unit_test(test_fifo_admission),
         cmocka_unit_test(test_resumption),        cmocka_unit_test(test_spec_rows),
+        cmocka_unit_test(test_shared_pages_not_counted),
+        cmocka_unit_test(test_cached_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -187,6 +187,35 @@ static void test_rollback(void **state) {
     fixture_free(&f);
 }
 
+/* A page saved to host memory and loaded into another page (of another
+ * cache of the same format) reads back identically, every layer. */
+static void test_page_save_load(void **state) {
+    (void)state;
+    fixture a, b;
+    fixture_init(&a, 4);
+    fixture_init(&b, 4);
+    pt_err err;
+    pt_kv_seq s = {0};
+    assert_int_equal(pt_kv_seq_own(&a.kv, &s, 0, 8, &err), 0);
+    for (int p = 0; p < 8; p++)
+        for (int l = 0; l < 2; l++) put(&a, &s, l, p, (float)(100 * l + p));
+    float *v = a.kv.v[1];
+    v[(size_t)s.pages[1] * 16 + 3] = 42.0f; /* V too */
+    size_t n = pt_kv_page_bytes(&a.kv);
+    assert_int_equal(n, 2 * 2 * 4 * 4 * sizeof(float)); /* layers x K,V x positions x dims */
+    void *host = malloc(n);
+    pt_kv_page_save(&a.kv, s.pages[1], host);
+    pt_kv_page_load(&b.kv, 3, host);
+    pt_kv_seq t = {.pages = (int32_t[]){0, 3}, .n_pages = 2};
+    for (int p = 4; p < 8; p++)
+        for (int l = 0; l < 2; l++) assert_true(get(&b, &t, l, p) == (float)(100 * l + p));
+    assert_true(((float *)b.kv.v[1])[3 * 16 + 3] == 42.0f);
+    free(host);
+    pt_kv_seq_release(&a.kv, &s);
+    fixture_free(&a);
+    fixture_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eviction_order),
@@ -194,6 +223,7 @@ int main(void) {
         cmocka_unit_test(test_chained_hash),
         cmocka_unit_test(test_fork_copy_on_write),
         cmocka_unit_test(test_rollback),
+        cmocka_unit_test(test_page_save_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

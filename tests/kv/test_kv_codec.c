@@ -50,6 +50,9 @@ static void test_parse(void **state) {
         {"turbo:k8v6", "value bits 6"}, {"turbo:k8", "k<bits>v<bits>"},
         {"turbo:x", "k<bits>v<bits>"},  {"turbo:k8v3x", "k<bits>v<bits>"},
         {"turbo:k1v3", "key bits 1"},   {"int8", "expected none"},
+        /* the whole value is quoted, then the part that is wrong */
+        {"turbo:k8v3:bogus", "'turbo:k8v3:bogus': 'bogus'"},
+        {"turbo:anydim:k8v6", "'turbo:anydim:k8v6': value bits 6"},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(bad); i++) {
         pt_kvq_spec s;

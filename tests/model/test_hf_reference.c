@@ -155,6 +155,14 @@ static void test_bad_config(void **state) {
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "yarn"));
     json_decref(j);
+    /* an integer too large for the field is out of range, not missing */
+    j = json_loads("{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                   "\"num_attention_heads\":4,\"intermediate_size\":8,"
+                   "\"vocab_size\":1099511627776}",
+                   0, NULL);
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    if (!strstr(err.msg, "vocab_size 1099511627776 is out of range")) fail_msg("%s", err.msg);
+    json_decref(j);
     be->ops->destroy(be);
 }
 

@@ -91,7 +91,7 @@ static void test_values(void **state) {
     bad(CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "missing_required_parameter",
         "messages[0].content");
     bad(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
-        "unsupported_value", "messages[0].content");
+        "unsupported_value", "messages[0].content[0]");
     bad(CHAT, "{}", 400, "missing_required_parameter", "messages");
     bad(COMP, "{\"max_tokens\":5}", 400, "missing_required_parameter", "prompt");
     bad(COMP, "{\"prompt\":[\"a\",\"b\"]}", 400, "unsupported_value", "prompt");
@@ -105,6 +105,82 @@ static void test_values(void **state) {
         strcat(many, i ? ",\"s\"" : "\"s\"");
     strcat(many, "]}");
     bad(CHAT, many, 400, "invalid_value", "stop");
+}
+
+/* A request that must fail with status, code and param, and a message
+ * that says want and does not say avoid (NULL: no check). */
+static void bad_says(int kind, const char *body, int status, const char *code, const char *param,
+                     const char *want, const char *avoid) {
+    bad(kind, body, status, code, param);
+    pt_oai_request r;
+    pt_oai_error e;
+    assert_int_equal(parse(&r, kind, body, &e), -1);
+    if (want && !strstr(e.message, want))
+        fail_msg("%s: message '%s' lacks '%s'", body, e.message, want);
+    if (avoid && strstr(e.message, avoid))
+        fail_msg("%s: message '%s' says '%s'", body, e.message, avoid);
+}
+
+/* Errors point at what is actually wrong (issue 10, item 7). */
+static void test_messages_point_right(void **state) {
+    (void)state;
+    /* a text part without its text is missing the text, not of the wrong type */
+    bad_says(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
+             "missing_required_parameter", "messages[0].content[0].text", "no 'text'",
+             "only text content parts");
+    bad_says(CHAT,
+             "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+             "{\"type\":\"text\",\"text\":5}]}]}",
+             400, "invalid_type", "messages[0].content[1].text", "must be a string", NULL);
+    bad_says(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[\"hi\"]}]}", 400,
+             "invalid_type", "messages[0].content[0]", "content part", NULL);
+    bad_says(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+             400, "unsupported_value", "messages[0].content[0]", "'image_url'", NULL);
+    /* a bad token id is named, with its position */
+    bad_says(COMP, "{\"prompt\":[1,99999]}", 400, "invalid_value", "prompt", "prompt[1] is 99999",
+             NULL);
+    bad_says(COMP, "{\"prompt\":[1,-4,3]}", 400, "invalid_value", "prompt", "prompt[1] is -4",
+             NULL);
+    bad_says(COMP, "{\"prompt\":[1,2.5]}", 400, "invalid_type", "prompt", "prompt[1]", NULL);
+    /* NUL in a string: a human message, not jansson's flag name */
+    bad_says(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400,
+             "invalid_value", NULL, "NUL", "JSON_ALLOW_NUL");
+    bad_says(COMP, "{\"prompt\":\"\\u0000\"}", 400, "invalid_value", NULL, "NUL", "ALLOW_NUL");
+    bad_says(COMP, "{\"prompt\":\"x\",\"a\\u0000\":1}", 400, "invalid_value", NULL, "NUL",
+             "ALLOW_NUL");
+    /* n below 1 does not suggest sending 0 requests */
+    bad_says(CHAT, "{" MSG ",\"n\":0}", 400, "invalid_value", "n", "must be 1", "requests");
+    bad_says(CHAT, "{" MSG ",\"n\":-2}", 400, "invalid_value", "n", "got -2", "requests");
+    bad_says(CHAT, "{" MSG ",\"n\":3}", 400, "unsupported_value", "n", "send 3 requests", NULL);
+}
+
+/* Ranges come from engine/gen_limits.h, the table the CLI checks too, and
+ * the message states them. */
+static void test_ranges_from_shared_table(void **state) {
+    (void)state;
+    bad_says(CHAT, "{" MSG ",\"temperature\":2.5}", 400, "invalid_value", "temperature",
+             "'temperature' must be a number between 0 and 2, got 2.5", NULL);
+    bad_says(CHAT, "{" MSG ",\"top_k\":-5}", 400, "invalid_value", "top_k",
+             "an integer >= -1, got -5", NULL);
+    bad_says(CHAT, "{" MSG ",\"min_p\":5}", 400, "invalid_value", "min_p", "between 0 and 1", NULL);
+    bad_says(CHAT, "{" MSG ",\"repetition_penalty\":-3}", 400, "invalid_value",
+             "repetition_penalty", "between 0.01 and 10", NULL);
+    bad_says(CHAT, "{" MSG ",\"logprobs\":true,\"top_logprobs\":100}", 400, "invalid_value",
+             "top_logprobs", "between 0 and 20", NULL);
+    bad_says(COMP, "{\"prompt\":\"x\",\"logprobs\":100}", 400, "invalid_value", "logprobs",
+             "between 0 and 20", NULL);
+    bad_says(CHAT, "{" MSG ",\"max_tokens\":0}", 400, "invalid_value", "max_tokens",
+             "an integer >= 1, got 0", NULL);
+    /* the edges themselves are in range */
+    pt_oai_request r;
+    pt_oai_error e;
+    assert_int_equal(parse(&r, CHAT,
+                           "{" MSG ",\"temperature\":2,\"top_p\":0,\"min_p\":1,\"top_k\":-1,"
+                           "\"repetition_penalty\":0.01,\"logprobs\":true,\"top_logprobs\":20}",
+                           &e),
+                     0);
+    assert_int_equal(r.sampling.n_logprobs, 20);
+    pt_oai_request_free(&r);
 }
 
 static void test_unknown_model(void **state) {
@@ -204,6 +280,8 @@ int main(void) {
         cmocka_unit_test(test_values),    cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_good_chat), cmocka_unit_test(test_good_completion),
         cmocka_unit_test(test_pieces),
+        cmocka_unit_test(test_messages_point_right),
+        cmocka_unit_test(test_ranges_from_shared_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

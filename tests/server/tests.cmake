@@ -2,7 +2,9 @@
 # SSE and HTTP framing) are picked up by tests/CMakeLists.txt and linked
 # with petrel_server.  This file adds the end-to-end suite: the official
 # OpenAI npm client, raw fetch and curl against a real `petrel serve` from
-# this build (tests/server/e2e/run.sh), with the load test at 64 concurrent
+# this build (tests/server/e2e/run.sh runs every *.test.mjs: e2e, preempt,
+# and hardening: empty API keys, slow clients, `ulimit -n 64`, DNS
+# rebinding, CORS, Content-Type), with the load test at 64 concurrent
 # streaming clients, or 8 in the sanitizer build where each is much slower.
 if(PETREL_SANITIZE)
   set(e2e_clients 8)
@@ -16,3 +18,4 @@ add_test(NAME server/e2e
                  $<TARGET_FILE:petrel> ${e2e_clients})
 set_tests_properties(server/e2e PROPERTIES
   SKIP_RETURN_CODE 77 TIMEOUT 1200 LABELS e2e ENVIRONMENT "${e2e_env}")
+

@@ -14,19 +14,26 @@ let serial = 0;
 
 // Starts `petrel serve --port 0` with extra flags; resolves once the port
 // file appears.  The server's stderr is kept for failure messages.
-export async function startServer(extra = [], env = {}) {
+// opts.nofile: run it under `ulimit -n` of that many descriptors.
+export async function startServer(extra = [], env = {}, opts = {}) {
   const portFile = path.join(os.tmpdir(), `petrel-e2e-${process.pid}-${serial++}.port`);
   rmSync(portFile, { force: true });
   const args = ['serve', '--port', '0', '--port-file', portFile, ...extra];
-  const proc = spawn(PETREL, args, {
-    stdio: ['ignore', 'ignore', 'pipe'],
-    env: { ...process.env, ...env },
-  });
+  // opts.wrap(args) -> [cmd, argv] runs the server under another command
+  const [cmd, argv] = opts.wrap ? opts.wrap(args)
+    : opts.nofile
+    ? ['sh', ['-c', `ulimit -n ${opts.nofile} && exec "$0" "$@"`, PETREL, ...args]]
+    : [PETREL, args];
+  const fullEnv = { ...process.env, ...env };
+  for (const k of Object.keys(fullEnv)) if (fullEnv[k] === undefined) delete fullEnv[k];
+  const proc = spawn(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'], env: fullEnv });
   let log = '';
   proc.stderr.on('data', (d) => { log += d; });
   const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
   for (let i = 0; ; i++) {
-    if (existsSync(portFile) && readFileSync(portFile, 'utf8').endsWith('\n')) break;
+    // the port file is written after the start-up lines; wait for those
+    // to reach us too, so tests may read them at once
+    if (existsSync(portFile) && readFileSync(portFile, 'utf8').endsWith('\n') && /listening on/.test(log)) break;
     if (proc.exitCode !== null) throw new Error(`petrel serve exited ${proc.exitCode}:\n${log}`);
     if (i > 2400) throw new Error(`petrel serve did not start in 120 s:\n${log}`);
     await sleep(50);
