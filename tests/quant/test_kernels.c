@@ -181,13 +181,13 @@ static void test_gguf_all(void **state) {
  * weights times the activations rounded as it rounds them (to f32 rounding,
  * 1e-5 of sum |w x|), and against the exact activations within the int8
  * rounding bound sum |w_i| * d_x / 2, d_x = max|x| / 127.  Shapes cover
- * every tile remainder (rows 1..5 and 37, tokens 4..9 and 33), more rows
+ * every tile remainder (rows 1..5 and 37, tokens 8..11, 13 and 33), more rows
  * than one cache block (1000), and extreme codes (q8_0 -128, a zero block). */
 static void check_i8(fmt f) {
     pt_dtype t = f.t;
     int block = f.t == PT_AFFINE ? f.gs : pt_dtype_get(f.t)->block;
     static const int64_t row_counts[] = {1, 2, 3, 5, 37, 1000};
-    static const int ns[] = {4, 5, 6, 7, 9, 33};
+    static const int ns[] = {PT_QK_I8_MIN_TOKENS, 9, 10, 11, 13, 33}; /* every tile remainder */
     pt_rng rng;
     pt_rng_seed(&rng, 77 + (uint64_t)t * 10 + (uint64_t)f.gs + (uint64_t)f.st);
     pt_pool *pool = pt_pool_new(2);

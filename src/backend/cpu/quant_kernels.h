@@ -78,9 +78,11 @@ typedef struct pt_qact8 {
 typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0,
                                int64_t r1);
 
-/* Below this many tokens a call takes the int16 row kernels: decode is
- * memory-bound, and int16 rounds activations 258x finer. */
-#define PT_QK_I8_MIN_TOKENS 4
+/* Below this many tokens a call takes the int16 row kernels: they are
+ * faster there (the GEMM repacks 8 rows per 1024 columns per call: at 4
+ * tokens it ran 0.76-0.91x the rows, at 8 tokens 1.06-2.3x; bench/quant_gemm.c,
+ * Zen 3), and int16 rounds activations 258x finer. */
+#define PT_QK_I8_MIN_TOKENS 8
 
 typedef struct pt_qk_ctx {
     bool avx2;     /* use the AVX2 kernels (the caller checked the CPU) */
