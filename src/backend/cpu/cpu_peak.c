@@ -13,7 +13,8 @@
  * per instruction); their fraction is taken against the int8 peak too.
  *
  * Each probe is a register-only loop (cpu_kernels.h peak_f32 / peak_i8)
- * run on every thread at once, best of REPS passes, measured once per
+ * run on every thread at once, best of REPS short passes (on a shared
+ * machine a long pass always meets a preemption), measured once per
  * backend.  Each thread's rate is its operations over its own CPU time,
  * and the rates are summed: on a machine shared with other jobs, wall time
  * would count the time a thread waited for a core and set the ceiling
@@ -24,8 +25,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 
-#define REPS 5
-#define ITERS 2000000 /* ~10-30 ms per pass per thread */
+#define REPS 30
+#define ITERS 300000 /* ~1 ms per pass per thread: short, so some passes run undisturbed */
 
 typedef struct peak_job {
     double (*loop)(int64_t iters, float *sink);
