@@ -16,6 +16,7 @@ fi
 read -ra missing <<<"${missing[*]}"
 [ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-echo "install-deps: installing ${missing[*]}"
+echo "install-deps: missing Debian packages: ${missing[*]}"
+echo "install-deps: fetching them now with apt-get (network: your Debian mirrors)${SUDO:+, through sudo}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
