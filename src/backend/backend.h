@@ -135,6 +135,11 @@ typedef struct pt_backend_ops {
     /* Measured memory read bandwidth in bytes/s (a large streaming read on
      * all threads), for rooflines. */
     double (*read_bandwidth)(pt_backend *be);
+    /* Measured compute peak in operations/s (a multiply-add is 2) on all
+     * threads, for the multiply-adds a prefill with weights of dtype wt
+     * runs; note (may be NULL) gets a line naming the kernels and how the
+     * probes ran.  NULL op: not measured (prefill shows no fraction). */
+    double (*compute_peak)(pt_backend *be, pt_dtype wt, char *note, size_t note_len);
     void (*destroy)(pt_backend *be);
 } pt_backend_ops;
 
