@@ -335,11 +335,20 @@ static char *chat(const char *workload, json_t *messages, int max_tokens, json_t
                                         : R.after_restart       ? "ssd"
                                                                 : "ram"));
         json_object_set_new(rec, "finish_reason", json_string(st.finish));
-        /* decode rate: tokens after the first over the time they took */
+        /* decode rate: tokens after the first over the time they took, as
+         * the client saw them; when they all came in one chunk (a busy
+         * server batches a stream's tokens), the server's own figure */
+        double server_tps = st.timings ? json_number_value(json_object_get(
+                                             st.timings, "decode_tokens_per_second"))
+                                       : 0;
         if (n_gen > 1 && st.t_last > st.t_first) {
             double span = st.t_last - st.t_first;
             json_object_set_new(rec, "itl_ms", json_real(span * 1e3 / (n_gen - 1)));
             json_object_set_new(rec, "decode_tps", json_real((n_gen - 1) / span));
+        } else if (n_gen > 1 && server_tps > 0) {
+            json_object_set_new(rec, "itl_ms", json_real(1e3 / server_tps));
+            json_object_set_new(rec, "decode_tps", json_real(server_tps));
+            json_object_set_new(rec, "decode_from", json_string("server timings"));
         }
     }
     json_object_set_new(rec, "usage", st.usage ? st.usage : json_null());
