@@ -358,13 +358,19 @@ static void plot_rss(FILE *f, const json_t *samples, const json_t *phases) {
     json_array_foreach(samples, i, s) add(&p.s[0], num(s, "t_s"), num(s, "rss_mb"));
     svg_plot(f, &p);
     plot q = {.id = "kv",
-              .title = "KV pages reserved by running requests",
+              .title = "KV pool: pages held by running requests, cached, and the budget",
               .xlabel = "time (s)",
               .ylabel = "pages",
-              .ns = 1,
+              .ns = 3,
               .spans = phases};
-    q.s[0] = (series){.name = "reserved", .color = colors[2], .line = true};
-    json_array_foreach(samples, i, s) add(&q.s[0], num(s, "t_s"), num(s, "kv_pages_reserved"));
+    q.s[0] = (series){.name = "held by running", .color = colors[2], .line = true};
+    q.s[1] = (series){.name = "cached (free, reusable)", .color = colors[0], .line = true};
+    q.s[2] = (series){.name = "pool (--kv-budget)", .color = colors[1], .line = true};
+    json_array_foreach(samples, i, s) {
+        add(&q.s[0], num(s, "t_s"), num(s, "kv_pages_reserved"));
+        add(&q.s[1], num(s, "t_s"), num(s, "kv_pages_cached"));
+        add(&q.s[2], num(s, "t_s"), num(s, "kv_pages"));
+    }
     svg_plot(f, &q);
 }
 

@@ -858,7 +858,7 @@ static void *sampler(void *arg) {
             if (json_is_object(h)) {
                 smp = json_object();
                 static const char *const keys[] = {"running", "waiting", "kv_pages_reserved",
-                                                   "kv_pages"};
+                                                   "kv_pages_cached", "kv_pages"};
                 for (size_t k = 0; k < PT_ARRAY_LEN(keys); k++)
                     if (json_is_integer(json_object_get(h, keys[k])))
                         json_object_set(smp, keys[k], json_object_get(h, keys[k]));

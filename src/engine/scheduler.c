@@ -44,7 +44,7 @@ struct pt_sched {
     int n_cancels, cap_cancels;
     uint64_t next_id;
     bool quit, cancel_all;
-    int n_waiting, n_running, pages_held; /* published after each step */
+    int n_waiting, n_running, pages_held, pages_cached; /* published after each step */
 };
 
 int pt_sched_pages_for(const pt_engine *e, int n_positions) {
@@ -90,7 +90,9 @@ static void publish(pt_sched *s) {
     int w, r;
     pt_core_counts(s->core, &w, &r);
     int held = s->e->kv.cfg.n_pages - pt_kv_free_pages(&s->e->kv);
+    int cached = s->e->kv.pool.n_cached;
     pthread_mutex_lock(&s->mu);
+    s->pages_cached = cached;
     s->n_waiting = w;
     s->n_running = r;
     s->pages_held = held;
@@ -220,6 +222,13 @@ void pt_sched_load(pt_sched *s, int *n_waiting, int *n_running, int *pages_held)
     if (n_running) *n_running = s->n_running;
     if (pages_held) *pages_held = s->pages_held;
     pthread_mutex_unlock(&s->mu);
+}
+
+int pt_sched_cached_pages(pt_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->pages_cached;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 void pt_sched_stop(pt_sched *s) {

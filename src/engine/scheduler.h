@@ -57,6 +57,8 @@ void pt_sched_cancel_all(pt_sched *s);
 /* Counts as of the last step, thread-safe: jobs waiting (queued or
  * preempted), running, and KV pages held. */
 void pt_sched_load(pt_sched *s, int *n_waiting, int *n_running, int *pages_held);
+/* KV pages free but still holding cached content, as of the last step. */
+int pt_sched_cached_pages(pt_sched *s);
 
 /* Cancels whatever is left, joins the thread and frees the scheduler (all
  * on_done callbacks have run when it returns).  NULL is a no-op. */

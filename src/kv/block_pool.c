@@ -119,22 +119,29 @@ int32_t pt_block_alloc(pt_block_pool *p) {
     if (id < 0) return -1;
     queue_unlink(p, id);
     if (p->hash[id] && p->on_evict) p->on_evict(p->evict_ctx, id, p->hash[id]);
-    if (p->hash[id]) map_remove(p, id);
+    if (p->hash[id]) {
+        map_remove(p, id);
+        p->n_cached--;
+    }
     p->hash[id] = 0;
     p->refs[id] = 1;
     return id;
 }
 
 void pt_block_ref(pt_block_pool *p, int32_t id) {
-    if (p->refs[id]++ == 0) queue_unlink(p, id);
+    if (p->refs[id]++ > 0) return;
+    queue_unlink(p, id);
+    if (p->hash[id]) p->n_cached--; /* a cache hit revives it */
 }
 
 void pt_block_unref(pt_block_pool *p, int32_t id) {
     if (--p->refs[id] > 0) return;
-    if (p->hash[id])
+    if (p->hash[id]) {
         queue_push_tail(p, id);
-    else
+        p->n_cached++;
+    } else {
         queue_push_head(p, id);
+    }
 }
 
 uint64_t pt_block_hash(uint64_t parent, const int32_t *tokens, int n, uint64_t salt) {

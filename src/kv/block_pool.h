@@ -35,6 +35,7 @@
 typedef struct pt_block_pool {
     int n_blocks;
     int n_free;
+    int n_cached; /* of the free ones, those still holding content (FREE-CACHED) */
     uint32_t *refs;   /* [n_blocks] */
     uint64_t *hash;   /* [n_blocks] content hash, 0 = none */
     int32_t *prev, *next; /* [n_blocks] free queue links, -1 at the ends */

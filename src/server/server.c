@@ -142,6 +142,9 @@ void pt_handle_health(pt_conn *c, const char *body, size_t len) {
                   "model", s->model_id, "parallel", s->o.parallel, "running", running, "waiting",
                   waiting, "kv_pages_reserved", reserved, "kv_pages", s->e->kv.cfg.n_pages,
                   "requests_served", (json_int_t)s->n_served);
+    /* the pool's pages: held by running requests, free but cached, free */
+    json_object_set_new(r, "kv_pages_cached", json_integer(pt_sched_cached_pages(s->sched)));
+    json_object_set_new(r, "kv_page_bytes", json_integer((json_int_t)pt_kv_page_bytes(&s->e->kv)));
     pt_http_reply_json(c, ok ? 200 : 503, r);
     json_decref(r);
 }

@@ -30,6 +30,7 @@ static void test_eviction_order(void **state) {
     pt_block_unref(&p, b[0]); /* cached, freed second */
     pt_block_unref(&p, b[2]); /* empty: evicted before any cached one */
     assert_int_equal(p.n_free, 3);
+    assert_int_equal(p.n_cached, 2);
     assert_int_equal(pt_block_lookup(&p, 100), b[0]);
     assert_int_equal(pt_block_lookup(&p, 101), b[1]);
 
@@ -38,8 +39,10 @@ static void test_eviction_order(void **state) {
     pt_block_ref(&p, b[0]);
     assert_int_equal(pt_block_refs(&p, b[0]), 1);
     assert_int_equal(p.n_free, 1);
+    assert_int_equal(p.n_cached, 1);
     assert_int_equal(pt_block_alloc(&p), b[1]);
     assert_int_equal(pt_block_lookup(&p, 101), -1); /* its content is gone */
+    assert_int_equal(p.n_cached, 0);
     assert_int_equal(pt_block_lookup(&p, 100), b[0]); /* held, still findable */
     assert_int_equal(pt_block_alloc(&p), -1);
     pt_block_pool_free(&p);

@@ -43,6 +43,9 @@ describe('prefix cache', () => {
     }
     assert.equal(text, first.choices[0].text);
     assert.equal(usage.prompt_tokens_details.cached_tokens, Math.floor((n - 1) / 16) * 16);
+    const h = await (await fetch(`${on.url}/health`, { headers: { host: 'localhost' } })).json();
+    assert.ok(h.kv_pages_cached > 0, JSON.stringify(h)); // freed, still findable
+    assert.equal(h.kv_pages_reserved, 0);
     const other = await off.client().completions.create(body(PROMPT));
     await off.client().completions.create(body(PROMPT));
     const again = await off.client().completions.create(body(PROMPT));
