@@ -63,6 +63,7 @@ int cli_open_engine(pt_engine **e);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_grammar(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
