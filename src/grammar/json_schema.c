@@ -168,8 +168,10 @@ static int list_rule(sc *c, char open, char close, int item, long lo, long hi, i
         seq_ref(&ci, comma);
         seq_ref(&ci, item);
         int one = gb_rule_of(b, &ci);
-        long need = lo > n_pre ? lo - n_pre : 0;
-        long max = hi < 0 ? -1 : hi - n_pre;
+        long used = n_pre > 0 ? n_pre : 1; /* items before `rest` */
+        long need = lo > used ? lo - used : 0;
+        long max = hi < 0 ? -1 : hi - used;
+        if (max < 0 && hi >= 0) max = 0;
         if (max >= 0 && max < need) max = need;
         rest = gb_repeat(b, one, need, max, c->err);
         if (rest < 0) return -1;
@@ -286,7 +288,7 @@ static int const_rule(sc *c, const json_t *v) {
         seq_byte(b, &s, obj ? '}' : ']');
         return gb_rule_of(b, &s);
     }
-    if (json_is_real(v) && v == v) {
+    if (json_is_real(v)) {
         /* 1.0 may be written 1.0 or 1: the numeric value is what counts */
         double d = json_real_value(v);
         char buf[64];
@@ -538,7 +540,7 @@ static int str_body_except(sc *c, char **names, int n, int d) {
         gb_alt(b, r, &e);
     }
     bool mid_char = d > 0 && ((unsigned char)names[0][d - 1] & 0x80) &&
-                    (d < 2 || (unsigned char)names[0][d] >= 0x80 && (unsigned char)names[0][d] < 0xC0);
+                    (d < 2 || ((unsigned char)names[0][d] >= 0x80 && (unsigned char)names[0][d] < 0xC0));
     bool any_high = false;
     for (int x = 0; x < 256; x++) {
         if (!child[x]) continue;
