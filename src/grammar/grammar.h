@@ -40,6 +40,10 @@ int pt_grammar_from_regex(pt_grammar **out, const char *re, pt_err *err);
 /* JSON Schema (draft 4 to 2020-12 keywords that can be enforced exactly);
  * any keyword that cannot be enforced is an error naming it. */
 int pt_grammar_from_schema(pt_grammar **out, const json_t *schema, pt_err *err);
+/* The same with at most ws_max whitespace characters between two JSON
+ * tokens (pt_grammar_from_schema: 20).  1 keeps a small model from
+ * spending its tokens on whitespace. */
+int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err);
 int pt_grammar_from_schema_text(pt_grammar **out, const char *text, size_t len, pt_err *err);
 void pt_grammar_free(pt_grammar *g);
 /* Counts for tests and logs. */

@@ -28,6 +28,7 @@ typedef struct sc {
     struct { const char *ref; int rule; } *refs;
     int n_refs, cap_refs;
     int depth;
+    int ws_max; /* whitespace characters allowed between two tokens */
 } sc;
 
 static int gen(sc *c, const json_t *s, int *rule);
@@ -41,7 +42,7 @@ static int ws_rule(sc *c) {
         gseq s = {0};
         seq_bytes(c->b, &s, &w);
         /* bounded so a model cannot loop on whitespace forever */
-        c->ws = gb_repeat(c->b, gb_rule_of(c->b, &s), 0, 20, c->err);
+        c->ws = gb_repeat(c->b, gb_rule_of(c->b, &s), 0, c->ws_max, c->err);
     }
     return c->ws;
 }
@@ -1196,17 +1197,22 @@ out:
 }
 
 int pt_grammar_from_schema(pt_grammar **out, const json_t *schema, pt_err *err) {
+    return pt_grammar_from_schema_ws(out, schema, 20, err);
+}
+
+int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err) {
     gbuild b;
     gb_init(&b);
-    sc c = {.b = &b, .root = schema, .err = err};
+    sc c = {.b = &b, .root = schema, .err = err, .ws_max = ws_max < 0 ? 0 : ws_max};
     c.ws = c.value = c.string = c.str_char = c.str_body = c.number = c.integer = c.boolean = c.null = -1;
     c.any_obj = c.any_arr = -1;
     int body, rc = gen(&c, schema, &body);
     if (rc == 0) {
         gseq s = {0};
+        /* leading whitespace is allowed; none after the value, so a finished
+         * value leaves only the end of generation */
         seq_ref(&s, ws_rule(&c));
         seq_ref(&s, body);
-        seq_ref(&s, ws_rule(&c));
         rc = gb_finish(&b, gb_rule_of(&b, &s), out, err);
     }
     free(c.refs);

@@ -60,7 +60,8 @@ struct pt_gmatcher {
     /* state history */
     ivec hist, hist_off;
     /* mask machinery */
-    pc_entry **pc; /* [n_code] */
+    pc_entry **pc; /* [n_code + 1] */
+    int n_pc;
     uint32_t *tok_mark, tok_gen;
     ivec *lvl; /* per trie depth scratch */
     ivec sim_a, sim_b;
@@ -72,7 +73,7 @@ struct pt_gmatcher {
     int mc_n;
 };
 
-#define MC_MAX 2048
+#define MC_MAX 512
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -228,7 +229,8 @@ pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v) {
     node_add(m, -1, -1); /* N_ROOT */
     node_add(m, -2, -1); /* N_SENT */
     htab_grow(m);
-    m->pc = pt_xcalloc((size_t)g->n_code + 1, sizeof *m->pc);
+    m->n_pc = g->n_code + 1;
+    m->pc = pt_xcalloc((size_t)m->n_pc, sizeof *m->pc);
     m->tok_mark = pt_xcalloc((size_t)v->n_vocab, sizeof *m->tok_mark);
     m->lvl = pt_xcalloc(PT_GVOCAB_MAX_LEN + 2, sizeof *m->lvl);
     pt_gmatcher_reset(m);
@@ -260,7 +262,7 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     free(m->clo_pool.a);
     free(m->hist.a);
     free(m->hist_off.a);
-    for (int i = 0; i <= m->g->n_code; i++) {
+    for (int i = 0; i < m->n_pc; i++) { /* the grammar may be gone already */
         if (!m->pc[i]) continue;
         free(m->pc[i]->acc);
         free(m->pc[i]->unc);
