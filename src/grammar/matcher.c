@@ -23,6 +23,7 @@
  */
 #include "grammar/grammar_vocab.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 enum { N_ROOT = 0, N_SENT = 1 };
@@ -40,11 +41,6 @@ static void iv_push(ivec *v, int32_t x) {
     v->a[v->n++] = x;
 }
 
-typedef struct pc_entry { /* one leaf position's classified vocabulary */
-    uint32_t *acc;        /* [n_words] accepted whatever the context */
-    int32_t *unc;         /* tokens that depend on the context */
-    int n_unc;
-} pc_entry;
 
 struct pt_gmatcher {
     const pt_grammar *g;
@@ -60,8 +56,26 @@ struct pt_gmatcher {
     /* state history */
     ivec hist, hist_off;
     /* mask machinery */
-    pc_entry **pc; /* [n_code + 1] */
+    pc_entry **pc; /* [cap_pc] by truncated leaf node id */
     int n_pc;
+    ivec owned_pc;      /* indexes of pc entries this matcher must free */
+    /* interned state sets and their byte transitions: a DFA built lazily
+     * over the pushdown states, so a trie walk costs a table lookup per
+     * node once a set has been seen */
+    ivec dpool;               /* members of set k: dpool[doff[k] .. doff[k+1]) */
+    ivec doff;
+    uint8_t *dsent;           /* [k] the set holds SENTINEL */
+    int32_t **dtrans;         /* [k] 256 successors; -2 unknown, -1 dead */
+    int32_t *dhash;           /* open addressing: set index + 1 */
+    uint32_t dhcap;
+    int n_dsets;
+    ivec dtmp;
+    pc_entry **own;
+    int n_own, cap_own;
+    int32_t *canon;     /* [n_rules] signature numbering, -1 */
+    ivec canon_touched, canon_queue;
+    uint8_t *sig;
+    size_t sig_len, sig_cap;
     uint32_t *tok_mark, tok_gen;
     ivec *lvl; /* per trie depth scratch */
     ivec sim_a, sim_b;
@@ -229,8 +243,8 @@ pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v) {
     node_add(m, -1, -1); /* N_ROOT */
     node_add(m, -2, -1); /* N_SENT */
     htab_grow(m);
-    m->n_pc = g->n_code + 1;
-    m->pc = pt_xcalloc((size_t)m->n_pc, sizeof *m->pc);
+    m->canon = pt_xmalloc(((size_t)g->n_rules + 1) * sizeof *m->canon);
+    for (int i = 0; i <= g->n_rules; i++) m->canon[i] = -1;
     m->tok_mark = pt_xcalloc((size_t)v->n_vocab, sizeof *m->tok_mark);
     m->lvl = pt_xcalloc(PT_GVOCAB_MAX_LEN + 2, sizeof *m->lvl);
     pt_gmatcher_reset(m);
@@ -262,13 +276,25 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     free(m->clo_pool.a);
     free(m->hist.a);
     free(m->hist_off.a);
-    for (int i = 0; i < m->n_pc; i++) { /* the grammar may be gone already */
-        if (!m->pc[i]) continue;
-        free(m->pc[i]->acc);
-        free(m->pc[i]->unc);
-        free(m->pc[i]);
+    for (int i = 0; i < m->n_own; i++) { /* entries the shared cache did not take */
+        free(m->own[i]->acc);
+        free(m->own[i]->unc);
+        free(m->own[i]);
     }
+    free(m->own);
     free(m->pc);
+    free(m->owned_pc.a);
+    free(m->canon);
+    free(m->canon_touched.a);
+    free(m->canon_queue.a);
+    free(m->sig);
+    for (int k = 0; k < m->n_dsets; k++) free(m->dtrans[k]);
+    free(m->dtrans);
+    free(m->dsent);
+    free(m->dhash);
+    free(m->dpool.a);
+    free(m->doff.a);
+    free(m->dtmp.a);
     free(m->tok_mark);
     for (int i = 0; i < PT_GVOCAB_MAX_LEN + 2; i++) free(m->lvl[i].a);
     free(m->lvl);
@@ -344,6 +370,90 @@ bool pt_gmatcher_is_finished(pt_gmatcher *m) {
 
 /* --- masks ------------------------------------------------------------- */
 
+/* --- the lazy DFA over state sets --------------------------------------- */
+
+static uint64_t ids_hash(const int32_t *a, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)a[i]) * 1099511628211ull;
+    return h;
+}
+
+static void sort_ids(int32_t *a, int n) { /* sets are small: insertion sort */
+    for (int i = 1; i < n; i++) {
+        int32_t x = a[i];
+        int j = i - 1;
+        for (; j >= 0 && a[j] > x; j--) a[j + 1] = a[j];
+        a[j + 1] = x;
+    }
+}
+
+static void dhash_grow(pt_gmatcher *m) {
+    uint32_t cap = m->dhcap ? 2 * m->dhcap : 1024;
+    int32_t *t = pt_xcalloc(cap, sizeof *t);
+    for (int k = 0; k < m->n_dsets; k++) {
+        int off = m->doff.a[k], n = m->doff.a[k + 1] - off;
+        uint32_t h = (uint32_t)ids_hash(m->dpool.a + off, n) & (cap - 1);
+        while (t[h]) h = (h + 1) & (cap - 1);
+        t[h] = k + 1;
+    }
+    free(m->dhash);
+    m->dhash = t;
+    m->dhcap = cap;
+}
+
+/* The index of the set a[0..n) (sorted in place); -1 if empty. */
+static int32_t dset(pt_gmatcher *m, int32_t *a, int n) {
+    if (!n) return -1;
+    sort_ids(a, n);
+    if ((uint32_t)m->n_dsets * 2 + 2 >= m->dhcap) dhash_grow(m);
+    if (!m->doff.n) iv_push(&m->doff, 0);
+    uint32_t h = (uint32_t)ids_hash(a, n) & (m->dhcap - 1);
+    for (;; h = (h + 1) & (m->dhcap - 1)) {
+        int32_t e = m->dhash[h];
+        if (!e) break;
+        int off = m->doff.a[e - 1];
+        if (m->doff.a[e] - off == n && !memcmp(m->dpool.a + off, a, (size_t)n * sizeof *a)) return e - 1;
+    }
+    int k = m->n_dsets++;
+    bool sent = false;
+    for (int i = 0; i < n; i++) {
+        iv_push(&m->dpool, a[i]);
+        sent |= a[i] == N_SENT;
+    }
+    iv_push(&m->doff, m->dpool.n);
+    if ((k & (k - 1)) == 0) { /* grow per-set arrays at powers of two */
+        size_t c = k ? 2 * (size_t)k : 1;
+        m->dsent = pt_xrealloc(m->dsent, c);
+        m->dtrans = pt_xrealloc(m->dtrans, c * sizeof *m->dtrans);
+    }
+    m->dsent[k] = sent;
+    m->dtrans[k] = NULL;
+    m->dhash[h] = k + 1;
+    return k;
+}
+
+/* The set after byte b from set k (-1: nothing survives). */
+static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
+    int32_t *t = m->dtrans[k];
+    if (t && t[b] != -2) return t[b];
+    if (!t) {
+        t = m->dtrans[k] = pt_xmalloc(256 * sizeof *t);
+        for (int i = 0; i < 256; i++) t[i] = -2;
+    }
+    int off = m->doff.a[k], n = m->doff.a[k + 1] - off;
+    int32_t small[64], *in = n <= 64 ? small : pt_xmalloc((size_t)n * sizeof *in);
+    memcpy(in, m->dpool.a + off, (size_t)n * sizeof *in);
+    step(m, in, n, b, &m->dtmp);
+    if (in != small) free(in);
+    int32_t r = dset(m, m->dtmp.a, m->dtmp.n);
+    m->dtrans[k][b] = r; /* dset may not move dtrans[k]'s table, only the array */
+    return r;
+}
+
+static bool dset_live(const pt_gmatcher *m, int32_t k) { /* holds more than SENTINEL */
+    return m->doff.a[k + 1] - m->doff.a[k] > (int)m->dsent[k];
+}
+
 static void set_tok(const pt_gvocab *v, uint32_t *bits, int32_t t) {
     for (; t >= 0; t = v->dup_next[t]) bits[t >> 5] |= 1u << (t & 31);
 }
@@ -354,43 +464,137 @@ static void add_subtree_unc(pt_gmatcher *m, pc_entry *pc, ivec *unc, int from, i
         if (m->v->ttok[i] >= 0) iv_push(unc, m->v->ttok[i]);
 }
 
-/* Classifies the tokens below trie node ti; lvl[depth] holds the state
- * after ti's bytes; popped: some shorter prefix could end the frame. */
-static void pc_walk(pt_gmatcher *m, pc_entry *pc, ivec *unc, int ti, int depth, bool popped) {
+/* Classifies the tokens below trie node ti, from set k (the state after
+ * ti's bytes); popped: some shorter prefix could end the frame. */
+static void pc_walk(pt_gmatcher *m, pc_entry *pc, ivec *unc, int ti, int32_t k, bool popped) {
     const pt_gvocab *v = m->v;
     for (int c = ti + 1; c < v->tend[ti]; c = v->tend[c]) {
-        ivec *S = &m->lvl[depth], *T = &m->lvl[depth + 1];
-        step(m, S->a, S->n, v->tbyte[c], T);
-        bool sent = false;
-        for (int i = 0; i < T->n; i++)
-            if (T->a[i] == N_SENT) {
-                T->a[i] = T->a[--T->n];
-                sent = true;
-                break;
-            }
+        int32_t t = dstep(m, k, v->tbyte[c]);
+        bool sent = t >= 0 && m->dsent[t], live = t >= 0 && dset_live(m, t);
         int32_t tok = v->ttok[c];
         if (tok >= 0) {
-            if (T->n || sent) set_tok(v, pc->acc, tok);
+            if (t >= 0) set_tok(v, pc->acc, tok);
             else if (popped) iv_push(unc, tok);
         }
         bool pp = popped || sent;
-        if (T->n) pc_walk(m, pc, unc, c, depth + 1, pp);
+        if (live) pc_walk(m, pc, unc, c, t, pp);
         else if (pp) add_subtree_unc(m, pc, unc, c + 1, v->tend[c]);
     }
 }
 
-static pc_entry *pc_get(pt_gmatcher *m, int32_t pos) {
-    if (m->pc[pos]) return m->pc[pos];
+/* The leaf's stack cut below its PC_DEPTH-th frame, the rest replaced by
+ * SENTINEL: the context a classification may look into.  Deep enough to
+ * hold a whole JSON string or number (char, loop, closing quote), so only
+ * tokens that run past such a value are uncertain. */
+#define PC_DEPTH 3
+
+static int32_t truncate_stack(pt_gmatcher *m, int32_t id, int k) {
+    if (id <= N_SENT) return id;
+    if (k == 0) return N_SENT;
+    int32_t below = truncate_stack(m, m->npar[id], k - 1);
+    return node_get(m, m->npos[id], below);
+}
+
+/* --- the vocabulary-wide cache of classifications ----------------------
+ * A classification depends only on the grammar reachable from a truncated
+ * stack, so it is keyed by a canonical text of that sub-grammar (rules
+ * renumbered in order of discovery): a JSON string's classification is
+ * computed once per vocabulary, whichever schema holds the string. */
+
+static void sig_put(pt_gmatcher *m, const void *p, size_t n) {
+    if (m->sig_len + n > m->sig_cap) {
+        m->sig_cap = (m->sig_len + n) * 2 + 256;
+        m->sig = pt_xrealloc(m->sig, m->sig_cap);
+    }
+    memcpy(m->sig + m->sig_len, p, n);
+    m->sig_len += n;
+}
+
+static void sig_tail(pt_gmatcher *m, int32_t pos) {
+    const pt_grammar *g = m->g;
+    for (;; pos++) {
+        int32_t e = g->code[pos];
+        uint8_t k = (uint8_t)GE_KIND(e);
+        sig_put(m, &k, 1);
+        if (k == GE_END) return;
+        if (k == GE_BYTES) {
+            sig_put(m, &g->sets[GE_ARG(e)], sizeof(pt_byteset));
+        } else {
+            int r = GE_ARG(e);
+            if (m->canon[r] < 0) {
+                m->canon[r] = m->canon_touched.n;
+                iv_push(&m->canon_touched, r);
+                iv_push(&m->canon_queue, r);
+            }
+            sig_put(m, &m->canon[r], sizeof(int32_t));
+        }
+    }
+}
+
+static void signature(pt_gmatcher *m, int32_t id) {
+    const pt_grammar *g = m->g;
+    m->sig_len = 0;
+    m->canon_touched.n = m->canon_queue.n = 0;
+    int32_t cur = id;
+    for (; cur > N_SENT; cur = m->npar[cur]) sig_tail(m, m->npos[cur]);
+    uint8_t bottom = cur == N_ROOT ? 'R' : 'S';
+    sig_put(m, &bottom, 1);
+    for (int q = 0; q < m->canon_queue.n; q++) {
+        int r = m->canon_queue.a[q];
+        int32_t na = g->rule_alt[r + 1] - g->rule_alt[r];
+        sig_put(m, &na, sizeof na);
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_tail(m, g->alt_start[a]);
+    }
+    for (int i = 0; i < m->canon_touched.n; i++) m->canon[m->canon_touched.a[i]] = -1;
+}
+
+static uint64_t sig_hash(const uint8_t *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static pc_entry *classify(pt_gmatcher *m, int32_t t) {
     pc_entry *pc = pt_xcalloc(1, sizeof *pc);
     pc->acc = pt_xcalloc((size_t)m->v->n_words, sizeof *pc->acc);
     ivec unc = {0};
-    ivec *S = &m->lvl[0];
-    S->n = 0;
-    iv_push(S, node_get(m, pos, N_SENT));
-    pc_walk(m, pc, &unc, 0, 0, false);
+    int32_t one = t;
+    pc_walk(m, pc, &unc, 0, dset(m, &one, 1), false);
     pc->unc = unc.a;
     pc->n_unc = unc.n;
-    m->pc[pos] = pc;
+    return pc;
+}
+
+static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf) {
+    int32_t t = truncate_stack(m, leaf, PC_DEPTH);
+    if (t >= m->n_pc) {
+        int n = m->n_nodes + 1024;
+        m->pc = pt_xrealloc(m->pc, (size_t)n * sizeof *m->pc);
+        memset(m->pc + m->n_pc, 0, (size_t)(n - m->n_pc) * sizeof *m->pc);
+        m->n_pc = n;
+    }
+    if (m->pc[t]) return m->pc[t];
+    signature(m, t);
+    pt_gvocab *v = (pt_gvocab *)m->v; /* the cache is the one mutable part */
+    uint64_t h = sig_hash(m->sig, m->sig_len);
+    pc_entry *pc = pt_gvocab_cache_get(v, h, m->sig, m->sig_len);
+    if (!pc) {
+        double t0 = pt_now();
+        pc = classify(m, t);
+        if (getenv("PT_GDEBUG")) {
+            int depth = 0;
+            for (int32_t c = t; c > N_SENT; c = m->npar[c]) depth++;
+            fprintf(stderr, "classify %.0f us sig %zu unc %d depth %d hash %016llx used %d\n", (pt_now() - t0) * 1e6, m->sig_len, pc->n_unc, depth, (unsigned long long)h, v->n_slots_used);
+        }
+        if (!pt_gvocab_cache_put(v, h, m->sig, m->sig_len, pc)) { /* full: ours to free */
+            if (m->n_own == m->cap_own) {
+                m->cap_own = m->cap_own ? 2 * m->cap_own : 16;
+                m->own = pt_xrealloc(m->own, (size_t)m->cap_own * sizeof *m->own);
+            }
+            m->own[m->n_own++] = pc;
+        }
+    }
+    m->pc[t] = pc;
     return pc;
 }
 
@@ -433,16 +637,15 @@ void pt_gmatcher_mask(pt_gmatcher *m, uint32_t *mask) {
     if (s != small) free(s);
 }
 
-/* Every token accepted from the state in lvl[depth], by a pruned trie
- * walk: used when too many tokens are uncertain to check one by one. */
-static void walk_full(pt_gmatcher *m, uint32_t *mask, int ti, int depth) {
+/* Every token accepted from set k, by a pruned trie walk: used when too
+ * many tokens are uncertain to check one by one. */
+static void walk_full(pt_gmatcher *m, uint32_t *mask, int ti, int32_t k) {
     const pt_gvocab *v = m->v;
     for (int c = ti + 1; c < v->tend[ti]; c = v->tend[c]) {
-        ivec *S = &m->lvl[depth], *T = &m->lvl[depth + 1];
-        step(m, S->a, S->n, v->tbyte[c], T);
-        if (!T->n) continue;
+        int32_t t = dstep(m, k, v->tbyte[c]);
+        if (t < 0) continue;
         if (v->ttok[c] >= 0) set_tok(v, mask, v->ttok[c]);
-        walk_full(m, mask, c, depth + 1);
+        walk_full(m, mask, c, t);
     }
 }
 
@@ -451,17 +654,19 @@ static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask
     memset(mask, 0, (size_t)v->n_words * sizeof *mask);
     long n_unc = 0;
     for (int i = 0; i < n; i++)
-        if (s[i] > N_SENT) n_unc += pc_get(m, m->npos[s[i]])->n_unc;
+        if (s[i] > N_SENT) n_unc += pc_get(m, s[i])->n_unc;
+    if (getenv("PT_GDEBUG")) fprintf(stderr, "mask: %d leaves, %ld uncertain\n", n, n_unc);
+    int32_t tmp[64], *cp = n <= 64 ? tmp : pt_xmalloc((size_t)n * sizeof *cp);
+    memcpy(cp, s, (size_t)n * sizeof *cp);
+    int32_t k0 = dset(m, cp, n);
+    if (cp != tmp) free(cp);
     if (n_unc > 1500) {
-        ivec *S = &m->lvl[0];
-        S->n = 0;
-        for (int i = 0; i < n; i++) iv_push(S, s[i]);
-        walk_full(m, mask, 0, 0);
+        walk_full(m, mask, 0, k0);
         return;
     }
     for (int i = 0; i < n; i++) {
         if (s[i] <= N_SENT) continue;
-        const pc_entry *pc = pc_get(m, m->npos[s[i]]);
+        const pc_entry *pc = pc_get(m, s[i]);
         for (int w = 0; w < v->n_words; w++) mask[w] |= pc->acc[w];
     }
     if (++m->tok_gen == 0) {
@@ -470,14 +675,15 @@ static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask
     }
     for (int i = 0; i < n; i++) {
         if (s[i] <= N_SENT) continue;
-        const pc_entry *pc = m->pc[m->npos[s[i]]];
+        const pc_entry *pc = pc_get(m, s[i]);
         for (int k = 0; k < pc->n_unc; k++) {
             int32_t t = pc->unc[k];
             if ((mask[t >> 5] >> (t & 31)) & 1 || m->tok_mark[t] == m->tok_gen) continue;
             m->tok_mark[t] = m->tok_gen;
-            ivec *res;
-            if (run_bytes(m, s, n, (const uint8_t *)v->blob + v->off[t], v->len[t], &res))
-                set_tok(v, mask, t);
+            const uint8_t *p = (const uint8_t *)v->blob + v->off[t];
+            int32_t k = k0;
+            for (uint32_t j = 0; j < v->len[t] && k >= 0; j++) k = dstep(m, k, p[j]);
+            if (k >= 0) set_tok(v, mask, t);
         }
     }
 }

@@ -91,6 +91,8 @@ pt_gvocab *pt_gvocab_from_bytes(int n_vocab, const char *const *bytes, const siz
         v->off[i] = total;
         total += l;
     }
+    pthread_mutex_init(&v->mu, NULL);
+    v->slots = pt_xcalloc(2 * PT_GVOCAB_CACHE, sizeof *v->slots);
     v->blob = pt_xmalloc(total + 1);
     for (int i = 0; i < n_vocab; i++)
         if (v->len[i]) memcpy(v->blob + v->off[i], bytes[i], v->len[i]);
@@ -114,6 +116,16 @@ pt_gvocab *pt_gvocab_from_tokenizer(const pt_tokenizer *tok) {
 
 void pt_gvocab_free(pt_gvocab *v) {
     if (!v) return;
+    for (int i = 0; i < 2 * PT_GVOCAB_CACHE; i++) {
+        pc_slot *sl = &v->slots[i];
+        if (!sl->e) continue;
+        free(sl->sig);
+        free(sl->e->acc);
+        free(sl->e->unc);
+        free(sl->e);
+    }
+    free(v->slots);
+    pthread_mutex_destroy(&v->mu);
     free(v->off);
     free(v->len);
     free(v->blob);
@@ -125,3 +137,37 @@ void pt_gvocab_free(pt_gvocab *v) {
 }
 
 int pt_gvocab_n_vocab(const pt_gvocab *v) { return v->n_vocab; }
+
+static pc_slot *find_slot(pt_gvocab *v, uint64_t h, const uint8_t *sig, size_t len) {
+    uint32_t mask = 2 * PT_GVOCAB_CACHE - 1, i = (uint32_t)(h >> 20) & mask;
+    for (;; i = (i + 1) & mask) {
+        pc_slot *sl = &v->slots[i];
+        if (!sl->e || (sl->hash == h && sl->len == len && !memcmp(sl->sig, sig, len))) return sl;
+    }
+}
+
+pc_entry *pt_gvocab_cache_get(pt_gvocab *v, uint64_t h, const uint8_t *sig, size_t len) {
+    pthread_mutex_lock(&v->mu);
+    pc_entry *e = find_slot(v, h, sig, len)->e;
+    pthread_mutex_unlock(&v->mu);
+    return e;
+}
+
+bool pt_gvocab_cache_put(pt_gvocab *v, uint64_t h, const uint8_t *sig, size_t len, pc_entry *e) {
+    pthread_mutex_lock(&v->mu);
+    bool ok = false;
+    if (v->n_slots_used < PT_GVOCAB_CACHE) {
+        pc_slot *sl = find_slot(v, h, sig, len);
+        if (!sl->e) {
+            sl->hash = h;
+            sl->len = len;
+            sl->sig = pt_xmalloc(len + 1);
+            memcpy(sl->sig, sig, len);
+            sl->e = e;
+            v->n_slots_used++;
+            ok = true;
+        }
+    }
+    pthread_mutex_unlock(&v->mu);
+    return ok;
+}
