@@ -11,12 +11,13 @@
  *
  * Masks come from a byte trie of the vocabulary.  For each stack top the
  * matcher splits the vocabulary once into tokens accepted whatever lies
- * below the top (context-independent, XGrammar's idea), tokens rejected
- * whatever lies below, and the few that depend on it; only the last are
- * checked against the whole state at mask time.
+ * below the top few frames (context-independent, XGrammar's idea), tokens
+ * rejected whatever lies below, and the few that depend on it; only the
+ * last are checked against the whole state at mask time (matcher.c).
  *
- * Invariants: a grammar is immutable after compilation and may be shared
- * by matchers of one thread; a matcher belongs to one thread.  Every rule
+ * Invariants: a grammar is immutable after compilation; a matcher belongs
+ * to one thread; a vocabulary may be shared by matchers of many threads
+ * (its classification cache has a lock).  Every rule
  * of a compiled grammar derives some finite string, so a live state can
  * always be completed; left recursion is refused at compile time.
  */

@@ -11,19 +11,28 @@
  * frame (a tail call), so right recursion (x*, lists) keeps stacks flat.
  * Closures are memoized per node.
  *
- * Masks.  For each leaf position the vocabulary is classified once, by
- * walking the trie from (pos, SENTINEL): a token consumed before the walk
- * pops into SENTINEL is accepted whatever the real parent is; one that
- * fails before any pop is rejected whatever it is; only tokens that run
- * past a possible pop are "uncertain" and are checked against the real
- * state at mask time.  Inside a JSON string almost every token is decided
- * by the first kind, so a mask is a few bitset ORs and a short list.
+ * Masks.  For each leaf the vocabulary is classified once, by walking the
+ * trie from the leaf's stack cut three frames down (the rest replaced by
+ * SENTINEL): a token consumed before the walk pops into SENTINEL is
+ * accepted whatever lies below; one that fails before any pop is rejected
+ * whatever lies below; only tokens that run past a possible pop are
+ * "uncertain" and are checked against the real state at mask time.  Three
+ * frames hold a JSON string or number to its end, so inside a value almost
+ * every token is decided by the classification (XGrammar's adaptive masks).
+ * Classifications are shared through the vocabulary, keyed by a canonical
+ * text of the sub-grammar they depend on, so a string's is computed once
+ * per process.  Whole-state masks are cached too (a string's contents
+ * repeat one state for many tokens).
+ *
+ * Walks.  State sets are interned and their byte transitions memoized: a
+ * DFA built lazily over the pushdown's states (LLGuidance's lexer, without
+ * a separate lexer grammar), so walking the trie costs a table lookup per
+ * node once the sets along it have been seen.
  *
  * History.  Each accepted step pushes the new state; rollback pops.
  */
 #include "grammar/grammar_vocab.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 
 enum { N_ROOT = 0, N_SENT = 1 };
@@ -58,7 +67,6 @@ struct pt_gmatcher {
     /* mask machinery */
     pc_entry **pc; /* [cap_pc] by truncated leaf node id */
     int n_pc;
-    ivec owned_pc;      /* indexes of pc entries this matcher must free */
     /* interned state sets and their byte transitions: a DFA built lazily
      * over the pushdown states, so a trie walk costs a table lookup per
      * node once a set has been seen */
@@ -77,7 +85,6 @@ struct pt_gmatcher {
     uint8_t *sig;
     size_t sig_len, sig_cap;
     uint32_t *tok_mark, tok_gen;
-    ivec *lvl; /* per trie depth scratch */
     ivec sim_a, sim_b;
     /* masks of whole states seen before: a state is a set of hash-consed
      * node ids, so equal ids mean an equal mask (a string's contents
@@ -246,7 +253,6 @@ pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v) {
     m->canon = pt_xmalloc(((size_t)g->n_rules + 1) * sizeof *m->canon);
     for (int i = 0; i <= g->n_rules; i++) m->canon[i] = -1;
     m->tok_mark = pt_xcalloc((size_t)v->n_vocab, sizeof *m->tok_mark);
-    m->lvl = pt_xcalloc(PT_GVOCAB_MAX_LEN + 2, sizeof *m->lvl);
     pt_gmatcher_reset(m);
     return m;
 }
@@ -283,7 +289,6 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     }
     free(m->own);
     free(m->pc);
-    free(m->owned_pc.a);
     free(m->canon);
     free(m->canon_touched.a);
     free(m->canon_queue.a);
@@ -296,8 +301,6 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     free(m->doff.a);
     free(m->dtmp.a);
     free(m->tok_mark);
-    for (int i = 0; i < PT_GVOCAB_MAX_LEN + 2; i++) free(m->lvl[i].a);
-    free(m->lvl);
     free(m->sim_a.a);
     free(m->sim_b.a);
     for (uint32_t i = 0; i < m->mc_cap; i++) {
@@ -458,8 +461,7 @@ static void set_tok(const pt_gvocab *v, uint32_t *bits, int32_t t) {
     for (; t >= 0; t = v->dup_next[t]) bits[t >> 5] |= 1u << (t & 31);
 }
 
-static void add_subtree_unc(pt_gmatcher *m, pc_entry *pc, ivec *unc, int from, int to) {
-    (void)pc;
+static void add_subtree_unc(pt_gmatcher *m, ivec *unc, int from, int to) {
     for (int i = from; i < to; i++)
         if (m->v->ttok[i] >= 0) iv_push(unc, m->v->ttok[i]);
 }
@@ -478,7 +480,7 @@ static void pc_walk(pt_gmatcher *m, pc_entry *pc, ivec *unc, int ti, int32_t k, 
         }
         bool pp = popped || sent;
         if (live) pc_walk(m, pc, unc, c, t, pp);
-        else if (pp) add_subtree_unc(m, pc, unc, c + 1, v->tend[c]);
+        else if (pp) add_subtree_unc(m, unc, c + 1, v->tend[c]);
     }
 }
 
@@ -579,13 +581,7 @@ static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf) {
     uint64_t h = sig_hash(m->sig, m->sig_len);
     pc_entry *pc = pt_gvocab_cache_get(v, h, m->sig, m->sig_len);
     if (!pc) {
-        double t0 = pt_now();
         pc = classify(m, t);
-        if (getenv("PT_GDEBUG")) {
-            int depth = 0;
-            for (int32_t c = t; c > N_SENT; c = m->npar[c]) depth++;
-            fprintf(stderr, "classify %.0f us sig %zu unc %d depth %d hash %016llx used %d\n", (pt_now() - t0) * 1e6, m->sig_len, pc->n_unc, depth, (unsigned long long)h, v->n_slots_used);
-        }
         if (!pt_gvocab_cache_put(v, h, m->sig, m->sig_len, pc)) { /* full: ours to free */
             if (m->n_own == m->cap_own) {
                 m->cap_own = m->cap_own ? 2 * m->cap_own : 16;
@@ -655,7 +651,6 @@ static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask
     long n_unc = 0;
     for (int i = 0; i < n; i++)
         if (s[i] > N_SENT) n_unc += pc_get(m, s[i])->n_unc;
-    if (getenv("PT_GDEBUG")) fprintf(stderr, "mask: %d leaves, %ld uncertain\n", n, n_unc);
     int32_t tmp[64], *cp = n <= 64 ? tmp : pt_xmalloc((size_t)n * sizeof *cp);
     memcpy(cp, s, (size_t)n * sizeof *cp);
     int32_t k0 = dset(m, cp, n);
