@@ -46,7 +46,7 @@ int cli_check_range(const char *flag, const char *value, double x, const pt_gen_
 /* Flags every model-using subcommand takes, and turning them into options. */
 typedef struct cli_model_args {
     const char *model, *device, *kernels, *kv_type, *kv_quant, *kv_budget, *prefix_cache,
-        *dummy_dtype;
+        *kv_disk, *kv_disk_size, *dummy_dtype;
     int threads, ctx, batch;
     uint64_t dummy_seed;
     bool verbose;

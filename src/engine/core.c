@@ -165,15 +165,23 @@ static int probe_prefix(pt_core *c, req *r, int *n_revive) {
     *n_revive = 0;
     if (!c->e->prefix_cache || (r->started && r->seq.kv.n_pages > 0)) return 0;
     for (; b < max_pages; b++) {
-        int32_t id = pt_block_lookup(&kv->pool, page_key(c, r, b));
-        if (id < 0) break;
-        *n_revive += pt_block_refs(&kv->pool, id) == 0;
+        uint64_t key = page_key(c, r, b);
+        int32_t id = pt_block_lookup(&kv->pool, key);
+        if (id >= 0)
+            *n_revive += pt_block_refs(&kv->pool, id) == 0;
+        else if (kv->disk && pt_disk_has(kv->disk, key))
+            (*n_revive)++; /* read back into a free page */
+        else
+            break;
     }
     return b;
 }
 
-/* Takes the first n_pages of r's keys from the pool: the pages
- * probe_prefix found in this same step (nothing was allocated since). */
+/* Takes the first n_pages of r's keys, as probe_prefix found them in this
+ * step: from the pool, or read back from the disk tier.  A page that is no
+ * longer there (another admission in this step evicted it) or fails its
+ * checksum ends the run early; the step then computes those positions,
+ * which costs the same free pages. */
 static void reuse_prefix(pt_core *c, req *r, int n_pages) {
     pt_kv_cache *kv = &c->e->kv;
     pt_kv_seq *s = &r->seq.kv;
@@ -181,13 +189,17 @@ static void reuse_prefix(pt_core *c, req *r, int n_pages) {
         s->cap = n_pages;
         s->pages = pt_xrealloc(s->pages, sizeof(int32_t) * (size_t)s->cap);
     }
-    for (int b = 0; b < n_pages; b++) {
+    int b = 0;
+    for (; b < n_pages; b++) {
         int32_t id = pt_block_lookup(&kv->pool, r->hashes[b]);
-        pt_block_ref(&kv->pool, id);
+        if (id >= 0)
+            pt_block_ref(&kv->pool, id);
+        else if ((id = pt_kv_restore_page(kv, r->hashes[b])) < 0)
+            break;
         s->pages[s->n_pages++] = id;
     }
-    s->n_tokens = n_pages * kv->cfg.page_size;
-    r->n_published = n_pages;
+    s->n_tokens = b * kv->cfg.page_size;
+    r->n_published = b;
 }
 
 /* Gives r's newly full pages their keys, so later requests find them. */
@@ -311,9 +323,10 @@ int pt_core_step(pt_core *c) {
     for (int i = 0; i < p->n_items; i++) {
         const pt_step_item *it = &p->items[i];
         req *r = c->idx_req[it->req];
+        int end = c->pr[it->req].n_computed + it->n_rows; /* as planned */
         if (r->state != PT_REQ_RUNNING) admit(c, r, c->cached_pages[it->req]);
         c->item_req[i] = r;
-        c->items[i] = (pt_run_item){&r->seq, it->n_rows, it->n_logits};
+        c->items[i] = (pt_run_item){&r->seq, end - r->seq.kv.n_tokens, it->n_logits};
     }
     if (p->n_items > 0) {
         pt_err err = {{0}};

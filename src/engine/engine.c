@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/statvfs.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
@@ -66,8 +67,40 @@ static int budget_positions(pt_engine *e, const char *budget, int *positions, pt
 }
 
 int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
-    if (e->kv.k) pt_kv_cache_free(&e->kv);
-    return pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, &e->kv_quant, err);
+    if (e->kv.k) {
+        pt_kv_flush_to_disk(&e->kv); /* what the old pool cached stays reusable */
+        pt_kv_cache_free(&e->kv);
+    }
+    if (pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, &e->kv_quant, err)) return -1;
+    pt_kv_attach_disk(&e->kv, e->disk);
+    return 0;
+}
+
+/* --kv-disk: opens the directory for pages of this engine's salt. */
+static int open_disk(pt_engine *e, const pt_engine_opts *o, pt_err *err) {
+    if (!e->prefix_cache)
+        return pt_fail(err, "--kv-disk keeps the prefix cache's pages: it needs --prefix-cache on");
+    struct statvfs vfs;
+    int64_t cap = (int64_t)8 << 30;
+    if (statvfs(o->kv_disk, &vfs) == 0)
+        cap = PT_MIN(cap, (int64_t)((double)vfs.f_bavail * vfs.f_frsize / 2));
+    if (o->kv_disk_size) {
+        size_t bytes;
+        if (pt_parse_budget(o->kv_disk_size, 0, &bytes, err))
+            return pt_failp(err, "--kv-disk-size");
+        cap = (int64_t)bytes;
+    }
+    if (pt_disk_open(&e->disk, o->kv_disk, cap, e->cache_salt, pt_kv_page_bytes(&e->kv),
+                     e->kv.cfg.page_size, err))
+        return -1;
+    pt_kv_attach_disk(&e->kv, e->disk);
+    pt_disk_stats st = pt_disk_get_stats(e->disk);
+    /* a crash or a damaged disk left files behind: worth a warning */
+    pt_log(st.n_partial || st.n_corrupt ? PT_LOG_WARN : PT_LOG_INFO,"--kv-disk %s: %lld reusable pages (%.1f MiB, cap %.1f MiB); removed %lld "
+            "interrupted and %lld damaged files; left %lld of other models or formats",
+            o->kv_disk, (long long)st.n_files, st.bytes / 1048576.0, cap / 1048576.0,
+            (long long)st.n_partial, (long long)st.n_corrupt, (long long)st.n_other);
+    return 0;
 }
 
 uint64_t pt_engine_cache_salt(const pt_engine *e, const char *dummy_dtype, uint64_t dummy_seed) {
@@ -126,6 +159,7 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     if (pt_engine_kv_init(e, positions, err)) goto fail;
     e->prefix_cache = !o->no_prefix_cache;
     e->cache_salt = pt_engine_cache_salt(e, o->dummy_dtype ? o->dummy_dtype : "", o->dummy_seed);
+    if (o->kv_disk && open_disk(e, o, err)) goto fail;
     e->runner = pt_xmalloc(sizeof *e->runner);
     pt_runner_init(e->runner, e);
     e->load_seconds = pt_now() - t0;
@@ -138,7 +172,11 @@ fail:
 
 void pt_engine_close(pt_engine *e) {
     if (!e) return;
-    if (e->kv.k) pt_kv_cache_free(&e->kv);
+    if (e->kv.k) {
+        pt_kv_flush_to_disk(&e->kv); /* the hot pages survive a restart too */
+        pt_kv_cache_free(&e->kv);
+    }
+    pt_disk_close(e->disk);
     if (e->tok) pt_tokenizer_free(e->tok);
     if (e->model) pt_model_free(e->model);
     if (e->be) e->be->ops->destroy(e->be);

@@ -27,6 +27,8 @@ typedef struct pt_engine_opts {
     const char *kv_quant; /* --kv-quant: NULL/"none", "8", "4", "turbo[:k<b>v<b>]" */
     bool no_tokenizer;    /* do not load one (callers that feed token ids) */
     bool no_prefix_cache; /* --prefix-cache off: never reuse KV pages across requests */
+    const char *kv_disk;      /* --kv-disk DIR: the prefix cache's disk tier, or NULL */
+    const char *kv_disk_size; /* --kv-disk-size SIZE (default: 8G or half the free space) */
     int max_batch;       /* rows per forward; 0: 512 */
     const char *dummy_dtype;
     uint64_t dummy_seed;
@@ -42,6 +44,7 @@ typedef struct pt_engine {
     int n_ctx;
     bool kv_budgeted; /* the pool was sized by --kv-budget, not by n_ctx */
     bool prefix_cache;   /* reuse full KV pages by content (core.c) */
+    pt_disk *disk;       /* --kv-disk, or NULL */
     uint64_t cache_salt; /* everything besides tokens that decides a page's bytes */
     struct pt_runner *runner; /* for pt_seq_prefill / pt_seq_decode */
     double load_seconds;

@@ -155,6 +155,10 @@ int pt_sched_start(pt_sched **out, pt_engine *e, const pt_sched_opts *o, pt_err 
     return 0;
 }
 
+int pt_sched_check(pt_sched *s, const pt_sched_job *job, pt_err *err) {
+    return pt_core_check(s->core, job, err); /* reads only what never changes */
+}
+
 uint64_t pt_sched_submit(pt_sched *s, const pt_sched_job *d, pt_err *err) {
     if (pt_core_check(s->core, d, err)) return 0; /* reads only what never changes */
     pending *p = pt_xcalloc(1, sizeof *p);

@@ -42,6 +42,10 @@ int pt_sched_start(pt_sched **out, pt_engine *e, const pt_sched_opts *o, pt_err 
  * KV pool) or the queue is full or shut down; then no callback is called. */
 uint64_t pt_sched_submit(pt_sched *s, const pt_sched_job *job, pt_err *err);
 
+/* 0 if the job could ever run here (what submit checks first); -1 with
+ * the reason otherwise.  Thread-safe. */
+int pt_sched_check(pt_sched *s, const pt_sched_job *job, pt_err *err);
+
 /* Cancels a job, waiting or running; thread-safe.  Its on_done follows (with
  * finish = cancel) at the next step unless it already finished.  Unknown or
  * finished ids are ignored, so a late cancel is harmless. */

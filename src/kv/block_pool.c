@@ -118,6 +118,7 @@ int32_t pt_block_alloc(pt_block_pool *p) {
     int32_t id = p->head;
     if (id < 0) return -1;
     queue_unlink(p, id);
+    if (p->hash[id] && p->on_evict) p->on_evict(p->evict_ctx, id, p->hash[id]);
     if (p->hash[id]) map_remove(p, id);
     p->hash[id] = 0;
     p->refs[id] = 1;

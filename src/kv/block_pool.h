@@ -41,6 +41,10 @@ typedef struct pt_block_pool {
     int32_t head, tail;   /* free queue: head is taken first */
     int32_t *map;     /* open-addressing hash -> block id, -1 empty */
     uint32_t map_mask;
+    /* Called when pt_block_alloc takes a cached block, before its content
+     * is lost (the disk tier saves it).  NULL: nothing. */
+    void (*on_evict)(void *ctx, int32_t id, uint64_t hash);
+    void *evict_ctx;
 } pt_block_pool;
 
 int pt_block_pool_init(pt_block_pool *p, int n_blocks, pt_err *err);

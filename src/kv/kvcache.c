@@ -124,6 +124,7 @@ void pt_kv_cache_free(pt_kv_cache *kv) {
     free(kv->k);
     free(kv->v);
     pt_block_pool_free(&kv->pool);
+    free(kv->disk_buf);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -231,6 +232,45 @@ void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq) {
 
 int pt_kv_free_pages(const pt_kv_cache *kv) {
     return kv->pool.n_free;
+}
+
+/* The pool is about to reuse cached page id: save it if the disk lacks it.
+ * The copy is what goes to the writer thread; the page is free at once. */
+static void evict_to_disk(void *ctx, int32_t id, uint64_t key) {
+    pt_kv_cache *kv = ctx;
+    if (!pt_disk_wants(kv->disk, key)) return;
+    void *buf = pt_xmalloc(pt_kv_page_bytes(kv));
+    pt_kv_page_save(kv, id, buf);
+    pt_disk_write(kv->disk, key, buf);
+}
+
+void pt_kv_attach_disk(pt_kv_cache *kv, pt_disk *disk) {
+    kv->disk = disk;
+    kv->pool.on_evict = disk ? evict_to_disk : NULL;
+    kv->pool.evict_ctx = kv;
+    if (disk && !kv->disk_buf) kv->disk_buf = pt_xmalloc(pt_kv_page_bytes(kv));
+}
+
+int32_t pt_kv_restore_page(pt_kv_cache *kv, uint64_t key) {
+    if (!kv->disk || !pt_disk_has(kv->disk, key) || kv->pool.n_free == 0) return -1;
+    if (pt_disk_read(kv->disk, key, kv->disk_buf)) return -1;
+    int32_t id = pt_block_alloc(&kv->pool);
+    pt_kv_page_load(kv, id, kv->disk_buf);
+    pt_block_set_hash(&kv->pool, id, key);
+    return id;
+}
+
+void pt_kv_flush_to_disk(pt_kv_cache *kv) {
+    if (!kv->disk) return;
+    for (int32_t id = 0; id < kv->pool.n_blocks; id++) {
+        uint64_t key = kv->pool.hash[id];
+        if (key && pt_disk_wants(kv->disk, key)) {
+            void *buf = pt_xmalloc(pt_kv_page_bytes(kv));
+            pt_kv_page_save(kv, id, buf);
+            pt_disk_write(kv->disk, key, buf);
+        }
+    }
+    pt_disk_sync(kv->disk);
 }
 
 pt_kv_view pt_kv_layer(const pt_kv_cache *kv, int layer) {

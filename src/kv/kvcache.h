@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "kv/block_pool.h"
+#include "kv/disk_tier.h"
 #include "kv/kv_codec.h"
 
 #define PT_KV_PAGE_SIZE 16 /* positions per page unless a caller asks otherwise */
@@ -47,6 +48,8 @@ typedef struct pt_kv_cache {
     size_t tables_bytes;
     size_t k_page, v_page;   /* bytes of one page of one layer's K / V */
     pt_block_pool pool;      /* page ids: owners, free queue, content hashes */
+    pt_disk *disk;           /* the cold tier, or NULL (pt_kv_attach_disk) */
+    void *disk_buf;          /* [pt_kv_page_bytes] staging for disk reads */
 } pt_kv_cache;
 
 typedef struct pt_kv_seq {
@@ -89,6 +92,16 @@ void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
  * end go back to the pool (exactly ceil(n / page_size) stay). */
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
 int pt_kv_free_pages(const pt_kv_cache *kv);
+
+/* The disk tier: cached pages evicted from the pool are written to disk
+ * (off the hot path), and pt_kv_restore_page brings one back.  disk is the
+ * caller's (closed after the cache).  NULL detaches. */
+void pt_kv_attach_disk(pt_kv_cache *kv, pt_disk *disk);
+/* A free page holding the disk's copy of key, keyed and held once; -1 if
+ * the disk has none (or a damaged one) or no page is free. */
+int32_t pt_kv_restore_page(pt_kv_cache *kv, uint64_t key);
+/* Writes every keyed page the disk lacks (at shutdown) and waits. */
+void pt_kv_flush_to_disk(pt_kv_cache *kv);
 pt_kv_view pt_kv_layer(const pt_kv_cache *kv, int layer);
 
 #endif

@@ -724,6 +724,11 @@ static int front_submit(pt_server *s, pt_req *q) {
     if (q->structured) job.add_procs = pt_structured_add_procs, job.proc_arg = q->structured;
     q->n_prompt = (int)n;
     pt_err err = {{0}};
+    if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */
+        free(ids);
+        return refuse(q, 400, "context_length_exceeded",
+                      r->kind == PT_OAI_CHAT ? "messages" : "prompt", err.msg);
+    }
     uint64_t id = pt_sched_submit(s->sched, &job, &err);
     free(ids);
     if (!id) return refuse(q, 503, "server_busy", NULL, err.msg);

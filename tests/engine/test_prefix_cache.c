@@ -11,7 +11,9 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -31,13 +33,18 @@ static int collect(void *user, const pt_sample_result *r, const char *text, size
     return 0;
 }
 
-static pt_engine *open_engine(const char *kv_quant, bool no_cache) {
+static pt_engine *open_engine_disk(const char *kv_quant, bool no_cache, const char *disk) {
     pt_engine_opts o = {.model_path = MODEL, .n_threads = 1, .kernels = "auto", .n_ctx = 256,
-                        .kv_dtype = PT_F16, .kv_quant = kv_quant, .no_prefix_cache = no_cache};
+                        .kv_dtype = PT_F16, .kv_quant = kv_quant, .no_prefix_cache = no_cache,
+                        .kv_disk = disk};
     pt_engine *e = NULL;
     pt_err err = {{0}};
     if (pt_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
     return e;
+}
+
+static pt_engine *open_engine(const char *kv_quant, bool no_cache) {
+    return open_engine_disk(kv_quant, no_cache, NULL);
 }
 
 /* A 45-token prompt: BOS then a fixed pseudo-random walk over the vocab. */
@@ -187,12 +194,61 @@ static void test_shared_pages_under_preemption(void **state) {
     pt_engine_close(e);
 }
 
+/* The disk tier across "restarts" (engines closed and opened again): the
+ * pages come back from disk with the same tokens out; a page file with a
+ * flipped byte is caught by its checksum and recomputed instead. */
+static void check_restart(const char *kv_quant) {
+    char dir[256], cmd[600];
+    snprintf(dir, sizeof dir, "%s/prefix-disk-%d", PETREL_BINARY_DIR, (int)getpid());
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    int32_t p[45];
+    prompt(p, 45, 0, 0);
+    out_tokens cold, warm, damaged;
+    pt_engine *e = open_engine_disk(kv_quant, false, dir);
+    assert_int_equal(run(e, p, 45, &cold).n_cached, 0);
+    pt_engine_close(e); /* writes the cached pages */
+
+    e = open_engine_disk(kv_quant, false, dir);
+    assert_int_equal(run(e, p, 45, &warm).n_cached, 32);
+    assert_memory_equal(cold.ids, warm.ids, sizeof(int32_t) * 24);
+    /* flip one byte of the second page's file */
+    uint64_t key = pt_block_hash(pt_block_hash(0, p, 16, e->cache_salt), p + 16, 16, e->cache_salt);
+    pt_engine_close(e);
+    char path[600];
+    snprintf(path, sizeof path, "%s/%016llx.kv", dir, (unsigned long long)key);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, 200, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, 200, SEEK_SET);
+    fputc(c ^ 1, f);
+    fclose(f);
+    e = open_engine_disk(kv_quant, false, dir);
+    assert_int_equal(run(e, p, 45, &damaged).n_cached, 16); /* page 0 only */
+    assert_memory_equal(cold.ids, damaged.ids, sizeof(int32_t) * 24);
+    pt_engine_close(e);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_restart_f16(void **state) {
+    (void)state;
+    check_restart(NULL);
+}
+
+static void test_restart_turbo(void **state) {
+    (void)state;
+    check_restart("turbo:k8v3:anydim");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reuse_f16),
         cmocka_unit_test(test_reuse_turbo),
         cmocka_unit_test(test_salt),
         cmocka_unit_test(test_shared_pages_under_preemption),
+        cmocka_unit_test(test_restart_f16),
+        cmocka_unit_test(test_restart_turbo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

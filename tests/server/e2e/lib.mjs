@@ -19,7 +19,9 @@ export async function startServer(extra = [], env = {}, opts = {}) {
   const portFile = path.join(os.tmpdir(), `petrel-e2e-${process.pid}-${serial++}.port`);
   rmSync(portFile, { force: true });
   const args = ['serve', '--port', '0', '--port-file', portFile, ...extra];
-  const [cmd, argv] = opts.nofile
+  // opts.wrap(args) -> [cmd, argv] runs the server under another command
+  const [cmd, argv] = opts.wrap ? opts.wrap(args)
+    : opts.nofile
     ? ['sh', ['-c', `ulimit -n ${opts.nofile} && exec "$0" "$@"`, PETREL, ...args]]
     : [PETREL, args];
   const fullEnv = { ...process.env, ...env };
