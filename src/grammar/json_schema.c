@@ -1087,6 +1087,97 @@ static int gen_typed(sc *c, const json_t *s, int *rule) {
     return rc;
 }
 
+/* --- oneOf: sound only when no value matches two branches ------------------ */
+
+enum { T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_NUM = 32, T_ALL = 63 };
+
+static unsigned type_bit_of_value(const json_t *v) {
+    return json_is_null(v) ? T_NULL : json_is_boolean(v) ? T_BOOL : json_is_object(v) ? T_OBJ
+         : json_is_array(v) ? T_ARR : json_is_string(v) ? T_STR : T_NUM;
+}
+
+static unsigned type_bit_of_name(const char *t) {
+    static const struct { const char *n; unsigned b; } tb[] = {
+        {"null", T_NULL}, {"boolean", T_BOOL}, {"object", T_OBJ}, {"array", T_ARR},
+        {"string", T_STR}, {"number", T_NUM}, {"integer", T_NUM}};
+    for (size_t i = 0; t && i < sizeof tb / sizeof *tb; i++)
+        if (!strcmp(tb[i].n, t)) return tb[i].b;
+    return T_ALL;
+}
+
+/* The JSON types the schema's values may have (a superset). */
+static unsigned types_of(sc *c, const json_t *s, int depth) {
+    s = deref(c, s);
+    if (!json_is_object(s) || depth > 20) return json_is_false(s) ? 0 : T_ALL;
+    unsigned t = T_ALL;
+    json_t *cn = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    json_t *ty = json_object_get(s, "type"), *all = json_object_get(s, "allOf");
+    json_t *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
+    size_t i;
+    json_t *x;
+    if (cn) t &= type_bit_of_value(cn);
+    if (json_is_array(en)) {
+        unsigned e = 0;
+        json_array_foreach(en, i, x) e |= type_bit_of_value(x);
+        t &= e;
+    }
+    if (json_is_string(ty)) t &= type_bit_of_name(json_string_value(ty));
+    if (json_is_array(ty)) {
+        unsigned e = 0;
+        json_array_foreach(ty, i, x) e |= type_bit_of_name(json_string_value(x));
+        t &= e;
+    }
+    if (json_is_true(json_object_get(s, "nullable")) && ty) t |= T_NULL;
+    if (json_is_array(all)) json_array_foreach(all, i, x) t &= types_of(c, x, depth + 1);
+    json_t *alts = json_is_array(any) ? any : json_is_array(one) ? one : NULL;
+    if (alts) {
+        unsigned e = 0;
+        json_array_foreach(alts, i, x) e |= types_of(c, x, depth + 1);
+        t &= e;
+    }
+    return t;
+}
+
+/* The schema's allowed values when it lists them (const / enum), else NULL. */
+static const json_t *value_list(sc *c, const json_t *s, json_t **tmp) {
+    s = deref(c, s);
+    *tmp = NULL;
+    if (!json_is_object(s)) return NULL;
+    json_t *cn = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cn) return *tmp = json_pack("[O]", cn);
+    return json_is_array(en) ? en : NULL;
+}
+
+static bool values_disjoint(sc *c, const json_t *a, const json_t *b) {
+    json_t *ta, *tb;
+    const json_t *la = value_list(c, a, &ta), *lb = value_list(c, b, &tb);
+    bool dis = la && lb;
+    size_t i, j;
+    json_t *x, *y;
+    if (dis) json_array_foreach(la, i, x) json_array_foreach(lb, j, y) if (json_equal(x, y)) dis = false;
+    json_decref(ta);
+    json_decref(tb);
+    return dis;
+}
+
+/* No value can match both: different types, disjoint listed values, or
+ * objects told apart by a required property with disjoint values. */
+static bool disjoint(sc *c, const json_t *a, const json_t *b) {
+    if (!(types_of(c, a, 0) & types_of(c, b, 0))) return true;
+    if (values_disjoint(c, a, b)) return true;
+    a = deref(c, a), b = deref(c, b);
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
+    const char *k;
+    json_t *v;
+    if (json_is_object(pa) && json_is_object(pb))
+        json_object_foreach(pa, k, v) {
+            json_t *w = json_object_get(pb, k);
+            if (w && in_list(ra, k) && in_list(rb, k) && disjoint(c, v, w)) return true;
+        }
+    return false;
+}
+
 static int gen(sc *c, const json_t *s, int *rule) {
     if (++c->depth > 100) return pt_fail(c->err, "schema nests too deeply");
     int rc = 0;
@@ -1151,6 +1242,13 @@ static int gen(sc *c, const json_t *s, int *rule) {
             rc = pt_fail(c->err, "anyOf together with oneOf is not supported");
             goto out;
         }
+        for (size_t i = 0; alts == one && i < json_array_size(one); i++)
+            for (size_t j = i + 1; j < json_array_size(one); j++)
+                if (!disjoint(c, json_array_get(one, i), json_array_get(one, j))) {
+                    rc = pt_fail(c->err, "oneOf whose branches %zu and %zu may both match is not "
+                                         "supported (use anyOf if either may)", i, j);
+                    goto out;
+                }
         json_t *rest = without(s, json_is_array(any) ? drop_any : drop_one);
         bool plain = !has_validation(rest);
         int r = gb_rule(c->b);
