@@ -158,6 +158,9 @@ int cmd_bench_grammar(int argc, char **argv) {
             free(text);
         }
         passing += pass;
+        if ((fi + 1) % 250 == 0) /* progress, for long runs */
+            fprintf(stderr, "%zu/%zu files: passing %ld, compile %ld, validation %ld, invalidation %ld\n",
+                    fi + 1, nf, passing, compile_err, val_err, inval_err);
         pt_gmatcher_free(m);
         pt_grammar_free(g);
         json_decref(doc);
