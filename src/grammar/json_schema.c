@@ -321,34 +321,12 @@ static const fmt_re formats[] = {
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
     {"ipv4", "((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"},
     {"email", "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+)*@([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?\\.)*[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?"},
+    {"uri", "[a-zA-Z][a-zA-Z0-9+.-]*:[a-zA-Z0-9._~:/?#@!$&'()*+,;=%\\[\\]-]*"},
+    {"uri-reference", "[a-zA-Z0-9._~:/?#@!$&'()*+,;=%\\[\\]-]*"},
     {"hostname", "([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\\.)*[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"},
 };
 
-static int gen_string(sc *c, const json_t *s, int *rule) {
-    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
-    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-    if (pat && !json_is_string(pat)) return pt_fail(c->err, "\"pattern\" must be a string");
-    if ((pat || fmt) && (mn || mx))
-        return pt_fail(c->err, "\"pattern\"/\"format\" together with minLength/maxLength is not supported");
-    if (pat && fmt) return pt_fail(c->err, "\"pattern\" together with \"format\" is not supported");
-    if (pat) {
-        int body;
-        if (pt_regex_rule(c->b, json_string_value(pat), true, false, &body, c->err) < 0)
-            return pt_failp(c->err, "pattern");
-        *rule = quoted(c, body);
-        return 0;
-    }
-    if (fmt) {
-        const char *f = json_string_value(fmt);
-        for (size_t i = 0; f && i < sizeof formats / sizeof *formats; i++) {
-            if (strcmp(formats[i].name, f)) continue;
-            int body;
-            if (pt_regex_rule(c->b, formats[i].re, true, true, &body, c->err) < 0) return -1;
-            *rule = quoted(c, body);
-            return 0;
-        }
-        return pt_fail(c->err, "string format \"%s\" is not supported", f ? f : "?");
-    }
+static int gen_string_len(sc *c, const json_t *mn, const json_t *mx, int *rule) {
     if (!mn && !mx) {
         *rule = string_rule(c);
         return 0;
@@ -362,6 +340,45 @@ static int gen_string(sc *c, const json_t *s, int *rule) {
     if (body < 0) return -1;
     *rule = quoted(c, body);
     return 0;
+}
+
+static int gen_string(sc *c, const json_t *s, int *rule) {
+    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    if (pat && !json_is_string(pat)) return pt_fail(c->err, "\"pattern\" must be a string");
+    if (pat && (mn || mx))
+        return pt_fail(c->err, "\"pattern\" together with minLength/maxLength is not supported");
+    if (pat && fmt) return pt_fail(c->err, "\"pattern\" together with \"format\" is not supported");
+    if (pat) {
+        int body;
+        if (pt_regex_rule(c->b, json_string_value(pat), true, false, &body, c->err) < 0)
+            return pt_failp(c->err, "pattern");
+        *rule = quoted(c, body);
+        return 0;
+    }
+    if (fmt) {
+        const char *f = json_string_value(fmt);
+        for (size_t i = 0; f && i < sizeof formats / sizeof *formats; i++) {
+            if (strcmp(formats[i].name, f)) continue;
+            if (mn || mx)
+                return pt_fail(c->err, "\"format\" \"%s\" together with minLength/maxLength is not supported", f);
+            int body;
+            if (pt_regex_rule(c->b, formats[i].re, true, true, &body, c->err) < 0) return -1;
+            *rule = quoted(c, body);
+            return 0;
+        }
+        /* a format the standard does not define only annotates */
+        static const char *const standard[] = {"duration", "idn-email", "idn-hostname", "ipv6", "iri",
+                                               "iri-reference", "uri-template", "json-pointer",
+                                               "relative-json-pointer", "regex", NULL};
+        for (int i = 0; f && standard[i]; i++)
+            if (!strcmp(f, standard[i])) return pt_fail(c->err, "string format \"%s\" is not supported", f);
+        if (!f) return pt_fail(c->err, "\"format\" must be a string");
+        if (mn || mx) return gen_string_len(c, mn, mx, rule);
+        *rule = string_rule(c);
+        return 0;
+    }
+    return gen_string_len(c, mn, mx, rule);
 }
 
 /* --- integers with bounds -------------------------------------------------- */
@@ -490,6 +507,50 @@ static int gen_integer(sc *c, const json_t *s, int *rule) {
     return 0;
 }
 
+/* Fractions: any (absent or .digits), nonzero, or zero-or-absent. */
+static int frac_rule(sc *c, int kind) {
+    gbuild *b = c->b;
+    pt_byteset d = {{0}}, nz = {{0}};
+    bs_range(&d, '0', '9');
+    bs_range(&nz, '1', '9');
+    int r = gb_rule(b);
+    gseq s = {0};
+    if (kind != 1) gb_alt(b, r, &s); /* absent */
+    seq_byte(b, &s, '.');
+    if (kind == 0) {
+        seq_ref(&s, digits_rule(b, 1));
+    } else if (kind == 1) {
+        seq_ref(&s, gb_star(b, gb_lit_rule(b, "0")));
+        seq_bytes(b, &s, &nz);
+        seq_ref(&s, digits_rule(b, 0));
+    } else {
+        seq_ref(&s, gb_repeat(b, gb_lit_rule(b, "0"), 1, -1, NULL));
+    }
+    gb_alt(b, r, &s);
+    return r;
+}
+
+static void num_alt(sc *c, int r, bool neg, int64_t ilo, int64_t ihi, int frac) {
+    if (ihi >= 0 && ilo > ihi) return;
+    gbuild *b = c->b;
+    int ir = gb_rule(b);
+    uint_range(b, ir, ilo, ihi, false);
+    gseq s = {0};
+    if (neg) seq_byte(b, &s, '-');
+    seq_ref(&s, ir);
+    seq_ref(&s, frac_rule(c, frac));
+    gb_alt(b, r, &s);
+}
+
+/* Non-negative decimals D (no exponent) with a <= D (or a < D) and, if
+ * b >= 0, D <= b (or D < b); a and b integers. */
+static void nonneg_range(sc *c, int r, bool neg, int64_t a, bool a_incl, int64_t b, bool b_incl) {
+    int64_t lo_any = a_incl ? a : a + 1, hi_any = b < 0 ? -1 : b - 1;
+    if (b < 0 || lo_any <= hi_any) num_alt(c, r, neg, lo_any, hi_any, 0);
+    if (!a_incl && (b < 0 || a < b)) num_alt(c, r, neg, a, a, 1);      /* a < D < a+1 */
+    if (b >= 0 && b_incl && (a_incl ? b >= a : b > a)) num_alt(c, r, neg, b, b, 2); /* D == b */
+}
+
 static int gen_number(sc *c, const json_t *s, int *rule) {
     const char *keys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
     bool bounded = false;
@@ -498,29 +559,41 @@ static int gen_number(sc *c, const json_t *s, int *rule) {
         *rule = number_rule(c);
         return 0;
     }
-    /* x >= 0 (the common bound) is exact: no minus sign.  Other bounds on
-     * non-integers would need decimal comparison: refused. */
-    json_t *mn = json_object_get(s, "minimum");
-    if (json_object_size(s) && mn && json_is_number(mn) && json_number_value(mn) == 0 &&
-        !json_object_get(s, "maximum") && !json_object_get(s, "exclusiveMinimum") &&
-        !json_object_get(s, "exclusiveMaximum")) {
-        gbuild *b = c->b;
-        int r = gb_rule(b);
-        gseq z = {0}, p = {0};
-        seq_byte(b, &z, '0');
-        gb_alt(b, r, &z);
-        pt_byteset nz = {{0}};
-        bs_range(&nz, '1', '9');
-        seq_bytes(b, &p, &nz);
-        seq_ref(&p, digits_rule(b, 0));
-        gb_alt(b, r, &p);
-        gseq s2 = {0};
-        seq_ref(&s2, r);
-        seq_ref(&s2, frac_exp(c, true));
-        *rule = gb_rule_of(b, &s2);
-        return 0;
+    /* bounds as (value, inclusive); draft 4 uses boolean exclusive flags */
+    bool has[2] = {false, false}, incl[2] = {true, true};
+    double v[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        json_t *x = json_object_get(s, k ? "maximum" : "minimum");
+        json_t *ex = json_object_get(s, k ? "exclusiveMaximum" : "exclusiveMinimum");
+        if (x && !json_is_number(x)) return pt_fail(c->err, "\"%s\" must be a number", keys[k]);
+        if (x) has[k] = true, v[k] = json_number_value(x);
+        if (json_is_true(ex) && x) incl[k] = false;
+        if (json_is_number(ex)) {
+            double e = json_number_value(ex);
+            if (!has[k] || (k ? e <= v[k] : e >= v[k])) has[k] = true, v[k] = e, incl[k] = false;
+        }
+        if (has[k] && (v[k] != floor(v[k]) || fabs(v[k]) > 9e18))
+            return pt_fail(c->err, "number bounds that are not integers are not supported");
     }
-    return pt_fail(c->err, "number bounds (minimum/maximum) other than minimum 0 are not supported");
+    if (has[0] && has[1] && (v[0] > v[1] || (v[0] == v[1] && (!incl[0] || !incl[1]))))
+        return pt_fail(c->err, "the number bounds admit no value");
+    int r = gb_rule(c->b);
+    int64_t lo = (int64_t)v[0], hi = (int64_t)v[1];
+    /* x >= 0 part */
+    if (!has[1] || hi >= 0) {
+        bool own = has[0] && lo >= 0; /* else the bound is below 0: D >= 0 */
+        int64_t a = own ? lo : 0;
+        bool li = own ? incl[0] : true;
+        nonneg_range(c, r, false, a, li, has[1] ? hi : -1, incl[1]);
+    }
+    /* x < 0 part: D = -x */
+    if (!has[0] || lo < 0) {
+        int64_t a = has[1] && hi < 0 ? -hi : 0;
+        bool ai = has[1] && hi < 0 ? incl[1] : false; /* D > 0: "-0" is 0, counted above */
+        nonneg_range(c, r, true, a, ai, has[0] ? -lo : -1, incl[0]);
+    }
+    *rule = r;
+    return 0;
 }
 
 /* --- objects and arrays ---------------------------------------------------- */
@@ -605,34 +678,43 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     json_t *addl = json_object_get(s, "additionalProperties");
     if (props && !json_is_object(props)) return pt_fail(c->err, "\"properties\" must be an object");
     if (req && !json_is_array(req)) return pt_fail(c->err, "\"required\" must be an array");
-    if (json_object_get(s, "patternProperties")) return pt_fail(c->err, "\"patternProperties\" is not supported");
+    json_t *pprops = json_object_get(s, "patternProperties");
+    if (pprops && (!json_is_object(pprops) || !json_is_false(addl)))
+        return pt_fail(c->err, "\"patternProperties\" is only supported with additionalProperties: false");
     if (json_object_get(s, "propertyNames")) return pt_fail(c->err, "\"propertyNames\" is not supported");
     if (json_object_get(s, "dependencies") || json_object_get(s, "dependentRequired") ||
         json_object_get(s, "dependentSchemas"))
         return pt_fail(c->err, "\"dependencies\"/\"dependentRequired\"/\"dependentSchemas\" are not supported");
     if (json_object_get(s, "unevaluatedProperties"))
         return pt_fail(c->err, "\"unevaluatedProperties\" is not supported");
-    int np = props ? (int)json_object_size(props) : 0;
-    /* required names must be listed in properties, else they could only
-     * come as additional properties, which we put last: refuse */
+    /* A required name not listed in properties is an additional property
+     * that must come: list it, with additionalProperties' schema. */
+    json_t *own_props = NULL;
     size_t ri;
     json_t *rx;
     json_array_foreach(req, ri, rx) {
         if (!json_is_string(rx)) return pt_fail(c->err, "\"required\" must list strings");
-        if (!props || !json_object_get(props, json_string_value(rx))) {
-            if (json_is_false(addl))
-                return pt_fail(c->err, "required property \"%s\" is not allowed by additionalProperties: false",
-                               json_string_value(rx));
-            return pt_fail(c->err, "required property \"%s\" not listed in \"properties\" is not supported",
+        if (props && json_object_get(props, json_string_value(rx))) continue;
+        if (json_is_false(addl)) {
+            json_decref(own_props);
+            return pt_fail(c->err, "required property \"%s\" is not allowed by additionalProperties: false",
                            json_string_value(rx));
         }
+        if (!own_props) own_props = props ? json_copy(props) : json_object();
+        json_object_set_new(own_props, json_string_value(rx), addl ? json_incref(addl) : json_true());
     }
+    if (own_props) props = own_props;
+    int np = props ? (int)json_object_size(props) : 0;
     int n_req = req ? (int)json_array_size(req) : 0;
     json_t *mnp = json_object_get(s, "minProperties"), *mxp = json_object_get(s, "maxProperties");
-    if (mnp && (!json_is_integer(mnp) || json_integer_value(mnp) > n_req))
+    if (mnp && (!json_is_integer(mnp) || json_integer_value(mnp) > n_req)) {
+        json_decref(own_props);
         return pt_fail(c->err, "\"minProperties\" above the number of required properties is not supported");
-    if (mxp && (!json_is_integer(mxp) || !json_is_false(addl) || json_integer_value(mxp) < np))
+    }
+    if (mxp && (!json_is_integer(mxp) || !json_is_false(addl) || json_integer_value(mxp) < np)) {
+        json_decref(own_props);
         return pt_fail(c->err, "\"maxProperties\" is not supported");
+    }
     int *kv = pt_xcalloc((size_t)np + 1, sizeof *kv);
     bool *opt = pt_xcalloc((size_t)np + 1, 1);
     char **names = pt_xcalloc((size_t)np + 1, sizeof *names);
@@ -657,6 +739,21 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     }
     /* additional properties */
     int extra = -1;
+    if (pprops && json_object_size(pprops)) { /* extra keys: those a pattern matches */
+        extra = gb_rule(b);
+        const char *pk;
+        json_t *pv;
+        json_object_foreach(pprops, pk, pv) {
+            int key, val;
+            if ((rc = pt_regex_rule(b, pk, true, false, &key, c->err)) < 0 || (rc = gen(c, pv, &val)) < 0) {
+                pt_failp(c->err, "patternProperties \"%.40s\"", pk);
+                goto out;
+            }
+            gseq q = {0};
+            seq_ref(&q, kv_rule(c, quoted(c, key), val));
+            gb_alt(b, extra, &q);
+        }
+    }
     if (!json_is_false(addl)) {
         int val;
         if (!addl || json_is_true(addl)) val = value_rule(c);
@@ -721,6 +818,7 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     seq_byte(b, &o, '}');
     *rule = gb_rule_of(b, &o);
 out:
+    json_decref(own_props);
     for (int j = 0; j < np; j++) free(names[j]);
     free(names);
     free(kv);
@@ -969,6 +1067,26 @@ static bool value_has_type(const json_t *v, const char *t) {
     return false;
 }
 
+/* minLength/maxLength and numeric bounds, checked on one listed value. */
+static bool value_in_bounds(const json_t *s, const json_t *v) {
+    json_t *x;
+    if (json_is_string(v)) {
+        long chars = 0;
+        for (const unsigned char *p = (const unsigned char *)json_string_value(v); *p; p++)
+            chars += (*p & 0xC0) != 0x80;
+        if ((x = json_object_get(s, "minLength")) && json_is_number(x) && chars < json_number_value(x)) return false;
+        if ((x = json_object_get(s, "maxLength")) && json_is_number(x) && chars > json_number_value(x)) return false;
+    }
+    if (json_is_number(v)) {
+        double d = json_number_value(v);
+        if ((x = json_object_get(s, "minimum")) && json_is_number(x) && d < json_number_value(x)) return false;
+        if ((x = json_object_get(s, "maximum")) && json_is_number(x) && d > json_number_value(x)) return false;
+        if ((x = json_object_get(s, "exclusiveMinimum")) && json_is_number(x) && d <= json_number_value(x)) return false;
+        if ((x = json_object_get(s, "exclusiveMaximum")) && json_is_number(x) && d >= json_number_value(x)) return false;
+    }
+    return true;
+}
+
 static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
     json_t *types = json_object_get(s, "type");
     json_t *tl = types ? type_list(types) : NULL;
@@ -983,6 +1101,7 @@ static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
             json_array_foreach(tl, j, t) ok |= json_is_string(t) && value_has_type(v, json_string_value(t));
             if (!ok) continue;
         }
+        if (!value_in_bounds(s, v)) continue;
         gseq q = {0};
         seq_ref(&q, const_rule(c, v));
         gb_alt(c->b, r, &q);
@@ -990,15 +1109,15 @@ static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
     }
     json_decref(tl);
     if (!n) return pt_fail(c->err, "\"enum\" has no value of the allowed types");
-    /* other keywords (minLength...) beside enum: refuse rather than ignore */
-    static const char *const ok_keys[] = {"enum", "const", "type", "nullable", NULL};
-    const char *k;
-    json_t *x;
-    json_object_foreach((json_t *)s, k, x) {
-        bool fine = is_annotation(k);
-        for (int j = 0; ok_keys[j]; j++) fine |= !strcmp(k, ok_keys[j]);
-        if (!fine) return pt_fail(c->err, "\"%s\" beside \"enum\"/\"const\" is not supported", k);
-    }
+    /* keywords that could rule out some values: those we cannot check on
+     * the values are refused (unknown keywords only annotate) */
+    static const char *const refuse[] = {"pattern", "format", "properties", "required", "items",
+                                         "prefixItems", "minItems", "maxItems", "additionalProperties",
+                                         "patternProperties", "multipleOf", "allOf", "anyOf", "oneOf",
+                                         "not", "$ref", "uniqueItems", "contains", NULL};
+    for (int j = 0; refuse[j]; j++)
+        if (json_object_get(s, refuse[j]))
+            return pt_fail(c->err, "\"%s\" beside \"enum\"/\"const\" is not supported", refuse[j]);
     *rule = r;
     return 0;
 }
