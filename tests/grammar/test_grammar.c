@@ -132,6 +132,10 @@ static void test_schema_features(void **state) {
     g = schema("{\"type\":\"string\",\"format\":\"date\"}");
     assert_true(accepts(g, "\"2024-01-02\""));
     assert_false(accepts(g, "\"2024-13-02\""));
+    assert_false(accepts(g, "\"2023-02-29\""));
+    assert_false(accepts(g, "\"2023-04-31\""));
+    assert_true(accepts(g, "\"2000-02-29\""));
+    assert_false(accepts(g, "\"1900-02-29\""));
     pt_grammar_free(g);
 }
 
