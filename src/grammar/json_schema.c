@@ -675,6 +675,10 @@ static bool in_list(const json_t *arr, const char *k) {
     return false;
 }
 
+/* Objects with at most this many listed properties take them in any order
+ * (2^n rules); larger ones in the schema's order. */
+#define ANY_ORDER_MAX 6
+
 static int gen_object(sc *c, const json_t *s, int *rule) {
     gbuild *b = c->b;
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
@@ -794,6 +798,37 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
             gb_alt(b, next_first, &e2);
         }
     }
+    if (np >= 2 && np <= ANY_ORDER_MAX) {
+        /* Few properties: any order.  One rule pair per set of properties
+         * already written (F: none yet, M: some, so a comma comes first);
+         * each may come once; the object may close once the required ones
+         * are in. */
+        int nset = 1 << np, F[1 << ANY_ORDER_MAX], M[1 << ANY_ORDER_MAX];
+        unsigned need = 0;
+        for (int j = 0; j < np; j++) need |= opt[j] ? 0u : 1u << j;
+        for (int S = 0; S < nset; S++) F[S] = gb_rule(b), M[S] = gb_rule(b);
+        for (int S = 0; S < nset; S++) {
+            gseq a = {0};
+            for (int j = 0; j < np; j++) {
+                if (S >> j & 1) continue;
+                seq_ref(&a, kv[j]);
+                seq_ref(&a, M[S | 1 << j]);
+                gb_alt(b, F[S], &a);
+                seq_ref(&a, comma);
+                seq_ref(&a, kv[j]);
+                seq_ref(&a, M[S | 1 << j]);
+                gb_alt(b, M[S], &a);
+            }
+            if (((unsigned)S & need) == need) {
+                seq_ref(&a, next_first);
+                gb_alt(b, F[S], &a);
+                seq_ref(&a, next_more);
+                gb_alt(b, M[S], &a);
+            }
+        }
+        next_first = F[0];
+        np = -np; /* the ordered chain below is skipped; restored after */
+    }
     for (int j = np - 1; j >= 0; j--) {
         int tf = gb_rule(b), tm = gb_rule(b);
         gseq a = {0};
@@ -813,6 +848,7 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
         next_first = tf;
         next_more = tm;
     }
+    if (np < 0) np = -np;
     gseq o = {0};
     seq_byte(b, &o, '{');
     seq_ref(&o, ws);

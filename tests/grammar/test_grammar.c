@@ -77,6 +77,8 @@ static void test_schema_object(void **state) {
     assert_false(accepts(g, "{\"name\":\"Ann\",\"x\":1}"));     /* no additional */
     assert_false(accepts(g, "{\"name\":\"Ann\""));              /* unfinished */
     assert_false(accepts(g, "{\"name\":\"A\"nn\"}"));
+    assert_true(accepts(g, "{\"age\":1,\"name\":\"Ann\"}"));           /* any order */
+    assert_false(accepts(g, "{\"age\":1,\"name\":\"A\",\"age\":2}")); /* each once */
     pt_grammar_free(g);
 }
 
