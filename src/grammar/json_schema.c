@@ -1351,9 +1351,24 @@ static int gen(sc *c, const json_t *s, int *rule) {
                                           "multipleOf", NULL};
     for (int i = 0; refused[i]; i++)
         if (json_object_get(s, refused[i])) {
-            json_t *m = json_object_get(s, "multipleOf");
-            if (!strcmp(refused[i], "multipleOf") && json_is_integer(m) && json_integer_value(m) == 1)
-                continue;
+            json_t *m = json_object_get(s, "multipleOf"), *ty = json_object_get(s, "type");
+            bool one = json_is_number(m) && json_number_value(m) == 1;
+            if (!strcmp(refused[i], "multipleOf") && one && json_is_string(ty)) {
+                if (!strcmp(json_string_value(ty), "integer")) continue;
+                if (!strcmp(json_string_value(ty), "number")) { /* a whole number: an integer */
+                    static const char *const drop_m[] = {"multipleOf", NULL};
+                    json_t *w = without(s, drop_m);
+                    json_object_set_new(w, "type", json_string("integer"));
+                    int ir;
+                    if ((rc = gen_merged(c, w, &ir)) == 0) { /* 10 or 10.0 */
+                        gseq q = {0};
+                        seq_ref(&q, ir);
+                        seq_ref(&q, frac_rule(c, 2));
+                        *rule = gb_rule_of(c->b, &q);
+                    }
+                    goto out;
+                }
+            }
             rc = pt_fail(c->err, "\"%s\" is not supported", refused[i]);
             goto out;
         }

@@ -124,6 +124,12 @@ static void test_schema_features(void **state) {
     assert_false(accepts(g, "3.01"));
     assert_false(accepts(g, "4"));
     pt_grammar_free(g);
+    g = schema("{\"type\":\"number\",\"multipleOf\":1,\"maximum\":5}");
+    assert_true(accepts(g, "5.0"));
+    assert_true(accepts(g, "-3"));
+    assert_false(accepts(g, "1.5"));
+    assert_false(accepts(g, "6"));
+    pt_grammar_free(g);
     g = schema("{\"type\":\"number\",\"exclusiveMinimum\":0}");
     assert_true(accepts(g, "0.001"));
     assert_true(accepts(g, "12.5"));
