@@ -137,6 +137,11 @@ static void test_schema_features(void **state) {
     assert_false(accepts(g, "0.000"));
     assert_false(accepts(g, "-1"));
     pt_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"uri-reference\"}");
+    assert_true(accepts(g, "\"../a/b?x=1#f\""));
+    assert_true(accepts(g, "\"https://x.org/p\""));
+    assert_false(accepts(g, "\"://\""));
+    pt_grammar_free(g);
     g = schema("{\"type\":\"string\",\"format\":\"date\"}");
     assert_true(accepts(g, "\"2024-01-02\""));
     assert_false(accepts(g, "\"2024-13-02\""));
