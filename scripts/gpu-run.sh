@@ -15,7 +15,22 @@
 #                                     models kvq); kvq = decode with and
 #                                     without quantized KV at 8k and 32k;
 #                                     ab = graphs and PDL on/off, same run
-#                                     (AB_ARMS, AB_MODELS pick arms, models)
+#                                     (AB_ARMS, AB_MODELS pick arms, models);
+#                                     qmodels = dummy 8B with quantized
+#                                     weights (QMODEL_DTYPES); llama =
+#                                     llama.cpp and Petrel on the same GGUF
+#                                     files, same call (below)
+#
+# The llama phase: the 8B-shape F16 GGUF (make-llama8b-gguf.py, needs
+# torch and llama.cpp's gguf-py), llama-quantize to LLAMA_QUANTS (default
+# Q4_0 Q8_0), then per file llama-bench (-p 512 -n 128 -d 0,8192 -fa 1
+# -ngl 99) and petrel bench (-p 512 -d 0,8192 -g 128), and a table of
+# Petrel / llama.cpp ratios (best repetition against best repetition:
+# llama-bench's samples_ts, petrel bench's kept best).  Inputs, by default
+# from ../shared/anchors: LLAMA_CPP_TAR (the prebuilt CUDA tools, a tarball
+# whose top folder holds llama-bench and llama-quantize), GGUF_PY (gguf-py
+# folder), MAKE_LLAMA8B (the script); GGUF_DIR (default /tmp/gguf8b) keeps
+# the files.  QUICK=1 there: one repetition each.
 #
 # Environment: QUICK=1 (shorter benchmarks), MODELS="llama-1b llama-8b ..."
 # (dummy presets to bench), DEPTHS (decode depths, default 0,1024,8192),
@@ -37,7 +52,7 @@ if [ "${1:-}" = --stage ]; then
     mkdir -p "$STAGE/lib"
     # Each target on its own: a half-written part of the tree must not stop
     # the others from being staged.
-    for t in petrel test_cuda_ops test_cuda_model test_cuda_kvq bench_cuda_ops; do
+    for t in petrel test_cuda_ops test_cuda_model test_cuda_kvq test_cuda_qmatmul bench_cuda_ops; do
         if cmake --build build-cuda -j"$(nproc)" --target "$t" >"build-cuda/stage-$t.log" 2>&1; then
             f=build-cuda/$t; [ -x "$f" ] || f=build-cuda/tests/$t
             cp "$f" "$STAGE/" && echo "staged $t"
@@ -90,10 +105,11 @@ elif [ "$deps_ok" = 1 ] && command -v cmake >/dev/null && command -v nvcc >/dev/
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
          -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null &&
        cmake --build build-gpu -j"$(nproc)" --target petrel test_cuda_ops test_cuda_model \
-           test_cuda_kvq bench_cuda_ops; then
+           test_cuda_kvq test_cuda_qmatmul bench_cuda_ops; then
         BIN=build-gpu/bin; mkdir -p "$BIN"
         cp build-gpu/petrel build-gpu/tests/test_cuda_ops build-gpu/tests/test_cuda_model \
-           build-gpu/tests/test_cuda_kvq build-gpu/tests/bench_cuda_ops "$BIN/" 2>/dev/null
+           build-gpu/tests/test_cuda_kvq build-gpu/tests/test_cuda_qmatmul \
+           build-gpu/tests/bench_cuda_ops "$BIN/" 2>/dev/null
     else
         stamp "build here failed; trying the staged build"
     fi
@@ -120,7 +136,7 @@ done
 
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
-    for t in ${TESTS:-test_cuda_kvq test_cuda_ops test_cuda_model}; do
+    for t in ${TESTS:-test_cuda_kvq test_cuda_ops test_cuda_qmatmul test_cuda_model}; do
         stamp "$t"
         timeout 300 "$BIN/$t"
         echo "$t: exit $?"
@@ -130,7 +146,7 @@ fi
 # ---- kernels ---------------------------------------------------------------------
 if has ops; then
     stamp "bench_cuda_ops"
-    timeout 240 "$BIN/bench_cuda_ops" "$OUT/bench_ops.json" ${QUICK:+quick}
+    timeout 300 "$BIN/bench_cuda_ops" "$OUT/bench_ops.json" ${OPS_ARM:-${QUICK:+quick}}
     echo "bench_cuda_ops: exit $?"
 fi
 
@@ -158,6 +174,75 @@ if has kvq; then
                 -o "$OUT/kvq-$m-$kq-${dr%:*}.json"
             echo "petrel bench $m kv-quant $kq: exit $?"
         done
+    done
+fi
+
+# ---- quantized weights: dummy 8B models, decode and prefill ------------------
+if has qmodels; then
+    for dt in ${QMODEL_DTYPES:-q4_0 q8_0 affine4g64 affine8g64 q4_k}; do
+        stamp "petrel bench dummy:llama-8b --dummy-dtype $dt"
+        timeout 200 "$BIN/petrel" bench --device cuda -m dummy:llama-8b --dummy-dtype "$dt" \
+            -p 512 -d 0,8192 -g 64 -r 2 -o "/tmp/q-$dt.json"
+        echo "petrel bench llama-8b $dt: exit $?"
+        cat "/tmp/q-$dt.json" | python3 -c 'import json,sys; j=json.load(sys.stdin); j["dtype"]=sys.argv[1]; print(json.dumps(j))' \
+            "$dt" >>"$OUT/qmodels.jsonl" || echo "qmodels $dt: no result"
+    done
+fi
+
+# ---- llama.cpp and Petrel on the same GGUF files, same call -----------------
+if has llama; then
+    A=../shared/anchors
+    LLAMA_CPP_TAR=${LLAMA_CPP_TAR:-$A/llama.cpp-34af94cd-cuda-sm90-ubuntu24.tar.xz}
+    MAKE_LLAMA8B=${MAKE_LLAMA8B:-$A/make-llama8b-gguf.py}
+    GGUF_DIR=${GGUF_DIR:-/tmp/gguf8b}
+    LL=/tmp/llama.cpp-bin
+    mkdir -p "$GGUF_DIR" "$LL"
+    stamp "llama: unpacking $LLAMA_CPP_TAR"
+    tar -xJf "$LLAMA_CPP_TAR" -C "$LL" || echo "llama: cannot unpack $LLAMA_CPP_TAR"
+    LLB=$(dirname "$(find "$LL" -name llama-bench -type f | head -1)")
+    if [ -z "${GGUF_PY:-}" ]; then
+        GGUF_PY=/tmp/llama.cpp-src/gguf-py
+        [ -d "$GGUF_PY" ] || { mkdir -p /tmp/llama.cpp-src &&
+            tar -xJf "$A/llama.cpp-34af94cd-src.tar.xz" -C /tmp/llama.cpp-src --strip-components=1 \
+                --wildcards '*/gguf-py/*'; }
+    fi
+    if [ ! -s "$GGUF_DIR/f16.gguf" ]; then
+        stamp "llama: making the 8B-shape F16 GGUF"
+        PYTHONPATH="$GGUF_PY${PYTHONPATH:+:$PYTHONPATH}" python3 "$MAKE_LLAMA8B" "$GGUF_DIR/f16.gguf" ||
+            echo "llama: make-llama8b-gguf.py failed"
+    fi
+    files=f16
+    for q in ${LLAMA_QUANTS:-Q4_0 Q8_0}; do
+        lq=$(echo "$q" | tr 'A-Z' 'a-z')
+        if [ ! -s "$GGUF_DIR/$lq.gguf" ]; then
+            stamp "llama: llama-quantize $q"
+            "$LLB/llama-quantize" "$GGUF_DIR/f16.gguf" "$GGUF_DIR/$lq.gguf" "$q" "$(nproc)" \
+                >"/tmp/quantize-$lq.log" 2>&1 || { echo "llama-quantize $q failed:"; tail -5 "/tmp/quantize-$lq.log"; }
+        fi
+        files="$lq $files"
+    done
+    reps=3; [ -n "${QUICK:-}" ] && reps=1
+    for f in ${LLAMA_FILES:-$files}; do
+        g=$GGUF_DIR/$f.gguf
+        [ -s "$g" ] || { echo "llama: no $g"; continue; }
+        stamp "llama-bench $f"
+        timeout 300 "$LLB/llama-bench" -m "$g" -p 512 -n 128 -d 0,8192 -fa 1 -ngl 99 -r "$reps" \
+            -o json >"/tmp/llama-$f.json" 2>"/tmp/llama-$f.err"
+        echo "llama-bench $f: exit $?"
+        stamp "petrel bench $f"
+        timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 512 -d 0,8192 -g 128 -r "$reps" \
+            -o "/tmp/petrel-$f.json"
+        echo "petrel bench $f: exit $?"
+        python3 - "$f" "/tmp/llama-$f.json" "/tmp/petrel-$f.json" >>"$OUT/llama.jsonl" <<'PY'
+import json, sys
+f, lj, pj = sys.argv[1:4]
+row = {"file": f}
+try: row["llama"] = json.load(open(lj))
+except Exception as e: row["llama_error"] = str(e)
+try: row["petrel"] = json.load(open(pj))
+except Exception as e: row["petrel_error"] = str(e)
+print(json.dumps(row))
+PY
     done
 fi
 
@@ -205,13 +290,45 @@ if os.path.exists(f):
         j = json.loads(line)
         d = " / ".join(f"{x['tok_s']:.1f} ({100*x['fraction']:.1f}%)" for x in j["decode"])
         print(f"  {j['model']:16s} {j['arm']:10s} decode {d}   prefill {j['prefill'][0]['tok_s']:.0f}")
+f = os.path.join(out, "qmodels.jsonl")
+if os.path.exists(f):
+    print("dummy llama-8b, quantized weights (prefill 512 tok/s; decode tok/s at depth 0 / 8192, fraction of roofline):")
+    for line in open(f):
+        j = json.loads(line)
+        d = " / ".join(f"{x['tok_s']:.1f} ({100*x['fraction']:.1f}%)" for x in j["decode"])
+        print(f"  {j['dtype']:12s} {j['weight_bytes']/1e9:6.2f} GB  prefill {j['prefill'][0]['tok_s']:8.0f}  decode {d}")
+f = os.path.join(out, "llama.jsonl")
+if os.path.exists(f):
+    print("same GGUF file, same call: Petrel / llama.cpp (tok/s, best repetition of each; llama.cpp mean in brackets)")
+    print(f"  {'file':6s} {'test':14s} {'petrel':>9s} {'llama.cpp':>18s} {'ratio':>6s} {'roofline':>9s}")
+    for line in open(f):
+        j = json.loads(line)
+        L, P = j.get("llama") or [], j.get("petrel") or {}
+        def lbest(pp, tg, depth):
+            for r in L:
+                if r.get("n_prompt") == pp and r.get("n_gen") == tg and r.get("n_depth", 0) == depth:
+                    s = r.get("samples_ts") or [r.get("avg_ts", 0)]
+                    return max(s), r.get("avg_ts", 0)
+            return 0, 0
+        rows = []
+        for p in P.get("prefill", []):
+            if p["tokens"] == 512: rows.append(("pp512", p["tok_s"], lbest(512, 0, 0), None))
+        for d in P.get("decode", []):
+            rows.append((f"tg128 d={d['depth']}", d["tok_s"], lbest(0, 128, d["depth"]), d.get("fraction")))
+        if not rows: print(f"  {j['file']:6s} (no petrel result: {j.get('petrel_error', '')})")
+        for name, pt, (lb, lm), frac in rows:
+            ratio = pt / lb if lb else float("nan")
+            fr = f"{100*frac:8.1f}%" if frac is not None else ""
+            print(f"  {j['file']:6s} {name:14s} {pt:9.1f} {lb:9.1f} [{lm:7.1f}] {ratio:6.2f} {fr:>9s}")
 f = os.path.join(out, "bench_ops.json")
 if os.path.exists(f):
     try:
         j = json.load(open(f))
         print(f"kernels on {j['device']}: read {j['read_bandwidth_gbs']:.0f} GB/s")
         for r in j["results"]:
-            if r["op"] == "matmul":
+            if r["op"] == "qmatmul":
+                print(f"  qmatmul {r['format']:10s} {r['name']:7s} {r['rows']:6d}x{r['cols']:<6d} n={r['n']:<3d} qgemv {r['qgemv_us']:8.1f} us {100*r['qgemv_frac']:5.1f}%  dequant+cublas {r['blas_us']:9.1f} us {100*r['blas_frac']:5.1f}% {r['blas_tflops']:6.1f} TFLOP/s")
+            elif r["op"] == "matmul":
                 print(f"  matmul {r['name']:8s} {r['rows']:6d}x{r['cols']:<6d} n={r['n']:<2d} gemv {100*r['gemv_frac']:5.1f}%  cublas {100*r['cublas_frac']:5.1f}% of read bw")
             else:
                 print(f"  attn {r['arm']:6s} depth {r['depth']:6d} rows {r['rows']:3d} seqs {r['seqs']:2d}: {r['us']:9.1f} us {100*r['frac']:5.1f}% bw {r['tflops']:6.2f} TFLOP/s")

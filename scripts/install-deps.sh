@@ -14,8 +14,19 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
   missing=("${missing[@]/nodejs}"); missing=("${missing[@]/npm}")
 fi
 read -ra missing <<<"${missing[*]}"
-[ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: missing Debian packages: ${missing[*]}"
+  echo "install-deps: fetching them now with apt-get (network: your Debian mirrors)${SUDO:+, through sudo}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# Optional: headless Chromium for the report test (cli/bench_report_chromium,
+# skipped without it).  A failed install only warns, so the build never
+# depends on it.
+if ! dpkg -s chromium >/dev/null 2>&1; then
+  echo "install-deps: installing chromium (optional, for the bench report test)"
+  { $SUDO apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ||
+    echo "install-deps: warning: chromium did not install; cli/bench_report_chromium will be skipped"
+fi

@@ -33,6 +33,12 @@ typedef struct pt_weight {
     int bits, group_size;
     const void *scales, *biases;
     pt_dtype scale_dtype;
+    /* A stack of experts (MoE), 3-D [n_experts][rows][cols]: expert e's
+     * matrix starts expert_stride bytes after expert e-1's (its scales and
+     * biases likewise, rows * (cols / group_size) elements each); nbytes
+     * counts them all.  0 for a plain matrix, the only kind matmul takes. */
+    int n_experts;
+    size_t expert_stride;
 } pt_weight;
 
 enum pt_rope_style {
@@ -129,6 +135,11 @@ typedef struct pt_backend_ops {
     /* Measured memory read bandwidth in bytes/s (a large streaming read on
      * all threads), for rooflines. */
     double (*read_bandwidth)(pt_backend *be);
+    /* Measured compute peak in operations/s (a multiply-add is 2) on all
+     * threads, for the multiply-adds a prefill with weights of dtype wt
+     * runs; note (may be NULL) gets a line naming the kernels and how the
+     * probes ran.  NULL op: not measured (prefill shows no fraction). */
+    double (*compute_peak)(pt_backend *be, pt_dtype wt, char *note, size_t note_len);
     void (*destroy)(pt_backend *be);
 } pt_backend_ops;
 

@@ -60,6 +60,18 @@ void cli_model_defaults(void);
 /* Opens the engine the flags describe; prints the error and returns -1. */
 int cli_open_engine(pt_engine **e);
 
+/* Speculative decoding flags (generate, serve, bench): --spec, --spec-k,
+ * --ngram-min, --ngram-max. */
+typedef struct cli_spec_args {
+    const char *spec;
+    int k, ngram_min, ngram_max;
+} cli_spec_args;
+extern cli_spec_args cli_sargs;
+extern const cli_opt cli_spec_opts[];
+/* The flags as parameters; "oracle:A" only where allow_oracle.  Prints
+ * the error and returns -1 on a bad value. */
+int cli_spec_params(pt_spec_params *out, bool allow_oracle, float *oracle_accept);
+
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

@@ -59,7 +59,47 @@ const cli_opt cli_model_opts[] = {
     {NULL, 0, 0, NULL, NULL, NULL},
 };
 
+cli_spec_args cli_sargs;
+
+const cli_opt cli_spec_opts[] = {
+    {"spec", 0, CLI_STR, &cli_sargs.spec, "KIND", "speculative decoding: off (default) or ngram (prompt lookup: drafts copied from earlier in the text, verified in one forward)"},
+    {"spec-k", 0, CLI_INT, &cli_sargs.k, "N", "drafted tokens per step at most (default 4; adapted per sequence to its acceptance)"},
+    {"ngram-min", 0, CLI_INT, &cli_sargs.ngram_min, "N", "shortest suffix the n-gram drafter matches (default 2)"},
+    {"ngram-max", 0, CLI_INT, &cli_sargs.ngram_max, "N", "longest suffix it tries first (default 4)"},
+    {NULL, 0, 0, NULL, NULL, NULL},
+};
+
+int cli_spec_params(pt_spec_params *out, bool allow_oracle, float *oracle_accept) {
+    const cli_spec_args *a = &cli_sargs;
+    memset(out, 0, sizeof *out);
+    out->k = a->k > 0 ? a->k : 4;
+    out->ngram_min = a->ngram_min > 0 ? a->ngram_min : 2;
+    out->ngram_max = a->ngram_max > 0 ? a->ngram_max : PT_MAX(4, out->ngram_min);
+    if (a->k < 0 || a->k > 16 || out->ngram_max < out->ngram_min || a->ngram_min < 0) {
+        fprintf(stderr, "petrel: --spec-k takes 1..16, and --ngram-min <= --ngram-max\n");
+        return -1;
+    }
+    if (!a->spec || strcmp(a->spec, "off") == 0) return 0;
+    if (strcmp(a->spec, "ngram") == 0) {
+        out->kind = PT_SPEC_NGRAM;
+        return 0;
+    }
+    char *end;
+    if (allow_oracle && strncmp(a->spec, "oracle:", 7) == 0) {
+        float acc = strtof(a->spec + 7, &end);
+        if (end != a->spec + 7 && !*end && acc >= 0 && acc <= 1) {
+            out->kind = PT_SPEC_ORACLE;
+            *oracle_accept = acc;
+            return 0;
+        }
+    }
+    fprintf(stderr, "petrel: --spec %s: expected off or ngram%s\n", a->spec,
+            allow_oracle ? ", or oracle:A with A in [0, 1]" : "");
+    return -1;
+}
+
 void cli_model_defaults(void) {
+    memset(&cli_sargs, 0, sizeof cli_sargs);
     cli_model_args *a = &cli_margs;
     memset(a, 0, sizeof *a);
     a->model = getenv("PETREL_MODEL") ? getenv("PETREL_MODEL") : PETREL_DEFAULT_MODEL;

@@ -13,9 +13,11 @@
  *     calibration text is measured; bpw.c then picks widths under the
  *     budget;
  *   - --eval TEXT: afterwards, perplexity of both models and their KL.
+ * DST is staged (staged_dir.h): written in a hidden sibling directory and
+ * renamed into place only when everything, --eval included, succeeded; an
+ * interrupted run leaves nothing behind.
  * Measuring runs the model through the engine.  A model without a tokenizer
- * (a GGUF source's output, test fixtures) is measured on token ids taken
- * from the text's bytes.
+ * (test fixtures) is measured on token ids taken from the text's bytes.
  */
 #include <errno.h>
 #include <math.h>
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/staged_dir.h"
 #include "engine/runner.h"
 #include "eval/eval.h"
 #include "quant/bpw.h"
@@ -53,7 +56,7 @@ static const cli_opt convert_opts[] = {
     {"window", 'w', CLI_INT, &cv.window, "N", "evaluation window in tokens (default 256)"},
     {"json", 'o', CLI_STR, &cv.json, "FILE", "write the plan, sizes and measurements as JSON"},
     {"threads", 't', CLI_INT, &cv.threads, "N", "threads (default: one per core)"},
-    {"force", 'f', CLI_FLAG, &cv.force, NULL, "write into DST even if it exists"},
+    {"force", 'f', CLI_FLAG, &cv.force, NULL, "replace DST if it exists"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
 
@@ -290,13 +293,6 @@ static void progress(void *user, size_t done, size_t total, const char *name) {
     if (done >= total) fprintf(stderr, "\n");
 }
 
-static int prepare_dst(const char *dst, pt_err *err) {
-    if (mkdir(dst, 0755) == 0) return 0;
-    if (errno != EEXIST) return pt_fail(err, "%s: %s", dst, strerror(errno));
-    if (!cv.force) return pt_fail(err, "%s exists (use --force to write into it)", dst);
-    return 0;
-}
-
 static pt_dtype scale_dtype_of(const pt_convert_tensor *t, int n) {
     if (cv.scale_dtype) return (pt_dtype)pt_dtype_from_safetensors(strcmp(cv.scale_dtype, "f16") == 0    ? "F16"
                                                                    : strcmp(cv.scale_dtype, "bf16") == 0 ? "BF16"
@@ -307,6 +303,20 @@ static pt_dtype scale_dtype_of(const pt_convert_tensor *t, int n) {
     return PT_F16;
 }
 
+/* The tokenizer and other files the weights need: a Hugging Face source's
+ * are copied, a GGUF source's tokenizer is written from its keys. */
+static int carry_files(const pt_model_file *mf, const char *src, const char *out, int *copied,
+                       const char **note, pt_err *err) {
+    *copied = 0;
+    *note = "";
+    if (mf->kind == PT_FILE_HF) return pt_convert_copy_files(src, out, copied, err);
+    bool tok;
+    if (pt_convert_write_gguf_tokenizer(mf->gguf, out, &tok, err)) return -1;
+    *copied = tok;
+    *note = tok ? " (tokenizer.gguf: the GGUF source's tokenizer)" : " (the GGUF source has no tokenizer)";
+    return 0;
+}
+
 static int run(const char *src, const char *dst) {
     pt_err err = {{0}};
     pt_model_file *mf = NULL;
@@ -315,6 +325,7 @@ static int run(const char *src, const char *dst) {
     pt_pool *pool = NULL;
     int n = 0, rc = 1;
     pt_model_config cfg;
+    const char *out; /* the staging directory, renamed to dst at the end */
     if (pt_model_file_open(&mf, src, &err) || pt_config_from_file(mf, &cfg, &err)) goto out;
     if (build_list(mf, &cfg, &t, &n, &err)) goto out;
     pt_dtype sd = scale_dtype_of(t, n);
@@ -327,12 +338,12 @@ static int run(const char *src, const char *dst) {
         pt_fail(&err, "%s is already quantized; convert needs full-precision weights", src);
         goto out;
     }
+    if (staged_begin(dst, cv.force, &out, &err)) goto out; /* before a long sweep: DST may exist */
     if (cv.target_bpw > 0) {
         if (plan_target_bpw(src, t, n, sd, report, &err)) goto out;
     } else if (cv.mixed) {
         pt_convert_plan_mixed(t, n, cfg.n_layers, cv.high_bits);
     }
-    if (prepare_dst(dst, &err)) goto out;
     pool = pt_pool_new(cv.threads);
     pt_convert_opts o = {.bits = cv.bits, .group_size = cv.group_size, .scale_dtype = sd,
                          .pool = pool, .progress = progress};
@@ -340,14 +351,15 @@ static int run(const char *src, const char *dst) {
     fprintf(stderr, "petrel convert: %s -> %s, %d bits, group %d, %s scales%s\n", src, dst, cv.bits,
             cv.group_size, pt_dtype_name(sd), cv.target_bpw > 0 ? ", bits per matrix by sensitivity"
                                                                  : cv.mixed ? ", mixed precision" : "");
-    if (pt_convert_write(dst, config, t, n, &o, &st, &err)) goto out;
-    int copied = 0;
-    if (mf->kind == PT_FILE_HF && pt_convert_copy_files(src, dst, &copied, &err)) goto out;
+    if (pt_convert_write(out, config, t, n, &o, &st, &err)) goto out;
+    int copied;
+    const char *note;
+    if (carry_files(mf, src, out, &copied, &note, &err)) goto out;
     printf("parameters     %lld (%lld quantized)\nsize           %.2f MiB -> %.2f MiB\n"
            "bits/weight    %.3f over quantized matrices, %.3f overall\nfiles copied   %d%s\n",
            (long long)st.params, (long long)st.quantized_params, st.bytes_in / 1048576.0,
            st.bytes_out / 1048576.0, st.quantized_bpw, 8.0 * (double)st.bytes_out / (double)st.params,
-           copied, mf->kind == PT_FILE_GGUF ? " (a GGUF source's tokenizer is not carried over)" : "");
+           copied, note);
     json_t *plan = json_object();
     for (int i = 0; i < n; i++)
         if (t[i].bits) json_object_set_new(plan, t[i].name, json_integer(t[i].bits));
@@ -356,14 +368,18 @@ static int run(const char *src, const char *dst) {
                                                   "quantized_params", (json_int_t)st.quantized_params,
                                                   "bytes_in", (json_int_t)st.bytes_in, "bytes_out",
                                                   (json_int_t)st.bytes_out, "quantized_bpw", st.quantized_bpw));
-    if (cv.eval && evaluate(src, dst, report, &err)) goto out;
+    if (cv.eval && evaluate(src, out, report, &err)) goto out;
+    if (staged_commit(&err)) goto out;
     if (cv.json && json_dump_file(report, cv.json, JSON_INDENT(1) | JSON_PRESERVE_ORDER)) {
-        pt_fail(&err, "cannot write %s", cv.json);
+        pt_fail(&err, "cannot write %s (the model is written)", cv.json);
         goto out;
     }
     rc = 0;
 out:
-    if (rc) fprintf(stderr, "petrel convert: %s\n", err.msg);
+    if (rc) {
+        staged_abort();
+        fprintf(stderr, "petrel convert: %s\n", err.msg);
+    }
     pt_pool_free(pool);
     json_decref(config);
     json_decref(report);

@@ -132,7 +132,7 @@ int cmd_generate(int argc, char **argv) {
     memset(&g, 0, sizeof g);
     g.n = 128, g.temp = 0.8f, g.top_k = 40, g.top_p = 0.95f, g.min_p = 0.05f, g.rep = 1;
     g.logprobs = -1, g.seed = UINT64_MAX;
-    const cli_opt *tables[] = {gen_opts, cli_model_opts, NULL};
+    const cli_opt *tables[] = {gen_opts, cli_spec_opts, cli_model_opts, NULL};
     const char *pos[64];
     int n_pos;
     int rc = cli_parse(argc, argv, "petrel generate [options] [PROMPT...]   (no PROMPT: read stdin)",
@@ -178,6 +178,10 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     pt_gen_params p = {.max_tokens = g.n, .ignore_eos = g.ignore_eos};
+    if (cli_spec_params(&p.spec, false, NULL)) {
+        rc = 2;
+        goto out;
+    }
     p.sampling = pt_sampling_default();
     p.sampling.temperature = g.temp;
     p.sampling.top_k = g.top_k;
@@ -206,6 +210,9 @@ int cmd_generate(int argc, char **argv) {
             st.n_prompt, st.t_prefill, st.n_prompt / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
             st.n_generated, n_dec > 0 && st.t_decode > 0 ? n_dec / st.t_decode : 0.0,
             st.finish == PT_FINISH_STOP ? "stopped at end of text" : "length limit");
+    if (st.n_drafted)
+        fprintf(stderr, "petrel: speculative: %d of %d drafted tokens accepted (%.0f%%)\n",
+                st.n_accepted, st.n_drafted, 100.0 * st.n_accepted / st.n_drafted);
     rc = 0;
 out:
     pt_structured_free(so);

@@ -16,7 +16,10 @@
  *       out: {"codec", "head_dim", "keys": [[x...]], "values": [[x...]]}
  *            values decoded eagerly (back in the model's domain).
  *
- * FILE "-" or none reads stdin.
+ * FILE "-" or none reads stdin.  Output numbers JSON cannot hold (NaN, the
+ * infinities: a row of inf inputs, a NaN scale) are written as the strings
+ * the input side reads, so every row keeps head_dim entries; any failure
+ * to build or write the output is an error, never a shorter row.
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,6 +66,20 @@ static int fail(const char *fmt, const char *what) {
     return -1;
 }
 
+/* A number for the output: JSON has no NaN or infinities (json_real()
+ * refuses them), so those become "nan", "inf", "-inf", as number() reads. */
+static json_t *json_number_out(double x) {
+    if (isnan(x)) return json_string("nan");
+    if (isinf(x)) return json_string(x > 0 ? "inf" : "-inf");
+    return json_real(x);
+}
+
+/* Appends v (taking it); false when v is NULL or the append fails, which
+ * the caller must report: a silently skipped entry shortens a row. */
+static bool push(json_t *array, json_t *v) {
+    return v && json_array_append_new(array, v) == 0;
+}
+
 static int number(json_t *v, float *out) {
     if (json_is_number(v)) {
         *out = (float)json_number_value(v);
@@ -102,19 +119,21 @@ static int parse_hex(const char *s, uint8_t *out, size_t n) {
 /* ---- encode ------------------------------------------------------------------------ */
 
 /* The fp16 plane at p as numbers and as hex bit patterns. */
-static void put_plane(json_t *row, const char *name, const uint8_t *p, int n) {
+static int put_plane(json_t *row, const char *name, const uint8_t *p, int n) {
     json_t *vals = json_array(), *bits = json_array();
     char key[32], hex[8];
-    for (int g = 0; g < n; g++) {
+    bool ok = vals && bits;
+    for (int g = 0; g < n && ok; g++) {
         uint16_t h;
         memcpy(&h, p + 2 * g, 2);
-        json_array_append_new(vals, json_real(pt_f16_to_f32(h)));
         snprintf(hex, sizeof hex, "%04x", h);
-        json_array_append_new(bits, json_string(hex));
+        ok = push(vals, json_number_out(pt_f16_to_f32(h))) && push(bits, json_string(hex));
     }
     snprintf(key, sizeof key, "%s_f16", name);
-    json_object_set_new(row, name, vals);
-    json_object_set_new(row, key, bits);
+    ok = ok && json_object_set(row, name, vals) == 0 && json_object_set(row, key, bits) == 0;
+    json_decref(vals);
+    json_decref(bits);
+    return ok ? 0 : fail("%s: cannot build the output", name);
 }
 
 static json_t *encode_row(const pt_kv_codec *c, const part *p, const float *x) {
@@ -124,13 +143,15 @@ static json_t *encode_row(const pt_kv_codec *c, const part *p, const float *x) {
     (p->is_k ? c->encode_k : c->encode_v)(c, x, row);
     pt_tq_unpack(row, c->head_dim, part_bits(c, p), p->is_k && c->k_signed, codes);
     json_t *j = json_object(), *cj = json_array();
-    for (int i = 0; i < c->head_dim; i++)
-        json_array_append_new(cj, json_integer(codes[i]));
-    json_object_set_new(j, "codes", cj);
-    json_object_set_new(j, "packed", hex_string(row, (size_t)nc));
-    put_plane(j, "scales", row + nc, c->n_groups);
-    if (part_has_zeros(c, p)) put_plane(j, "zeros", row + nc + 2 * c->n_groups, c->n_groups);
-    return j;
+    bool ok = j && cj;
+    for (int i = 0; i < c->head_dim && ok; i++) ok = push(cj, json_integer(codes[i]));
+    ok = ok && json_object_set(j, "codes", cj) == 0 &&
+         json_object_set_new(j, "packed", hex_string(row, (size_t)nc)) == 0 &&
+         put_plane(j, "scales", row + nc, c->n_groups) == 0 &&
+         (!part_has_zeros(c, p) || put_plane(j, "zeros", row + nc + 2 * c->n_groups, c->n_groups) == 0);
+    json_decref(cj);
+    if (!ok) json_decref(j);
+    return ok ? j : NULL;
 }
 
 static int read_row(json_t *r, int d, float *x) {
@@ -180,7 +201,8 @@ static int encode(json_t *in, json_t **out) {
         json_array_foreach(rows, k, r) {
             if (read_row(r, c.head_dim, x))
                 return fail("%s: every row must be an array of head_dim numbers", parts[i].name);
-            json_array_append_new(enc, encode_row(&c, &parts[i], x));
+            if (!push(enc, encode_row(&c, &parts[i], x)))
+                return fail("%s: cannot build the encoded row", parts[i].name);
         }
     }
     return 0;
@@ -232,10 +254,13 @@ static int decode_row(const pt_kv_codec *c, const part *p, json_t *r, json_t *ou
             p->name);
     (p->is_k ? c->decode_k : c->decode_v)(c, row, x);
     json_t *xs = json_array();
-    for (int i = 0; i < c->head_dim; i++)
-        json_array_append_new(xs, json_real(x[i]));
-    json_array_append_new(out, xs);
-    return 0;
+    bool ok = xs != NULL;
+    for (int i = 0; i < c->head_dim && ok; i++) ok = push(xs, json_number_out(x[i]));
+    if (!ok) {
+        json_decref(xs);
+        return fail("%s: cannot build the decoded row", p->name);
+    }
+    return push(out, xs) ? 0 : fail("%s: cannot build the decoded row", p->name);
 }
 
 static int decode(json_t *in, json_t **out) {
@@ -286,10 +311,9 @@ int cmd_kvcodec(int argc, char **argv) {
         }
         json_t *out = NULL;
         rc = modes[m].run(in, &out);
-        if (rc == 0) {
-            json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-            putchar('\n');
-        }
+        if (rc == 0 && (json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER) ||
+                        putchar('\n') == EOF || fflush(stdout) == EOF))
+            rc = fail("%s", "cannot write the output");
         json_decref(in);
         json_decref(out);
         return rc ? 1 : 0;

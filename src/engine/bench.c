@@ -81,3 +81,120 @@ int pt_bench_requests(pt_engine *e, int n_seqs, int n_prompt, int n_gen, uint64_
     out->decode_tok_s = out->t_decode > 0 ? (double)b.n_after / out->t_decode : 0;
     return 0;
 }
+
+typedef struct one_run {
+    pt_sched_stats st;
+    bool done;
+} one_run;
+
+static int one_token(void *user, const pt_sample_result *r) {
+    (void)user, (void)r;
+    return 0;
+}
+
+static void one_done(void *user, const pt_sched_stats *st) {
+    one_run *o = user;
+    o->st = *st;
+    o->done = true;
+}
+
+int pt_bench_prompt(pt_engine *e, const int32_t *prompt, int n, int n_gen, double *ttft,
+                    double *per_token, int *n_cached, pt_err *err) {
+    pt_core_opts co = {.max_seqs = 1};
+    pt_core *c = pt_core_new(e, &co);
+    one_run o = {0};
+    pt_sched_job job = {.prompt = prompt, .n_prompt = n, .on_token = one_token,
+                        .on_done = one_done, .user = &o};
+    job.params.sampling = pt_sampling_default();
+    job.params.sampling.temperature = 0;
+    job.params.sampling.n_logprobs = -1;
+    job.params.max_tokens = n_gen;
+    job.params.ignore_eos = true;
+    if (pt_core_check(c, &job, err)) {
+        pt_core_free(c);
+        return -1;
+    }
+    pt_core_add(c, &job, 1);
+    while (pt_core_step(c) > 0) {}
+    pt_core_free(c);
+    if (o.st.finish == PT_FINISH_NONE) return pt_fail(err, "%s", o.st.error);
+    *ttft = o.st.ttft;
+    *per_token = o.st.n_generated > 1 ? o.st.t_decode / (o.st.n_generated - 1) : 0;
+    *n_cached = o.st.n_cached;
+    return 0;
+}
+
+typedef struct spec_run {
+    int32_t *toks;
+    int n, cap;
+    pt_sched_stats st;
+} spec_run;
+
+static int spec_token(void *user, const pt_sample_result *r) {
+    spec_run *o = user;
+    if (o->n == o->cap) {
+        o->cap = o->cap ? 2 * o->cap : 256;
+        o->toks = pt_xrealloc(o->toks, sizeof(int32_t) * (size_t)o->cap);
+    }
+    o->toks[o->n++] = r->id;
+    return 0;
+}
+
+static void spec_done(void *user, const pt_sched_stats *st) {
+    ((spec_run *)user)->st = *st;
+}
+
+static int spec_once(pt_engine *e, const int32_t *prompt, int n_prompt, int n_gen,
+                     const pt_spec_params *spec, spec_run *o, long *steps, pt_err *err) {
+    pt_core_opts co = {.max_seqs = 1};
+    pt_core *c = pt_core_new(e, &co);
+    pt_sched_job job = {.prompt = prompt, .n_prompt = n_prompt, .on_token = spec_token,
+                        .on_done = spec_done, .user = o};
+    job.params.sampling = pt_sampling_default();
+    job.params.sampling.temperature = 0;
+    job.params.sampling.n_logprobs = -1;
+    job.params.max_tokens = n_gen;
+    job.params.ignore_eos = true;
+    job.params.spec = *spec;
+    if (pt_core_check(c, &job, err)) {
+        pt_core_free(c);
+        return -1;
+    }
+    pt_core_add(c, &job, 1);
+    while (pt_core_step(c) > 0) {}
+    *steps = pt_core_get_timing(c).n_steps;
+    pt_core_free(c);
+    if (o->st.finish == PT_FINISH_NONE) return pt_fail(err, "%s", o->st.error);
+    return 0;
+}
+
+int pt_bench_spec(pt_engine *e, int n_prompt, int n_gen, const pt_spec_params *spec,
+                  pt_bench_spec_run *out, pt_err *err) {
+    memset(out, 0, sizeof *out);
+    int32_t *prompt = pt_xmalloc(sizeof(int32_t) * (size_t)n_prompt);
+    pt_rng rng;
+    pt_rng_seed(&rng, 7);
+    for (int i = 0; i < n_prompt; i++)
+        prompt[i] = (int32_t)(pt_rng_next(&rng) % (uint64_t)e->model->cfg.vocab_size);
+    spec_run plain = {0}, fast = {0};
+    pt_spec_params off = {0}, on = *spec;
+    long steps;
+    int rc = spec_once(e, prompt, n_prompt, n_gen, &off, &plain, &steps, err);
+    if (rc == 0) {
+        on.oracle = plain.toks;
+        on.n_oracle = plain.n;
+        rc = spec_once(e, prompt, n_prompt, n_gen, &on, &fast, &out->steps_spec, err);
+    }
+    if (rc == 0 && (plain.n != fast.n ||
+                    memcmp(plain.toks, fast.toks, sizeof(int32_t) * (size_t)plain.n) != 0))
+        rc = pt_fail(err, "speculative output differs from plain greedy output");
+    if (rc == 0) {
+        double dp = plain.st.t_decode, df = fast.st.t_decode;
+        out->tok_s_plain = dp > 0 ? (plain.n - 1) / dp : 0;
+        out->tok_s_spec = df > 0 ? (fast.n - 1) / df : 0;
+        out->n_drafted = fast.st.n_drafted;
+        out->n_accepted = fast.st.n_accepted;
+    }
+    free(plain.toks), free(fast.toks), free(prompt);
+    return rc;
+}

@@ -23,4 +23,23 @@ typedef struct pt_bench_run {
 int pt_bench_requests(pt_engine *e, int n_seqs, int n_prompt, int n_gen, uint64_t seed,
                       pt_bench_run *out, int max_seqs, pt_err *err);
 
+/* One request of prompt[0..n) generating n_gen tokens: time to its first
+ * token, seconds per later token, and the prompt positions the prefix
+ * cache served. */
+int pt_bench_prompt(pt_engine *e, const int32_t *prompt, int n, int n_gen, double *ttft,
+                    double *per_token, int *n_cached, pt_err *err);
+
+/* Speculative decoding against plain decoding on the same random prompt of
+ * n_prompt tokens, n_gen tokens each, greedy: decode tok/s of both, the
+ * acceptance, and the mean tokens per verify step.  The two outputs must be
+ * identical (else an error: the executor would be wrong).  An oracle
+ * drafter gets the plain run's tokens as its truth. */
+typedef struct pt_bench_spec_run {
+    double tok_s_plain, tok_s_spec;
+    int n_drafted, n_accepted;
+    long steps_spec;
+} pt_bench_spec_run;
+int pt_bench_spec(pt_engine *e, int n_prompt, int n_gen, const pt_spec_params *spec,
+                  pt_bench_spec_run *out, pt_err *err);
+
 #endif

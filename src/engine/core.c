@@ -11,8 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "engine/draft.h"
 #include "engine/runner.h"
 #include "engine/sched_policy.h"
+
+#define SPEC_MAX 16 /* drafts per step at most */
 
 typedef struct req {
     uint64_t id;
@@ -28,6 +31,14 @@ typedef struct req {
     uint64_t *hashes; /* keys of the sequence's full pages, in order */
     int n_hashed, cap_hashes;
     int n_published; /* leading pages of its table that carry their key */
+    /* speculative decoding (d.params.spec) */
+    int32_t *prediction, *oracle; /* our copies */
+    int32_t draft[SPEC_MAX];
+    int n_draft;   /* drafts proposed for this step */
+    int n_in_seq;  /* of them, appended to seq.tokens for the runner */
+    int k_cur;     /* adaptive draft length */
+    int n_drafted, n_accepted;
+    pt_rng rng;    /* the oracle's corruption */
     double t_submit, t_admit, t_first, t_last;
 } req;
 
@@ -48,6 +59,8 @@ struct pt_core {
     pt_runner runner;
     pt_core_timing timing;
 };
+
+static int room_for(const pt_core *c);
 
 /* ---- lists ----------------------------------------------------------------- */
 
@@ -94,6 +107,7 @@ static void sweep(pt_core *c) {
             }
             free(r->prompt), free(r->bias_ids), free(r->bias_vals);
             free(r->hashes);
+            free(r->prediction), free(r->oracle);
             free(r);
         }
         *counts[l] = k;
@@ -110,6 +124,8 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
     st.n_generated = r->n_generated;
     st.n_preempted = r->n_preempted;
     st.n_cached = r->n_cached;
+    st.n_drafted = r->n_drafted;
+    st.n_accepted = r->n_accepted;
     st.finish = reason;
     st.t_queue = (r->t_admit > 0 ? r->t_admit : pt_now()) - r->t_submit;
     if (r->n_generated > 0) {
@@ -202,12 +218,14 @@ static void reuse_prefix(pt_core *c, req *r, int n_pages) {
     r->n_published = b;
 }
 
-/* Gives r's newly full pages their keys, so later requests find them. */
+/* Gives r's newly full pages their keys, so later requests find them;
+ * only pages of real tokens (not drafts still being verified). */
 static void publish_pages(pt_core *c, req *r) {
     pt_kv_cache *kv = &c->e->kv;
     int ps = kv->cfg.page_size;
+    int limit = PT_MIN(r->seq.kv.n_tokens, r->seq.n_tokens - r->n_in_seq);
     if (!c->e->prefix_cache) return;
-    for (; (r->n_published + 1) * ps <= r->seq.kv.n_tokens; r->n_published++)
+    for (; (r->n_published + 1) * ps <= limit; r->n_published++)
         pt_block_set_hash(&kv->pool, r->seq.kv.pages[r->n_published], page_key(c, r, r->n_published));
 }
 
@@ -258,12 +276,33 @@ static void on_sampled(pt_core *c, req *r, const pt_sample_result *s) {
 
 /* ---- the step ------------------------------------------------------------------ */
 
-static void describe(pt_core *c, pt_policy_req *p, const req *r) {
+/* Drafts for r's next step, if it speculates and is one token behind. */
+static int draft(pt_core *c, req *r) {
+    const pt_spec_params *sp = &r->d.params.spec;
+    r->n_draft = 0;
+    if (sp->kind == PT_SPEC_OFF || !r->started || r->seq.kv.n_tokens != r->seq.n_tokens - 1)
+        return 0;
+    /* never more than may still be emitted, nor past the context */
+    int k = PT_MIN(r->k_cur, r->max_new - r->n_generated - 1);
+    k = PT_MIN(k, room_for(c) - r->seq.n_tokens);
+    if (k <= 0) return 0;
+    if (sp->kind == PT_SPEC_NGRAM)
+        r->n_draft = pt_draft_ngram(r->seq.tokens, r->seq.n_tokens, r->prediction,
+                                    sp->n_prediction, r->seq.n_tokens - r->d.n_prompt,
+                                    sp->ngram_min, sp->ngram_max, k, r->draft);
+    else
+        r->n_draft = pt_draft_oracle(r->oracle, sp->n_oracle, r->seq.n_tokens - r->d.n_prompt,
+                                     sp->oracle_accept, c->e->model->cfg.vocab_size, k, &r->rng,
+                                     r->draft);
+    return r->n_draft;
+}
+
+static void describe(pt_core *c, pt_policy_req *p, req *r) {
     p->arrival = r->id;
     p->priority = 0;
     p->n_computed = r->started ? r->seq.kv.n_tokens : 0;
     p->n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
-    p->n_spec = 0;
+    p->n_spec = r->state == PT_REQ_RUNNING ? draft(c, r) : 0;
     p->pages_held = r->started ? r->seq.kv.n_pages : 0;
     p->pages_own = p->pages_revive = 0;
     for (int i = 0; i < p->pages_held; i++)
@@ -300,17 +339,66 @@ static void make_plan(pt_core *c) {
     pt_sched_plan(c->pr, c->run_idx, c->n_run, c->wait_idx, n_wait, &lim, &c->plan);
 }
 
+/* The drafts the plan granted go into the sequence's tokens, unaccepted,
+ * so the runner feeds them as the rows after the last real token. */
+static void append_drafts(req *r, int n) {
+    pt_seq *q = &r->seq;
+    if (q->n_tokens + n > q->cap) {
+        q->cap = PT_MAX(q->n_tokens + n, 2 * q->cap);
+        q->tokens = pt_xrealloc(q->tokens, sizeof(int32_t) * (size_t)q->cap);
+    }
+    memcpy(q->tokens + q->n_tokens, r->draft, sizeof(int32_t) * (size_t)n);
+    q->n_tokens += n;
+    r->n_in_seq = n;
+}
+
+/* Verifies r's drafts against the k+1 rows of logits: each row either
+ * confirms the next draft (emitted, go on) or gives the target's own token
+ * (emitted, stop); after all drafts, the last row gives one more.  The
+ * finish rules apply to every emitted token.  Positions computed for
+ * rejected drafts are rolled back, and k adapts to the acceptance. */
+static void verify(pt_core *c, req *r, float *logits, int n_rows) {
+    size_t vocab = (size_t)c->e->model->cfg.vocab_size;
+    int n_drafts = r->n_in_seq, accepted = 0;
+    r->seq.n_tokens -= n_drafts; /* real tokens only; accepted ones are pushed again */
+    r->n_in_seq = 0;
+    for (int i = 0; i < n_rows; i++) {
+        pt_sample_result s;
+        bool ok = false;
+        if (i < n_drafts)
+            pt_sampler_verify(r->seq.sampler, logits + (size_t)i * vocab, r->draft[i], &s, &ok);
+        else
+            pt_sampler_sample(r->seq.sampler, logits + (size_t)i * vocab, &s);
+        accepted += ok;
+        on_sampled(c, r, &s);
+        if (r->state == PT_REQ_FINISHED || !ok) break;
+    }
+    r->n_drafted += n_drafts;
+    r->n_accepted += accepted;
+    if (n_drafts > 0) {
+        int k = r->d.params.spec.k;
+        r->k_cur = accepted == n_drafts ? PT_MIN(k, r->k_cur + 1)
+                   : 2 * accepted < n_drafts ? PT_MAX(1, r->k_cur / 2) : r->k_cur;
+    }
+    if (r->state != PT_REQ_FINISHED) /* the last token is not computed yet */
+        pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, r->seq.n_tokens - 1);
+}
+
 static void sample_outputs(pt_core *c, int n_items) {
     size_t vocab = (size_t)c->e->model->cfg.vocab_size;
     float *logits = c->runner.logits;
     for (int i = 0; i < n_items; i++) {
         int k = c->items[i].n_logits;
-        if (k == 0) continue;
         req *r = c->item_req[i];
-        pt_sample_result s;
-        pt_sampler_sample(r->seq.sampler, logits + (size_t)(k - 1) * vocab, &s);
+        if (k == 0) continue;
+        if (r->n_in_seq > 0 || k > 1) {
+            verify(c, r, logits, k);
+        } else {
+            pt_sample_result s;
+            pt_sampler_sample(r->seq.sampler, logits + (size_t)(k - 1) * vocab, &s);
+            on_sampled(c, r, &s);
+        }
         logits += (size_t)k * vocab;
-        on_sampled(c, r, &s);
     }
 }
 
@@ -325,6 +413,8 @@ int pt_core_step(pt_core *c) {
         req *r = c->idx_req[it->req];
         int end = c->pr[it->req].n_computed + it->n_rows; /* as planned */
         if (r->state != PT_REQ_RUNNING) admit(c, r, c->cached_pages[it->req]);
+        if (c->pr[it->req].n_spec > 0 && it->n_rows > 1)
+            append_drafts(r, it->n_rows - 1);
         c->item_req[i] = r;
         c->items[i] = (pt_run_item){&r->seq, end - r->seq.kv.n_tokens, it->n_logits};
     }
@@ -429,6 +519,24 @@ void pt_core_add(pt_core *c, const pt_sched_job *d, uint64_t id) {
     r->d.bias_vals = r->bias_vals;
     int left = room_for(c) - d->n_prompt;
     r->max_new = d->params.max_tokens > 0 ? PT_MIN(d->params.max_tokens, left) : left;
+    const pt_spec_params *sp = &d->params.spec;
+    if (sp->kind != PT_SPEC_OFF) {
+        r->d.params.spec.k = PT_MAX(1, PT_MIN(sp->k > 0 ? sp->k : 4, SPEC_MAX));
+        r->k_cur = r->d.params.spec.k;
+        if (sp->ngram_min <= 0) r->d.params.spec.ngram_min = 2;
+        if (sp->ngram_max < r->d.params.spec.ngram_min) r->d.params.spec.ngram_max = PT_MAX(4, r->d.params.spec.ngram_min);
+        if (sp->n_prediction > 0) {
+            r->prediction = pt_xmalloc(sizeof(int32_t) * (size_t)sp->n_prediction);
+            memcpy(r->prediction, sp->prediction, sizeof(int32_t) * (size_t)sp->n_prediction);
+        }
+        if (sp->n_oracle > 0) {
+            r->oracle = pt_xmalloc(sizeof(int32_t) * (size_t)sp->n_oracle);
+            memcpy(r->oracle, sp->oracle, sizeof(int32_t) * (size_t)sp->n_oracle);
+        }
+        r->d.params.spec.prediction = r->prediction;
+        r->d.params.spec.oracle = r->oracle;
+        pt_rng_seed(&r->rng, d->params.sampling.seed ^ 0x5eedull);
+    }
     r->t_submit = pt_now();
     c->wait[c->n_wait++] = r;
 }

@@ -67,10 +67,28 @@ void pt_seq_push(pt_seq *s, int32_t id);
 
 enum pt_finish { PT_FINISH_NONE, PT_FINISH_STOP, PT_FINISH_LENGTH, PT_FINISH_CANCEL };
 
+enum pt_spec_kind { PT_SPEC_OFF, PT_SPEC_NGRAM, PT_SPEC_ORACLE };
+
+/* Speculative decoding (draft.h): who proposes tokens for the target to
+ * verify in one forward, and how many. */
+typedef struct pt_spec_params {
+    int kind;              /* enum pt_spec_kind */
+    int k;                 /* drafts per step at most (adapted per sequence) */
+    int ngram_min, ngram_max; /* suffix lengths the n-gram drafter matches */
+    const int32_t *prediction; /* Predicted Outputs: searched first; copied when submitted */
+    int n_prediction;
+    /* PT_SPEC_ORACLE (bench): the target's own greedy continuation, each
+     * token replaced by another with probability 1 - oracle_accept */
+    const int32_t *oracle;
+    int n_oracle;
+    float oracle_accept;
+} pt_spec_params;
+
 typedef struct pt_gen_params {
     pt_sampling sampling;
     int max_tokens;  /* generated tokens at most */
     bool ignore_eos; /* keep going past end-of-generation tokens */
+    pt_spec_params spec;
     /* extra logits processors, as pt_sched_job.add_procs (NULL: none) */
     void (*add_procs)(void *proc_arg, pt_sampler *s);
     void *proc_arg;
@@ -79,6 +97,7 @@ typedef struct pt_gen_params {
 typedef struct pt_gen_stats {
     int n_prompt, n_generated;
     int n_cached; /* prompt positions reused from the prefix cache */
+    int n_drafted, n_accepted; /* speculative tokens proposed / accepted */
     double t_prefill, t_decode; /* seconds */
     double ttft;                /* prompt in -> first token out, seconds */
     int finish;                 /* enum pt_finish */

@@ -40,7 +40,10 @@ static void add_item(planner *p, int req, int n_rows) {
     pt_step_item *it = &p->plan->items[p->plan->n_items++];
     it->req = req;
     it->n_rows = n_rows;
-    it->n_logits = n_rows == behind(r) ? 1 + r->n_spec : 0;
+    /* a request one step from its logits wants every row's (1 + the drafts
+     * granted: a budget may cut the drafts short); a catching-up chunk only
+     * when it reaches the end */
+    it->n_logits = !catching_up(r) ? n_rows : n_rows == behind(r) ? 1 + r->n_spec : 0;
     it->new_pages = pages_to(p, r, r->n_computed + n_rows);
     p->free_pages -= it->new_pages;
     p->rows_left -= n_rows;

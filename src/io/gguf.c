@@ -47,6 +47,8 @@ typedef struct gguf_kv {
     uint64_t count;     /* arrays only */
     const uint8_t *val; /* the scalar, or the first array element */
     pt_gguf_str *strs;  /* arrays of strings: every element, for O(1) access */
+    const uint8_t *rec; /* the whole record as in the file: key, type, value */
+    size_t rec_len;
 } gguf_kv;
 
 struct pt_gguf {
@@ -203,6 +205,7 @@ static int skip_value(rd *r, uint32_t type, int depth) {
 }
 
 static int read_kv(rd *r, uint64_t i, gguf_kv *kv) {
+    size_t start = r->pos;
     if (rd_str(r, &kv->key)) return pt_failp(r->err, "key %llu", (unsigned long long)i);
     int rc = rd_u32(r, "value type", &kv->type);
     if (!rc && !valid_type(kv->type)) rc = pt_fail(r->err, "unknown value type %u", kv->type);
@@ -214,6 +217,8 @@ static int read_kv(rd *r, uint64_t i, gguf_kv *kv) {
     }
     if (rc)
         return pt_failp(r->err, "key %.*s", (int)PT_MIN(kv->key.len, GGUF_NAME_SHOWN), kv->key.s);
+    kv->rec = r->p + start;
+    kv->rec_len = r->pos - start;
     return 0;
 }
 
@@ -511,6 +516,13 @@ bool pt_gguf_kv_at(const pt_gguf *g, uint64_t i, pt_gguf_str *key, int *type) {
     if (i >= g->n_kv) return false;
     if (key) *key = g->kv[i].key;
     if (type) *type = (int)g->kv[i].type;
+    return true;
+}
+
+bool pt_gguf_kv_record(const pt_gguf *g, uint64_t i, const void **bytes, size_t *len) {
+    if (i >= g->n_kv) return false;
+    *bytes = g->kv[i].rec;
+    *len = g->kv[i].rec_len;
     return true;
 }
 

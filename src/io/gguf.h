@@ -64,6 +64,9 @@ size_t pt_gguf_data_offset(const pt_gguf *g);
 /* Metadata in file order: key and value type (enum pt_gguf_type) of entry i. */
 uint64_t pt_gguf_n_kv(const pt_gguf *g);
 bool pt_gguf_kv_at(const pt_gguf *g, uint64_t i, pt_gguf_str *key, int *type);
+/* Entry i exactly as the file holds it (key, value type, value), for
+ * copying metadata into another GGUF file. */
+bool pt_gguf_kv_record(const pt_gguf *g, uint64_t i, const void **bytes, size_t *len);
 /* "u32", "string", "array", ...; "unknown" outside the enum. */
 const char *pt_gguf_type_name(int type);
 

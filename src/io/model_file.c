@@ -274,6 +274,11 @@ static int open_hf(pt_model_file *mf, pt_err *err) {
         mf->tokenizer_json = tok;
     else
         free(tok);
+    tok = join(mf->path, "tokenizer.gguf");
+    if (!mf->tokenizer_json && is_file(tok))
+        mf->tokenizer_gguf = tok;
+    else
+        free(tok);
     if (open_weights(mf, err)) return -1;
     return gather_shard_tensors(mf, err);
 }
@@ -376,6 +381,7 @@ void pt_model_file_close(pt_model_file *mf) {
     json_decref(mf->generation_config);
     json_decref(mf->tokenizer_config);
     free(mf->tokenizer_json);
+    free(mf->tokenizer_gguf);
     free(mf->tensors);
     free(mf->path);
     free(mf);

@@ -3,7 +3,8 @@
  *
  * A model is either one GGUF file or a Hugging Face directory (config.json,
  * model.safetensors or model.safetensors.index.json with shards,
- * tokenizer.json, tokenizer_config.json, generation_config.json).  Files are
+ * tokenizer.json, tokenizer_config.json, generation_config.json; or, for a
+ * directory converted from GGUF, tokenizer.gguf in place of tokenizer.json).  Files are
  * mmap'd read-only; every tensor is a view into a mapping (zero copy).  Every
  * size, offset and count read from a file is checked before use: a damaged
  * file is an error that names the field or tensor, never a crash.
@@ -37,6 +38,9 @@ typedef struct pt_model_file {
     json_t *generation_config; /* HF: generation_config.json, may be NULL */
     json_t *tokenizer_config; /* HF: tokenizer_config.json, may be NULL */
     char *tokenizer_json;     /* HF: path of tokenizer.json, may be NULL */
+    char *tokenizer_gguf;     /* HF without tokenizer.json: path of tokenizer.gguf
+                               * (a GGUF source's tokenizer.* keys, no tensors,
+                               * as `petrel convert` writes it), or NULL */
     int n_tensors;
     pt_tensor_info *tensors;
     void *priv; /* mappings, owned */

@@ -1,12 +1,16 @@
 /*
- * model.h - a loaded model: its configuration, its weights in backend
- * memory, and one forward pass over a flattened batch.
+ * model.h - a loaded model: its configuration, its per-layer plan, its
+ * weights in backend memory, and one forward pass over a flattened batch.
  *
- * The architectures of the dense Llama family (Llama 2/3/3.1, Mistral,
- * Qwen2/2.5, Qwen3) share one forward (llama.c) and differ only in flags of
- * pt_model_config: biases on q/k/v, RMSNorm on q and k, tied embeddings,
- * rope style and scaling.  registry.c maps file architecture names to those
- * flags; weights.c binds tensors by name; dummy.c fills random weights.
+ * A model belongs to a family (one file each: llama.c is Llama 2/3/3.1,
+ * Mistral, Qwen2/2.5 and Qwen3), which reads its config, names its weights
+ * and assembles its forward from the shared blocks of blocks.c.  From the
+ * config comes a plan of every layer (plan.c): which mixer, FFN, norm, rope
+ * and cache group it uses.  registry.c maps file architecture names to
+ * families; load.c loads (file or dummy weights) and owns the workspace;
+ * weights.c binds tensors by name; dummy.c fills random weights; forward.c
+ * runs a batch (batch.c adds page bookkeeping for direct callers).
+ * Adding a family: docs/model.md.
  */
 #ifndef PETREL_MODEL_H
 #define PETREL_MODEL_H
@@ -17,6 +21,13 @@
 
 enum pt_rope_scaling { PT_ROPE_SCALING_NONE, PT_ROPE_SCALING_LINEAR, PT_ROPE_SCALING_LLAMA3 };
 
+/* FFN activations (the gate's nonlinearity in act(x·Wgate) * x·Wup). */
+enum pt_act { PT_ACT_SILU, PT_ACT_GELU_TANH };
+
+typedef struct pt_family pt_family; /* model_int.h */
+
+/* Plain data, no pointers: the engine hashes its bytes into cache keys
+ * (a pointer would change the key with every process). */
 typedef struct pt_model_config {
     char arch[32]; /* registry name: "llama", "mistral", "qwen2", "qwen3" */
     int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size;
@@ -28,7 +39,33 @@ typedef struct pt_model_config {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_orig_ctx;
     bool qkv_bias, o_bias, qk_norm, tied_embeddings;
+    int act;            /* enum pt_act of the gated FFN */
+    int sliding_window; /* tokens each query sees; 0: all (full attention) */
+    int n_experts, n_experts_used, n_shared_experts; /* 0 experts: dense FFN */
 } pt_model_config;
+
+/* What one layer is made of, computed from the config (pt_model_plan).
+ * The forward of a family reads it instead of flags; kinds that no block
+ * implements yet are declared here and refused at load. */
+enum pt_mixer { PT_MIX_ATTN, PT_MIX_ATTN_SWA, PT_MIX_RECURRENT };
+enum pt_ffn_kind { PT_FFN_DENSE, PT_FFN_MOE };
+enum pt_norm_kind {
+    PT_NORM_RMS,     /* x / rms(x) * w */
+    PT_NORM_RMS_1PW, /* x / rms(x) * (1 + w): Gemma */
+};
+
+typedef struct pt_layer_plan {
+    int mixer;         /* enum pt_mixer */
+    int window;        /* PT_MIX_ATTN_SWA: positions a query sees */
+    float rope_theta;  /* base of this layer's rope frequencies */
+    pt_rope rope;      /* style, n_rot; inv_freq filled at load (backend memory) */
+    int ffn;           /* enum pt_ffn_kind */
+    int act;           /* enum pt_act */
+    int n_experts, top_k, n_shared; /* PT_FFN_MOE */
+    int norm;          /* enum pt_norm_kind */
+    float residual_scale; /* x += scale * block(x) */
+    int cache_group;   /* which KV cache group holds this layer's state */
+} pt_layer_plan;
 
 typedef struct pt_layer {
     const float *attn_norm, *ffn_norm; /* [dim] */
@@ -59,12 +96,13 @@ typedef struct pt_workspace pt_workspace;
 
 typedef struct pt_model {
     pt_model_config cfg;
+    const pt_family *family; /* the code that runs it (registry.c) */
     pt_backend *be;
     pt_model_file *file; /* NULL for dummy weights */
     pt_weight tok_embd, output;
     const float *output_norm;
     pt_layer *layers;
-    const float *rope_inv_freq;
+    pt_layer_plan *plan; /* [n_layers] */
     size_t weight_bytes; /* bytes of all weights */
     int max_batch;
     pt_workspace *ws;
@@ -98,6 +136,14 @@ int pt_model_run(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits,
 int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
                      const pt_kvq_spec *quant, pt_err *err);
 
+/* The plan of every layer of c into plan[c->n_layers] (rope inv_freq left
+ * NULL: the loader uploads it).  Fails, naming the layer, when a layer needs
+ * a kind no block implements yet ("sliding-window attention ... not
+ * implemented yet"). */
+int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err);
+/* The check half of pt_model_plan, for plans built by hand. */
+int pt_layer_plan_check(const pt_layer_plan *plan, int n_layers, pt_err *err);
+
 /* Registry: fills cfg from the file's metadata (architecture, shapes,
  * rope); errors name the missing key or the unsupported architecture. */
 int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err);
@@ -106,10 +152,10 @@ int pt_config_from_json(json_t *config, pt_model_config *cfg, pt_err *err);
 const char *pt_config_preset(const char *name);
 /* One line describing the model ("llama 64d x 5 layers, ..."). */
 void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);
-/* rope inverse frequencies [n_rot/2] with scaling applied. */
-void pt_rope_inv_freq(const pt_model_config *cfg, float *out);
+/* rope inverse frequencies [n_rot/2] for base theta, cfg's scaling applied. */
+void pt_rope_inv_freq(const pt_model_config *cfg, float theta, float *out);
 
-/* Weights (weights.c). */
+/* Weights (weights.c: by name from a file; dummy.c: random). */
 int pt_model_bind_file_weights(pt_model *m, pt_err *err);
 /* Dummy weights in a format named as pt_weight_format_parse takes them: f32,
  * f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, affineB or affineBgG. */

@@ -1,36 +1,61 @@
 /*
- * registry.c - which architectures we run, and how their files describe
+ * registry.c - which model families we run, and how their files describe
  * them.
  *
- * One table row per architecture: its names in GGUF (general.architecture)
- * and in config.json (model_type), and the flags that make it differ from
- * plain Llama.  Reading hyperparameters is the same for all rows, so the
- * readers below are written once.
+ * One row per family (model_int.h: pt_family): the architectures it
+ * answers to in GGUF (general.architecture) and config.json (model_type),
+ * its config reader, weight table and forward.  A file's architecture name
+ * picks the family and its pt_arch row; apply_arch() copies the row's flags
+ * into the config, then the family reads its keys.  The hyperparameters
+ * most families write the same way are read by the common readers here,
+ * which the families' readers call.
  */
 #include <math.h>
 #include <stdio.h>
 
-#include "io/gguf.h"
-#include "model/model.h"
+#include "model/model_int.h"
 #include "quant/mlx_config.h"
 
-typedef struct arch_info {
-    const char *name;
-    const char *gguf_arch;
-    const char *hf_type;
-    int gguf_rope_style; /* GGUF llama permutes q/k for adjacent-pair rope */
-    bool qkv_bias, qk_norm;
-} arch_info;
+const pt_family *const pt_families[] = {&pt_family_llama};
+const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
-static const arch_info archs[] = {
-    {"llama", "llama", "llama", PT_ROPE_NORM, false, false},
-    {"mistral", NULL, "mistral", PT_ROPE_NORM, false, false}, /* GGUF writes "llama" */
-    {"qwen2", "qwen2", "qwen2", PT_ROPE_NEOX, true, false},
-    {"qwen3", "qwen3", "qwen3", PT_ROPE_NEOX, false, true},
-};
+/* "llama, mistral, ...": every architecture in the table, so adding a row
+ * is the only edit. */
+static const char *supported_list(char *buf, size_t cap) {
+    buf[0] = 0;
+    for (size_t f = 0; f < pt_n_families; f++)
+        for (size_t a = 0; a < pt_families[f]->n_archs; a++) {
+            if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
+            strncat(buf, pt_families[f]->archs[a].name, cap - strlen(buf) - 1);
+        }
+    return buf;
+}
 
-static const char *supported_list(void) {
-    return "llama, mistral, qwen2, qwen3";
+/* The arch row whose GGUF (gguf) or config.json name is name, or NULL. */
+static const pt_arch *find_arch(const char *name, bool gguf, const pt_family **family) {
+    for (size_t f = 0; f < pt_n_families; f++)
+        for (size_t i = 0; i < pt_families[f]->n_archs; i++) {
+            const pt_arch *a = &pt_families[f]->archs[i];
+            const char *n = gguf ? a->gguf_arch : a->hf_type;
+            if (n && strcmp(n, name) == 0) return *family = pt_families[f], a;
+        }
+    return NULL;
+}
+
+const pt_family *pt_family_of(const char *arch) {
+    for (size_t f = 0; f < pt_n_families; f++)
+        for (size_t i = 0; i < pt_families[f]->n_archs; i++)
+            if (strcmp(pt_families[f]->archs[i].name, arch) == 0) return pt_families[f];
+    return NULL;
+}
+
+/* GGUF stores q/k permuted for adjacent-pair rope; Hugging Face files use
+ * rotate_half (neox) whatever the architecture. */
+static void apply_arch(pt_model_config *c, const pt_arch *a, bool gguf) {
+    snprintf(c->arch, sizeof c->arch, "%s", a->name);
+    c->rope_style = gguf ? a->gguf_rope_style : PT_ROPE_NEOX;
+    c->qkv_bias = a->qkv_bias;
+    c->qk_norm = a->qk_norm;
 }
 
 static int check_shapes(pt_model_config *c, pt_err *err) {
@@ -50,6 +75,10 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
         c->head_dim > 1024 || c->n_heads > 1024)
         return pt_fail(err, "model config: implausible dimensions (dim %d, ffn %d, layers %d)",
                        c->dim, c->ffn_dim, c->n_layers);
+    if (c->n_experts < 0 || c->n_experts > 1024 || c->n_experts_used < 0 ||
+        c->n_experts_used > c->n_experts)
+        return pt_fail(err, "model config: %d experts with %d per token is not a valid mixture",
+                       c->n_experts, c->n_experts_used);
     if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
         return pt_fail(err, "model config: norm epsilon and rope theta must be positive");
     if (c->max_ctx <= 0) c->max_ctx = 4096;
@@ -58,42 +87,26 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
 
 /* ---- GGUF ---------------------------------------------------------------- */
 
-static bool gguf_int(const pt_gguf *g, const char *arch, const char *key, int *out) {
+bool pt_gguf_int(const pt_gguf *g, const char *garch, const char *key, int *out) {
     char full[128];
     int64_t v;
-    snprintf(full, sizeof full, "%s.%s", arch, key);
+    snprintf(full, sizeof full, "%s.%s", garch, key);
     if (!pt_gguf_get_int(g, full, &v) || v < INT32_MIN || v > INT32_MAX) return false;
     *out = (int)v;
     return true;
 }
 
-static bool gguf_float(const pt_gguf *g, const char *arch, const char *key, float *out) {
+bool pt_gguf_float(const pt_gguf *g, const char *garch, const char *key, float *out) {
     char full[128];
     double v;
-    snprintf(full, sizeof full, "%s.%s", arch, key);
+    snprintf(full, sizeof full, "%s.%s", garch, key);
     if (!pt_gguf_get_float(g, full, &v)) return false;
     *out = (float)v;
     return true;
 }
 
-static int config_from_gguf(const pt_gguf *g, const pt_model_file *mf, pt_model_config *c,
-                            pt_err *err) {
-    pt_gguf_str s;
-    char arch[32];
-    if (!pt_gguf_get_str(g, "general.architecture", &s))
-        return pt_fail(err, "%s: GGUF has no general.architecture", mf->path);
-    snprintf(arch, sizeof arch, "%.*s", (int)PT_MIN(s.len, 31), s.s);
-    const arch_info *a = NULL;
-    for (size_t i = 0; i < PT_ARRAY_LEN(archs); i++)
-        if (archs[i].gguf_arch && strcmp(archs[i].gguf_arch, arch) == 0) a = &archs[i];
-    if (!a)
-        return pt_fail(err, "%s: architecture '%s' is not supported (supported: %s)", mf->path,
-                       arch, supported_list());
-    snprintf(c->arch, sizeof c->arch, "%s", a->name);
-    c->rope_style = a->gguf_rope_style;
-    c->qkv_bias = a->qkv_bias;
-    c->qk_norm = a->qk_norm;
-
+int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char *arch,
+                          pt_model_config *c, pt_err *err) {
     static const struct {
         const char *key;
         size_t off;
@@ -104,23 +117,24 @@ static int config_from_gguf(const pt_gguf *g, const pt_model_file *mf, pt_model_
         {"feed_forward_length", offsetof(pt_model_config, ffn_dim)},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
-        if (!gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
+        if (!pt_gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
             return pt_fail(err, "%s: GGUF is missing %s.%s", mf->path, arch, req[i].key);
-    if (!gguf_int(g, arch, "attention.head_count_kv", &c->n_kv_heads)) c->n_kv_heads = c->n_heads;
-    if (!gguf_int(g, arch, "attention.key_length", &c->head_dim))
+    if (!pt_gguf_int(g, arch, "attention.head_count_kv", &c->n_kv_heads))
+        c->n_kv_heads = c->n_heads;
+    if (!pt_gguf_int(g, arch, "attention.key_length", &c->head_dim))
         c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
-    if (!gguf_int(g, arch, "rope.dimension_count", &c->n_rot)) c->n_rot = c->head_dim;
-    if (!gguf_int(g, arch, "context_length", &c->max_ctx)) c->max_ctx = 4096;
-    if (!gguf_float(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps))
+    if (!pt_gguf_int(g, arch, "rope.dimension_count", &c->n_rot)) c->n_rot = c->head_dim;
+    if (!pt_gguf_int(g, arch, "context_length", &c->max_ctx)) c->max_ctx = 4096;
+    if (!pt_gguf_float(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps))
         c->norm_eps = 1e-5f;
-    if (!gguf_float(g, arch, "rope.freq_base", &c->rope_theta)) c->rope_theta = 10000.0f;
+    if (!pt_gguf_float(g, arch, "rope.freq_base", &c->rope_theta)) c->rope_theta = 10000.0f;
 
     pt_gguf_str st;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if (pt_gguf_get_str(g, key, &st)) {
         float factor = 1;
-        gguf_float(g, arch, "rope.scaling.factor", &factor);
+        pt_gguf_float(g, arch, "rope.scaling.factor", &factor);
         if (st.len == 6 && memcmp(st.s, "linear", 6) == 0) {
             c->rope_scaling = PT_ROPE_SCALING_LINEAR;
             c->rope_factor = factor;
@@ -140,12 +154,30 @@ static int config_from_gguf(const pt_gguf *g, const pt_model_file *mf, pt_model_
     if (!emb || emb->ndim != 2) return pt_fail(err, "%s: missing tensor token_embd.weight", mf->path);
     c->vocab_size = (int)emb->shape[0];
     c->tied_embeddings = pt_model_file_tensor(mf, "output.weight") == NULL;
+    return 0;
+}
+
+static int config_from_gguf(const pt_gguf *g, const pt_model_file *mf, pt_model_config *c,
+                            pt_err *err) {
+    pt_gguf_str s;
+    char arch[32];
+    if (!pt_gguf_get_str(g, "general.architecture", &s))
+        return pt_fail(err, "%s: GGUF has no general.architecture", mf->path);
+    snprintf(arch, sizeof arch, "%.*s", (int)PT_MIN(s.len, 31), s.s);
+    const pt_family *f;
+    const pt_arch *a = find_arch(arch, true, &f);
+    char list[256];
+    if (!a)
+        return pt_fail(err, "%s: architecture '%s' is not supported (supported: %s)", mf->path,
+                       arch, supported_list(list, sizeof list));
+    apply_arch(c, a, true);
+    if (f->read_gguf(g, mf, arch, c, err)) return -1;
     return check_shapes(c, err);
 }
 
 /* ---- config.json --------------------------------------------------------- */
 
-static bool json_int(json_t *o, const char *key, int *out) {
+bool pt_json_int(json_t *o, const char *key, int *out) {
     json_t *v = json_object_get(o, key);
     if (!json_is_integer(v)) return false;
     json_int_t x = json_integer_value(v);
@@ -154,7 +186,7 @@ static bool json_int(json_t *o, const char *key, int *out) {
     return true;
 }
 
-static bool json_float(json_t *o, const char *key, float *out) {
+bool pt_json_float(json_t *o, const char *key, float *out) {
     json_t *v = json_object_get(o, key);
     if (!json_is_number(v)) return false;
     *out = (float)json_number_value(v);
@@ -167,7 +199,7 @@ static int rope_scaling_from_json(json_t *rs, pt_model_config *c, pt_err *err) {
     const char *type = json_string_value(json_object_get(rs, "rope_type"));
     if (!type) type = json_string_value(json_object_get(rs, "type"));
     if (!type || strcmp(type, "default") == 0) return 0;
-    if (!json_float(rs, "factor", &c->rope_factor))
+    if (!pt_json_float(rs, "factor", &c->rope_factor))
         return pt_fail(err, "config.json: rope_scaling has no factor");
     if (strcmp(type, "linear") == 0) {
         c->rope_scaling = PT_ROPE_SCALING_LINEAR;
@@ -175,9 +207,9 @@ static int rope_scaling_from_json(json_t *rs, pt_model_config *c, pt_err *err) {
     }
     if (strcmp(type, "llama3") == 0) {
         c->rope_scaling = PT_ROPE_SCALING_LLAMA3;
-        if (!json_float(rs, "low_freq_factor", &c->rope_low_freq_factor) ||
-            !json_float(rs, "high_freq_factor", &c->rope_high_freq_factor) ||
-            !json_int(rs, "original_max_position_embeddings", &c->rope_orig_ctx))
+        if (!pt_json_float(rs, "low_freq_factor", &c->rope_low_freq_factor) ||
+            !pt_json_float(rs, "high_freq_factor", &c->rope_high_freq_factor) ||
+            !pt_json_int(rs, "original_max_position_embeddings", &c->rope_orig_ctx))
             return pt_fail(err, "config.json: llama3 rope_scaling needs low_freq_factor, "
                                 "high_freq_factor and original_max_position_embeddings");
         if (!(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_orig_ctx <= 0)
@@ -189,21 +221,7 @@ static int rope_scaling_from_json(json_t *rs, pt_model_config *c, pt_err *err) {
                    type);
 }
 
-int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
-    memset(c, 0, sizeof *c);
-    const char *type = json_string_value(json_object_get(j, "model_type"));
-    if (!type) return pt_fail(err, "config.json: no model_type");
-    const arch_info *a = NULL;
-    for (size_t i = 0; i < PT_ARRAY_LEN(archs); i++)
-        if (strcmp(archs[i].hf_type, type) == 0) a = &archs[i];
-    if (!a)
-        return pt_fail(err, "config.json: model_type '%s' is not supported (supported: %s)", type,
-                       supported_list());
-    snprintf(c->arch, sizeof c->arch, "%s", a->name);
-    c->rope_style = PT_ROPE_NEOX; /* Hugging Face rotate_half */
-    c->qkv_bias = a->qkv_bias;
-    c->qk_norm = a->qk_norm;
-
+int pt_config_json_common(json_t *j, pt_model_config *c, pt_err *err) {
     static const struct {
         const char *key;
         size_t off;
@@ -215,35 +233,40 @@ int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
         {"vocab_size", offsetof(pt_model_config, vocab_size)},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
-        if (!json_int(j, req[i].key, (int *)((char *)c + req[i].off)))
+        if (!pt_json_int(j, req[i].key, (int *)((char *)c + req[i].off)))
             return json_is_integer(json_object_get(j, req[i].key))
                        ? pt_fail(err, "config.json: %s %lld is out of range", req[i].key,
                                  (long long)json_integer_value(json_object_get(j, req[i].key)))
                        : pt_fail(err, "config.json: missing or non-integer %s", req[i].key);
-    if (!json_int(j, "num_key_value_heads", &c->n_kv_heads)) c->n_kv_heads = c->n_heads;
-    if (!json_int(j, "head_dim", &c->head_dim)) c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
+    if (!pt_json_int(j, "num_key_value_heads", &c->n_kv_heads)) c->n_kv_heads = c->n_heads;
+    if (!pt_json_int(j, "head_dim", &c->head_dim))
+        c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
     c->n_rot = c->head_dim;
-    if (!json_int(j, "max_position_embeddings", &c->max_ctx)) c->max_ctx = 4096;
-    if (!json_float(j, "rms_norm_eps", &c->norm_eps)) c->norm_eps = 1e-6f;
+    if (!pt_json_int(j, "max_position_embeddings", &c->max_ctx)) c->max_ctx = 4096;
+    if (!pt_json_float(j, "rms_norm_eps", &c->norm_eps)) c->norm_eps = 1e-6f;
     /* transformers >= 5 writes rope settings under rope_parameters; older
      * configs have rope_theta and rope_scaling at the top level. */
     json_t *rp = json_object_get(j, "rope_parameters");
-    if (!json_float(j, "rope_theta", &c->rope_theta) &&
-        !(json_is_object(rp) && json_float(rp, "rope_theta", &c->rope_theta)))
+    if (!pt_json_float(j, "rope_theta", &c->rope_theta) &&
+        !(json_is_object(rp) && pt_json_float(rp, "rope_theta", &c->rope_theta)))
         c->rope_theta = 10000.0f;
     c->tied_embeddings = json_is_true(json_object_get(j, "tie_word_embeddings"));
-    if (json_is_true(json_object_get(j, "attention_bias"))) c->qkv_bias = c->o_bias = true;
-    json_t *act = json_object_get(j, "hidden_act");
-    if (act && json_is_string(act) && strcmp(json_string_value(act), "silu") != 0)
-        return pt_fail(err, "config.json: hidden_act '%s' is not supported (only silu)",
-                       json_string_value(act));
     json_t *rs = json_object_get(j, "rope_scaling");
-    if (rope_scaling_from_json(rs && !json_is_null(rs) ? rs : rp, c, err)) return -1;
-    int window;
-    if (json_int(j, "sliding_window", &window) && window < c->max_ctx &&
-        !json_is_false(json_object_get(j, "use_sliding_window")))
-        pt_warn("sliding window attention (%d) is not implemented: exact only up to %d tokens",
-                window, window);
+    return rope_scaling_from_json(rs && !json_is_null(rs) ? rs : rp, c, err);
+}
+
+int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
+    memset(c, 0, sizeof *c);
+    const char *type = json_string_value(json_object_get(j, "model_type"));
+    if (!type) return pt_fail(err, "config.json: no model_type");
+    const pt_family *f;
+    const pt_arch *a = find_arch(type, false, &f);
+    char list[256];
+    if (!a)
+        return pt_fail(err, "config.json: model_type '%s' is not supported (supported: %s)", type,
+                       supported_list(list, sizeof list));
+    apply_arch(c, a, false);
+    if (f->read_json(j, c, err)) return -1;
     /* MLX quantized models: validated here, read per module by weights.c */
     if (pt_mlx_quant_check(j, err)) return -1;
     return check_shapes(c, err);
@@ -291,10 +314,10 @@ void pt_config_describe(const pt_model_config *c, char *buf, size_t cap) {
              c->vocab_size);
 }
 
-void pt_rope_inv_freq(const pt_model_config *c, float *out) {
+void pt_rope_inv_freq(const pt_model_config *c, float theta, float *out) {
     const double pi = 3.14159265358979323846;
     for (int i = 0; i < c->n_rot / 2; i++) {
-        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / c->n_rot);
+        double f = 1.0 / pow((double)theta, (2.0 * i) / c->n_rot);
         if (c->rope_scaling == PT_ROPE_SCALING_LINEAR) {
             f /= c->rope_factor;
         } else if (c->rope_scaling == PT_ROPE_SCALING_LLAMA3) {

@@ -8,6 +8,11 @@
  * and the rest are copied (GGUF block types expanded to f32).  Rows are
  * quantized in parallel on the pool; the safetensors writer takes each
  * tensor as soon as it is done, at its place in the file.
+ *
+ * The tokenizer comes along: a Hugging Face source's files are copied; a
+ * GGUF source's tokenizer.* keys go, byte for byte, into tokenizer.gguf (a
+ * GGUF file without tensors, which model_file.c finds when there is no
+ * tokenizer.json), so the directory encodes exactly as its source did.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -17,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "quant/convert.h"
 
@@ -277,4 +283,70 @@ int pt_convert_copy_files(const char *src_dir, const char *dst_dir, int *n_copie
     }
     closedir(d);
     return rc;
+}
+
+/* ---- a GGUF source's tokenizer ------------------------------------------------------- */
+
+static bool is_tokenizer_key(const pt_gguf *g, uint64_t i) {
+    pt_gguf_str k;
+    static const char prefix[] = "tokenizer.";
+    return pt_gguf_kv_at(g, i, &k, NULL) && k.len > sizeof prefix - 1 &&
+           memcmp(k.s, prefix, sizeof prefix - 1) == 0;
+}
+
+static int write_all(FILE *f, const void *p, size_t n) {
+    return fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
+/* GGUF v3: header with no tensors, the records as the source has them,
+ * padding to the default alignment where tensor data would start. */
+static int write_tokenizer_gguf(const pt_gguf *g, const char *path, pt_err *err) {
+    uint64_t n_kv = 0, n = pt_gguf_n_kv(g), zero = 0;
+    for (uint64_t i = 0; i < n; i++) n_kv += is_tokenizer_key(g, i);
+    FILE *f = fopen(path, "wb");
+    if (!f) return pt_fail(err, "%s: %s", path, strerror(errno));
+    uint32_t version = 3;
+    int rc = write_all(f, "GGUF", 4) || write_all(f, &version, 4) || write_all(f, &zero, 8) ||
+             write_all(f, &n_kv, 8);
+    size_t at = 24;
+    for (uint64_t i = 0; i < n && !rc; i++) {
+        const void *rec;
+        size_t len;
+        if (!is_tokenizer_key(g, i) || !pt_gguf_kv_record(g, i, &rec, &len)) continue;
+        rc = write_all(f, rec, len);
+        at += len;
+    }
+    static const uint8_t pad[32];
+    if (!rc && at % 32) rc = write_all(f, pad, 32 - at % 32);
+    if (fclose(f) || rc) return pt_fail(err, "%s: cannot write: %s", path, strerror(errno));
+    return 0;
+}
+
+/* tokenizer_config.json with the chat template, where HF tools (and the
+ * server, for a directory) look for it. */
+static int write_tokenizer_config(const pt_gguf *g, const char *path, pt_err *err) {
+    pt_gguf_str t;
+    if (!pt_gguf_get_str(g, "tokenizer.chat_template", &t)) return 0;
+    json_t *tmpl = json_stringn(t.s, (size_t)t.len);
+    if (!tmpl) {
+        pt_warn("tokenizer.chat_template is not valid UTF-8; not carried over");
+        return 0;
+    }
+    json_t *c = json_pack("{s:o}", "chat_template", tmpl);
+    int rc = json_dump_file(c, path, JSON_INDENT(2));
+    json_decref(c);
+    return rc ? pt_fail(err, "%s: cannot write", path) : 0;
+}
+
+int pt_convert_write_gguf_tokenizer(const pt_gguf *g, const char *dst, bool *written, pt_err *err) {
+    *written = false;
+    pt_gguf_str model;
+    if (!pt_gguf_get_str(g, "tokenizer.ggml.model", &model)) return 0; /* none to carry */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.gguf", dst);
+    if (write_tokenizer_gguf(g, path, err)) return -1;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dst);
+    if (write_tokenizer_config(g, path, err)) return -1;
+    *written = true;
+    return 0;
 }

@@ -63,6 +63,12 @@ int pt_convert_write(const char *dst, const json_t *config, const pt_convert_ten
  * and their index. */
 int pt_convert_copy_files(const char *src_dir, const char *dst_dir, int *n_copied, pt_err *err);
 
+/* A GGUF source's tokenizer for dst: its tokenizer.* keys as dst/tokenizer.gguf
+ * (a GGUF file without tensors, which the loader reads when a directory has
+ * no tokenizer.json) and its chat template in dst/tokenizer_config.json.
+ * *written is false when the source has no tokenizer. */
+int pt_convert_write_gguf_tokenizer(const pt_gguf *g, const char *dst, bool *written, pt_err *err);
+
 /* Row r of a 2-D source tensor as f32 (any float or GGUF block dtype). */
 void pt_convert_read_row(const pt_tensor_info *t, int64_t r, float *out);
 

@@ -405,6 +405,49 @@ static int32_t sample_random(pt_sampler *s, const float *logits) {
     return draw(s, lo, sum, best);
 }
 
+/* Speculative verification at one position, the drafter's distribution q
+ * a point mass on `draft`: accept it with probability min(1, p/q) = p(draft),
+ * else draw from the normalized residual max(0, p - q), which is p without
+ * the draft.  The emitted token is then distributed exactly as p (the
+ * rejection-sampling lemma).  Two numbers come from the RNG. */
+static int32_t verify_random(pt_sampler *s, const float *logits, int32_t draft, bool *accepted) {
+    const pt_sampling *p = &s->p;
+    int n = s->n_vocab, lo = 0;
+    int32_t best = argmax(logits, n);
+    float max = logits[best];
+    *accepted = false;
+    if (!isfinite(max)) {
+        pt_rng_next(&s->rng);
+        *accepted = best == draft;
+        return best;
+    }
+    if (p->top_k > 0 && p->top_k < n)
+        lo = select_best(s, logits, p->top_k);
+    else
+        for (int i = 0; i < n; i++)
+            s->ids[i] = i;
+    double sum = weigh(s, logits, lo, max, 1.0f / p->temperature);
+    if (p->top_p < 1.0f) lo = keep_nucleus(s, logits, lo, &sum);
+    if (p->min_p > 0.0f) lo = keep_min_p(s, lo, &sum);
+    double pd = 0.0;
+    for (int i = lo; i < n && draft >= 0; i++)
+        if (s->ids[i] == draft) pd = s->w[draft];
+    if (pt_rng_uniform(&s->rng) * sum < pd) {
+        *accepted = true;
+        return draft;
+    }
+    if (pd > 0.0) {
+        s->w[draft] = 0.0f; /* the residual */
+        sum -= pd;
+    }
+    int32_t heaviest = -1; /* what rounding falls back to: never the draft */
+    for (int i = lo; i < n; i++)
+        if (s->ids[i] != draft && (heaviest < 0 || s->w[s->ids[i]] > s->w[heaviest]))
+            heaviest = s->ids[i];
+    if (heaviest < 0 || !(sum > 0.0)) return best; /* p was the draft alone: unreachable */
+    return draw(s, lo, sum, heaviest);
+}
+
 /* ------------------------------------------------------------------------
  * Logprobs and the entry point
  * ---------------------------------------------------------------------- */
@@ -444,6 +487,26 @@ static double raw_logprobs(const pt_sampler *s, const float *logits, pt_sample_r
         out->top[k].logprob = (float)(out->top[k].logprob - lse);
     out->n_top = cnt;
     return lse;
+}
+
+void pt_sampler_verify(pt_sampler *s, float *logits, int32_t draft, pt_sample_result *out,
+                       bool *accepted) {
+    bool want_logprobs = s->p.n_logprobs >= 0;
+    double lse = 0.0;
+    out->n_top = 0;
+    out->logprob = 0.0f;
+    if (want_logprobs) lse = raw_logprobs(s, logits, out);
+    s->edit.v = logits;
+    s->edit.record = want_logprobs;
+    s->edit.n_saved = 0;
+    for (int i = 0; i < s->n_procs; i++) s->procs[i].ops->apply(s->procs[i].self, &s->edit);
+    if (s->greedy) {
+        out->id = argmax(logits, s->n_vocab);
+        *accepted = out->id == draft;
+    } else {
+        out->id = verify_random(s, logits, draft, accepted);
+    }
+    if (want_logprobs) out->logprob = (float)(pt_logits_raw(&s->edit, out->id) - lse);
 }
 
 void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out) {

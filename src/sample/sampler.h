@@ -72,4 +72,13 @@ void pt_sampler_add_proc(pt_sampler *s, struct pt_logits_proc p);
  * and bias are applied there; temperature is not).  Never allocates. */
 void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out);
 
+/* Speculative verification: like pt_sampler_sample at a position where a
+ * drafter proposed `draft` (with certainty: n-gram, predicted outputs).
+ * Greedy: the argmax, accepted if it is the draft.  Sampling: the draft
+ * is accepted with its probability under the sampler's distribution p,
+ * else the token is drawn from p without the draft, so out->id is
+ * distributed exactly as pt_sampler_sample's would be. */
+void pt_sampler_verify(pt_sampler *s, float *logits, int32_t draft, pt_sample_result *out,
+                       bool *accepted);
+
 #endif

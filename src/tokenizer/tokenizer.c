@@ -155,8 +155,17 @@ static void add_generation_eos(pt_tokenizer *t, const json_t *gen) {
 int pt_tokenizer_load(pt_tokenizer **out, const pt_model_file *mf, pt_err *err) {
     *out = NULL;
     if (mf->kind == PT_FILE_GGUF) return pt_tokenizer_load_gguf(out, mf->gguf, err);
+    if (!mf->tokenizer_json && mf->tokenizer_gguf) { /* converted from GGUF */
+        pt_gguf *g;
+        if (pt_gguf_open(&g, mf->tokenizer_gguf, err)) return -1;
+        int rc = pt_tokenizer_load_gguf(out, g, err); /* copies what it keeps */
+        pt_gguf_close(g);
+        if (rc) return pt_failp(err, "%s", mf->tokenizer_gguf);
+        add_generation_eos(*out, mf->generation_config);
+        return 0;
+    }
     if (!mf->tokenizer_json)
-        return pt_fail(err, "%s: no tokenizer.json beside the model", mf->path);
+        return pt_fail(err, "%s: no tokenizer.json (or tokenizer.gguf) beside the model", mf->path);
     if (load_json_files(out, mf->tokenizer_json, mf->tokenizer_config, err)) return -1;
     add_generation_eos(*out, mf->generation_config);
     return 0;

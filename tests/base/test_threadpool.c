@@ -1,13 +1,16 @@
 /*
  * test_threadpool.c - the fork-join pool: every thread runs exactly once per
  * dispatch, partitions add up, rapid dispatches and sleeping workers both
- * work, and pools come and go cleanly.
+ * work, the blocking path (no spinning: every wait sleeps, late workers'
+ * slices run on the caller) keeps every slice exactly once, and pools come
+ * and go cleanly.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -141,10 +144,75 @@ static void test_create_destroy(void **state) {
     pt_pool_free(pool);
 }
 
+/* Spin 0: every waiting thread goes straight to FUTEX_WAIT, so every
+ * dispatch goes through the sleep/wake path, and the caller, which is done
+ * with its own tiny slice long before a sleeping worker is scheduled, runs
+ * most workers' slices itself.  Each slice must still run exactly once per
+ * dispatch, on some thread, with every result visible on return. */
+typedef struct who_job {
+    int64_t counter[64][8];
+    pthread_t ran_on[64];
+    int64_t value;
+} who_job;
+
+static void record(void *ctx, int ith, int nth) {
+    who_job *j = ctx;
+    j->counter[ith][0]++;
+    j->ran_on[ith] = pthread_self();
+    j->counter[ith][1] = j->value * (ith + 1); /* read after the dispatch */
+    (void)nth;
+}
+
+static void test_blocking_path(void **state) {
+    (void)state;
+    for (int nth = 2; nth <= 4; nth++) {
+        pt_pool *pool = pt_pool_new(nth);
+        pt_pool_set_spin(pool, 0);
+        who_job *j = calloc(1, sizeof *j);
+        int reps = 20000, on_caller = 0;
+        pthread_t me = pthread_self();
+        for (int r = 0; r < reps; r++) {
+            j->value = r;
+            pt_pool_run(pool, record, j);
+            for (int i = 0; i < nth; i++) {
+                if (j->counter[i][0] != r + 1) fail_msg("%d threads: slice %d ran %lld times by dispatch %d", nth, i,
+                                                        (long long)j->counter[i][0], r + 1);
+                if (j->counter[i][1] != (int64_t)r * (i + 1)) fail_msg("slice %d: stale result", i);
+                on_caller += i > 0 && pthread_equal(j->ran_on[i], me);
+            }
+            if (r % 1000 == 999) usleep(100); /* and workers deep asleep now and then */
+        }
+        for (int i = nth; i < 64; i++) assert_int_equal(j->counter[i][0], 0);
+        print_message("%d threads, spin 0: %d of %d worker slices ran on the caller\n", nth, on_caller,
+                      reps * (nth - 1));
+        free(j);
+        pt_pool_free(pool);
+    }
+}
+
+/* A slow slice on the caller or on a worker, with spin 0: the other slices
+ * wait asleep, nothing runs twice. */
+static void test_blocking_uneven(void **state) {
+    (void)state;
+    pt_pool *pool = pt_pool_new(3);
+    pt_pool_set_spin(pool, 0);
+    for (int slow = 0; slow < 3; slow++)
+        for (int r = 0; r < 5; r++) {
+            int args[4] = {slow, 0, 0, 0};
+            pt_pool_run(pool, slow_one, args);
+            assert_int_equal(args[1], 1);
+            assert_int_equal(args[2], 1);
+            assert_int_equal(args[3], 1);
+        }
+    for (int r = 0; r < 200; r++) check_sum(pool, 1000 + r);
+    pt_pool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_partition_sums),  cmocka_unit_test(test_rapid_dispatch),
         cmocka_unit_test(test_wake_from_sleep), cmocka_unit_test(test_uneven_threads),
+        cmocka_unit_test(test_blocking_path),   cmocka_unit_test(test_blocking_uneven),
         cmocka_unit_test(test_create_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,49 @@
-# tests/cli: the `petrel` command line run as a user runs it.  bad_input.sh
-# feeds it out-of-range flags, a NUL in stdin and the eval model forms, and
-# checks exit statuses and that stderr names the flag and its range.
+# tests/cli: the `petrel` command line run as a user runs it (a child process
+# per case, its exit status, output and files checked).  There is no
+# petrel_cli library, so tests/CMakeLists.txt does not pick these up itself.
+#
+# bad_input.sh feeds it out-of-range flags, a NUL in stdin and the eval
+# model forms, and checks exit statuses and that stderr names the flag and
+# its range.
 add_test(NAME cli/bad_input
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/bad_input.sh $<TARGET_FILE:petrel>)
 set_tests_properties(cli/bad_input PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 900)
+
+# C tests: convert's output directory (tokenizer carried from GGUF, staging
+# and its clean-up on a signal), bench without a tokenizer, kvcodec's JSON.
+# test_convert_cli also opens the models in-process to compare token ids.
+set(test_kvcodec_cli_libs petrel_io)
+set(test_convert_cli_libs petrel_engine)
+foreach(t test_kvcodec_cli test_convert_cli)
+  add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
+  target_link_libraries(${t} PRIVATE ${${t}_libs} PkgConfig::CMOCKA)
+  target_compile_definitions(${t} PRIVATE
+    PETREL_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+    PETREL_BIN="$<TARGET_FILE:petrel>")
+  add_dependencies(${t} petrel)
+  add_test(NAME cli/${t} COMMAND ${t})
+  set_tests_properties(cli/${t} PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 900)
+endforeach()
+
+# `petrel bench serve` run briefly against stories260K: every request's
+# counts are the server's usage, all finished, the HTML report is
+# well-formed, offline and has its plots; a server without usage is refused
+# (bench_serve.mjs; node's own modules only, skipped without node).
+add_test(NAME cli/bench_serve
+         COMMAND sh -c "command -v node >/dev/null || exit 77; exec node \"$0\" \"$1\" \"$2\""
+                 ${CMAKE_CURRENT_LIST_DIR}/bench_serve.mjs $<TARGET_FILE:petrel>
+                 ${CMAKE_BINARY_DIR}/bench-serve-test)
+set_tests_properties(cli/bench_serve PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 900 SKIP_RETURN_CODE 77)
+
+# The bench serve report opened in headless Chromium (Debian's chromium):
+# re-rendered by this build from the committed CPU run, its seven plots must
+# be SVG in Chromium's DOM and their series' colours on the screenshot
+# (bench_report_render.mjs).  Skipped (77) without node or chromium.
+add_test(NAME cli/bench_report_chromium
+         COMMAND sh -c "command -v node >/dev/null || exit 77; exec node \"$0\" \"$1\" \"$2\" \"$3\""
+                 ${CMAKE_CURRENT_LIST_DIR}/bench_report_render.mjs $<TARGET_FILE:petrel>
+                 ${CMAKE_BINARY_DIR}/bench-report-chromium
+                 ${CMAKE_SOURCE_DIR}/bench/results/stories260k-cpu-serve.json)
+set_tests_properties(cli/bench_report_chromium PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 300 SKIP_RETURN_CODE 77)

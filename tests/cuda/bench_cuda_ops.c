@@ -8,11 +8,15 @@
  *     one cache per layer rotated likewise, and of a 512-row prefill chunk;
  *   - attention of one decode row over quantized caches (--kv-quant) against
  *     the f16 cache of the same run, same geometry and data;
- *   - a GPU-only consistency check: GEMV against cuBLAS on the same data.
+ *   - a GPU-only consistency check: GEMV against cuBLAS on the same data;
+ *   - matmul with quantized weights (q4_0, q8_0, q4_k, q6_k, affine 4/8-bit
+ *     g64) of the 8B shapes: the quantized GEMV (1..16 rows) against
+ *     dequantize-to-f16 + cuBLAS (PETREL_CUDA_QGEMV_MAX=0), and the latter
+ *     at prefill sizes; fractions are of the quantized bytes.
  * Writes a table to stdout and, given a path, JSON.  Not a test: timings
  * are never assertions.  Loops replay as CUDA graphs (see main).
  *
- * usage: bench_cuda_ops [out.json] [quick | kvq]   (kvq: that arm alone;
+ * usage: bench_cuda_ops [out.json] [quick | kvq | qmm]   (kvq, qmm: that arm alone;
  *        BENCH_KVQ_DEPTH=D: its one depth D)
  */
 #include <math.h>
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 
 #include "kv/kvcache.h"
+#include "quant/quant.h"
 
 /* ||got - ref|| / ||ref|| (infinite if got has a non-finite value). */
 static double rel_l2(const float *got, const float *ref, size_t n) {
@@ -153,6 +158,157 @@ static void bench_matmul(const char *name, int rows, int cols, bool quick) {
                  gbs1 * 1e9 / bw, rel);
     }
     for (int i = 0; i < copies; i++) gemv_be->ops->free(gemv_be, w[i], wbytes);
+    free(w);
+    gemv_be->ops->free(gemv_be, x, 0);
+    gemv_be->ops->free(gemv_be, y, 0);
+    gemv_be->ops->free(gemv_be, y2, 0);
+}
+
+/* ---- matmul, quantized weights ---------------------------------------------------- */
+
+static pt_backend *qblas_be; /* PETREL_CUDA_QGEMV_MAX=0: dequantize + cuBLAS always */
+
+typedef struct qbench_w {
+    pt_weight w;
+    void *p[3];
+} qbench_w;
+
+/* Host pool of whole quantized rows: GGUF blocks of random values, or
+ * random affine codes; at most ~8 MiB. */
+static uint8_t *qbench_pool(const pt_weight_format *f, int rows, int cols, size_t row_bytes,
+                            int *pool_rows, pt_rng *rng) {
+    *pool_rows = (int)PT_MIN((size_t)rows, (((size_t)8 << 20) / row_bytes) + 1);
+    uint8_t *h = malloc(row_bytes * (size_t)*pool_rows);
+    if (f->dtype == PT_AFFINE) {
+        for (size_t i = 0; i < row_bytes * (size_t)*pool_rows; i++) h[i] = (uint8_t)pt_rng_next(rng);
+    } else {
+        float *x = malloc(sizeof(float) * cols);
+        for (int r = 0; r < *pool_rows; r++) {
+            for (int k = 0; k < cols; k++) x[k] = (float)(pt_rng_uniform(rng) * 2 - 1);
+            pt_gguf_quantize(f->dtype, x, h + (size_t)r * row_bytes, cols);
+        }
+        free(x);
+    }
+    return h;
+}
+
+/* A quantized matrix on the device, its rows taken from the pool starting
+ * at a random row (copies differ), affine scales random and small. */
+static qbench_w qbench_make(const pt_weight_format *f, int rows, int cols, const uint8_t *h,
+                            int pool_rows, pt_rng *rng) {
+    qbench_w q;
+    memset(&q, 0, sizeof q);
+    q.w = (pt_weight){.dtype = f->dtype, .rows = rows, .cols = cols, .bits = f->bits,
+                      .group_size = f->group_size, .scale_dtype = PT_F16};
+    size_t nb[3] = {0, 0, 0};
+    if (f->dtype == PT_AFFINE) {
+        nb[0] = pt_affine_code_bytes(rows, cols, f->bits);
+        nb[1] = nb[2] = pt_affine_scale_bytes(rows, cols, f->group_size, PT_F16);
+    } else {
+        nb[0] = pt_dtype_bytes(f->dtype, (uint64_t)rows * cols);
+    }
+    size_t row_bytes = nb[0] / rows;
+    pt_backend *be = gemv_be;
+    for (int i = 0; i < 3; i++) {
+        if (!nb[i]) continue;
+        q.p[i] = be->ops->alloc(be, nb[i]);
+        if (!q.p[i]) {
+            fprintf(stderr, "bench: out of device memory\n");
+            exit(1);
+        }
+    }
+    /* the pool in runs of whole rows, starting at a random row */
+    size_t off = (size_t)(pt_rng_next(rng) % (uint64_t)pool_rows);
+    for (size_t r = 0; r < (size_t)rows;) {
+        size_t src = (r + off) % (size_t)pool_rows, len = PT_MIN((size_t)pool_rows - src, (size_t)rows - r);
+        be->ops->upload(be, (uint8_t *)q.p[0] + r * row_bytes, h + src * row_bytes, len * row_bytes);
+        r += len;
+    }
+    if (f->dtype == PT_AFFINE) {
+        size_t ns = nb[1] / 2;
+        uint16_t *s = malloc(nb[1]);
+        for (int k = 1; k <= 2; k++) {
+            for (size_t i = 0; i < ns; i++)
+                s[i] = pt_f32_to_f16((float)((pt_rng_uniform(rng) * 2 - 1) * (k == 1 ? 0.01 : 0.1)));
+            be->ops->upload(be, q.p[k], s, nb[1]);
+        }
+        free(s);
+    }
+    q.w.data = q.p[0], q.w.scales = q.p[1], q.w.biases = q.p[2];
+    q.w.nbytes = nb[0] + nb[1] + nb[2];
+    return q;
+}
+
+static void bench_qmatmul(const char *fname, const char *name, int rows, int cols, bool quick) {
+    pt_weight_format f;
+    if (pt_weight_format_parse(fname, &f)) return;
+    pt_rng rng;
+    pt_rng_seed(&rng, (uint64_t)rows * 37 + cols);
+    int pool_rows;
+    size_t row_bytes = f.dtype == PT_AFFINE ? pt_affine_code_bytes(1, cols, f.bits)
+                                            : pt_dtype_bytes(f.dtype, (uint64_t)cols);
+    uint8_t *pool_h = qbench_pool(&f, rows, cols, row_bytes, &pool_rows, &rng);
+    qbench_w first = qbench_make(&f, rows, cols, pool_h, pool_rows, &rng);
+    size_t wbytes = first.w.nbytes;
+    int copies = (int)((((size_t)1 << 30) + wbytes - 1) / wbytes);
+    if (copies > 64) copies = 64;
+    if (copies < 2) copies = 2;
+    qbench_w *w = malloc(sizeof(qbench_w) * (size_t)copies);
+    w[0] = first;
+    for (int i = 1; i < copies; i++) w[i] = qbench_make(&f, rows, cols, pool_h, pool_rows, &rng);
+    free(pool_h);
+    int nmax = 512;
+    float *x = dev_rand_f32(gemv_be, (size_t)nmax * cols, &rng);
+    float *y = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
+    float *y2 = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
+    static const int ns[] = {1, 2, 4, 8, 16, 64, 512};
+    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+        int n = ns[ni];
+        double t_arm[2] = {0, 0};
+        for (int arm = 0; arm < 2; arm++) {
+            pt_backend *be = arm == 0 ? gemv_be : qblas_be;
+            if (arm == 0 && n > 16) continue;
+            if (quick && n == 2) continue;
+            int iters = n >= 64 ? copies : quick ? 2 * copies : 4 * copies;
+            double best = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                be->ops->sync(be);
+                double t0 = pt_now();
+                for (int i = 0; i < iters; i++) be->ops->matmul(be, y, x, &w[i % copies].w, n);
+                be->ops->sync(be);
+                double t = (pt_now() - t0) / iters;
+                if (t < best) best = t;
+            }
+            t_arm[arm] = best;
+        }
+        double rel = -1;
+        if (n <= 16) {
+            gemv_be->ops->matmul(gemv_be, y, x, &w[0].w, n);
+            qblas_be->ops->matmul(qblas_be, y2, x, &w[0].w, n);
+            size_t cnt = (size_t)n * rows;
+            float *a = malloc(4 * cnt), *b = malloc(4 * cnt);
+            gemv_be->ops->download(gemv_be, a, y, 4 * cnt);
+            qblas_be->ops->download(qblas_be, b, y2, 4 * cnt);
+            rel = rel_l2(a, b, cnt);
+            free(a);
+            free(b);
+        }
+        if (t_arm[1] <= 0) continue;
+        double g0 = t_arm[0] > 0 ? wbytes / t_arm[0] : 0, g1 = wbytes / t_arm[1];
+        double tf = 2.0 * rows * cols * n / t_arm[1] / 1e12;
+        printf("qmatmul %-10s %-8s %6dx%-6d n=%-3d qgemv %8.1f us %5.1f%%   dequant+cublas %9.1f us "
+               "%5.1f%% %6.1f TFLOP/s   rel %.2g\n",
+               fname, name, rows, cols, n, t_arm[0] * 1e6, 100 * g0 / bw, t_arm[1] * 1e6,
+               100 * g1 / bw, tf, rel);
+        json_row("{\"op\": \"qmatmul\", \"format\": \"%s\", \"name\": \"%s\", \"rows\": %d, "
+                 "\"cols\": %d, \"n\": %d, \"bytes\": %zu, \"qgemv_us\": %.3f, \"blas_us\": %.3f, "
+                 "\"qgemv_frac\": %.4f, \"blas_frac\": %.4f, \"blas_tflops\": %.2f, \"rel\": %.3g}",
+                 fname, name, rows, cols, n, wbytes, t_arm[0] * 1e6, t_arm[1] * 1e6, g0 / bw,
+                 g1 / bw, tf, rel);
+    }
+    for (int i = 0; i < copies; i++)
+        for (int k = 0; k < 3; k++)
+            if (w[i].p[k]) gemv_be->ops->free(gemv_be, w[i].p[k], 0);
     free(w);
     gemv_be->ops->free(gemv_be, x, 0);
     gemv_be->ops->free(gemv_be, y, 0);
@@ -365,19 +521,25 @@ static void bench_kvq_attention(pt_backend *be, int depth) {
 int main(int argc, char **argv) {
     bool quick = argc > 2 && strcmp(argv[2], "quick") == 0;
     bool kvq_only = argc > 2 && strcmp(argv[2], "kvq") == 0;
+    bool qmm_only = argc > 2 && strcmp(argv[2], "qmm") == 0;
     pt_err err = {{0}};
     /* Each timed loop records the same ops every repetition, so the
      * backend replays it as a CUDA graph (with PDL between kernels): the
      * best of 3 repetitions is GPU time, as in a decode step, not the
      * host's launch rate.  GEMV arm up to 8 rows. */
     setenv("PETREL_CUDA_GEMV_MAX", "8", 1);
+    setenv("PETREL_CUDA_QGEMV_MAX", "16", 1);
     gemv_be = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QGEMV_MAX");
     if (!gemv_be) {
         printf("bench_cuda_ops: skipped: %s\n", err.msg);
         return 77;
     }
     setenv("PETREL_CUDA_GEMV_MAX", "0", 1);
     blas_be = pt_backend_cuda_new(0, &err);
+    setenv("PETREL_CUDA_QGEMV_MAX", "0", 1);
+    qblas_be = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QGEMV_MAX");
     setenv("PETREL_CUDA_ATTN", "simple", 1);
     simple_be = pt_backend_cuda_new(0, &err);
     setenv("PETREL_CUDA_ATTN", "tiled", 1);
@@ -392,6 +554,17 @@ int main(int argc, char **argv) {
 
     static const int depths[] = {1024, 8192, 32768};
     if (!kvq_only) {
+        static const char *const qf[] = {"q4_0", "q8_0", "q4_k", "q6_k", "affine4g64", "affine8g64"};
+        for (size_t i = 0; i < PT_ARRAY_LEN(qf); i++) {
+            bench_qmatmul(qf[i], "wq", 4096, 4096, quick);
+            if (i < 2 || !quick) {
+                bench_qmatmul(qf[i], "wk", 1024, 4096, quick);
+                bench_qmatmul(qf[i], "w_up", 14336, 4096, quick);
+                bench_qmatmul(qf[i], "w_down", 4096, 14336, quick);
+            }
+        }
+    }
+    if (!kvq_only && !qmm_only) {
         bench_matmul("wq", 4096, 4096, quick);
         bench_matmul("wk", 1024, 4096, quick);
         bench_matmul("w_up", 14336, 4096, quick);
@@ -413,7 +586,8 @@ int main(int argc, char **argv) {
     }
     /* BENCH_KVQ_DEPTH=D: that depth alone (for a profiler run) */
     const char *only = getenv("BENCH_KVQ_DEPTH");
-    if (only && atoi(only) > 0) bench_kvq_attention(gemv_be, atoi(only));
+    if (qmm_only) {
+    } else if (only && atoi(only) > 0) bench_kvq_attention(gemv_be, atoi(only));
     else
         for (size_t i = 0; i < PT_ARRAY_LEN(depths); i++) bench_kvq_attention(gemv_be, depths[i]);
     if (js) {
@@ -423,6 +597,7 @@ int main(int argc, char **argv) {
     simple_be->ops->destroy(simple_be);
     tiled_be->ops->destroy(tiled_be);
     blas_be->ops->destroy(blas_be);
+    qblas_be->ops->destroy(qblas_be);
     gemv_be->ops->destroy(gemv_be);
     return 0;
 }

@@ -28,13 +28,14 @@
 
 /* Files under the source tree; PETREL_SOURCE_DIR in the environment wins
  * (the GPU machine runs binaries built elsewhere). */
-static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024];
+static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_LLAMA_Q[1024];
 
 static void set_paths(void) {
     const char *dir = getenv("PETREL_SOURCE_DIR") ? getenv("PETREL_SOURCE_DIR") : PETREL_SOURCE_DIR;
     snprintf(STORIES, sizeof STORIES, "%s/models/stories260K.gguf", dir);
     snprintf(TINY_LLAMA, sizeof TINY_LLAMA, "dummy:%s/tests/cuda/tiny-llama.json", dir);
     snprintf(TINY_QWEN3, sizeof TINY_QWEN3, "dummy:%s/tests/cuda/tiny-qwen3.json", dir);
+    snprintf(TINY_LLAMA_Q, sizeof TINY_LLAMA_Q, "dummy:%s/tests/cuda/tiny-llama-q.json", dir);
 }
 
 enum { CPU, GPU, N_BE };
@@ -176,6 +177,22 @@ static void test_tiny_dummies(void **state) {
     greedy(TINY_QWEN3, "bf16", PT_BF16, NULL, 0, 33, 24, 3e-2, false);
 }
 
+/* Quantized weights (every matrix and the embedding table): prompts of up
+ * to 8 tokens (PETREL_CUDA_QGEMV_MAX=8 here; the default is 4) run the GEMV, which computes the
+ * CPU's integer sums, so logits match the CPU's to ~1e-4 and the greedy
+ * tokens must be the same; a 40-token prompt takes the f16
+ * dequantize-then-cuBLAS path (~1e-3), checked with the CPU's tokens fed
+ * to both. */
+static void test_quantized_weights(void **state) {
+    (void)state;
+    static const char *const fmts[] = {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k",
+                                       "affine4g64", "affine4g32", "affine8g64", "affine8g128"};
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        greedy(TINY_LLAMA_Q, fmts[i], PT_F32, NULL, 0, 8, 24, 2e-3, true);
+        greedy(TINY_LLAMA_Q, fmts[i], PT_F32, NULL, 0, 40, 8, 2e-2, false);
+    }
+}
+
 /* Three sequences in one batch: two prefills then decode rows of all. */
 /* Quantized KV caches (--kv-quant) through whole forward passes: the GPU
  * stores the bytes the CPU would for the same rows, but the rows it
@@ -242,7 +259,9 @@ static void test_llama_1b(void **state) {
 int main(void) {
     set_paths();
     pt_err err = {{0}};
+    setenv("PETREL_CUDA_QGEMV_MAX", "8", 1); /* quantized prompts of 8 on the GEMV */
     be[GPU] = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QGEMV_MAX");
     if (!be[GPU]) {
         printf("test_cuda_model: skipped: %s\n", err.msg);
         fflush(stdout);
@@ -256,6 +275,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_greedy),
         cmocka_unit_test(test_tiny_dummies),
+        cmocka_unit_test(test_quantized_weights),
         cmocka_unit_test(test_kv_quant),
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),

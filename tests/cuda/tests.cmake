@@ -3,7 +3,7 @@
 # per-layer loop in tests/CMakeLists.txt skips this folder; the tests are
 # declared here.  Without a GPU they exit 77 and CTest reports them skipped.
 if(PETREL_CUDA)
-  foreach(t test_cuda_ops test_cuda_model test_cuda_kvq)
+  foreach(t test_cuda_ops test_cuda_model test_cuda_kvq test_cuda_qmatmul)
     add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
     target_compile_definitions(${t} PRIVATE PETREL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
     add_test(NAME cuda/${t} COMMAND ${t})
@@ -14,8 +14,10 @@ if(PETREL_CUDA)
   target_link_libraries(test_cuda_model PRIVATE petrel_model PkgConfig::CMOCKA)
   # Quantized KV caches (kv_store and attention over packed pages).
   target_link_libraries(test_cuda_kvq PRIVATE petrel_kv PkgConfig::CMOCKA)
+  # Quantized weights (GGUF blocks, MLX affine): matmul and embed.
+  target_link_libraries(test_cuda_qmatmul PRIVATE petrel_quant PkgConfig::CMOCKA)
   # Per-op speed against the measured bandwidth (scripts/gpu-run.sh runs it);
   # petrel_kv for the quantized-cache attention arm.
   add_executable(bench_cuda_ops ${CMAKE_CURRENT_LIST_DIR}/bench_cuda_ops.c)
-  target_link_libraries(bench_cuda_ops PRIVATE petrel_kv)
+  target_link_libraries(bench_cuda_ops PRIVATE petrel_kv petrel_quant)
 endif()

@@ -72,12 +72,13 @@ static void free_weight(qw *q) {
     free(q->data), free(q->s), free(q->b);
 }
 
-/* The activations as the kernels round them (blocks of `block`, d = amax/32767). */
-static void round_acts(const float *x, float *xr, float *dx, int64_t n, int block) {
+/* The activations as the kernels round them (blocks of `block`, d = amax/qmax:
+ * 32767 for the int16 kernels, 127 for the int8 GEMM). */
+static void round_acts(const float *x, float *xr, float *dx, int64_t n, int block, float qmax) {
     for (int64_t b = 0; b < n / block; b++) {
         float amax = 0;
         for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(x[block * b + i]));
-        float d = amax / 32767, id = d > 0 ? 1 / d : 0;
+        float d = amax / qmax, id = d > 0 ? 1 / d : 0;
         for (int i = 0; i < block; i++) {
             xr[block * b + i] = d * (float)lrintf(x[block * b + i] * id);
             dx[block * b + i] = d;
@@ -117,7 +118,7 @@ static void check_format(fmt f, const char *label) {
             for (int k = 0; k < 3; k++) y[k] = malloc(sizeof(float) * (size_t)(n * rows));
             for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(pt_rng_uniform(&rng) * 2 - 1);
             for (int t = 0; t < n; t++)
-                round_acts(x + t * cols, xr + t * cols, dx + t * cols, cols, pt_qk_act_block(&q.w));
+                round_acts(x + t * cols, xr + t * cols, dx + t * cols, cols, pt_qk_act_block(&q.w), 32767);
 
             pt_qk_ctx portable = {.avx2 = false}, fast = {.avx2 = true};
             pt_qk_matmul(&portable, NULL, y[0], x, &q.w, n);
@@ -176,6 +177,90 @@ static void test_gguf_all(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_format((fmt){ts[i], 0, 0, PT_F16}, pt_dtype_name(ts[i]));
 }
 
+/* The int8-activation GEMM (q8_0, q4_0, q4_k, q5_k, q6_k, affine 4-bit prefill) against the reference
+ * weights times the activations rounded as it rounds them (to f32 rounding,
+ * 1e-5 of sum |w x|), and against the exact activations within the int8
+ * rounding bound sum |w_i| * d_x / 2, d_x = max|x| / 127.  Shapes cover
+ * every tile remainder (rows 1..5 and 37, tokens 8..11, 13 and 33), more rows
+ * than one cache block (1000), and extreme codes (q8_0 -128, a zero block). */
+static void check_i8(fmt f) {
+    pt_dtype t = f.t;
+    int block = f.t == PT_AFFINE ? f.gs : pt_dtype_get(f.t)->block;
+    static const int64_t row_counts[] = {1, 2, 3, 5, 37, 1000};
+    static const int ns[] = {PT_QK_I8_MIN_TOKENS, 9, 10, 11, 13, 33}; /* every tile remainder */
+    pt_rng rng;
+    pt_rng_seed(&rng, 77 + (uint64_t)t * 10 + (uint64_t)f.gs + (uint64_t)f.st);
+    pt_pool *pool = pt_pool_new(2);
+    for (size_t ri = 0; ri < PT_ARRAY_LEN(row_counts); ri++)
+        for (int64_t cols = 32; cols <= 4096; cols *= 8) {
+            int64_t rows = row_counts[ri];
+            if (cols % block) continue;
+            qw q;
+            make_weight(&q, f, rows, cols, &rng);
+            if (t == PT_Q8_0) ((int8_t *)q.data)[2] = -128; /* row 0, element 0: |w| = 128 */
+            float *wref = malloc(sizeof(float) * (size_t)(rows * cols));
+            for (int64_t r = 0; r < rows; r++) pt_weight_dequantize_row(&q.w, r, wref + r * cols);
+            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+                int n = ns[ni];
+                size_t nx = (size_t)(n * cols);
+                float *x = malloc(sizeof(float) * nx), *xr = malloc(sizeof(float) * nx);
+                float *dx = malloc(sizeof(float) * nx), *y = malloc(sizeof(float) * (size_t)(n * rows));
+                float *y1 = malloc(sizeof(float) * (size_t)(n * rows));
+                for (size_t i = 0; i < nx; i++) x[i] = (float)(pt_rng_uniform(&rng) * 2 - 1);
+                for (int i = 0; i < 32; i++) x[i] = 0; /* a zero block: d = 0 */
+                for (int k = 0; k < n; k++) round_acts(x + k * cols, xr + k * cols, dx + k * cols, cols, 32, 127);
+                pt_qk_ctx ctx = {.avx2 = true, .i8 = true};
+                assert_string_equal(pt_qk_path(&ctx, &q.w, n), "avx2 int8 gemm");
+                pt_qk_matmul(&ctx, pool, y, x, &q.w, n);
+                pt_qk_matmul(&ctx, NULL, y1, x, &q.w, n);
+                for (int k = 0; k < n; k++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        double same = 0, exact = 0, mag = 0, bound = 0;
+                        for (int64_t i = 0; i < cols; i++) {
+                            double wv = wref[r * cols + i];
+                            same += wv * xr[k * cols + i];
+                            exact += wv * x[k * cols + i];
+                            mag += fabs(wv * xr[k * cols + i]);
+                            bound += fabs(wv) * dx[k * cols + i] * 0.5;
+                        }
+                        double tol = 1e-5 * mag + 1e-6, got = y[(size_t)k * (size_t)rows + (size_t)r];
+                        if (!(fabs(got - same) <= tol))
+                            fail_msg("%s/%d int8 gemm %lldx%lld n=%d token %d row %lld: %.7g, want %.7g (tol %.2g)",
+                                     pt_dtype_name(t), f.gs, (long long)rows, (long long)cols, n, k,
+                                     (long long)r, got, same, tol);
+                        if (!(fabs(got - exact) <= bound + tol))
+                            fail_msg("%s int8 gemm: error %.3g vs exact beyond the bound %.3g",
+                                     pt_dtype_name(t), fabs(got - exact), bound);
+                        assert_true(got == y1[(size_t)k * (size_t)rows + (size_t)r]); /* threads agree */
+                    }
+                pt_qk_ctx_free(&ctx);
+                free(x), free(xr), free(dx), free(y), free(y1);
+            }
+            free(wref);
+            free_weight(&q);
+        }
+    pt_pool_free(pool);
+}
+
+static void test_i8_gemm(void **state) {
+    (void)state;
+    if (!pt_qk_cpu_has_avx2()) {
+        print_message("note: no AVX2 on this CPU; int8 GEMM not tested\n");
+        return;
+    }
+    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
+    for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16});
+    static const int gss[] = {32, 64, 128};
+    static const pt_dtype sts[] = {PT_F16, PT_BF16, PT_F32};
+    for (int g = 0; g < 3; g++) check_i8((fmt){PT_AFFINE, 4, gss[g], sts[g]});
+    /* below the token threshold, and for other formats, the int16 kernels run */
+    pt_qk_ctx ctx = {.avx2 = true, .i8 = true};
+    pt_weight w = {.dtype = PT_Q8_0, .rows = 1, .cols = 32};
+    assert_string_equal(pt_qk_path(&ctx, &w, PT_QK_I8_MIN_TOKENS - 1), "avx2 int16");
+    w = (pt_weight){.dtype = PT_AFFINE, .rows = 1, .cols = 64, .bits = 8, .group_size = 64};
+    assert_string_equal(pt_qk_path(&ctx, &w, 64), "avx2 int16");
+}
+
 static void test_handles(void **state) {
     (void)state;
     assert_true(pt_qk_handles(PT_AFFINE) && pt_qk_handles(PT_Q4_K) && pt_qk_handles(PT_Q8_0));
@@ -188,6 +273,7 @@ int main(void) {
         cmocka_unit_test(test_handles),
         cmocka_unit_test(test_affine_all),
         cmocka_unit_test(test_gguf_all),
+        cmocka_unit_test(test_i8_gemm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -106,6 +106,7 @@ static const pt_backend_ops cpu_ops = {
     .attention = pt_cpu_attention,
     .gather_rows = pt_cpu_gather_rows,
     .read_bandwidth = pt_cpu_read_bandwidth,
+    .compute_peak = pt_cpu_compute_peak,
     .destroy = cpu_destroy,
 };
 
@@ -146,9 +147,13 @@ pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err) 
         return NULL;
     }
     cb->scratch = pt_xcalloc((size_t)n_threads, sizeof *cb->scratch);
-    snprintf(cb->detail, sizeof cb->detail, "%s, %d thread%s", k->name, n_threads,
-             n_threads == 1 ? "" : "s");
     cb->quant.avx2 = k == pt_cpu_kernels_avx2();
+    /* PETREL_CPU_INT8=0 keeps quantized prefill on the int16 kernels (A/B runs). */
+    const char *i8 = getenv("PETREL_CPU_INT8");
+    cb->quant.i8 = cb->quant.avx2 && !(i8 && strcmp(i8, "0") == 0);
+    snprintf(cb->detail, sizeof cb->detail, "%s%s, %d thread%s", k->name,
+             cb->quant.i8 ? " + int8 gemm for quantized prefill" : "", n_threads,
+             n_threads == 1 ? "" : "s");
     cb->base = (pt_backend){
         .ops = &cpu_ops, .name = "cpu", .detail = cb->detail, .n_threads = n_threads,
         .host_memory = true, /* weights may stay in the mmap'd file */

@@ -25,7 +25,9 @@ typedef struct pt_cpu_backend {
     void *attn_meta, *attn_parts;
     size_t attn_meta_cap, attn_parts_cap;
     double bandwidth; /* bytes/s, 0 until measured */
-    char detail[64];
+    char bandwidth_how[96]; /* the probe variant that read fastest */
+    double peak[2];   /* ops/s: f32 fma, int8 multiply-add; 0 until measured */
+    char detail[128];
 } pt_cpu_backend;
 
 static inline pt_cpu_backend *pt_cpu(pt_backend *be) {
@@ -71,6 +73,7 @@ void pt_cpu_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *
 void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
                       const pt_batch_view *b, int n_heads, float scale);
 double pt_cpu_read_bandwidth(pt_backend *be);
+double pt_cpu_compute_peak(pt_backend *be, pt_dtype wt, char *note, size_t note_len);
 
 /* ---- shared by the attention drivers (cpu_attention.c, attn_kvq.c) ---- */
 

@@ -98,6 +98,15 @@ typedef struct pt_cpu_kernels {
     void (*rope_neox)(float *x, const float *cos, const float *sin, int n_rot);
     /* Sum of n floats, for the bandwidth probe (a pure streaming read). */
     float (*sum)(const float *x, size_t n);
+    /* Compute-peak loops for the prefill roofline (cpu_peak.c): iters
+     * rounds of independent dependency chains, enough to fill the
+     * pipelines; each returns the operations it did (a multiply-add is 2)
+     * and stores a result in *sink so nothing is optimized away.
+     *   peak_f32: f32 fused multiply-adds, what the packed GEMM issues;
+     *   peak_i8:  u8 x s8 multiply-adds (vpmaddubsw), what the int8 GEMM
+     *             issues; NULL where the set has no int8 kernels. */
+    double (*peak_f32)(int64_t iters, float *sink);
+    double (*peak_i8)(int64_t iters, float *sink);
 } pt_cpu_kernels;
 
 const pt_cpu_kernels *pt_cpu_kernels_portable(void);

@@ -577,6 +577,45 @@ static float sum(const float *x, size_t n) {
     return s;
 }
 
+/* Twelve chains of 8-lane FMAs: more than latency (4-5 cycles) x units
+ * (2) needs, in named variables (GCC keeps an array of them on the stack). */
+#define CHAINS12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+static double peak_f32(int64_t iters, float *sink) {
+    __m256 m = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-7f), s = _mm256_setzero_ps();
+#define DECL(i) __m256 a##i = _mm256_set1_ps((float)i);
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, m, c);
+#define SUM(i) s = _mm256_add_ps(s, a##i);
+    CHAINS12(DECL)
+    for (int64_t i = 0; i < iters; i++) {
+        CHAINS12(STEP)
+    }
+    CHAINS12(SUM)
+    *sink = hsum(s);
+    return (double)iters * 12 * 8 * 2;
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
+/* Twelve chains of vpmaddubsw (32 u8 x s8 products summed in pairs); each
+ * result feeds the next as its signed operand, so no call is hoisted. */
+static double peak_i8(int64_t iters, float *sink) {
+    __m256i u = _mm256_set1_epi8(3), s = _mm256_setzero_si256();
+#define DECL(i) __m256i a##i = _mm256_set1_epi8((char)i);
+#define STEP(i) a##i = _mm256_maddubs_epi16(u, a##i);
+#define SUM(i) s = _mm256_add_epi16(s, a##i);
+    CHAINS12(DECL)
+    for (int64_t i = 0; i < iters; i++) {
+        CHAINS12(STEP)
+    }
+    CHAINS12(SUM)
+    *sink = (float)_mm256_extract_epi16(s, 0);
+    return (double)iters * 12 * 32 * 2;
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
 #define WOPS(T, SMALL_MAX) {T##_matvec, T##_matmul_small, T##_to_f32, T##_from_f32, SMALL_MAX}
 
 static const pt_cpu_kernels avx2 = {
@@ -595,6 +634,8 @@ static const pt_cpu_kernels avx2 = {
     .rope_norm = rope_norm,
     .rope_neox = rope_neox,
     .sum = sum,
+    .peak_f32 = peak_f32,
+    .peak_i8 = peak_i8,
 };
 
 const pt_cpu_kernels *pt_cpu_kernels_avx2(void) {

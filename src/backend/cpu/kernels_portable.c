@@ -227,6 +227,18 @@ static float sum(const float *x, size_t n) {
     return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
 }
 
+/* Eight chains of a * m + c; the compiler may vectorize them (SSE2), which
+ * is what the scalar GEMM tile gets too. */
+static double peak_f32(int64_t iters, float *sink) {
+    float a[8];
+    for (int k = 0; k < 8; k++) a[k] = (float)k;
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) a[k] = a[k] * 0.9999999f + 1e-7f;
+    *sink = a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+    return (double)iters * 8 * 2;
+}
+
 /* The scalar GEMM tile and the scalar row dots run at similar rates, so the
  * small path's single pass over the weights wins up to moderate n. */
 #define WOPS(T) {T##_matvec, T##_matmul_small, T##_to_f32, T##_from_f32, 8}
@@ -247,6 +259,7 @@ static const pt_cpu_kernels portable = {
     .rope_norm = rope_norm,
     .rope_neox = rope_neox,
     .sum = sum,
+    .peak_f32 = peak_f32,
 };
 
 const pt_cpu_kernels *pt_cpu_kernels_portable(void) {

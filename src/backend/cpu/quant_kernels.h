@@ -4,9 +4,10 @@
  * q4_k, q5_k, q6_k.  Matrix-vector and matrix-matrix products, threaded, in
  * an AVX2 and a portable flavour, and row dequantization for embeddings.
  *
- * Numerics (docs/quantization.md): activations are quantized on the fly to
- * int16 in blocks of 32 elements, or of the group size for affine weights
- * (d = max|x| / 32767, q = rint(x / d)).  Every
+ * Numerics (docs/quantization.md): decode (and any call of fewer than
+ * PT_QK_I8_MIN_TOKENS tokens, and every call without AVX2) quantizes
+ * activations to int16 in blocks of 32 elements, or of the group size for
+ * affine weights (d = max|x| / 32767, q = rint(x / d)).  Every
  * product of a weight code and an activation code is then an exact integer
  * dot product over a block (vpmaddwd on AVX2); each block's sum is scaled
  * once in f32:
@@ -17,12 +18,17 @@
  * group's scale and bias; q4_k: d*sc and -dmin*m; ...).  The only error
  * beyond f32 rounding is the activation's rounding, at most d_x / 2 =
  * max|x| / 65534 per element: logits of whole models match an f32 forward
- * on the dequantized weights to about 1e-4 of their range.  (int8
- * activations, as llama.cpp uses, cost 1-3% of the logit range on our test
- * models; int16 costs one more instruction per 16 weights and token, and
- * decode is memory-bound either way.)  The AVX2 and portable kernels
- * compute the same integer sums; they differ only in the order of f32
- * additions.
+ * on the dequantized weights to about 1e-4 of their range.  The AVX2 and
+ * portable kernels compute the same integer sums; they differ only in the
+ * order of f32 additions.
+ *
+ * Prefill on AVX2 (quant_i8_avx2.c) quantizes activations to int8 instead
+ * (blocks of 32, d = max|x| / 127, as llama.cpp does): the same sum, 258x
+ * coarser rounding, 2-4x the speed.  Measured cost: 0.6-0.9% of the logit
+ * range on test_convert's 4-bit models (int16: < 0.1%), KL 5e-4 nats
+ * against int16 on a random TinyLlama-shape Q8_0 model, half what Q8_0
+ * weights cost against F16 there (docs/benchmarks.md).  PETREL_CPU_INT8=0
+ * (read when the backend is created) keeps prefill on int16.
  *
  * Use: keep a pt_qk_ctx per backend (it owns the activation scratch) and
  * call pt_qk_matmul for any weight whose dtype pt_qk_handles().
@@ -59,8 +65,28 @@ enum pt_qk_perm {
 typedef void (*pt_qk_rows_fn)(const pt_weight *w, const pt_qact *a, float *y, int64_t r0,
                               int64_t r1);
 
+/* int8 activations for the prefill GEMM (quant_i8_avx2.c): blocks of 32,
+ * d = max|x| / 127, codes in [-127, 127], natural order. */
+typedef struct pt_qact8 {
+    int n;
+    int64_t cols, n_chunks;
+    int8_t *q; /* [n][cols], 32-byte aligned rows */
+    float *d;  /* [n][n_chunks] */
+    float *ds; /* [n][n_chunks] d * sum of the chunk's codes */
+} pt_qact8;
+
+typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0,
+                               int64_t r1);
+
+/* Below this many tokens a call takes the int16 row kernels: they are
+ * faster there (the GEMM repacks 8 rows per 1024 columns per call: at 4
+ * tokens it ran 0.76-0.91x the rows, at 8 tokens 1.06-2.3x; bench/quant_gemm.c,
+ * Zen 3), and int16 rounds activations 258x finer. */
+#define PT_QK_I8_MIN_TOKENS 8
+
 typedef struct pt_qk_ctx {
     bool avx2;     /* use the AVX2 kernels (the caller checked the CPU) */
+    bool i8;       /* with avx2: the int8 GEMM for n >= PT_QK_I8_MIN_TOKENS where one exists */
     void *scratch; /* activation codes and scales, grown on demand */
     size_t cap;
 } pt_qk_ctx;
@@ -90,5 +116,14 @@ void pt_qk_quantize_act(pt_qact *a, const float *x, int t0, int t1);
 pt_qk_rows_fn pt_qk_portable_rows(const pt_weight *w);
 pt_qk_rows_fn pt_qk_avx2_rows(const pt_weight *w);
 int pt_qk_avx2_perm(const pt_weight *w);
+/* The int8-activation GEMM for w (q8_0, q4_0, q4_k, q5_k, q6_k, affine
+ * 4-bit), or NULL. */
+pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w);
+size_t pt_qk_act8_bytes(int n, int64_t cols);
+void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols);
+void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
+/* The kernels pt_qk_matmul would run for w with n tokens: "int8 gemm",
+ * "avx2 int16" or "portable int16" (bench and tests report it). */
+const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n);
 
 #endif

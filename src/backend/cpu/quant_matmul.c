@@ -28,6 +28,8 @@ bool pt_qk_cpu_has_avx2(void) {
 
 typedef struct job {
     pt_qact a;
+    pt_qact8 a8;
+    pt_qk_rows8_fn rows8; /* non-NULL: the int8 GEMM, a8 */
     const float *x;
     const pt_weight *w;
     float *y;
@@ -36,8 +38,10 @@ typedef struct job {
 
 static void act_part(void *ctx, int ith, int nth) {
     job *j = ctx;
-    int n = j->a.n, t0 = (int)((int64_t)n * ith / nth), t1 = (int)((int64_t)n * (ith + 1) / nth);
-    if (t0 < t1) pt_qk_quantize_act(&j->a, j->x, t0, t1);
+    int n = j->rows8 ? j->a8.n : j->a.n, t0 = (int)((int64_t)n * ith / nth), t1 = (int)((int64_t)n * (ith + 1) / nth);
+    if (t0 >= t1) return;
+    if (j->rows8) pt_qk_quantize_act8(&j->a8, j->x, t0, t1);
+    else pt_qk_quantize_act(&j->a, j->x, t0, t1);
 }
 
 /* Rows in runs of 8, so threads do not share the cache lines of y. */
@@ -45,7 +49,9 @@ static void rows_part(void *ctx, int ith, int nth) {
     job *j = ctx;
     int64_t runs = (j->w->rows + 7) / 8;
     int64_t r0 = runs * ith / nth * 8, r1 = PT_MIN(j->w->rows, runs * (ith + 1) / nth * 8);
-    if (r0 < r1) j->rows(j->w, &j->a, j->y, r0, r1);
+    if (r0 >= r1) return;
+    if (j->rows8) j->rows8(j->w, &j->a8, j->y, r0, r1);
+    else j->rows(j->w, &j->a, j->y, r0, r1);
 }
 
 static void run(pt_pool *pool, pt_pool_fn fn, job *j) {
@@ -53,12 +59,23 @@ static void run(pt_pool *pool, pt_pool_fn fn, job *j) {
     else fn(j, 0, 1);
 }
 
+static pt_qk_rows8_fn rows8_for(const pt_qk_ctx *ctx, const pt_weight *w, int n) {
+    return ctx->avx2 && ctx->i8 && n >= PT_QK_I8_MIN_TOKENS ? pt_qk_avx2_rows8(w) : NULL;
+}
+
+const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n) {
+    if (rows8_for(ctx, w, n)) return "avx2 int8 gemm";
+    if (ctx->avx2 && pt_qk_avx2_rows(w)) return "avx2 int16";
+    return pt_qk_portable_rows(w) ? "portable int16" : "none";
+}
+
 void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const pt_weight *w,
                   int n) {
     job j = {.x = x, .w = w, .y = y};
     j.rows = ctx->avx2 ? pt_qk_avx2_rows(w) : pt_qk_portable_rows(w);
     if (!j.rows || n <= 0) return;
-    size_t need = pt_qk_act_bytes(n, w->cols);
+    j.rows8 = rows8_for(ctx, w, n);
+    size_t need = j.rows8 ? pt_qk_act8_bytes(n, w->cols) : pt_qk_act_bytes(n, w->cols);
     if (need > ctx->cap) {
         pt_free_big(ctx->scratch, ctx->cap);
         ctx->cap = PT_MAX(need, ctx->cap * 2);
@@ -69,8 +86,11 @@ void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const
             abort();
         }
     }
-    pt_qk_act_init(&j.a, ctx->scratch, n, w->cols, pt_qk_act_block(w),
-                   ctx->avx2 ? pt_qk_avx2_perm(w) : PT_QK_PERM_NONE);
+    if (j.rows8)
+        pt_qk_act8_init(&j.a8, ctx->scratch, n, w->cols);
+    else
+        pt_qk_act_init(&j.a, ctx->scratch, n, w->cols, pt_qk_act_block(w),
+                       ctx->avx2 ? pt_qk_avx2_perm(w) : PT_QK_PERM_NONE);
     run(pool, act_part, &j);
     run(pool, rows_part, &j);
 }

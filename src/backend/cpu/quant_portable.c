@@ -67,6 +67,35 @@ void pt_qk_quantize_act(pt_qact *a, const float *x, int t0, int t1) {
         }
 }
 
+size_t pt_qk_act8_bytes(int n, int64_t cols) {
+    return (size_t)n * (size_t)cols + 2 * (size_t)n * (size_t)(cols / 32) * sizeof(float) + 64;
+}
+
+void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols) {
+    uintptr_t p = ((uintptr_t)scratch + 31) & ~(uintptr_t)31;
+    a->n = n;
+    a->cols = cols;
+    a->n_chunks = cols / 32;
+    a->q = (int8_t *)p;
+    a->d = (float *)(p + (size_t)n * (size_t)cols); /* cols is a multiple of 32 */
+    a->ds = a->d + (size_t)n * (size_t)a->n_chunks;
+}
+
+void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1) {
+    for (int t = t0; t < t1; t++)
+        for (int64_t c = 0; c < a->n_chunks; c++) {
+            const float *v = x + (size_t)t * (size_t)a->cols + 32 * (size_t)c;
+            int8_t *q = a->q + (size_t)t * (size_t)a->cols + 32 * (size_t)c;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+            float d = amax / 127, id = d > 0 ? 1 / d : 0;
+            int sum = 0;
+            for (int i = 0; i < 32; i++) sum += q[i] = (int8_t)lrintf(v[i] * id);
+            a->d[(size_t)t * (size_t)a->n_chunks + (size_t)c] = d;
+            a->ds[(size_t)t * (size_t)a->n_chunks + (size_t)c] = d * (float)sum;
+        }
+}
+
 /* ---- chunk decoders ----------------------------------------------------------- */
 
 /* Where row r of w lives: codes (or blocks), and affine scales and biases. */

@@ -21,8 +21,14 @@
  * cublasGemmEx after the activations are rounded to the weights' type, with
  * f32 accumulation and f32 output.
  *
+ * Quantized weights (GGUF q8_0/q4_0/q4_k/q5_k/q6_k, MLX affine) stay as the
+ * file stores them: up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
+ * default 4) run the quantized GEMV of qmatmul.cu, more rows dequantize
+ * the weight to f16 in a scratch buffer and run cublasGemmEx; quantized
+ * embedding tables are dequantized row by row.
+ *
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
- * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
+ * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
  * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC.
  */
 #include <cublas_v2.h>
@@ -56,9 +62,12 @@ typedef struct cuda_backend {
     void *cublas_ws;
     void *act16; /* activations rounded to f16/bf16 for cuBLAS */
     size_t act16_cap;
+    void *wdeq; /* a quantized weight dequantized to f16 (prefill) */
+    size_t wdeq_cap;
     void *attn_scratch; /* split-context partial results */
     size_t attn_cap;
     int gemv_max;     /* token rows up to which matmul uses the GEMV kernels */
+    int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
     bool simple_attn; /* PETREL_CUDA_ATTN=simple: the plain kernel only */
     bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */
@@ -187,7 +196,7 @@ static void cuda_sync(pt_backend *be) {
 /* One op call with its arguments, flattened so two calls compare with
  * memcmp (the record is zeroed before filling: no stray padding bytes). */
 enum { OP_MATMUL, OP_EMBED, OP_RMSNORM, OP_ADD, OP_ADD_BIAS, OP_SWIGLU, OP_ROPE, OP_KV_STORE,
-       OP_ATTENTION, OP_GATHER, OP_KVQ_STORE, OP_KVQ_ATTENTION };
+       OP_ATTENTION, OP_GATHER, OP_KVQ_STORE, OP_KVQ_ATTENTION, OP_QMATMUL, OP_QEMBED };
 
 typedef struct op_rec {
     int64_t kind, rows; /* rows: token rows the op works on (graphs only for few) */
@@ -195,11 +204,13 @@ typedef struct op_rec {
     int64_t i[8];
     float f[2];
     cu_kvq_args kvq; /* quantized caches: all of the op's arguments but k, v */
+    cu_qweight qw;   /* quantized weights: the matrix */
 } op_rec;
 
 static const char *const op_names[] = {"matmul", "embed", "rmsnorm", "add", "add_bias",
                                        "swiglu", "rope", "kv_store", "attention", "gather_rows",
-                                       "kv_store (quantized)", "attention (quantized)"};
+                                       "kv_store (quantized)", "attention (quantized)",
+                                       "matmul (quantized weights)", "embed (quantized table)"};
 
 static cu_attn_args attn_args(const op_rec *r) {
     cu_attn_args a = {(float *)r->p[0], r->p[1], r->p[2], r->p[3], (int)r->i[0], (int)r->i[1],
@@ -233,6 +244,28 @@ static void exec_op(cuda_backend *cb, const op_rec *r) {
         }
         break;
     }
+    case OP_QMATMUL: {
+        float *y = (float *)r->p[0];
+        const float *x = r->p[1];
+        int n = (int)r->i[0];
+        const cu_qweight *w = &r->qw;
+        if (n <= cb->qgemv_max && cu_qgemv(s, y, x, w, n) == 0) break;
+        /* Prefill: the weight as f16 into scratch, then the tensor cores. */
+        if (cu_qdequant_f16(s, cb->wdeq, w))
+            cuda_fatal("matmul", "no kernel for this quantized weight's shape");
+        cu_convert_from_f32(s, cb->act16, CU_F16, x, (size_t)n * (size_t)w->cols);
+        const float one = 1.0f, zero = 0.0f;
+        int rows = (int)w->rows, cols = (int)w->cols;
+        check_blas(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, cb->wdeq,
+                                CUDA_R_16F, cols, cb->act16, CUDA_R_16F, cols, &zero, y, CUDA_R_32F,
+                                rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "matmul (quantized weights, cublasGemmEx)");
+        break;
+    }
+    case OP_QEMBED:
+        if (cu_qembed(s, (float *)r->p[0], &r->qw, r->p[1], (int)r->i[0]))
+            cuda_fatal("embed", "no kernel for this quantized table's shape");
+        break;
     case OP_EMBED:
         cu_embed(s, (float *)r->p[0], r->p[1], (int)r->i[0], r->i[1], r->i[2], r->p[2], (int)r->i[3]);
         break;
@@ -289,6 +322,15 @@ static void prepare_scratch(cuda_backend *cb, const op_rec *r) {
     } else if (r->kind == OP_KVQ_ATTENTION) {
         need = cu_kvq_attention_scratch(&r->kvq, cb->n_sm);
         buf = &cb->attn_scratch, cap = &cb->attn_cap;
+    }
+    if (r->kind == OP_QMATMUL && r->i[0] > cb->qgemv_max) {
+        need = (size_t)r->i[0] * (size_t)r->qw.cols * 2;
+        buf = &cb->act16, cap = &cb->act16_cap;
+        size_t wneed = (size_t)r->qw.rows * (size_t)r->qw.cols * 2;
+        if (wneed > cb->wdeq_cap) {
+            drop_graphs(cb);
+            scratch(cb, &cb->wdeq, &cb->wdeq_cap, wneed, op_names[r->kind]);
+        }
     }
     if (buf && need > *cap) {
         drop_graphs(cb);
@@ -391,8 +433,48 @@ static void flush(cuda_backend *cb) {
     cb->list_rows = 0;
 }
 
+/* The kernels' view of a quantized weight; fatal if they do not take it
+ * (a model that loads must not fail half-way through a forward pass). */
+static cu_qweight qweight_of(const pt_weight *w, const char *op) {
+    cu_qweight q = {w->data, w->scales, w->biases, w->rows, w->cols, -1, 0, 0, 0};
+    switch (w->dtype) {
+    case PT_Q8_0: q.fmt = CU_Q8_0; break;
+    case PT_Q4_0: q.fmt = CU_Q4_0; break;
+    case PT_Q4_K: q.fmt = CU_Q4_K; break;
+    case PT_Q5_K: q.fmt = CU_Q5_K; break;
+    case PT_Q6_K: q.fmt = CU_Q6_K; break;
+    case PT_AFFINE:
+        q.fmt = w->bits == 4 ? CU_AFF4 : w->bits == 8 ? CU_AFF8 : CU_AFFN;
+        q.bits = w->bits, q.group = w->group_size, q.scale_type = dtype_code(w->scale_dtype);
+        break;
+    default: break;
+    }
+    if (q.fmt < 0) cuda_fatal(op, "weight type not supported by the CUDA backend");
+    if (!cu_qweight_ok(&q)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s weight of %lldx%lld (bits %d, group %d) not supported by "
+                 "the CUDA kernels", pt_dtype_name(w->dtype), (long long)w->rows,
+                 (long long)w->cols, w->bits, w->group_size);
+        cuda_fatal(op, msg);
+    }
+    return q;
+}
+
+static bool is_quantized(pt_dtype t) {
+    return t == PT_Q8_0 || t == PT_Q4_0 || t == PT_Q4_K || t == PT_Q5_K || t == PT_Q6_K ||
+           t == PT_AFFINE;
+}
+
 static void cuda_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w, int n) {
     if (n <= 0) return;
+    if (is_quantized(w->dtype)) {
+        op_rec r = {0};
+        r.kind = OP_QMATMUL, r.rows = n;
+        r.p[0] = y, r.p[1] = x, r.i[0] = n;
+        r.qw = qweight_of(w, "matmul");
+        submit(cb_of(be), &r);
+        return;
+    }
     int wt = dtype_code(w->dtype);
     if (wt < 0) cuda_fatal("matmul", "weight type not supported by the CUDA backend");
     op_rec r = {0};
@@ -404,6 +486,14 @@ static void cuda_matmul(pt_backend *be, float *y, const float *x, const pt_weigh
 
 static void cuda_embed(pt_backend *be, float *y, const pt_weight *table, const int32_t *ids,
                        int n) {
+    if (is_quantized(table->dtype)) {
+        op_rec r = {0};
+        r.kind = OP_QEMBED, r.rows = n;
+        r.p[0] = y, r.p[1] = ids, r.i[0] = n;
+        r.qw = qweight_of(table, "embed");
+        submit(cb_of(be), &r);
+        return;
+    }
     int t = dtype_code(table->dtype);
     if (t < 0) cuda_fatal("embed", "table type not supported by the CUDA backend");
     op_rec r = {0};
@@ -616,6 +706,7 @@ static void cuda_destroy(pt_backend *be) {
     if (cb->cublas_ws) cudaFree(cb->cublas_ws);
     if (cb->act16) cudaFree(cb->act16);
     if (cb->attn_scratch) cudaFree(cb->attn_scratch);
+    if (cb->wdeq) cudaFree(cb->wdeq);
     if (cb->cublas) cublasDestroy(cb->cublas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     free(cb);
@@ -698,8 +789,11 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_attention_init();
     cu_kvq_init();
     cu_gemv_init(cb->n_sm);
+    cu_qgemv_init(cb->n_sm);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", 4);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
+    cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
+    if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;

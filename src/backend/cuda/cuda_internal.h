@@ -46,6 +46,38 @@ void cu_gemv_init(int n_sm);
 /* dst[i] = (f16 or bf16) src[i], rounding to nearest even. */
 void cu_convert_from_f32(cudaStream_t s, void *dst, int dtype, const float *src, size_t count);
 
+/* ---- qmatmul.cu: quantized weights, as stored in their files ------------- */
+
+/* Weight formats (cu_qweight.fmt).  CU_AFF4/CU_AFF8: MLX affine at 4/8
+ * bits (the tuned paths); CU_AFFN: any other width 2..8 (plain decoding). */
+enum { CU_Q8_0 = 16, CU_Q4_0, CU_Q4_K, CU_Q5_K, CU_Q6_K, CU_AFF4, CU_AFF8, CU_AFFN };
+
+typedef struct cu_qweight {
+    const void *data;            /* rows of blocks (GGUF) or packed u32 codes (affine) */
+    const void *scales, *biases; /* affine: [rows][cols / group] of scale_type */
+    int64_t rows, cols;
+    int fmt, bits, group, scale_type; /* scale_type: CU_F32, CU_F16 or CU_BF16 */
+} cu_qweight;
+
+/* Token rows up to which the quantized GEMV runs (it keeps one accumulator
+ * per weight row and token row per thread). */
+#define CU_QGEMV_MAX_ROWS 16
+/* Default of PETREL_CUDA_QGEMV_MAX: beyond it dequantize + cuBLAS is
+ * faster (bench_cuda_ops, docs/cuda-notes.md). */
+#define CU_QGEMV_DEFAULT_ROWS 4
+
+/* Sets the GEMV's shared-memory limits and sizes its persistent grids;
+ * once per device, before any capture. */
+void cu_qgemv_init(int n_sm);
+/* Whether the kernels take this weight (format, shape, 16-byte aligned). */
+int cu_qweight_ok(const cu_qweight *w);
+/* y[n][rows] = x[n][cols] · wᵀ for n <= CU_QGEMV_MAX_ROWS; -1: not taken. */
+int cu_qgemv(cudaStream_t s, float *y, const float *x, const cu_qweight *w, int n);
+/* The whole weight as f16 [rows][cols] into out (prefill: then cuBLAS). */
+int cu_qdequant_f16(cudaStream_t s, void *out, const cu_qweight *w);
+/* y[i] = row ids[i] of w as f32 (an id out of range gives zeros). */
+int cu_qembed(cudaStream_t s, float *y, const cu_qweight *w, const int32_t *ids, int n);
+
 /* ---- ops.cu ------------------------------------------------------------- */
 
 void cu_embed(cudaStream_t s, float *y, const void *table, int dtype, int64_t rows, int64_t cols,

@@ -37,4 +37,4 @@ if [ $# -gt 0 ]; then
     shift
     exec node "$script" "$@"
 fi
-exec node --test --test-reporter=spec ./*.test.mjs
+exec node --test --test-concurrency=1 --test-reporter=spec ./*.test.mjs

@@ -1,0 +1,350 @@
+/*
+ * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k, q6_k and MLX
+ * affine 4-bit weights: a GEMM with int8 activations on AVX2, weights repacked
+ * into panels of 8 rows.
+ *
+ * Prefill is compute-bound.  The int16 row kernels of quant_avx2.c read
+ * 2 bytes of activation per multiply-add from L2 and finish every 32-wide
+ * block of every (row, token) pair with a convert, a scale and a
+ * horizontal sum.  Here:
+ *   - activations are quantized once per call to int8 in blocks of 32
+ *     (d = max|x| / 127, q = rint(x / d): the Q8_0 rounding llama.cpp uses);
+ *   - the weights of 8 rows and KC blocks are repacked into a panel on the
+ *     thread's stack (L1), once per pass over all tokens: for each block
+ *     and each group g of 4 columns, one 32-byte vector holds the 4 codes
+ *     of row j in its 32-bit lane j.  A token's 4 codes of group g,
+ *     broadcast to every lane, meet 8 rows in one vpmaddubsw, and a
+ *     block's sums for 8 rows land in the 8 lanes of one register: one
+ *     convert and one FMA (by the 8 rows' scales times the token's) per
+ *     block, token and 8 rows, and no horizontal sums;
+ *   - a register tile of TT tokens x 8 rows; the panel stays in L1 while
+ *     every token of the call goes by.
+ * q6_k is read like q8_0 (signed codes q - 32, the sign trick; |w| <= 32
+ * lets 4 groups share an i16 sum), with a second mul for the block's
+ * columns 16..31 (its int8 scales cover 16 columns).
+ * Every other format is read as unsigned codes c with, per block of 32,
+ * weight = mul * c + add (q4_0: d, -8d; q4_k, q5_k: d * sc, -dmin * m;
+ * affine: the group's scale and bias).  Products use vpmaddubsw (u8 x s8,
+ * pairs summed to i16):
+ *   unsigned codes against the signed activation codes; add meets the
+ *     block's d_x * sum of codes, one FMA per block.  A 4-bit pair is at
+ *     most 2 * 15 * 127 = 3810, so the 8 groups of a block add up in i16
+ *     (<= 30480) before one vpmaddwd; 5-bit pairs (7874) go 4 groups at a
+ *     time;
+ *   - q8_0: the sign trick |w| * sign(x, w) = w * x (|w| <= 128, |x| <=
+ *     127: a pair stays below 2^15); pairs of groups cannot share an i16
+ *     sum, so each goes through vpmaddwd.
+ * Every block's integer sum is exact; it is scaled once in f32.
+ *
+ * Where AVX-512 VNNI is present, vpdpbusd would replace maddubs + madd and
+ * 512-bit registers hold 16 rows; such a kernel slots in beside this one
+ * through pt_qk_avx2_rows8's table, tested on a machine that has it.
+ */
+#include <immintrin.h>
+
+#include "backend/cpu/quant_kernels.h"
+
+#define AI static inline __attribute__((always_inline))
+#define TT 4  /* tokens per register tile */
+#define NR 8  /* rows per panel: one per 32-bit lane */
+#define KC 32 /* blocks of 32 columns per panel: 1024 columns */
+/* Keeps a sum a chain in a register: without it GCC reassociates the
+ * integer adds, computes every product first and spills them. */
+#define CHAIN(v) __asm__("" : "+x"(v))
+
+/* One block of a panel: codes[g] holds group g (columns 4g..4g+3) of the
+ * 8 rows, row j in lane j; abs is |codes| (q8_0 only); weight = mul * code
+ * + add for row j's lane. */
+typedef struct pblock {
+    __m256i codes[8];
+    __m256i abs[8];
+    float mul[NR], add[NR];
+    float mul2[NR]; /* q6_k: mul of columns 16..31 (mul is 0..15's) */
+} pblock;
+
+/* The formats, as the template parameter of the kernels. */
+enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4, F_Q6_K };
+
+AI float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+AI float scale_at(const void *p, int64_t i, pt_dtype t) {
+    uint16_t h;
+    float f;
+    switch (t) {
+    case PT_F16: memcpy(&h, (const uint8_t *)p + 2 * i, 2); return _cvtsh_ss(h);
+    case PT_BF16: memcpy(&h, (const uint8_t *)p + 2 * i, 2); return pt_bf16_to_f32(h);
+    default: memcpy(&f, (const uint8_t *)p + 4 * i, 4); return f;
+    }
+}
+
+AI void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Bytes of one row of w. */
+static size_t row_bytes_of(const pt_weight *w) {
+    switch (w->dtype) {
+    case PT_Q8_0: return (size_t)(w->cols / 32) * 34;
+    case PT_Q4_0: return (size_t)(w->cols / 32) * 18;
+    case PT_Q4_K: return (size_t)(w->cols / 256) * 144;
+    case PT_Q5_K: return (size_t)(w->cols / 256) * 176;
+    case PT_Q6_K: return (size_t)(w->cols / 256) * 210;
+    default: return (size_t)(w->cols / 2); /* affine 4-bit */
+    }
+}
+
+/* The 32 codes of block c of row r, natural order, and the block's mul and
+ * add (and q6_k's mul2).  q8_0, q6_k: signed bytes; the others unsigned. */
+AI __m256i decode(const pt_weight *w, const uint8_t *row, int64_t r, int64_t c, const int F,
+                  float *mul, float *add, float *mul2) {
+    if (F == F_Q6_K) { /* codes q - 32 in [-32, 31]; int8 scales per 16 columns */
+        const uint8_t *blk = row + 210 * (size_t)(c / 8);
+        int j = (int)(c % 8), half = j / 4, k = j % 4;
+        const int8_t *sc = (const int8_t *)(blk + 192) + 2 * j;
+        float d = _cvtsh_ss((uint16_t)(blk[208] | blk[209] << 8));
+        *mul = d * (float)sc[0];
+        *mul2 = d * (float)sc[1];
+        *add = 0;
+        __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + (k & 1 ? 32 : 0)));
+        __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+        if (k & 2) l = _mm256_srli_epi16(l, 4);
+        l = _mm256_and_si256(l, _mm256_set1_epi8(15));
+        h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 4)), _mm256_set1_epi8(32));
+    }
+    *mul2 = 0;
+    if (F == F_Q8_0 || F == F_Q4_0) {
+        const uint8_t *blk = row + (F == F_Q8_0 ? 34 : 18) * (size_t)c;
+        float d = _cvtsh_ss((uint16_t)(blk[0] | blk[1] << 8));
+        *mul = d;
+        *add = F == F_Q4_0 ? -8 * d : 0;
+        if (F == F_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+        /* low nibbles are elements 0..15, high ones 16..31 */
+        __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+        return _mm256_and_si256(b, _mm256_set1_epi8(15));
+    }
+    if (F == F_Q4_K || F == F_Q5_K) { /* sub-block j of a 256-block */
+        const uint8_t *blk = row + (F == F_Q4_K ? 144 : 176) * (size_t)(c / 8);
+        int j = (int)(c % 8), sc, m;
+        scale_min_k4(j, blk + 4, &sc, &m);
+        *mul = _cvtsh_ss((uint16_t)(blk[0] | blk[1] << 8)) * (float)sc;
+        *add = -(_cvtsh_ss((uint16_t)(blk[2] | blk[3] << 8)) * (float)m);
+        const uint8_t *qs = blk + (F == F_Q4_K ? 16 : 48) + 32 * (j / 2);
+        __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+        if (j % 2) v = _mm256_srli_epi16(v, 4);
+        v = _mm256_and_si256(v, _mm256_set1_epi8(15));
+        if (F == F_Q5_K) { /* bit j of qh[i] is element i's fifth bit */
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+            __m256i bit = _mm256_set1_epi8((char)(1 << j));
+            __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+            v = _mm256_or_si256(v, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+        }
+        return v;
+    }
+    /* affine 4-bit: a little-endian nibble stream, element 2i in byte i's
+     * low nibble; one scale and bias per group of group_size */
+    int64_t groups = w->cols / w->group_size, g = c * 32 / w->group_size;
+    *mul = scale_at(w->scales, r * groups + g, w->scale_dtype);
+    *add = scale_at(w->biases, r * groups + g, w->scale_dtype);
+    __m128i v = _mm_loadu_si128((const __m128i *)(row + 16 * (size_t)c));
+    __m128i m = _mm_set1_epi8(15), lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(lo, hi)),
+                                   _mm_unpackhi_epi8(lo, hi), 1);
+}
+
+/* Transposes 8 vectors of 8 dwords: out[g] lane j = in[j] lane g. */
+AI void transpose8(__m256i v[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int k = 0; k < 2; k++) {
+            u[i + k] = _mm256_unpacklo_epi64(t[i + k], t[i + 2 + k]);
+            u[i + 2 + k] = _mm256_unpackhi_epi64(t[i + k], t[i + 2 + k]);
+        }
+    /* u[0..3] hold rows 0..3 of groups {0,4}, {2,6}, {1,5}, {3,7} (low lane: g < 4) */
+    static const int order[4] = {0, 2, 1, 3};
+    for (int k = 0; k < 4; k++) {
+        v[order[k]] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        v[order[k] + 4] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* Packs blocks [c0, c0 + kc) of rows [r, r + nr) of w into p; rows past
+ * nr are zero. */
+AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr, int64_t c0,
+             int kc, const int F) {
+    for (int c = 0; c < kc; c++) {
+        __m256i v[8];
+        for (int j = 0; j < NR; j++) {
+            if (j < nr) {
+                const uint8_t *row = (const uint8_t *)w->data + (size_t)(r + j) * row_bytes;
+                v[j] = decode(w, row, r + j, c0 + c, F, &p[c].mul[j], &p[c].add[j], &p[c].mul2[j]);
+            } else {
+                v[j] = _mm256_setzero_si256();
+                p[c].mul[j] = p[c].add[j] = p[c].mul2[j] = 0;
+            }
+        }
+        transpose8(v);
+        for (int g = 0; g < 8; g++) {
+            p[c].codes[g] = v[g];
+            if (F == F_Q8_0 || F == F_Q6_K) p[c].abs[g] = _mm256_sign_epi8(v[g], v[g]); /* -128 -> 128 as u8 */
+        }
+    }
+}
+
+/* Group g's 4 codes of token row x broadcast to every lane. */
+AI __m256i bcast4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* acc[t] (8 rows) += the panel's kc blocks . token t0 + t's blocks c0.. */
+AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, const int NT,
+             const int F, __m256 acc[TT]) {
+    /* groups whose u8 x s8 pairs fit one i16 sum: 8 for 4-bit codes, 4 for 5-bit */
+    const int per_i16 = F == F_Q5_K ? 4 : 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *x[TT];
+    const float *dx[TT], *ds[TT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        x[t] = a->q + (size_t)(t0 + t) * (size_t)a->cols + 32 * (size_t)c0;
+        dx[t] = a->d + (size_t)(t0 + t) * (size_t)a->n_chunks + c0;
+        ds[t] = a->ds + (size_t)(t0 + t) * (size_t)a->n_chunks + c0;
+    }
+    for (int c = 0; c < kc; c++) {
+        __m256i isum[TT], isum2[TT];
+        const pblock *b = &p[c];
+        /* Token by token, so each isum is one chain: interleaving the
+         * tokens' products makes GCC spill them all before adding. */
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const int8_t *xt = x[t] + 32 * c;
+            if (F == F_Q6_K) { /* |w| <= 32: 4 groups per i16 sum; halves kept apart */
+                __m256i sh[2];
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int g = 4 * h; g < 4 * h + 4; g++)
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(
+                                                        _mm256_load_si256(&b->abs[g]),
+                                                        _mm256_sign_epi8(bcast4(xt + 4 * g), b->codes[g])));
+                    sh[h] = _mm256_madd_epi16(s16, ones);
+                }
+                isum[t] = sh[0];
+                isum2[t] = sh[1];
+            } else if (F != F_Q8_0) {
+                __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 2
+                for (int h = 0; h < 8; h += per_i16) {
+                    __m256i s16 = _mm256_maddubs_epi16(_mm256_load_si256(&b->codes[h]), bcast4(xt + 4 * h));
+#pragma GCC unroll 8
+                    for (int g = h + 1; g < h + per_i16; g++)
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_load_si256(&b->codes[g]),
+                                                                        bcast4(xt + 4 * g)));
+                    s = h ? _mm256_add_epi32(s, _mm256_madd_epi16(s16, ones)) : _mm256_madd_epi16(s16, ones);
+                }
+                isum[t] = s;
+            } else {
+                __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) {
+                    __m256i p = _mm256_maddubs_epi16(_mm256_load_si256(&b->abs[g]),
+                                                     _mm256_sign_epi8(bcast4(xt + 4 * g), b->codes[g]));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                    CHAIN(s);
+                }
+                isum[t] = s;
+            }
+        }
+        __m256 mul = _mm256_load_ps(b->mul), add = _mm256_load_ps(b->add);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]),
+                                     _mm256_mul_ps(mul, _mm256_broadcast_ss(dx[t] + c)), acc[t]);
+            if (F == F_Q6_K)
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[t]),
+                                         _mm256_mul_ps(_mm256_load_ps(b->mul2), _mm256_broadcast_ss(dx[t] + c)),
+                                         acc[t]);
+            else if (F != F_Q8_0)
+                acc[t] = _mm256_fmadd_ps(add, _mm256_broadcast_ss(ds[t] + c), acc[t]);
+        }
+    }
+}
+
+/* y[t][r..r+nr) (+)= the tile's lanes. */
+AI void store(float *y, __m256 v, int nr, bool add) {
+    float tmp[NR];
+    if (nr == NR) {
+        if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(y));
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    _mm256_storeu_ps(tmp, v);
+    for (int j = 0; j < nr; j++) y[j] = add ? y[j] + tmp[j] : tmp[j];
+}
+
+AI void rows_i8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1,
+                const int F) {
+    _Alignas(32) pblock panel[KC];
+    size_t row_bytes = row_bytes_of(w);
+    for (int64_t r = r0; r < r1; r += NR) {
+        int nr = (int)PT_MIN(NR, r1 - r);
+        for (int64_t c0 = 0; c0 < a->n_chunks; c0 += KC) {
+            int kc = (int)PT_MIN(KC, a->n_chunks - c0);
+            pack(panel, w, row_bytes, r, nr, c0, kc, F);
+            for (int t0 = 0; t0 < a->n; t0 += TT) {
+                int nt = PT_MIN(TT, a->n - t0);
+                __m256 acc[TT];
+                for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+                switch (nt) {
+                case 4: tile(panel, kc, a, t0, c0, 4, F, acc); break;
+                case 3: tile(panel, kc, a, t0, c0, 3, F, acc); break;
+                case 2: tile(panel, kc, a, t0, c0, 2, F, acc); break;
+                default: tile(panel, kc, a, t0, c0, 1, F, acc); break;
+                }
+                for (int t = 0; t < nt; t++)
+                    store(y + (size_t)(t0 + t) * (size_t)w->rows + (size_t)r, acc[t], nr, c0 > 0);
+            }
+        }
+    }
+}
+
+#define ROWS(name, F)                                                                              \
+    static void name(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {    \
+        rows_i8(w, a, y, r0, r1, F);                                                               \
+    }
+ROWS(rows_q8_0, F_Q8_0)
+ROWS(rows_q4_0, F_Q4_0)
+ROWS(rows_q4_k, F_Q4_K)
+ROWS(rows_q5_k, F_Q5_K)
+ROWS(rows_aff4, F_AFF4)
+ROWS(rows_q6_k, F_Q6_K)
+
+pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
+    switch (w->dtype) {
+    case PT_Q8_0: return rows_q8_0;
+    case PT_Q4_0: return rows_q4_0;
+    case PT_Q4_K: return rows_q4_k;
+    case PT_Q5_K: return rows_q5_k;
+    case PT_Q6_K: return rows_q6_k;
+    case PT_AFFINE: return w->bits == 4 ? rows_aff4 : NULL; /* groups of 32, 64, 128 */
+    default: return NULL;
+    }
+}

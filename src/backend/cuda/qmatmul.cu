@@ -1,0 +1,596 @@
+/*
+ * qmatmul.cu - quantized weights on the GPU, read as the file stores them
+ * (no repacking at load): GGUF q8_0, q4_0, q4_k, q5_k, q6_k and MLX affine
+ * (codes of 2..8 bits, groups of 32/64/128, f16/bf16/f32 scales).
+ *
+ * Three kernels share one decoder per format:
+ *
+ *  - qgemv (decode, n <= CU_QGEMV_MAX_ROWS token rows): a persistent grid
+ *    (as many blocks of 128 threads as fit at once) whose blocks walk
+ *    groups of QM_ROWS weight rows.  A block copies the rows' bytes into
+ *    shared memory with 16-byte cp.async, one tile of 4096 columns per
+ *    work item, two items in flight ahead of the one it multiplies, also
+ *    across row groups, so its loads never wait for a reduction.  Each
+ *    thread decodes one 32-element chunk of every row of the item from
+ *    shared memory.  Activations are rounded to int16 codes per block of
+ *    32 (an affine group) exactly as the CPU backend does
+ *    (quant_kernels.h), by the thread that owns the chunk, so a chunk's
+ *    product is an exact integer sum (dp2a: two int16 codes times two int8
+ *    weight codes per instruction), scaled once in f32: ~2 instructions
+ *    per weight instead of ~8 for dequantize-and-multiply in f32.  Needs
+ *    16-byte aligned rows (every row size of a real model); other shapes
+ *    take qgemv_plain (f32, decoding from global memory).
+ *  - qdequant: rows of a weight as f16 (for cuBLAS, prefill) or f32 (the
+ *    embed op, rows picked by token id).
+ *
+ * The decoder: a 32-element chunk is turned into 32 unsigned byte codes u
+ * (in element order) and, per half of 16 elements, (mul, add) so that
+ * weight = mul * u + add.  Signed formats fold their offset into add (q4_0:
+ * u = nibble, add = -8 d; q8_0: u = byte ^ 0x80, add = -128 d; q6_k: add
+ * = -32 mul).  Bytes become floats without the slow integer conversion:
+ * the float with bits 0x4B000000 | u is exactly 2^23 + u.
+ *
+ * Accuracy: the staged GEMV computes the CPU's integer sums, so the two
+ * agree to f32 rounding (~1e-6); both differ from an f32 product by the
+ * activation rounding, at most max|x| / 65534 per element.  The plain
+ * kernel and the embeddings are f32 on the dequantized weights; prefill
+ * rounds weights and activations to f16 (~2^-10 relative).
+ */
+#include "backend/cuda/cu_common.cuh"
+
+#define QM_THREADS 128
+#define QM_TILE (QM_THREADS * 32) /* columns per stage: one chunk per thread */
+#define QM_ROWS 4                 /* weight rows per block */
+#define QM_STAGES 3
+
+/* ---- formats ---------------------------------------------------------------- */
+
+/* Bytes of `cols` elements of a row (cols a multiple of the block). */
+__host__ __device__ static inline int64_t qf_bytes(int f, int bits, int64_t cols) {
+    switch (f) {
+    case CU_Q8_0: return cols / 32 * 34;
+    case CU_Q4_0: return cols / 32 * 18;
+    case CU_Q4_K: return cols / 256 * 144;
+    case CU_Q5_K: return cols / 256 * 176;
+    case CU_Q6_K: return cols / 256 * 210;
+    default: return cols / 32 * 4 * bits; /* affine: 32 codes of `bits` bits */
+    }
+}
+
+/* Elements per block of a format: a row is whole blocks. */
+__host__ __device__ static inline int qf_block(int f) {
+    return f == CU_Q4_K || f == CU_Q5_K || f == CU_Q6_K ? 256 : 32;
+}
+
+/* One decoded chunk: 32 byte codes in element order, (mul, add) per half. */
+struct qchunk {
+    uint32_t u[8];
+    float mul[2], add[2];
+};
+
+__device__ __forceinline__ uint32_t ld16(const uint8_t *p) {
+    return *(const uint16_t *)p;
+}
+/* 4 bytes at a 2-byte aligned address. */
+__device__ __forceinline__ uint32_t ld32_2(const uint8_t *p) {
+    return ld16(p) | ld16(p + 2) << 16;
+}
+__device__ __forceinline__ float h2f(uint32_t h) {
+    return __half2float(__ushort_as_half((unsigned short)h));
+}
+__device__ __forceinline__ float scale_at(const void *p, int64_t i, int st) {
+    if (st == CU_F32) return ((const float *)p)[i];
+    uint32_t h = ((const uint16_t *)p)[i];
+    return st == CU_BF16 ? __uint_as_float(h << 16) : h2f(h);
+}
+
+/* 6-bit scale and min of sub-block j of a q4_k/q5_k block (s: 12 bytes). */
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Chunk c (32 elements) of a row whose bytes start at row (the whole row,
+ * or a tile of it staged in shared memory: c counts from the tile's start,
+ * which is always a whole number of blocks); gc is the chunk's index in
+ * the whole row and r the row (affine scales live beside the codes). */
+template <int F>
+__device__ __forceinline__ void qf_chunk(qchunk &q, const uint8_t *row, int c, int64_t gc,
+                                         const cu_qweight &w, int64_t r) {
+    if (F == CU_Q4_0) {
+        const uint8_t *b = row + 18 * c;
+        float d = h2f(ld16(b));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t v = ld32_2(b + 2 + 4 * i);
+            q.u[i] = v & 0x0F0F0F0Fu, q.u[i + 4] = (v >> 4) & 0x0F0F0F0Fu;
+        }
+        q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -8.f * d;
+    } else if (F == CU_Q8_0) {
+        const uint8_t *b = row + 34 * c;
+        float d = h2f(ld16(b));
+#pragma unroll
+        for (int i = 0; i < 8; i++) q.u[i] = ld32_2(b + 2 + 4 * i) ^ 0x80808080u;
+        q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -128.f * d;
+    } else if (F == CU_Q4_K || F == CU_Q5_K) {
+        const int bb = F == CU_Q4_K ? 144 : 176;
+        const uint8_t *b = row + bb * (c >> 3);
+        int j = c & 7, sc, m, shift = (j & 1) * 4;
+        /* blocks are 16-byte multiples: the codes are 16-byte aligned */
+        const uint4 *qs = (const uint4 *)(b + (F == CU_Q4_K ? 16 : 48) + 32 * (j >> 1));
+        uint4 a = qs[0], e = qs[1];
+        uint32_t v[8] = {a.x, a.y, a.z, a.w, e.x, e.y, e.z, e.w};
+        if (F == CU_Q5_K) {
+            const uint4 *qh = (const uint4 *)(b + 16);
+            uint4 h0 = qh[0], h1 = qh[1];
+            uint32_t h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                q.u[i] = ((v[i] >> shift) & 0x0F0F0F0Fu) | ((h[i] >> j) & 0x01010101u) << 4;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) q.u[i] = (v[i] >> shift) & 0x0F0F0F0Fu;
+        }
+        scale_min_k4(j, b + 4, &sc, &m);
+        uint32_t dd = *(const uint32_t *)b;
+        float mul = h2f(dd & 0xffff) * (float)sc, add = -(h2f(dd >> 16) * (float)m);
+        q.mul[0] = q.mul[1] = mul, q.add[0] = q.add[1] = add;
+    } else if (F == CU_Q6_K) {
+        const uint8_t *b = row + 210 * (c >> 3);
+        int j = c & 7, half = j >> 2, k = j & 3;
+        const uint8_t *ql = b + 64 * half + (k & 1 ? 32 : 0), *qh = b + 128 + 32 * half;
+        int ls = k & 2 ? 4 : 0, hs = 2 * k;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            q.u[i] = ((ld32_2(ql + 4 * i) >> ls) & 0x0F0F0F0Fu) |
+                     ((ld32_2(qh + 4 * i) >> hs) & 0x03030303u) << 4;
+        float d = h2f(ld16(b + 208));
+        uint32_t s = ld16(b + 192 + 2 * j);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            q.mul[h] = d * (float)(int8_t)(s >> (8 * h));
+            q.add[h] = -32.f * q.mul[h];
+        }
+    } else { /* MLX affine: little-endian bit stream of `bits`-bit codes */
+        const int bits = F == CU_AFF4 ? 4 : F == CU_AFF8 ? 8 : w.bits;
+        if (F == CU_AFF4) {
+            uint4 a = *(const uint4 *)(row + 16 * c);
+            uint32_t v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* nibbles lo, hi of each byte: elements 2k, 2k+1 */
+                uint32_t lo = v[i] & 0x0F0F0F0Fu, hi = (v[i] >> 4) & 0x0F0F0F0Fu;
+                q.u[2 * i] = __byte_perm(lo, hi, 0x5140);
+                q.u[2 * i + 1] = __byte_perm(lo, hi, 0x7362);
+            }
+        } else if (F == CU_AFF8) {
+            const uint4 *p = (const uint4 *)(row + 32 * c);
+            uint4 a = p[0], e = p[1];
+            q.u[0] = a.x, q.u[1] = a.y, q.u[2] = a.z, q.u[3] = a.w;
+            q.u[4] = e.x, q.u[5] = e.y, q.u[6] = e.z, q.u[7] = e.w;
+        } else { /* other widths: bit by bit (not a speed path) */
+            const uint8_t *p = row + (size_t)c * 4 * bits;
+            uint32_t mask = (1u << bits) - 1;
+#pragma unroll
+            for (int i = 0; i < 8; i++) q.u[i] = 0;
+            for (int e = 0; e < 32; e++) {
+                int bit = e * bits;
+                uint32_t v = (p[bit >> 3] | (uint32_t)p[(bit >> 3) + 1 < 4 * bits ? (bit >> 3) + 1 : (bit >> 3)] << 8);
+                v = (v >> (bit & 7)) & mask;
+                q.u[e >> 2] |= v << (8 * (e & 3));
+            }
+        }
+        int64_t g = gc * 32 / w.group, ng = w.cols / w.group;
+        float s = scale_at(w.scales, r * ng + g, w.scale_type);
+        float a = scale_at(w.biases, r * ng + g, w.scale_type);
+        q.mul[0] = q.mul[1] = s, q.add[0] = q.add[1] = a;
+    }
+}
+
+/* Elements 8g .. 8g+7 of a decoded chunk as weights. */
+__device__ __forceinline__ void qf_get8(const qchunk &q, int g, float out[8]) {
+    const float M = 8388608.f; /* 2^23 */
+    float mul = q.mul[g >> 1], add = q.add[g >> 1];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        uint32_t v = q.u[2 * g + k];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float u = __int_as_float(__byte_perm(v, 0x4B000000u, 0x7650 | i)) - M;
+            out[4 * k + i] = fmaf(u, mul, add);
+        }
+    }
+}
+
+/* ---- decode GEMV ----------------------------------------------------------------- */
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Work item k of this block: row group blockIdx.x + (k / n_tiles) *
+ * gridDim.x, tile k % n_tiles.  Requests its bytes into stage slot
+ * k % QM_STAGES (one commit group per call, empty past the last item, so
+ * the wait counts stay simple). */
+template <int F>
+__device__ __forceinline__ void qgemv_stage(uint4 *smem, const cu_qweight &w, size_t row_bytes,
+                                            int tile16, int n_tiles, int n_items, int k) {
+    if (k < n_items) {
+        int j = k / n_tiles, t = k - j * n_tiles;
+        int64_t r0 = ((int64_t)blockIdx.x + (int64_t)j * gridDim.x) * QM_ROWS;
+        int64_t c0 = (int64_t)t * QM_TILE, left = w.cols - c0;
+        int n16 = (int)(qf_bytes(F, w.bits, left < QM_TILE ? left : QM_TILE) / 16);
+        size_t off = (size_t)qf_bytes(F, w.bits, c0);
+        uint4 *dst = smem + (k % QM_STAGES) * QM_ROWS * tile16;
+        for (int i = threadIdx.x; i < QM_ROWS * n16; i += QM_THREADS) {
+            int r = i / n16, c = i - r * n16;
+            int64_t row = r0 + r < w.rows ? r0 + r : w.rows - 1; /* clamped rows: never stored */
+            cp_async16(dst + r * tile16 + c,
+                       (const uint8_t *)w.data + (size_t)row * row_bytes + off + 16 * (size_t)c);
+        }
+    }
+    cp_async_commit();
+}
+
+/* One token's 32 activations of a chunk as int16 codes, exactly as the
+ * CPU backend rounds them (quant_kernels.h): d = max|x| / 32767 over the
+ * activation block (32 elements, or an affine group of G chunks, held by G
+ * adjacent lanes: every lane of the warp must call this), q = rint(x / d).
+ * xw[p] packs codes 2p and 2p+1; s0, s1 are the sums of the codes of each
+ * half.  Lanes whose chunk is past the row pass valid = false (zeros). */
+__device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uint32_t xw[16],
+                                         float &dx, int &s0, int &s1) {
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 a = valid ? __ldg((const float4 *)xp + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    for (int o = 1; o < G; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+    s0 = 0, s1 = 0;
+#pragma unroll
+    for (int p = 0; p < 16; p++) {
+        /* rint by adding 1.5 * 2^23 (round to nearest even, like lrintf);
+         * the product rounded first, as on the CPU (no fused multiply-add) */
+        int a = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p], id), 12582912.f)) - 0x4B400000;
+        int b = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p + 1], id), 12582912.f)) - 0x4B400000;
+        xw[p] = ((uint32_t)a & 0xffffu) | (uint32_t)b << 16;
+        if (p < 8) s0 += a + b;
+        else s1 += a + b;
+    }
+    dx = d;
+}
+
+/* Persistent: the grid is what fits on the GPU at once; each block walks
+ * its row groups (blockIdx.x, + gridDim.x, ...) tile by tile with
+ * QM_STAGES - 1 items in flight ahead of the one it multiplies, across
+ * row groups, so its weight loads never pause for a reduction. */
+template <int F, int NT>
+__global__ void __launch_bounds__(QM_THREADS)
+    qgemv_kernel(float *y, const float *x, cu_qweight w, int n) {
+    cu_grid_trigger();
+    extern __shared__ uint4 qm_smem[];
+    __shared__ float red[2][QM_THREADS / 32][QM_ROWS * NT];
+    const int64_t cols = w.cols;
+    const size_t row_bytes = (size_t)qf_bytes(F, w.bits, cols);
+    const int tile16 = (int)(qf_bytes(F, w.bits, QM_TILE) / 16);
+    const int n_tiles = (int)CU_DIV_UP(cols, (int64_t)QM_TILE);
+    const int64_t n_groups = CU_DIV_UP(w.rows, (int64_t)QM_ROWS);
+    const int my_groups =
+        (int64_t)blockIdx.x < n_groups ? (int)((n_groups - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
+    const int n_items = my_groups * n_tiles;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* activation block in chunks: 32 elements, or an affine group */
+    const int G = F == CU_AFF4 || F == CU_AFF8 ? w.group / 32 : 1;
+    const bool WIDE = F == CU_Q8_0 || F == CU_AFF8; /* codes of 8 bits */
+
+#pragma unroll
+    for (int k = 0; k < QM_STAGES - 1; k++)
+        qgemv_stage<F>(qm_smem, w, row_bytes, tile16, n_tiles, n_items, k);
+    cu_grid_wait();
+
+    float acc[QM_ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < QM_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+
+    for (int k = 0; k < n_items; k++) {
+        /* the slot of item k - 1 is free: every thread passed the barrier
+         * at the end of the last iteration */
+        qgemv_stage<F>(qm_smem, w, row_bytes, tile16, n_tiles, n_items, k + QM_STAGES - 1);
+        cp_async_wait<QM_STAGES - 1>(); /* item k has landed (this thread's part) */
+        __syncthreads();                /* ... and every other thread's */
+        const int j = k / n_tiles, t = k - j * n_tiles;
+        const int64_t r0 = ((int64_t)blockIdx.x + (int64_t)j * gridDim.x) * QM_ROWS;
+        const int64_t gc = (int64_t)t * (QM_TILE / 32) + tid;
+        const bool valid = gc * 32 < cols;
+        qchunk q[QM_ROWS];
+        if (valid) {
+            const uint8_t *st = (const uint8_t *)(qm_smem + (k % QM_STAGES) * QM_ROWS * tile16);
+#pragma unroll
+            for (int r = 0; r < QM_ROWS; r++) {
+                qf_chunk<F>(q[r], st + (size_t)r * tile16 * 16, tid, gc, w,
+                            r0 + r < w.rows ? r0 + r : w.rows - 1);
+                if (WIDE) { /* 8-bit codes as signed bytes: u - 128, the 128 into add */
+#pragma unroll
+                    for (int i = 0; i < 8; i++) q[r].u[i] ^= 0x80808080u;
+                    q[r].add[0] += 128.f * q[r].mul[0], q[r].add[1] += 128.f * q[r].mul[1];
+                }
+            }
+        }
+#pragma unroll
+        for (int tk = 0; tk < NT; tk++) {
+            if (tk >= n) break;
+            uint32_t xw[16];
+            float dx;
+            int s0, s1;
+            qx_chunk(x + (size_t)tk * cols + gc * 32, valid, G, xw, dx, s0, s1);
+            if (!valid) continue;
+#pragma unroll
+            for (int r = 0; r < QM_ROWS; r++) {
+                /* exact integer sums of code products per half (dp2a: two
+                 * int16 activations times two int8 weight codes) */
+                int h0 = 0, h1 = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    h0 = __dp2a_lo((int)xw[2 * i], (int)q[r].u[i], h0);
+                    h0 = __dp2a_hi((int)xw[2 * i + 1], (int)q[r].u[i], h0);
+                    h1 = __dp2a_lo((int)xw[2 * i + 8], (int)q[r].u[i + 4], h1);
+                    h1 = __dp2a_hi((int)xw[2 * i + 9], (int)q[r].u[i + 4], h1);
+                }
+                float v = q[r].mul[0] * (float)h0 + q[r].add[0] * (float)s0 +
+                          q[r].mul[1] * (float)h1 + q[r].add[1] * (float)s1;
+                acc[r][tk] = fmaf(dx, v, acc[r][tk]);
+            }
+        }
+        if (t == n_tiles - 1) {
+            /* row group done: sum over the block (red alternates between
+             * two buffers, so one barrier per group suffices) */
+            float(*rd)[QM_ROWS * NT] = red[j & 1];
+#pragma unroll
+            for (int r = 0; r < QM_ROWS; r++)
+#pragma unroll
+                for (int tk = 0; tk < NT; tk++) {
+                    float v = tk < n ? cu_warp_sum(acc[r][tk]) : 0.f;
+                    if (lane == 0) rd[warp][r * NT + tk] = v;
+                    acc[r][tk] = 0.f;
+                }
+            __syncthreads();
+            for (int i = tid; i < QM_ROWS * NT; i += QM_THREADS) {
+                int r = i / NT, tk = i % NT;
+                if (tk >= n || r0 + r >= w.rows) continue;
+                float v = 0.f;
+#pragma unroll
+                for (int q = 0; q < QM_THREADS / 32; q++) v += rd[q][i];
+                y[(size_t)tk * w.rows + r0 + r] = v;
+            }
+        }
+        __syncthreads(); /* everyone is done with this slot before it is refilled */
+    }
+}
+
+/* Any row size: one block per weight row, chunks decoded from global
+ * memory, up to CU_QGEMV_MAX_ROWS token rows. */
+template <int F>
+__global__ void __launch_bounds__(QM_THREADS)
+    qgemv_plain_kernel(float *y, const float *x, cu_qweight w, int n) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int64_t row = blockIdx.x, cols = w.cols;
+    const uint8_t *rp = (const uint8_t *)w.data + (size_t)row * qf_bytes(F, w.bits, cols);
+    float acc[CU_QGEMV_MAX_ROWS];
+#pragma unroll
+    for (int t = 0; t < CU_QGEMV_MAX_ROWS; t++) acc[t] = 0.f;
+    for (int64_t c = threadIdx.x; c * 32 < cols; c += QM_THREADS) {
+        qchunk q;
+        qf_chunk<F>(q, rp, (int)c, c, w, row);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            float wf[8];
+            qf_get8(q, g, wf);
+            for (int t = 0; t < n; t++)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    acc[t] = fmaf(wf[i], x[(size_t)t * cols + c * 32 + 8 * g + i], acc[t]);
+        }
+    }
+    __shared__ float red[QM_THREADS / 32][CU_QGEMV_MAX_ROWS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < CU_QGEMV_MAX_ROWS; t++) {
+        float v = cu_warp_sum(acc[t]);
+        if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < n) {
+        float v = 0.f;
+        for (int k = 0; k < QM_THREADS / 32; k++) v += red[k][threadIdx.x];
+        y[(size_t)threadIdx.x * w.rows + row] = v;
+    }
+}
+
+/* ---- dequantization: prefill (f16 for cuBLAS) and embeddings (f32) ------------ */
+
+/* out row i = weight row ids[i] (ids NULL: row i; an id out of range gives
+ * zeros), one block per row, one chunk per thread and step. */
+template <int F, typename O>
+__global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int64_t i = blockIdx.x, cols = w.cols;
+    int64_t r = ids ? ids[i] : i;
+    bool ok = r >= 0 && r < w.rows;
+    const uint8_t *rp = (const uint8_t *)w.data + (size_t)(ok ? r : 0) * qf_bytes(F, w.bits, cols);
+    O *dst = out + (size_t)i * cols;
+    for (int64_t c = threadIdx.x; c * 32 < cols; c += blockDim.x) {
+        qchunk q;
+        if (ok) qf_chunk<F>(q, rp, (int)c, c, w, r);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            float wf[8];
+            if (ok) qf_get8(q, g, wf);
+#pragma unroll
+            for (int k = 0; k < 8; k++) wf[k] = ok ? wf[k] : 0.f;
+            if (sizeof(O) == 4) { /* two 16-byte stores */
+                float4 *d = (float4 *)((float *)dst + c * 32 + 8 * g);
+                d[0] = make_float4(wf[0], wf[1], wf[2], wf[3]);
+                d[1] = make_float4(wf[4], wf[5], wf[6], wf[7]);
+            } else { /* one */
+                __half2 h[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(wf[2 * k], wf[2 * k + 1]);
+                *(uint4 *)((__half *)dst + c * 32 + 8 * g) = *(const uint4 *)h;
+            }
+        }
+    }
+}
+
+/* ---- launchers ------------------------------------------------------------------- */
+
+/* CALL(F) with F the weight's format constant (QF_DISPATCH_TUNED: the
+ * formats of the staged GEMV, which leaves out CU_AFFN). */
+#define QF_DISPATCH_TUNED(fmt, CALL)                                                               \
+    switch (fmt) {                                                                                 \
+    case CU_Q8_0: CALL(CU_Q8_0); break;                                                            \
+    case CU_Q4_0: CALL(CU_Q4_0); break;                                                            \
+    case CU_Q4_K: CALL(CU_Q4_K); break;                                                            \
+    case CU_Q5_K: CALL(CU_Q5_K); break;                                                            \
+    case CU_Q6_K: CALL(CU_Q6_K); break;                                                            \
+    case CU_AFF4: CALL(CU_AFF4); break;                                                            \
+    case CU_AFF8: CALL(CU_AFF8); break;                                                            \
+    default: return -1;                                                                            \
+    }
+#define QF_DISPATCH(fmt, CALL)                                                                     \
+    switch (fmt) {                                                                                 \
+    case CU_Q8_0: CALL(CU_Q8_0); break;                                                            \
+    case CU_Q4_0: CALL(CU_Q4_0); break;                                                            \
+    case CU_Q4_K: CALL(CU_Q4_K); break;                                                            \
+    case CU_Q5_K: CALL(CU_Q5_K); break;                                                            \
+    case CU_Q6_K: CALL(CU_Q6_K); break;                                                            \
+    case CU_AFF4: CALL(CU_AFF4); break;                                                            \
+    case CU_AFF8: CALL(CU_AFF8); break;                                                            \
+    case CU_AFFN: CALL(CU_AFFN); break;                                                            \
+    default: return -1;                                                                            \
+    }
+
+extern "C" int cu_qweight_ok(const cu_qweight *w) {
+    if (w->rows < 1 || w->cols < 1 || w->cols % qf_block(w->fmt) || !cu_aligned16(w->data))
+        return 0;
+    if (w->fmt >= CU_AFF4) {
+        if (w->bits < 2 || w->bits > 8 || w->group < 32 || w->group % 32 || w->cols % w->group ||
+            !w->scales || !w->biases)
+            return 0;
+        if ((w->fmt == CU_AFF4) != (w->bits == 4) || (w->fmt == CU_AFF8) != (w->bits == 8)) return 0;
+    } else if (w->fmt < CU_Q8_0 || w->fmt > CU_Q6_K) {
+        return 0;
+    }
+    return 1;
+}
+
+/* The staged kernel needs 16-byte aligned rows and tiles. */
+static bool staged_ok(const cu_qweight *w) {
+    return qf_bytes(w->fmt, w->bits, w->cols) % 16 == 0 &&
+           qf_bytes(w->fmt, w->bits, QM_TILE) % 16 == 0 && w->fmt != CU_AFFN;
+}
+
+/* Shared memory of the staged GEMV for format F, and how many of its blocks
+ * fit on the device at once (cu_qgemv_init: not during a graph capture). */
+static size_t qgemv_smem(int f) {
+    return (size_t)QM_STAGES * QM_ROWS * (size_t)qf_bytes(f, f == CU_AFF4 ? 4 : 8, QM_TILE);
+}
+
+template <int F, int NT> static int &qgemv_fit() {
+    static int fit;
+    return fit;
+}
+
+template <int F, int NT> static void qgemv_init_one(int sms) {
+    size_t smem = qgemv_smem(F);
+    cudaFuncSetAttribute(qgemv_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kernel<F, NT>, QM_THREADS, smem);
+    qgemv_fit<F, NT>() = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+}
+
+template <int F> static void qgemv_init_fmt(int sms) {
+    qgemv_init_one<F, 1>(sms), qgemv_init_one<F, 2>(sms), qgemv_init_one<F, 4>(sms);
+    qgemv_init_one<F, 8>(sms), qgemv_init_one<F, 16>(sms);
+}
+
+extern "C" void cu_qgemv_init(int n_sm) {
+    qgemv_init_fmt<CU_Q8_0>(n_sm), qgemv_init_fmt<CU_Q4_0>(n_sm), qgemv_init_fmt<CU_Q4_K>(n_sm);
+    qgemv_init_fmt<CU_Q5_K>(n_sm), qgemv_init_fmt<CU_Q6_K>(n_sm), qgemv_init_fmt<CU_AFF4>(n_sm);
+    qgemv_init_fmt<CU_AFF8>(n_sm);
+    cudaGetLastError(); /* an attribute the device refuses shows up as a launch error later */
+}
+
+/* Launched without PDL: a persistent grid started early lands unevenly on
+ * the SMs (docs/cuda-notes.md, run 4), and each block owns a fixed share. */
+template <int F, int NT>
+static void launch_qgemv(cudaStream_t s, float *y, const float *x, const cu_qweight &w, int n) {
+    int64_t groups = CU_DIV_UP(w.rows, (int64_t)QM_ROWS);
+    int fit = qgemv_fit<F, NT>() > 0 ? qgemv_fit<F, NT>() : 132 * 2;
+    unsigned grid = (unsigned)(groups < fit ? groups : fit);
+    cudaLaunchConfig_t cfg = cu_config_pdl(grid, QM_THREADS, qgemv_smem(F), s, false);
+    cudaLaunchKernelEx(&cfg, qgemv_kernel<F, NT>, y, x, w, n);
+}
+
+template <int F>
+static void qgemv_fmt(cudaStream_t s, float *y, const float *x, const cu_qweight &w, int n) {
+    if (n == 1) launch_qgemv<F, 1>(s, y, x, w, n);
+    else if (n == 2) launch_qgemv<F, 2>(s, y, x, w, n);
+    else if (n <= 4) launch_qgemv<F, 4>(s, y, x, w, n);
+    else if (n <= 8) launch_qgemv<F, 8>(s, y, x, w, n);
+    else launch_qgemv<F, 16>(s, y, x, w, n);
+}
+
+extern "C" int cu_qgemv(cudaStream_t s, float *y, const float *x, const cu_qweight *w, int n) {
+    if (n < 1 || n > CU_QGEMV_MAX_ROWS || !cu_qweight_ok(w)) return -1;
+    const cu_qweight ww = *w;
+    if (staged_ok(w) && w->cols % 32 == 0 && cu_aligned16(x)) {
+#define QF_STAGED(F) qgemv_fmt<F>(s, y, x, ww, n)
+        QF_DISPATCH_TUNED(w->fmt, QF_STAGED)
+#undef QF_STAGED
+        return 0;
+    }
+#define QF_PLAIN(F) CU_LAUNCH((qgemv_plain_kernel<F>), (unsigned)ww.rows, QM_THREADS, 0, s, y, x, ww, n)
+    QF_DISPATCH(w->fmt, QF_PLAIN)
+#undef QF_PLAIN
+    return 0;
+}
+
+extern "C" int cu_qdequant_f16(cudaStream_t s, void *out, const cu_qweight *w) {
+    if (!cu_qweight_ok(w) || w->rows > 0x7fffffff) return -1;
+    const cu_qweight ww = *w;
+    const int32_t *none = NULL;
+#define QF_DQ(F) CU_LAUNCH((qdequant_kernel<F, __half>), (unsigned)ww.rows, 128, 0, s, (__half *)out, ww, none)
+    QF_DISPATCH(w->fmt, QF_DQ)
+#undef QF_DQ
+    return 0;
+}
+
+extern "C" int cu_qembed(cudaStream_t s, float *y, const cu_qweight *w, const int32_t *ids, int n) {
+    if (n <= 0) return 0;
+    if (!cu_qweight_ok(w)) return -1;
+    const cu_qweight ww = *w;
+#define QF_EMB(F) CU_LAUNCH((qdequant_kernel<F, float>), (unsigned)n, 128, 0, s, y, ww, ids)
+    QF_DISPATCH(w->fmt, QF_EMB)
+#undef QF_EMB
+    return 0;
+}

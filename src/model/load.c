@@ -1,0 +1,225 @@
+/*
+ * load.c - loading a model, whatever its family: the config (from a file,
+ * or a preset / config.json for dummy weights), the layer plan, the
+ * weights, the rope tables and the workspace; and the KV geometry the model
+ * asks for.
+ *
+ * Order matters for the user: the plan is built right after the config, so
+ * a model that asks for a layer kind we cannot run is refused with that
+ * reason before any weight is read or memory is spent.
+ *
+ * Every backend buffer the model holds is on its owned list (pt_model_alloc)
+ * and freed with it; the workspace is allocated once for max_batch rows so
+ * a forward allocates nothing (the block table may grow, by doubling).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model/model_int.h"
+
+/* ---- Allocations owned by the model ----------------------------------------- */
+
+typedef struct owned_buf {
+    struct owned_buf *next;
+    void *p;
+    size_t n;
+} owned_buf;
+
+void *pt_model_alloc(pt_model *m, size_t nbytes) {
+    void *p = m->be->ops->alloc(m->be, nbytes);
+    if (!p) return NULL;
+    owned_buf *o = pt_xmalloc(sizeof *o);
+    o->p = p;
+    o->n = nbytes;
+    o->next = m->owned;
+    m->owned = o;
+    return p;
+}
+
+void pt_model_free_owned(pt_model *m) {
+    owned_buf *o = m->owned;
+    while (o) {
+        owned_buf *next = o->next;
+        m->be->ops->free(m->be, o->p, o->n);
+        free(o);
+        o = next;
+    }
+    m->owned = NULL;
+}
+
+/* ---- Workspace ---------------------------------------------------------------- */
+
+static int workspace_init(pt_model *m, int cap, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    pt_workspace *ws = pt_xcalloc(1, sizeof *ws);
+    m->ws = ws;
+    ws->cap = cap;
+    size_t q = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    struct {
+        void **p;
+        size_t n;
+    } bufs[] = {
+        {(void **)&ws->x, (size_t)cap * c->dim * 4},
+        {(void **)&ws->h, (size_t)cap * c->dim * 4},
+        {(void **)&ws->q, (size_t)cap * q * 4},
+        {(void **)&ws->k, (size_t)cap * kvd * 4},
+        {(void **)&ws->v, (size_t)cap * kvd * 4},
+        {(void **)&ws->att, (size_t)cap * q * 4},
+        {(void **)&ws->gate, (size_t)cap * c->ffn_dim * 4},
+        {(void **)&ws->up, (size_t)cap * c->ffn_dim * 4},
+        {(void **)&ws->out_h, (size_t)PT_OUT_ROWS * c->dim * 4},
+        {(void **)&ws->logits, (size_t)PT_OUT_ROWS * c->vocab_size * 4},
+        {(void **)&ws->tokens, (size_t)cap * 4},
+        {(void **)&ws->pos, (size_t)cap * 4},
+        {(void **)&ws->seq, (size_t)cap * 4},
+        {(void **)&ws->out_idx, (size_t)cap * 4},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(bufs); i++)
+        if (!(*bufs[i].p = pt_model_alloc(m, bufs[i].n)))
+            return pt_fail(err, "cannot allocate %.1f MiB of activations", bufs[i].n / 1048576.0);
+    ws->h_out_idx = pt_xmalloc(sizeof(int32_t) * (size_t)cap);
+    return 0;
+}
+
+static void workspace_free(pt_model *m) {
+    pt_workspace *ws = m->ws;
+    if (!ws) return;
+    if (ws->block_table) m->be->ops->free(m->be, ws->block_table, ws->bt_cap * 4);
+    free(ws->h_block_table);
+    free(ws->h_out_idx);
+    free(ws);
+    m->ws = NULL;
+}
+
+int pt_workspace_block_table(pt_model *m, size_t need, pt_err *err) {
+    pt_workspace *ws = m->ws;
+    if (need <= ws->bt_cap) return 0;
+    size_t cap = PT_MAX(need, ws->bt_cap * 2);
+    if (ws->block_table) m->be->ops->free(m->be, ws->block_table, ws->bt_cap * 4);
+    ws->block_table = m->be->ops->alloc(m->be, cap * 4);
+    ws->bt_cap = ws->block_table ? cap : 0;
+    if (!ws->block_table) return pt_fail(err, "cannot allocate the block table");
+    ws->h_block_table = pt_xrealloc(ws->h_block_table, cap * 4);
+    return 0;
+}
+
+/* ---- Loading ------------------------------------------------------------------ */
+
+/* The family, the layer plan, and room for the family's per-layer weights. */
+static int plan_layers(pt_model *m, pt_err *err) {
+    m->family = pt_family_of(m->cfg.arch); /* the registry named it: never NULL */
+    m->plan = pt_xcalloc((size_t)m->cfg.n_layers, sizeof *m->plan);
+    m->layers = pt_xcalloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+    return pt_model_plan(&m->cfg, m->plan, err);
+}
+
+/* Each layer's rope frequencies in backend memory; consecutive layers with
+ * the same base share one table (every layer, for the Llama family). */
+static int rope_tables(pt_model *m, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    size_t bytes = sizeof(float) * (size_t)(c->n_rot / 2);
+    float *freq = pt_xmalloc(bytes);
+    for (int l = 0; l < c->n_layers; l++) {
+        pt_layer_plan *p = &m->plan[l];
+        if (l > 0 && p->rope_theta == m->plan[l - 1].rope_theta) {
+            p->rope.inv_freq = m->plan[l - 1].rope.inv_freq;
+            continue;
+        }
+        float *dev = pt_model_alloc(m, bytes);
+        if (!dev) {
+            free(freq);
+            return pt_fail(err, "out of backend memory");
+        }
+        pt_rope_inv_freq(c, p->rope_theta, freq);
+        m->be->ops->upload(m->be, dev, freq, bytes);
+        p->rope.inv_freq = dev;
+    }
+    free(freq);
+    return 0;
+}
+
+static int finish_load(pt_model *m, const pt_model_opts *o, pt_err *err) {
+    if (rope_tables(m, err)) return -1;
+    m->max_batch = o->max_batch > 0 ? o->max_batch : 512;
+    return workspace_init(m, m->max_batch, err);
+}
+
+static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_err *err) {
+    const char *json_text = pt_config_preset(spec);
+    char *file_text = NULL;
+    if (!json_text) {
+        size_t len;
+        if (pt_read_file(spec, 1 << 20, &file_text, &len, err))
+            return pt_failp(err,
+                            "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b) "
+                            "nor a readable config.json",
+                            spec);
+        json_text = file_text;
+    }
+    json_error_t jerr;
+    json_t *j = json_loads(json_text, 0, &jerr);
+    free(file_text);
+    if (!j) return pt_fail(err, "dummy:%s: bad JSON at line %d: %s", spec, jerr.line, jerr.text);
+    int rc = pt_config_from_json(j, &m->cfg, err);
+    json_decref(j);
+    if (rc || plan_layers(m, err)) return -1;
+    const char *dt = o->dummy_dtype ? o->dummy_dtype : "bf16";
+    /* Say what it needs before trying: the user sees a clear reason. */
+    size_t need;
+    if (pt_model_dummy_bytes(&m->cfg, dt, &need, err)) return -1;
+    size_t avail = pt_mem_available();
+    if (m->be->host_memory && avail && need > avail)
+        return pt_fail(err, "dummy:%s in %s needs %.1f GiB of memory, %.1f GiB available", spec, dt,
+                       need / 1073741824.0, avail / 1073741824.0);
+    return pt_model_make_dummy_weights(m, dt, o->dummy_seed, err);
+}
+
+static int load_file(pt_model *m, const char *path, pt_err *err) {
+    if (pt_model_file_open(&m->file, path, err)) return -1;
+    if (pt_config_from_file(m->file, &m->cfg, err)) return -1;
+    if (plan_layers(m, err)) return pt_failp(err, "%s", path);
+    size_t need = pt_model_file_bytes(m->file), avail = pt_mem_available();
+    if (avail && need > avail + avail / 4)
+        return pt_fail(err, "%s: weights need %.1f GiB of memory, %.1f GiB available", path,
+                       need / 1073741824.0, avail / 1073741824.0);
+    return pt_model_bind_file_weights(m, err);
+}
+
+int pt_model_load(pt_model **out, const char *path, const pt_model_opts *o, pt_err *err) {
+    *out = NULL;
+    if (!o || !o->backend) return pt_fail(err, "pt_model_load: no backend");
+    pt_model *m = pt_xcalloc(1, sizeof *m);
+    m->be = o->backend;
+    int rc =
+        strncmp(path, "dummy:", 6) == 0 ? load_dummy(m, path + 6, o, err) : load_file(m, path, err);
+    if (rc == 0) rc = finish_load(m, o, err);
+    if (rc) {
+        pt_model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+void pt_model_free(pt_model *m) {
+    if (!m) return;
+    workspace_free(m);
+    pt_model_free_owned(m);
+    free(m->layers);
+    free(m->plan);
+    if (m->file) pt_model_file_close(m->file);
+    free(m);
+}
+
+int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
+                     const pt_kvq_spec *quant, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    pt_kv_config kc = {.n_layers = c->n_layers,
+                       .n_kv_heads = c->n_kv_heads,
+                       .head_dim = c->head_dim,
+                       .page_size = PT_KV_PAGE_SIZE,
+                       .dtype = dtype};
+    if (quant) kc.quant = *quant;
+    kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
+    return pt_kv_cache_init(kv, m->be, &kc, err);
+}

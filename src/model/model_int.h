@@ -1,0 +1,139 @@
+/*
+ * model_int.h - what the files of src/model share and no other layer sees:
+ * the family row, the weight spec, the workspace, the step, the blocks.
+ *
+ * Who owns what:
+ *   registry.c  the table of families, file names -> family, common config
+ *               readers (GGUF keys, config.json keys) and apply_arch();
+ *   plan.c      config -> per-layer plan, and the kinds not implemented yet;
+ *   load.c      loading (file, dummy), the owned allocations, the rope
+ *               tables, the workspace, KV geometry;
+ *   weights.c   the spec helpers and binding tensors from a file by name;
+ *   dummy.c     random weights of the specs' shapes;
+ *   forward.c   pt_model_forward: checks and uploads a batch, then runs
+ *               the family's forward (it changes no sequence state);
+ *   batch.c     reserve / forward / advance for direct callers;
+ *   blocks.c    the shared blocks a family's forward is assembled from;
+ *   llama.c     the Llama family (llama, mistral, qwen2, qwen3).
+ */
+#ifndef PETREL_MODEL_INT_H
+#define PETREL_MODEL_INT_H
+
+#include <jansson.h>
+
+#include "io/gguf.h"
+#include "model/model.h"
+
+/* ---- Weight specs ------------------------------------------------------------ */
+
+/* A dimension of a weight, in terms of the config. */
+enum pt_dim { D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS };
+/* Which config setting makes a weight present. */
+enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED };
+
+/* One weight of a family: its names (%d is the layer), its shape and where
+ * it lands.  experts = D_EXPERTS makes it a 3-D stack [n_experts][rows][cols]
+ * stored as one tensor (a pt_weight with n_experts set); D_NONE is a matrix,
+ * or a vector when cols is D_NONE (f32 in backend memory). */
+typedef struct pt_weight_spec {
+    const char *gguf, *hf;
+    int experts, rows, cols; /* enum pt_dim */
+    size_t off;              /* offset in pt_layer (per_layer) or pt_model */
+    bool per_layer;
+    int need; /* enum pt_need */
+} pt_weight_spec;
+
+int64_t pt_spec_dim(const pt_model_config *c, int dim);
+bool pt_spec_needed(const pt_model_config *c, int need);
+void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap);
+/* Where spec s of layer lands in m (a pt_weight, or a const float *). */
+void *pt_spec_target(pt_model *m, const pt_weight_spec *s, int layer);
+
+/* ---- Families ---------------------------------------------------------------- */
+
+/* One architecture as files name it, and the flags it sets in the config
+ * (apply_arch in registry.c). */
+typedef struct pt_arch {
+    const char *name;      /* cfg.arch */
+    const char *gguf_arch; /* general.architecture; NULL: files write another's */
+    const char *hf_type;   /* config.json model_type */
+    int gguf_rope_style;   /* GGUF llama permutes q/k for adjacent-pair rope */
+    bool qkv_bias, qk_norm;
+} pt_arch;
+
+/* The rows of one forward call, as a family's forward and the blocks see
+ * them.  Activations live in the workspace (m->ws). */
+typedef struct pt_step {
+    pt_kv_cache *kv;
+    const pt_batch_view *b; /* rows in backend memory */
+    int n;                  /* rows */
+    int n_out;              /* rows whose logits are wanted (ws->out_idx) */
+    float *logits;          /* host, [n_out][vocab_size] */
+} pt_step;
+
+/* A registry row: everything that differs between families. */
+struct pt_family {
+    const char *name;
+    const pt_arch *archs;
+    size_t n_archs;
+    /* Fill c from a file's metadata: the common keys (pt_config_*_common)
+     * and the family's own.  c->arch and the arch flags are already set. */
+    int (*read_json)(json_t *j, pt_model_config *c, pt_err *err);
+    int (*read_gguf)(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                     pt_model_config *c, pt_err *err);
+    const pt_weight_spec *weights;
+    size_t n_weights;
+    /* Embeds s's rows, runs every layer, writes the wanted logits. */
+    void (*forward)(pt_model *m, const pt_step *s);
+};
+
+extern const pt_family pt_family_llama;
+/* The family of a config's architecture (cfg.arch), or NULL. */
+const pt_family *pt_family_of(const char *arch);
+/* Bytes the matrices of family f take for config c in format. */
+int pt_family_dummy_bytes(const pt_family *f, const pt_model_config *c, const char *format,
+                          size_t *out, pt_err *err);
+extern const pt_family *const pt_families[];
+extern const size_t pt_n_families;
+
+/* Common config readers (registry.c). */
+bool pt_json_int(json_t *o, const char *key, int *out);
+bool pt_json_float(json_t *o, const char *key, float *out);
+bool pt_gguf_int(const pt_gguf *g, const char *garch, const char *key, int *out);
+bool pt_gguf_float(const pt_gguf *g, const char *garch, const char *key, float *out);
+/* Shapes, norm epsilon, rope and tied embeddings as most families write them. */
+int pt_config_json_common(json_t *j, pt_model_config *c, pt_err *err);
+int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                          pt_model_config *c, pt_err *err);
+
+/* ---- Workspace ------------------------------------------------------------- */
+
+#define PT_OUT_ROWS 32 /* logits computed per output chunk */
+
+/* Activation and batch buffers in backend memory, sized once at load for
+ * max_batch rows, so a decode step allocates nothing. */
+struct pt_workspace {
+    int cap;
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *out_h, *logits;
+    int32_t *tokens, *pos, *seq, *out_idx, *block_table;
+    size_t bt_cap; /* int32 entries in block_table */
+    /* host staging */
+    int32_t *h_block_table, *h_out_idx;
+};
+
+/* Grows the block-table buffers to need entries (load.c). */
+int pt_workspace_block_table(pt_model *m, size_t need, pt_err *err);
+
+/* ---- Blocks (blocks.c) ------------------------------------------------------- *
+ * Each works on the step's rows in the workspace: x is the residual stream,
+ * h the input and output of a block, q/k/v/att the attention's buffers. */
+
+void pt_block_embed(pt_model *m, const pt_step *s); /* x = embed(tokens) */
+void pt_block_norm(pt_model *m, const pt_step *s, float *y, const float *x, const float *gain);
+void pt_block_qkv(pt_model *m, int l, const pt_step *s);       /* h -> q, k, v (roped) */
+void pt_block_attention(pt_model *m, int l, const pt_step *s); /* cache k, v; h = attn(q)·Wo */
+void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN(h) */
+void pt_block_residual(pt_model *m, const pt_step *s);         /* x += h */
+void pt_block_output(pt_model *m, const pt_step *s);           /* logits of wanted rows */
+
+#endif

@@ -1,0 +1,65 @@
+/*
+ * plan.c - what each layer is made of, computed once from the config.
+ *
+ * A family's forward reads m->plan[l] instead of config flags, so layers of
+ * one model may differ (a sliding window on some, experts on others, a rope
+ * base per layer).  The plan can describe more than the blocks run today:
+ * pt_layer_plan_check refuses, at load and with the layer's number, every
+ * kind no block implements yet, so a model either runs exactly or does not
+ * load.  A block that adds a kind removes its refusal here.
+ */
+#include <stdio.h>
+
+#include "model/model_int.h"
+
+int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
+    for (int l = 0; l < c->n_layers; l++)
+        plan[l] = (pt_layer_plan){
+            .mixer = c->sliding_window > 0 ? PT_MIX_ATTN_SWA : PT_MIX_ATTN,
+            .window = c->sliding_window,
+            .rope_theta = c->rope_theta,
+            .rope = {.style = c->rope_style, .n_rot = c->n_rot, .mscale = 1.0f},
+            .ffn = c->n_experts > 0 ? PT_FFN_MOE : PT_FFN_DENSE,
+            .act = c->act,
+            .n_experts = c->n_experts,
+            .top_k = c->n_experts_used,
+            .n_shared = c->n_shared_experts,
+            .norm = PT_NORM_RMS,
+            .residual_scale = 1.0f,
+            .cache_group = 0, /* one group until a model mixes cache kinds */
+        };
+    return pt_layer_plan_check(plan, c->n_layers, err);
+}
+
+/* Why layer p cannot run yet into why; false if it can. */
+static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
+    if (p->mixer == PT_MIX_ATTN_SWA)
+        snprintf(why, cap, "sliding-window attention (window %d)", p->window);
+    else if (p->mixer == PT_MIX_RECURRENT)
+        snprintf(why, cap, "a recurrent (linear-attention) mixer");
+    else if (p->mixer != PT_MIX_ATTN)
+        snprintf(why, cap, "mixer kind %d", p->mixer);
+    else if (p->ffn == PT_FFN_MOE)
+        snprintf(why, cap, "a mixture-of-experts FFN (%d experts, top %d)", p->n_experts, p->top_k);
+    else if (p->ffn != PT_FFN_DENSE)
+        snprintf(why, cap, "FFN kind %d", p->ffn);
+    else if (p->act != PT_ACT_SILU)
+        snprintf(why, cap, "a %s gated FFN", p->act == PT_ACT_GELU_TANH ? "GELU-tanh" : "non-SiLU");
+    else if (p->norm != PT_NORM_RMS)
+        snprintf(why, cap, "%s", p->norm == PT_NORM_RMS_1PW ? "(1 + w) RMSNorm" : "a non-RMS norm");
+    else if (p->residual_scale != 1.0f)
+        snprintf(why, cap, "a residual scaled by %g", (double)p->residual_scale);
+    else if (p->cache_group != 0)
+        snprintf(why, cap, "cache group %d (one group only so far)", p->cache_group);
+    else
+        return false;
+    return true;
+}
+
+int pt_layer_plan_check(const pt_layer_plan *plan, int n_layers, pt_err *err) {
+    char why[96];
+    for (int l = 0; l < n_layers; l++)
+        if (not_implemented(&plan[l], why, sizeof why))
+            return pt_fail(err, "layer %d: %s is not implemented yet", l, why);
+    return 0;
+}

@@ -1,0 +1,268 @@
+/*
+ * test_cuda_qmatmul.c - quantized weights on the CUDA backend (qmatmul.cu)
+ * against the CPU backend, on the same bytes: GGUF q8_0, q4_0, q4_k, q5_k,
+ * q6_k and MLX affine at 4 and 8 bits (groups 32/64/128, f16 and bf16
+ * scales) plus 3 and 6 bits (the plain decoder).
+ *
+ * matmul: up to PETREL_CUDA_QGEMV_MAX token rows (default 4; the test runs
+ * with 16) take the GEMV, more dequantize to f16 and run cuBLAS.
+ * Tolerances, per output, from the arithmetic (S = sum_k |w_k x_k|,
+ * W = sum_k |w_k|), against a double-precision product of the dequantized
+ * weights and against the CPU backend alike: the activations' rounding to
+ * int16 codes (the staged GEMV and the CPU; <= max|x| / 65534 per
+ * element) times W, plus 1e-5 S (f32 scaling and sums) for the GEMV or
+ * 2^-9 S for the cuBLAS path (w and x rounded to f16, 2^-11 each).
+ * Shapes: one tile, two and three tiles with a partial last one, rows that
+ * are not whole 16-byte chunks (the plain kernel), row counts that are not
+ * a multiple of the rows per block.
+ *
+ * embed: rows of each format against the CPU's dequantization, 1e-6
+ * relative (the same products; the GPU fuses one multiply-add).
+ *
+ * Without a CUDA device the test exits 77 (skipped).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/quant_kernels.h"
+#include "quant/quant.h"
+
+enum { CPU, GPU, N_BE };
+static pt_backend *be[N_BE];
+static pt_rng rng;
+
+typedef struct fmt {
+    pt_dtype t;
+    int bits, group;
+    pt_dtype st; /* affine scales */
+} fmt;
+
+static const fmt formats[] = {
+    {PT_Q8_0, 0, 0, 0},       {PT_Q4_0, 0, 0, 0},         {PT_Q4_K, 0, 0, 0},
+    {PT_Q5_K, 0, 0, 0},       {PT_Q6_K, 0, 0, 0},         {PT_AFFINE, 4, 64, PT_BF16},
+    {PT_AFFINE, 4, 32, PT_F16}, {PT_AFFINE, 4, 128, PT_F16}, {PT_AFFINE, 8, 64, PT_F16},
+    {PT_AFFINE, 8, 32, PT_BF16}, {PT_AFFINE, 8, 128, PT_F16}, {PT_AFFINE, 3, 64, PT_F16},
+    {PT_AFFINE, 6, 32, PT_BF16},
+};
+
+static const char *fname(const fmt *f, char *buf, size_t n) {
+    if (f->t == PT_AFFINE)
+        snprintf(buf, n, "affine%dg%d/%s", f->bits, f->group, pt_dtype_name(f->st));
+    else
+        snprintf(buf, n, "%s", pt_dtype_name(f->t));
+    return buf;
+}
+
+static int fmt_block(const fmt *f) {
+    return f->t == PT_AFFINE ? f->group : pt_dtype_get(f->t)->block;
+}
+
+/* A quantized matrix: host bytes, a copy on each backend, and its f32
+ * dequantization (host). */
+typedef struct qmat {
+    pt_weight w[N_BE];
+    void *d[N_BE][3];
+    size_t nb[3];
+    float *deq;
+} qmat;
+
+static float frand(float lo, float hi) {
+    return lo + (hi - lo) * (float)pt_rng_uniform(&rng);
+}
+
+static void *to_backend(int b, const void *h, size_t n) {
+    void *d = be[b]->ops->alloc(be[b], n);
+    assert_non_null(d);
+    be[b]->ops->upload(be[b], d, h, n);
+    return d;
+}
+
+static qmat qmat_new(const fmt *f, int rows, int cols) {
+    qmat m;
+    memset(&m, 0, sizeof m);
+    size_t n = (size_t)rows * cols;
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = frand(-1, 1) * (1 + (float)(i % 7)); /* uneven groups */
+    void *h[3] = {0};
+    if (f->t == PT_AFFINE) {
+        m.nb[0] = pt_affine_code_bytes(rows, cols, f->bits);
+        m.nb[1] = m.nb[2] = pt_affine_scale_bytes(rows, cols, f->group, f->st);
+        for (int i = 0; i < 3; i++) h[i] = calloc(1, m.nb[i]);
+        int64_t words = pt_affine_row_words(cols, f->bits), gs = cols / f->group;
+        size_t ss = pt_dtype_bytes(f->st, 1);
+        for (int r = 0; r < rows; r++)
+            pt_affine_quantize_row(x + (size_t)r * cols, cols, f->bits, f->group, f->st,
+                                   (uint32_t *)h[0] + r * words, (uint8_t *)h[1] + r * gs * ss,
+                                   (uint8_t *)h[2] + r * gs * ss);
+    } else {
+        m.nb[0] = pt_dtype_bytes(f->t, n);
+        h[0] = malloc(m.nb[0]);
+        pt_gguf_quantize(f->t, x, h[0], (int64_t)n);
+    }
+    for (int b = 0; b < N_BE; b++) {
+        for (int i = 0; i < 3; i++)
+            if (h[i]) m.d[b][i] = to_backend(b, h[i], m.nb[i]);
+        m.w[b] = (pt_weight){.dtype = f->t, .rows = rows, .cols = cols, .data = m.d[b][0],
+                             .nbytes = m.nb[0] + m.nb[1] + m.nb[2], .bits = f->bits,
+                             .group_size = f->group, .scales = m.d[b][1], .biases = m.d[b][2],
+                             .scale_dtype = f->st};
+    }
+    /* the host view, for the dequantized reference */
+    pt_weight hw = m.w[CPU];
+    hw.data = h[0], hw.scales = h[1], hw.biases = h[2];
+    m.deq = malloc(sizeof(float) * n);
+    for (int r = 0; r < rows; r++) pt_qk_dequant_row(&hw, r, m.deq + (size_t)r * cols);
+    for (int i = 0; i < 3; i++) free(h[i]);
+    free(x);
+    return m;
+}
+
+static void qmat_free(qmat *m) {
+    for (int b = 0; b < N_BE; b++)
+        for (int i = 0; i < 3; i++)
+            if (m->d[b][i]) be[b]->ops->free(be[b], m->d[b][i], m->nb[i]);
+    free(m->deq);
+}
+
+static float *download(int b, const void *d, size_t n) {
+    float *h = malloc(sizeof(float) * n);
+    be[b]->ops->download(be[b], h, d, sizeof(float) * n);
+    return h;
+}
+
+static void one_matmul(const fmt *f, const qmat *m, int n) {
+    int rows = (int)m->w[0].rows, cols = (int)m->w[0].cols;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
+    float *x = malloc(sizeof(float) * nx), *poison = malloc(sizeof(float) * ny);
+    for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
+    memset(poison, 0xff, sizeof(float) * ny); /* NaN: an output never written fails */
+    void *dx[N_BE], *dy[N_BE];
+    for (int b = 0; b < N_BE; b++) {
+        dx[b] = to_backend(b, x, sizeof(float) * nx);
+        dy[b] = to_backend(b, poison, sizeof(float) * ny);
+        be[b]->ops->matmul(be[b], dy[b], dx[b], &m->w[b], n);
+    }
+    float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
+    double u = n <= 16 ? 1e-5 : ldexp(1.0, -9);
+    char fb[48];
+    for (int t = 0; t < n; t++) {
+        const float *xr = x + (size_t)t * cols;
+        float xmax = 0;
+        for (int k = 0; k < cols; k++) xmax = fmaxf(xmax, fabsf(xr[k]));
+        for (int r = 0; r < rows; r++) {
+            const float *wr = m->deq + (size_t)r * cols;
+            double ref = 0, S = 0, W = 0;
+            for (int k = 0; k < cols; k++) {
+                ref += (double)wr[k] * xr[k];
+                S += fabs((double)wr[k] * xr[k]);
+                W += fabs(wr[k]);
+            }
+            double g = yg[(size_t)t * rows + r], c = yc[(size_t)t * rows + r];
+            double tol = u * S + 1e-6 + 1.01 * xmax / 65534 * W, tol_cpu = tol;
+            if (!(fabs(g - ref) <= tol))
+                fail_msg("matmul %s %dx%d n=%d: y[%d][%d] = %.9g, exact %.9g (bound %.3g)",
+                         fname(f, fb, sizeof fb), rows, cols, n, t, r, g, ref, tol);
+            if (!(fabs(g - c) <= tol_cpu))
+                fail_msg("matmul %s %dx%d n=%d: y[%d][%d] = %.9g, cpu %.9g (bound %.3g)",
+                         fname(f, fb, sizeof fb), rows, cols, n, t, r, g, c, tol_cpu);
+        }
+    }
+    for (int b = 0; b < N_BE; b++) {
+        be[b]->ops->free(be[b], dx[b], sizeof(float) * nx);
+        be[b]->ops->free(be[b], dy[b], sizeof(float) * ny);
+    }
+    free(x), free(poison), free(yc), free(yg);
+}
+
+static void test_qmatmul(void **state) {
+    (void)state;
+    /* cols: 1 tile; 2 tiles, the second partial (4096 + 512); 3 tiles;
+     * 96 (q4_0: 54-byte rows, the plain kernel); 768 (q6_k: 630-byte rows) */
+    static const int shapes[][2] = {{1, 256}, {37, 512}, {301, 4096}, {67, 4608},
+                                    {13, 10240}, {40, 96}, {21, 768}};
+    static const int ns[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 40};
+    char fb[48];
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
+        const fmt *f = &formats[fi];
+        int tested = 0;
+        for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++) {
+            int rows = shapes[si][0], cols = shapes[si][1];
+            if (cols % fmt_block(f)) continue;
+            qmat m = qmat_new(f, rows, cols);
+            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) one_matmul(f, &m, ns[ni]);
+            qmat_free(&m);
+            tested++;
+        }
+        print_message("matmul %s: %d shapes x %zu token counts\n", fname(f, fb, sizeof fb), tested,
+                      PT_ARRAY_LEN(ns));
+        assert_true(tested >= 4);
+    }
+}
+
+static void test_qembed(void **state) {
+    (void)state;
+    char fb[48];
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
+        const fmt *f = &formats[fi];
+        int rows = 301, cols = 512, n = 19;
+        qmat m = qmat_new(f, rows, cols);
+        int32_t ids[19];
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)(pt_rng_next(&rng) % rows);
+        ids[3] = ids[7]; /* a repeat */
+        ids[0] = rows - 1;
+        size_t ny = (size_t)n * cols;
+        float *poison = malloc(sizeof(float) * ny);
+        memset(poison, 0xff, sizeof(float) * ny);
+        void *di[N_BE], *dy[N_BE];
+        for (int b = 0; b < N_BE; b++) {
+            di[b] = to_backend(b, ids, sizeof ids);
+            dy[b] = to_backend(b, poison, sizeof(float) * ny);
+            be[b]->ops->embed(be[b], dy[b], &m.w[b], di[b], n);
+        }
+        float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
+        for (size_t i = 0; i < ny; i++)
+            if (!(fabs((double)yg[i] - yc[i]) <= 1e-6 * fabs(yc[i]) + 1e-30))
+                fail_msg("embed %s: [%zu][%zu] = %.9g, cpu %.9g", fname(f, fb, sizeof fb),
+                         i / cols, i % cols, yg[i], yc[i]);
+        for (int b = 0; b < N_BE; b++) {
+            be[b]->ops->free(be[b], di[b], sizeof ids);
+            be[b]->ops->free(be[b], dy[b], sizeof(float) * ny);
+        }
+        free(poison), free(yc), free(yg);
+        qmat_free(&m);
+    }
+}
+
+int main(void) {
+    pt_err err = {{0}};
+    setenv("PETREL_CUDA_QGEMV_MAX", "16", 1); /* every GEMV width */
+    be[GPU] = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QGEMV_MAX");
+    if (!be[GPU]) {
+        printf("test_cuda_qmatmul: skipped: %s\n", err.msg);
+        fflush(stdout);
+        _exit(77); /* not exit(): leak checkers would count the runtime's buffers */
+    }
+    be[CPU] = pt_backend_cpu_new(4, "auto", &err);
+    if (!be[CPU]) {
+        fprintf(stderr, "test_cuda_qmatmul: %s\n", err.msg);
+        return 1;
+    }
+    pt_rng_seed(&rng, 4242);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qmatmul),
+        cmocka_unit_test(test_qembed),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
+    return rc;
+}
