@@ -75,6 +75,7 @@ int cli_spec_params(pt_spec_params *out, bool allow_oracle, float *oracle_accept
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_grammar(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

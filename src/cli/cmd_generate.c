@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "server/structured.h"
 
 static struct {
     int n;
@@ -13,6 +14,7 @@ static struct {
     int top_k, logprobs;
     uint64_t seed;
     bool seed_set, no_bos, ignore_eos, special, no_echo;
+    const char *json_schema, *grammar, *regex;
 } g;
 
 /* The sampling flags take the ranges the server takes: cli_parse looks
@@ -34,8 +36,56 @@ static const cli_opt gen_opts[] = {
     {"special", 0, CLI_FLAG, &g.special, NULL, "parse special-token text in the prompt"},
     {"ignore-eos", 0, CLI_FLAG, &g.ignore_eos, NULL, "keep generating past end-of-text"},
     {"no-echo", 0, CLI_FLAG, &g.no_echo, NULL, "do not print the prompt before the output"},
+    {"json-schema", 0, CLI_STR, &g.json_schema, "FILE", "constrain the output to JSON valid against the schema in FILE"},
+    {"grammar", 0, CLI_STR, &g.grammar, "FILE", "constrain the output to the GBNF grammar in FILE"},
+    {"regex", 0, CLI_STR, &g.regex, "RE", "constrain the output to match the regular expression RE"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
+
+/* --json-schema / --grammar / --regex: the grammar the output must follow
+ * (*out stays NULL when none is given).  Nonzero after printing why not. */
+static int structured_load(const pt_tokenizer *tok, pt_structured **out) {
+    *out = NULL;
+    if (!!g.json_schema + !!g.grammar + !!g.regex > 1) {
+        fprintf(stderr, "petrel: give at most one of --json-schema, --grammar, --regex\n");
+        return 1;
+    }
+    if (!g.json_schema && !g.grammar && !g.regex) return 0;
+    pt_err err = {{0}};
+    pt_grammar *gr = NULL;
+    int rc;
+    if (g.regex) {
+        rc = pt_grammar_from_regex(&gr, g.regex, &err);
+    } else {
+        const char *path = g.json_schema ? g.json_schema : g.grammar;
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            fprintf(stderr, "petrel: cannot open %s\n", path);
+            return 1;
+        }
+        size_t cap = 1 << 16, len = 0, n;
+        char *buf = pt_xmalloc(cap);
+        while ((n = fread(buf + len, 1, cap - len, f)) > 0)
+            if ((len += n) == cap) buf = pt_xrealloc(buf, cap *= 2);
+        fclose(f);
+        if (g.json_schema) {
+            json_error_t je;
+            json_t *js = json_loadb(buf, len, 0, &je);
+            rc = js ? pt_grammar_from_schema_ws(&gr, js, 1, &err)
+                    : pt_fail(&err, "%s: %s (line %d)", path, je.text, je.line);
+            json_decref(js);
+        } else {
+            rc = pt_grammar_from_gbnf(&gr, buf, len, &err);
+        }
+        free(buf);
+    }
+    if (rc) {
+        fprintf(stderr, "petrel: %s\n", err.msg);
+        return 1;
+    }
+    *out = pt_structured_new(gr, tok);
+    return 0;
+}
 
 /* All of stdin.  A prompt is text: a NUL byte in it is refused rather
  * than letting the C strings downstream cut the prompt there. */
@@ -121,6 +171,7 @@ int cmd_generate(int argc, char **argv) {
     pt_err err = {{0}};
     int32_t *ids = NULL;
     size_t n_ids = 0;
+    pt_structured *so = NULL;
     rc = 1;
     if (pt_tokenize(e->tok, prompt, strlen(prompt), !g.no_bos, g.special, &ids, &n_ids, &err)) {
         fprintf(stderr, "petrel: %s\n", err.msg);
@@ -145,6 +196,8 @@ int cmd_generate(int argc, char **argv) {
         fputs(prompt, stdout);
         fflush(stdout);
     }
+    if (structured_load(e->tok, &so)) goto out;
+    if (so) p.add_procs = pt_structured_add_procs, p.proc_arg = so;
     printer pr = {e->tok, g.logprobs};
     pt_gen_stats st;
     if (pt_generate(e, ids, (int)n_ids, &p, on_token, &pr, &st, &err)) {
@@ -162,6 +215,7 @@ int cmd_generate(int argc, char **argv) {
                 st.n_accepted, st.n_drafted, 100.0 * st.n_accepted / st.n_drafted);
     rc = 0;
 out:
+    pt_structured_free(so);
     free(ids);
     free(prompt);
     pt_engine_close(e);

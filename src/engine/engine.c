@@ -277,7 +277,9 @@ int pt_generate(pt_engine *e, const int32_t *prompt, int n_prompt, const pt_gen_
                         .params = *p,
                         .on_token = gen_token,
                         .on_done = gen_done,
-                        .user = &g};
+                        .user = &g,
+                        .add_procs = p->add_procs,
+                        .proc_arg = p->proc_arg};
     job.params.ignore_eos = true; /* gen_token stops at end of generation */
     job.params.max_tokens = PT_MAX(p->max_tokens, 1);
     if (pt_core_check(c, &job, err)) {

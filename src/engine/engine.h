@@ -89,6 +89,9 @@ typedef struct pt_gen_params {
     int max_tokens;  /* generated tokens at most */
     bool ignore_eos; /* keep going past end-of-generation tokens */
     pt_spec_params spec;
+    /* extra logits processors, as pt_sched_job.add_procs (NULL: none) */
+    void (*add_procs)(void *proc_arg, pt_sampler *s);
+    void *proc_arg;
 } pt_gen_params;
 
 typedef struct pt_gen_stats {

@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "server/server_int.h"
+#include "server/structured.h"
 #include "server/sse.h"
 
 #define BACKLOG_LIMIT (64u << 20) /* bytes a streaming client may leave unread */
@@ -67,6 +68,9 @@ struct pt_req {
 
     /* prompt worker, until it posts */
     pt_oai_request oai; /* the parsed request, owned until tokenized */
+    pt_structured *structured; /* response_format's grammar, or NULL; lives
+                                  until the job is done (the sampler's
+                                  processor reads it) */
 
     /* event loop: the output filter */
     pt_detok dt;
@@ -351,6 +355,7 @@ static void req_free(pt_req *q) {
     free(q->pend);
     if (q->text) evbuffer_free(q->text);
     json_decref(q->lp);
+    pt_structured_free(q->structured);
     free(q);
     s->n_reqs--;
     pt_server_req_done(s);
@@ -671,6 +676,18 @@ static void handle(pt_conn *c, const char *body, size_t len, int kind) {
     pt_front_push(s, q);
 }
 
+/* Compiles response_format into q->structured; a schema it cannot
+ * enforce is a 400 naming the feature. */
+static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) {
+    if (!r->response_format) return 0;
+    pt_err err = {{0}};
+    const char *param = "response_format";
+    if (pt_structured_from_response_format(&q->structured, r->response_format, s->e->tok, &param,
+                                           &err))
+        return refuse(q, 400, "invalid_value", param, err.msg);
+    return 0;
+}
+
 /* Tokenizes and submits q, or records why not; then tells the loop. */
 static int front_submit(pt_server *s, pt_req *q) {
     pt_oai_request *r = &q->oai;
@@ -688,6 +705,10 @@ static int front_submit(pt_server *s, pt_req *q) {
         return refuse(q, 400, "context_length_exceeded",
                       r->kind == PT_OAI_CHAT ? "messages" : "prompt", msg);
     }
+    if (structured_compile(q, s, r)) {
+        free(ids);
+        return -1;
+    }
     pt_sched_job job = {.prompt = ids,
                         .n_prompt = (int)n,
                         .on_token = on_token,
@@ -700,6 +721,7 @@ static int front_submit(pt_server *s, pt_req *q) {
     if (!r->seed_given) job.params.sampling.seed = random_seed();
     job.params.max_tokens = r->max_tokens;
     job.params.ignore_eos = r->ignore_eos;
+    if (q->structured) job.add_procs = pt_structured_add_procs, job.proc_arg = q->structured;
     q->n_prompt = (int)n;
     pt_err err = {{0}};
     if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */

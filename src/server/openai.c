@@ -298,14 +298,22 @@ static int f_logit_bias(pt_oai_request *r, json_t *v, const field *f, const pt_o
     return 0;
 }
 
+/* The shape is checked here; the schema is compiled when the request is
+ * submitted (server/structured.c), where an unsupported feature is a 400
+ * that names it. */
 static int f_response_format(pt_oai_request *r, json_t *v, const field *f, const pt_oai_limits *lim,
                              pt_oai_error *e) {
-    (void)r, (void)lim;
+    (void)lim;
     if (!json_is_object(v)) return wrong_type(e, f->name, "an object");
     const char *t = json_string_value(json_object_get(v, "type"));
-    if (!t || strcmp(t, "text") != 0)
+    if (!t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema")))
         return fail(e, 400, "unsupported_value", f->name,
-                    "response_format '%.40s' is not supported yet; only 'text'", t ? t : "?");
+                    "response_format '%.40s' is not supported; use 'text', 'json_object' or "
+                    "'json_schema'", t ? t : "?");
+    if (!strcmp(t, "json_schema") && !json_is_object(json_object_get(v, "json_schema")))
+        return fail(e, 400, "invalid_value", f->name,
+                    "response_format json_schema needs a \"json_schema\" object with a \"schema\"");
+    r->response_format = strcmp(t, "text") ? v : NULL;
     return 0;
 }
 

@@ -58,6 +58,8 @@ typedef struct pt_oai_request {
     float *bias_vals;
     int n_bias;
     const char *user;
+    json_t *response_format; /* borrowed from root; compiled at submit
+                                (server/structured.c), or NULL */
 } pt_oai_request;
 
 /* Parses body[0..len) as a request of the given kind.  On error returns -1

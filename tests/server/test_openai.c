@@ -83,7 +83,9 @@ static void test_values(void **state) {
     bad(CHAT, "{" MSG ",\"logit_bias\":{\"x\":1}}", 400, "invalid_value", "logit_bias");
     bad(CHAT, "{" MSG ",\"logit_bias\":{\"600\":1}}", 400, "invalid_value", "logit_bias");
     bad(CHAT, "{" MSG ",\"logit_bias\":{\"5\":200}}", 400, "invalid_value", "logit_bias");
-    bad(CHAT, "{" MSG ",\"response_format\":{\"type\":\"json_object\"}}", 400, "unsupported_value",
+    bad(CHAT, "{" MSG ",\"response_format\":{\"type\":\"xml\"}}", 400, "unsupported_value",
+        "response_format");
+    bad(CHAT, "{" MSG ",\"response_format\":{\"type\":\"json_schema\"}}", 400, "invalid_value",
         "response_format");
     bad(CHAT, "{\"messages\":[]}", 400, "invalid_value", "messages");
     bad(CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "invalid_value",

@@ -1,0 +1,684 @@
+/*
+ * matcher.c - runs a grammar over bytes and computes token masks.
+ *
+ * State.  A stack is a chain of nodes; node = (pos, parent): "match the
+ * element at code[pos], then continue with parent".  Nodes are hash-consed,
+ * so equal stacks are equal ids and a state (a set of stacks) is a small
+ * array of ids.  After each byte the state is closed: rule references are
+ * expanded and finished alternatives popped until every stack's top is a
+ * byte set (a "leaf"), or the stack is empty (ROOT: the text may end).  A
+ * reference that is the last element of its alternative pushes no return
+ * frame (a tail call), so right recursion (x*, lists) keeps stacks flat.
+ * Closures are memoized per node.
+ *
+ * Masks.  For each leaf the vocabulary is classified once, by walking the
+ * trie from the leaf's stack cut three frames down (the rest replaced by
+ * SENTINEL): a token consumed before the walk pops into SENTINEL is
+ * accepted whatever lies below; one that fails before any pop is rejected
+ * whatever lies below; only tokens that run past a possible pop are
+ * "uncertain" and are checked against the real state at mask time.  Three
+ * frames hold a JSON string or number to its end, so inside a value almost
+ * every token is decided by the classification (XGrammar's adaptive masks).
+ * Classifications are shared through the vocabulary, keyed by a canonical
+ * text of the sub-grammar they depend on, so a string's is computed once
+ * per process.  Whole-state masks are cached too (a string's contents
+ * repeat one state for many tokens).
+ *
+ * Walks.  State sets are interned and their byte transitions memoized: a
+ * DFA built lazily over the pushdown's states (LLGuidance's lexer, without
+ * a separate lexer grammar), so walking the trie costs a table lookup per
+ * node once the sets along it have been seen.
+ *
+ * History.  Each accepted step pushes the new state; rollback pops.
+ */
+#include "grammar/grammar_vocab.h"
+
+#include <stdlib.h>
+
+enum { N_ROOT = 0, N_SENT = 1 };
+
+typedef struct ivec {
+    int32_t *a;
+    int n, cap;
+} ivec;
+
+static void iv_push(ivec *v, int32_t x) {
+    if (v->n == v->cap) {
+        v->cap = v->cap ? 2 * v->cap : 16;
+        v->a = pt_xrealloc(v->a, (size_t)v->cap * sizeof *v->a);
+    }
+    v->a[v->n++] = x;
+}
+
+
+struct pt_gmatcher {
+    const pt_grammar *g;
+    const pt_gvocab *v;
+    /* nodes */
+    int32_t *npos, *npar, *nnext, *clo_off, *clo_len;
+    uint32_t *clo_mark, *set_mark;
+    int n_nodes, cap_nodes;
+    int32_t *htab; /* open addressing: node id + 1, 0 = empty */
+    uint32_t hcap;
+    uint32_t clo_gen, set_gen;
+    ivec clo_pool;
+    /* state history */
+    ivec hist, hist_off;
+    /* mask machinery */
+    pc_entry **pc; /* [cap_pc] by truncated leaf node id */
+    int n_pc;
+    /* interned state sets and their byte transitions: a DFA built lazily
+     * over the pushdown states, so a trie walk costs a table lookup per
+     * node once a set has been seen */
+    ivec dpool;               /* members of set k: dpool[doff[k] .. doff[k+1]) */
+    ivec doff;
+    uint8_t *dsent;           /* [k] the set holds SENTINEL */
+    int32_t **dtrans;         /* [k] 256 successors; -2 unknown, -1 dead */
+    int32_t *dhash;           /* open addressing: set index + 1 */
+    uint32_t dhcap;
+    int n_dsets;
+    ivec dtmp;
+    pc_entry **own;
+    int n_own, cap_own;
+    int32_t *canon;     /* [n_rules] signature numbering, -1 */
+    ivec canon_touched, canon_queue;
+    uint8_t *sig;
+    size_t sig_len, sig_cap;
+    uint32_t *tok_mark, tok_gen;
+    ivec sim_a, sim_b;
+    /* masks of whole states seen before: a state is a set of hash-consed
+     * node ids, so equal ids mean an equal mask (a string's contents
+     * repeat one state for many tokens) */
+    struct mcache { uint64_t key; int32_t *ids; int n; uint32_t *mask; } *mc;
+    uint32_t mc_cap;
+    int mc_n;
+};
+
+#define MC_MAX 512
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint32_t node_hash(int32_t pos, int32_t par) {
+    uint64_t h = ((uint64_t)(uint32_t)pos << 32 | (uint32_t)par) * 0x9E3779B97F4A7C15ull;
+    return (uint32_t)(h >> 32);
+}
+
+static int32_t node_add(pt_gmatcher *m, int32_t pos, int32_t par) {
+    if (m->n_nodes == m->cap_nodes) {
+        size_t c = m->cap_nodes ? 2 * (size_t)m->cap_nodes : 1024;
+        m->npos = pt_xrealloc(m->npos, c * sizeof(int32_t));
+        m->npar = pt_xrealloc(m->npar, c * sizeof(int32_t));
+        m->nnext = pt_xrealloc(m->nnext, c * sizeof(int32_t));
+        m->clo_off = pt_xrealloc(m->clo_off, c * sizeof(int32_t));
+        m->clo_len = pt_xrealloc(m->clo_len, c * sizeof(int32_t));
+        m->clo_mark = pt_xrealloc(m->clo_mark, c * sizeof(uint32_t));
+        m->set_mark = pt_xrealloc(m->set_mark, c * sizeof(uint32_t));
+        m->cap_nodes = (int)c;
+    }
+    int32_t id = m->n_nodes++;
+    m->npos[id] = pos;
+    m->npar[id] = par;
+    m->nnext[id] = -1;
+    m->clo_off[id] = -1;
+    m->clo_len[id] = 0;
+    m->clo_mark[id] = 0;
+    m->set_mark[id] = 0;
+    return id;
+}
+
+static void htab_grow(pt_gmatcher *m) {
+    uint32_t cap = m->hcap ? 2 * m->hcap : 4096;
+    int32_t *t = pt_xcalloc(cap, sizeof *t);
+    for (int32_t id = 2; id < m->n_nodes; id++) {
+        uint32_t h = node_hash(m->npos[id], m->npar[id]) & (cap - 1);
+        while (t[h]) h = (h + 1) & (cap - 1);
+        t[h] = id + 1;
+    }
+    free(m->htab);
+    m->htab = t;
+    m->hcap = cap;
+}
+
+static int32_t node_get(pt_gmatcher *m, int32_t pos, int32_t par) {
+    if ((uint32_t)m->n_nodes * 2 >= m->hcap) htab_grow(m);
+    uint32_t h = node_hash(pos, par) & (m->hcap - 1);
+    for (;;) {
+        int32_t e = m->htab[h];
+        if (!e) break;
+        if (m->npos[e - 1] == pos && m->npar[e - 1] == par) return e - 1;
+        h = (h + 1) & (m->hcap - 1);
+    }
+    int32_t id = node_add(m, pos, par);
+    m->htab[h] = id + 1;
+    return id;
+}
+
+static void closure_rec(pt_gmatcher *m, int32_t id) {
+    if (m->clo_mark[id] == m->clo_gen) return;
+    m->clo_mark[id] = m->clo_gen;
+    if (id <= N_SENT) {
+        iv_push(&m->clo_pool, id);
+        return;
+    }
+    const pt_grammar *g = m->g;
+    int32_t pos = m->npos[id], e = g->code[pos];
+    switch (GE_KIND(e)) {
+    case GE_BYTES: iv_push(&m->clo_pool, id); break;
+    case GE_END: closure_rec(m, m->npar[id]); break;
+    default: {
+        int r = GE_ARG(e);
+        int32_t ret = GE_KIND(g->code[pos + 1]) == GE_END ? m->npar[id]
+                                                          : node_get(m, pos + 1, m->npar[id]);
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+            closure_rec(m, node_get(m, g->alt_start[a], ret));
+    }
+    }
+}
+
+/* The leaves (and ROOT/SENT) reachable from node id without a byte. */
+static void closure(pt_gmatcher *m, int32_t id, int *off, int *len) {
+    if (m->clo_off[id] < 0) {
+        if (++m->clo_gen == 0) { /* wrapped: stale marks could collide */
+            memset(m->clo_mark, 0, (size_t)m->n_nodes * sizeof *m->clo_mark);
+            m->clo_gen = 1;
+        }
+        int start = m->clo_pool.n;
+        closure_rec(m, id);
+        m->clo_off[id] = start;
+        m->clo_len[id] = m->clo_pool.n - start;
+    }
+    *off = m->clo_off[id];
+    *len = m->clo_len[id];
+}
+
+static void set_begin(pt_gmatcher *m) {
+    if (++m->set_gen == 0) {
+        memset(m->set_mark, 0, (size_t)m->n_nodes * sizeof *m->set_mark);
+        m->set_gen = 1;
+    }
+}
+
+static void set_add_closure(pt_gmatcher *m, int32_t id, ivec *out) {
+    int off, len;
+    closure(m, id, &off, &len);
+    for (int i = 0; i < len; i++) {
+        int32_t x = m->clo_pool.a[off + i];
+        if (m->set_mark[x] != m->set_gen) {
+            m->set_mark[x] = m->set_gen;
+            iv_push(out, x);
+        }
+    }
+}
+
+/* out = the state after byte b from state s[0..n). */
+static void step(pt_gmatcher *m, const int32_t *s, int n, unsigned b, ivec *out) {
+    out->n = 0;
+    set_begin(m);
+    const pt_grammar *g = m->g;
+    for (int i = 0; i < n; i++) {
+        int32_t id = s[i];
+        if (id <= N_SENT) continue;
+        int32_t pos = m->npos[id];
+        if (!bs_has(&g->sets[GE_ARG(g->code[pos])], b)) continue;
+        if (m->nnext[id] < 0) {
+            int32_t nx = node_get(m, pos + 1, m->npar[id]);
+            m->nnext[id] = nx;
+        }
+        set_add_closure(m, m->nnext[id], out);
+    }
+}
+
+static const int32_t *cur_state(const pt_gmatcher *m, int *n) {
+    int k = m->hist_off.n - 1;
+    int off = m->hist_off.a[k - 1];
+    *n = m->hist_off.a[k] - off;
+    return m->hist.a + off;
+}
+
+static void push_state(pt_gmatcher *m, const ivec *s) {
+    for (int i = 0; i < s->n; i++) iv_push(&m->hist, s->a[i]);
+    iv_push(&m->hist_off, m->hist.n);
+}
+
+pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v) {
+    pt_gmatcher *m = pt_xcalloc(1, sizeof *m);
+    m->g = g;
+    m->v = v;
+    node_add(m, -1, -1); /* N_ROOT */
+    node_add(m, -2, -1); /* N_SENT */
+    htab_grow(m);
+    m->canon = pt_xmalloc(((size_t)g->n_rules + 1) * sizeof *m->canon);
+    for (int i = 0; i <= g->n_rules; i++) m->canon[i] = -1;
+    m->tok_mark = pt_xcalloc((size_t)v->n_vocab, sizeof *m->tok_mark);
+    pt_gmatcher_reset(m);
+    return m;
+}
+
+void pt_gmatcher_reset(pt_gmatcher *m) {
+    const pt_grammar *g = m->g;
+    m->hist.n = m->hist_off.n = 0;
+    iv_push(&m->hist_off, 0);
+    ivec s = {0};
+    set_begin(m);
+    for (int a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++)
+        set_add_closure(m, node_get(m, g->alt_start[a], N_ROOT), &s);
+    push_state(m, &s);
+    free(s.a);
+}
+
+void pt_gmatcher_free(pt_gmatcher *m) {
+    if (!m) return;
+    free(m->npos);
+    free(m->npar);
+    free(m->nnext);
+    free(m->clo_off);
+    free(m->clo_len);
+    free(m->clo_mark);
+    free(m->set_mark);
+    free(m->htab);
+    free(m->clo_pool.a);
+    free(m->hist.a);
+    free(m->hist_off.a);
+    for (int i = 0; i < m->n_own; i++) { /* entries the shared cache did not take */
+        free(m->own[i]->acc);
+        free(m->own[i]->unc);
+        free(m->own[i]);
+    }
+    free(m->own);
+    free(m->pc);
+    free(m->canon);
+    free(m->canon_touched.a);
+    free(m->canon_queue.a);
+    free(m->sig);
+    for (int k = 0; k < m->n_dsets; k++) free(m->dtrans[k]);
+    free(m->dtrans);
+    free(m->dsent);
+    free(m->dhash);
+    free(m->dpool.a);
+    free(m->doff.a);
+    free(m->dtmp.a);
+    free(m->tok_mark);
+    free(m->sim_a.a);
+    free(m->sim_b.a);
+    for (uint32_t i = 0; i < m->mc_cap; i++) {
+        free(m->mc[i].ids);
+        free(m->mc[i].mask);
+    }
+    free(m->mc);
+    free(m);
+}
+
+/* Runs bytes from state s; the result is left in *res (m->sim_a or
+ * sim_b); false if some byte is rejected. */
+static bool run_bytes(pt_gmatcher *m, const int32_t *s, int n, const uint8_t *p, size_t len,
+                      ivec **res) {
+    ivec *a = &m->sim_a, *b = &m->sim_b;
+    a->n = 0;
+    for (int i = 0; i < n; i++) iv_push(a, s[i]);
+    for (size_t i = 0; i < len; i++) {
+        step(m, a->a, a->n, p[i], b);
+        if (!b->n) return false;
+        ivec *t = a;
+        a = b;
+        b = t;
+    }
+    *res = a;
+    return true;
+}
+
+bool pt_gmatcher_accept_bytes(pt_gmatcher *m, const char *s, size_t len) {
+    int n;
+    const int32_t *st = cur_state(m, &n);
+    ivec *res;
+    /* hist may move while stepping: copy the state first */
+    int32_t small[64], *copy = n <= 64 ? small : pt_xmalloc((size_t)n * sizeof *copy);
+    memcpy(copy, st, (size_t)n * sizeof *copy);
+    bool ok = run_bytes(m, copy, n, (const uint8_t *)s, len, &res);
+    if (copy != small) free(copy);
+    if (ok) push_state(m, res);
+    return ok;
+}
+
+bool pt_gmatcher_accept(pt_gmatcher *m, int32_t id) {
+    const pt_gvocab *v = m->v;
+    if (id < 0 || id >= v->n_vocab || !v->len[id]) return false;
+    return pt_gmatcher_accept_bytes(m, v->blob + v->off[id], v->len[id]);
+}
+
+void pt_gmatcher_rollback(pt_gmatcher *m, int n) {
+    int keep = m->hist_off.n - 1 - n;
+    if (keep < 1) keep = 1;
+    m->hist_off.n = keep + 1;
+    m->hist.n = m->hist_off.a[keep];
+}
+
+int pt_gmatcher_n_steps(const pt_gmatcher *m) { return m->hist_off.n - 2; }
+
+bool pt_gmatcher_is_accepting(const pt_gmatcher *m) {
+    int n;
+    const int32_t *s = cur_state(m, &n);
+    for (int i = 0; i < n; i++)
+        if (s[i] == N_ROOT) return true;
+    return false;
+}
+
+bool pt_gmatcher_is_finished(pt_gmatcher *m) {
+    int n;
+    const int32_t *s = cur_state(m, &n);
+    return n == 1 && s[0] == N_ROOT;
+}
+
+/* --- masks ------------------------------------------------------------- */
+
+/* --- the lazy DFA over state sets --------------------------------------- */
+
+static uint64_t ids_hash(const int32_t *a, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)a[i]) * 1099511628211ull;
+    return h;
+}
+
+static void sort_ids(int32_t *a, int n) { /* sets are small: insertion sort */
+    for (int i = 1; i < n; i++) {
+        int32_t x = a[i];
+        int j = i - 1;
+        for (; j >= 0 && a[j] > x; j--) a[j + 1] = a[j];
+        a[j + 1] = x;
+    }
+}
+
+static void dhash_grow(pt_gmatcher *m) {
+    uint32_t cap = m->dhcap ? 2 * m->dhcap : 1024;
+    int32_t *t = pt_xcalloc(cap, sizeof *t);
+    for (int k = 0; k < m->n_dsets; k++) {
+        int off = m->doff.a[k], n = m->doff.a[k + 1] - off;
+        uint32_t h = (uint32_t)ids_hash(m->dpool.a + off, n) & (cap - 1);
+        while (t[h]) h = (h + 1) & (cap - 1);
+        t[h] = k + 1;
+    }
+    free(m->dhash);
+    m->dhash = t;
+    m->dhcap = cap;
+}
+
+/* The index of the set a[0..n) (sorted in place); -1 if empty. */
+static int32_t dset(pt_gmatcher *m, int32_t *a, int n) {
+    if (!n) return -1;
+    sort_ids(a, n);
+    if ((uint32_t)m->n_dsets * 2 + 2 >= m->dhcap) dhash_grow(m);
+    if (!m->doff.n) iv_push(&m->doff, 0);
+    uint32_t h = (uint32_t)ids_hash(a, n) & (m->dhcap - 1);
+    for (;; h = (h + 1) & (m->dhcap - 1)) {
+        int32_t e = m->dhash[h];
+        if (!e) break;
+        int off = m->doff.a[e - 1];
+        if (m->doff.a[e] - off == n && !memcmp(m->dpool.a + off, a, (size_t)n * sizeof *a)) return e - 1;
+    }
+    int k = m->n_dsets++;
+    bool sent = false;
+    for (int i = 0; i < n; i++) {
+        iv_push(&m->dpool, a[i]);
+        sent |= a[i] == N_SENT;
+    }
+    iv_push(&m->doff, m->dpool.n);
+    if ((k & (k - 1)) == 0) { /* grow per-set arrays at powers of two */
+        size_t c = k ? 2 * (size_t)k : 1;
+        m->dsent = pt_xrealloc(m->dsent, c);
+        m->dtrans = pt_xrealloc(m->dtrans, c * sizeof *m->dtrans);
+    }
+    m->dsent[k] = sent;
+    m->dtrans[k] = NULL;
+    m->dhash[h] = k + 1;
+    return k;
+}
+
+/* The set after byte b from set k (-1: nothing survives). */
+static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
+    int32_t *t = m->dtrans[k];
+    if (t && t[b] != -2) return t[b];
+    if (!t) {
+        t = m->dtrans[k] = pt_xmalloc(256 * sizeof *t);
+        for (int i = 0; i < 256; i++) t[i] = -2;
+    }
+    int off = m->doff.a[k], n = m->doff.a[k + 1] - off;
+    int32_t small[64], *in = n <= 64 ? small : pt_xmalloc((size_t)n * sizeof *in);
+    memcpy(in, m->dpool.a + off, (size_t)n * sizeof *in);
+    step(m, in, n, b, &m->dtmp);
+    if (in != small) free(in);
+    int32_t r = dset(m, m->dtmp.a, m->dtmp.n);
+    m->dtrans[k][b] = r; /* dset may not move dtrans[k]'s table, only the array */
+    return r;
+}
+
+static bool dset_live(const pt_gmatcher *m, int32_t k) { /* holds more than SENTINEL */
+    return m->doff.a[k + 1] - m->doff.a[k] > (int)m->dsent[k];
+}
+
+static void set_tok(const pt_gvocab *v, uint32_t *bits, int32_t t) {
+    for (; t >= 0; t = v->dup_next[t]) bits[t >> 5] |= 1u << (t & 31);
+}
+
+static void add_subtree_unc(pt_gmatcher *m, ivec *unc, int from, int to) {
+    for (int i = from; i < to; i++)
+        if (m->v->ttok[i] >= 0) iv_push(unc, m->v->ttok[i]);
+}
+
+/* Classifies the tokens below trie node ti, from set k (the state after
+ * ti's bytes); popped: some shorter prefix could end the frame. */
+static void pc_walk(pt_gmatcher *m, pc_entry *pc, ivec *unc, int ti, int32_t k, bool popped) {
+    const pt_gvocab *v = m->v;
+    for (int c = ti + 1; c < v->tend[ti]; c = v->tend[c]) {
+        int32_t t = dstep(m, k, v->tbyte[c]);
+        bool sent = t >= 0 && m->dsent[t], live = t >= 0 && dset_live(m, t);
+        int32_t tok = v->ttok[c];
+        if (tok >= 0) {
+            if (t >= 0) set_tok(v, pc->acc, tok);
+            else if (popped) iv_push(unc, tok);
+        }
+        bool pp = popped || sent;
+        if (live) pc_walk(m, pc, unc, c, t, pp);
+        else if (pp) add_subtree_unc(m, unc, c + 1, v->tend[c]);
+    }
+}
+
+/* The leaf's stack cut below its PC_DEPTH-th frame, the rest replaced by
+ * SENTINEL: the context a classification may look into.  Deep enough to
+ * hold a whole JSON string or number (char, loop, closing quote), so only
+ * tokens that run past such a value are uncertain. */
+#define PC_DEPTH 3
+
+static int32_t truncate_stack(pt_gmatcher *m, int32_t id, int k) {
+    if (id <= N_SENT) return id;
+    if (k == 0) return N_SENT;
+    int32_t below = truncate_stack(m, m->npar[id], k - 1);
+    return node_get(m, m->npos[id], below);
+}
+
+/* --- the vocabulary-wide cache of classifications ----------------------
+ * A classification depends only on the grammar reachable from a truncated
+ * stack, so it is keyed by a canonical text of that sub-grammar (rules
+ * renumbered in order of discovery): a JSON string's classification is
+ * computed once per vocabulary, whichever schema holds the string. */
+
+static void sig_put(pt_gmatcher *m, const void *p, size_t n) {
+    if (m->sig_len + n > m->sig_cap) {
+        m->sig_cap = (m->sig_len + n) * 2 + 256;
+        m->sig = pt_xrealloc(m->sig, m->sig_cap);
+    }
+    memcpy(m->sig + m->sig_len, p, n);
+    m->sig_len += n;
+}
+
+static void sig_tail(pt_gmatcher *m, int32_t pos) {
+    const pt_grammar *g = m->g;
+    for (;; pos++) {
+        int32_t e = g->code[pos];
+        uint8_t k = (uint8_t)GE_KIND(e);
+        sig_put(m, &k, 1);
+        if (k == GE_END) return;
+        if (k == GE_BYTES) {
+            sig_put(m, &g->sets[GE_ARG(e)], sizeof(pt_byteset));
+        } else {
+            int r = GE_ARG(e);
+            if (m->canon[r] < 0) {
+                m->canon[r] = m->canon_touched.n;
+                iv_push(&m->canon_touched, r);
+                iv_push(&m->canon_queue, r);
+            }
+            sig_put(m, &m->canon[r], sizeof(int32_t));
+        }
+    }
+}
+
+static void signature(pt_gmatcher *m, int32_t id) {
+    const pt_grammar *g = m->g;
+    m->sig_len = 0;
+    m->canon_touched.n = m->canon_queue.n = 0;
+    int32_t cur = id;
+    for (; cur > N_SENT; cur = m->npar[cur]) sig_tail(m, m->npos[cur]);
+    uint8_t bottom = cur == N_ROOT ? 'R' : 'S';
+    sig_put(m, &bottom, 1);
+    for (int q = 0; q < m->canon_queue.n; q++) {
+        int r = m->canon_queue.a[q];
+        int32_t na = g->rule_alt[r + 1] - g->rule_alt[r];
+        sig_put(m, &na, sizeof na);
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_tail(m, g->alt_start[a]);
+    }
+    for (int i = 0; i < m->canon_touched.n; i++) m->canon[m->canon_touched.a[i]] = -1;
+}
+
+static uint64_t sig_hash(const uint8_t *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static pc_entry *classify(pt_gmatcher *m, int32_t t) {
+    pc_entry *pc = pt_xcalloc(1, sizeof *pc);
+    pc->acc = pt_xcalloc((size_t)m->v->n_words, sizeof *pc->acc);
+    ivec unc = {0};
+    int32_t one = t;
+    pc_walk(m, pc, &unc, 0, dset(m, &one, 1), false);
+    pc->unc = unc.a;
+    pc->n_unc = unc.n;
+    return pc;
+}
+
+static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf) {
+    int32_t t = truncate_stack(m, leaf, PC_DEPTH);
+    if (t >= m->n_pc) {
+        int n = m->n_nodes + 1024;
+        m->pc = pt_xrealloc(m->pc, (size_t)n * sizeof *m->pc);
+        memset(m->pc + m->n_pc, 0, (size_t)(n - m->n_pc) * sizeof *m->pc);
+        m->n_pc = n;
+    }
+    if (m->pc[t]) return m->pc[t];
+    signature(m, t);
+    pt_gvocab *v = (pt_gvocab *)m->v; /* the cache is the one mutable part */
+    uint64_t h = sig_hash(m->sig, m->sig_len);
+    pc_entry *pc = pt_gvocab_cache_get(v, h, m->sig, m->sig_len);
+    if (!pc) {
+        pc = classify(m, t);
+        if (!pt_gvocab_cache_put(v, h, m->sig, m->sig_len, pc)) { /* full: ours to free */
+            if (m->n_own == m->cap_own) {
+                m->cap_own = m->cap_own ? 2 * m->cap_own : 16;
+                m->own = pt_xrealloc(m->own, (size_t)m->cap_own * sizeof *m->own);
+            }
+            m->own[m->n_own++] = pc;
+        }
+    }
+    m->pc[t] = pc;
+    return pc;
+}
+
+static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask);
+
+void pt_gmatcher_mask(pt_gmatcher *m, uint32_t *mask) {
+    const pt_gvocab *v = m->v;
+    int n;
+    const int32_t *s0 = cur_state(m, &n);
+    int32_t small[64], *s = n <= 64 ? small : pt_xmalloc((size_t)n * sizeof *s);
+    memcpy(s, s0, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_i32);
+    uint64_t key = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) key = (key ^ (uint32_t)s[i]) * 1099511628211ull;
+    if (!m->mc_cap) {
+        m->mc_cap = 2 * MC_MAX;
+        m->mc = pt_xcalloc(m->mc_cap, sizeof *m->mc);
+    }
+    uint32_t h = (uint32_t)(key >> 17) & (m->mc_cap - 1);
+    for (;; h = (h + 1) & (m->mc_cap - 1)) {
+        struct mcache *e = &m->mc[h];
+        if (!e->mask) break;
+        if (e->key == key && e->n == n && !memcmp(e->ids, s, (size_t)n * sizeof *s)) {
+            memcpy(mask, e->mask, (size_t)v->n_words * sizeof *mask);
+            if (s != small) free(s);
+            return;
+        }
+    }
+    mask_compute(m, s, n, mask);
+    if (m->mc_n < MC_MAX) {
+        struct mcache *e = &m->mc[h];
+        e->key = key;
+        e->n = n;
+        e->ids = pt_xmalloc((size_t)n * sizeof *s + 1);
+        memcpy(e->ids, s, (size_t)n * sizeof *s);
+        e->mask = pt_xmalloc((size_t)v->n_words * sizeof *mask);
+        memcpy(e->mask, mask, (size_t)v->n_words * sizeof *mask);
+        m->mc_n++;
+    }
+    if (s != small) free(s);
+}
+
+/* Every token accepted from set k, by a pruned trie walk: used when too
+ * many tokens are uncertain to check one by one. */
+static void walk_full(pt_gmatcher *m, uint32_t *mask, int ti, int32_t k) {
+    const pt_gvocab *v = m->v;
+    for (int c = ti + 1; c < v->tend[ti]; c = v->tend[c]) {
+        int32_t t = dstep(m, k, v->tbyte[c]);
+        if (t < 0) continue;
+        if (v->ttok[c] >= 0) set_tok(v, mask, v->ttok[c]);
+        walk_full(m, mask, c, t);
+    }
+}
+
+static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask) {
+    const pt_gvocab *v = m->v;
+    memset(mask, 0, (size_t)v->n_words * sizeof *mask);
+    long n_unc = 0;
+    for (int i = 0; i < n; i++)
+        if (s[i] > N_SENT) n_unc += pc_get(m, s[i])->n_unc;
+    int32_t tmp[64], *cp = n <= 64 ? tmp : pt_xmalloc((size_t)n * sizeof *cp);
+    memcpy(cp, s, (size_t)n * sizeof *cp);
+    int32_t k0 = dset(m, cp, n);
+    if (cp != tmp) free(cp);
+    if (n_unc > 1500) {
+        walk_full(m, mask, 0, k0);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (s[i] <= N_SENT) continue;
+        const pc_entry *pc = pc_get(m, s[i]);
+        for (int w = 0; w < v->n_words; w++) mask[w] |= pc->acc[w];
+    }
+    if (++m->tok_gen == 0) {
+        memset(m->tok_mark, 0, (size_t)v->n_vocab * sizeof *m->tok_mark);
+        m->tok_gen = 1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (s[i] <= N_SENT) continue;
+        const pc_entry *pc = pc_get(m, s[i]);
+        for (int k = 0; k < pc->n_unc; k++) {
+            int32_t t = pc->unc[k];
+            if ((mask[t >> 5] >> (t & 31)) & 1 || m->tok_mark[t] == m->tok_gen) continue;
+            m->tok_mark[t] = m->tok_gen;
+            const uint8_t *p = (const uint8_t *)v->blob + v->off[t];
+            int32_t k = k0;
+            for (uint32_t j = 0; j < v->len[t] && k >= 0; j++) k = dstep(m, k, p[j]);
+            if (k >= 0) set_tok(v, mask, t);
+        }
+    }
+}
