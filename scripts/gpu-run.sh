@@ -19,7 +19,11 @@
 #                                     qmodels = dummy 8B with quantized
 #                                     weights (QMODEL_DTYPES); llama =
 #                                     llama.cpp and Petrel on the same GGUF
-#                                     files, same call (below)
+#                                     files, same call (below); core =
+#                                     speculation and --kv-disk outputs
+#                                     identical on the GPU, 8B decode,
+#                                     batched decode, prefix reuse,
+#                                     oracle speculation
 #
 # The llama phase: the 8B-shape F16 GGUF (make-llama8b-gguf.py, needs
 # torch and llama.cpp's gguf-py), llama-quantize to LLAMA_QUANTS (default
@@ -178,6 +182,40 @@ if has kvq; then
 fi
 
 # ---- quantized weights: dummy 8B models, decode and prefill ------------------
+# core: the engine loop on the GPU.  Greedy output with speculation on and
+# off, and with pages restored from --kv-disk, must be identical (f16 and
+# TurboQuant KV); then the 8B dummy's decode, batched decode through the
+# scheduler, prefix reuse cold/RAM/disk and oracle speculation.
+if has core; then
+    P="Once upon a time, there was a little girl named Lily. She loved to play outside in the sun."
+    for kq in none turbo:k8v3:anydim; do
+        rm -rf /tmp/kvd-core
+        for arm in plain spec disk1 disk2; do
+            extra=; [ $arm = spec ] && extra="--spec ngram --spec-k 4"
+            [ ${arm#disk} != $arm ] && extra="--kv-disk /tmp/kvd-core"
+            "$BIN/petrel" generate --device cuda --temp 0 -n 160 --kv-quant $kq $extra "$P" \
+                >"/tmp/core-$arm.txt" 2>"/tmp/core-$arm.err"
+            tail -2 "/tmp/core-$arm.err"
+        done
+        for arm in spec disk1 disk2; do
+            if cmp -s /tmp/core-plain.txt "/tmp/core-$arm.txt"; then echo "core $kq $arm: identical";
+            else echo "core $kq $arm: DIFFERS"; diff /tmp/core-plain.txt "/tmp/core-$arm.txt" | head -5; fi
+        done
+    done
+    m=${CORE_MODEL:-llama-8b}
+    stamp "petrel bench dummy:$m: decode, parallel, prefix reuse, speculation"
+    timeout 300 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
+        -p 512 -d 0,8192 -g 32 -r 2 -P ${CORE_PAR:-1,8,32,64} \
+        --prefix-reuse ${CORE_REUSE:-4096} --kv-disk /tmp/kvd-$m -o "$OUT/core-$m.json"
+    echo "petrel bench core $m: exit $?"
+    for a in ${CORE_ORACLE:-0.5 0.8 0.95}; do
+        stamp "petrel bench dummy:$m --spec oracle:$a --spec-k 4"
+        timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
+            -p 16 -d 0 -g 128 -r 1 --spec "oracle:$a" --spec-k 4 -o "$OUT/spec-$m-$a.json"
+        echo "petrel bench spec $a: exit $?"
+    done
+fi
+
 if has qmodels; then
     for dt in ${QMODEL_DTYPES:-q4_0 q8_0 affine4g64 affine8g64 q4_k}; do
         stamp "petrel bench dummy:llama-8b --dummy-dtype $dt"
