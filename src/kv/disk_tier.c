@@ -46,7 +46,8 @@ struct pt_disk {
     int page_size;
     int64_t cap;
     pthread_mutex_t mu;
-    pthread_cond_t cv, idle;
+    pthread_cond_t cv, idle, room;
+    size_t max_queued; /* bytes of copies that may wait; a writer beyond it waits for room */
     pthread_t writer;
     /* under mu */
     entry *map;
@@ -191,6 +192,7 @@ static void *writer_main(void *arg) {
         pthread_mutex_lock(&d->mu);
         d->busy = false;
         d->q_bytes -= d->payload;
+        pthread_cond_broadcast(&d->room);
         entry *e = find(d, j->key, false);
         if (!off && !err && e) {
             e->state = 1;
@@ -205,6 +207,7 @@ static void *writer_main(void *arg) {
             if (e) e->state = 3;
             if (err && !d->st.write_off) {
                 d->st.write_off = true;
+                pthread_cond_broadcast(&d->room);
                 pt_warn("--kv-disk %s: cannot write (%s); the disk tier stops writing, serving "
                         "goes on", d->dir, strerror(err));
             }
@@ -219,13 +222,17 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
+/* A full queue makes the caller wait for the writer rather than drop the
+ * page: evictions come deepest page first (sequences free their pages from
+ * the end), so dropping would lose the roots of the chains and with them
+ * every page after. */
 void pt_disk_write(pt_disk *d, uint64_t key, void *buf) {
     pthread_mutex_lock(&d->mu);
+    while (!d->st.write_off && d->q_head && d->q_bytes + d->payload > d->max_queued)
+        pthread_cond_wait(&d->room, &d->mu);
     entry *e = find(d, key, false);
-    bool skip = d->st.write_off || (e && (e->state == 1 || e->state == 2)) ||
-                d->q_bytes + d->payload > MAX_QUEUED_BYTES;
+    bool skip = d->st.write_off || (e && (e->state == 1 || e->state == 2));
     if (skip) {
-        if (!d->st.write_off && !(e && (e->state == 1 || e->state == 2))) d->st.n_dropped++;
         pthread_mutex_unlock(&d->mu);
         free(buf);
         return;
@@ -416,6 +423,8 @@ int pt_disk_open(pt_disk **out, const char *dir, int64_t cap_bytes, uint64_t sal
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     pthread_cond_init(&d->idle, NULL);
+    pthread_cond_init(&d->room, NULL);
+    d->max_queued = PT_MAX(MAX_QUEUED_BYTES, 2 * payload_bytes);
     scan(d);
     if (pthread_create(&d->writer, NULL, writer_main, d)) {
         pt_disk_close(d);
@@ -438,9 +447,16 @@ void pt_disk_close(pt_disk *d) {
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->idle);
+    pthread_cond_destroy(&d->room);
     free(d->map);
     free(d->dir);
     free(d);
+}
+
+void pt_disk_set_queue_limit(pt_disk *d, size_t bytes) {
+    pthread_mutex_lock(&d->mu);
+    d->max_queued = bytes;
+    pthread_mutex_unlock(&d->mu);
 }
 
 pt_disk_stats pt_disk_get_stats(pt_disk *d) {

@@ -64,8 +64,11 @@ bool pt_disk_wants(pt_disk *d, uint64_t key);
  * absent, unreadable or corrupt (then the file is removed). */
 int pt_disk_read(pt_disk *d, uint64_t key, void *buf);
 /* Queues buf (payload_bytes, malloc'd; the tier frees it) to be written
- * under key.  Dropped if writing is off or too much is queued. */
+ * under key; waits for the writer when 256 MiB of copies already wait.
+ * Dropped if writing is off or the key is there already. */
 void pt_disk_write(pt_disk *d, uint64_t key, void *buf);
+/* Bytes of copies that may wait for the writer (tests). */
+void pt_disk_set_queue_limit(pt_disk *d, size_t bytes);
 /* Waits until everything queued so far is on disk. */
 void pt_disk_sync(pt_disk *d);
 pt_disk_stats pt_disk_get_stats(pt_disk *d);

@@ -183,11 +183,29 @@ static void test_write_error(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* A queue smaller than the burst: the producer waits for the writer and
+ * nothing is dropped (evictions come deepest page first; a drop would lose
+ * the chain's root). */
+static void test_backpressure(void **state) {
+    (void)state;
+    fresh_dir();
+    pt_disk *d = open_tier(7, 1 << 24);
+    pt_disk_set_queue_limit(d, 2 * PAYLOAD);
+    for (uint64_t k = 1; k <= 64; k++) pt_disk_write(d, k, page(k));
+    pt_disk_sync(d);
+    pt_disk_stats st = pt_disk_get_stats(d);
+    assert_int_equal(st.n_written, 64);
+    assert_int_equal(st.n_dropped, 0);
+    for (uint64_t k = 1; k <= 64; k++) assert_true(pt_disk_has(d, k));
+    pt_disk_close(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_restart), cmocka_unit_test(test_damage),
         cmocka_unit_test(test_one_process),            cmocka_unit_test(test_cap_lru),
         cmocka_unit_test(test_write_error),
+        cmocka_unit_test(test_backpressure),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fresh_dir(); /* leave nothing behind */
