@@ -185,10 +185,6 @@ static void test_tiny_dummies(void **state) {
  * to both. */
 static void test_quantized_weights(void **state) {
     (void)state;
-    /* the GPU's quantized GEMV rounds activations as the CPU's int16
-     * kernels do; the CPU's int8 prefill GEMM (8+ rows) is the other
-     * rounding, so the reference stays on int16 */
-    setenv("PETREL_CPU_INT8", "0", 1);
     static const char *const fmts[] = {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k",
                                        "affine4g64", "affine4g32", "affine8g64", "affine8g128"};
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
@@ -271,6 +267,10 @@ int main(void) {
         fflush(stdout);
         _exit(77); /* not exit(): leak checkers would count the runtime's buffers */
     }
+    /* The GPU's quantized GEMV rounds activations as the CPU's int16
+     * kernels do; the CPU's int8 prefill GEMM (8+ rows) rounds otherwise,
+     * so the CPU reference stays on int16 (read when the backend starts). */
+    setenv("PETREL_CPU_INT8", "0", 1);
     be[CPU] = pt_backend_cpu_new(0, "auto", &err);
     if (!be[CPU]) {
         fprintf(stderr, "test_cuda_model: %s\n", err.msg);
