@@ -382,26 +382,39 @@ static int32_t draw(pt_sampler *s, int lo, double sum, int32_t best) {
     return best;
 }
 
+/* The sampler's distribution p: temperature, then top-k, top-p and min-p
+ * leave the candidates s->ids[*lo..n) with weights w[id] summing to *sum.
+ * Returns false (and the argmax in *best) when the logits are not finite:
+ * then there is nothing to weigh. */
+static bool candidates(pt_sampler *s, const float *logits, int *lo, double *sum, int32_t *best) {
+    const pt_sampling *p = &s->p;
+    int n = s->n_vocab;
+    *best = argmax(logits, n);
+    float max = logits[*best];
+    if (!isfinite(max)) return false;
+    *lo = 0;
+    if (p->top_k > 0 && p->top_k < n)
+        *lo = select_best(s, logits, p->top_k);
+    else
+        for (int i = 0; i < n; i++)
+            s->ids[i] = i;
+    *sum = weigh(s, logits, *lo, max, 1.0f / p->temperature);
+    if (p->top_p < 1.0f) *lo = keep_nucleus(s, logits, *lo, sum);
+    if (p->min_p > 0.0f) *lo = keep_min_p(s, *lo, sum);
+    return true;
+}
+
 /* temperature -> top-k -> top-p -> min-p -> draw.  Every call consumes
  * exactly one number from the RNG, so streams stay aligned across calls
  * whatever the filters keep. */
 static int32_t sample_random(pt_sampler *s, const float *logits) {
-    const pt_sampling *p = &s->p;
-    int n = s->n_vocab, lo = 0;
-    int32_t best = argmax(logits, n);
-    float max = logits[best];
-    if (!isfinite(max)) {
+    int lo;
+    double sum;
+    int32_t best;
+    if (!candidates(s, logits, &lo, &sum, &best)) {
         pt_rng_next(&s->rng);
         return best;
     }
-    if (p->top_k > 0 && p->top_k < n)
-        lo = select_best(s, logits, p->top_k);
-    else
-        for (int i = 0; i < n; i++)
-            s->ids[i] = i;
-    double sum = weigh(s, logits, lo, max, 1.0f / p->temperature);
-    if (p->top_p < 1.0f) lo = keep_nucleus(s, logits, lo, &sum);
-    if (p->min_p > 0.0f) lo = keep_min_p(s, lo, &sum);
     return draw(s, lo, sum, best);
 }
 
@@ -411,24 +424,15 @@ static int32_t sample_random(pt_sampler *s, const float *logits) {
  * the draft.  The emitted token is then distributed exactly as p (the
  * rejection-sampling lemma).  Two numbers come from the RNG. */
 static int32_t verify_random(pt_sampler *s, const float *logits, int32_t draft, bool *accepted) {
-    const pt_sampling *p = &s->p;
-    int n = s->n_vocab, lo = 0;
-    int32_t best = argmax(logits, n);
-    float max = logits[best];
+    int n = s->n_vocab, lo;
+    double sum;
+    int32_t best;
     *accepted = false;
-    if (!isfinite(max)) {
+    if (!candidates(s, logits, &lo, &sum, &best)) {
         pt_rng_next(&s->rng);
         *accepted = best == draft;
         return best;
     }
-    if (p->top_k > 0 && p->top_k < n)
-        lo = select_best(s, logits, p->top_k);
-    else
-        for (int i = 0; i < n; i++)
-            s->ids[i] = i;
-    double sum = weigh(s, logits, lo, max, 1.0f / p->temperature);
-    if (p->top_p < 1.0f) lo = keep_nucleus(s, logits, lo, &sum);
-    if (p->min_p > 0.0f) lo = keep_min_p(s, lo, &sum);
     double pd = 0.0;
     for (int i = lo; i < n && draft >= 0; i++)
         if (s->ids[i] == draft) pd = s->w[draft];
