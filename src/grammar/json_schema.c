@@ -32,6 +32,7 @@ typedef struct sc {
 } sc;
 
 static int gen(sc *c, const json_t *s, int *rule);
+static bool has_validation(const json_t *s);
 
 /* --- shared rules ---------------------------------------------------------- */
 
@@ -678,6 +679,15 @@ static bool in_list(const json_t *arr, const char *k) {
     return false;
 }
 
+/* A patternProperties key that every string matches: a search for
+ * nothing, or for .* (which may match the empty substring). */
+static bool matches_every_key(const char *p) {
+    static const char *const every[] = {"", ".*", "^.*", ".*$", "(.*)", "^(.*)", "(.*)$", NULL};
+    for (int i = 0; every[i]; i++)
+        if (!strcmp(p, every[i])) return true;
+    return false;
+}
+
 /* Objects with at most this many listed properties take them in any order
  * (2^n rules); larger ones in the schema's order. */
 #define ANY_ORDER_MAX 6
@@ -689,8 +699,21 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     if (props && !json_is_object(props)) return pt_fail(c->err, "\"properties\" must be an object");
     if (req && !json_is_array(req)) return pt_fail(c->err, "\"required\" must be an array");
     json_t *pprops = json_object_get(s, "patternProperties");
-    if (pprops && (!json_is_object(pprops) || !json_is_false(addl)))
-        return pt_fail(c->err, "\"patternProperties\" is only supported with additionalProperties: false");
+    /* One pattern that every key matches (".*" searches, so it matches
+     * any string, newlines included): every property, listed or not, must
+     * satisfy its schema, and additionalProperties applies to no key. */
+    json_t *all_keys = NULL;
+    if (json_is_object(pprops) && json_object_size(pprops) == 1 && !json_is_false(addl)) {
+        void *it = json_object_iter(pprops);
+        if (matches_every_key(json_object_iter_key(it))) all_keys = json_object_iter_value(it);
+    }
+    if (pprops && !all_keys && (!json_is_object(pprops) || !json_is_false(addl)))
+        return pt_fail(c->err, "\"patternProperties\" is only supported with additionalProperties: false "
+                               "or a single pattern matching every key");
+    if (all_keys) {
+        addl = all_keys; /* the extra keys' schema */
+        pprops = NULL;
+    }
     if (json_object_get(s, "propertyNames")) return pt_fail(c->err, "\"propertyNames\" is not supported");
     if (json_object_get(s, "dependencies") || json_object_get(s, "dependentRequired") ||
         json_object_get(s, "dependentSchemas"))
@@ -733,7 +756,14 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     int i = 0, rc = 0;
     json_object_foreach(props, k, v) {
         int val;
-        if ((rc = gen(c, v, &val)) < 0) {
+        if (all_keys && !json_is_true(all_keys) && has_validation(all_keys)) { /* both apply */
+            json_t *both = json_pack("{s:[O,O]}", "allOf", v, all_keys);
+            rc = gen(c, both, &val);
+            json_decref(both);
+        } else {
+            rc = gen(c, v, &val);
+        }
+        if (rc < 0) {
             pt_failp(c->err, "property \"%s\"", k);
             goto out;
         }
