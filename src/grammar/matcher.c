@@ -36,17 +36,20 @@
 #include <stdlib.h>
 
 enum { N_ROOT = 0, N_SENT = 1 };
+enum { DS_SENT = 1, DS_LIVE = 2 }; /* a set holds SENTINEL / more than it */
 
 typedef struct ivec {
     int32_t *a;
     int n, cap;
 } ivec;
 
-static void iv_push(ivec *v, int32_t x) {
-    if (v->n == v->cap) {
-        v->cap = v->cap ? 2 * v->cap : 16;
-        v->a = pt_xrealloc(v->a, (size_t)v->cap * sizeof *v->a);
-    }
+static void iv_grow(ivec *v) {
+    v->cap = v->cap ? 2 * v->cap : 16;
+    v->a = pt_xrealloc(v->a, (size_t)v->cap * sizeof *v->a);
+}
+
+static inline void iv_push(ivec *v, int32_t x) {
+    if (v->n == v->cap) iv_grow(v);
     v->a[v->n++] = x;
 }
 
@@ -72,7 +75,7 @@ struct pt_gmatcher {
      * node once a set has been seen */
     ivec dpool;               /* members of set k: dpool[doff[k] .. doff[k+1]) */
     ivec doff;
-    uint8_t *dsent;           /* [k] the set holds SENTINEL */
+    uint8_t *dsent;           /* [k] DS_SENT | DS_LIVE */
     int32_t **dtrans;         /* [k] 256 successors; -2 unknown, -1 dead */
     int32_t *dhash;           /* open addressing: set index + 1 */
     uint32_t dhcap;
@@ -436,16 +439,16 @@ static int32_t dset(pt_gmatcher *m, int32_t *a, int n) {
         m->dsent = pt_xrealloc(m->dsent, c);
         m->dtrans = pt_xrealloc(m->dtrans, c * sizeof *m->dtrans);
     }
-    m->dsent[k] = sent;
+    m->dsent[k] = (uint8_t)((sent ? DS_SENT : 0) | (n > (int)sent ? DS_LIVE : 0));
     m->dtrans[k] = NULL;
     m->dhash[h] = k + 1;
     return k;
 }
 
-/* The set after byte b from set k (-1: nothing survives). */
-static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
+/* The set after byte b from set k (-1: nothing survives), computed the
+ * first time. */
+static int32_t dstep_slow(pt_gmatcher *m, int32_t k, unsigned b) {
     int32_t *t = m->dtrans[k];
-    if (t && t[b] != -2) return t[b];
     if (!t) {
         t = m->dtrans[k] = pt_xmalloc(256 * sizeof *t);
         for (int i = 0; i < 256; i++) t[i] = -2;
@@ -460,8 +463,10 @@ static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
     return r;
 }
 
-static bool dset_live(const pt_gmatcher *m, int32_t k) { /* holds more than SENTINEL */
-    return m->doff.a[k + 1] - m->doff.a[k] > (int)m->dsent[k];
+static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
+    const int32_t *t = m->dtrans[k];
+    if (t && t[b] != -2) return t[b];
+    return dstep_slow(m, k, b);
 }
 
 /* Sets the bits of token id t and of the tokens with the same bytes. */
@@ -549,10 +554,13 @@ static void walk(pt_gmatcher *m, ivec *acc, ivec *unc, int ti, int32_t k, bool p
     }
     int a0 = acc->n, u0 = unc->n;
     m->n_walked++;
-    for (int c = ti + 1; c < v->tend[ti]; c = v->tend[c]) {
-        int32_t t = dstep(m, k, v->tbyte[c]);
-        bool sent = t >= 0 && m->dsent[t], live = t >= 0 && dset_live(m, t);
-        int32_t tok = v->ttok[c];
+    const int32_t *tend = v->tend, *ttok = v->ttok;
+    const uint8_t *tbyte = v->tbyte;
+    for (int c = ti + 1, end = tend[ti]; c < end; c = tend[c]) {
+        int32_t t = dstep(m, k, tbyte[c]);
+        unsigned f = t >= 0 ? m->dsent[t] : 0;
+        bool sent = f & DS_SENT, live = f & DS_LIVE;
+        int32_t tok = ttok[c];
         if (tok >= 0) {
             if (t >= 0) iv_push(acc, tok);
             else if (popped) iv_push(unc, tok & ~TTOK_DUP);
