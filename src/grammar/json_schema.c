@@ -353,12 +353,13 @@ static int gen_string(sc *c, const json_t *s, int *rule) {
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
     if (pat && !json_is_string(pat)) return pt_fail(c->err, "\"pattern\" must be a string");
-    if (pat && (mn || mx))
-        return pt_fail(c->err, "\"pattern\" together with minLength/maxLength is not supported");
     if (pat && fmt) return pt_fail(c->err, "\"pattern\" together with \"format\" is not supported");
     if (pat) {
+        if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)))
+            return pt_fail(c->err, "minLength/maxLength must be integers");
+        long lo = mn ? (long)json_integer_value(mn) : 0, hi = mx ? (long)json_integer_value(mx) : -1;
         int body;
-        if (pt_regex_rule(c->b, json_string_value(pat), true, false, &body, c->err) < 0)
+        if (pt_regex_rule_len(c->b, json_string_value(pat), true, false, lo, hi, &body, c->err) < 0)
             return pt_failp(c->err, "pattern");
         *rule = quoted(c, body);
         return 0;

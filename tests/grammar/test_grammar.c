@@ -282,6 +282,42 @@ static void test_rollback_and_finish(void **state) {
     pt_grammar_free(g);
 }
 
+/* pattern with length bounds: implied ones, and one repeated class whose
+ * count takes them; patternProperties with a pattern every key matches. */
+static void test_pattern_length_and_all_keys(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"type\":\"string\",\"pattern\":\"^[a-z\\\"]+$\",\"maxLength\":3}");
+    assert_true(accepts(g, "\"abc\""));
+    assert_true(accepts(g, "\"a\\\"b\"")); /* an escaped quote is one character */
+    assert_false(accepts(g, "\"abcd\""));
+    assert_false(accepts(g, "\"\""));
+    assert_false(accepts(g, "\"ab1\""));
+    pt_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[0-9]{4}-[0-9]{2}$\",\"minLength\":7,\"maxLength\":7}");
+    assert_true(accepts(g, "\"2024-01\""));
+    assert_false(accepts(g, "\"2024-1\""));
+    pt_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"[a-z]\",\"minLength\":1}"); /* a search: length >= 1 implied */
+    assert_true(accepts(g, "\"9a9\""));
+    pt_grammar_free(g);
+    const char *bad[] = {"{\"type\":\"string\",\"pattern\":\"^(a|bc)+$\",\"maxLength\":3}",
+                         "{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":3}",
+                         "{\"type\":\"string\",\"pattern\":\"^[a-z]{5}$\",\"maxLength\":3}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        pt_err err = {{0}};
+        assert_int_equal(pt_grammar_from_schema_text(&g, bad[i], strlen(bad[i]), &err), -1);
+        assert_non_null(strstr(err.msg, "pattern"));
+    }
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+               "\"patternProperties\":{\".*\":{\"type\":\"integer\",\"minimum\":0}}}");
+    assert_true(accepts(g, "{\"a\":1,\"b\":2}"));
+    assert_true(accepts(g, "{\"b\":2,\"c\":0}"));
+    assert_false(accepts(g, "{\"b\":\"x\"}"));
+    assert_false(accepts(g, "{\"a\":-1}")); /* both the property and the pattern apply */
+    assert_false(accepts(g, "{\"a\":1,\"a\":2}"));
+    pt_grammar_free(g);
+}
+
 /* Every string of 1 to 4 characters over a 6-letter alphabet that holds a
  * quote and a colon: subtrees large enough for the matcher's memoized walks
  * (256 nodes and more), with tokens crossing key boundaries. */
@@ -390,6 +426,7 @@ int main(void) {
         cmocka_unit_test(test_schema_errors),    cmocka_unit_test(test_regex_and_gbnf),
         cmocka_unit_test(test_masks_brute_force), cmocka_unit_test(test_rollback_and_finish),
         cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
+        cmocka_unit_test(test_pattern_length_and_all_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
