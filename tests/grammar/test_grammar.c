@@ -318,6 +318,33 @@ static void test_pattern_length_and_all_keys(void **state) {
     pt_grammar_free(g);
 }
 
+/* Keywords of one type leave the other types free; objects of up to 8
+ * listed properties take them in any order. */
+static void test_untyped_keywords_and_order(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}");
+    assert_true(accepts(g, "{\"a\":1}"));
+    assert_false(accepts(g, "{\"a\":\"x\"}"));
+    assert_false(accepts(g, "{}"));
+    assert_true(accepts(g, "\"not an object\""));
+    assert_true(accepts(g, "[1,2]"));
+    pt_grammar_free(g);
+    g = schema("{\"items\":{\"type\":\"string\"},\"minLength\":2}");
+    assert_true(accepts(g, "[\"x\"]"));
+    assert_false(accepts(g, "[1]"));
+    assert_true(accepts(g, "{\"k\":1}"));
+    assert_false(accepts(g, "\"x\""));
+    assert_true(accepts(g, "\"xy\""));
+    pt_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"p1\":{},\"p2\":{},\"p3\":{},\"p4\":{},\"p5\":{},"
+               "\"p6\":{},\"p7\":{},\"p8\":{}},\"required\":[\"p8\"],\"additionalProperties\":false}");
+    assert_true(accepts(g, "{\"p8\":0,\"p1\":1,\"p7\":7}"));
+    assert_true(accepts(g, "{\"p3\":0,\"p2\":1,\"p8\":7,\"p1\":1}"));
+    assert_false(accepts(g, "{\"p3\":0,\"p2\":1}"));         /* p8 is required */
+    assert_false(accepts(g, "{\"p8\":0,\"p1\":1,\"p8\":7}")); /* each at most once */
+    pt_grammar_free(g);
+}
+
 /* Every string of 1 to 4 characters over a 6-letter alphabet that holds a
  * quote and a colon: subtrees large enough for the matcher's memoized walks
  * (256 nodes and more), with tokens crossing key boundaries. */
@@ -426,7 +453,7 @@ int main(void) {
         cmocka_unit_test(test_schema_errors),    cmocka_unit_test(test_regex_and_gbnf),
         cmocka_unit_test(test_masks_brute_force), cmocka_unit_test(test_rollback_and_finish),
         cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
-        cmocka_unit_test(test_pattern_length_and_all_keys),
+        cmocka_unit_test(test_pattern_length_and_all_keys), cmocka_unit_test(test_untyped_keywords_and_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
