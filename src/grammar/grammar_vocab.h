@@ -35,7 +35,6 @@ typedef struct pc_slot {
 
 struct pt_gvocab {
     int n_vocab, n_words;
-    int max_len;       /* the longest token, in bytes */
     size_t *off;       /* [n_vocab] token bytes in blob */
     uint32_t *len;     /* [n_vocab] 0: never allowed */
     char *blob;

@@ -1227,10 +1227,15 @@ static const struct { const char *name; type_gen fn; } type_table[] = {
 };
 
 /* Keywords that constrain one type.  Without "type" they say nothing about
- * values of the other types: {"properties": {...}} also accepts "a string". */
+ * values of the other types: {"properties": {...}} also accepts "a string".
+ * Every standard one is listed, so none is skipped unread: the generator of
+ * its type enforces or refuses it. */
 static const char *const implied[] = {
-    "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
-    "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "properties", "required", "additionalProperties", "patternProperties", "propertyNames", "minProperties",
+    "maxProperties", "dependencies", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+    "items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+    "unevaluatedItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum",
 };
 
 static int gen_typed(sc *c, const json_t *s, int *rule) {

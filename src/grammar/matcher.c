@@ -85,9 +85,6 @@ struct pt_gmatcher {
     int n_own, cap_own;
     int32_t *canon;     /* [n_rules] signature numbering, -1 */
     ivec canon_touched, canon_queue;
-    int32_t *minlen;    /* [n_rules] fewest bytes a rule derives */
-    int32_t *rdist;     /* [n_rules] fewest bytes before a rule starts, in a signature */
-    ivec rdist_touched, rdist_queue;
     uint8_t *sig;
     size_t sig_len, sig_cap;
     uint32_t *tok_mark, tok_gen;
@@ -257,24 +254,6 @@ static void push_state(pt_gmatcher *m, const ivec *s) {
     iv_push(&m->hist_off, m->hist.n);
 }
 
-/* The fewest bytes each rule derives (a fixpoint: rules mostly refer to
- * rules made before them, so a few passes settle it). */
-static int32_t *rule_minlen(const pt_grammar *g) {
-    int32_t *ml = pt_xmalloc(((size_t)g->n_rules + 1) * sizeof *ml);
-    for (int r = 0; r < g->n_rules; r++) ml[r] = INT32_MAX;
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int r = 0; r < g->n_rules; r++)
-            for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
-                int64_t len = 0;
-                for (int32_t pos = g->alt_start[a]; GE_KIND(g->code[pos]) != GE_END && len < INT32_MAX; pos++)
-                    len += GE_KIND(g->code[pos]) == GE_BYTES ? 1 : ml[GE_ARG(g->code[pos])];
-                if (len < ml[r]) ml[r] = (int32_t)len, changed = true;
-            }
-    }
-    return ml;
-}
-
 pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v) {
     pt_gmatcher *m = pt_xcalloc(1, sizeof *m);
     m->g = g;
@@ -284,9 +263,6 @@ pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v) {
     htab_grow(m);
     m->canon = pt_xmalloc(((size_t)g->n_rules + 1) * sizeof *m->canon);
     for (int i = 0; i <= g->n_rules; i++) m->canon[i] = -1;
-    m->rdist = pt_xmalloc(((size_t)g->n_rules + 1) * sizeof *m->rdist);
-    for (int i = 0; i <= g->n_rules; i++) m->rdist[i] = INT32_MAX;
-    m->minlen = rule_minlen(g);
     m->tok_mark = pt_xcalloc((size_t)v->n_vocab, sizeof *m->tok_mark);
     pt_gmatcher_reset(m);
     return m;
@@ -321,10 +297,6 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     free(m->own);
     free(m->pc);
     free(m->canon);
-    free(m->rdist);
-    free(m->minlen);
-    free(m->rdist_touched.a);
-    free(m->rdist_queue.a);
     free(m->canon_touched.a);
     free(m->canon_queue.a);
     free(m->sig);
@@ -628,48 +600,15 @@ static void sig_put(pt_gmatcher *m, const void *p, size_t n) {
     m->sig_len += n;
 }
 
-/* Signatures see only what a token can reach: an element that lies more
- * bytes away than the longest token (max_len) cannot change which tokens
- * are accepted, so it is written as FAR.  Then the positions of a long
- * bounded repetition (a string of maxLength 1024) share one signature, and
- * one classification, until the end comes within reach. */
-enum { SIG_FAR = 7 };
-
-/* Phase 1: rdist[r], the fewest bytes before rule r can start, for the
- * rules within reach of an alternative's tail from pos at distance d;
- * returns the distance after the tail (> max_len: cut). */
-static int64_t dist_tail(pt_gmatcher *m, int32_t pos, int64_t d) {
-    const pt_grammar *g = m->g;
-    for (; d <= m->v->max_len; pos++) {
-        int32_t e = g->code[pos];
-        if (GE_KIND(e) == GE_END) return d;
-        if (GE_KIND(e) == GE_BYTES) {
-            d++;
-            continue;
-        }
-        int r = GE_ARG(e);
-        if (d < m->rdist[r]) {
-            if (m->rdist[r] == INT32_MAX) iv_push(&m->rdist_touched, r);
-            m->rdist[r] = (int32_t)d;
-            iv_push(&m->rdist_queue, r);
-        }
-        d += m->minlen[r];
-    }
-    return d;
-}
-
-/* Phase 2: writes the tail from pos at distance d in canonical form. */
-static void sig_tail(pt_gmatcher *m, int32_t pos, int64_t d) {
+static void sig_tail(pt_gmatcher *m, int32_t pos) {
     const pt_grammar *g = m->g;
     for (;; pos++) {
         int32_t e = g->code[pos];
         uint8_t k = (uint8_t)GE_KIND(e);
-        if (k != GE_END && d > m->v->max_len) k = SIG_FAR;
         sig_put(m, &k, 1);
-        if (k == GE_END || k == SIG_FAR) return;
+        if (k == GE_END) return;
         if (k == GE_BYTES) {
             sig_put(m, &g->sets[GE_ARG(e)], sizeof(pt_byteset));
-            d++;
         } else {
             int r = GE_ARG(e);
             if (m->canon[r] < 0) {
@@ -678,7 +617,6 @@ static void sig_tail(pt_gmatcher *m, int32_t pos, int64_t d) {
                 iv_push(&m->canon_queue, r);
             }
             sig_put(m, &m->canon[r], sizeof(int32_t));
-            d += m->minlen[r];
         }
     }
 }
@@ -687,44 +625,26 @@ static void sig_tail(pt_gmatcher *m, int32_t pos, int64_t d) {
  * some schema's own (an object's remaining properties), another schema
  * will not hold it, and writing it out for every leaf under it cost more
  * than the classifications (megabytes per mask on large schemas). */
-#define SIG_MAX 16384
+#define SIG_MAX 4096
 
-/* The canonical text of the sub-grammar within a token's reach of
- * truncated stack id, in m->sig; false if it would exceed SIG_MAX. */
+/* The canonical text of the sub-grammar reachable from truncated stack id
+ * in m->sig; false if it would exceed SIG_MAX. */
 static bool signature(pt_gmatcher *m, int32_t id) {
     const pt_grammar *g = m->g;
-    /* phase 1: distances, relaxed until they settle */
-    m->rdist_touched.n = m->rdist_queue.n = 0;
-    int64_t d = 0;
-    int32_t cur = id;
-    for (; cur > N_SENT && d <= m->v->max_len; cur = m->npar[cur]) d = dist_tail(m, m->npos[cur], d);
-    for (int q = 0; q < m->rdist_queue.n && m->rdist_queue.n < 1 << 20; q++) {
-        int r = m->rdist_queue.a[q];
-        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) dist_tail(m, g->alt_start[a], m->rdist[r]);
-    }
-    /* phase 2: the text, rules numbered in order of discovery */
     m->sig_len = 0;
     m->canon_touched.n = m->canon_queue.n = 0;
-    d = 0;
-    cur = id;
-    for (; cur > N_SENT && d <= m->v->max_len; cur = m->npar[cur]) {
-        sig_tail(m, m->npos[cur], d);
-        int64_t tail = 0; /* the frame's fewest bytes: where the next one starts */
-        for (int32_t pos = m->npos[cur]; GE_KIND(g->code[pos]) != GE_END && tail <= m->v->max_len; pos++)
-            tail += GE_KIND(g->code[pos]) == GE_BYTES ? 1 : m->minlen[GE_ARG(g->code[pos])];
-        d += tail;
-    }
-    uint8_t bottom = cur > N_SENT ? SIG_FAR : cur == N_ROOT ? 'R' : 'S';
+    int32_t cur = id;
+    for (; cur > N_SENT; cur = m->npar[cur]) sig_tail(m, m->npos[cur]);
+    uint8_t bottom = cur == N_ROOT ? 'R' : 'S';
     sig_put(m, &bottom, 1);
     for (int q = 0; q < m->canon_queue.n && m->sig_len <= SIG_MAX; q++) {
         int r = m->canon_queue.a[q];
         int32_t na = g->rule_alt[r + 1] - g->rule_alt[r];
         sig_put(m, &na, sizeof na);
-        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_tail(m, g->alt_start[a], m->rdist[r]);
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_tail(m, g->alt_start[a]);
     }
     for (int i = 0; i < m->canon_touched.n; i++) m->canon[m->canon_touched.a[i]] = -1;
-    for (int i = 0; i < m->rdist_touched.n; i++) m->rdist[m->rdist_touched.a[i]] = INT32_MAX;
-    return m->sig_len <= SIG_MAX && m->rdist_queue.n < 1 << 20;
+    return m->sig_len <= SIG_MAX;
 }
 
 static uint64_t sig_hash(const uint8_t *p, size_t n) {

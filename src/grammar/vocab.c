@@ -90,7 +90,6 @@ pt_gvocab *pt_gvocab_from_bytes(int n_vocab, const char *const *bytes, const siz
         size_t l = bytes[i] ? lens[i] : 0;
         if (l > PT_GVOCAB_MAX_LEN) l = 0; /* absurdly long: never allowed */
         v->len[i] = (uint32_t)l;
-        if ((int)l > v->max_len) v->max_len = (int)l;
         v->off[i] = total;
         total += l;
     }

@@ -336,6 +336,18 @@ static void test_untyped_keywords_and_order(void **state) {
     assert_false(accepts(g, "\"x\""));
     assert_true(accepts(g, "\"xy\""));
     pt_grammar_free(g);
+    g = schema("{\"patternProperties\":{\"^a\":{\"type\":\"integer\"}},\"additionalProperties\":false}");
+    assert_true(accepts(g, "{\"a1\":1}"));
+    assert_false(accepts(g, "{\"a1\":\"x\"}")); /* was any value: the keyword went unread */
+    assert_false(accepts(g, "{\"b\":1}"));
+    assert_true(accepts(g, "7"));
+    pt_grammar_free(g);
+    {
+        pt_err err = {{0}};
+        const char *u = "{\"uniqueItems\":true}";
+        assert_int_equal(pt_grammar_from_schema_text(&g, u, strlen(u), &err), -1);
+        assert_non_null(strstr(err.msg, "uniqueItems"));
+    }
     g = schema("{\"type\":\"object\",\"properties\":{\"p1\":{},\"p2\":{},\"p3\":{},\"p4\":{},\"p5\":{},"
                "\"p6\":{},\"p7\":{},\"p8\":{}},\"required\":[\"p8\"],\"additionalProperties\":false}");
     assert_true(accepts(g, "{\"p8\":0,\"p1\":1,\"p7\":7}"));
@@ -410,40 +422,6 @@ static void test_masks_memoized_walks(void **state) {
     pt_grammar_free(g);
 }
 
-/* A long bounded string: positions further from its end than the longest
- * token share one classification (no trie walk after the first ones), and
- * masks stay exact up to the bound. */
-static void test_bounded_string_shares_classifications(void **state) {
-    (void)state;
-    pt_grammar *g = schema("{\"type\":\"string\",\"minLength\":3,\"maxLength\":60}");
-    check_walks(g);
-    int n;
-    pt_gvocab *v = small_vocab(&n);
-    pt_gmatcher *m = pt_gmatcher_new(g, v);
-    uint32_t *mask = calloc((size_t)(n + 31) / 32, 4);
-    assert_true(pt_gmatcher_accept_bytes(m, "\"", 1));
-    long at20 = 0;
-    for (int i = 1; i <= 60; i++) {
-        assert_true(pt_gmatcher_accept_bytes(m, "a", 1));
-        pt_gmatcher_mask(m, mask);
-        if (i == 20) at20 = pt_gmatcher_nodes_walked(m);
-        if (i == 45) /* 15 more positions, none walked (each did before) */
-            assert_int_equal(pt_gmatcher_nodes_walked(m), at20);
-        bool quote_ok = false, a_ok = false;
-        for (int t = 0; t < n; t++) {
-            if (!((mask[t >> 5] >> (t & 31)) & 1)) continue;
-            quote_ok |= t == '"' - 0x20;
-            a_ok |= t == 'a' - 0x20;
-        }
-        assert_int_equal(quote_ok, i >= 3);
-        assert_int_equal(a_ok, i < 60);
-    }
-    free(mask);
-    pt_gmatcher_free(m);
-    pt_gvocab_free(v);
-    pt_grammar_free(g);
-}
-
 /* Jump-forward: the bytes every continuation starts with. */
 static void test_forced_bytes(void **state) {
     (void)state;
@@ -488,7 +466,6 @@ int main(void) {
         cmocka_unit_test(test_masks_brute_force), cmocka_unit_test(test_rollback_and_finish),
         cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
         cmocka_unit_test(test_pattern_length_and_all_keys), cmocka_unit_test(test_untyped_keywords_and_order),
-        cmocka_unit_test(test_bounded_string_shares_classifications),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
