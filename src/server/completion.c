@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "server/message.h"
 #include "server/server_int.h"
 #include "server/structured.h"
 #include "server/sse.h"
@@ -71,6 +72,13 @@ struct pt_req {
     pt_structured *structured; /* response_format's grammar, or NULL; lives
                                   until the job is done (the sampler's
                                   processor reads it) */
+
+    /* chat: the answer split into reasoning, content and tool calls
+     * (message.h); set up by the worker before the job is submitted */
+    pt_tool_choice tools;
+    pt_msgsplit_opts msg_opts;
+    pt_msgsplit msg;
+    bool split; /* msg is in use (some filter beyond stop strings runs) */
 
     /* event loop: the output filter */
     pt_detok dt;
@@ -310,6 +318,16 @@ static json_t *envelope(pt_req *q, const char *object) {
 
 /* One streamed chunk: text (may be empty), its tokens' logprobs, and the
  * finish reason on the last. */
+static json_t *chunk_of(pt_req *q, json_t *delta, const gen_tok *t, int n, const char *finish) {
+    json_t *c = envelope(q, "chat.completion.chunk");
+    json_t *choice = json_pack("{s:i, s:o}", "index", 0, "delta", delta);
+    json_object_set_new(choice, "logprobs", q->logprobs && n ? logprobs_of(q, t, n) : json_null());
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (q->include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
 static json_t *chunk(pt_req *q, const char *text, size_t len, const gen_tok *t, int n,
                      const char *finish, bool role) {
     json_t *c = envelope(q, q->chat ? "chat.completion.chunk" : "text_completion");
@@ -355,6 +373,7 @@ static void req_free(pt_req *q) {
     free(q->pend);
     if (q->text) evbuffer_free(q->text);
     json_decref(q->lp);
+    if (q->split) pt_msgsplit_free(&q->msg);
     pt_structured_free(q->structured);
     free(q);
     s->n_reqs--;
@@ -396,6 +415,14 @@ static void send_event(pt_req *q, json_t *v) {
     evbuffer_free(b);
 }
 
+/* "tool_calls" when the answer made calls and ended on its own. */
+static const char *finish_reason(const pt_req *q) {
+    if (q->split && q->st.finish == PT_FINISH_STOP &&
+        q->msg.n_calls + json_array_size(q->msg.calls) > 0)
+        return "tool_calls";
+    return pt_oai_finish_reason(q->st.finish);
+}
+
 static void stream_end(pt_req *q) {
     note_stats(q);
     if (failed(q)) {
@@ -405,8 +432,7 @@ static void stream_end(pt_req *q) {
         failure(q, &status, &code, msg, sizeof msg);
         send_event(q, pt_error_json(status, NULL, code, NULL, msg));
     } else {
-        const char *fin = pt_oai_finish_reason(q->st.finish);
-        json_t *last = chunk(q, "", 0, NULL, 0, fin, false);
+        json_t *last = chunk(q, "", 0, NULL, 0, finish_reason(q), false);
         json_t *usage = pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached);
         if (q->include_usage) {
             send_event(q, last);
@@ -448,13 +474,17 @@ static void reply_whole(pt_req *q) {
     json_t *text = json_stringn(t, n);
     if (!text) text = pt_oai_string_lossy(t, n);
     json_t *choice = json_pack("{s:i}", "index", 0);
-    if (q->chat)
+    if (q->split) {
+        json_decref(text);
+        json_object_set_new(choice, "message", pt_msgsplit_message(&q->msg));
+    } else if (q->chat) {
         json_object_set_new(choice, "message",
                             json_pack("{s:s, s:o}", "role", "assistant", "content", text));
-    else
+    } else {
         json_object_set_new(choice, "text", text);
+    }
     json_object_set_new(choice, "logprobs", final_logprobs(q));
-    json_object_set_new(choice, "finish_reason", json_string(pt_oai_finish_reason(q->st.finish)));
+    json_object_set_new(choice, "finish_reason", json_string(finish_reason(q)));
     json_t *r = envelope(q, q->chat ? "chat.completion" : "text_completion");
     json_object_set_new(r, "choices", json_pack("[o]", choice));
     json_object_set_new(r, "usage",
@@ -466,7 +496,10 @@ static void reply_whole(pt_req *q) {
 
 /* Non-streamed: keep the text and logprobs until the end. */
 static void accumulate(pt_req *q, const piece *p) {
-    evbuffer_add(q->text, p->text, p->len);
+    if (q->split)
+        pt_msgsplit_push(&q->msg, p->text, p->len);
+    else
+        evbuffer_add(q->text, p->text, p->len);
     if (!q->logprobs || p->n_toks == 0) return;
     if (!q->chat) {
         q->lp = completion_logprobs(q->lp, q->srv->e->tok, p->toks, p->n_toks);
@@ -479,12 +512,29 @@ static void accumulate(pt_req *q, const piece *p) {
 
 /* Streamed: everything that arrived since the last wakeup goes out as one
  * chunk (fewer, larger writes when the loop falls behind). */
-static void stream_pieces(pt_req *q, const piece *p) {
+/* A split answer's text as reasoning, content and tool-call deltas; the
+ * tokens' logprobs ride on the first. */
+static void stream_split(pt_req *q, const char *text, size_t len, const gen_tok *toks, int nt,
+                         bool done) {
+    pt_msgsplit_push(&q->msg, text, len);
+    if (done) pt_msgsplit_finish(&q->msg);
+    json_t *deltas = pt_msgsplit_deltas(&q->msg);
+    pt_msgsplit_taken(&q->msg);
+    if (json_array_size(deltas) == 0 && nt) json_array_append_new(deltas, json_object());
+    size_t i;
+    json_t *d;
+    json_array_foreach(deltas, i, d) {
+        send_event(q, chunk_of(q, json_incref(d), i ? NULL : toks, i ? 0 : nt, NULL));
+    }
+    json_decref(deltas);
+}
+
+static void stream_pieces(pt_req *q, const piece *p, bool done) {
     size_t len = 0;
     int nt = 0;
     for (const piece *x = p; x; x = x->next)
         len += x->len, nt += x->n_toks;
-    if (len == 0 && nt == 0) return;
+    if (len == 0 && nt == 0 && !(done && q->split)) return;
     char *text = pt_xmalloc(len + 1);
     gen_tok *toks = pt_xmalloc(sizeof(gen_tok) * (size_t)(nt ? nt : 1));
     len = 0, nt = 0;
@@ -493,7 +543,10 @@ static void stream_pieces(pt_req *q, const piece *p) {
         if (x->n_toks) memcpy(toks + nt, x->toks, sizeof(gen_tok) * (size_t)x->n_toks);
         len += x->len, nt += x->n_toks;
     }
-    send_event(q, chunk(q, text, len, toks, nt, NULL, false));
+    if (q->split)
+        stream_split(q, text, len, toks, nt, done);
+    else if (len || nt)
+        send_event(q, chunk(q, text, len, toks, nt, NULL, false));
     free(text);
     free(toks);
 }
@@ -519,7 +572,7 @@ static void deliver_one(pt_req *q) {
     q->began = true;
     if (q->conn) {
         if (q->stream) {
-            stream_pieces(q, p);
+            stream_pieces(q, p, done && !failed(q));
             if (done)
                 stream_end(q);
             else if (pt_conn_backlog(q->conn) > BACKLOG_LIMIT) {
@@ -530,6 +583,7 @@ static void deliver_one(pt_req *q) {
         } else {
             for (const piece *x = p; x; x = x->next)
                 accumulate(q, x);
+            if (done && q->split && !failed(q)) pt_msgsplit_finish(&q->msg);
             if (done) reply_whole(q);
         }
     }
@@ -601,6 +655,24 @@ static int refuse(pt_req *q, int status, const char *code, const char *param, co
     return -1;
 }
 
+/* What the rendered chat prompt tells the output filter (a <think> left
+ * open), and the call markup a forced tool call starts from. */
+static void chat_prompt_end(pt_req *q, pt_server *s, char **text, size_t *len) {
+    pt_msgsplit_opts *o = &q->msg_opts;
+    o->think = pt_chat_tmpl_thinks(s->tmpl);
+    o->think_inside = o->think && pt_reason_prompt_open(*text, *len);
+    o->tool_family = pt_chat_tmpl_tool_family(s->tmpl);
+    o->tools = q->tools.mode != PT_TOOL_NONE;
+    o->tool_forced = q->tools.mode == PT_TOOL_REQUIRED || q->tools.mode == PT_TOOL_NAMED;
+    o->id_seed = random_seed();
+    if (!o->tool_forced) return;
+    const char *prefix = pt_tools_call_prefix(o->tool_family);
+    size_t k = strlen(prefix);
+    *text = pt_xrealloc(*text, *len + k + 1);
+    memcpy(*text + *len, prefix, k + 1);
+    *len += k;
+}
+
 /* The prompt's token ids; on error records the failure and returns -1. */
 static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32_t **ids,
                          size_t *n) {
@@ -618,9 +690,11 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     }
     char *text;
     size_t len;
+    pt_tools_prepare_messages(r->messages);
     if (pt_chat_tmpl_render(s->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
                             &err))
         return refuse(q, 400, "invalid_messages", "messages", err.msg);
+    chat_prompt_end(q, s, &text, &len);
     /* the template writes any BOS itself; add one only if it did not */
     int rc = pt_tokenize(tok, text, len, false, true, ids, n, &err);
     free(text);
@@ -669,7 +743,19 @@ static void handle(pt_conn *c, const char *body, size_t len, int kind) {
         pt_http_error(c, e.status, e.type, e.code, e.param[0] ? e.param : NULL, "%s", e.message);
         return;
     }
+    pt_tool_choice tools = {0};
+    if (kind == PT_OAI_CHAT) {
+        pt_err err = {{0}};
+        const char *param = "tools";
+        if (pt_tools_check(r.tools, json_object_get(r.root, "tool_choice"),
+                           json_object_get(r.root, "parallel_tool_calls"), &tools, &param, &err)) {
+            pt_http_error(c, 400, NULL, "invalid_value", param, "%s", err.msg);
+            pt_oai_request_free(&r);
+            return;
+        }
+    }
     pt_req *q = req_new(s, c, &r);
+    q->tools = tools;
     q->oai = r; /* q owns the parsed request now */
     q->front_busy = true;
     pt_conn_on_gone(c, on_gone, q);
@@ -679,8 +765,15 @@ static void handle(pt_conn *c, const char *body, size_t len, int kind) {
 /* Compiles response_format into q->structured; a schema it cannot
  * enforce is a 400 naming the feature. */
 static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) {
-    if (!r->response_format) return 0;
     pt_err err = {{0}};
+    if (q->msg_opts.tool_forced) { /* the call's grammar; it wins over response_format */
+        pt_grammar *g;
+        if (pt_tools_forced_grammar(r->tools, &q->tools, q->msg_opts.tool_family, &g, &err))
+            return refuse(q, 400, "invalid_value", "tools", err.msg);
+        q->structured = pt_structured_new(g, s->e->tok);
+        return 0;
+    }
+    if (!r->response_format) return 0;
     const char *param = "response_format";
     if (pt_structured_from_response_format(&q->structured, r->response_format, s->e->tok, &param,
                                            &err))
@@ -723,6 +816,10 @@ static int front_submit(pt_server *s, pt_req *q) {
     job.params.ignore_eos = r->ignore_eos;
     if (q->structured) job.add_procs = pt_structured_add_procs, job.proc_arg = q->structured;
     q->n_prompt = (int)n;
+    if (q->chat && (q->msg_opts.think || q->msg_opts.tools)) {
+        pt_msgsplit_init(&q->msg, &q->msg_opts); /* before the first token can arrive */
+        q->split = true;
+    }
     pt_err err = {{0}};
     if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */
         free(ids);
