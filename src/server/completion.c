@@ -758,9 +758,19 @@ static int refuse(pt_req *q, int status, const char *code, const char *param, co
     return -1;
 }
 
+static void append(char **text, size_t *len, const char *s) {
+    size_t k = strlen(s);
+    *text = pt_xrealloc(*text, *len + k + 1);
+    memcpy(*text + *len, s, k + 1);
+    *len += k;
+}
+
 /* What the rendered chat prompt tells the output filter (a <think> left
- * open), and the call markup a forced tool call starts from. */
-static void chat_prompt_end(pt_req *q, pt_server *s, char **text, size_t *len) {
+ * open), and the call markup a forced tool call starts from.  A grammar
+ * (a forced call, response_format) constrains the answer from its first
+ * token, so a prompt that left <think> open is closed first: the answer
+ * is then content, not reasoning. */
+static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **text, size_t *len) {
     pt_msgsplit_opts *o = &q->msg_opts;
     o->think = pt_chat_tmpl_thinks(s->tmpl);
     o->think_inside = o->think && pt_reason_prompt_open(*text, *len);
@@ -768,12 +778,11 @@ static void chat_prompt_end(pt_req *q, pt_server *s, char **text, size_t *len) {
     o->tools = q->tools.mode != PT_TOOL_NONE;
     o->tool_forced = q->tools.mode == PT_TOOL_REQUIRED || q->tools.mode == PT_TOOL_NAMED;
     o->id_seed = random_seed();
-    if (!o->tool_forced) return;
-    const char *prefix = pt_tools_call_prefix(o->tool_family);
-    size_t k = strlen(prefix);
-    *text = pt_xrealloc(*text, *len + k + 1);
-    memcpy(*text + *len, prefix, k + 1);
-    *len += k;
+    if ((constrained || o->tool_forced) && o->think_inside) {
+        append(text, len, "\n</think>\n\n");
+        o->think_inside = false;
+    }
+    if (o->tool_forced) append(text, len, pt_tools_call_prefix(o->tool_family));
 }
 
 /* The prompt's token ids; on error records the failure and returns -1. */
@@ -797,7 +806,7 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     if (pt_chat_tmpl_render(s->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
                             &err))
         return refuse(q, 400, "invalid_messages", "messages", err.msg);
-    chat_prompt_end(q, s, &text, &len);
+    chat_prompt_end(q, s, r->response_format != NULL, &text, &len);
     /* the template writes any BOS itself; add one only if it did not */
     int rc = pt_tokenize(tok, text, len, false, true, ids, n, &err);
     free(text);

@@ -322,4 +322,19 @@ describe('reasoning (a DeepSeek-R1-style template: the prompt opens <think>)', (
     assert.equal(off.choices[0].message.reasoning_content, undefined);
     assert.ok(off.choices[0].message.content.length > 0);
   });
+
+  test('a grammar closes the open <think>: JSON and forced calls are content', async () => {
+    const client = think.client();
+    const messages = [{ role: 'user', content: 'Describe a person.' }];
+    const r = await client.chat.completions.parse({
+      model: MODEL, messages, response_format: zodResponseFormat(Person, 'person'), seed: 2, max_tokens: 200,
+    });
+    assert.equal(r.choices[0].message.reasoning_content, undefined);
+    Person.parse(r.choices[0].message.parsed);
+    const t = await client.chat.completions.create({
+      model: MODEL, messages, tools: [ADD_TOOL], tool_choice: 'required', seed: 2, max_tokens: 200,
+    });
+    assert.equal(t.choices[0].finish_reason, 'tool_calls');
+    t.choices[0].message.tool_calls.forEach(checkCall);
+  });
 });
