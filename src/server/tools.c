@@ -150,6 +150,26 @@ static json_t *call_schema(const json_t *tool, const family *f, json_t *root) {
                      "name", f->args, "additionalProperties", 0);
 }
 
+/* The call grammar failed: name the tool whose parameters cannot be
+ * enforced, rather than the wrapper schema's inner property. */
+static int blame_tool(const json_t *tools, pt_err *err) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *root = json_object();
+        json_t *p = hoist_defs(json_object_get(json_object_get(t, "function"), "parameters"), root);
+        json_object_update_missing(p, root);
+        json_decref(root);
+        pt_grammar *g = NULL;
+        pt_err e = {{0}};
+        int rc = pt_grammar_from_schema_ws(&g, p, 1, &e);
+        json_decref(p);
+        pt_grammar_free(g);
+        if (rc) return pt_fail(err, "tools[%zu].function.parameters: %s", i, e.msg);
+    }
+    return pt_failp(err, "tools");
+}
+
 int pt_tools_forced_grammar(const json_t *tools, const pt_tool_choice *c, int fam,
                             pt_grammar **out, pt_err *err) {
     const family *f = &k_families[fam];
@@ -179,7 +199,7 @@ int pt_tools_forced_grammar(const json_t *tools, const pt_tool_choice *c, int fa
     /* one whitespace character at most, as response_format's grammar */
     int rc = pt_grammar_from_schema_ws(out, root, 1, err);
     json_decref(root);
-    return rc ? pt_failp(err, "tools") : 0;
+    return rc ? blame_tool(tools, err) : 0;
 }
 
 /* ---- messages for the template ------------------------------------------------------- */

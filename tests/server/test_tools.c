@@ -247,6 +247,8 @@ static void test_choice_and_grammar(void **state) {
                                0, NULL);
     assert_int_equal(pt_tools_check(unsup, req, NULL, &c, &param, &err), 0);
     assert_int_equal(pt_tools_forced_grammar(unsup, &c, PT_TOOLS_HERMES, &g, &err), -1);
+    assert_non_null(strstr(err.msg, "tools[0].function.parameters"));
+    assert_non_null(strstr(err.msg, "uniqueItems"));
     json_decref(unsup);
     json_decref(badtools);
     json_decref(missing);

@@ -195,6 +195,29 @@ describe('openai (structured output, tools, n, streamed calls)', () => {
     assert.equal(typeof next.choices[0].message.content, 'string');
   });
 
+  test('malformed call markup in the output comes back as content, streamed and not', async () => {
+    // a grammar makes the model write the markup: a JSON string holding an
+    // unclosed tag, invalid JSON in a closed one, and a call with escaped quotes
+    const client = srv.client();
+    for (const markup of ['<tool_call>{"name": "add", "arguments": {', '<tool_call>{oops}</tool_call> done',
+      'x <tool_call>{"name":"add","arguments":{}}</tool_call>']) {
+      const body = {
+        model: MODEL, messages: [{ role: 'user', content: 'hi' }], tools: [ADD_TOOL], max_tokens: 200,
+        response_format: { type: 'json_schema', json_schema: { name: 'm', schema: { const: markup } } },
+      };
+      const r = await client.chat.completions.create(body);
+      assert.equal(r.choices[0].finish_reason, 'stop');
+      assert.equal(r.choices[0].message.tool_calls, undefined);
+      assert.equal(JSON.parse(r.choices[0].message.content), markup);
+      let text = '';
+      for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+        assert.equal(chunk.choices[0]?.delta?.tool_calls, undefined);
+        text += chunk.choices[0]?.delta?.content ?? '';
+      }
+      assert.equal(text, r.choices[0].message.content);
+    }
+  });
+
   test('bad tool requests are 400s naming the field', async () => {
     const client = srv.client();
     const base = { model: MODEL, messages: [{ role: 'user', content: 'hi' }] };
@@ -204,6 +227,7 @@ describe('openai (structured output, tools, n, streamed calls)', () => {
       [{ tool_choice: 'required' }, 'tool_choice'],
       [{ tools: [{ type: 'function', function: {} }] }, 'tools[0]'],
       [{ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'array', uniqueItems: true } } }], tool_choice: 'required' }, 'tools'],
+      [{ tools: [WEATHER_TOOL], parallel_tool_calls: 'yes' }, 'parallel_tool_calls'],
     ];
     for (const [extra, param] of cases) {
       await assert.rejects(client.chat.completions.create({ ...base, ...extra }),
