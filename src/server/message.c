@@ -92,7 +92,8 @@ static bool blank(const pt_text *t) {
 json_t *pt_msgsplit_message(const pt_msgsplit *m) {
     json_t *msg = json_pack("{s:s}", "role", "assistant");
     bool calls = json_array_size(m->calls) > 0;
-    json_object_set_new(msg, "content", calls && blank(&m->content) ? json_null() : string_of(&m->content));
+    json_object_set_new(msg, "content",
+                        calls && blank(&m->content) ? json_null() : string_of(&m->content));
     if (m->reasoning.len) json_object_set_new(msg, "reasoning_content", string_of(&m->reasoning));
     if (calls) json_object_set(msg, "tool_calls", m->calls);
     return msg;
@@ -111,13 +112,13 @@ json_t *pt_msgsplit_deltas(const pt_msgsplit *m) {
     json_array_foreach(m->calls, i, c) {
         json_t *fn = json_object_get(c, "function");
         int index = m->n_calls + (int)i;
-        json_array_append_new(
-            out, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index", index, "id",
-                           json_object_get(c, "id"), "type", "function", "function", "name",
-                           json_object_get(fn, "name"), "arguments", ""));
-        json_array_append_new(out, json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", index,
-                                             "function", "arguments",
-                                             json_object_get(fn, "arguments")));
+        json_array_append_new(out, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls",
+                                             "index", index, "id", json_object_get(c, "id"), "type",
+                                             "function", "function", "name",
+                                             json_object_get(fn, "name"), "arguments", ""));
+        json_array_append_new(out,
+                              json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", index,
+                                        "function", "arguments", json_object_get(fn, "arguments")));
     }
     return out;
 }

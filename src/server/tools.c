@@ -90,7 +90,8 @@ int pt_tools_check(const json_t *tools, const json_t *choice, const json_t *para
     if (tools && json_array_size(tools) == 0) tools = NULL;
     if (parallel && !json_is_null(parallel)) {
         *param = "parallel_tool_calls";
-        if (!json_is_boolean(parallel)) return pt_fail(err, "'parallel_tool_calls' must be a boolean");
+        if (!json_is_boolean(parallel))
+            return pt_fail(err, "'parallel_tool_calls' must be a boolean");
         out->parallel = json_is_true(parallel);
     }
     if (tools && check_tools(tools, param, err)) return -1;
@@ -103,8 +104,10 @@ int pt_tools_check(const json_t *tools, const json_t *choice, const json_t *para
         return 0;
     }
     if (s && strcmp(s, "auto") && strcmp(s, "required"))
-        return pt_fail(err, "tool_choice '%.40s' is not one of none, auto, required or "
-                            "{\"type\": \"function\", \"function\": {\"name\": ...}}", s);
+        return pt_fail(err,
+                       "tool_choice '%.40s' is not one of none, auto, required or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                       s);
     if (!s && !json_is_object(choice))
         return pt_fail(err, "tool_choice must be a string or {\"type\": \"function\", "
                             "\"function\": {\"name\": ...}}");
@@ -113,7 +116,8 @@ int pt_tools_check(const json_t *tools, const json_t *choice, const json_t *para
         out->mode = !strcmp(s, "auto") ? PT_TOOL_AUTO : PT_TOOL_REQUIRED;
         return 0;
     }
-    const char *name = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+    const char *name =
+        json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
     if (!name) return pt_fail(err, "tool_choice.function needs a \"name\" string");
     if (!tool_named(tools, name))
         return pt_fail(err, "tool_choice names '%.64s', which is not among the tools", name);
@@ -170,8 +174,8 @@ static int blame_tool(const json_t *tools, pt_err *err) {
     return pt_failp(err, "tools");
 }
 
-int pt_tools_forced_grammar(const json_t *tools, const pt_tool_choice *c, int fam,
-                            pt_grammar **out, pt_err *err) {
+int pt_tools_forced_grammar(const json_t *tools, const pt_tool_choice *c, int fam, pt_grammar **out,
+                            pt_err *err) {
     const family *f = &k_families[fam];
     json_t *root = json_object(), *calls = json_array();
     size_t i;

@@ -65,11 +65,11 @@ typedef void (*pt_tool_call_fn)(void *user, json_t *call); /* call: a new refere
 
 typedef struct pt_toolparse {
     int family;
-    bool forced;   /* the output is the call JSON, the markup in the prompt */
-    int state;     /* parse.c's states */
-    char *buf;     /* held text: a possible tag start, or a call's body */
+    bool forced; /* the output is the call JSON, the markup in the prompt */
+    int state;   /* tools.c's parser states */
+    char *buf;   /* held text: a possible tag start, or a call's body */
     size_t len, cap;
-    bool marked;   /* the call in CALL was opened by the marker */
+    bool marked; /* the call in CALL was opened by the marker */
     int n_calls;
     uint64_t id_seed;
     pt_tool_text_fn on_text;

@@ -14,8 +14,11 @@
 #include "server/message.h"
 
 static pt_msgsplit_opts opts(bool think, bool inside, bool tools) {
-    return (pt_msgsplit_opts){.think = think, .think_inside = inside, .tools = tools,
-                              .tool_family = PT_TOOLS_HERMES, .id_seed = 7};
+    return (pt_msgsplit_opts){.think = think,
+                              .think_inside = inside,
+                              .tools = tools,
+                              .tool_family = PT_TOOLS_HERMES,
+                              .id_seed = 7};
 }
 
 static const char k_out[] =
@@ -71,7 +74,8 @@ static void test_deltas(void **state) {
         }
         json_decref(d);
     }
-    assert_string_equal(reasoning, "maybe <tool_call>{\"name\":\"x\",\"arguments\":{}}</tool_call>?");
+    assert_string_equal(reasoning,
+                        "maybe <tool_call>{\"name\":\"x\",\"arguments\":{}}</tool_call>?");
     assert_string_equal(content, "Calling.");
     assert_int_equal(json_array_size(all), 2);
     json_t *head = json_array_get(json_object_get(json_array_get(all, 0), "tool_calls"), 0);
@@ -84,8 +88,9 @@ static void test_deltas(void **state) {
     assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "");
     assert_int_equal(json_integer_value(json_object_get(body, "index")), 0);
     assert_null(json_object_get(body, "id"));
-    assert_string_equal(json_string_value(json_object_get(json_object_get(body, "function"), "arguments")),
-                        "{\"a\":1}");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(body, "function"), "arguments")),
+        "{\"a\":1}");
     /* a later call gets the next index */
     const char *more = "<tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>";
     pt_msgsplit_push(&m, more, strlen(more));
@@ -120,7 +125,8 @@ static void test_content_null_and_plain(void **state) {
     pt_msgsplit_finish(&m);
     msg = pt_msgsplit_message(&m);
     assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")), "hmm");
-    assert_string_equal(json_string_value(json_object_get(msg, "content")), "The <tool_call> stays text.");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")),
+                        "The <tool_call> stays text.");
     assert_null(json_object_get(msg, "tool_calls"));
     json_decref(msg);
     pt_msgsplit_free(&m);

@@ -91,7 +91,9 @@ static void test_hermes(void **state) {
     (void)state;
     int f = PT_TOOLS_HERMES;
     check(f, false, "Just text, no calls.", "Just text, no calls.", "");
-    check(f, false, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    check(f, false,
+          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+          "\"Paris\"}}\n</tool_call>",
           "", "get_weather:{\"city\":\"Paris\"}");
     /* text before, two parallel calls, whitespace between */
     check(f, false,
@@ -116,9 +118,11 @@ static void test_hermes_malformed(void **state) {
           "<tool_call>{\"name\": \"a\", \"arguments\": {</tool_call> after", "");
     /* valid JSON that is not a call */
     check(f, false, "<tool_call>[1,2]</tool_call>", "<tool_call>[1,2]</tool_call>", "");
-    check(f, false, "<tool_call>{\"arguments\":{}}</tool_call>", "<tool_call>{\"arguments\":{}}</tool_call>", "");
+    check(f, false, "<tool_call>{\"arguments\":{}}</tool_call>",
+          "<tool_call>{\"arguments\":{}}</tool_call>", "");
     /* a good call next to a bad one: the good one is a call */
-    check(f, false, "<tool_call>oops</tool_call><tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>",
+    check(f, false,
+          "<tool_call>oops</tool_call><tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>",
           "<tool_call>oops</tool_call>", "b:{}");
     /* the tag cut short at the end */
     check(f, false, "text <tool_ca", "text <tool_ca", "");
@@ -129,21 +133,27 @@ static void test_llama3(void **state) {
     int f = PT_TOOLS_LLAMA3;
     check(f, false, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", "",
           "get_weather:{\"city\":\"Oslo\"}");
-    check(f, false, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": [1]}}",
+    check(f, false,
+          "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": "
+          "{\"k\": [1]}}",
           "", "a:{}|b:{\"k\":[1]}");
     check(f, false, "  The answer is 4.", "  The answer is 4.", "");
     /* JSON that is not a call is the answer itself */
     check(f, false, "{\"answer\": 4}", "{\"answer\": 4}", "");
-    check(f, false, "{\"name\": \"a\", \"parameters\": {", "{\"name\": \"a\", \"parameters\": {", "");
+    check(f, false, "{\"name\": \"a\", \"parameters\": {", "{\"name\": \"a\", \"parameters\": {",
+          "");
     check(f, false, "<|python_tag|>not json", "<|python_tag|>not json", "");
     /* a '{' later in prose is prose */
-    check(f, false, "Use {\"name\": \"a\", \"parameters\": {}}", "Use {\"name\": \"a\", \"parameters\": {}}", "");
+    check(f, false, "Use {\"name\": \"a\", \"parameters\": {}}",
+          "Use {\"name\": \"a\", \"parameters\": {}}", "");
 }
 
 static void test_mistral(void **state) {
     (void)state;
     int f = PT_TOOLS_MISTRAL;
-    check(f, false, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", \"arguments\": {}}]",
+    check(f, false,
+          "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", "
+          "\"arguments\": {}}]",
           "", "a:{\"q\":\"x\"}|b:{}");
     /* the control token dropped by the detokenizer: a leading array */
     check(f, false, " [{\"name\": \"a\", \"arguments\": {}}]", "", "a:{}");
@@ -165,11 +175,13 @@ static void test_forced(void **state) {
 }
 
 static const char *k_tools =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+    "\"object\","
     "\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
     "\"required\":[\"city\"],\"additionalProperties\":false}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{\"a\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"a\"],\"$defs\":{\"n\":{\"type\":\"integer\"}}}}}]";
+    "\"properties\":{\"a\":{\"$ref\":\"#/$defs/"
+    "n\"}},\"required\":[\"a\"],\"$defs\":{\"n\":{\"type\":\"integer\"}}}}}]";
 
 static bool grammar_accepts(pt_grammar *g, const char *s) {
     /* a one-byte-per-token vocabulary runs the grammar over bytes */
@@ -217,13 +229,16 @@ static void test_choice_and_grammar(void **state) {
     assert_int_equal(c.mode, PT_TOOL_REQUIRED);
     assert_int_equal(pt_tools_forced_grammar(tools, &c, PT_TOOLS_HERMES, &g, &err), 0);
     assert_true(grammar_accepts(g, "{\"name\":\"add\",\"arguments\":{\"a\":5}}"));
-    assert_true(grammar_accepts(g, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\",\"unit\":\"c\"}}"));
+    assert_true(grammar_accepts(
+        g, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\",\"unit\":\"c\"}}"));
     assert_false(grammar_accepts(g, "{\"name\":\"get_weather\",\"arguments\":{}}"));
     assert_false(grammar_accepts(g, "{\"name\":\"nope\",\"arguments\":{}}"));
     pt_grammar_free(g);
     /* Mistral: an array of calls; Llama: "parameters" */
     assert_int_equal(pt_tools_forced_grammar(tools, &c, PT_TOOLS_MISTRAL, &g, &err), 0);
-    assert_true(grammar_accepts(g, "[{\"name\":\"add\",\"arguments\":{\"a\":1}},{\"name\":\"add\",\"arguments\":{\"a\":2}}]"));
+    assert_true(grammar_accepts(
+        g,
+        "[{\"name\":\"add\",\"arguments\":{\"a\":1}},{\"name\":\"add\",\"arguments\":{\"a\":2}}]"));
     assert_false(grammar_accepts(g, "[]"));
     pt_grammar_free(g);
     assert_int_equal(pt_tools_forced_grammar(tools, &c, PT_TOOLS_LLAMA3, &g, &err), 0);
@@ -242,9 +257,10 @@ static void test_choice_and_grammar(void **state) {
     assert_int_equal(pt_tools_check(badtools, NULL, NULL, &c, &param, &err), -1);
     assert_string_equal(param, "tools[0]");
     /* an unsupported schema keyword in parameters is an error, not ignored */
-    json_t *unsup = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
-                               "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"uniqueItems\":true}}}}}]",
-                               0, NULL);
+    json_t *unsup = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"uniqueItems\":true}}}}}]",
+        0, NULL);
     assert_int_equal(pt_tools_check(unsup, req, NULL, &c, &param, &err), 0);
     assert_int_equal(pt_tools_forced_grammar(unsup, &c, PT_TOOLS_HERMES, &g, &err), -1);
     assert_non_null(strstr(err.msg, "tools[0].function.parameters"));
@@ -263,14 +279,18 @@ static void test_family_and_messages(void **state) {
     assert_int_equal(pt_tool_family_of(NULL), PT_TOOLS_HERMES);
     assert_int_equal(pt_tool_family_of("{{ '<tool_call>' }}"), PT_TOOLS_HERMES);
     assert_int_equal(pt_tool_family_of("{{ '[TOOL_CALLS]' }}"), PT_TOOLS_MISTRAL);
-    assert_int_equal(pt_tool_family_of("<|start_header_id|>ipython<|end_header_id|>"), PT_TOOLS_LLAMA3);
+    assert_int_equal(pt_tool_family_of("<|start_header_id|>ipython<|end_header_id|>"),
+                     PT_TOOLS_LLAMA3);
     assert_string_equal(pt_tools_call_prefix(PT_TOOLS_HERMES), "<tool_call>\n");
-    json_t *m = json_loads("[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\","
-                           "\"type\":\"function\",\"function\":{\"name\":\"a\",\"arguments\":\"{\\\"x\\\":1}\"}}]}]",
-                           0, NULL);
+    json_t *m = json_loads(
+        "[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\","
+        "\"type\":\"function\",\"function\":{\"name\":\"a\",\"arguments\":\"{\\\"x\\\":1}\"}}]}]",
+        0, NULL);
     pt_tools_prepare_messages(m);
-    json_t *a = json_object_get(json_object_get(
-        json_array_get(json_object_get(json_array_get(m, 0), "tool_calls"), 0), "function"), "arguments");
+    json_t *a = json_object_get(
+        json_object_get(json_array_get(json_object_get(json_array_get(m, 0), "tool_calls"), 0),
+                        "function"),
+        "arguments");
     assert_true(json_is_object(a));
     assert_int_equal(json_integer_value(json_object_get(a, "x")), 1);
     json_decref(m);
@@ -286,10 +306,14 @@ static void test_partial(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hermes),        cmocka_unit_test(test_hermes_malformed),
-        cmocka_unit_test(test_llama3),        cmocka_unit_test(test_mistral),
-        cmocka_unit_test(test_forced),        cmocka_unit_test(test_choice_and_grammar),
-        cmocka_unit_test(test_family_and_messages), cmocka_unit_test(test_partial),
+        cmocka_unit_test(test_hermes),
+        cmocka_unit_test(test_hermes_malformed),
+        cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_mistral),
+        cmocka_unit_test(test_forced),
+        cmocka_unit_test(test_choice_and_grammar),
+        cmocka_unit_test(test_family_and_messages),
+        cmocka_unit_test(test_partial),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
