@@ -335,12 +335,15 @@ static void settle_call(pt_toolparse *p, const char *body, size_t n, bool marked
     const family *f = &k_families[p->family];
     json_t *calls = parse_calls(p, body, n);
     if (calls) {
+        p->gap_len = 0; /* layout between calls */
         size_t i;
         json_t *c;
         json_array_foreach(calls, i, c) p->on_call(p->user, json_incref(c));
         json_decref(calls);
         return;
     }
+    text_out(p, p->gap, p->gap_len);
+    p->gap_len = 0;
     if (marked) text_out(p, f->marker, strlen(f->marker));
     text_out(p, body, n);
     if (closed) text_out(p, f->close, strlen(f->close));
@@ -378,17 +381,30 @@ static bool step_start(pt_toolparse *p) {
     return true;
 }
 
+/* Where the whitespace before buf[end] begins. */
+static size_t ws_start(const char *s, size_t end) {
+    while (end > 0 && isspace((unsigned char)s[end - 1]))
+        end--;
+    return end;
+}
+
+/* Whitespace is held back too: before a call it is the template's layout
+ * between calls, not content (kept aside in gap in case the call turns
+ * out malformed, when it goes back with the markup). */
 static bool step_text(pt_toolparse *p) {
     const family *f = &k_families[p->family];
     const char *m = find(p->buf, p->len, f->marker);
     if (!m) {
-        size_t keep = pt_tag_partial(p->buf, p->len, f->marker);
-        text_out(p, p->buf, p->len - keep);
-        buf_drop(p, p->len - keep);
+        size_t end = ws_start(p->buf, p->len - pt_tag_partial(p->buf, p->len, f->marker));
+        text_out(p, p->buf, end);
+        buf_drop(p, end);
         return false;
     }
-    size_t at = (size_t)(m - p->buf);
-    text_out(p, p->buf, at);
+    size_t at = (size_t)(m - p->buf), ws = ws_start(p->buf, at);
+    text_out(p, p->buf, ws);
+    p->gap = pt_xrealloc(p->gap, at - ws + 1);
+    memcpy(p->gap, p->buf + ws, at - ws);
+    p->gap_len = at - ws;
     buf_drop(p, at + strlen(f->marker));
     p->state = S_CALL;
     p->marked = true;
@@ -421,7 +437,8 @@ void pt_toolparse_push(pt_toolparse *p, const char *s, size_t n) {
 void pt_toolparse_flush(pt_toolparse *p) {
     const family *f = &k_families[p->family];
     if (p->state != S_CALL) {
-        text_out(p, p->buf, p->len);
+        /* after calls, trailing whitespace is layout too */
+        if (!(p->n_calls && ws_start(p->buf, p->len) == 0)) text_out(p, p->buf, p->len);
     } else if (p->forced || !f->close) {
         /* a call that runs to the end; a marked one puts its marker back if
          * it is not a call (an unmarked one only began with '{' or '[') */
@@ -433,7 +450,8 @@ void pt_toolparse_flush(pt_toolparse *p) {
         }
         settle_call(p, p->buf, n, p->marked, false);
     } else {
-        text_out(p, f->marker, strlen(f->marker)); /* unclosed: as it was written */
+        text_out(p, p->gap, p->gap_len); /* unclosed: as it was written */
+        text_out(p, f->marker, strlen(f->marker));
         text_out(p, p->buf, p->len);
     }
     p->len = 0;
@@ -441,5 +459,6 @@ void pt_toolparse_flush(pt_toolparse *p) {
 
 void pt_toolparse_free(pt_toolparse *p) {
     free(p->buf);
-    p->buf = NULL;
+    free(p->gap);
+    p->buf = p->gap = NULL;
 }

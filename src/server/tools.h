@@ -70,6 +70,8 @@ typedef struct pt_toolparse {
     char *buf;   /* held text: a possible tag start, or a call's body */
     size_t len, cap;
     bool marked; /* the call in CALL was opened by the marker */
+    char *gap;   /* whitespace right before the marker (text if the call is not one) */
+    size_t gap_len;
     int n_calls;
     uint64_t id_seed;
     pt_tool_text_fn on_text;

@@ -99,7 +99,11 @@ static void test_hermes(void **state) {
     check(f, false,
           "Let me look.\n<tool_call>{\"name\":\"a\",\"arguments\":{\"x\":1}}</tool_call>\n"
           "<tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>",
-          "Let me look.\n\n", "a:{\"x\":1}|b:{}");
+          "Let me look.", "a:{\"x\":1}|b:{}");
+    /* whitespace around calls is layout: held, then dropped */
+    check(f, false, "\n\n<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n", "", "a:{}");
+    /* but it stays in text that makes no call, in order */
+    check(f, false, "a \n b\n\n", "a \n b\n\n", "");
     /* arguments given as a JSON string pass through */
     check(f, false, "<tool_call>{\"name\":\"a\",\"arguments\":\"{\\\"y\\\":2}\"}</tool_call>", "",
           "a:{\"y\":2}");
@@ -113,6 +117,7 @@ static void test_hermes_malformed(void **state) {
     /* unclosed tag: everything back as content, byte for byte */
     check(f, false, "ok <tool_call>{\"name\":\"a\",\"arguments\":{}}",
           "ok <tool_call>{\"name\":\"a\",\"arguments\":{}}", "");
+    check(f, false, "ok \n <tool_call>{\"name\":", "ok \n <tool_call>{\"name\":", "");
     /* invalid JSON inside a closed tag */
     check(f, false, "<tool_call>{\"name\": \"a\", \"arguments\": {</tool_call> after",
           "<tool_call>{\"name\": \"a\", \"arguments\": {</tool_call> after", "");
@@ -124,6 +129,7 @@ static void test_hermes_malformed(void **state) {
     check(f, false,
           "<tool_call>oops</tool_call><tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>",
           "<tool_call>oops</tool_call>", "b:{}");
+    check(f, false, "x\n<tool_call>bad</tool_call>\n", "x\n<tool_call>bad</tool_call>\n", "");
     /* the tag cut short at the end */
     check(f, false, "text <tool_ca", "text <tool_ca", "");
 }
@@ -157,7 +163,7 @@ static void test_mistral(void **state) {
           "", "a:{\"q\":\"x\"}|b:{}");
     /* the control token dropped by the detokenizer: a leading array */
     check(f, false, " [{\"name\": \"a\", \"arguments\": {}}]", "", "a:{}");
-    check(f, false, "Sure. [TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]", "Sure. ", "a:{}");
+    check(f, false, "Sure. [TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]", "Sure.", "a:{}");
     check(f, false, "[1, 2, 3]", "[1, 2, 3]", "");
     check(f, false, "[TOOL_CALLS][{\"name\": \"a\"", "[TOOL_CALLS][{\"name\": \"a\"", "");
     check(f, false, "[citation needed]", "[citation needed]", "");
