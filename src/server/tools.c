@@ -111,7 +111,8 @@ int pt_tools_check(const json_t *tools, const json_t *choice, const json_t *para
     if (!s && !json_is_object(choice))
         return pt_fail(err, "tool_choice must be a string or {\"type\": \"function\", "
                             "\"function\": {\"name\": ...}}");
-    if (!tools) return pt_fail(err, "tool_choice needs 'tools'");
+    if (!tools && s && !strcmp(s, "auto")) return 0; /* nothing to call: plain text */
+    if (!tools) return pt_fail(err, "tool_choice '%s' needs 'tools'", s ? s : "function");
     if (s) {
         out->mode = !strcmp(s, "auto") ? PT_TOOL_AUTO : PT_TOOL_REQUIRED;
         return 0;

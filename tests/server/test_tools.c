@@ -259,6 +259,11 @@ static void test_choice_and_grammar(void **state) {
     assert_int_equal(pt_tools_check(tools, missing, NULL, &c, &param, &err), -1);
     assert_non_null(strstr(err.msg, "zz"));
     assert_int_equal(pt_tools_check(NULL, req, NULL, &c, &param, &err), -1);
+    json_t *autoc = json_string("auto"), *empty = json_array();
+    assert_int_equal(pt_tools_check(empty, autoc, NULL, &c, &param, &err), 0);
+    assert_int_equal(c.mode, PT_TOOL_NONE);
+    json_decref(autoc);
+    json_decref(empty);
     json_t *badtools = json_loads("[{\"type\":\"function\",\"function\":{}}]", 0, NULL);
     assert_int_equal(pt_tools_check(badtools, NULL, NULL, &c, &param, &err), -1);
     assert_string_equal(param, "tools[0]");
