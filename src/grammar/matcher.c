@@ -626,6 +626,7 @@ static void sig_tail(pt_gmatcher *m, int32_t pos) {
  * will not hold it, and writing it out for every leaf under it cost more
  * than the classifications (megabytes per mask on large schemas). */
 #define SIG_MAX 4096
+#define SHARE_MIN_NODES 2048 /* classifications that walked fewer are not shared */
 
 /* The canonical text of the sub-grammar reachable from truncated stack id
  * in m->sig; false if it would exceed SIG_MAX. */
@@ -702,7 +703,14 @@ static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf) {
     uint64_t h = shared ? sig_hash(m->sig, m->sig_len) : 0;
     pc_entry *pc = shared ? pt_gvocab_cache_get(v, h, m->sig, m->sig_len) : NULL;
     if (!pc) {
+        long walked = m->n_walked;
         pc = classify(m, t);
+        /* The shared cache holds PT_GVOCAB_CACHE entries: keep them for the
+         * classifications that cost a long walk (a string's contents), not
+         * for the keys and literals every schema has thousands of (they
+         * filled it within the first few thousand MaskBench schemas, after
+         * which every schema walked the string contents again). */
+        shared &= m->n_walked - walked >= SHARE_MIN_NODES;
         if (!shared || !pt_gvocab_cache_put(v, h, m->sig, m->sig_len, pc)) { /* ours to free */
             if (m->n_own == m->cap_own) {
                 m->cap_own = m->cap_own ? 2 * m->cap_own : 16;

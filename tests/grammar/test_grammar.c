@@ -360,16 +360,17 @@ static void test_untyped_keywords_and_order(void **state) {
 /* Every string of 1 to 4 characters over a 6-letter alphabet that holds a
  * quote and a colon: subtrees large enough for the matcher's memoized walks
  * (256 nodes and more), with tokens crossing key boundaries. */
-static pt_gvocab *big_vocab(int *n_out, char ***toks) {
+static pt_gvocab *big_vocab_n(int max_len, int *n_out, char ***toks) {
     static const char al[] = "ab\":c ";
-    int n = 6 + 36 + 216 + 1296, k = 0;
+    int n = 0, k = 0;
+    for (int len = 1, p = 6; len <= max_len; len++, p *= 6) n += p;
     char **t = calloc((size_t)n, sizeof *t);
     size_t *l = calloc((size_t)n, sizeof *l);
-    for (int len = 1; len <= 4; len++) {
+    for (int len = 1; len <= max_len; len++) {
         int total = 1;
         for (int i = 0; i < len; i++) total *= 6;
         for (int x = 0; x < total; x++, k++) {
-            t[k] = calloc(5, 1);
+            t[k] = calloc(8, 1);
             for (int i = 0, y = x; i < len; i++, y /= 6) t[k][i] = al[y % 6];
             l[k] = (size_t)len;
         }
@@ -380,6 +381,8 @@ static pt_gvocab *big_vocab(int *n_out, char ***toks) {
     *toks = t;
     return v;
 }
+
+static pt_gvocab *big_vocab(int *n_out, char ***toks) { return big_vocab_n(4, n_out, toks); }
 
 /* Masks of an object with extra keys allowed (a key that is none of the
  * listed names) equal accept-then-rollback for every token, and a second
@@ -420,6 +423,35 @@ static void test_masks_memoized_walks(void **state) {
     pt_gmatcher_free(m);
     pt_gvocab_free(v);
     pt_grammar_free(g);
+}
+
+/* Only classifications that cost a long walk go to the vocabulary's shared
+ * cache: keys and literals filled it and pushed the string contents out. */
+static void test_shared_cache_keeps_long_walks(void **state) {
+    (void)state;
+    int n;
+    char **toks;
+    pt_gvocab *v = big_vocab_n(5, &n, &toks); /* a string's contents: ~3,900 nodes */
+    uint32_t *mask = calloc((size_t)(n + 31) / 32, 4);
+    pt_grammar *g = schema("{\"enum\":[\"ab:\",\"ba c\",1]}");
+    pt_gmatcher *m = pt_gmatcher_new(g, v);
+    pt_gmatcher_mask(m, mask);
+    assert_true(pt_gmatcher_accept_bytes(m, "\"a", 2));
+    pt_gmatcher_mask(m, mask);
+    assert_int_equal(v->n_slots_used, 0);
+    pt_gmatcher_free(m);
+    pt_grammar_free(g);
+    g = schema("{\"type\":\"string\"}");
+    m = pt_gmatcher_new(g, v);
+    assert_true(pt_gmatcher_accept_bytes(m, "\"", 1));
+    pt_gmatcher_mask(m, mask);
+    assert_true(v->n_slots_used > 0);
+    pt_gmatcher_free(m);
+    pt_grammar_free(g);
+    for (int i = 0; i < n; i++) free(toks[i]);
+    free(toks);
+    free(mask);
+    pt_gvocab_free(v);
 }
 
 /* Jump-forward: the bytes every continuation starts with. */
@@ -466,6 +498,7 @@ int main(void) {
         cmocka_unit_test(test_masks_brute_force), cmocka_unit_test(test_rollback_and_finish),
         cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
         cmocka_unit_test(test_pattern_length_and_all_keys), cmocka_unit_test(test_untyped_keywords_and_order),
+        cmocka_unit_test(test_shared_cache_keeps_long_walks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
