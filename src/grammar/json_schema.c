@@ -37,6 +37,13 @@ static bool has_validation(const json_t *s);
 
 /* --- shared rules ---------------------------------------------------------- */
 
+/* A schema no value satisfies (false, an enum of none of the allowed types,
+ * maxLength < minLength): a rule with no alternatives.  gb_finish drops
+ * every alternative that needs it, so an optional property with such a
+ * schema can never appear, and a schema that needs it everywhere is refused
+ * ("matches no finite text"). */
+static int no_value(sc *c) { return gb_rule(c->b); }
+
 static int ws_rule(sc *c) {
     if (c->ws < 0) {
         pt_byteset w = {{0}};
@@ -343,7 +350,10 @@ static int gen_string_len(sc *c, const json_t *mn, const json_t *mx, int *rule) 
         return pt_fail(c->err, "minLength/maxLength must be integers");
     long lo = mn ? (long)json_integer_value(mn) : 0, hi = mx ? (long)json_integer_value(mx) : -1;
     if (lo < 0) lo = 0;
-    if (hi >= 0 && hi < lo) return pt_fail(c->err, "maxLength < minLength: no string is valid");
+    if (hi >= 0 && hi < lo) { /* no string is valid */
+        *rule = no_value(c);
+        return 0;
+    }
     int body = gb_repeat(c->b, str_char_rule(c), lo, hi, c->err);
     if (body < 0) return -1;
     *rule = quoted(c, body);
@@ -1166,7 +1176,7 @@ static bool value_in_bounds(const json_t *s, const json_t *v) {
 static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
     json_t *types = json_object_get(s, "type");
     json_t *tl = types ? type_list(types) : NULL;
-    int r = gb_rule(c->b), n = 0;
+    int r = gb_rule(c->b); /* no value of the allowed types: derives nothing (no_value) */
     size_t i;
     json_t *v;
     json_array_foreach(vals, i, v) {
@@ -1181,10 +1191,8 @@ static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
         gseq q = {0};
         seq_ref(&q, const_rule(c, v));
         gb_alt(c->b, r, &q);
-        n++;
     }
     json_decref(tl);
-    if (!n) return pt_fail(c->err, "\"enum\" has no value of the allowed types");
     /* keywords that could rule out some values: those we cannot check on
      * the values are refused (unknown keywords only annotate) */
     static const char *const refuse[] = {"pattern", "format", "properties", "required", "items",
@@ -1386,7 +1394,8 @@ static int gen(sc *c, const json_t *s, int *rule) {
         goto out;
     }
     if (!json_is_object(s)) {
-        rc = pt_fail(c->err, json_is_false(s) ? "schema false allows no value" : "schema must be an object or a boolean");
+        if (json_is_false(s)) *rule = no_value(c);
+        else rc = pt_fail(c->err, "schema must be an object or a boolean");
         goto out;
     }
     static const char *const refused[] = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef",
@@ -1519,6 +1528,10 @@ int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max
     sc c = {.b = &b, .root = schema, .err = err, .ws_max = ws_max < 0 ? 0 : ws_max};
     c.ws = c.value = c.string = c.str_char = c.str_body = c.number = c.integer = c.boolean = c.null = -1;
     c.any_obj = c.any_arr = -1;
+    if (json_is_false(schema)) {
+        gb_free(&b);
+        return pt_fail(err, "schema false allows no value");
+    }
     int body, rc = gen(&c, schema, &body);
     if (rc == 0) {
         gseq s = {0};

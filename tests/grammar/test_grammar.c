@@ -425,6 +425,26 @@ static void test_masks_memoized_walks(void **state) {
     pt_grammar_free(g);
 }
 
+/* A subschema no value satisfies rules out its property instead of
+ * failing the whole schema; needed everywhere, it is still an error. */
+static void test_unsatisfiable_subschemas(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"enum\":[\"x\"]},"
+                           "\"b\":{\"type\":\"integer\"},\"c\":false,\"d\":{\"type\":\"string\",\"minLength\":3,"
+                           "\"maxLength\":2}}}");
+    assert_true(accepts(g, "{\"b\":1}"));
+    assert_true(accepts(g, "{}"));
+    assert_false(accepts(g, "{\"a\":\"x\"}"));
+    assert_false(accepts(g, "{\"a\":[\"x\"]}"));
+    assert_false(accepts(g, "{\"c\":1}"));
+    assert_false(accepts(g, "{\"d\":\"xy\"}"));
+    pt_grammar_free(g);
+    const char *req = "{\"type\":\"object\",\"properties\":{\"c\":false},\"required\":[\"c\"]}";
+    pt_err err = {{0}};
+    assert_int_equal(pt_grammar_from_schema_text(&g, req, strlen(req), &err), -1);
+    assert_non_null(strstr(err.msg, "no finite text"));
+}
+
 /* Only classifications that cost a long walk go to the vocabulary's shared
  * cache: keys and literals filled it and pushed the string contents out. */
 static void test_shared_cache_keeps_long_walks(void **state) {
@@ -498,7 +518,7 @@ int main(void) {
         cmocka_unit_test(test_masks_brute_force), cmocka_unit_test(test_rollback_and_finish),
         cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
         cmocka_unit_test(test_pattern_length_and_all_keys), cmocka_unit_test(test_untyped_keywords_and_order),
-        cmocka_unit_test(test_shared_cache_keeps_long_walks),
+        cmocka_unit_test(test_shared_cache_keeps_long_walks), cmocka_unit_test(test_unsatisfiable_subschemas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
