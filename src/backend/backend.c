@@ -1,7 +1,18 @@
 /*
- * backend.c - choosing a backend by name.
+ * backend.c - choosing a backend by name, and the names of ops.
  */
 #include "backend/backend.h"
+
+static const char *const op_names[PT_OP_COUNT] = {
+    [PT_OP_MATMUL] = "matmul",       [PT_OP_EMBED] = "embed",       [PT_OP_RMSNORM] = "rmsnorm",
+    [PT_OP_ADD] = "add",             [PT_OP_ADD_BIAS] = "add_bias", [PT_OP_SWIGLU] = "swiglu",
+    [PT_OP_ROPE] = "rope",           [PT_OP_KV_STORE] = "kv_store", [PT_OP_ATTENTION] = "attention",
+    [PT_OP_GATHER_ROWS] = "gather_rows",
+};
+
+const char *pt_op_name(int kind) {
+    return kind >= 0 && kind < PT_OP_COUNT && op_names[kind] ? op_names[kind] : "?";
+}
 
 pt_backend *pt_backend_open(const char *device, int n_threads, const char *kernels, pt_err *err) {
     if (!device || strcmp(device, "cpu") == 0)

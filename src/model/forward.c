@@ -54,7 +54,7 @@ static int upload_batch(pt_model *m, const pt_batch *b, int first, int n, pt_bat
     for (int i = 0; i < n; i++)
         if (b->logits && b->logits[first + i]) ws->h_out_idx[(*n_out)++] = i;
     be->ops->upload(be, ws->out_idx, ws->h_out_idx, sizeof(int32_t) * (size_t)*n_out);
-    *v = (pt_batch_view){n, ws->pos, ws->seq, ws->block_table, max_pages, b->n_seqs};
+    *v = (pt_batch_view){.n_tokens = n, .pos = ws->pos, .seq = ws->seq, .block_table = ws->block_table, .max_pages = max_pages, .n_seqs = b->n_seqs};
     return 0;
 }
 

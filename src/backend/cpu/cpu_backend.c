@@ -76,6 +76,45 @@ static void cpu_sync(pt_backend *be) {
     (void)be;
 }
 
+/* One op record, run now on the thread pool: the CPU's only op entry. */
+static void cpu_run_op(pt_backend *be, const pt_op *o) {
+    switch (o->kind) {
+    case PT_OP_MATMUL: pt_cpu_matmul(be, o->matmul.y, o->matmul.x, &o->matmul.w, o->matmul.n); break;
+    case PT_OP_EMBED: pt_cpu_embed(be, o->embed.y, &o->embed.table, o->embed.ids, o->embed.n); break;
+    case PT_OP_RMSNORM: {
+        const pt_op_rmsnorm *a = &o->rmsnorm;
+        pt_cpu_rmsnorm(be, a->y, a->x, a->g, a->n, a->d, a->eps);
+        break;
+    }
+    case PT_OP_ADD: pt_cpu_add(be, o->add.y, o->add.a, o->add.b, o->add.count); break;
+    case PT_OP_ADD_BIAS:
+        pt_cpu_add_bias(be, o->add_bias.y, o->add_bias.bias, o->add_bias.n, o->add_bias.d);
+        break;
+    case PT_OP_SWIGLU: pt_cpu_swiglu(be, o->swiglu.y, o->swiglu.gate, o->swiglu.up, o->swiglu.count); break;
+    case PT_OP_ROPE: {
+        const pt_op_rope *a = &o->rope;
+        pt_cpu_rope(be, a->x, &a->b, a->n_heads, a->head_dim, &a->rope);
+        break;
+    }
+    case PT_OP_KV_STORE: {
+        const pt_op_kv_store *a = &o->kv_store;
+        pt_cpu_kv_store(be, &a->kv, &a->b, a->k, a->v);
+        break;
+    }
+    case PT_OP_ATTENTION: {
+        const pt_op_attention *a = &o->attention;
+        pt_cpu_attention(be, a->out, a->q, &a->kv, &a->b, a->n_heads, a->scale);
+        break;
+    }
+    case PT_OP_GATHER_ROWS: {
+        const pt_op_gather_rows *a = &o->gather_rows;
+        pt_cpu_gather_rows(be, a->dst, a->src, a->idx, a->n, a->d);
+        break;
+    }
+    default: pt_cpu_die("op kind %d has no CPU implementation", (int)o->kind);
+    }
+}
+
 static void cpu_destroy(pt_backend *be) {
     pt_cpu_backend *cb = pt_cpu(be);
     if (!cb) return;
@@ -95,16 +134,7 @@ static const pt_backend_ops cpu_ops = {
     .download = cpu_copy,
     .copy = cpu_copy,
     .sync = cpu_sync,
-    .matmul = pt_cpu_matmul,
-    .embed = pt_cpu_embed,
-    .rmsnorm = pt_cpu_rmsnorm,
-    .add = pt_cpu_add,
-    .add_bias = pt_cpu_add_bias,
-    .swiglu = pt_cpu_swiglu,
-    .rope = pt_cpu_rope,
-    .kv_store = pt_cpu_kv_store,
-    .attention = pt_cpu_attention,
-    .gather_rows = pt_cpu_gather_rows,
+    .run = cpu_run_op,
     .read_bandwidth = pt_cpu_read_bandwidth,
     .compute_peak = pt_cpu_compute_peak,
     .destroy = cpu_destroy,

@@ -1,0 +1,74 @@
+/*
+ * cuda_bandwidth.c - the read-bandwidth probe: what decode, which only
+ * streams weights and cache, can reach on this device (for rooflines).
+ * Measured once per backend and kept.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_host.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median seconds of reps runs of a read kernel (kind 0) or a device-to-
+ * device copy of half the buffer onto the other half (kind 1). */
+static double time_median(cuda_backend *cb, int kind, void *buf, size_t nbytes, float *sink,
+                          int reps) {
+    cudaEvent_t e0, e1;
+    cuda_check(cudaEventCreate(&e0), "read_bandwidth");
+    cuda_check(cudaEventCreate(&e1), "read_bandwidth");
+    double t[32];
+    if (reps > 32) reps = 32;
+    for (int i = -2; i < reps; i++) { /* two warm-ups */
+        cuda_check(cudaEventRecord(e0, cb->stream), "read_bandwidth");
+        if (kind == 0) cu_read_kernel(cb->stream, buf, nbytes, sink);
+        else
+            cuda_check(cudaMemcpyAsync((char *)buf + nbytes / 2, buf, nbytes / 2,
+                                  cudaMemcpyDeviceToDevice, cb->stream),
+                  "read_bandwidth");
+        cuda_check(cudaEventRecord(e1, cb->stream), "read_bandwidth");
+        cuda_check(cudaEventSynchronize(e1), "read_bandwidth");
+        float ms = 0;
+        cuda_check(cudaEventElapsedTime(&ms, e0, e1), "read_bandwidth");
+        if (i >= 0) t[i] = ms / 1e3;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return t[reps / 2];
+}
+
+/* Bytes/s of a streaming read kernel over 2 GiB (16-byte loads that skip
+ * L1, far larger than L2): the roofline of decode, which only reads.  The
+ * device-to-device copy rate (bytes read + written) is logged beside it. */
+double cuda_read_bandwidth(pt_backend *be) {
+    cuda_backend *cb = cb_of(be);
+    if (cb->read_bw > 0) return cb->read_bw;
+    cuda_flush(cb);
+    size_t nbytes = (size_t)2 << 30;
+    void *buf = NULL;
+    while (nbytes >= ((size_t)64 << 20) && cudaMalloc(&buf, nbytes) != cudaSuccess) {
+        cudaGetLastError();
+        nbytes /= 2;
+    }
+    if (!buf) return 0;
+    float *sink = NULL;
+    cuda_check(cudaMalloc((void **)&sink, 16), "read_bandwidth");
+    cuda_check(cudaMemsetAsync(buf, 0x5a, nbytes, cb->stream), "read_bandwidth");
+    double tr = time_median(cb, 0, buf, nbytes, sink, 15);
+    double tc = time_median(cb, 1, buf, nbytes, sink, 15);
+    cudaFree(sink);
+    cudaFree(buf);
+    cb->read_bw = (double)nbytes / tr;
+    pt_info("cuda: read kernel %.0f GB/s; device-to-device copy %.0f GB/s (read + written), "
+            "%.2f GiB buffer",
+            cb->read_bw / 1e9, (double)nbytes / tc / 1e9, nbytes / 1073741824.0);
+    size_t len = strlen(cb->detail);
+    snprintf(cb->detail + len, sizeof cb->detail - len, "; read %.0f GB/s, copy %.0f GB/s",
+             cb->read_bw / 1e9, (double)nbytes / tc / 1e9);
+    return cb->read_bw;
+}
