@@ -1,6 +1,9 @@
 /*
- * backend.c - choosing a backend by name, and the names of ops.
+ * backend.c - choosing a backend by name ("cpu", "cuda", "cuda:N"), and the
+ * names of ops.
  */
+#include <stdlib.h>
+
 #include "backend/backend.h"
 
 static const char *const op_names[PT_OP_COUNT] = {
@@ -14,18 +17,32 @@ const char *pt_op_name(int kind) {
     return kind >= 0 && kind < PT_OP_COUNT && op_names[kind] ? op_names[kind] : "?";
 }
 
+/* "cuda" is device 0, "cuda:N" device N; -1 (with err set) otherwise. */
+static int cuda_ordinal(const char *device, pt_err *err) {
+    if (strcmp(device, "cuda") == 0) return 0;
+    const char *p = device + 5; /* after "cuda:" */
+    char *end = NULL;
+    long n = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+    if (n < 0 || n > 1023 || !end || *end)
+        return pt_fail(err, "device '%s': expected cuda or cuda:N with N a device number "
+                            "(0, 1, ...)", device);
+    return (int)n;
+}
+
 pt_backend *pt_backend_open(const char *device, int n_threads, const char *kernels, pt_err *err) {
     if (!device || strcmp(device, "cpu") == 0)
         return pt_backend_cpu_new(n_threads, kernels ? kernels : "auto", err);
-    if (strcmp(device, "cuda") == 0) {
+    if (strcmp(device, "cuda") == 0 || strncmp(device, "cuda:", 5) == 0) {
+        int ordinal = cuda_ordinal(device, err);
+        if (ordinal < 0) return NULL;
 #ifdef PETREL_CUDA
-        return pt_backend_cuda_new(0, err);
+        return pt_backend_cuda_new(ordinal, err);
 #else
         pt_fail(err, "this build has no CUDA backend (rebuild with -DPETREL_CUDA=ON where nvcc "
                      "is installed)");
         return NULL;
 #endif
     }
-    pt_fail(err, "unknown device '%s' (cpu or cuda)", device);
+    pt_fail(err, "unknown device '%s' (cpu, cuda or cuda:N)", device);
     return NULL;
 }

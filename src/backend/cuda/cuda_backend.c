@@ -41,6 +41,13 @@
 
 #define CUBLAS_WORKSPACE ((size_t)32 << 20)
 
+cuda_backend *cb_of(pt_backend *be) {
+    cuda_backend *cb = (cuda_backend *)be;
+    int cur = -1;
+    if (cb && (cudaGetDevice(&cur) != cudaSuccess || cur != cb->device)) cudaSetDevice(cb->device);
+    return cb;
+}
+
 void cuda_fatal(const char *what, const char *msg) {
     pt_log(PT_LOG_ERROR, "cuda: %s: %s", what, msg);
     fprintf(stderr, "petrel: fatal CUDA error in %s: %s\n", what, msg);
@@ -58,7 +65,7 @@ static void check_blas(cublasStatus_t st, const char *what) {
 /* After each op: a launch error now, or with PETREL_CUDA_SYNC any error. */
 static void op_done(cuda_backend *cb, const char *op) {
     cuda_check(cudaGetLastError(), op);
-    if (cb->sync_each) cuda_check(cudaStreamSynchronize(cb->stream), op);
+    if (cb->sync_each) cuda_check(cudaStreamSynchronize(cb->ctx.s), op);
 }
 
 static int dtype_code(pt_dtype t) {
@@ -73,7 +80,7 @@ static int dtype_code(pt_dtype t) {
 /* Grows a device scratch buffer (rarely: by half again). */
 static void *scratch(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
     if (need <= *cap) return *buf;
-    cuda_check(cudaStreamSynchronize(cb->stream), what);
+    cuda_check(cudaStreamSynchronize(cb->ctx.s), what);
     if (*buf) cudaFree(*buf);
     size_t n = need + need / 2;
     if (cudaMalloc(buf, n) != cudaSuccess) {
@@ -97,7 +104,7 @@ static void *cuda_alloc(pt_backend *be, size_t nbytes) {
         cudaGetLastError(); /* clear the error: a failed alloc is reported by NULL */
         return NULL;
     }
-    if (cudaMemsetAsync(p, 0, nbytes, cb->stream) != cudaSuccess) {
+    if (cudaMemsetAsync(p, 0, nbytes, cb->ctx.s) != cudaSuccess) {
         cudaGetLastError();
         cudaFree(p);
         return NULL;
@@ -109,7 +116,7 @@ static void cuda_free(pt_backend *be, void *p, size_t nbytes) {
     (void)nbytes;
     if (!p) return;
     cuda_flush(cb_of(be));
-    cuda_check(cudaStreamSynchronize(cb_of(be)->stream), "free");
+    cuda_check(cudaStreamSynchronize(cb_of(be)->ctx.s), "free");
     cuda_check(cudaFree(p), "free");
 }
 
@@ -118,20 +125,20 @@ static void cuda_free(pt_backend *be, void *p, size_t nbytes) {
 static void cuda_upload(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return;
     cuda_flush(cb_of(be)); /* recorded ops come first in stream order */
-    cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cb_of(be)->stream), "upload");
+    cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cb_of(be)->ctx.s), "upload");
 }
 
 static void cuda_download(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     cuda_backend *cb = cb_of(be);
     cuda_flush(cb);
-    if (nbytes) cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cb->stream), "download");
-    cuda_check(cudaStreamSynchronize(cb->stream), "download");
+    if (nbytes) cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cb->ctx.s), "download");
+    cuda_check(cudaStreamSynchronize(cb->ctx.s), "download");
 }
 
 static void cuda_copy(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return;
     cuda_flush(cb_of(be));
-    cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb_of(be)->stream), "copy");
+    cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb_of(be)->ctx.s), "copy");
 }
 
 static size_t cuda_free_memory(pt_backend *be) {
@@ -142,7 +149,7 @@ static size_t cuda_free_memory(pt_backend *be) {
 
 static void cuda_sync(pt_backend *be) {
     cuda_flush(cb_of(be));
-    cuda_check(cudaStreamSynchronize(cb_of(be)->stream), "sync");
+    cuda_check(cudaStreamSynchronize(cb_of(be)->ctx.s), "sync");
     cuda_check(cudaGetLastError(), "sync");
 }
 
@@ -217,7 +224,7 @@ static cu_kvq_args kvq_attention_args(const pt_op_attention *a) {
 static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
     const pt_weight *w = &a->w;
     int wt = dtype_code(w->dtype), rows = (int)w->rows, cols = (int)w->cols, n = a->n;
-    if (n <= cb->gemv_max && cu_gemv(cb->stream, a->y, a->x, w->data, wt, rows, cols, n) == 0)
+    if (n <= cb->gemv_max && cu_gemv(&cb->ctx, a->y, a->x, w->data, wt, rows, cols, n) == 0)
         return;
     const float one = 1.0f, zero = 0.0f;
     if (wt == CU_F32) {
@@ -226,7 +233,7 @@ static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
                    "matmul (cublasSgemm)");
         return;
     }
-    cu_convert_from_f32(cb->stream, cb->act16, wt, a->x, (size_t)n * cols);
+    cu_convert_from_f32(&cb->ctx, cb->act16, wt, a->x, (size_t)n * cols);
     cudaDataType_t t = wt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     check_blas(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t,
                             cols, cb->act16, t, cols, &zero, a->y, CUDA_R_32F, rows,
@@ -237,11 +244,11 @@ static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
 static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     cu_qweight w = qweight_of(&a->w);
     int n = a->n;
-    if (n <= cb->qgemv_max && cu_qgemv(cb->stream, a->y, a->x, &w, n) == 0) return;
+    if (n <= cb->qgemv_max && cu_qgemv(&cb->ctx, a->y, a->x, &w, n) == 0) return;
     /* Prefill: the weight as f16 into scratch, then the tensor cores. */
-    if (cu_qdequant_f16(cb->stream, cb->wdeq, &w))
+    if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w))
         cuda_fatal("matmul", "no kernel for this quantized weight's shape");
-    cu_convert_from_f32(cb->stream, cb->act16, CU_F16, a->x, (size_t)n * (size_t)w.cols);
+    cu_convert_from_f32(&cb->ctx, cb->act16, CU_F16, a->x, (size_t)n * (size_t)w.cols);
     const float one = 1.0f, zero = 0.0f;
     int rows = (int)w.rows, cols = (int)w.cols;
     check_blas(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, cb->wdeq,
@@ -254,11 +261,11 @@ static void exec_embed(cuda_backend *cb, const pt_op_embed *a) {
     const pt_weight *t = &a->table;
     if (is_quantized(t->dtype)) {
         cu_qweight w = qweight_of(t);
-        if (cu_qembed(cb->stream, a->y, &w, a->ids, a->n))
+        if (cu_qembed(&cb->ctx, a->y, &w, a->ids, a->n))
             cuda_fatal("embed", "no kernel for this quantized table's shape");
         return;
     }
-    cu_embed(cb->stream, a->y, t->data, dtype_code(t->dtype), t->rows, t->cols, a->ids, a->n);
+    cu_embed(&cb->ctx, a->y, t->data, dtype_code(t->dtype), t->rows, t->cols, a->ids, a->n);
 }
 
 static void exec_kv_store(cuda_backend *cb, const pt_op_kv_store *a) {
@@ -266,11 +273,11 @@ static void exec_kv_store(cuda_backend *cb, const pt_op_kv_store *a) {
     const pt_batch_view *b = &a->b;
     if (kv->codec) { /* formats were checked when the op was recorded: -1 is a bug */
         cu_kvq_args q = kvq_args(kv, b, NULL, NULL, kv->n_kv_heads, 0);
-        if (cu_kvq_store(cb->stream, &q, a->k, a->v))
+        if (cu_kvq_store(&cb->ctx, &q, a->k, a->v))
             cuda_fatal("kv_store", "no kernel for this quantized cache's shape");
         return;
     }
-    cu_kv_store(cb->stream, kv->k, kv->v, dtype_code(kv->dtype), kv->page_size, kv->n_kv_heads,
+    cu_kv_store(&cb->ctx, kv->k, kv->v, dtype_code(kv->dtype), kv->page_size, kv->n_kv_heads,
                 kv->head_dim, b->pos, b->seq, b->block_table, b->max_pages, b->n_tokens, a->k,
                 a->v);
 }
@@ -278,19 +285,19 @@ static void exec_kv_store(cuda_backend *cb, const pt_op_kv_store *a) {
 static void exec_attention(cuda_backend *cb, const pt_op_attention *a) {
     if (a->kv.codec) {
         cu_kvq_args q = kvq_attention_args(a);
-        if (cu_kvq_attention(cb->stream, &q, cb->n_sm, cb->attn_scratch))
+        if (cu_kvq_attention(&cb->ctx, &q, cb->ctx.n_sm, cb->attn_scratch))
             cuda_fatal("attention", "no kernel for this quantized cache's shape");
         return;
     }
     cu_attn_args r = attn_args(cb, a);
-    if (cb->simple_attn) cu_attention_simple(cb->stream, &r);
-    else cu_attention(cb->stream, &r, cb->n_sm, cb->attn_scratch);
+    if (cb->simple_attn) cu_attention_simple(&cb->ctx, &r);
+    else cu_attention(&cb->ctx, &r, cb->ctx.n_sm, cb->attn_scratch);
 }
 
 /* Enqueues one recorded op on the stream: the one switch from a record to
  * its launcher. */
 void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
-    cudaStream_t s = cb->stream;
+    const cu_ctx *c = &cb->ctx;
     switch (o->kind) {
     case PT_OP_MATMUL:
         if (is_quantized(o->matmul.w.dtype)) exec_qmatmul(cb, &o->matmul);
@@ -299,15 +306,15 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
     case PT_OP_EMBED: exec_embed(cb, &o->embed); break;
     case PT_OP_RMSNORM: {
         const pt_op_rmsnorm *a = &o->rmsnorm;
-        cu_rmsnorm(s, a->y, a->x, a->g, a->n, a->d, a->eps);
+        cu_rmsnorm(c, a->y, a->x, a->g, a->n, a->d, a->eps);
         break;
     }
-    case PT_OP_ADD: cu_add(s, o->add.y, o->add.a, o->add.b, o->add.count); break;
-    case PT_OP_ADD_BIAS: cu_add_bias(s, o->add_bias.y, o->add_bias.bias, o->add_bias.n, o->add_bias.d); break;
-    case PT_OP_SWIGLU: cu_swiglu(s, o->swiglu.y, o->swiglu.gate, o->swiglu.up, o->swiglu.count); break;
+    case PT_OP_ADD: cu_add(c, o->add.y, o->add.a, o->add.b, o->add.count); break;
+    case PT_OP_ADD_BIAS: cu_add_bias(c, o->add_bias.y, o->add_bias.bias, o->add_bias.n, o->add_bias.d); break;
+    case PT_OP_SWIGLU: cu_swiglu(c, o->swiglu.y, o->swiglu.gate, o->swiglu.up, o->swiglu.count); break;
     case PT_OP_ROPE: {
         const pt_op_rope *a = &o->rope;
-        cu_rope(s, a->x, a->b.pos, a->b.n_tokens, a->n_heads, a->head_dim, a->rope.style,
+        cu_rope(c, a->x, a->b.pos, a->b.n_tokens, a->n_heads, a->head_dim, a->rope.style,
                 a->rope.n_rot, a->rope.inv_freq, a->rope.mscale);
         break;
     }
@@ -315,7 +322,7 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
     case PT_OP_ATTENTION: exec_attention(cb, &o->attention); break;
     case PT_OP_GATHER_ROWS: {
         const pt_op_gather_rows *a = &o->gather_rows;
-        cu_gather_rows(s, a->dst, a->src, a->idx, a->n, a->d);
+        cu_gather_rows(c, a->dst, a->src, a->idx, a->n, a->d);
         break;
     }
     default: cuda_fatal(pt_op_name(o->kind), "op has no CUDA implementation");
@@ -390,10 +397,10 @@ static void prepare_scratch(cuda_backend *cb, const pt_op *o) {
         size_t need;
         if (o->attention.kv.codec) {
             cu_kvq_args q = kvq_attention_args(&o->attention);
-            need = cu_kvq_attention_scratch(&q, cb->n_sm);
+            need = cu_kvq_attention_scratch(&q, cb->ctx.n_sm);
         } else if (!cb->simple_attn) {
             cu_attn_args r = attn_args(cb, &o->attention);
-            need = cu_attention_scratch(&r, cb->n_sm);
+            need = cu_attention_scratch(&r, cb->ctx.n_sm);
         } else {
             return;
         }
@@ -432,7 +439,7 @@ static void cuda_destroy(pt_backend *be) {
     cuda_backend *cb = cb_of(be);
     if (!cb) return;
     cuda_flush(cb);
-    cudaStreamSynchronize(cb->stream);
+    cudaStreamSynchronize(cb->ctx.s);
     if (cb->n_captures || cb->n_replays)
         pt_debug("cuda: %llu graph captures, %llu replays", (unsigned long long)cb->n_captures,
                  (unsigned long long)cb->n_replays);
@@ -443,7 +450,7 @@ static void cuda_destroy(pt_backend *be) {
     if (cb->attn_scratch) cudaFree(cb->attn_scratch);
     if (cb->wdeq) cudaFree(cb->wdeq);
     if (cb->cublas) cublasDestroy(cb->cublas);
-    if (cb->stream) cudaStreamDestroy(cb->stream);
+    if (cb->ctx.s) cudaStreamDestroy(cb->ctx.s);
     free(cb);
 }
 
@@ -492,8 +499,8 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     }
     cuda_backend *cb = pt_xcalloc(1, sizeof *cb);
     cb->device = device;
-    cb->n_sm = prop.multiProcessorCount;
-    if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    cb->ctx.n_sm = prop.multiProcessorCount;
+    if ((e = cudaStreamCreateWithFlags(&cb->ctx.s, cudaStreamNonBlocking)) != cudaSuccess) {
         pt_fail(err, "CUDA stream: %s", cudaGetErrorString(e));
         free(cb);
         return NULL;
@@ -501,21 +508,24 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cublasStatus_t st = cublasCreate(&cb->cublas);
     if (st != CUBLAS_STATUS_SUCCESS) {
         pt_fail(err, "cuBLAS: %s", cublasGetStatusString(st));
-        cudaStreamDestroy(cb->stream);
+        cudaStreamDestroy(cb->ctx.s);
         free(cb);
         return NULL;
     }
-    cublasSetStream(cb->cublas, cb->stream);
+    cublasSetStream(cb->cublas, cb->ctx.s);
     cublasSetMathMode(cb->cublas, CUBLAS_DEFAULT_MATH); /* no TF32 for f32 weights */
     /* Our own workspace: cuBLAS then allocates nothing inside graph capture. */
     if (cudaMalloc(&cb->cublas_ws, CUBLAS_WORKSPACE) == cudaSuccess)
         cublasSetWorkspace(cb->cublas, cb->cublas_ws, CUBLAS_WORKSPACE);
     else
         cb->cublas_ws = NULL;
+    cb->ctx.pdl = prop.major >= 9 && env_int("PETREL_CUDA_PDL", 1) != 0;
+    cb->ctx.gemv_mode = (env_int("PETREL_CUDA_GEMV_PERSIST", 1) != 0) |
+                        (env_int("PETREL_CUDA_GEMV_PDL", 0) != 0) << 1;
     cu_attention_init();
-    cu_kvq_init();
-    cu_gemv_init(cb->n_sm);
-    cu_qgemv_init(cb->n_sm);
+    cu_kvq_init(&cb->ctx);
+    cu_gemv_init(&cb->ctx);
+    cu_qgemv_init(&cb->ctx);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", 4);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
@@ -525,9 +535,6 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
     cb->sync_each = env_int("PETREL_CUDA_SYNC", 0) != 0;
     cb->use_graphs = !cb->sync_each && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
-    cu_pdl = prop.major >= 9 && env_int("PETREL_CUDA_PDL", 1) != 0;
-    cu_gemv_mode = (env_int("PETREL_CUDA_GEMV_PERSIST", 1) != 0) |
-                   (env_int("PETREL_CUDA_GEMV_PDL", 0) != 0) << 1;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount,
              prop.totalGlobalMem / 1073741824.0);

@@ -24,13 +24,13 @@ static double time_median(cuda_backend *cb, int kind, void *buf, size_t nbytes, 
     double t[32];
     if (reps > 32) reps = 32;
     for (int i = -2; i < reps; i++) { /* two warm-ups */
-        cuda_check(cudaEventRecord(e0, cb->stream), "read_bandwidth");
-        if (kind == 0) cu_read_kernel(cb->stream, buf, nbytes, sink);
+        cuda_check(cudaEventRecord(e0, cb->ctx.s), "read_bandwidth");
+        if (kind == 0) cu_read_kernel(&cb->ctx, buf, nbytes, sink);
         else
             cuda_check(cudaMemcpyAsync((char *)buf + nbytes / 2, buf, nbytes / 2,
-                                  cudaMemcpyDeviceToDevice, cb->stream),
+                                  cudaMemcpyDeviceToDevice, cb->ctx.s),
                   "read_bandwidth");
-        cuda_check(cudaEventRecord(e1, cb->stream), "read_bandwidth");
+        cuda_check(cudaEventRecord(e1, cb->ctx.s), "read_bandwidth");
         cuda_check(cudaEventSynchronize(e1), "read_bandwidth");
         float ms = 0;
         cuda_check(cudaEventElapsedTime(&ms, e0, e1), "read_bandwidth");
@@ -58,7 +58,7 @@ double cuda_read_bandwidth(pt_backend *be) {
     if (!buf) return 0;
     float *sink = NULL;
     cuda_check(cudaMalloc((void **)&sink, 16), "read_bandwidth");
-    cuda_check(cudaMemsetAsync(buf, 0x5a, nbytes, cb->stream), "read_bandwidth");
+    cuda_check(cudaMemsetAsync(buf, 0x5a, nbytes, cb->ctx.s), "read_bandwidth");
     double tr = time_median(cb, 0, buf, nbytes, sink, 15);
     double tc = time_median(cb, 1, buf, nbytes, sink, 15);
     cudaFree(sink);

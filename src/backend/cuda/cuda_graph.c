@@ -40,10 +40,10 @@ void cuda_drop_graphs(cuda_backend *cb) {
  * capture failed: graphs are then turned off for good. */
 static graph_slot *capture(cuda_backend *cb) {
     cudaGraph_t graph = NULL;
-    cudaError_t e = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal);
+    cudaError_t e = cudaStreamBeginCapture(cb->ctx.s, cudaStreamCaptureModeThreadLocal);
     if (e == cudaSuccess) {
         for (int i = 0; i < cb->n_list; i++) cuda_exec_op(cb, &cb->list[i]);
-        e = cudaStreamEndCapture(cb->stream, &graph);
+        e = cudaStreamEndCapture(cb->ctx.s, &graph);
     }
     if (e != cudaSuccess || !graph) {
         cudaGetLastError();
@@ -94,7 +94,7 @@ void cuda_flush(cuda_backend *cb) {
     }
     if (g) {
         g->last_use = ++cb->clock;
-        cuda_check(cudaGraphLaunch(g->exec, cb->stream), "graph launch");
+        cuda_check(cudaGraphLaunch(g->exec, cb->ctx.s), "graph launch");
     } else {
         for (int i = 0; i < cb->n_list; i++) {
             cuda_exec_op(cb, &cb->list[i]);

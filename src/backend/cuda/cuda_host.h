@@ -33,8 +33,8 @@ typedef struct graph_slot {
 
 typedef struct cuda_backend {
     pt_backend base;
-    int device, n_sm;
-    cudaStream_t stream;
+    int device;   /* the ordinal every entry point makes current first */
+    cu_ctx ctx;   /* stream and launch state the .cu launchers read */
     cublasHandle_t cublas;
     void *cublas_ws;
     void *act16; /* activations rounded to f16/bf16 for cuBLAS */
@@ -57,9 +57,9 @@ typedef struct cuda_backend {
     char detail[192];
 } cuda_backend;
 
-static inline cuda_backend *cb_of(pt_backend *be) {
-    return (cuda_backend *)be;
-}
+/* The backend of be, with its device made current: every entry point
+ * comes through here, so two backends on two devices share a thread. */
+cuda_backend *cb_of(pt_backend *be);
 
 /* Stops on a CUDA failure in what (an op or memory call). */
 void cuda_fatal(const char *what, const char *msg);
