@@ -2,6 +2,7 @@
  * backend.c - choosing a backend by name ("cpu", "cuda", "cuda:N"), and the
  * names of ops.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backend/backend.h"
@@ -15,6 +16,30 @@ static const char *const op_names[PT_OP_COUNT] = {
 
 const char *pt_op_name(int kind) {
     return kind >= 0 && kind < PT_OP_COUNT && op_names[kind] ? op_names[kind] : "?";
+}
+
+int pt_be_fail(pt_backend *be, const char *what, const char *fmt, ...) {
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (be->failed) { /* the first failure is the cause; later ones follow from it */
+        pt_debug("%s backend: also failed: %s: %s", be->name, what, msg);
+        return -1;
+    }
+    be->failed = true;
+    snprintf(be->error.msg, sizeof be->error.msg, "%s backend: %s: %s", be->name, what, msg);
+    pt_warn("%s", be->error.msg);
+    return -1;
+}
+
+int pt_be_take_error(pt_backend *be, pt_err *err) {
+    if (!be->failed) return 0;
+    pt_fail(err, "%s", be->error.msg);
+    be->failed = false;
+    be->error.msg[0] = 0;
+    return -1;
 }
 
 /* "cuda" is device 0, "cuda:N" device N; -1 (with err set) otherwise. */

@@ -7,6 +7,12 @@
  * it passes pointers it got from the same backend, so one forward pass serves
  * both.
  *
+ * Errors are sticky, as in SQLite's pager ERROR state: the first failure
+ * (a device error, scratch that cannot grow, a shape no kernel takes, an
+ * injected fault) is kept in the backend with the op's name, later ops are
+ * skipped, and sync and download return -1 until the caller takes the
+ * error (pt_be_take_error) after failing the work that depended on it.
+ *
  * Conventions for every op:
  *   - activations are f32, row-major: a [n][d] matrix is n rows of d floats;
  *   - a "token batch" of n rows carries, per row, a position and the index of
@@ -228,10 +234,13 @@ typedef struct pt_backend_ops {
     void *(*alloc)(pt_backend *be, size_t nbytes);
     void (*free)(pt_backend *be, void *p, size_t nbytes);
     void (*upload)(pt_backend *be, void *dst, const void *src, size_t nbytes);
-    void (*download)(pt_backend *be, void *dst, const void *src, size_t nbytes);
+    /* Waits for the ops before it; -1 if the backend is in error (dst then
+     * holds garbage). */
+    int (*download)(pt_backend *be, void *dst, const void *src, size_t nbytes);
     /* Backend memory to backend memory, in op order (KV page copies). */
     void (*copy)(pt_backend *be, void *dst, const void *src, size_t nbytes);
-    void (*sync)(pt_backend *be);
+    /* Waits for every op; -1 if the backend is in error (see the top). */
+    int (*sync)(pt_backend *be);
 
     /* Runs (CPU) or enqueues (CUDA) one op record; see pt_be_* below. */
     void (*run)(pt_backend *be, const pt_op *op);
@@ -263,13 +272,24 @@ struct pt_backend {
     const char *detail; /* e.g. "avx2, 2 threads" */
     int n_threads;
     bool host_memory; /* backend memory is host memory: weights can stay mmap'd */
+    /* The sticky error: set by pt_be_fail, cleared by pt_be_take_error. */
+    bool failed;
+    pt_err error;
 };
+
+/* Records the first failure (later ones are only logged) and returns -1.
+ * Backends call it; what names the op or call ("matmul", "sync"). */
+int pt_be_fail(pt_backend *be, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Hands the sticky error to err and leaves the error state (the caller has
+ * failed whatever the broken ops fed); -1, or 0 if there was none. */
+int pt_be_take_error(pt_backend *be, pt_err *err);
 
 /* ---- Op wrappers: what model code calls ------------------------------------
  * Each zeroes a record (padding included), fills it and runs it. */
 
 static inline void pt_be_run(pt_backend *be, pt_op *o) {
-    be->ops->run(be, o);
+    if (!be->failed) be->ops->run(be, o); /* after a failure the inputs are garbage */
 }
 
 static inline void pt_be_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w,

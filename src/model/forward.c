@@ -68,6 +68,9 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
         m->family->forward(m, &s);
         if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
     }
-    m->be->ops->sync(m->be);
+    /* The backend's sticky error (a device fault, memory, an injected
+     * fault) surfaces here: this batch's K/V and logits are garbage, so the
+     * caller fails the batch's sequences; the backend may run the next. */
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
     return 0;
 }

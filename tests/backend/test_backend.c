@@ -1,12 +1,15 @@
 /*
  * test_backend.c - the backend interface around the ops: choosing a
- * backend by name (device ordinals), op names, and the op record contract
- * the CUDA graphs rely on (equal calls make byte-equal records).
+ * backend by name (device ordinals), op names, the op record contract the
+ * CUDA graphs rely on (equal calls make byte-equal records), and the sticky
+ * error (an op's failure surfaces from sync with the op's name).
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -84,11 +87,62 @@ static void test_records_compare_bytewise(void **state) {
     assert_memory_equal(&first, &last, sizeof first);
 }
 
+/* PETREL_FAULT_OP=rmsnorm:2: the second rmsnorm fails instead of running,
+ * the ops after it are skipped, sync and download return -1 with the op's
+ * name until the error is taken, and then the backend runs again. */
+static void test_injected_fault_surfaces_at_sync(void **state) {
+    (void)state;
+    setenv("PETREL_FAULT_OP", "rmsnorm:2", 1);
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    unsetenv("PETREL_FAULT_OP");
+    assert_non_null(be);
+    float x[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, y[4], z[4];
+    pt_be_rmsnorm(be, y, x, g, 1, 4, 1e-6f);
+    assert_int_equal(be->ops->sync(be), 0);
+    assert_true(fabsf(y[3] - 4.0f / sqrtf(7.5f)) < 1e-5f);
+    for (int i = 0; i < 4; i++) y[i] = z[i] = NAN;
+    pt_be_rmsnorm(be, y, x, g, 1, 4, 1e-6f); /* call 2: fails */
+    pt_be_add(be, z, x, x, 4);               /* skipped: the backend is in error */
+    assert_true(isnan(y[0]) && isnan(z[0]));
+    float h[4];
+    assert_int_equal(be->ops->download(be, h, x, sizeof h), -1);
+    assert_int_equal(be->ops->sync(be), -1);
+    assert_int_equal(be->ops->sync(be), -1); /* sticky */
+    pt_err got = {{0}};
+    assert_int_equal(pt_be_take_error(be, &got), -1);
+    assert_non_null(strstr(got.msg, "rmsnorm"));
+    assert_non_null(strstr(got.msg, "injected fault"));
+    assert_int_equal(pt_be_take_error(be, &got), 0); /* taken: gone */
+    assert_int_equal(be->ops->sync(be), 0);
+    pt_be_add(be, z, x, x, 4);
+    pt_be_rmsnorm(be, y, x, g, 1, 4, 1e-6f); /* call 3: runs */
+    assert_int_equal(be->ops->sync(be), 0);
+    assert_true(z[3] == 8.0f && fabsf(y[3] - 4.0f / sqrtf(7.5f)) < 1e-5f);
+    be->ops->destroy(be);
+}
+
+/* The first failure is the one reported; later ones do not overwrite it. */
+static void test_first_failure_wins(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_int_equal(pt_be_fail(be, "matmul", "first %d", 1), -1);
+    assert_int_equal(pt_be_fail(be, "rope", "second"), -1);
+    assert_int_equal(be->ops->sync(be), -1);
+    assert_int_equal(pt_be_take_error(be, &err), -1);
+    assert_non_null(strstr(err.msg, "matmul: first 1"));
+    assert_null(strstr(err.msg, "rope"));
+    be->ops->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_names),
         cmocka_unit_test(test_op_names),
         cmocka_unit_test(test_records_compare_bytewise),
+        cmocka_unit_test(test_injected_fault_surfaces_at_sync),
+        cmocka_unit_test(test_first_failure_wins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,10 +10,14 @@
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
  * CUDA error found later (a failed launch, a fault inside a kernel) cannot
- * be handed to the op that caused it: download and sync check the stream
- * and abort with the error's name rather than hand back numbers from a
- * broken device.  PETREL_CUDA_SYNC=1 runs every op at once and synchronizes
- * after it, which names the op that failed.
+ * be handed to the op that caused it: every failure (CUDA and cuBLAS
+ * errors, scratch that cannot grow, a shape no kernel takes) goes to the
+ * backend's sticky error (backend.h), later ops are dropped, and download
+ * and sync return -1 rather than hand back numbers from a broken device.
+ * Errors inside kernels leave the CUDA context unusable: every later call
+ * fails too, and the server answers each request with the error.
+ * PETREL_CUDA_SYNC=1 runs every op at once and synchronizes after it,
+ * which names the op that failed.
  *
  * Matmul: up to gemv_max token rows (PETREL_CUDA_GEMV_MAX, default 4) run
  * the weight-streaming GEMV kernels with f32 activations; more rows go to
@@ -41,31 +45,34 @@
 
 #define CUBLAS_WORKSPACE ((size_t)32 << 20)
 
-cuda_backend *cb_of(pt_backend *be) {
-    cuda_backend *cb = (cuda_backend *)be;
+void cuda_use_device(cuda_backend *cb) {
     int cur = -1;
-    if (cb && (cudaGetDevice(&cur) != cudaSuccess || cur != cb->device)) cudaSetDevice(cb->device);
-    return cb;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != cb->device) cudaSetDevice(cb->device);
 }
 
-void cuda_fatal(const char *what, const char *msg) {
-    pt_log(PT_LOG_ERROR, "cuda: %s: %s", what, msg);
-    fprintf(stderr, "petrel: fatal CUDA error in %s: %s\n", what, msg);
-    abort();
+cuda_backend *cb_of(pt_backend *be) {
+    if (be) cuda_use_device((cuda_backend *)be);
+    return (cuda_backend *)be;
 }
 
-void cuda_check(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) cuda_fatal(what, cudaGetErrorString(e));
+int cuda_fail(cuda_backend *cb, const char *what, const char *msg) {
+    return pt_be_fail(&cb->base, what, "%s", msg);
 }
 
-static void check_blas(cublasStatus_t st, const char *what) {
-    if (st != CUBLAS_STATUS_SUCCESS) cuda_fatal(what, cublasGetStatusString(st));
+bool cuda_ok(cuda_backend *cb, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return true;
+    cuda_fail(cb, what, cudaGetErrorString(e));
+    return false;
+}
+
+static void check_blas(cuda_backend *cb, cublasStatus_t st, const char *what) {
+    if (st != CUBLAS_STATUS_SUCCESS) cuda_fail(cb, what, cublasGetStatusString(st));
 }
 
 /* After each op: a launch error now, or with PETREL_CUDA_SYNC any error. */
 static void op_done(cuda_backend *cb, const char *op) {
-    cuda_check(cudaGetLastError(), op);
-    if (cb->sync_each) cuda_check(cudaStreamSynchronize(cb->ctx.s), op);
+    if (cuda_ok(cb, cudaGetLastError(), op) && cb->sync_each)
+        cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), op);
 }
 
 static int dtype_code(pt_dtype t) {
@@ -77,21 +84,23 @@ static int dtype_code(pt_dtype t) {
     }
 }
 
-/* Grows a device scratch buffer (rarely: by half again). */
-static void *scratch(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
-    if (need <= *cap) return *buf;
-    cuda_check(cudaStreamSynchronize(cb->ctx.s), what);
+/* Grows a device scratch buffer (rarely: by half again); -1 (sticky
+ * error set) when the device is out of memory. */
+static int scratch(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
+    if (need <= *cap) return 0;
+    cuda_use_device(cb); /* run records without switching devices: this allocates */
+    if (!cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), what)) return -1;
     if (*buf) cudaFree(*buf);
     size_t n = need + need / 2;
     if (cudaMalloc(buf, n) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is not sticky in CUDA: the device is fine */
         *buf = NULL;
         *cap = 0;
-        char msg[96];
-        snprintf(msg, sizeof msg, "cannot allocate %.1f MiB of scratch", n / 1048576.0);
-        cuda_fatal(what, msg);
+        return pt_be_fail(&cb->base, what, "cannot allocate %.1f MiB of device scratch",
+                          n / 1048576.0);
     }
     *cap = n;
-    return *buf;
+    return 0;
 }
 
 /* ---- Memory --------------------------------------------------------------- */
@@ -115,42 +124,49 @@ static void *cuda_alloc(pt_backend *be, size_t nbytes) {
 static void cuda_free(pt_backend *be, void *p, size_t nbytes) {
     (void)nbytes;
     if (!p) return;
-    cuda_flush(cb_of(be));
-    cuda_check(cudaStreamSynchronize(cb_of(be)->ctx.s), "free");
-    cuda_check(cudaFree(p), "free");
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb);
+    cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "free");
+    cuda_ok(cb, cudaFree(p), "free");
 }
 
 /* From pageable host memory the copy returns once the bytes are staged, so
  * the caller may reuse src at once; it runs in stream order. */
 static void cuda_upload(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return;
-    cuda_flush(cb_of(be)); /* recorded ops come first in stream order */
-    cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cb_of(be)->ctx.s), "upload");
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb); /* recorded ops come first in stream order */
+    cuda_ok(cb, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cb->ctx.s), "upload");
 }
 
-static void cuda_download(pt_backend *be, void *dst, const void *src, size_t nbytes) {
+static int cuda_download(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     cuda_backend *cb = cb_of(be);
     cuda_flush(cb);
-    if (nbytes) cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cb->ctx.s), "download");
-    cuda_check(cudaStreamSynchronize(cb->ctx.s), "download");
+    if (nbytes && !cb->base.failed)
+        cuda_ok(cb, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cb->ctx.s), "download");
+    cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "download");
+    return cb->base.failed ? -1 : 0;
 }
 
 static void cuda_copy(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return;
-    cuda_flush(cb_of(be));
-    cuda_check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb_of(be)->ctx.s), "copy");
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb);
+    cuda_ok(cb, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb->ctx.s), "copy");
 }
 
 static size_t cuda_free_memory(pt_backend *be) {
     size_t free_b = 0, total = 0;
-    (void)be;
+    cb_of(be); /* of this backend's device */
     return cudaMemGetInfo(&free_b, &total) == cudaSuccess ? free_b : 0;
 }
 
-static void cuda_sync(pt_backend *be) {
-    cuda_flush(cb_of(be));
-    cuda_check(cudaStreamSynchronize(cb_of(be)->ctx.s), "sync");
-    cuda_check(cudaGetLastError(), "sync");
+static int cuda_sync(pt_backend *be) {
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb);
+    if (cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "sync"))
+        cuda_ok(cb, cudaGetLastError(), "sync");
+    return cb->base.failed ? -1 : 0;
 }
 
 /* ---- Ops: checked, recorded, then run directly or as a CUDA graph ---------- */
@@ -178,18 +194,15 @@ static cu_qweight qweight_of(const pt_weight *w) {
     return q;
 }
 
-/* Fatal if the kernels do not take this quantized weight (a model that
- * loads must not fail half-way through a forward pass). */
-static void check_qweight(const pt_weight *w, const char *op) {
+/* -1 (sticky error) if the kernels do not take this quantized weight. */
+static int check_qweight(cuda_backend *cb, const pt_weight *w, const char *op) {
     cu_qweight q = qweight_of(w);
-    if (q.fmt < 0) cuda_fatal(op, "weight type not supported by the CUDA backend");
-    if (!cu_qweight_ok(&q)) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s weight of %lldx%lld (bits %d, group %d) not supported by "
-                 "the CUDA kernels", pt_dtype_name(w->dtype), (long long)w->rows,
-                 (long long)w->cols, w->bits, w->group_size);
-        cuda_fatal(op, msg);
-    }
+    if (q.fmt < 0) return cuda_fail(cb, op, "weight type not supported by the CUDA backend");
+    if (!cu_qweight_ok(&q))
+        return pt_be_fail(&cb->base, op, "%s weight of %lldx%lld (bits %d, group %d) not "
+                          "supported by the CUDA kernels", pt_dtype_name(w->dtype),
+                          (long long)w->rows, (long long)w->cols, w->bits, w->group_size);
+    return 0;
 }
 
 static cu_attn_args attn_args(const cuda_backend *cb, const pt_op_attention *a) {
@@ -228,14 +241,14 @@ static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
         return;
     const float one = 1.0f, zero = 0.0f;
     if (wt == CU_F32) {
-        check_blas(cublasSgemm(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data,
+        check_blas(cb, cublasSgemm(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data,
                                cols, a->x, cols, &zero, a->y, rows),
                    "matmul (cublasSgemm)");
         return;
     }
     cu_convert_from_f32(&cb->ctx, cb->act16, wt, a->x, (size_t)n * cols);
     cudaDataType_t t = wt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    check_blas(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t,
+    check_blas(cb, cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t,
                             cols, cb->act16, t, cols, &zero, a->y, CUDA_R_32F, rows,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "matmul (cublasGemmEx)");
@@ -247,11 +260,11 @@ static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     if (n <= cb->qgemv_max && cu_qgemv(&cb->ctx, a->y, a->x, &w, n) == 0) return;
     /* Prefill: the weight as f16 into scratch, then the tensor cores. */
     if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w))
-        cuda_fatal("matmul", "no kernel for this quantized weight's shape");
+        cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
     cu_convert_from_f32(&cb->ctx, cb->act16, CU_F16, a->x, (size_t)n * (size_t)w.cols);
     const float one = 1.0f, zero = 0.0f;
     int rows = (int)w.rows, cols = (int)w.cols;
-    check_blas(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, cb->wdeq,
+    check_blas(cb, cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, cb->wdeq,
                             CUDA_R_16F, cols, cb->act16, CUDA_R_16F, cols, &zero, a->y, CUDA_R_32F,
                             rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "matmul (quantized weights, cublasGemmEx)");
@@ -262,7 +275,7 @@ static void exec_embed(cuda_backend *cb, const pt_op_embed *a) {
     if (is_quantized(t->dtype)) {
         cu_qweight w = qweight_of(t);
         if (cu_qembed(&cb->ctx, a->y, &w, a->ids, a->n))
-            cuda_fatal("embed", "no kernel for this quantized table's shape");
+            cuda_fail(cb, "embed", "no kernel for this quantized table's shape");
         return;
     }
     cu_embed(&cb->ctx, a->y, t->data, dtype_code(t->dtype), t->rows, t->cols, a->ids, a->n);
@@ -274,7 +287,7 @@ static void exec_kv_store(cuda_backend *cb, const pt_op_kv_store *a) {
     if (kv->codec) { /* formats were checked when the op was recorded: -1 is a bug */
         cu_kvq_args q = kvq_args(kv, b, NULL, NULL, kv->n_kv_heads, 0);
         if (cu_kvq_store(&cb->ctx, &q, a->k, a->v))
-            cuda_fatal("kv_store", "no kernel for this quantized cache's shape");
+            cuda_fail(cb, "kv_store", "no kernel for this quantized cache's shape");
         return;
     }
     cu_kv_store(&cb->ctx, kv->k, kv->v, dtype_code(kv->dtype), kv->page_size, kv->n_kv_heads,
@@ -286,7 +299,7 @@ static void exec_attention(cuda_backend *cb, const pt_op_attention *a) {
     if (a->kv.codec) {
         cu_kvq_args q = kvq_attention_args(a);
         if (cu_kvq_attention(&cb->ctx, &q, cb->ctx.n_sm, cb->attn_scratch))
-            cuda_fatal("attention", "no kernel for this quantized cache's shape");
+            cuda_fail(cb, "attention", "no kernel for this quantized cache's shape");
         return;
     }
     cu_attn_args r = attn_args(cb, a);
@@ -325,7 +338,7 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
         cu_gather_rows(c, a->dst, a->src, a->idx, a->n, a->d);
         break;
     }
-    default: cuda_fatal(pt_op_name(o->kind), "op has no CUDA implementation");
+    default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
 
@@ -345,54 +358,58 @@ static int op_rows(const pt_op *o) {
     }
 }
 
-/* Fatal for arguments the kernels do not take, before anything is queued. */
-static void check_op(const pt_op *o) {
+/* -1 (sticky error) for arguments the kernels do not take, before anything
+ * is queued. */
+static int check_op(cuda_backend *cb, const pt_op *o) {
     const char *name = pt_op_name(o->kind);
     if (o->kind == PT_OP_MATMUL || o->kind == PT_OP_EMBED) {
         const pt_weight *w = o->kind == PT_OP_MATMUL ? &o->matmul.w : &o->embed.table;
-        if (is_quantized(w->dtype)) check_qweight(w, name);
-        else if (dtype_code(w->dtype) < 0)
-            cuda_fatal(name, "weight type not supported by the CUDA backend");
+        if (is_quantized(w->dtype)) return check_qweight(cb, w, name);
+        if (dtype_code(w->dtype) < 0)
+            return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
     }
     if (o->kind == PT_OP_KV_STORE || o->kind == PT_OP_ATTENTION) {
         const pt_kv_view *kv = o->kind == PT_OP_KV_STORE ? &o->kv_store.kv : &o->attention.kv;
         if (kv->codec) {
             if (!cu_kvq_supported(kv->kvq, kv->k_bits, kv->v_bits, kv->group, kv->head_dim))
-                cuda_fatal(name, "quantized KV format not supported by the CUDA kernels");
+                return cuda_fail(cb, name, "quantized KV format not supported by the CUDA kernels");
             int nh = o->kind == PT_OP_ATTENTION ? o->attention.n_heads : kv->n_kv_heads;
             if (nh % kv->n_kv_heads || nh / kv->n_kv_heads > 8)
-                cuda_fatal(name, "quantized KV caches take at most 8 query heads per KV head "
-                                 "on the CUDA backend");
+                return cuda_fail(cb, name, "quantized KV caches take at most 8 query heads per KV "
+                                           "head on the CUDA backend");
         } else {
             if (dtype_code(kv->dtype) < 0)
-                cuda_fatal(name, "cache type not supported by the CUDA backend");
+                return cuda_fail(cb, name, "cache type not supported by the CUDA backend");
             if (o->kind == PT_OP_ATTENTION && kv->head_dim > 512)
-                cuda_fatal(name, "head_dim over 512 is not supported");
+                return cuda_fail(cb, name, "head_dim over 512 is not supported");
         }
     }
+    return 0;
 }
 
 /* Grows the scratch buffer *buf to need bytes; a cached graph holds the
  * old pointer, so growth drops the graphs first. */
-static void grow(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
-    if (need <= *cap) return;
+static int grow(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
+    if (need <= *cap) return 0;
     cuda_drop_graphs(cb);
-    scratch(cb, buf, cap, need, what);
+    return scratch(cb, buf, cap, need, what);
 }
 
-/* Scratch the op will need, grown now (never while a graph is captured). */
-static void prepare_scratch(cuda_backend *cb, const pt_op *o) {
+/* Scratch the op will need, grown now (never while a graph is captured);
+ * -1 if it cannot grow. */
+static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
     const char *name = pt_op_name(o->kind);
     if (o->kind == PT_OP_MATMUL) {
         const pt_op_matmul *a = &o->matmul;
         size_t act = (size_t)a->n * (size_t)a->w.cols * 2;
         if (is_quantized(a->w.dtype)) {
-            if (a->n <= cb->qgemv_max) return;
-            grow(cb, &cb->wdeq, &cb->wdeq_cap, (size_t)a->w.rows * (size_t)a->w.cols * 2, name);
-            grow(cb, &cb->act16, &cb->act16_cap, act, name);
-        } else if (a->w.dtype != PT_F32 && a->n > cb->gemv_max) {
-            grow(cb, &cb->act16, &cb->act16_cap, act, name);
+            if (a->n <= cb->qgemv_max) return 0;
+            size_t wneed = (size_t)a->w.rows * (size_t)a->w.cols * 2;
+            return grow(cb, &cb->wdeq, &cb->wdeq_cap, wneed, name) ||
+                   grow(cb, &cb->act16, &cb->act16_cap, act, name) ? -1 : 0;
         }
+        if (a->w.dtype != PT_F32 && a->n > cb->gemv_max)
+            return grow(cb, &cb->act16, &cb->act16_cap, act, name);
     } else if (o->kind == PT_OP_ATTENTION) {
         size_t need;
         if (o->attention.kv.codec) {
@@ -402,20 +419,21 @@ static void prepare_scratch(cuda_backend *cb, const pt_op *o) {
             cu_attn_args r = attn_args(cb, &o->attention);
             need = cu_attention_scratch(&r, cb->ctx.n_sm);
         } else {
-            return;
+            return 0;
         }
-        grow(cb, &cb->attn_scratch, &cb->attn_cap, need, name);
+        return grow(cb, &cb->attn_scratch, &cb->attn_cap, need, name);
     }
+    return 0;
 }
 
 /* The op entry: checks, grows scratch, then records the op or, with graphs
  * off, runs it now. */
 static void cuda_run(pt_backend *be, const pt_op *o) {
-    cuda_backend *cb = cb_of(be);
+    cuda_backend *cb = (cuda_backend *)be; /* recording needs no current device */
     if (o->kind == PT_OP_MATMUL && o->matmul.n <= 0) return;
-    check_op(o);
-    prepare_scratch(cb, o);
+    if (check_op(cb, o) || prepare_scratch(cb, o)) return;
     if (!cb->use_graphs) {
+        cuda_use_device(cb);
         cuda_exec_op(cb, o);
         op_done(cb, pt_op_name(o->kind));
         return;

@@ -80,25 +80,31 @@ static graph_slot *capture(cuda_backend *cb) {
 }
 
 /* Runs what was recorded: a decode-sized step replays the graph captured
- * for the same op sequence, or captures one; anything else runs directly. */
+ * for the same op sequence, or captures one; anything else runs directly.
+ * In the error state the records are dropped: their inputs are garbage. */
 void cuda_flush(cuda_backend *cb) {
     if (!cb->n_list) return;
     graph_slot *g = NULL;
-    if (cb->use_graphs && cb->n_list >= GRAPH_MIN_OPS && cb->list_rows <= GRAPH_MAX_ROWS) {
+    if (!cb->base.failed && cb->use_graphs && cb->n_list >= GRAPH_MIN_OPS &&
+        cb->list_rows <= GRAPH_MAX_ROWS) {
         for (int i = 0; i < GRAPH_SLOTS && !g; i++)
             if (cb->graphs[i].exec && cb->graphs[i].n == cb->n_list &&
                 memcmp(cb->graphs[i].recs, cb->list, sizeof(pt_op) * (size_t)cb->n_list) == 0)
                 g = &cb->graphs[i];
         if (g) cb->n_replays++;
         else g = capture(cb);
+        if (g && cb->base.failed) { /* an op failed while captured: the graph lacks it */
+            cuda_drop_graphs(cb);
+            g = NULL;
+        }
     }
     if (g) {
         g->last_use = ++cb->clock;
-        cuda_check(cudaGraphLaunch(g->exec, cb->ctx.s), "graph launch");
+        cuda_ok(cb, cudaGraphLaunch(g->exec, cb->ctx.s), "graph launch");
     } else {
-        for (int i = 0; i < cb->n_list; i++) {
+        for (int i = 0; i < cb->n_list && !cb->base.failed; i++) {
             cuda_exec_op(cb, &cb->list[i]);
-            cuda_check(cudaGetLastError(), pt_op_name(cb->list[i].kind));
+            cuda_ok(cb, cudaGetLastError(), pt_op_name(cb->list[i].kind));
         }
     }
     cb->n_list = 0;

@@ -57,13 +57,16 @@ typedef struct cuda_backend {
     char detail[192];
 } cuda_backend;
 
-/* The backend of be, with its device made current: every entry point
- * comes through here, so two backends on two devices share a thread. */
+/* The backend of be, with its device made current: every entry point that
+ * calls CUDA comes through here (or cuda_use_device), so two backends on
+ * two devices can share a thread. */
 cuda_backend *cb_of(pt_backend *be);
+void cuda_use_device(cuda_backend *cb);
 
-/* Stops on a CUDA failure in what (an op or memory call). */
-void cuda_fatal(const char *what, const char *msg);
-void cuda_check(cudaError_t e, const char *what);
+/* Set the backend's sticky error (backend.h) for a failure in what (an op
+ * or a memory call); cuda_fail returns -1, cuda_ok whether e is success. */
+int cuda_fail(cuda_backend *cb, const char *what, const char *msg);
+bool cuda_ok(cuda_backend *cb, cudaError_t e, const char *what);
 
 /* cuda_backend.c: enqueues one op's kernels on the stream. */
 void cuda_exec_op(cuda_backend *cb, const pt_op *o);
