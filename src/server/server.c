@@ -348,6 +348,7 @@ static void stop(pt_server *s) {
     if (s->base) event_base_free(s->base);
     pt_chat_tmpl_free(s->tmpl);
     pthread_mutex_destroy(&s->mu);
+    pt_metrics_free(&s->metrics);
 }
 
 int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err) {
@@ -358,6 +359,7 @@ int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err) {
     s.o = *o;
     defaults(&s.o, e);
     pthread_mutex_init(&s.mu, NULL);
+    pt_metrics_init(&s.metrics);
     snprintf(s.model_id, sizeof s.model_id, "%s",
              o->model_id && *o->model_id ? o->model_id : "petrel");
     s.created = (long)time(NULL);

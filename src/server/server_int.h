@@ -14,6 +14,7 @@
 
 #include "engine/scheduler.h"
 #include "server/http.h"
+#include "server/metrics.h"
 #include "server/openai.h"
 #include "server/server.h"
 
@@ -42,6 +43,8 @@ struct pt_server {
 
     pthread_mutex_t mu; /* guards the outbox and each pt_req's shared part */
     pt_req *outbox;     /* requests with news for the event loop */
+
+    pt_metrics metrics; /* GET /metrics (metrics.c); its own lock */
 };
 
 /* A log line (with a timestamp) unless --quiet.  Any thread. */
@@ -67,6 +70,7 @@ void pt_handle_models(pt_conn *c, const char *body, size_t len);
 void pt_handle_model(pt_conn *c, const char *body, size_t len);
 void pt_handle_chat(pt_conn *c, const char *body, size_t len);
 void pt_handle_completions(pt_conn *c, const char *body, size_t len);
+void pt_handle_metrics(pt_conn *c, const char *body, size_t len); /* metrics.c */
 
 /* The prompt worker (front.c): renders and tokenizes requests off the
  * event loop, in arrival order, and submits them. */
