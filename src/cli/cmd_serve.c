@@ -71,7 +71,9 @@ int cmd_serve(int argc, char **argv) {
                   "petrel serve [options]\n\n"
                   "Serves the model over an OpenAI-compatible HTTP API: GET /v1/models,\n"
                   "POST /v1/chat/completions, POST /v1/completions, GET /health.\n"
-                  "--ctx is the context of each sequence; the KV cache holds --parallel of them.",
+                  "--ctx is the context of each sequence; the KV cache holds --parallel of them.\n"
+                  "llama-server's spellings work where they mean the same: --host, --port,\n"
+                  "-m, -c/--ctx-size, -t, -ngl/--gpu-layers (device selection), --api-key.",
                   tables, pos, 0, &n_pos);
     if (rc) return rc < 0 ? 2 : 0;
     if (g.port < 0 || g.port > 65535) {

@@ -13,7 +13,7 @@ struct petrel_model {
 };
 
 const char *petrel_version(void) {
-    return "0.1.0";
+    return PETREL_VERSION; /* CMakeLists.txt's project() version */
 }
 
 static void copy_err(char *dst, size_t cap, const char *msg) {

@@ -47,3 +47,10 @@ add_test(NAME cli/bench_report_chromium
                  ${CMAKE_SOURCE_DIR}/bench/results/stories260k-cpu-serve.json)
 set_tests_properties(cli/bench_report_chromium PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
                      TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+# `petrel --version` / `version`, llama.cpp's flag spellings (-p, -c/--ctx-size,
+# -ngl) giving the Petrel spellings' output, and the man page generated from
+# the help text read by groff (version_flags.sh).
+add_test(NAME cli/version_flags
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/version_flags.sh $<TARGET_FILE:petrel>)
+set_tests_properties(cli/version_flags PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 300)
