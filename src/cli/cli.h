@@ -82,5 +82,6 @@ int cmd_convert(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_kvcodec(int argc, char **argv);
 int cmd_version(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 #endif

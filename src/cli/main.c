@@ -16,6 +16,7 @@ static const struct {
     {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline"},
     {"eval", cmd_eval, "perplexity of a text, or KL divergence between two models"},
     {"convert", cmd_convert, "quantize a model to an MLX-layout affine directory"},
+    {"chat", cmd_chat, "chat with the model in the terminal, through its chat template"},
     {"serve", cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
     {"kvcodec", cmd_kvcodec, "encode/decode KV rows with a KV-cache codec (JSON in and out)"},
     {"version", cmd_version, "version, git commit, build type, CUDA and CPU kernels (also --version)"},

@@ -54,3 +54,12 @@ set_tests_properties(cli/bench_report_chromium PROPERTIES WORKING_DIRECTORY ${CM
 add_test(NAME cli/version_flags
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/version_flags.sh $<TARGET_FILE:petrel>)
 set_tests_properties(cli/version_flags PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 300)
+
+# `petrel chat` through a pseudo-terminal (python3's pty): streaming answers,
+# history, /reset, /system, Ctrl-C at the prompt and during an answer
+# (chat_pty.py).  Skipped (77) without python3.
+add_test(NAME cli/chat_pty
+         COMMAND sh -c "command -v python3 >/dev/null || exit 77; exec python3 \"$0\" \"$1\""
+                 ${CMAKE_CURRENT_LIST_DIR}/chat_pty.py $<TARGET_FILE:petrel>)
+set_tests_properties(cli/chat_pty PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 600 SKIP_RETURN_CODE 77)
