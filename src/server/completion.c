@@ -665,6 +665,7 @@ static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r) {
  * to the worker. */
 static void handle(pt_conn *c, const char *body, size_t len, int kind) {
     pt_server *s = pt_conn_server(c);
+    if (pt_server_loading(c)) return;
     if (s->state != SRV_RUNNING) {
         pt_http_error(c, 503, NULL, "server_shutting_down", NULL, "the server is shutting down");
         return;

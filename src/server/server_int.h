@@ -23,7 +23,10 @@ typedef struct pt_req pt_req;
 typedef struct pt_chat_tmpl pt_chat_tmpl;
 typedef struct pt_front pt_front;
 
-enum { SRV_RUNNING, SRV_DRAINING, SRV_CANCELLING };
+/* SRV_LOADING: listening, the model not loaded yet (pt_server_run_loading):
+ * /health says "loading", generation routes answer 503 model_loading. */
+enum { SRV_RUNNING, SRV_DRAINING, SRV_CANCELLING, SRV_LOADING };
+typedef struct pt_loader pt_loader;
 
 struct pt_server {
     pt_engine *e;
@@ -45,6 +48,7 @@ struct pt_server {
     pt_req *outbox;     /* requests with news for the event loop */
 
     pt_metrics metrics; /* GET /metrics (metrics.c); its own lock */
+    pt_loader *loader;  /* the model's loading thread, or NULL (server.c) */
 };
 
 /* A log line (with a timestamp) unless --quiet.  Any thread. */
@@ -63,6 +67,9 @@ void pt_conn_abort(pt_conn *c, const char *why);
 /* {"error": {...}}; type NULL: from the status. */
 json_t *pt_error_json(int status, const char *type, const char *code, const char *param,
                       const char *msg);
+
+/* While loading: answers 503 model_loading and returns true. */
+bool pt_server_loading(pt_conn *c);
 
 /* Route handlers: body[0..len) is the whole request body. */
 void pt_handle_health(pt_conn *c, const char *body, size_t len);

@@ -5,12 +5,19 @@
 // (requests by finish reason, prompt / generated / cached tokens) and the
 // histograms holding one observation per request (TTFT, end-to-end) or per
 // token after the first (inter-token).  /metrics obeys the API key and the
-// Host check like /v1/*; /health says ready.
+// Host check like /v1/*; /health says ready, and "loading" (503) while
+// the model loads: the model is dummy weights whose config.json is a FIFO,
+// so its load waits, deterministically, until the test writes the config;
+// then start-up ends (dummy weights have no tokenizer) with status 1.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import { spawn, execFileSync } from 'node:child_process';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import parsePrometheusTextFormat from 'parse-prometheus-text-format';
-import { startServer, PROMPTS } from './lib.mjs';
+import { startServer, PROMPTS, PETREL, SOURCE_DIR } from './lib.mjs';
 
 const KEY = 'sk-metrics-test';
 const MODEL = 'stories260K';
@@ -143,6 +150,53 @@ describe('/metrics', () => {
       if (value(m, 'petrel:request_success_total', { finished_reason: 'abort' }) === 1) break;
       assert.ok(i < 2000, 'the aborted stream was never counted');
       await new Promise((r) => setTimeout(r, 10));
+    }
+  });
+});
+
+describe('/health while the model loads', () => {
+  test('503 "loading" until ready; generation routes 503 model_loading; a failed load exits', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'petrel-loading-'));
+    const fifo = path.join(dir, 'config.json');
+    const portFile = path.join(dir, 'port');
+    execFileSync('mkfifo', [fifo]);
+    const proc = spawn(PETREL, ['serve', '-m', `dummy:${fifo}`, '--port', '0', '--port-file', portFile, '-q'],
+      { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, PETREL_API_KEY: KEY } });
+    let log = '';
+    proc.stderr.on('data', (d) => { log += d; });
+    const exited = new Promise((resolve) => proc.on('exit', (code) => resolve(code)));
+    try {
+      for (let i = 0; !(existsSync(portFile) && readFileSync(portFile, 'utf8').endsWith('\n')); i++) {
+        assert.ok(i < 12000 && proc.exitCode === null, `no port file:\n${log}`);
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      const url = `http://127.0.0.1:${Number(readFileSync(portFile, 'utf8'))}`;
+      const auth = { authorization: `Bearer ${KEY}` };
+      const h = await fetch(`${url}/health`);
+      assert.equal(h.status, 503);
+      assert.equal((await h.json()).status, 'loading');
+      const chat = await fetch(`${url}/v1/chat/completions`, {
+        method: 'POST', headers: { ...auth, 'content-type': 'application/json' },
+        body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      assert.equal(chat.status, 503);
+      assert.equal((await chat.json()).error.code, 'model_loading');
+      const models = await fetch(`${url}/v1/models`, { headers: auth });
+      assert.equal(models.status, 503);
+      assert.equal((await fetch(`${url}/metrics`)).status, 401); // the key holds while loading too
+      const m = await fetch(`${url}/metrics`, { headers: auth });
+      assert.equal(m.status, 200);
+      const fams = parsePrometheusTextFormat(await m.text());
+      assert.ok(fams.some((f) => f.name === 'petrel:num_requests_running'));
+      // the loader is blocked opening the FIFO: give it a small model's config
+      const fd = openSync(fifo, 'w');
+      writeSync(fd, readFileSync(path.join(SOURCE_DIR, 'tests/cuda/tiny-llama.json')));
+      closeSync(fd);
+      assert.equal(await exited, 1);
+      assert.match(log, /no tokenizer/); // loaded, then refused by the server's start-up
+    } finally {
+      if (proc.exitCode === null) proc.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });
