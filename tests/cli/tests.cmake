@@ -63,3 +63,11 @@ add_test(NAME cli/chat_pty
                  ${CMAKE_CURRENT_LIST_DIR}/chat_pty.py $<TARGET_FILE:petrel>)
 set_tests_properties(cli/chat_pty PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
                      TIMEOUT 600 SKIP_RETURN_CODE 77)
+
+# Progress while loading and converting: a bar on a terminal (python3's pty),
+# plain lines on a pipe, silent on a quick load (progress_modes.py).
+add_test(NAME cli/progress_modes
+         COMMAND sh -c "command -v python3 >/dev/null || exit 77; exec python3 \"$0\" \"$1\""
+                 ${CMAKE_CURRENT_LIST_DIR}/progress_modes.py $<TARGET_FILE:petrel>)
+set_tests_properties(cli/progress_modes PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 600 SKIP_RETURN_CODE 77)
