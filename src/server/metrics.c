@@ -86,20 +86,22 @@ static int reason_of(int finish) {
     }
 }
 
-void pt_metrics_done(pt_metrics *m, const pt_req_clock *c, const pt_sched_stats *st) {
+void pt_metrics_done(pt_metrics *m, const pt_req_clock *c, const pt_sched_stats *st, bool first) {
     double e2e = pt_now() - c->t_arrival;
     pthread_mutex_lock(&m->mu);
-    m->finished[reason_of(st->finish)]++;
-    m->prompt_tokens += (uint64_t)st->n_prompt;
     m->generation_tokens += (uint64_t)st->n_generated;
-    m->prefix_queries += (uint64_t)st->n_prompt;
-    m->prefix_hits += (uint64_t)st->n_cached;
     m->drafted += (uint64_t)st->n_drafted;
     m->accepted += (uint64_t)st->n_accepted;
     m->preemptions += (uint64_t)st->n_preempted;
-    if (st->n_generated > 0) hist_observe(&m->ttft, st->ttft);
-    hist_observe(&m->queue, st->t_queue);
-    hist_observe(&m->e2e, e2e);
+    if (first) {
+        m->finished[reason_of(st->finish)]++;
+        m->prompt_tokens += (uint64_t)st->n_prompt;
+        m->prefix_queries += (uint64_t)st->n_prompt;
+        m->prefix_hits += (uint64_t)st->n_cached;
+        if (st->n_generated > 0) hist_observe(&m->ttft, st->ttft);
+        hist_observe(&m->queue, st->t_queue);
+        hist_observe(&m->e2e, e2e);
+    }
     pthread_mutex_unlock(&m->mu);
 }
 

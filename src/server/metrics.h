@@ -55,8 +55,10 @@ void pt_metrics_arrival(pt_req_clock *c);
  * from the second token on. */
 void pt_metrics_token(pt_metrics *m, pt_req_clock *c);
 /* Its job ended with these stats (event loop; the stats as the client sees
- * them, after stop strings). */
-void pt_metrics_done(pt_metrics *m, const pt_req_clock *c, const pt_sched_stats *st);
+ * them, after stop strings).  With n > 1 each choice is a job: generated
+ * tokens count for every one, the request itself (finish reason, prompt
+ * and cached tokens, latencies) for the first only, as usage does. */
+void pt_metrics_done(pt_metrics *m, const pt_req_clock *c, const pt_sched_stats *st, bool first);
 
 /* The gauges a scrape reads besides the counters. */
 typedef struct pt_metrics_gauges {
