@@ -136,6 +136,26 @@ describe('/metrics', () => {
     assert.equal(value(m, 'petrel:kv_blocks_free'), total);
   });
 
+  test('n > 1 counts as usage does: the request and its prompt once, every choice\'s tokens', async () => {
+    const before = await scrape(srv);
+    const r = await srv.client(KEY).chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: 'Tell me a story' }], n: 3,
+      max_tokens: 12, temperature: 0.8, seed: 5,
+    });
+    assert.equal(r.choices.length, 3);
+    const after = await scrape(srv);
+    const delta = (name, labels) => value(after, name, labels) - value(before, name, labels);
+    const total = (m) => ['stop', 'length', 'abort', 'error']
+      .reduce((a, reason) => a + value(m, 'petrel:request_success_total', { finished_reason: reason }), 0);
+    assert.equal(total(after) - total(before), 1);
+    assert.equal(delta('petrel:prompt_tokens_total'), r.usage.prompt_tokens);
+    assert.equal(delta('petrel:generation_tokens_total'), r.usage.completion_tokens);
+    assert.equal(observations(after, 'petrel:time_to_first_token_seconds')
+      - observations(before, 'petrel:time_to_first_token_seconds'), 1);
+    assert.equal(observations(after, 'petrel:inter_token_latency_seconds')
+      - observations(before, 'petrel:inter_token_latency_seconds'), r.usage.completion_tokens - 3);
+  });
+
   test('a client that leaves mid-stream counts as abort', async () => {
     const ac = new AbortController();
     const s = await srv.client(KEY).chat.completions.create({
