@@ -53,7 +53,7 @@ static const cli_opt serve_opts[] = {
      "web origins (http://host:port) allowed to call the API from a browser (* = any)"},
     {"shutdown-timeout", 0, CLI_INT, &g.shutdown_timeout, "S",
      "on SIGINT/SIGTERM, let requests finish for up to S seconds, then cancel (default 10)"},
-    {"port-file", 0, CLI_STR, &g.port_file, "PATH", "write the bound port to PATH once listening"},
+    {"port-file", 0, CLI_STR, &g.port_file, "PATH", "write the bound port to PATH once ready to serve (the model loaded)"},
     {"quiet", 'q', CLI_FLAG, &g.quiet, NULL, "no log line per request"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };

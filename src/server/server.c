@@ -422,6 +422,8 @@ static void loaded_cb(evutil_socket_t fd, short what, void *arg) {
             s->state = SRV_RUNNING;
             s->created = (long)time(NULL);
             announce(s);
+            /* tools wait for the port file to send requests: only now */
+            if (s->o.port_file) write_port_file(s->o.port_file, pt_http_port(s->http));
             return;
         }
         l->rc = -1;
@@ -510,7 +512,6 @@ int pt_server_run_loading(pt_server_load_fn load, void *arg, const pt_server_opt
     bool v6 = strchr(s.o.host, ':') != NULL;
     fprintf(stderr, "petrel serve: loading the model; http://%s%s%s:%d/health says \"loading\" until it is ready\n",
             v6 ? "[" : "", s.o.host, v6 ? "]" : "", port);
-    if (s.o.port_file) write_port_file(s.o.port_file, port);
     if (pthread_create(&l.thread, NULL, load_main, &l)) {
         pt_fail(err, "cannot start the model's loading thread");
         goto out;

@@ -186,11 +186,14 @@ describe('/health while the model loads', () => {
     proc.stderr.on('data', (d) => { log += d; });
     const exited = new Promise((resolve) => proc.on('exit', (code) => resolve(code)));
     try {
-      for (let i = 0; !(existsSync(portFile) && readFileSync(portFile, 'utf8').endsWith('\n')); i++) {
-        assert.ok(i < 12000 && proc.exitCode === null, `no port file:\n${log}`);
+      // the port file waits for readiness; the first line names the port at once
+      let port;
+      for (let i = 0; !(port = /http:\/\/127\.0\.0\.1:(\d+)\/health says "loading"/.exec(log)?.[1]); i++) {
+        assert.ok(i < 12000 && proc.exitCode === null, `no loading line:\n${log}`);
         await new Promise((r) => setTimeout(r, 10));
       }
-      const url = `http://127.0.0.1:${Number(readFileSync(portFile, 'utf8'))}`;
+      assert.ok(!existsSync(portFile), 'the port file was written before the model loaded');
+      const url = `http://127.0.0.1:${port}`;
       const auth = { authorization: `Bearer ${KEY}` };
       const h = await fetch(`${url}/health`);
       assert.equal(h.status, 503);
