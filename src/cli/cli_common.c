@@ -48,7 +48,7 @@ const pt_gen_limit *cli_flag_range(const char *name) {
 const cli_opt cli_model_opts[] = {
     {"model", 'm', CLI_STR, &cli_margs.model, "PATH",
      "GGUF file, Hugging Face directory, or dummy:PRESET|CONFIG.json (default: bundled stories260K)"},
-    {"device", 0, CLI_STR, &cli_margs.device, "DEV", "cpu (default) or cuda"},
+    {"device", 0, CLI_STR, &cli_margs.device, "DEV", "cpu (default), cuda or cuda:N (GPU number N)"},
     {"gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "llama.cpp's -ngl/--n-gpu-layers, as device selection: N > 0 runs the whole model on cuda (no partial offload), 0 on the cpu"},
     {"n-gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "the same as --gpu-layers (also -ngl)"},
     {"threads", 't', CLI_INT, &cli_margs.threads, "N", "CPU threads (default: one per core)"},
@@ -263,7 +263,8 @@ int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *ta
 static const char *device_of(const cli_model_args *a) {
     if (a->gpu_layers < 0) return a->device ? a->device : "cpu";
     const char *ngl = a->gpu_layers > 0 ? "cuda" : "cpu";
-    if (a->device && strcmp(a->device, ngl) != 0) {
+    if (a->device && strncmp(a->device, ngl, strlen(ngl)) == 0) return a->device; /* cuda:N */
+    if (a->device) {
         fprintf(stderr, "petrel: -ngl %d means --device %s, but --device %s was given; give one\n",
                 a->gpu_layers, ngl, a->device);
         return NULL;
