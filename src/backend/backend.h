@@ -41,6 +41,21 @@ typedef struct pt_weight {
     size_t expert_stride;
 } pt_weight;
 
+/* Expert e of a stack as a plain matrix (its codes, and its scales and
+ * biases for PT_AFFINE), for backends that run one expert at a time. */
+static inline pt_weight pt_weight_expert(const pt_weight *w, int e) {
+    pt_weight x = *w;
+    size_t groups = x.group_size ? (size_t)x.rows * (size_t)(x.cols / x.group_size) : 0;
+    size_t sb = groups * (x.scale_dtype == PT_F32 ? 4 : 2); /* scales, biases of one expert */
+    x.data = (const char *)w->data + (size_t)e * w->expert_stride;
+    if (x.scales) x.scales = (const char *)w->scales + (size_t)e * sb;
+    if (x.biases) x.biases = (const char *)w->biases + (size_t)e * sb;
+    x.nbytes = w->expert_stride;
+    x.n_experts = 0;
+    x.expert_stride = 0;
+    return x;
+}
+
 enum pt_rope_style {
     PT_ROPE_NORM, /* rotate adjacent pairs (x0,x1), (x2,x3)...: GGUF llama */
     PT_ROPE_NEOX, /* rotate (x_i, x_{i+d/2}): Hugging Face rotate_half */
@@ -83,6 +98,15 @@ typedef struct pt_batch_view {
     int max_pages, n_seqs;
 } pt_batch_view;
 
+/* How attention_ext scores: scores are q·k · scale, then, with softcap > 0,
+ * softcap · tanh(score / softcap) (Gemma 2); with window > 0 row t sees
+ * only positions pos[t] - window + 1 .. pos[t] (sliding window). */
+typedef struct pt_attn_params {
+    float scale;
+    int window;    /* 0: every position up to pos[t] */
+    float softcap; /* 0: none */
+} pt_attn_params;
+
 typedef struct pt_backend pt_backend;
 
 typedef struct pt_backend_ops {
@@ -121,6 +145,37 @@ typedef struct pt_backend_ops {
     /* dst[i] = src[idx[i]] for rows of d floats (idx in backend memory). */
     void (*gather_rows)(pt_backend *be, float *dst, const float *src, const int32_t *idx, int n,
                         int d);
+
+    /* Model-family ops (issue 16).  Optional: a backend leaves NULL those it
+     * lacks, and the loader refuses a model whose plan needs one, naming it
+     * (pt_model_check_ops in src/model), before any weight is read. */
+
+    /* attention with a window and/or score soft-capping; plain KV caches
+     * only (the model refuses quantized ones with these layers). */
+    void (*attention_ext)(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
+                          const pt_batch_view *b, int n_heads, const pt_attn_params *p);
+    /* y = gelu_tanh(gate) * up over count floats (GeGLU); y may alias gate or up. */
+    void (*geglu)(pt_backend *be, float *y, const float *gate, const float *up, size_t count);
+    /* x *= s over count floats. */
+    void (*scale)(pt_backend *be, float *x, float s, size_t count);
+    /* x = cap * tanh(x / cap) over count floats (logit soft-capping). */
+    void (*softcap)(pt_backend *be, float *x, float cap, size_t count);
+    /* Mixture-of-experts routing: per row of logits[n][n_experts], softmax,
+     * the k largest probabilities (ties: lower expert first) into ids[n][k]
+     * and weights[n][k], renormalized to sum 1 when renorm is set. */
+    void (*moe_route)(pt_backend *be, int32_t *ids, float *weights, const float *logits, int n,
+                      int n_experts, int k, bool renorm);
+    /* Matmul by expert id (ggml's mul_mat_id): for row t and slot j,
+     * y[t][j] = x[t][x_slots > 1 ? j : 0] · W[ids[t][j]]ᵀ, with w a stack of
+     * experts (n_experts > 0); x is [n][x_slots][w.cols], y [n][k][w.rows].
+     * Reads only the experts some row selects, each once per call. */
+    void (*matmul_id)(pt_backend *be, float *y, const float *x, const pt_weight *w,
+                      const int32_t *ids, int n, int k, int x_slots);
+    /* y[t] = sum over j of weights[t][j] * x[t][j], rows of d; y [n][d],
+     * x [n][k][d].  y must not alias x. */
+    void (*moe_combine)(pt_backend *be, float *y, const float *x, const float *weights, int n,
+                        int k, int d);
+
     /* NULL when kv_store and attention take every quantized KV format;
      * otherwise 0 if they take this one (kvq: enum pt_kvq_kind, group: the
      * scale group along head_dim), or -1 with the reason in err.  Checked

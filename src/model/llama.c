@@ -23,19 +23,8 @@ static const pt_arch llama_archs[] = {
 
 /* ---- Config -------------------------------------------------------------- */
 
-static int read_act(json_t *j, pt_model_config *c, pt_err *err) {
-    const char *act = json_string_value(json_object_get(j, "hidden_act"));
-    if (!act || strcmp(act, "silu") == 0)
-        c->act = PT_ACT_SILU;
-    else if (strcmp(act, "gelu_pytorch_tanh") == 0)
-        c->act = PT_ACT_GELU_TANH;
-    else
-        return pt_fail(err, "config.json: hidden_act '%s' is not supported (silu)", act);
-    return 0;
-}
-
 static int llama_read_json(json_t *j, pt_model_config *c, pt_err *err) {
-    if (pt_config_json_common(j, c, err) || read_act(j, c, err)) return -1;
+    if (pt_config_json_common(j, c, err) || pt_config_json_act(j, c, err)) return -1;
     if (json_is_true(json_object_get(j, "attention_bias"))) c->qkv_bias = c->o_bias = true;
     /* Mistral v0.1 attends to a 4096-token window; Qwen2 configs carry a
      * window but switch it off with use_sliding_window. */
@@ -47,6 +36,7 @@ static int llama_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (pt_json_int(j, "num_local_experts", &c->n_experts) ||
         pt_json_int(j, "num_experts", &c->n_experts))
         pt_json_int(j, "num_experts_per_tok", &c->n_experts_used);
+    c->expert_ffn_dim = c->n_experts ? c->ffn_dim : 0; /* refused at the plan, but shaped */
     return 0;
 }
 
@@ -59,6 +49,7 @@ static int llama_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char
         c->sliding_window = window;
     if (pt_gguf_int(g, garch, "expert_count", &c->n_experts)) /* Mixtral GGUFs are "llama" */
         pt_gguf_int(g, garch, "expert_used_count", &c->n_experts_used);
+    c->expert_ffn_dim = c->n_experts ? c->ffn_dim : 0;
     return 0;
 }
 

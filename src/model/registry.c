@@ -16,7 +16,7 @@
 #include "model/model_int.h"
 #include "quant/mlx_config.h"
 
-const pt_family *const pt_families[] = {&pt_family_llama};
+const pt_family *const pt_families[] = {&pt_family_llama, &pt_family_qwen3moe, &pt_family_gemma};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table, so adding a row
@@ -79,6 +79,11 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
         c->n_experts_used > c->n_experts)
         return pt_fail(err, "model config: %d experts with %d per token is not a valid mixture",
                        c->n_experts, c->n_experts_used);
+    if (c->n_experts > 0 && (c->n_experts_used <= 0 || c->expert_ffn_dim <= 0 ||
+                             c->expert_ffn_dim > 1 << 20))
+        return pt_fail(err, "model config: %d experts need a per-token count and an expert FFN "
+                            "size (have %d per token, size %d)",
+                       c->n_experts, c->n_experts_used, c->expert_ffn_dim);
     if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
         return pt_fail(err, "model config: norm epsilon and rope theta must be positive");
     if (c->max_ctx <= 0) c->max_ctx = 4096;
@@ -193,7 +198,7 @@ bool pt_json_float(json_t *o, const char *key, float *out) {
     return true;
 }
 
-static int rope_scaling_from_json(json_t *rs, pt_model_config *c, pt_err *err) {
+int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err) {
     if (!rs || json_is_null(rs)) return 0;
     if (!json_is_object(rs)) return pt_fail(err, "config.json: rope_scaling is not an object");
     const char *type = json_string_value(json_object_get(rs, "rope_type"));
@@ -252,7 +257,21 @@ int pt_config_json_common(json_t *j, pt_model_config *c, pt_err *err) {
         c->rope_theta = 10000.0f;
     c->tied_embeddings = json_is_true(json_object_get(j, "tie_word_embeddings"));
     json_t *rs = json_object_get(j, "rope_scaling");
-    return rope_scaling_from_json(rs && !json_is_null(rs) ? rs : rp, c, err);
+    return pt_rope_scaling_json(rs && !json_is_null(rs) ? rs : rp, c, err);
+}
+
+int pt_config_json_act(json_t *j, pt_model_config *c, pt_err *err) {
+    const char *act = json_string_value(json_object_get(j, "hidden_act"));
+    if (!act) act = json_string_value(json_object_get(j, "hidden_activation")); /* Gemma */
+    if (!act || strcmp(act, "silu") == 0)
+        c->act = PT_ACT_SILU;
+    else if (strcmp(act, "gelu_pytorch_tanh") == 0)
+        c->act = PT_ACT_GELU_TANH;
+    else
+        return pt_fail(err, "config.json: hidden_act '%s' is not supported (silu, "
+                            "gelu_pytorch_tanh)",
+                       act);
+    return 0;
 }
 
 int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {

@@ -36,6 +36,7 @@ int64_t pt_spec_dim(const pt_model_config *c, int d) {
     case D_VOCAB: return c->vocab_size;
     case D_HEAD: return c->head_dim;
     case D_EXPERTS: return c->n_experts;
+    case D_EFFN: return c->expert_ffn_dim;
     default: return 0;
     }
 }
@@ -50,8 +51,15 @@ bool pt_spec_needed(const pt_model_config *c, int need) {
     }
 }
 
+/* A per-expert name gets expert 0 (its second %d). */
 void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap) {
-    snprintf(buf, cap, gguf ? s->gguf : s->hf, layer);
+    snprintf(buf, cap, gguf ? s->gguf : s->hf, layer, 0);
+}
+
+/* Whether s is one Hugging Face tensor per expert (two %d in its name). */
+static bool per_expert_names(const pt_weight_spec *s) {
+    const char *d = strstr(s->hf, "%d");
+    return s->experts == D_EXPERTS && d && strstr(d + 2, "%d");
 }
 
 void *pt_spec_target(pt_model *m, const pt_weight_spec *s, int layer) {
@@ -188,9 +196,48 @@ static int bind_matrix(pt_model *m, const pt_tensor_info *t, int64_t n_experts, 
     return 0;
 }
 
+/* Experts saved one tensor each (Hub MoE checkpoints: ...experts.<e>.
+ * gate_proj.weight) gathered into one stack [n_experts][rows][cols] in
+ * backend memory: expert matmuls take a stack. */
+static int bind_expert_list(pt_model *m, const pt_weight_spec *s, int layer, int64_t n_experts,
+                            int64_t rows, int64_t cols, pt_weight *w, pt_err *err) {
+    char name[192];
+    const pt_tensor_info *t0 = NULL;
+    char *dev = NULL;
+    for (int64_t e = 0; e < n_experts; e++) {
+        snprintf(name, sizeof name, s->hf, layer, (int)e);
+        const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
+        if (!t) return pt_fail(err, "%s: missing tensor %s", m->file->path, name);
+        char sname[208];
+        snprintf(sname, sizeof sname, "%.*s.scales", (int)(strlen(name) - strlen(".weight")), name);
+        if (pt_model_file_tensor(m->file, sname))
+            return pt_fail(err, "tensor %s: MLX-quantized experts are not supported yet", name);
+        if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+            return pt_fail(err, "tensor %s: expected %lldx%lld, file has a %d-D tensor", name,
+                           (long long)rows, (long long)cols, t->ndim);
+        if (!matrix_dtype_ok(t->dtype) || (t0 && t->dtype != t0->dtype))
+            return pt_fail(err, "tensor %s: weight type %s is not supported in an expert stack",
+                           name, pt_dtype_name(t->dtype));
+        if (!t0) {
+            t0 = t;
+            dev = pt_model_alloc(m, t->nbytes * (size_t)n_experts);
+            if (!dev) return pt_fail(err, "out of backend memory for the experts of %s", name);
+        }
+        m->be->ops->upload(m->be, dev + (size_t)e * t0->nbytes, t->data, t->nbytes);
+    }
+    *w = (pt_weight){.dtype = t0->dtype, .rows = rows, .cols = cols, .data = dev,
+                     .nbytes = t0->nbytes * (size_t)n_experts, .n_experts = (int)n_experts,
+                     .expert_stride = t0->nbytes};
+    m->weight_bytes += w->nbytes;
+    return 0;
+}
+
 static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     bool gguf = m->file->kind == PT_FILE_GGUF;
+    if (!gguf && per_expert_names(s))
+        return bind_expert_list(m, s, layer, pt_spec_dim(c, s->experts), pt_spec_dim(c, s->rows),
+                                pt_spec_dim(c, s->cols), pt_spec_target(m, s, layer), err);
     char name[160];
     pt_spec_name(s, gguf, layer, name, sizeof name);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);

@@ -128,6 +128,9 @@ CASE(mistral)
 CASE(qwen2)
 CASE(qwen3)
 CASE(llama_sharded)
+CASE(qwen3_moe)
+CASE(gemma2)
+CASE(gemma3_text)
 
 /* Each damage to a model directory gives an error naming what is wrong. */
 static void test_bad_config(void **state) {
@@ -171,7 +174,8 @@ int main(void) {
         cmocka_unit_test(test_llama2),  cmocka_unit_test(test_llama3),
         cmocka_unit_test(test_mistral), cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen3),   cmocka_unit_test(test_llama_sharded),
-        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
  * kernel set, per-thread scratch and dispatch onto the thread pool.
  *
  * The ops themselves live in cpu_matmul.c, cpu_elementwise.c,
- * cpu_attention.c and cpu_bandwidth.c; this file only wires them up.  "Backend
+ * cpu_attention.c, cpu_moe.c and cpu_bandwidth.c; this file only wires them up.  "Backend
  * memory" on the CPU is ordinary memory, so upload/download are memcpy and
  * sync has nothing to wait for (every op returns when its work is done).
  */
@@ -83,6 +83,7 @@ static void cpu_destroy(pt_backend *be) {
     pt_qk_ctx_free(&cb->quant);
     free(cb->attn_meta);
     free(cb->attn_parts);
+    free(cb->moe_buf);
     for (int i = 0; cb->scratch && i < be->n_threads; i++) free(cb->scratch[i]);
     free(cb->scratch);
     free(cb);
@@ -105,6 +106,13 @@ static const pt_backend_ops cpu_ops = {
     .kv_store = pt_cpu_kv_store,
     .attention = pt_cpu_attention,
     .gather_rows = pt_cpu_gather_rows,
+    .attention_ext = pt_cpu_attention_ext,
+    .geglu = pt_cpu_geglu,
+    .scale = pt_cpu_scale,
+    .softcap = pt_cpu_softcap,
+    .moe_route = pt_cpu_moe_route,
+    .matmul_id = pt_cpu_matmul_id,
+    .moe_combine = pt_cpu_moe_combine,
     .read_bandwidth = pt_cpu_read_bandwidth,
     .compute_peak = pt_cpu_compute_peak,
     .destroy = cpu_destroy,
