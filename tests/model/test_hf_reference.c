@@ -132,6 +132,50 @@ CASE(qwen3_moe)
 CASE(gemma2)
 CASE(gemma3_text)
 
+/* A backend without an op a model's plan needs (CUDA has no expert matmul
+ * or windowed attention yet) refuses the model at load, naming the op. */
+static void test_missing_op_refused(void **state) {
+    (void)state;
+    static const struct {
+        const char *model;
+        size_t op; /* offset of the op to remove */
+        const char *want;
+    } cases[] = {
+        {"qwen3_moe", offsetof(pt_backend_ops, matmul_id), "lacks op 'matmul_id' (a mixture-of-experts FFN, layer 0)"},
+        {"qwen3_moe", offsetof(pt_backend_ops, moe_route), "lacks op 'moe_route'"},
+        {"gemma2", offsetof(pt_backend_ops, attention_ext), "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
+        {"gemma3_text", offsetof(pt_backend_ops, geglu), "lacks op 'geglu'"},
+        {"gemma2", offsetof(pt_backend_ops, softcap), "lacks op 'softcap' (soft-capped logits)"},
+    };
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(be);
+    const pt_backend_ops *real = be->ops;
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        pt_backend_ops ops = *real;
+        *(void **)((char *)&ops + cases[i].op) = NULL;
+        be->ops = &ops;
+        char dir[512];
+        snprintf(dir, sizeof dir, HF_DIR "%s", cases[i].model);
+        pt_model_opts o = {.backend = be};
+        pt_model *m = NULL;
+        assert_int_equal(pt_model_load(&m, dir, &o, &err), -1);
+        assert_null(m);
+        if (!strstr(err.msg, cases[i].want)) fail_msg("'%s' does not say '%s'", err.msg, cases[i].want);
+        be->ops = real;
+    }
+    /* Sliding-window layers with a quantized KV cache: refused, not run. */
+    pt_model_opts o = {.backend = be};
+    pt_model *m;
+    if (pt_model_load(&m, HF_DIR "gemma2", &o, &err)) fail_msg("%s", err.msg);
+    pt_kv_cache kv;
+    pt_kvq_spec q = {.kind = PT_KVQ_AFFINE, .k_bits = 8, .v_bits = 8};
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, &q, &err), -1);
+    assert_non_null(strstr(err.msg, "quantized KV cache with sliding-window layers"));
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
 /* Each damage to a model directory gives an error naming what is wrong. */
 static void test_bad_config(void **state) {
     (void)state;
@@ -175,7 +219,8 @@ int main(void) {
         cmocka_unit_test(test_mistral), cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen3),   cmocka_unit_test(test_llama_sharded),
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gemma2),
-        cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_missing_op_refused),
+        cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,10 +68,13 @@ void pt_cpu_swiglu(pt_backend *be, float *y, const float *gate, const float *up,
 
 /* ---- geglu, scale, softcap: plain loops over element ranges -------------------- */
 
-/* gelu with the tanh approximation, as transformers' gelu_pytorch_tanh. */
+/* gelu with the tanh approximation, as transformers' gelu_pytorch_tanh:
+ * 0.5 x (1 + tanh z) written as x / (1 + e^-2z), which is the same value
+ * without the cancellation of 1 + tanh z for negative x. */
 static inline float gelu_tanh(float x) {
     const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    float z = c * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * z));
 }
 
 static void geglu_task(void *ctx, int ith, int nth) {
