@@ -284,6 +284,27 @@ static void test_bad_mixture(void **state) {
     json_decref(j);
 }
 
+/* matmul_id over a stack equals matmul over each expert's own view
+ * (pt_weight_expert): the stride, and for MLX affine the scales' and
+ * biases' offsets, pick the right expert.  One row per expert (decode), so
+ * both run the same kernel and must agree exactly. */
+static void check_expert_matmul(pt_backend *be, const pt_weight *w, const char *format) {
+    const int k = 3;
+    const int32_t ids[3] = {3, 0, 2};
+    float x[64], y[3 * 128], want[128];
+    for (int i = 0; i < 64; i++) x[i] = (float)((i * 37) % 17 - 8) / 8.0f;
+    be->ops->matmul_id(be, y, x, w, ids, 1, k, 1);
+    for (int j = 0; j < k; j++) {
+        pt_weight one = pt_weight_expert(w, ids[j]);
+        be->ops->matmul(be, want, x, &one, 1);
+        if (memcmp(want, y + j * 128, sizeof want) != 0)
+            fail_msg("%s: matmul_id slot %d (expert %d) differs from the expert's own matmul", format,
+                     j, ids[j]);
+        if (j > 0 && memcmp(y, y + j * 128, sizeof want) == 0)
+            fail_msg("%s: experts %d and %d gave the same output", format, ids[0], ids[j]);
+    }
+}
+
 /* A family whose spec is a stack of experts gets one pt_weight per layer
  * with n_experts matrices expert_stride bytes apart, in any format. */
 static void test_expert_stack_dummy(void **state) {
@@ -296,7 +317,11 @@ static void test_expert_stack_dummy(void **state) {
     static const struct {
         const char *format;
         size_t stride; /* 128 rows x 64 cols */
-    } cases[] = {{"bf16", 128 * 64 * 2}, {"q4_0", 128 * 64 / 32 * 18}};
+        size_t bytes;  /* of one expert, with affine scales and biases */
+    } cases[] = {{"bf16", 128 * 64 * 2, 128 * 64 * 2},
+                 {"q4_0", 128 * 64 / 32 * 18, 128 * 64 / 32 * 18},
+                 {"q8_0", 128 * 64 / 32 * 34, 128 * 64 / 32 * 34},
+                 {"affine4g32", 128 * 64 / 2, 128 * 64 / 2 + 2 * 128 * 2 * 2}};
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
     assert_non_null(be);
@@ -307,7 +332,7 @@ static void test_expert_stack_dummy(void **state) {
         m.cfg.n_experts = 4;
         size_t bytes;
         assert_int_equal(pt_family_dummy_bytes(&fam, &m.cfg, cases[i].format, &bytes, &err), 0);
-        assert_int_equal(bytes, 3 * 4 * cases[i].stride);
+        assert_int_equal(bytes, 3 * 4 * cases[i].bytes);
         m.layers = calloc(3, sizeof(pt_layer));
         if (pt_model_make_dummy_weights(&m, cases[i].format, 7, &err)) fail_msg("%s", err.msg);
         for (int l = 0; l < 3; l++) {
@@ -316,9 +341,9 @@ static void test_expert_stack_dummy(void **state) {
             assert_int_equal(w->rows, 128);
             assert_int_equal(w->cols, 64);
             assert_int_equal(w->expert_stride, cases[i].stride);
-            assert_int_equal(w->nbytes, 4 * cases[i].stride);
             assert_non_null(w->data);
         }
+        check_expert_matmul(be, &m.layers[1].w_gate, cases[i].format);
         assert_int_equal(m.weight_bytes, bytes);
         pt_model_free_owned(&m);
         free(m.layers);
