@@ -319,6 +319,27 @@ static const struct {
      "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"head_dim\":128,"
      "\"intermediate_size\":12288,\"vocab_size\":151936,\"max_position_embeddings\":40960,"
      "\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0}"},
+    {"qwen3-30b-a3b", /* Qwen3-30B-A3B: 128 experts, 8 per token */
+     "{\"model_type\":\"qwen3_moe\",\"hidden_size\":2048,\"num_hidden_layers\":48,"
+     "\"num_attention_heads\":32,\"num_key_value_heads\":4,\"head_dim\":128,"
+     "\"intermediate_size\":6144,\"moe_intermediate_size\":768,\"num_experts\":128,"
+     "\"num_experts_per_tok\":8,\"norm_topk_prob\":true,\"vocab_size\":151936,"
+     "\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0}"},
+    {"gemma2-9b", /* Gemma-2-9B: window 4096 on even layers, soft-capping */
+     "{\"model_type\":\"gemma2\",\"hidden_size\":3584,\"num_hidden_layers\":42,"
+     "\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":256,"
+     "\"intermediate_size\":14336,\"vocab_size\":256000,\"max_position_embeddings\":8192,"
+     "\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":256,"
+     "\"sliding_window\":4096,\"attn_logit_softcapping\":50.0,"
+     "\"final_logit_softcapping\":30.0,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0}"},
+    {"gemma3-12b", /* Gemma-3-12B text: 5 local (window 1024) : 1 global */
+     "{\"model_type\":\"gemma3_text\",\"hidden_size\":3840,\"num_hidden_layers\":48,"
+     "\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":256,"
+     "\"intermediate_size\":15360,\"vocab_size\":262208,\"max_position_embeddings\":131072,"
+     "\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":256,"
+     "\"sliding_window\":1024,\"sliding_window_pattern\":6,\"rms_norm_eps\":1e-6,"
+     "\"rope_theta\":1000000.0,\"rope_local_base_freq\":10000.0,"
+     "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":8.0}}"},
 };
 
 const char *pt_config_preset(const char *name) {

@@ -305,6 +305,33 @@ static void check_expert_matmul(pt_backend *be, const pt_weight *w, const char *
     }
 }
 
+/* The benchmark presets of the new families plan as the real models do. */
+static void test_family_presets(void **state) {
+    (void)state;
+    pt_model_config c;
+    pt_layer_plan plan[48];
+    pt_err err = {{0}};
+    config_of(pt_config_preset("qwen3-30b-a3b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[47].ffn, PT_FFN_MOE);
+    assert_int_equal(plan[47].n_experts, 128);
+    assert_int_equal(plan[47].top_k, 8);
+    assert_int_equal(c.expert_ffn_dim, 768);
+    config_of(pt_config_preset("gemma3-12b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    for (int l = 0; l < 48; l++) {
+        bool global = (l + 1) % 6 == 0;
+        assert_int_equal(plan[l].mixer, global ? PT_MIX_ATTN : PT_MIX_ATTN_SWA);
+        assert_true(plan[l].rope_theta == (global ? 1e6f : 1e4f));
+        assert_int_equal(plan[l].rope_scaled, global); /* linear x8 on global layers only */
+    }
+    config_of(pt_config_preset("gemma2-9b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[0].window, 4096);
+    assert_int_equal(plan[1].mixer, PT_MIX_ATTN);
+    assert_true(c.final_softcap == 30.0f && plan[1].attn_softcap == 50.0f);
+}
+
 /* A family whose spec is a stack of experts gets one pt_weight per layer
  * with n_experts matrices expert_stride bytes apart, in any format. */
 static void test_expert_stack_dummy(void **state) {
@@ -358,6 +385,7 @@ int main(void) {
         cmocka_unit_test(test_config_refusals),
         cmocka_unit_test(test_window_and_moe_plans),
         cmocka_unit_test(test_gemma_plans),
+        cmocka_unit_test(test_family_presets),
         cmocka_unit_test(test_hand_built_plans_checked),
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
