@@ -196,38 +196,75 @@ static int bind_matrix(pt_model *m, const pt_tensor_info *t, int64_t n_experts, 
     return 0;
 }
 
+/* Expert e's MLX affine parts beside its codes t: the module's bits and
+ * group size, and its scales and biases (checked against the shape). */
+static int expert_affine(pt_model *m, const pt_tensor_info *t, int64_t rows, int64_t cols,
+                         const pt_tensor_info **sb, int *bits, int *gs, pt_err *err) {
+    char module[192], name[208];
+    snprintf(module, sizeof module, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+    if (pt_mlx_module_params(m->file->config, module, bits, gs, err)) return -1;
+    static const char *const part[2] = {"scales", "biases"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s.%s", module, part[i]);
+        sb[i] = pt_model_file_tensor(m->file, name);
+        if (!sb[i] || !is_scale_dtype(sb[i]->dtype) || sb[i]->ndim != 2 || sb[i]->shape[0] != rows ||
+            cols % *gs || sb[i]->shape[1] != cols / *gs)
+            return pt_fail(err, "%s: missing or misshapen (expected %lldx%lld at group size %d)",
+                           name, (long long)rows, (long long)(cols / *gs), *gs);
+    }
+    if (t->dtype != PT_U32 || t->ndim != 2 || t->shape[0] != rows ||
+        t->shape[1] != cols * *bits / 32 || sb[1]->dtype != sb[0]->dtype)
+        return pt_fail(err, "tensor %s: expected %lldx%lld u32 codes (%d bits)", t->name,
+                       (long long)rows, (long long)(cols * *bits / 32), *bits);
+    return 0;
+}
+
 /* Experts saved one tensor each (Hub MoE checkpoints: ...experts.<e>.
- * gate_proj.weight) gathered into one stack [n_experts][rows][cols] in
- * backend memory: expert matmuls take a stack. */
+ * gate_proj.weight), plain or MLX affine, gathered into one stack
+ * [n_experts][rows][cols] in backend memory (codes, and scales and biases
+ * likewise): expert matmuls take a stack.  Every expert must share the
+ * first one's format. */
 static int bind_expert_list(pt_model *m, const pt_weight_spec *s, int layer, int64_t n_experts,
                             int64_t rows, int64_t cols, pt_weight *w, pt_err *err) {
     char name[192];
-    const pt_tensor_info *t0 = NULL;
-    char *dev = NULL;
+    char *dev[3] = {NULL, NULL, NULL}; /* codes, scales, biases */
     for (int64_t e = 0; e < n_experts; e++) {
         snprintf(name, sizeof name, s->hf, layer, (int)e);
-        const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
+        const pt_tensor_info *t = pt_model_file_tensor(m->file, name), *sb[2] = {NULL, NULL};
         if (!t) return pt_fail(err, "%s: missing tensor %s", m->file->path, name);
         char sname[208];
         snprintf(sname, sizeof sname, "%.*s.scales", (int)(strlen(name) - strlen(".weight")), name);
-        if (pt_model_file_tensor(m->file, sname))
-            return pt_fail(err, "tensor %s: MLX-quantized experts are not supported yet", name);
-        if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
-            return pt_fail(err, "tensor %s: expected %lldx%lld, file has a %d-D tensor", name,
-                           (long long)rows, (long long)cols, t->ndim);
-        if (!matrix_dtype_ok(t->dtype) || (t0 && t->dtype != t0->dtype))
-            return pt_fail(err, "tensor %s: weight type %s is not supported in an expert stack",
-                           name, pt_dtype_name(t->dtype));
-        if (!t0) {
-            t0 = t;
-            dev = pt_model_alloc(m, t->nbytes * (size_t)n_experts);
-            if (!dev) return pt_fail(err, "out of backend memory for the experts of %s", name);
+        bool affine = pt_model_file_tensor(m->file, sname) != NULL;
+        int bits = 0, gs = 0;
+        if (affine ? expert_affine(m, t, rows, cols, sb, &bits, &gs, err) != 0
+                   : (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols))
+            return affine ? -1
+                          : pt_fail(err, "tensor %s: expected %lldx%lld, file has a %d-D tensor",
+                                    name, (long long)rows, (long long)cols, t->ndim);
+        pt_dtype dt = affine ? PT_AFFINE : t->dtype;
+        if (e == 0) {
+            if (!affine && !matrix_dtype_ok(t->dtype))
+                return pt_fail(err, "tensor %s: weight type %s is not supported", name,
+                               pt_dtype_name(t->dtype));
+            *w = (pt_weight){.dtype = dt, .rows = rows, .cols = cols, .bits = bits,
+                             .group_size = gs, .scale_dtype = affine ? sb[0]->dtype : PT_F32,
+                             .n_experts = (int)n_experts, .expert_stride = t->nbytes};
+            size_t sizes[3] = {t->nbytes, affine ? sb[0]->nbytes : 0, affine ? sb[1]->nbytes : 0};
+            for (int i = 0; i < 3 && sizes[i]; i++)
+                if (!(dev[i] = pt_model_alloc(m, sizes[i] * (size_t)n_experts)))
+                    return pt_fail(err, "out of backend memory for the experts of %s", name);
+            w->data = dev[0], w->scales = dev[1], w->biases = dev[2];
+            w->nbytes = (sizes[0] + sizes[1] + sizes[2]) * (size_t)n_experts;
+        } else if (dt != w->dtype || t->nbytes != w->expert_stride || bits != w->bits ||
+                   gs != w->group_size || (affine && sb[0]->dtype != w->scale_dtype)) {
+            return pt_fail(err, "tensor %s: stored unlike expert 0 (%s)", name,
+                           pt_dtype_name(w->dtype));
         }
-        m->be->ops->upload(m->be, dev + (size_t)e * t0->nbytes, t->data, t->nbytes);
+        m->be->ops->upload(m->be, dev[0] + (size_t)e * t->nbytes, t->data, t->nbytes);
+        for (int i = 0; affine && i < 2; i++)
+            m->be->ops->upload(m->be, dev[1 + i] + (size_t)e * sb[i]->nbytes, sb[i]->data,
+                               sb[i]->nbytes);
     }
-    *w = (pt_weight){.dtype = t0->dtype, .rows = rows, .cols = cols, .data = dev,
-                     .nbytes = t0->nbytes * (size_t)n_experts, .n_experts = (int)n_experts,
-                     .expert_stride = t0->nbytes};
     m->weight_bytes += w->nbytes;
     return 0;
 }
