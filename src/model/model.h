@@ -176,6 +176,11 @@ const char *pt_config_preset(const char *name);
 void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);
 /* rope inverse frequencies [n_rot/2] for base theta, cfg's scaling applied. */
 void pt_rope_inv_freq(const pt_model_config *cfg, float theta, float *out);
+/* Bytes one decode step at depth reads (active experts only, at most a
+ * window of KV in sliding-window layers; kv_bytes_per_token over all
+ * layers), and multiply-adds x 2 per token (cost.c). */
+double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_token);
+double pt_model_token_flops(const pt_model *m);
 /* Refuses, naming the op, a model whose plan needs an op the backend lacks
  * (CUDA has no expert matmul yet, say).  Called at load before weights. */
 int pt_model_check_ops(const pt_model *m, pt_err *err);

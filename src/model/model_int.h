@@ -16,7 +16,8 @@
  *   blocks.c    the shared blocks a family's forward is assembled from;
  *   llama.c     the Llama family (llama, mistral, qwen2, qwen3);
  *   qwen3moe.c  Qwen3-MoE (qwen3_moe);
- *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text).
+ *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
+ *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
 #define PETREL_MODEL_INT_H
