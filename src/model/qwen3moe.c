@@ -14,14 +14,15 @@
  * (mlp.experts.<e>.gate_proj.weight); the loader gathers them into one
  * stack per layer (weights.c).  Dense layers among the sparse ones
  * (mlp_only_layers, decoder_sparse_step > 1) are refused: no released
- * Qwen3-MoE has them.  GGUF qwen3moe files are not read yet.
+ * Qwen3-MoE has them.  GGUF qwen3moe files (llama.cpp's layout: experts
+ * stacked in ffn_*_exps, any block type) load too.
  */
 #include "model/model_int.h"
 
 /* clang-format off */
 static const pt_arch qwen3moe_archs[] = {
     /* name        GGUF name  config.json   GGUF rope     qkv_bias qk_norm */
-    {"qwen3_moe", NULL,      "qwen3_moe",  PT_ROPE_NEOX, false,   true},
+    {"qwen3_moe", "qwen3moe", "qwen3_moe",  PT_ROPE_NEOX, false,   true},
 };
 /* clang-format on */
 
@@ -54,9 +55,25 @@ static int qwen3moe_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     return check_all_sparse(j, err);
 }
 
+/* llama.cpp's converter writes the experts' count, top-k and size; it
+ * always renormalizes the top-k weights for qwen3moe (every released
+ * Qwen3-MoE sets norm_topk_prob), and newer files say so in
+ * expert_weights_norm. */
 static int qwen3moe_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                               pt_model_config *c, pt_err *err) {
-    return pt_fail(err, "%s: GGUF qwen3moe files are not supported yet", mf->path);
+    if (pt_config_gguf_common(g, mf, garch, c, err)) return -1;
+    if (!pt_gguf_int(g, garch, "expert_count", &c->n_experts) ||
+        !pt_gguf_int(g, garch, "expert_used_count", &c->n_experts_used) ||
+        !pt_gguf_int(g, garch, "expert_feed_forward_length", &c->expert_ffn_dim))
+        return pt_fail(err, "%s: GGUF qwen3moe needs %s.expert_count, expert_used_count and "
+                            "expert_feed_forward_length",
+                       mf->path, garch);
+    bool norm = true;
+    char key[96];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", garch);
+    pt_gguf_get_bool(g, key, &norm);
+    c->expert_renorm = norm;
+    return 0;
 }
 
 /* clang-format off */
