@@ -32,35 +32,17 @@ static const pt_arch gemma_archs[] = {
 
 /* ---- Config -------------------------------------------------------------- */
 
-static void set_swa(pt_model_config *c, int l) {
-    c->swa_layers[l / 64] |= (uint64_t)1 << (l % 64);
-}
-
 /* Which layers slide: layer_types when present, else Gemma 2's even
  * layers, or Gemma 3's all but every sliding_window_pattern-th. */
 static int read_layer_types(json_t *j, pt_model_config *c, bool gemma3, pt_err *err) {
-    c->swa_per_layer = true;
-    json_t *types = json_object_get(j, "layer_types");
-    if (json_is_array(types)) {
-        if ((int)json_array_size(types) != c->n_layers)
-            return pt_fail(err, "config.json: %zu layer_types for %d layers",
-                           json_array_size(types), c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            const char *t = json_string_value(json_array_get(types, (size_t)l));
-            if (t && strcmp(t, "sliding_attention") == 0)
-                set_swa(c, l);
-            else if (!t || strcmp(t, "full_attention") != 0)
-                return pt_fail(err, "config.json: layer_types[%d] '%s' is not supported "
-                                    "(sliding_attention, full_attention)",
-                               l, t ? t : "?");
-        }
-        return 0;
-    }
+    int given = pt_config_json_layer_types(j, c, err);
+    if (given) return given < 0 ? -1 : 0;
+    c->swa_per_layer = true; /* even if the pattern slides no layer */
     int pattern = 6;
     if (!pt_json_int(j, "sliding_window_pattern", &pattern))
         pt_json_int(j, "_sliding_window_pattern", &pattern);
     for (int l = 0; l < c->n_layers; l++)
-        if (gemma3 ? pattern <= 0 || (l + 1) % pattern != 0 : l % 2 == 0) set_swa(c, l);
+        if (gemma3 ? pattern <= 0 || (l + 1) % pattern != 0 : l % 2 == 0) pt_config_set_swa(c, l);
     return 0;
 }
 
@@ -120,7 +102,6 @@ static int gemma_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (pt_json_int(j, "sliding_window", &c->sliding_window) && c->sliding_window > 0 &&
         read_layer_types(j, c, gemma3, err))
         return -1;
-    if (c->n_layers > 1024) return pt_fail(err, "config.json: %d layers", c->n_layers);
     return read_rope(j, c, gemma3, err);
 }
 

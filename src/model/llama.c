@@ -23,15 +23,31 @@ static const pt_arch llama_archs[] = {
 
 /* ---- Config -------------------------------------------------------------- */
 
+/* Which layers the window applies to: layer_types when the config has
+ * them; else Qwen2/Qwen3's layers from max_window_layers on (as
+ * transformers reads them); else every layer (Mistral). */
+static int window_layers(json_t *j, pt_model_config *c, pt_err *err) {
+    int given = pt_config_json_layer_types(j, c, err);
+    if (given) return given < 0 ? -1 : 0;
+    if (strcmp(c->arch, "qwen2") != 0 && strcmp(c->arch, "qwen3") != 0) return 0;
+    int from = 28; /* Qwen2Config's default */
+    pt_json_int(j, "max_window_layers", &from);
+    c->swa_per_layer = true;
+    for (int l = PT_MAX(from, 0); l < c->n_layers && l < 64 * 16; l++) pt_config_set_swa(c, l);
+    return 0;
+}
+
 static int llama_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (pt_config_json_common(j, c, err) || pt_config_json_act(j, c, err)) return -1;
     if (json_is_true(json_object_get(j, "attention_bias"))) c->qkv_bias = c->o_bias = true;
-    /* Mistral v0.1 attends to a 4096-token window; Qwen2 configs carry a
-     * window but switch it off with use_sliding_window. */
+    /* Mistral v0.1 attends to a 4096-token window on every layer; Qwen2
+     * configs carry a window but switch it off with use_sliding_window. */
     int window;
     if (pt_json_int(j, "sliding_window", &window) && window > 0 && window < c->max_ctx &&
-        !json_is_false(json_object_get(j, "use_sliding_window")))
+        !json_is_false(json_object_get(j, "use_sliding_window"))) {
         c->sliding_window = window;
+        if (window_layers(j, c, err)) return -1;
+    }
     /* Mixtral-style experts under a Llama-family model_type. */
     if (pt_json_int(j, "num_local_experts", &c->n_experts) ||
         pt_json_int(j, "num_experts", &c->n_experts))

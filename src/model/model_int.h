@@ -115,6 +115,11 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
                           pt_model_config *c, pt_err *err);
 /* rope_scaling (or a rope_parameters object) into c; none is fine. */
 int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err);
+/* Marks layer l as a sliding-window layer (and the config as per-layer). */
+void pt_config_set_swa(pt_model_config *c, int l);
+/* layer_types ("sliding_attention" / "full_attention" per layer) into the
+ * config's per-layer window bits: 1 if present, 0 if absent, -1 bad. */
+int pt_config_json_layer_types(json_t *j, pt_model_config *c, pt_err *err);
 /* hidden_act / hidden_activation into c->act (silu, gelu_pytorch_tanh). */
 int pt_config_json_act(json_t *j, pt_model_config *c, pt_err *err);
 

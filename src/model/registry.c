@@ -260,6 +260,30 @@ int pt_config_json_common(json_t *j, pt_model_config *c, pt_err *err) {
     return pt_rope_scaling_json(rs && !json_is_null(rs) ? rs : rp, c, err);
 }
 
+void pt_config_set_swa(pt_model_config *c, int l) {
+    c->swa_per_layer = true;
+    c->swa_layers[l / 64] |= (uint64_t)1 << (l % 64);
+}
+
+int pt_config_json_layer_types(json_t *j, pt_model_config *c, pt_err *err) {
+    json_t *types = json_object_get(j, "layer_types");
+    if (!json_is_array(types)) return 0;
+    if ((int)json_array_size(types) != c->n_layers || c->n_layers > 64 * 16)
+        return pt_fail(err, "config.json: %zu layer_types for %d layers", json_array_size(types),
+                       c->n_layers);
+    c->swa_per_layer = true;
+    for (int l = 0; l < c->n_layers; l++) {
+        const char *t = json_string_value(json_array_get(types, (size_t)l));
+        if (t && strcmp(t, "sliding_attention") == 0)
+            pt_config_set_swa(c, l);
+        else if (!t || strcmp(t, "full_attention") != 0)
+            return pt_fail(err, "config.json: layer_types[%d] '%s' is not supported "
+                                "(sliding_attention, full_attention)",
+                           l, t ? t : "?");
+    }
+    return 1;
+}
+
 int pt_config_json_act(json_t *j, pt_model_config *c, pt_err *err) {
     const char *act = json_string_value(json_object_get(j, "hidden_act"));
     if (!act) act = json_string_value(json_object_get(j, "hidden_activation")); /* Gemma */

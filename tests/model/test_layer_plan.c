@@ -136,6 +136,22 @@ static void test_window_and_moe_plans(void **state) {
         assert_int_equal(plan[l].window, 4096);
         assert_true(plan[l].attn_scale == 0.25f); /* 1 / sqrt(16) */
     }
+    /* Qwen2 with the window on: transformers slides only layers from
+     * max_window_layers on; explicit layer_types win. */
+    config_of("{\"model_type\":\"qwen2\"," BASE ",\"sliding_window\":512,"
+              "\"use_sliding_window\":true,\"max_window_layers\":2}",
+              &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[0].mixer, PT_MIX_ATTN);
+    assert_int_equal(plan[1].mixer, PT_MIX_ATTN);
+    assert_int_equal(plan[2].mixer, PT_MIX_ATTN_SWA);
+    config_of("{\"model_type\":\"qwen2\"," BASE ",\"sliding_window\":512,"
+              "\"use_sliding_window\":true,\"layer_types\":[\"sliding_attention\","
+              "\"full_attention\",\"full_attention\"]}",
+              &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[0].mixer, PT_MIX_ATTN_SWA);
+    assert_int_equal(plan[2].mixer, PT_MIX_ATTN);
     config_of("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_local_experts\":6,"
               "\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"norm_topk_prob\":true}",
               &c);
