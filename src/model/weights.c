@@ -269,12 +269,71 @@ static int bind_expert_list(pt_model *m, const pt_weight_spec *s, int layer, int
     return 0;
 }
 
+/* mlx-lm's name for a per-expert spec: the experts of one projection as
+ * one 3-D tensor, "...mlp.experts.%d.gate_proj" -> "...mlp.switch_mlp.
+ * gate_proj" (its MoE checkpoints, quantized or not). */
+static bool switch_mlp_name(const pt_weight_spec *s, int layer, char *out, size_t cap) {
+    const char *e = strstr(s->hf, "experts.%d.");
+    if (!e) return false;
+    char fmt[192];
+    snprintf(fmt, sizeof fmt, "%.*sswitch_mlp.%s", (int)(e - s->hf), s->hf, e + strlen("experts.%d."));
+    snprintf(out, cap, fmt, layer);
+    return true;
+}
+
+/* A 3-D MLX affine stack: codes [E][rows][cols * bits / 32] u32, scales
+ * and biases [E][rows][cols / group_size]; zero copy on host memory. */
+static int bind_affine_stack(pt_model *m, const pt_tensor_info *t, int64_t n_experts, int64_t rows,
+                             int64_t cols, pt_weight *w, pt_err *err) {
+    char module[192], name[208];
+    snprintf(module, sizeof module, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+    int bits, gs;
+    if (pt_mlx_module_params(m->file->config, module, &bits, &gs, err)) return -1;
+    const pt_tensor_info *sb[2];
+    static const char *const part[2] = {"scales", "biases"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s.%s", module, part[i]);
+        sb[i] = pt_model_file_tensor(m->file, name);
+        if (!sb[i] || !is_scale_dtype(sb[i]->dtype) || sb[i]->dtype != sb[0]->dtype ||
+            sb[i]->ndim != 3 || sb[i]->shape[0] != n_experts || sb[i]->shape[1] != rows ||
+            cols % gs || sb[i]->shape[2] != cols / gs)
+            return pt_fail(err, "%s: missing or misshapen (expected %lldx%lldx%lld)", name,
+                           (long long)n_experts, (long long)rows, (long long)(cols / gs));
+    }
+    if (t->dtype != PT_U32 || t->ndim != 3 || t->shape[0] != n_experts || t->shape[1] != rows ||
+        t->shape[2] != cols * bits / 32)
+        return pt_fail(err, "tensor %s: expected %lldx%lldx%lld u32 codes (%d bits)", t->name,
+                       (long long)n_experts, (long long)rows, (long long)(cols * bits / 32), bits);
+    *w = (pt_weight){.dtype = PT_AFFINE, .rows = rows, .cols = cols, .bits = bits,
+                     .group_size = gs, .scale_dtype = sb[0]->dtype, .n_experts = (int)n_experts,
+                     .expert_stride = t->nbytes / (size_t)n_experts};
+    if (!(w->data = bind_bytes(m, t, err)) || !(w->scales = bind_bytes(m, sb[0], err)) ||
+        !(w->biases = bind_bytes(m, sb[1], err)))
+        return -1;
+    w->nbytes = t->nbytes + sb[0]->nbytes + sb[1]->nbytes;
+    m->weight_bytes += w->nbytes;
+    return 0;
+}
+
+/* A per-expert spec from a file: one tensor per expert (Hub), or mlx-lm's
+ * switch_mlp stack. */
+static int bind_experts(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    int64_t E = pt_spec_dim(c, s->experts), rows = pt_spec_dim(c, s->rows), cols = pt_spec_dim(c, s->cols);
+    pt_weight *w = pt_spec_target(m, s, layer);
+    char name[208], sname[224];
+    const pt_tensor_info *t = NULL;
+    if (switch_mlp_name(s, layer, name, sizeof name)) t = pt_model_file_tensor(m->file, name);
+    if (!t) return bind_expert_list(m, s, layer, E, rows, cols, w, err);
+    snprintf(sname, sizeof sname, "%.*s.scales", (int)(strlen(name) - strlen(".weight")), name);
+    if (pt_model_file_tensor(m->file, sname)) return bind_affine_stack(m, t, E, rows, cols, w, err);
+    return bind_matrix(m, t, E, rows, cols, w, err);
+}
+
 static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     bool gguf = m->file->kind == PT_FILE_GGUF;
-    if (!gguf && per_expert_names(s))
-        return bind_expert_list(m, s, layer, pt_spec_dim(c, s->experts), pt_spec_dim(c, s->rows),
-                                pt_spec_dim(c, s->cols), pt_spec_target(m, s, layer), err);
+    if (!gguf && per_expert_names(s)) return bind_experts(m, s, layer, err);
     char name[160];
     pt_spec_name(s, gguf, layer, name, sizeof name);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);

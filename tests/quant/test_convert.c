@@ -27,6 +27,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "quant/convert.h"
 
@@ -278,10 +279,94 @@ static void check_moe(int bits, int gs) {
     rm_dir(dst);
 }
 
+/* Rewrites the model in src with mlx-lm's layout: each projection's
+ * experts (and their scales and biases) stacked into one 3-D tensor named
+ * ...mlp.switch_mlp.<proj>.<part>; everything else as it is. */
+static void restack_switch_mlp(const char *src, const char *dst, int n_experts) {
+    pt_model_file *mf;
+    pt_err err;
+    if (pt_model_file_open(&mf, src, &err)) fail_msg("%s", err.msg);
+    pt_st_entry *e = calloc((size_t)mf->n_tensors, sizeof *e);
+    char (*names)[160] = calloc((size_t)mf->n_tensors, sizeof *names);
+    const pt_tensor_info **first = calloc((size_t)mf->n_tensors, sizeof *first);
+    int n = 0;
+    for (int i = 0; i < mf->n_tensors; i++) {
+        const pt_tensor_info *t = &mf->tensors[i];
+        const char *x = strstr(t->name, ".experts.");
+        if (x && atoi(x + 9) != 0) continue; /* expert 0 stands for its stack */
+        if (x) {
+            const char *rest = strchr(x + 9, '.') + 1;
+            snprintf(names[n], sizeof names[n], "%.*s.switch_mlp.%s", (int)(x - t->name), t->name, rest);
+            e[n] = (pt_st_entry){names[n], t->dtype, 3, {n_experts, t->shape[0], t->shape[1]}};
+        } else {
+            snprintf(names[n], sizeof names[n], "%s", t->name);
+            e[n] = (pt_st_entry){names[n], t->dtype, t->ndim, {0}};
+            for (int d = 0; d < t->ndim; d++) e[n].shape[d] = t->shape[d];
+        }
+        first[n++] = t;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    pt_st_writer *w;
+    if (pt_st_writer_open(&w, path, e, n, NULL, &err)) fail_msg("%s", err.msg);
+    for (int i = 0; i < n; i++) {
+        const pt_tensor_info *t = first[i];
+        const char *x = strstr(t->name, ".experts.");
+        for (int k = 0; k < (x ? n_experts : 1); k++) {
+            char other[192];
+            const pt_tensor_info *tk = t;
+            if (k) {
+                snprintf(other, sizeof other, "%.*s.experts.%d.%s", (int)(x - t->name), t->name, k,
+                         strchr(x + 9, '.') + 1);
+                tk = pt_model_file_tensor(mf, other);
+                assert_non_null(tk);
+            }
+            if (pt_st_writer_put(w, i, (size_t)k * t->nbytes, tk->data, tk->nbytes, &err))
+                fail_msg("%s", err.msg);
+        }
+    }
+    if (pt_st_writer_close(w, &err)) fail_msg("%s", err.msg);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/'", src, dst);
+    assert_int_equal(system(cmd), 0);
+    free(e), free(names), free(first);
+    pt_model_file_close(mf);
+}
+
+/* mlx-lm's switch_mlp stacks load without copies and give exactly the
+ * per-expert model's logits: plain (the bf16 fixture) and affine. */
+static void check_switch_mlp(const char *per_expert) {
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/petrel_test_switch_%d", (int)getpid());
+    rm_dir(dst);
+    assert_int_equal(mkdir(dst, 0755), 0);
+    restack_switch_mlp(per_expert, dst, 6);
+    pt_model *a = load(per_expert), *b = load(dst);
+    assert_int_equal(b->layers[2].w_up.n_experts, 6);
+    assert_int_equal(b->layers[2].w_up.dtype, a->layers[2].w_up.dtype);
+    int32_t tok[24];
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 37 + 11) % a->cfg.vocab_size);
+    float *la = logits_of(a, tok, 24), *lb = logits_of(b, tok, 24);
+    if (memcmp(la, lb, sizeof(float) * 24 * (size_t)a->cfg.vocab_size))
+        fail_msg("%s: switch_mlp stacks give other logits than per-expert tensors", per_expert);
+    free(la), free(lb);
+    pt_model_free(a);
+    pt_model_free(b);
+    rm_dir(dst);
+}
+
 static void test_moe_experts(void **state) {
     (void)state;
     check_moe(4, 32);
     check_moe(8, 32);
+    check_switch_mlp(HF_DIR "qwen3_moe");
+    char conv[256];
+    snprintf(conv, sizeof conv, "/tmp/petrel_test_convert_%d_moe_sw", (int)getpid());
+    rm_dir(conv);
+    assert_int_equal(mkdir(conv, 0755), 0);
+    convert_fixture("qwen3_moe", 4, 32, conv);
+    check_switch_mlp(conv);
+    rm_dir(conv);
 }
 
 static void test_every_width(void **state) {
