@@ -11,8 +11,9 @@
  * A block implements only the plan kinds that pt_layer_plan_check accepts;
  * a new kind comes with its block and leaves that check in the same change.
  * Kinds that need optional backend ops (backend.h: attention_ext, geglu,
- * the MoE ops) are listed in missing_op, so a backend without them refuses
- * the model at load, naming the op, instead of crashing mid-forward.
+ * the MoE ops; a backend says which it has in has_op) are listed in
+ * missing_op, so a backend without them refuses the model at load, naming
+ * the op, instead of failing mid-forward.
  */
 #include <math.h>
 
@@ -21,21 +22,21 @@
 /* y = x·Wᵀ (+ bias) for n rows. */
 static void project(pt_backend *be, float *y, const float *x, const pt_weight *w, const float *bias,
                     int n) {
-    be->ops->matmul(be, y, x, w, n);
-    if (bias) be->ops->add_bias(be, y, bias, n, (int)w->rows);
+    pt_be_matmul(be, y, x, w, n);
+    if (bias) pt_be_add_bias(be, y, bias, n, (int)w->rows);
 }
 
 /* x = embed(tokens), times the config's embedding scale (Gemma: sqrt(dim)). */
 void pt_block_embed(pt_model *m, const pt_step *s) {
-    m->be->ops->embed(m->be, m->ws->x, &m->tok_embd, m->ws->tokens, s->n);
+    pt_be_embed(m->be, m->ws->x, &m->tok_embd, m->ws->tokens, s->n);
     if (m->cfg.embed_scale > 0 && m->cfg.embed_scale != 1.0f)
-        m->be->ops->scale(m->be, m->ws->x, m->cfg.embed_scale, (size_t)s->n * m->cfg.dim);
+        pt_be_scale(m->be, m->ws->x, m->cfg.embed_scale, (size_t)s->n * m->cfg.dim);
 }
 
 /* y = RMSNorm(x) * gain over rows of dim.  PT_NORM_RMS_1PW is the same op:
  * its family stored 1 + w as the gain at load (pt_family.finish). */
 void pt_block_norm(pt_model *m, const pt_step *s, float *y, const float *x, const float *gain) {
-    m->be->ops->rmsnorm(m->be, y, x, gain, s->n, m->cfg.dim, m->cfg.norm_eps);
+    pt_be_rmsnorm(m->be, y, x, gain, s->n, m->cfg.dim, m->cfg.norm_eps);
 }
 
 /* q, k, v = h·Wq, Wk, Wv (+ biases); with qk_norm an RMSNorm per head;
@@ -52,11 +53,11 @@ void pt_block_qkv(pt_model *m, int l, const pt_step *s) {
     project(be, ws->k, ws->h, &L->wk, L->bk, n);
     project(be, ws->v, ws->h, &L->wv, L->bv, n);
     if (c->qk_norm) {
-        be->ops->rmsnorm(be, ws->q, ws->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
-        be->ops->rmsnorm(be, ws->k, ws->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+        pt_be_rmsnorm(be, ws->q, ws->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
+        pt_be_rmsnorm(be, ws->k, ws->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->ops->rope(be, ws->q, s->b, c->n_heads, c->head_dim, rope);
-    be->ops->rope(be, ws->k, s->b, c->n_kv_heads, c->head_dim, rope);
+    pt_be_rope(be, ws->q, s->b, c->n_heads, c->head_dim, rope);
+    pt_be_rope(be, ws->k, s->b, c->n_kv_heads, c->head_dim, rope);
 }
 
 /* Whether layer p's attention needs attention_ext (a window or a cap). */
@@ -75,13 +76,13 @@ void pt_block_attention(pt_model *m, int l, const pt_step *s) {
     pt_workspace *ws = m->ws;
     pt_kv_view kv = pt_kv_layer(s->kv, l);
 
-    be->ops->kv_store(be, &kv, s->b, ws->k, ws->v);
+    pt_be_kv_store(be, &kv, s->b, ws->k, ws->v);
     if (attn_ext(p)) {
         pt_attn_params ap = {.scale = p->attn_scale, .window = p->window,
                              .softcap = p->attn_softcap};
-        be->ops->attention_ext(be, ws->att, ws->q, &kv, s->b, c->n_heads, &ap);
+        pt_be_attention_ext(be, ws->att, ws->q, &kv, s->b, c->n_heads, &ap);
     } else {
-        be->ops->attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, p->attn_scale);
+        pt_be_attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, p->attn_scale);
     }
     project(be, ws->h, ws->att, &L->wo, L->bo, s->n);
 }
@@ -89,9 +90,9 @@ void pt_block_attention(pt_model *m, int l, const pt_step *s) {
 /* y = act(gate) * up over count floats, the plan's activation. */
 static void gated(pt_backend *be, int act, float *y, const float *up, size_t count) {
     if (act == PT_ACT_GELU_TANH)
-        be->ops->geglu(be, y, y, up, count);
+        pt_be_geglu(be, y, y, up, count);
     else
-        be->ops->swiglu(be, y, y, up, count);
+        pt_be_swiglu(be, y, y, up, count);
 }
 
 /* Routed experts (PT_FFN_MOE): the router picks top_k experts per row and
@@ -105,14 +106,14 @@ static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     pt_workspace *ws = m->ws;
     int n = s->n, k = p->top_k;
 
-    be->ops->matmul(be, ws->router, ws->h, &L->w_router, n);
-    be->ops->moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
+    pt_be_matmul(be, ws->router, ws->h, &L->w_router, n);
+    pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
                        c->expert_renorm);
-    be->ops->matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
-    be->ops->matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
+    pt_be_matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
+    pt_be_matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
     gated(be, p->act, ws->gate, ws->up, (size_t)n * k * c->expert_ffn_dim);
-    be->ops->matmul_id(be, ws->moe_out, ws->gate, &L->w_down, ws->moe_ids, n, k, k);
-    be->ops->moe_combine(be, ws->h, ws->moe_out, ws->moe_w, n, k, c->dim);
+    pt_be_matmul_id(be, ws->moe_out, ws->gate, &L->w_down, ws->moe_ids, n, k, k);
+    pt_be_moe_combine(be, ws->h, ws->moe_out, ws->moe_w, n, k, c->dim);
 }
 
 /* h = (act(h·Wgate) * h·Wup)·Wdown: a dense gated FFN (SwiGLU, or GeGLU
@@ -127,16 +128,16 @@ void pt_block_ffn(pt_model *m, int l, const pt_step *s) {
         moe_ffn(m, l, s);
         return;
     }
-    be->ops->matmul(be, ws->gate, ws->h, &L->w_gate, n);
-    be->ops->matmul(be, ws->up, ws->h, &L->w_up, n);
+    pt_be_matmul(be, ws->gate, ws->h, &L->w_gate, n);
+    pt_be_matmul(be, ws->up, ws->h, &L->w_up, n);
     gated(be, m->plan[l].act, ws->gate, ws->up, (size_t)n * m->cfg.ffn_dim);
-    be->ops->matmul(be, ws->h, ws->gate, &L->w_down, n);
+    pt_be_matmul(be, ws->h, ws->gate, &L->w_down, n);
 }
 
 /* x += h (every plan's residual scale is 1 so far). */
 void pt_block_residual(pt_model *m, const pt_step *s) {
     pt_workspace *ws = m->ws;
-    m->be->ops->add(m->be, ws->x, ws->x, ws->h, (size_t)s->n * m->cfg.dim);
+    pt_be_add(m->be, ws->x, ws->x, ws->h, (size_t)s->n * m->cfg.dim);
 }
 
 /* Final norm and output projection for the wanted rows, PT_OUT_ROWS at a
@@ -148,11 +149,11 @@ void pt_block_output(pt_model *m, const pt_step *s) {
     const pt_model_config *c = &m->cfg;
     for (int i = 0; i < s->n_out; i += PT_OUT_ROWS) {
         int k = PT_MIN(PT_OUT_ROWS, s->n_out - i);
-        be->ops->gather_rows(be, ws->out_h, ws->x, ws->out_idx + i, k, c->dim);
-        be->ops->rmsnorm(be, ws->out_h, ws->out_h, m->output_norm, k, c->dim, c->norm_eps);
-        be->ops->matmul(be, ws->logits, ws->out_h, &m->output, k);
+        pt_be_gather_rows(be, ws->out_h, ws->x, ws->out_idx + i, k, c->dim);
+        pt_be_rmsnorm(be, ws->out_h, ws->out_h, m->output_norm, k, c->dim, c->norm_eps);
+        pt_be_matmul(be, ws->logits, ws->out_h, &m->output, k);
         if (c->final_softcap > 0)
-            be->ops->softcap(be, ws->logits, c->final_softcap, (size_t)k * c->vocab_size);
+            pt_be_softcap(be, ws->logits, c->final_softcap, (size_t)k * c->vocab_size);
         be->ops->download(be, s->logits + (size_t)i * c->vocab_size, ws->logits,
                           sizeof(float) * (size_t)k * c->vocab_size);
     }
@@ -160,37 +161,39 @@ void pt_block_output(pt_model *m, const pt_step *s) {
 
 /* ---- Which ops the blocks call ------------------------------------------------ */
 
-/* The first op model m's blocks need that its backend lacks, with the
- * plan kind that needs it; NULL op name when all are there. */
-static const char *missing_op(const pt_model *m, int *layer, const char **why) {
-    const pt_backend_ops *o = m->be->ops;
+/* The first op kind model m's blocks need that its backend lacks, with
+ * the plan kind that needs it (layer -1: not a layer's); -1 when the
+ * backend has them all. */
+static int missing_op(const pt_model *m, int *layer, const char **why) {
+    pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
     *layer = -1;
-    if (c->embed_scale > 0 && c->embed_scale != 1.0f && !o->scale)
-        return *why = "scaled embeddings", "scale";
-    if (c->final_softcap > 0 && !o->softcap) return *why = "soft-capped logits", "softcap";
+    if (c->embed_scale > 0 && c->embed_scale != 1.0f && !pt_be_has_op(be, PT_OP_SCALE))
+        return *why = "scaled embeddings", PT_OP_SCALE;
+    if (c->final_softcap > 0 && !pt_be_has_op(be, PT_OP_SOFTCAP))
+        return *why = "soft-capped logits", PT_OP_SOFTCAP;
+    static const int moe_ops[] = {PT_OP_MOE_ROUTE, PT_OP_MATMUL_ID, PT_OP_MOE_COMBINE};
     for (int l = 0; l < c->n_layers; l++) {
         const pt_layer_plan *p = &m->plan[l];
         *layer = l;
-        if (attn_ext(p) && !o->attention_ext)
+        if (attn_ext(p) && !pt_be_has_op(be, PT_OP_ATTENTION_EXT))
             return *why = p->mixer == PT_MIX_ATTN_SWA ? "sliding-window attention"
                                                        : "soft-capped attention",
-                   "attention_ext";
-        if (p->act == PT_ACT_GELU_TANH && !o->geglu) return *why = "a GELU-tanh FFN", "geglu";
-        if (p->ffn == PT_FFN_MOE) {
-            *why = "a mixture-of-experts FFN";
-            if (!o->moe_route) return "moe_route";
-            if (!o->matmul_id) return "matmul_id";
-            if (!o->moe_combine) return "moe_combine";
-        }
+                   PT_OP_ATTENTION_EXT;
+        if (p->act == PT_ACT_GELU_TANH && !pt_be_has_op(be, PT_OP_GEGLU))
+            return *why = "a GELU-tanh FFN", PT_OP_GEGLU;
+        for (size_t i = 0; p->ffn == PT_FFN_MOE && i < PT_ARRAY_LEN(moe_ops); i++)
+            if (!pt_be_has_op(be, moe_ops[i])) return *why = "a mixture-of-experts FFN", moe_ops[i];
     }
-    return NULL;
+    return -1;
 }
 
 int pt_model_check_ops(const pt_model *m, pt_err *err) {
     int layer;
-    const char *why, *op = missing_op(m, &layer, &why);
-    if (!op) return 0;
+    const char *why;
+    int kind = missing_op(m, &layer, &why);
+    if (kind < 0) return 0;
+    const char *op = pt_op_name(kind);
     if (layer < 0)
         return pt_fail(err, "the %s backend lacks op '%s' (%s) that %s models need; run it on "
                             "the cpu backend",
