@@ -133,8 +133,10 @@ typedef struct pt_attn_params {
  * backend executes it at once, the CUDA backend stores it (the zeroed bytes
  * make equal calls compare equal, for graph reuse) and launches it later.
  *
- * Adding an op: a kind here, its struct in the union, a wrapper; a case in
- * cpu_backend.c's run and in cuda_backend.c's exec_op with a launcher in the
+ * Adding an op: a kind here, its struct in the union, a wrapper that fills
+ * the zeroed record field by field (a whole-struct assignment would copy
+ * stray padding), its name in backend.c; a case in cpu_backend.c's
+ * cpu_run_op and in cuda_backend.c's cuda_exec_op with a launcher in the
  * .cu file of its family (docs/architecture.md). */
 typedef enum pt_op_kind {
     PT_OP_MATMUL,
