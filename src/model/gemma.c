@@ -150,7 +150,6 @@ static void one_plus(pt_model *m, const float *gain, int n, float *host) {
 static int gemma_finish(pt_model *m, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     float *host = pt_xmalloc(sizeof(float) * (size_t)PT_MAX(c->dim, c->head_dim));
-    m->be->ops->sync(m->be);
     one_plus(m, m->output_norm, c->dim, host);
     for (int l = 0; l < c->n_layers; l++) {
         pt_layer *L = &m->layers[l];
@@ -159,8 +158,8 @@ static int gemma_finish(pt_model *m, pt_err *err) {
         one_plus(m, L->q_norm, c->head_dim, host);
         one_plus(m, L->k_norm, c->head_dim, host);
     }
-    m->be->ops->sync(m->be);
     free(host);
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
     return 0;
 }
 
