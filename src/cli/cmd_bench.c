@@ -56,21 +56,16 @@ static int parse_list(const char *s, int *out, int max) {
 }
 
 /* Bytes a decode step must read at a given depth: every matrix except the
- * embedding table (one row of it is read), and the KV cache so far. */
+ * embedding table (one row of it is read) and the idle experts, and the KV
+ * cache so far (a window of it in sliding-window layers): cost.c. */
 static double decode_bytes(const pt_engine *e, int depth) {
-    const pt_model *m = e->model;
-    double w = (double)m->weight_bytes;
-    if (!m->cfg.tied_embeddings) w -= (double)m->tok_embd.nbytes;
-    return w + (double)depth * (double)pt_kv_bytes_per_token(&e->kv.cfg);
+    return pt_model_step_bytes(e->model, depth, pt_kv_bytes_per_token(&e->kv.cfg));
 }
 
-/* Multiply-adds per token are the matrix parameters (every layer's
- * projections and the output head), whatever their storage format. */
+/* Multiply-adds per token: every layer's projections (a MoE layer's router
+ * and its active experts) and the output head, whatever their format. */
 static double flops_per_token(const pt_model *m) {
-    const pt_model_config *c = &m->cfg;
-    double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
-    double layer = c->dim * (q + 2 * kv) + q * c->dim + 3.0 * c->dim * c->ffn_dim;
-    return 2.0 * (layer * c->n_layers + (double)c->vocab_size * c->dim);
+    return pt_model_token_flops(m);
 }
 
 /* Times a prefill of len tokens on a fresh request (through the core).
