@@ -44,6 +44,7 @@ struct pt_sched {
     int n_cancels, cap_cancels;
     uint64_t next_id;
     bool quit, cancel_all;
+    int hold; /* pt_sched_opts.hold until the first step, then 0 */
     int n_waiting, n_running, pages_held, pages_cached; /* published after each step */
 };
 
@@ -64,6 +65,12 @@ static void *dup_array(const void *src, size_t n, size_t size) {
     return p;
 }
 
+/* Under mu: opts.hold keeps the first step back until that many jobs are
+ * queued; anything else that wants the thread (a cancel, a stop) lifts it. */
+static bool held(const pt_sched *s) {
+    return s->hold > 0 && s->n_pending < s->hold && !s->quit && !s->cancel_all && !s->n_cancels;
+}
+
 /* Waits for work, then takes the pending jobs and cancels.  Returns false
  * when the thread should exit (quit, and nothing left). */
 static bool take_work(pt_sched *s, pending **jobs, uint64_t **cancels, int *n_cancels,
@@ -71,8 +78,10 @@ static bool take_work(pt_sched *s, pending **jobs, uint64_t **cancels, int *n_ca
     int live_w, live_r;
     pt_core_counts(s->core, &live_w, &live_r);
     pthread_mutex_lock(&s->mu);
-    while (!s->quit && !s->cancel_all && !s->q_head && !s->n_cancels && live_w + live_r == 0)
+    while (held(s) ||
+           (!s->quit && !s->cancel_all && !s->q_head && !s->n_cancels && live_w + live_r == 0))
         pthread_cond_wait(&s->cv, &s->mu);
+    s->hold = 0;
     *jobs = s->q_head;
     s->q_head = s->q_tail = NULL;
     s->n_pending = 0;
@@ -144,6 +153,7 @@ int pt_sched_start(pt_sched **out, pt_engine *e, const pt_sched_opts *o, pt_err 
     pt_core_opts co = {.max_seqs = o->max_seqs, .n_ctx = o->n_ctx, .max_prefill = o->max_prefill};
     s->core = pt_core_new(e, &co);
     s->max_queue = o->max_queue > 0 ? o->max_queue : 4096;
+    s->hold = o->hold;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s)) {

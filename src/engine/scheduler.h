@@ -32,6 +32,9 @@ typedef struct pt_sched_opts {
     int n_ctx;       /* positions per sequence: prompt + output (default e->n_ctx) */
     int max_prefill; /* prompt rows per step, to bound decode latency (default max_batch) */
     int max_queue;   /* waiting jobs before submit refuses (default 4096) */
+    int hold;        /* tests: no step until this many jobs are queued (once;
+                      * a cancel or stop lifts it).  Arrival timing then plays
+                      * no part in what the first step admits.  0: off */
 } pt_sched_opts;
 
 /* Starts the scheduler thread on e, which it then owns until pt_sched_stop. */

@@ -346,6 +346,10 @@ static int start_engine(pt_server *s, pt_err *err) {
                         .n_ctx = s->o.n_ctx,
                         .max_prefill = s->o.max_prefill,
                         .max_queue = s->o.max_queue};
+    /* PETREL_SCHED_HOLD=N (tests): the first step waits for N requests, so
+     * a test of batching or preemption does not hang on arrival timing */
+    const char *hold = getenv("PETREL_SCHED_HOLD");
+    if (hold) so.hold = atoi(hold);
     if (pt_sched_start(&s->sched, s->e, &so, err)) return -1;
     return pt_front_start(s, err);
 }

@@ -9,7 +9,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, PETREL } from './lib.mjs';
+import { startServer, waitForLog, PETREL } from './lib.mjs';
 
 const PROMPT = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. '
   + 'One day, she saw a big red ball in the park and ran to get it. Her friend Tom came too.';
@@ -73,7 +73,10 @@ describe('--kv-disk', () => {
       }
       const h = await fetch(`${srv.url}/health`);
       assert.equal(h.status, 200);
-      assert.match(srv.log(), /cannot write \(No space left on device\); the disk tier stops writing/);
+      // the writer thread writes evicted pages after the requests that
+      // evicted them: its warning comes when it reaches the page that
+      // does not fit, later on a loaded machine
+      await waitForLog(srv, /cannot write \(No space left on device\); the disk tier stops writing/);
       assert.equal(srv.log().match(/the disk tier stops writing/g).length, 1);
     } finally {
       await srv.stop('SIGTERM');

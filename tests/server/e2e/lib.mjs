@@ -53,6 +53,16 @@ export async function startServer(extra = [], env = {}, opts = {}) {
   };
 }
 
+// Resolves once the server's log matches re; fails after ms with the log.
+// For lines a server thread writes on its own time (no fixed sleeps).
+export async function waitForLog(srv, re, ms = 60000) {
+  for (const t0 = Date.now(); !re.test(srv.log());) {
+    if (srv.proc.exitCode !== null || Date.now() - t0 > ms)
+      throw new Error(`no ${re} in the server's log after ${Date.now() - t0} ms:\n${srv.log()}`);
+    await sleep(50);
+  }
+}
+
 // Resident set size of a process in KiB (Linux).
 export function rssKiB(pid) {
   const m = /VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
