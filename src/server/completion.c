@@ -408,6 +408,7 @@ static void stream_end(pt_req *q) {
         const char *fin = pt_oai_finish_reason(q->st.finish);
         json_t *last = chunk(q, "", 0, NULL, 0, fin, false);
         json_t *usage = pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached);
+        pt_oai_usage_spec(usage, q->st.n_drafted, q->st.n_accepted);
         if (q->include_usage) {
             send_event(q, last);
             last = envelope(q, q->chat ? "chat.completion.chunk" : "text_completion");
@@ -457,8 +458,9 @@ static void reply_whole(pt_req *q) {
     json_object_set_new(choice, "finish_reason", json_string(pt_oai_finish_reason(q->st.finish)));
     json_t *r = envelope(q, q->chat ? "chat.completion" : "text_completion");
     json_object_set_new(r, "choices", json_pack("[o]", choice));
-    json_object_set_new(r, "usage",
-                        pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached));
+    json_t *usage = pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached);
+    pt_oai_usage_spec(usage, q->st.n_drafted, q->st.n_accepted);
+    json_object_set_new(r, "usage", usage);
     json_object_set_new(r, "timings", pt_oai_timings(&q->st));
     pt_http_reply_json(q->conn, 200, r);
     json_decref(r);
@@ -688,6 +690,24 @@ static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) 
     return 0;
 }
 
+/* The request's speculation: the server's (--spec), or with a Predicted
+ * Output that text as the first draft source, whatever --spec says (the
+ * client asked for it).  *pred holds the prediction's tokens until the
+ * job is submitted (the scheduler copies them). */
+static int speculation(pt_server *s, const pt_oai_request *r, pt_spec_params *sp, int32_t **pred,
+                       pt_err *err) {
+    *sp = s->o.spec;
+    if (!r->prediction) return 0;
+    size_t n = 0;
+    if (pt_tokenize(s->e->tok, r->prediction, r->prediction_len, false, false, pred, &n, err))
+        return -1;
+    if (sp->kind == PT_SPEC_OFF) sp->kind = PT_SPEC_NGRAM;
+    /* tokens past the context can never be emitted, so never drafted */
+    sp->prediction = *pred;
+    sp->n_prediction = (int)PT_MIN(n, (size_t)s->o.n_ctx);
+    return 0;
+}
+
 /* Tokenizes and submits q, or records why not; then tells the loop. */
 static int front_submit(pt_server *s, pt_req *q) {
     pt_oai_request *r = &q->oai;
@@ -724,13 +744,20 @@ static int front_submit(pt_server *s, pt_req *q) {
     if (q->structured) job.add_procs = pt_structured_add_procs, job.proc_arg = q->structured;
     q->n_prompt = (int)n;
     pt_err err = {{0}};
+    int32_t *pred = NULL;
+    if (speculation(s, r, &job.params.spec, &pred, &err)) {
+        free(ids);
+        return refuse(q, 400, "invalid_value", "prediction", err.msg);
+    }
     if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */
         free(ids);
+        free(pred);
         return refuse(q, 400, "context_length_exceeded",
                       r->kind == PT_OAI_CHAT ? "messages" : "prompt", err.msg);
     }
     uint64_t id = pt_sched_submit(s->sched, &job, &err);
     free(ids);
+    free(pred);
     if (!id) return refuse(q, 503, "server_busy", NULL, err.msg);
     /* q->front_busy keeps q alive even if the job is already done */
     pthread_mutex_lock(&s->mu);
