@@ -15,7 +15,8 @@
 #include "engine/runner.h"
 #include "engine/sched_policy.h"
 
-#define SPEC_MAX 16 /* drafts per step at most */
+#define SPEC_MAX 16  /* drafts per step at most */
+#define PAUSE_MAX 32 /* decode steps without drafts at most, after rejections */
 
 typedef struct req {
     uint64_t id;
@@ -37,6 +38,7 @@ typedef struct req {
     int n_draft;   /* drafts proposed for this step */
     int n_in_seq;  /* of them, appended to seq.tokens for the runner */
     int k_cur;     /* adaptive draft length */
+    int pause, pause_len; /* steps left without drafts, and the last pause's length */
     int n_drafted, n_accepted;
     pt_rng rng;    /* the oracle's corruption */
     /* --spec draft: the draft model's copy of the sequence, in its own KV
@@ -293,7 +295,7 @@ static void on_sampled(pt_core *c, req *r, const pt_sample_result *s) {
 
 /* How many tokens r may draft this step (0: none), never more than may still be emitted, nor past the context. */
 static int draft_room(pt_core *c, req *r) {
-    if (!r->started || r->seq.kv.n_tokens != r->seq.n_tokens - 1) return 0;
+    if (!r->started || r->seq.kv.n_tokens != r->seq.n_tokens - 1 || r->pause > 0) return 0;
     int k = PT_MIN(r->k_cur, r->max_new - r->n_generated - 1);
     return PT_MIN(k, room_for(c) - r->seq.n_tokens);
 }
@@ -481,6 +483,13 @@ static void verify(pt_core *c, req *r, float *logits, int n_rows) {
     r->n_accepted += accepted;
     if (n_drafts > 0) {
         int k = r->d.params.spec.k;
+        /* a draft of one token rejected: pause drafting, for twice as
+         * many steps each time it happens again, so that a drafter that is
+         * always wrong costs almost nothing; anything accepted ends that */
+        if (accepted == 0 && r->k_cur == 1)
+            r->pause = r->pause_len = PT_MIN(PAUSE_MAX, PT_MAX(1, 2 * r->pause_len));
+        else if (accepted > 0)
+            r->pause_len = 0;
         r->k_cur = accepted == n_drafts ? PT_MIN(k, r->k_cur + 1)
                    : 2 * accepted < n_drafts ? PT_MAX(1, r->k_cur / 2) : r->k_cur;
     }
@@ -501,6 +510,7 @@ static void sample_outputs(pt_core *c, int n_items) {
             pt_sample_result s;
             pt_sampler_sample(r->seq.sampler, logits + (size_t)(k - 1) * vocab, &s);
             on_sampled(c, r, &s);
+            if (r->pause > 0 && k == 1) r->pause--; /* a decode step without drafts */
         }
         logits += (size_t)k * vocab;
     }
