@@ -151,7 +151,8 @@ static int run_spec(pt_engine *e, const pt_spec_params *spec, const int *depths,
         int gen = PT_MAX(b.gen, 64);
         if (pt_bench_spec(e, depths[i] + 1, gen, spec, &r, err)) return -1;
         double acc = r.n_drafted ? (double)r.n_accepted / r.n_drafted : 0;
-        double per_step = r.steps_spec > 1 ? (double)gen / (r.steps_spec - 1) : 0;
+        /* tokens after the prefill's, per step after the prefill */
+        double per_step = r.steps_spec > 1 ? (double)(r.n_generated - 1) / (r.steps_spec - 1) : 0;
         printf("%-10s %8d %12.2f %12.2f %8.2fx %9.0f%% %12.2f\n", "", depths[i], r.tok_s_plain,
                r.tok_s_spec, r.tok_s_plain > 0 ? r.tok_s_spec / r.tok_s_plain : 0, 100 * acc,
                per_step);
@@ -225,6 +226,8 @@ int cmd_bench(int argc, char **argv) {
     int need_ctx = 0;
     for (int i = 0; i < n_lens; i++) need_ctx = PT_MAX(need_ctx, lens[i] + 1);
     for (int i = 0; i < n_depths; i++) need_ctx = PT_MAX(need_ctx, depths[i] + b.gen + 2);
+    for (int i = 0; spec.kind && i < n_depths; i++) /* run_spec generates 64 at least */
+        need_ctx = PT_MAX(need_ctx, depths[i] + PT_MAX(b.gen, 64) + 2);
     if (n_pars) need_ctx = PT_MAX(need_ctx, b.par_prompt + b.par_gen + 2);
     if (b.reuse < 0) {
         fprintf(stderr, "petrel bench: --prefix-reuse takes a prompt length >= 1\n");

@@ -194,6 +194,7 @@ int pt_bench_spec(pt_engine *e, int n_prompt, int n_gen, const pt_spec_params *s
         out->tok_s_spec = df > 0 ? (fast.n - 1) / df : 0;
         out->n_drafted = fast.st.n_drafted;
         out->n_accepted = fast.st.n_accepted;
+        out->n_generated = fast.n;
     }
     free(plain.toks), free(fast.toks), free(prompt);
     return rc;

@@ -37,6 +37,7 @@ int pt_bench_prompt(pt_engine *e, const int32_t *prompt, int n, int n_gen, doubl
 typedef struct pt_bench_spec_run {
     double tok_s_plain, tok_s_spec;
     int n_drafted, n_accepted;
+    int n_generated; /* by each run: n_gen, or less where the context ends */
     long steps_spec;
 } pt_bench_spec_run;
 int pt_bench_spec(pt_engine *e, int n_prompt, int n_gen, const pt_spec_params *spec,
