@@ -66,6 +66,12 @@ static int prediction_load(const pt_tokenizer *tok, pt_spec_params *sp, int32_t 
     size_t len, n = 0;
     char *text = slurp(g.prediction, &len);
     if (!text) return 1;
+    if (sp->kind == PT_SPEC_DRAFT) {
+        fprintf(stderr, "petrel: --prediction drafts by n-gram lookup; it does not go with --spec "
+                        "draft\n");
+        free(text);
+        return 1;
+    }
     pt_err err = {{0}};
     int rc = pt_tokenize(tok, text, len, false, false, ids, &n, &err);
     free(text);

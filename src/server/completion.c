@@ -701,7 +701,7 @@ static int speculation(pt_server *s, const pt_oai_request *r, pt_spec_params *sp
     size_t n = 0;
     if (pt_tokenize(s->e->tok, r->prediction, r->prediction_len, false, false, pred, &n, err))
         return -1;
-    if (sp->kind == PT_SPEC_OFF) sp->kind = PT_SPEC_NGRAM;
+    sp->kind = PT_SPEC_NGRAM; /* with --spec draft too: the prediction is the better guess */
     /* tokens past the context can never be emitted, so never drafted */
     sp->prediction = *pred;
     sp->n_prediction = (int)PT_MIN(n, (size_t)s->o.n_ctx);
