@@ -61,7 +61,13 @@ describe('speculative decoding', () => {
       want.set(p, r.choices[0].message.content);
     }
   });
-  after(async () => { await off.stop(); await ngram.stop(); await draft.stop(); });
+  // a clean exit: under the sanitizers a leak or an error is a nonzero one
+  after(async () => {
+    for (const srv of [off, ngram, draft]) {
+      const st = await srv.stop();
+      assert.equal(st.code, 0, srv.log().slice(-4000));
+    }
+  });
 
   test('--spec ngram and --spec draft answer as --spec off', async () => {
     let drafted = 0;
