@@ -149,7 +149,7 @@ static void one_matmul(const fmt *f, const qmat *m, int n) {
     for (int b = 0; b < N_BE; b++) {
         dx[b] = to_backend(b, x, sizeof(float) * nx);
         dy[b] = to_backend(b, poison, sizeof(float) * ny);
-        be[b]->ops->matmul(be[b], dy[b], dx[b], &m->w[b], n);
+        pt_be_matmul(be[b], dy[b], dx[b], &m->w[b], n);
     }
     float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
     double u = n <= 16 ? 1e-5 : ldexp(1.0, -9);
@@ -226,7 +226,7 @@ static void test_qembed(void **state) {
         for (int b = 0; b < N_BE; b++) {
             di[b] = to_backend(b, ids, sizeof ids);
             dy[b] = to_backend(b, poison, sizeof(float) * ny);
-            be[b]->ops->embed(be[b], dy[b], &m.w[b], di[b], n);
+            pt_be_embed(be[b], dy[b], &m.w[b], di[b], n);
         }
         float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
         for (size_t i = 0; i < ny; i++)

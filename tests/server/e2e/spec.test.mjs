@@ -3,7 +3,8 @@
 // drafting for itself) and with a Predicted Output (`prediction`), alone
 // and under concurrent requests; usage.completion_tokens_details'
 // accepted/rejected_prediction_tokens add up to timings.drafted_tokens
-// (streamed too); a bad `prediction` is a 400 naming the field.
+// (streamed too), summed over n > 1 choices; a bad `prediction` is a 400
+// naming the field.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -104,6 +105,28 @@ describe('speculative decoding', () => {
       // a wrong prediction costs only speed
       const wrong = await answer(ngram, p, { prediction: { type: 'content', content: 'The dog barked at the moon all night long.' } });
       assert.equal(wrong.choices[0].message.content, text, `${p} (wrong prediction)`);
+    }
+  });
+
+  test('n > 1: every choice drafts from the prediction, usage sums them', async () => {
+    const p = REPEAT, text = want.get(p);
+    for (const stream of [false, true]) {
+      const body = { ...chatBody(p, MAX), n: 3, prediction: { type: 'content', content: text } };
+      let texts = ['', '', ''], usage;
+      if (stream) {
+        const s = await ngram.client().chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+        for await (const ch of s) {
+          for (const c of ch.choices) texts[c.index] += c.delta?.content ?? '';
+          if (ch.usage) usage = ch.usage;
+        }
+      } else {
+        const r = await ngram.client().chat.completions.create(body);
+        texts = r.choices.map((c) => c.message.content);
+        usage = r.usage;
+      }
+      assert.deepEqual(texts, [text, text, text], `stream ${stream}`);
+      const d = usage.completion_tokens_details;
+      assert.ok(d.accepted_prediction_tokens >= 3 * Math.floor(usage.completion_tokens / 3 / 2), JSON.stringify(usage));
     }
   });
 
