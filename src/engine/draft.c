@@ -1,5 +1,8 @@
 /*
- * draft.c - the n-gram and oracle drafters (see draft.h).
+ * draft.c - the n-gram and oracle drafters (see draft.h), and the check
+ * that a draft model shares the target's vocabulary (pt_engine_attach_draft,
+ * engine.h).  The draft model's own drafting runs in the core (core.c:
+ * draft_model_pass), beside the requests whose sequences it mirrors.
  *
  * The n-gram search is a plain backward scan: O(length x n) per call,
  * a few microseconds for contexts of a few thousand tokens, far below a
