@@ -200,6 +200,7 @@ static int run_parallel(pt_engine *e, const int *ns, int n_ns, json_t *j, pt_err
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "serve") == 0) return cmd_bench_serve(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "grammar") == 0) return cmd_bench_grammar(argc - 1, argv + 1);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each row as it completes, into a pipe or a file too */
     cli_model_defaults();
     memset(&b, 0, sizeof b);
     b.prompt_lens = "64,256,512", b.depths = "0,512", b.gen = 32, b.reps = 3;

@@ -107,6 +107,7 @@ typedef struct pt_model {
     int max_batch;
     pt_workspace *ws;
     void *owned; /* backend allocations to free (list) */
+    struct pt_progress *progress; /* while weights are bound or made, else NULL */
 } pt_model;
 
 /* Loads a GGUF file, a Hugging Face directory, or (dummy weights) a

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/progress.h"
 #include "model/model_int.h"
 #include "quant/mlx_config.h"
 #include "quant/quant.h"
@@ -102,6 +103,7 @@ static bool matrix_dtype_ok(pt_dtype t) {
 
 /* Places a tensor's bytes in backend memory (or points into the mapping). */
 static const void *bind_bytes(pt_model *m, const pt_tensor_info *t, pt_err *err) {
+    if (m->progress) pt_progress_add(m->progress, t->nbytes);
     if (m->be->host_memory) return t->data;
     void *dev = pt_model_alloc(m, t->nbytes);
     if (!dev) {
@@ -215,13 +217,25 @@ static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err
     return bind_matrix(m, t, n_experts, rows, cols, w, err);
 }
 
+/* Progress counts the file's tensor bytes: on a host-memory backend they
+ * are only mapped (fast), on a device each is uploaded. */
 int pt_model_bind_file_weights(pt_model *m, pt_err *err) {
     const pt_family *f = m->family;
-    for (size_t i = 0; i < f->n_weights; i++) {
+    uint64_t total = 0;
+    for (int i = 0; i < m->file->n_tensors; i++)
+        total += m->file->tensors[i].nbytes;
+    pt_progress progress;
+    pt_progress_begin(&progress, "loading weights", total);
+    m->progress = &progress;
+    int rc = 0;
+    for (size_t i = 0; i < f->n_weights && !rc; i++) {
         int n = f->weights[i].per_layer ? m->cfg.n_layers : 1;
-        for (int l = 0; l < n; l++)
-            if (bind_one(m, &f->weights[i], l, err)) return -1;
+        for (int l = 0; l < n && !rc; l++)
+            rc = bind_one(m, &f->weights[i], l, err);
     }
+    m->progress = NULL;
+    if (rc) return -1;
+    pt_progress_end(&progress);
     if (!m->output.data) m->output = m->tok_embd; /* tied */
     return 0;
 }
