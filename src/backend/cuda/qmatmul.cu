@@ -411,6 +411,11 @@ template <int F> struct qr_unit {
                          : F == CU_AFF4 ? 8 : 16;
 };
 
+/* An affine scale or bias as loaded (f32 bits, or f16/bf16 in the low 16). */
+__device__ __forceinline__ float scale_raw(uint32_t v, int st) {
+    return st == CU_F32 ? __uint_as_float(v) : st == CU_BF16 ? __uint_as_float(v << 16) : h2f(v);
+}
+
 /* The 32 bits at byte o of a unit held in registers (o even and known at
  * compile time once the loops are unrolled, so this is one byte_perm or
  * nothing). */
@@ -421,10 +426,10 @@ __device__ __forceinline__ uint32_t qr_word(const uint32_t (&W)[NW], int o) {
 
 /* Chunk c of a unit as the dp2a kernels take it: int8 codes in element
  * order (q8_0 and affine 8 as signed bytes, the offset moved into add) and
- * (mul, add) per half; gc is the chunk's index in the row, r the row. */
+ * (mul, add) per half; rs, rb: affine scale and bias as loaded (qr_load). */
 template <int F, int NW>
 __device__ __forceinline__ void qr_chunk(qchunk &q, const uint32_t (&W)[NW], int c,
-                                         const cu_qweight &w, int64_t r, int64_t gc) {
+                                         const cu_qweight &w, uint32_t rs, uint32_t rb) {
     if (F == CU_Q4_0) {
         const int o = 18 * c;
         float d = h2f(qr_word(W, o) & 0xffffu);
@@ -474,9 +479,7 @@ __device__ __forceinline__ void qr_chunk(qchunk &q, const uint32_t (&W)[NW], int
 #pragma unroll
             for (int i = 0; i < 8; i++) q.u[i] = W[8 * c + i] ^ 0x80808080u;
         }
-        int64_t g = gc * 32 / w.group, ng = w.cols / w.group;
-        float s = scale_at(w.scales, r * ng + g, w.scale_type);
-        float a = scale_at(w.biases, r * ng + g, w.scale_type);
+        float s = scale_raw(rs, w.scale_type), a = scale_raw(rb, w.scale_type);
         if (F == CU_AFF8) a = fmaf(128.f, s, a); /* codes u - 128 */
         q.mul[0] = q.mul[1] = s, q.add[0] = q.add[1] = a;
     }
@@ -488,19 +491,37 @@ template <int F> struct qr_depth {
     static const int n = qr_unit<F>::n16 <= 9 ? 3 : 2;
 };
 
-template <int N16>
-__device__ __forceinline__ void qr_load(uint4 (&b)[N16], const uint4 *wp, int u) {
+/* Loads unit u of row rr into b and, for affine weights (NS = 8), each
+ * chunk's scale and bias as raw words: issued together, waited for only
+ * where the unit is decoded (a conversion here would wait at once). */
+template <int N16, int NS>
+__device__ __forceinline__ void qr_load(uint4 (&b)[N16], uint32_t (&rs)[NS], uint32_t (&rb)[NS],
+                                        const uint4 *wp, int u, const cu_qweight &w, int64_t rr) {
 #pragma unroll
     for (int i = 0; i < N16; i++) b[i] = __ldg(wp + (size_t)u * N16 + i);
+    if (NS == 8) {
+        const int64_t ng = w.cols / w.group;
+#pragma unroll
+        for (int c = 0; c < NS; c++) {
+            int64_t gi = rr * ng + ((int64_t)u * 8 + c) * 32 / w.group;
+            if (w.scale_type == CU_F32) {
+                rs[c] = __ldg((const uint32_t *)w.scales + gi), rb[c] = __ldg((const uint32_t *)w.biases + gi);
+            } else {
+                rs[c] = __ldg((const unsigned short *)w.scales + gi);
+                rb[c] = __ldg((const unsigned short *)w.biases + gi);
+            }
+        }
+    }
 }
 
 /* Unit u of this lane's row (its words in b) times the n token rows:
  * the unit's activations are rounded to int16 codes first, once per warp
  * (lane = token x chunk), into the warp's shared memory (xs, xm). */
-template <int F, int NT, int N16>
-__device__ __forceinline__ void qr_unit_dot(float (&acc)[NT], const uint4 (&b)[N16], const float *x,
-                                            const cu_qweight &w, uint4 *xs, float4 *xm, int u,
-                                            int64_t rr, int G, int n) {
+template <int F, int NT, int N16, int NS>
+__device__ __forceinline__ void qr_unit_dot(float (&acc)[NT], const uint4 (&b)[N16],
+                                            const uint32_t (&rs)[NS], const uint32_t (&rb)[NS],
+                                            const float *x, const cu_qweight &w, uint4 *xs,
+                                            float4 *xm, int u, int G, int n) {
     const int lane = threadIdx.x & 31;
     const int64_t cols = w.cols;
     __syncwarp(); /* every lane is done reading the last unit's codes */
@@ -528,7 +549,7 @@ __device__ __forceinline__ void qr_unit_dot(float (&acc)[NT], const uint4 (&b)[N
 #pragma unroll
     for (int c = 0; c < 8; c++) {
         qchunk q;
-        qr_chunk<F>(q, W, c, w, rr, (int64_t)u * 8 + c);
+        qr_chunk<F>(q, W, c, w, rs[c % NS], rb[c % NS]);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= n) break;
@@ -573,11 +594,13 @@ __global__ void __launch_bounds__(QR_WARPS * 32)
     /* a ring of QR_DEPTH units in registers: while one is decoded the
      * next ones are in flight, and a buffer is refilled as soon as it has
      * been used, so a load is waited for only where its unit is needed */
-    const int D = qr_depth<F>::n;
+    const int D = qr_depth<F>::n, NS = F == CU_AFF4 || F == CU_AFF8 ? 8 : 1;
     uint4 buf[D][N16];
+    uint32_t rs[D][NS], rb[D][NS];
 #pragma unroll
     for (int d = 0; d < D; d++)
-        if (warp + d * QR_WARPS < n_units) qr_load<N16>(buf[d], wp, warp + d * QR_WARPS);
+        if (warp + d * QR_WARPS < n_units)
+            qr_load(buf[d], rs[d], rb[d], wp, warp + d * QR_WARPS, w, rr);
     cu_grid_wait();
 
     float acc[NT];
@@ -588,8 +611,9 @@ __global__ void __launch_bounds__(QR_WARPS * 32)
         for (int d = 0; d < D; d++) {
             const int u = u0 + d * QR_WARPS;
             if (u < n_units) {
-                qr_unit_dot<F, NT>(acc, buf[d], x, w, xs, xm, u, rr, G, n);
-                if (u + D * QR_WARPS < n_units) qr_load<N16>(buf[d], wp, u + D * QR_WARPS);
+                qr_unit_dot<F, NT>(acc, buf[d], rs[d], rb[d], x, w, xs, xm, u, G, n);
+                if (u + D * QR_WARPS < n_units)
+                    qr_load(buf[d], rs[d], rb[d], wp, u + D * QR_WARPS, w, rr);
             }
         }
     }
