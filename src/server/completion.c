@@ -29,12 +29,14 @@
  */
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "server/message.h"
 #include "server/server_int.h"
 #include "server/structured.h"
 #include "server/sse.h"
@@ -55,9 +57,37 @@ typedef struct piece {
     char text[];
 } piece;
 
+/* The n choices of one request.  Each choice is a pt_req with its own
+ * job, outbox and output filter; the group holds what they share: the
+ * stream's head, the answer being assembled, usage, and what choices
+ * 1..n-1 are submitted with.  They go to the scheduler once choice 0 has
+ * started, so its prompt's pages are in the prefix cache and every choice
+ * shares them (copy on write) instead of computing the prompt again. */
+typedef struct pt_group {
+    int n;         /* choices */
+    int n_alive;   /* choices not freed yet; the last frees the group */
+    int n_settled; /* choices whose part of the answer is complete */
+    pt_req **choice; /* by index; NULL once freed */
+    bool began;      /* the stream's head is sent */
+    json_t *choices; /* non-streamed: the finished choices, by index */
+    int n_completion;
+    pt_sched_stats st0; /* choice 0's, for usage and timings */
+    int sibling_cached; /* the fewest prompt tokens a choice 1..n-1 reused */
+    /* written by choice 0's prompt worker before its job is submitted */
+    pt_sched_job job; /* choices 1..n-1: the same job but user and seed */
+    int32_t *prompt;
+    int32_t *bias_ids;
+    float *bias_vals;
+    bool seed_given;
+    pt_structured *structured; /* the grammar every choice's processor reads */
+    bool siblings_out;         /* choices 1..n-1 were submitted (or freed) */
+} pt_group;
+
 struct pt_req {
     pt_server *srv;
-    pt_conn *conn; /* NULL once the client is gone */
+    pt_conn *conn; /* NULL once the client is gone or the answer is out */
+    pt_group *grp;
+    int index; /* of this choice */
     int kind;
     bool stream, include_usage, logprobs, chat;
     char id[40];
@@ -71,6 +101,13 @@ struct pt_req {
     pt_structured *structured; /* response_format's grammar, or NULL; lives
                                   until the job is done (the sampler's
                                   processor reads it) */
+
+    /* chat: the answer split into reasoning, content and tool calls
+     * (message.h); set up by the worker before the job is submitted */
+    pt_tool_choice tools;
+    pt_msgsplit_opts msg_opts;
+    pt_msgsplit msg;
+    bool split; /* msg is in use (some filter beyond stop strings runs) */
 
     /* event loop: the output filter */
     pt_detok dt;
@@ -310,10 +347,20 @@ static json_t *envelope(pt_req *q, const char *object) {
 
 /* One streamed chunk: text (may be empty), its tokens' logprobs, and the
  * finish reason on the last. */
+static json_t *chunk_of(pt_req *q, json_t *delta, const gen_tok *t, int n, const char *finish) {
+    json_t *c = envelope(q, "chat.completion.chunk");
+    json_t *choice = json_pack("{s:i, s:o}", "index", q->index, "delta", delta);
+    json_object_set_new(choice, "logprobs", q->logprobs && n ? logprobs_of(q, t, n) : json_null());
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (q->include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
 static json_t *chunk(pt_req *q, const char *text, size_t len, const gen_tok *t, int n,
                      const char *finish, bool role) {
     json_t *c = envelope(q, q->chat ? "chat.completion.chunk" : "text_completion");
-    json_t *choice = json_pack("{s:i}", "index", 0);
+    json_t *choice = json_pack("{s:i}", "index", q->index);
     json_t *s = json_stringn(text, len);
     if (!s) s = pt_oai_string_lossy(text, len);
     if (q->chat) {
@@ -345,8 +392,19 @@ static void free_pieces(piece *p) {
     }
 }
 
+static void group_free(pt_group *g) {
+    json_decref(g->choices);
+    free(g->prompt);
+    free(g->bias_ids);
+    free(g->bias_vals);
+    pt_structured_free(g->structured);
+    free(g->choice);
+    free(g);
+}
+
 static void req_free(pt_req *q) {
     pt_server *s = q->srv;
+    pt_group *g = q->grp;
     free_pieces(q->rel_head);
     free(q->toks);
     free(q->drain);
@@ -355,22 +413,28 @@ static void req_free(pt_req *q) {
     free(q->pend);
     if (q->text) evbuffer_free(q->text);
     json_decref(q->lp);
+    if (q->split) pt_msgsplit_free(&q->msg);
     pt_structured_free(q->structured);
+    g->choice[q->index] = NULL;
+    if (--g->n_alive == 0) group_free(g);
     free(q);
     s->n_reqs--;
     pt_server_req_done(s);
 }
 
-static void note_stats(pt_req *q) {
-    const pt_sched_stats *st = &q->st;
+static void note_stats(pt_req *q, const pt_sched_stats *st) {
     int n_dec = st->n_generated > 1 ? st->n_generated - 1 : 0;
+    char choices[64] = "";
+    if (q->grp->n > 1) /* what the other choices took from the prefix cache */
+        snprintf(choices, sizeof choices, " choices=%d sibling_cached=%d", q->grp->n,
+                 q->grp->sibling_cached);
     pt_conn_note(q->conn,
                  "%s prompt=%d cached=%d completion=%d ttft=%.1fms prefill=%.0ftok/s "
-                 "decode=%.1ftok/s finish=%s%s",
+                 "decode=%.1ftok/s finish=%s%s%s",
                  q->id, st->n_prompt, st->n_cached, st->n_generated, st->ttft * 1e3,
                  st->t_prefill > 0 ? st->n_prompt / st->t_prefill : 0.0,
                  st->t_decode > 0 ? n_dec / st->t_decode : 0.0, pt_oai_finish_reason(st->finish),
-                 q->stream ? " stream" : "");
+                 q->stream ? " stream" : "", choices);
 }
 
 /* Why a job ended without an answer, as an HTTP error. */
@@ -396,34 +460,94 @@ static void send_event(pt_req *q, json_t *v) {
     evbuffer_free(b);
 }
 
-static void stream_end(pt_req *q) {
-    note_stats(q);
-    if (failed(q)) {
-        int status;
-        const char *code;
-        char msg[320];
-        failure(q, &status, &code, msg, sizeof msg);
-        send_event(q, pt_error_json(status, NULL, code, NULL, msg));
-    } else {
-        const char *fin = pt_oai_finish_reason(q->st.finish);
-        json_t *last = chunk(q, "", 0, NULL, 0, fin, false);
-        json_t *usage = pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached);
-        if (q->include_usage) {
-            send_event(q, last);
-            last = envelope(q, q->chat ? "chat.completion.chunk" : "text_completion");
-            json_object_set_new(last, "choices", json_array());
-            json_object_set_new(last, "usage", usage);
-        } else {
-            json_decref(usage);
-        }
-        json_object_set_new(last, "timings", pt_oai_timings(&q->st));
-        send_event(q, last);
-        struct evbuffer *b = evbuffer_new();
-        pt_sse_done(b);
-        pt_http_stream_write(q->conn, b);
-        evbuffer_free(b);
+/* "tool_calls" when the answer made calls and ended on its own. */
+static const char *finish_reason(const pt_req *q) {
+    if (q->split && q->st.finish == PT_FINISH_STOP &&
+        q->msg.n_calls + json_array_size(q->msg.calls) > 0)
+        return "tool_calls";
+    return pt_oai_finish_reason(q->st.finish);
+}
+
+/* The answer is out (or the client is gone): no choice writes again, and
+ * the jobs still running are cancelled (their on_done frees them). */
+static void group_close(pt_group *g) {
+    for (int i = 0; i < g->n; i++) {
+        pt_req *c = g->choice[i];
+        if (!c) continue;
+        c->conn = NULL;
+        pthread_mutex_lock(&c->srv->mu);
+        c->gone = true;
+        uint64_t job = c->job;
+        pthread_mutex_unlock(&c->srv->mu);
+        if (job && !c->drain_done) pt_sched_cancel(c->srv->sched, job);
     }
+}
+
+/* One error answers the whole request, whichever choice failed. */
+static void group_error(pt_req *q, int status, const char *code, const char *param,
+                        const char *msg) {
+    pt_group *g = q->grp;
+    if (!q->conn) return;
+    if (g->began) {
+        send_event(q, pt_error_json(status, NULL, code, param, msg));
+        pt_http_stream_end(q->conn);
+    } else {
+        pt_http_error(q->conn, status, NULL, code, param, "%s", msg);
+    }
+    group_close(g);
+}
+
+static void job_error(pt_req *q) {
+    int status;
+    const char *code;
+    char msg[320];
+    note_stats(q, &q->st);
+    failure(q, &status, &code, msg, sizeof msg);
+    group_error(q, status, code, NULL, msg);
+}
+
+/* Usage of the whole request: the prompt once, the choices' completions
+ * summed, the prompt's cache hits as choice 0 saw them. */
+static json_t *group_usage(const pt_group *g) {
+    return pt_oai_usage(g->st0.n_prompt, g->n_completion, g->st0.n_cached);
+}
+
+/* A choice's answer is complete; true when it was the last. */
+static bool settle(pt_req *q) {
+    pt_group *g = q->grp;
+    g->n_completion += q->st.n_generated;
+    if (q->index == 0) g->st0 = q->st;
+    else if (q->st.n_cached < g->sibling_cached)
+        g->sibling_cached = q->st.n_cached;
+    return ++g->n_settled == g->n;
+}
+
+static void stream_end(pt_req *q) {
+    if (failed(q)) {
+        job_error(q);
+        return;
+    }
+    pt_group *g = q->grp;
+    json_t *last = chunk(q, "", 0, NULL, 0, finish_reason(q), false);
+    if (!settle(q)) {
+        send_event(q, last);
+        return;
+    }
+    note_stats(q, &g->st0);
+    if (q->include_usage) {
+        send_event(q, last);
+        last = envelope(q, q->chat ? "chat.completion.chunk" : "text_completion");
+        json_object_set_new(last, "choices", json_array());
+        json_object_set_new(last, "usage", group_usage(g));
+    }
+    json_object_set_new(last, "timings", pt_oai_timings(&g->st0));
+    send_event(q, last);
+    struct evbuffer *b = evbuffer_new();
+    pt_sse_done(b);
+    pt_http_stream_write(q->conn, b);
+    evbuffer_free(b);
     pt_http_stream_end(q->conn);
+    group_close(g);
 }
 
 /* The logprobs of a whole answer, or null when not asked for. */
@@ -433,40 +557,50 @@ static json_t *final_logprobs(pt_req *q) {
     return q->lp ? json_incref(q->lp) : completion_logprobs(NULL, q->srv->e->tok, NULL, 0);
 }
 
-static void reply_whole(pt_req *q) {
-    note_stats(q);
-    if (failed(q)) {
-        int status;
-        const char *code;
-        char msg[320];
-        failure(q, &status, &code, msg, sizeof msg);
-        pt_http_error(q->conn, status, NULL, code, NULL, "%s", msg);
-        return;
-    }
+static json_t *whole_choice(pt_req *q) {
     size_t n = evbuffer_get_length(q->text);
     const char *t = n ? (const char *)evbuffer_pullup(q->text, -1) : "";
-    json_t *text = json_stringn(t, n);
-    if (!text) text = pt_oai_string_lossy(t, n);
-    json_t *choice = json_pack("{s:i}", "index", 0);
-    if (q->chat)
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s, s:o}", "role", "assistant", "content", text));
-    else
-        json_object_set_new(choice, "text", text);
+    json_t *choice = json_pack("{s:i}", "index", q->index);
+    if (q->split) {
+        json_object_set_new(choice, "message", pt_msgsplit_message(&q->msg));
+    } else {
+        json_t *text = json_stringn(t, n);
+        if (!text) text = pt_oai_string_lossy(t, n);
+        if (q->chat)
+            json_object_set_new(choice, "message",
+                                json_pack("{s:s, s:o}", "role", "assistant", "content", text));
+        else
+            json_object_set_new(choice, "text", text);
+    }
     json_object_set_new(choice, "logprobs", final_logprobs(q));
-    json_object_set_new(choice, "finish_reason", json_string(pt_oai_finish_reason(q->st.finish)));
+    json_object_set_new(choice, "finish_reason", json_string(finish_reason(q)));
+    return choice;
+}
+
+static void reply_whole(pt_req *q) {
+    if (failed(q)) {
+        job_error(q);
+        return;
+    }
+    pt_group *g = q->grp;
+    json_array_set_new(g->choices, (size_t)q->index, whole_choice(q));
+    if (!settle(q)) return;
+    note_stats(q, &g->st0);
     json_t *r = envelope(q, q->chat ? "chat.completion" : "text_completion");
-    json_object_set_new(r, "choices", json_pack("[o]", choice));
-    json_object_set_new(r, "usage",
-                        pt_oai_usage(q->st.n_prompt, q->st.n_generated, q->st.n_cached));
-    json_object_set_new(r, "timings", pt_oai_timings(&q->st));
+    json_object_set(r, "choices", g->choices);
+    json_object_set_new(r, "usage", group_usage(g));
+    json_object_set_new(r, "timings", pt_oai_timings(&g->st0));
     pt_http_reply_json(q->conn, 200, r);
     json_decref(r);
+    group_close(g);
 }
 
 /* Non-streamed: keep the text and logprobs until the end. */
 static void accumulate(pt_req *q, const piece *p) {
-    evbuffer_add(q->text, p->text, p->len);
+    if (q->split)
+        pt_msgsplit_push(&q->msg, p->text, p->len);
+    else
+        evbuffer_add(q->text, p->text, p->len);
     if (!q->logprobs || p->n_toks == 0) return;
     if (!q->chat) {
         q->lp = completion_logprobs(q->lp, q->srv->e->tok, p->toks, p->n_toks);
@@ -477,14 +611,31 @@ static void accumulate(pt_req *q, const piece *p) {
         json_array_append_new(q->lp, chat_logprob(q->srv->e->tok, &p->toks[i].r));
 }
 
+/* A split answer's text as reasoning, content and tool-call deltas; the
+ * tokens' logprobs ride on the first. */
+static void stream_split(pt_req *q, const char *text, size_t len, const gen_tok *toks, int nt,
+                         bool done) {
+    pt_msgsplit_push(&q->msg, text, len);
+    if (done) pt_msgsplit_finish(&q->msg);
+    json_t *deltas = pt_msgsplit_deltas(&q->msg);
+    pt_msgsplit_taken(&q->msg);
+    if (json_array_size(deltas) == 0 && nt) json_array_append_new(deltas, json_object());
+    size_t i;
+    json_t *d;
+    json_array_foreach(deltas, i, d) {
+        send_event(q, chunk_of(q, json_incref(d), i ? NULL : toks, i ? 0 : nt, NULL));
+    }
+    json_decref(deltas);
+}
+
 /* Streamed: everything that arrived since the last wakeup goes out as one
  * chunk (fewer, larger writes when the loop falls behind). */
-static void stream_pieces(pt_req *q, const piece *p) {
+static void stream_pieces(pt_req *q, const piece *p, bool done) {
     size_t len = 0;
     int nt = 0;
     for (const piece *x = p; x; x = x->next)
         len += x->len, nt += x->n_toks;
-    if (len == 0 && nt == 0) return;
+    if (len == 0 && nt == 0 && !(done && q->split)) return;
     char *text = pt_xmalloc(len + 1);
     gen_tok *toks = pt_xmalloc(sizeof(gen_tok) * (size_t)(nt ? nt : 1));
     len = 0, nt = 0;
@@ -493,43 +644,55 @@ static void stream_pieces(pt_req *q, const piece *p) {
         if (x->n_toks) memcpy(toks + nt, x->toks, sizeof(gen_tok) * (size_t)x->n_toks);
         len += x->len, nt += x->n_toks;
     }
-    send_event(q, chunk(q, text, len, toks, nt, NULL, false));
+    if (q->split)
+        stream_split(q, text, len, toks, nt, done);
+    else if (len || nt)
+        send_event(q, chunk(q, text, len, toks, nt, NULL, false));
     free(text);
     free(toks);
 }
 
+static void submit_siblings(pt_group *g);
+
 static void deliver_one(pt_req *q) {
+    pt_group *g = q->grp;
     bool done = q->drain_done;
-    if (done && q->fail.status) { /* the prompt worker refused it; no job ran */
-        if (q->conn)
-            pt_http_error(q->conn, q->fail.status, NULL, q->fail.code, q->fail.param, "%s",
-                          q->fail.msg);
+    if (done && q->fail.status) { /* refused before its job ran */
+        group_error(q, q->fail.status, q->fail.code, q->fail.param, q->fail.msg);
+        if (q->index == 0 && !g->siblings_out) { /* they were never submitted */
+            g->siblings_out = true;
+            for (int i = 1; i < g->n; i++) req_free(g->choice[i]);
+        }
         req_free(q);
         return;
     }
+    /* choice 0 has started: its prompt's pages are in the prefix cache now */
+    if (q->index == 0 && !g->siblings_out && (q->n_drain || done)) submit_siblings(g);
     for (int i = 0; i < q->n_drain; i++) filter_token(q, &q->drain[i]);
     q->n_drain = 0;
     if (done) filter_done(q);
     piece *p = q->rel_head;
     q->rel_head = q->rel_tail = NULL;
-    if (q->conn && q->stream && !q->began) {
+    if (q->conn && q->stream && !g->began) {
         pt_http_stream_begin(q->conn, 200, "text/event-stream", NULL);
-        if (q->chat) send_event(q, chunk(q, "", 0, NULL, 0, NULL, true)); /* the role comes first */
+        g->began = true;
     }
+    if (q->conn && q->stream && q->chat && !q->began)
+        send_event(q, chunk(q, "", 0, NULL, 0, NULL, true)); /* the role comes first */
     q->began = true;
     if (q->conn) {
         if (q->stream) {
-            stream_pieces(q, p);
+            stream_pieces(q, p, done && !failed(q));
             if (done)
                 stream_end(q);
             else if (pt_conn_backlog(q->conn) > BACKLOG_LIMIT) {
                 pt_conn_abort(q->conn, "client too slow");
-                q->conn = NULL;
-                pt_sched_cancel(q->srv->sched, q->job);
+                group_close(g);
             }
         } else {
             for (const piece *x = p; x; x = x->next)
                 accumulate(q, x);
+            if (done && q->split && !failed(q)) pt_msgsplit_finish(&q->msg);
             if (done) reply_whole(q);
         }
     }
@@ -562,13 +725,7 @@ void pt_server_deliver(pt_server *s) {
 }
 
 static void on_gone(void *user) {
-    pt_req *q = user;
-    q->conn = NULL;
-    pthread_mutex_lock(&q->srv->mu);
-    q->gone = true;
-    uint64_t job = q->job;
-    pthread_mutex_unlock(&q->srv->mu);
-    if (job) pt_sched_cancel(q->srv->sched, job);
+    group_close(user);
 }
 
 /* ---- from request to job --------------------------------------------------------------- */
@@ -601,6 +758,33 @@ static int refuse(pt_req *q, int status, const char *code, const char *param, co
     return -1;
 }
 
+static void append(char **text, size_t *len, const char *s) {
+    size_t k = strlen(s);
+    *text = pt_xrealloc(*text, *len + k + 1);
+    memcpy(*text + *len, s, k + 1);
+    *len += k;
+}
+
+/* What the rendered chat prompt tells the output filter (a <think> left
+ * open), and the call markup a forced tool call starts from.  A grammar
+ * (a forced call, response_format) constrains the answer from its first
+ * token, so a prompt that left <think> open is closed first: the answer
+ * is then content, not reasoning. */
+static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **text, size_t *len) {
+    pt_msgsplit_opts *o = &q->msg_opts;
+    o->think = pt_chat_tmpl_thinks(s->tmpl);
+    o->think_inside = o->think && pt_reason_prompt_open(*text, *len);
+    o->tool_family = pt_chat_tmpl_tool_family(s->tmpl);
+    o->tools = q->tools.mode != PT_TOOL_NONE;
+    o->tool_forced = q->tools.mode == PT_TOOL_REQUIRED || q->tools.mode == PT_TOOL_NAMED;
+    o->id_seed = random_seed();
+    if ((constrained || o->tool_forced) && o->think_inside) {
+        append(text, len, "\n</think>\n\n");
+        o->think_inside = false;
+    }
+    if (o->tool_forced) append(text, len, pt_tools_call_prefix(o->tool_family));
+}
+
 /* The prompt's token ids; on error records the failure and returns -1. */
 static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32_t **ids,
                          size_t *n) {
@@ -618,9 +802,11 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     }
     char *text;
     size_t len;
+    pt_tools_prepare_messages(r->messages);
     if (pt_chat_tmpl_render(s->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
                             &err))
         return refuse(q, 400, "invalid_messages", "messages", err.msg);
+    chat_prompt_end(q, s, r->response_format != NULL, &text, &len);
     /* the template writes any BOS itself; add one only if it did not */
     int rc = pt_tokenize(tok, text, len, false, true, ids, n, &err);
     free(text);
@@ -635,19 +821,32 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     return 0;
 }
 
-static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r) {
+/* Choice index of group g; choice 0 takes r's stop strings, the others
+ * copy them, and all answer under choice 0's id. */
+static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r, pt_group *g, int index) {
     pt_req *q = pt_xcalloc(1, sizeof *q);
     q->srv = s;
     q->conn = c;
+    q->grp = g;
+    q->index = index;
+    g->choice[index] = q;
     q->kind = r->kind;
     q->chat = r->kind == PT_OAI_CHAT;
     q->stream = r->stream;
     q->include_usage = r->stream && r->include_usage;
     q->logprobs = r->logprobs;
     q->created = (long)time(NULL);
-    make_id(q);
-    q->stop = r->stop; /* the request gives its stop strings to q */
-    memset(&r->stop, 0, sizeof r->stop);
+    if (index == 0) {
+        make_id(q);
+        q->stop = r->stop; /* the request gives its stop strings to q */
+        memset(&r->stop, 0, sizeof r->stop);
+    } else {
+        const pt_req *q0 = g->choice[0];
+        memcpy(q->id, q0->id, sizeof q->id);
+        q->created = q0->created;
+        for (int i = 0; i < q0->stop.n; i++)
+            pt_stop_add(&q->stop, q0->stop.str[i], q0->stop.len[i], NULL); /* checked already */
+    }
     pt_detok_init(&q->dt, s->e->tok);
     q->dt.at_start = q->chat; /* a reply is a text of its own; a completion continues the prompt */
     if (!q->stream) q->text = evbuffer_new();
@@ -669,23 +868,108 @@ static void handle(pt_conn *c, const char *body, size_t len, int kind) {
         pt_http_error(c, e.status, e.type, e.code, e.param[0] ? e.param : NULL, "%s", e.message);
         return;
     }
-    pt_req *q = req_new(s, c, &r);
+    pt_tool_choice tools = {0};
+    if (kind == PT_OAI_CHAT) {
+        pt_err err = {{0}};
+        const char *param = "tools";
+        if (pt_tools_check(r.tools, json_object_get(r.root, "tool_choice"),
+                           json_object_get(r.root, "parallel_tool_calls"), &tools, &param, &err)) {
+            pt_http_error(c, 400, NULL, "invalid_value", param, "%s", err.msg);
+            pt_oai_request_free(&r);
+            return;
+        }
+    }
+    pt_group *g = pt_xcalloc(1, sizeof *g);
+    g->n = g->n_alive = r.n;
+    g->choice = pt_xcalloc((size_t)r.n, sizeof *g->choice);
+    g->choices = json_array();
+    for (int i = 0; i < r.n; i++) json_array_append_new(g->choices, json_null());
+    g->siblings_out = r.n == 1;
+    g->sibling_cached = INT_MAX;
+    pt_req *q = req_new(s, c, &r, g, 0);
+    for (int i = 1; i < r.n; i++) req_new(s, c, &r, g, i);
+    q->tools = tools;
     q->oai = r; /* q owns the parsed request now */
     q->front_busy = true;
-    pt_conn_on_gone(c, on_gone, q);
+    pt_conn_on_gone(c, on_gone, g);
     pt_front_push(s, q);
 }
 
 /* Compiles response_format into q->structured; a schema it cannot
  * enforce is a 400 naming the feature. */
 static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) {
-    if (!r->response_format) return 0;
     pt_err err = {{0}};
+    if (q->msg_opts.tool_forced) { /* the call's grammar; it wins over response_format */
+        pt_grammar *g;
+        if (pt_tools_forced_grammar(r->tools, &q->tools, q->msg_opts.tool_family, &g, &err))
+            return refuse(q, 400, "invalid_value", "tools", err.msg);
+        q->structured = pt_structured_new(g, s->e->tok);
+        return 0;
+    }
+    if (!r->response_format) return 0;
     const char *param = "response_format";
     if (pt_structured_from_response_format(&q->structured, r->response_format, s->e->tok, &param,
                                            &err))
         return refuse(q, 400, "invalid_value", param, err.msg);
     return 0;
+}
+
+/* Choice 0's job, kept for choices 1..n-1 (submitted by the loop). */
+static void keep_for_siblings(pt_req *q, const pt_sched_job *job, const pt_oai_request *r) {
+    pt_group *g = q->grp;
+    g->job = *job;
+    g->prompt = pt_xmalloc(sizeof(int32_t) * (size_t)job->n_prompt);
+    memcpy(g->prompt, job->prompt, sizeof(int32_t) * (size_t)job->n_prompt);
+    g->job.prompt = g->prompt;
+    if (job->n_bias) {
+        g->bias_ids = pt_xmalloc(sizeof(int32_t) * (size_t)job->n_bias);
+        g->bias_vals = pt_xmalloc(sizeof(float) * (size_t)job->n_bias);
+        memcpy(g->bias_ids, job->bias_ids, sizeof(int32_t) * (size_t)job->n_bias);
+        memcpy(g->bias_vals, job->bias_vals, sizeof(float) * (size_t)job->n_bias);
+    }
+    g->job.bias_ids = g->bias_ids, g->job.bias_vals = g->bias_vals;
+    g->seed_given = r->seed_given;
+    g->structured = q->structured; /* the group's now: it outlives every choice's job */
+    q->structured = NULL;
+}
+
+/* On the loop, once choice 0 has started: the other choices' jobs.  A
+ * choice that cannot be submitted fails the request as choice 0 would. */
+static void submit_siblings(pt_group *g) {
+    pt_req *q0 = g->choice[0];
+    pt_server *s = q0->srv;
+    g->siblings_out = true;
+    bool doomed = !q0->conn || (q0->drain_done && failed(q0));
+    for (int i = 1; i < g->n; i++) {
+        pt_req *q = g->choice[i];
+        if (doomed) {
+            req_free(q); /* no other thread knows it */
+            continue;
+        }
+        q->msg_opts = q0->msg_opts;
+        q->msg_opts.id_seed = random_seed();
+        q->n_prompt = q0->n_prompt;
+        if (q->chat && (q->msg_opts.think || q->msg_opts.tools)) {
+            pt_msgsplit_init(&q->msg, &q->msg_opts);
+            q->split = true;
+        }
+        pt_sched_job job = g->job;
+        job.user = q;
+        /* seeded: distinct and reproducible per choice */
+        job.params.sampling.seed = g->seed_given ? g->job.params.sampling.seed + (uint64_t)i
+                                                 : random_seed();
+        pt_err err = {{0}};
+        uint64_t id = pt_sched_submit(s->sched, &job, &err);
+        pthread_mutex_lock(&s->mu);
+        q->job = id;
+        if (!id) {
+            refuse(q, 503, "server_busy", NULL, err.msg);
+            q->done = true;
+            enlist(q);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!id) pt_server_wake(s);
+    }
 }
 
 /* Tokenizes and submits q, or records why not; then tells the loop. */
@@ -723,12 +1007,17 @@ static int front_submit(pt_server *s, pt_req *q) {
     job.params.ignore_eos = r->ignore_eos;
     if (q->structured) job.add_procs = pt_structured_add_procs, job.proc_arg = q->structured;
     q->n_prompt = (int)n;
+    if (q->chat && (q->msg_opts.think || q->msg_opts.tools)) {
+        pt_msgsplit_init(&q->msg, &q->msg_opts); /* before the first token can arrive */
+        q->split = true;
+    }
     pt_err err = {{0}};
     if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */
         free(ids);
         return refuse(q, 400, "context_length_exceeded",
                       r->kind == PT_OAI_CHAT ? "messages" : "prompt", err.msg);
     }
+    if (q->grp->n > 1) keep_for_siblings(q, &job, r);
     uint64_t id = pt_sched_submit(s->sched, &job, &err);
     free(ids);
     if (!id) return refuse(q, 503, "server_busy", NULL, err.msg);

@@ -176,24 +176,29 @@ static int f_stream_options(pt_oai_request *r, json_t *v, const field *f, const 
     return 0;
 }
 
+/* Choices: separate sequences that share the prompt (completion.c). */
 static int f_n(pt_oai_request *r, json_t *v, const field *f, const pt_oai_limits *lim,
                pt_oai_error *e) {
-    (void)r, (void)lim;
+    (void)lim;
     long long n;
     if (!get_int(v, &n)) return wrong_type(e, f->name, "an integer");
-    if (n > 1)
-        return fail(e, 400, "unsupported_value", f->name,
-                    "'%s' must be 1: Petrel generates one choice per request (send %lld requests)",
-                    f->name, n);
-    if (n < 1)
+    if (n < 1 || n > PT_OAI_MAX_CHOICES)
         return fail(e, 400, "invalid_value", f->name,
-                    "'%s' must be 1 (the number of choices to generate), got %lld", f->name, n);
+                    "'%s' must be 1 to %d (the number of choices to generate), got %lld", f->name,
+                    PT_OAI_MAX_CHOICES, n);
+    r->n = (int)n;
     return 0;
 }
 
 static int f_best_of(pt_oai_request *r, json_t *v, const field *f, const pt_oai_limits *lim,
                      pt_oai_error *e) {
-    return f_n(r, v, f, lim, e);
+    (void)r, (void)lim;
+    long long n;
+    if (!get_int(v, &n)) return wrong_type(e, f->name, "an integer");
+    if (n != 1)
+        return fail(e, 400, "unsupported_value", f->name,
+                    "'best_of' must be 1: Petrel does not rank choices (use 'n' for several)");
+    return 0;
 }
 
 static int f_echo(pt_oai_request *r, json_t *v, const field *f, const pt_oai_limits *lim,
@@ -501,6 +506,7 @@ static void defaults(pt_oai_request *r, int kind) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->sampling = pt_sampling_default(); /* OpenAI's: temperature 1, top_p 1 */
+    r->n = 1;
 }
 
 int pt_oai_parse(pt_oai_request *r, int kind, const char *body, size_t len,

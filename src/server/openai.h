@@ -21,6 +21,8 @@
 
 enum pt_oai_kind { PT_OAI_CHAT = 1, PT_OAI_COMPLETION = 2 };
 
+#define PT_OAI_MAX_CHOICES 16 /* n: each choice is a sequence of its own */
+
 typedef struct pt_oai_error {
     int status;       /* HTTP status */
     const char *type; /* NULL: from the status */
@@ -48,6 +50,7 @@ typedef struct pt_oai_request {
     int n_prompt_ids;
     bool stream, include_usage;
     int max_tokens;       /* 0: not given */
+    int n;                /* choices, 1..PT_OAI_MAX_CHOICES */
     pt_sampling sampling; /* n_logprobs set from logprobs/top_logprobs */
     bool seed_given;
     pt_stop stop;

@@ -11,13 +11,17 @@
 #include <stdlib.h>
 
 #include "io/gguf.h"
+#include "server/reasoning.h"
 #include "server/server_int.h"
+#include "server/tools.h"
 #include "tokenizer/chat_template.h"
 
 struct pt_chat_tmpl {
     pt_jinja *jinja;
     const char *source; /* where it came from, for logs and /v1/models */
     char *bos, *eos;    /* token texts the template may use, or NULL */
+    int tool_family;    /* the call markup it writes (tools.h) */
+    bool thinks;        /* it writes <think> tags (reasoning.h) */
 };
 
 /* The model's own template source (malloc'd), or NULL. */
@@ -76,6 +80,8 @@ int pt_chat_tmpl_open(pt_chat_tmpl **out, pt_engine *e, const char *override_pat
         t->source = "builtin ChatML (the model has no chat template)";
     }
     int rc = pt_jinja_compile(&t->jinja, src, strlen(src), err);
+    t->tool_family = pt_tool_family_of(src);
+    t->thinks = pt_reason_template_thinks(src);
     free(src);
     if (rc) {
         free(t);
@@ -98,6 +104,14 @@ void pt_chat_tmpl_free(pt_chat_tmpl *t) {
 
 const char *pt_chat_tmpl_source(const pt_chat_tmpl *t) {
     return t ? t->source : "none";
+}
+
+int pt_chat_tmpl_tool_family(const pt_chat_tmpl *t) {
+    return t ? t->tool_family : PT_TOOLS_HERMES;
+}
+
+bool pt_chat_tmpl_thinks(const pt_chat_tmpl *t) {
+    return t && t->thinks;
 }
 
 int pt_chat_tmpl_render(const pt_chat_tmpl *t, const json_t *messages, const json_t *tools,

@@ -82,6 +82,10 @@ void pt_front_work(pt_server *s, pt_req *q, bool shutting_down);
 int pt_chat_tmpl_open(pt_chat_tmpl **out, pt_engine *e, const char *override_path, pt_err *err);
 void pt_chat_tmpl_free(pt_chat_tmpl *t);
 const char *pt_chat_tmpl_source(const pt_chat_tmpl *t); /* "gguf", "file", "builtin", ... */
+/* Read off the template's source: its tool-call markup (PT_TOOLS_*) and
+ * whether it writes <think> tags. */
+int pt_chat_tmpl_tool_family(const pt_chat_tmpl *t);
+bool pt_chat_tmpl_thinks(const pt_chat_tmpl *t);
 /* Renders messages (tools and extra variables may be NULL) with the
  * generation prompt added.  *out is malloc'd.  Returns 0, or -1 with err
  * set: a message for the client (the template raised, or failed on these

@@ -10,13 +10,31 @@
 /* ChatML, for models that ship no template.  Content that is a list of
  * parts (OpenAI's multi-part messages) contributes its text parts. */
 const char pt_chat_template_chatml[] =
+    /* with tools: a system turn lists them and says how to call (Hermes) */
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' and messages[0].content is string %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions. Their signatures are within <tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each call, return {\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>} within <tool_call></tool_call>.<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if tools and loop.first and message.role == 'system' %}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message.role + '\\n' }}"
     "{%- if message.content is string %}{{- message.content }}"
     "{%- elif message.content is iterable %}"
     "{%- for part in message.content %}{%- if part.type == 'text' %}{{- part.text }}{%- endif %}{%- endfor %}"
     "{%- endif %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{%- for call in message.tool_calls %}"
+    "{{- '<tool_call>\\n{\\\"name\\\": ' + call.function.name | tojson + ', \\\"arguments\\\": ' + call.function.arguments | tojson + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 

@@ -78,7 +78,7 @@ static void test_values(void **state) {
     bad(CHAT, "{" MSG ",\"logprobs\":true,\"top_logprobs\":21}", 400, "invalid_value",
         "top_logprobs");
     bad(CHAT, "{" MSG ",\"top_logprobs\":2}", 400, "invalid_value", "top_logprobs");
-    bad(CHAT, "{" MSG ",\"n\":2}", 400, "unsupported_value", "n");
+    bad(CHAT, "{" MSG ",\"n\":17}", 400, "invalid_value", "n");
     bad(CHAT, "{" MSG ",\"frequency_penalty\":2.5}", 400, "invalid_value", "frequency_penalty");
     bad(CHAT, "{" MSG ",\"logit_bias\":{\"x\":1}}", 400, "invalid_value", "logit_bias");
     bad(CHAT, "{" MSG ",\"logit_bias\":{\"600\":1}}", 400, "invalid_value", "logit_bias");
@@ -150,10 +150,18 @@ static void test_messages_point_right(void **state) {
     bad_says(COMP, "{\"prompt\":\"\\u0000\"}", 400, "invalid_value", NULL, "NUL", "ALLOW_NUL");
     bad_says(COMP, "{\"prompt\":\"x\",\"a\\u0000\":1}", 400, "invalid_value", NULL, "NUL",
              "ALLOW_NUL");
-    /* n below 1 does not suggest sending 0 requests */
-    bad_says(CHAT, "{" MSG ",\"n\":0}", 400, "invalid_value", "n", "must be 1", "requests");
+    /* n: 1 to 16 choices, each a sequence of its own */
+    bad_says(CHAT, "{" MSG ",\"n\":0}", 400, "invalid_value", "n", "must be 1 to 16", "requests");
     bad_says(CHAT, "{" MSG ",\"n\":-2}", 400, "invalid_value", "n", "got -2", "requests");
-    bad_says(CHAT, "{" MSG ",\"n\":3}", 400, "unsupported_value", "n", "send 3 requests", NULL);
+    bad_says(COMP, "{\"prompt\":\"x\",\"best_of\":2}", 400, "unsupported_value", "best_of", "'n'", NULL);
+    pt_oai_request r;
+    pt_oai_error e;
+    assert_int_equal(parse(&r, CHAT, "{" MSG ",\"n\":3}", &e), 0);
+    assert_int_equal(r.n, 3);
+    pt_oai_request_free(&r);
+    assert_int_equal(parse(&r, CHAT, "{" MSG "}", &e), 0);
+    assert_int_equal(r.n, 1);
+    pt_oai_request_free(&r);
 }
 
 /* Ranges come from engine/gen_limits.h, the table the CLI checks too, and

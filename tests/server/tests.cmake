@@ -4,7 +4,9 @@
 # OpenAI npm client, raw fetch and curl against a real `petrel serve` from
 # this build (tests/server/e2e/run.sh runs every *.test.mjs: e2e, preempt,
 # and hardening: empty API keys, slow clients, `ulimit -n 64`, DNS
-# rebinding, CORS, Content-Type), with the load test at 64 concurrent
+# rebinding, CORS, Content-Type; sdk: the Vercel AI SDK, LangChain.js and
+# openai with structured output, tools, n > 1 and reasoning, outputs
+# validated with zod and ajv), with the load test at 64 concurrent
 # streaming clients, or 8 in the sanitizer build where each is much slower.
 if(PETREL_SANITIZE)
   set(e2e_clients 8)

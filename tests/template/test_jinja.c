@@ -291,6 +291,25 @@ static void test_chat_render(void **state) {
     assert_int_equal(pt_chat_render(NULL, msgs, NULL, true, NULL, NULL, NULL, &out, NULL, &err), 0);
     assert_string_equal(out, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     free(out);
+    /* the ChatML fallback renders tools, an assistant's calls and tool
+     * results Hermes-style, so a conversation with calls goes back in */
+    json_t *conv = json_loads(
+        "[{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"w?\"},"
+        " {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\","
+        " \"function\": {\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}}]},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"7C\"}]", 0, &je);
+    json_t *ftools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"get\"}}]", 0, &je);
+    assert_int_equal(pt_chat_render(NULL, conv, ftools, true, NULL, NULL, NULL, &out, NULL, &err), 0);
+    assert_string_equal(out,
+        "<|im_start|>system\nS\n\n# Tools\n\nYou may call one or more functions. Their signatures are "
+        "within <tools></tools>:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get\"}}\n</tools>\n\n"
+        "For each call, return {\"name\": <function-name>, \"arguments\": <args-json-object>} within "
+        "<tool_call></tool_call>.<|im_end|>\n<|im_start|>user\nw?<|im_end|>\n<|im_start|>assistant\n"
+        "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n7C\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    json_decref(conv);
+    json_decref(ftools);
     /* tools, bos/eos and extra keys reach the template; extra overrides */
     json_t *tools = json_loads("[{\"name\": \"t\"}]", 0, &je);
     json_t *extra = json_loads("{\"flag\": true, \"eos_token\": \"E2\"}", 0, &je);

@@ -196,7 +196,7 @@ describe('petrel serve', () => {
     assertError(await post(u, { messages: 'hi' }), 400, 'invalid_type', 'messages');
     await rejects(client.chat.completions.create({ ...chatBody('x', 4), temperature: 'hot' }), 400, 'invalid_type', 'temperature');
     await rejects(client.chat.completions.create({ ...chatBody('x', 4), temperature: 5 }), 400, 'invalid_value', 'temperature');
-    await rejects(client.chat.completions.create({ ...chatBody('x', 4), n: 2 }), 400, 'unsupported_value', 'n');
+    await rejects(client.chat.completions.create({ ...chatBody('x', 4), n: 17 }), 400, 'invalid_value', 'n');
     await rejects(client.chat.completions.create({ ...chatBody('x', 4), model: 'gpt-4o' }), 404, 'model_not_found', 'model');
     await rejects(client.completions.create({ model: 'stories260K', prompt: 'word '.repeat(3000) }), 400, 'context_length_exceeded', 'prompt');
     assertError(await post(`${srv.url}/v1/nothing`, {}), 404, 'not_found');
