@@ -3,9 +3,15 @@
  * (no repacking at load): GGUF q8_0, q4_0, q4_k, q5_k, q6_k and MLX affine
  * (codes of 2..8 bits, groups of 32/64/128, f16/bf16/f32 scales).
  *
- * Three kernels share one decoder per format:
+ * The kernels share the activation rounding and the integer dot product:
  *
- *  - qgemv (decode, n <= CU_QGEMV_MAX_ROWS token rows): a persistent grid
+ *  - qgemv_reg (decode, n <= CU_QGEMV_MAX_ROWS token rows; q4_0, q8_0,
+ *    q4_k, q5_k, affine 4/8 with rows of whole 256-element units): lane
+ *    = weight row, units read with 16-byte loads into registers and
+ *    decoded there, no shared-memory staging of weights (its comment
+ *    below).  It is the decode path of every format but q6_k.
+ *  - qgemv (the staged kernel: q6_k, and affine rows that are not whole
+ *    units): a persistent grid
  *    (as many blocks of 128 threads as fit at once) whose blocks walk
  *    groups of QM_ROWS weight rows.  A block copies the rows' bytes into
  *    shared memory with 16-byte cp.async, one tile of 4096 columns per
@@ -30,7 +36,12 @@
  * = -32 mul).  Bytes become floats without the slow integer conversion:
  * the float with bits 0x4B000000 | u is exactly 2^23 + u.
  *
- * Accuracy: the staged GEMV computes the CPU's integer sums, so the two
+ * Batch invariance: which kernel runs depends on the weight and x's
+ * alignment, never on n, and each kernel's per-row order of operations
+ * is the same at every n (explicit fmaf, warp-ordered sums), so a token
+ * row gets the same bits alone or among 16 (speculative verification).
+ *
+ * Accuracy: the GEMVs compute the CPU's integer sums, so the two
  * agree to f32 rounding (~1e-6); both differ from an f32 product by the
  * activation rounding, at most max|x| / 65534 per element.  The plain
  * kernel and the embeddings are f32 on the dequantized weights; prefill
