@@ -14,6 +14,10 @@
  * environment knobs: PETREL_CUDA_GEMV_MAX=0 (cuBLAS for every matmul) and
  * PETREL_CUDA_ATTN=simple (the plain attention kernel).
  *
+ * Batch invariance (test_batch_invariance): matmul and attention rows of
+ * a 2..16-row call are compared bit for bit with each row computed alone,
+ * as speculative verification needs.
+ *
  * Without a CUDA device the test exits 77, which CTest reports as skipped.
  */
 #include <math.h>
