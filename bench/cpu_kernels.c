@@ -65,7 +65,7 @@ static double matvec_pass(pt_backend *be, const pt_weight *w, int copies, const 
     double best = 1e30;
     for (int pass = 0; pass < 3; pass++) {
         double t0 = pt_now();
-        for (int c = 0; c < copies; c++) be->ops->matmul(be, y, x, &w[c], 1);
+        for (int c = 0; c < copies; c++) pt_be_matmul(be, y, x, &w[c], 1);
         best = PT_MIN(best, (pt_now() - t0) / copies);
     }
     return (double)w[0].nbytes / best;
@@ -122,7 +122,7 @@ static void bench_gemm(pt_backend *be, int64_t rows, int64_t cols, int n) {
             double t0 = pt_now();
             for (int r = 0; r < reps; r++) {
                 if (arm < 2) {
-                    be->ops->matmul(be, y, x, &w[arm], n);
+                    pt_be_matmul(be, y, x, &w[arm], n);
                 } else {
 #ifdef HAVE_OPENBLAS
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)rows, (int)cols, 1.0f, x,
@@ -158,13 +158,13 @@ static void bench_attention(pt_backend *be, int n, int ctx) {
     for (int i = 0; i < pages; i++) bt[i] = (int32_t)((i * 7919) % pages); /* scattered pages */
     for (int i = 0; i < n; i++) pos[i] = ctx + i;
     pt_kv_view kv = {.k = k, .v = v, .dtype = PT_BF16, .page_size = ps, .n_kv_heads = nkv, .head_dim = hd};
-    pt_batch_view b = {n, pos, seq, bt, pages, 1};
+    pt_batch_view b = {.n_tokens = n, .pos = pos, .seq = seq, .block_table = bt, .max_pages = pages, .n_seqs = 1};
     float *q = rand_floats((size_t)n * nh * hd), *o = malloc(sizeof(float) * (size_t)n * nh * hd);
     double best = 1e30, bytes = 0;
     for (int i = 0; i < n; i++) bytes += (double)(pos[i] + 1) * nkv * hd * 2 * 2;
     for (int r = 0; r < 7; r++) {
         double t0 = pt_now();
-        be->ops->attention(be, o, q, &kv, &b, nh, 0.125f);
+        pt_be_attention(be, o, q, &kv, &b, nh, 0.125f);
         best = PT_MIN(best, pt_now() - t0);
     }
     printf("| %3d | %5d | %d | %7.3f | %5.1f |\n", n, ctx, be->n_threads, best * 1e3, bytes / best / 1e9);

@@ -1,20 +1,73 @@
 /*
- * backend.c - choosing a backend by name.
+ * backend.c - choosing a backend by name ("cpu", "cuda", "cuda:N"), and the
+ * names of ops.
  */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "backend/backend.h"
+
+static const char *const op_names[PT_OP_COUNT] = {
+    [PT_OP_MATMUL] = "matmul",       [PT_OP_EMBED] = "embed",       [PT_OP_RMSNORM] = "rmsnorm",
+    [PT_OP_ADD] = "add",             [PT_OP_ADD_BIAS] = "add_bias", [PT_OP_SWIGLU] = "swiglu",
+    [PT_OP_ROPE] = "rope",           [PT_OP_KV_STORE] = "kv_store", [PT_OP_ATTENTION] = "attention",
+    [PT_OP_GATHER_ROWS] = "gather_rows",
+};
+
+const char *pt_op_name(int kind) {
+    return kind >= 0 && kind < PT_OP_COUNT && op_names[kind] ? op_names[kind] : "?";
+}
+
+int pt_be_fail(pt_backend *be, const char *what, const char *fmt, ...) {
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (be->failed) { /* the first failure is the cause; later ones follow from it */
+        pt_debug("%s backend: also failed: %s: %s", be->name, what, msg);
+        return -1;
+    }
+    be->failed = true;
+    snprintf(be->error.msg, sizeof be->error.msg, "%s backend: %s: %s", be->name, what, msg);
+    pt_warn("%s", be->error.msg);
+    return -1;
+}
+
+int pt_be_take_error(pt_backend *be, pt_err *err) {
+    if (!be->failed) return 0;
+    pt_fail(err, "%s", be->error.msg);
+    be->failed = false;
+    be->error.msg[0] = 0;
+    return -1;
+}
+
+/* "cuda" is device 0, "cuda:N" device N; -1 (with err set) otherwise. */
+static int cuda_ordinal(const char *device, pt_err *err) {
+    if (strcmp(device, "cuda") == 0) return 0;
+    const char *p = device + 5; /* after "cuda:" */
+    char *end = NULL;
+    long n = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+    if (n < 0 || n > 1023 || !end || *end)
+        return pt_fail(err, "device '%s': expected cuda or cuda:N with N a device number "
+                            "(0, 1, ...)", device);
+    return (int)n;
+}
 
 pt_backend *pt_backend_open(const char *device, int n_threads, const char *kernels, pt_err *err) {
     if (!device || strcmp(device, "cpu") == 0)
         return pt_backend_cpu_new(n_threads, kernels ? kernels : "auto", err);
-    if (strcmp(device, "cuda") == 0) {
+    if (strcmp(device, "cuda") == 0 || strncmp(device, "cuda:", 5) == 0) {
+        int ordinal = cuda_ordinal(device, err);
+        if (ordinal < 0) return NULL;
 #ifdef PETREL_CUDA
-        return pt_backend_cuda_new(0, err);
+        return pt_backend_cuda_new(ordinal, err);
 #else
         pt_fail(err, "this build has no CUDA backend (rebuild with -DPETREL_CUDA=ON where nvcc "
                      "is installed)");
         return NULL;
 #endif
     }
-    pt_fail(err, "unknown device '%s' (cpu or cuda)", device);
+    pt_fail(err, "unknown device '%s' (cpu, cuda or cuda:N)", device);
     return NULL;
 }

@@ -7,6 +7,12 @@
  * it passes pointers it got from the same backend, so one forward pass serves
  * both.
  *
+ * Errors are sticky, as in SQLite's pager ERROR state: the first failure
+ * (a device error, scratch that cannot grow, a shape no kernel takes, an
+ * injected fault) is kept in the backend with the op's name, later ops are
+ * skipped, and sync and download return -1 until the caller takes the
+ * error (pt_be_take_error) after failing the work that depended on it.
+ *
  * Conventions for every op:
  *   - activations are f32, row-major: a [n][d] matrix is n rows of d floats;
  *   - a "token batch" of n rows carries, per row, a position and the index of
@@ -20,24 +26,33 @@
 #include "base/base.h"
 #include "base/dtype.h"
 
+/* The four structs below travel by value inside op records (pt_op), which
+ * the CUDA backend compares bytewise to reuse graphs: they must have no
+ * padding (-Wpadded is an error here), and their pad_ fields stay zero. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wpadded"
+
 /* A weight matrix W of shape [rows][cols] (rows = output features), in any
  * dtype whose blocks run along a row.  Used as y = x · Wᵀ. */
 typedef struct pt_weight {
     pt_dtype dtype;
-    int64_t rows, cols;
-    const void *data; /* backend memory */
-    size_t nbytes;
     /* PT_AFFINE only (MLX layout): data holds packed uint32 codes; each group
      * of group_size weights along a row has w = scale * q + bias, with scales
      * and biases [rows][cols / group_size] of scale_dtype (f16, bf16, f32). */
-    int bits, group_size;
-    const void *scales, *biases;
     pt_dtype scale_dtype;
+    int bits, group_size;
+    int64_t rows, cols;
+    const void *data; /* backend memory */
+    size_t nbytes;
+    const void *scales, *biases;
     /* A stack of experts (MoE), 3-D [n_experts][rows][cols]: expert e's
      * matrix starts expert_stride bytes after expert e-1's (its scales and
      * biases likewise, rows * (cols / group_size) elements each); nbytes
      * counts them all.  0 for a plain matrix, the only kind matmul takes. */
     int n_experts;
+    /* Tensor parallel (not yet): a sharded weight will say here which slice
+     * of the full matrix this device holds; 0 for now. */
+    int pad_;
     size_t expert_stride;
 } pt_weight;
 
@@ -51,6 +66,7 @@ typedef struct pt_rope {
     int n_rot;             /* leading dims of each head that rotate (even) */
     const float *inv_freq; /* [n_rot/2] backend memory, scaling already applied */
     float mscale;          /* multiplies cos and sin (1 unless YaRN-style) */
+    int pad_;
 } pt_rope;
 
 /* The paged KV cache of one layer, as the backend sees it.  Token at position
@@ -76,12 +92,142 @@ typedef struct pt_kv_view {
 
 /* One forward batch, in backend memory (see pt_backend_ops.upload). */
 typedef struct pt_batch_view {
-    int n_tokens;
     const int32_t *pos;         /* [n_tokens] position of each row */
     const int32_t *seq;         /* [n_tokens] sequence index of each row */
     const int32_t *block_table; /* [n_seqs][max_pages] page ids */
-    int max_pages, n_seqs;
+    int n_tokens, max_pages, n_seqs;
+    int pad_;
 } pt_batch_view;
+
+#pragma GCC diagnostic pop
+
+/* ---- Op records ------------------------------------------------------------
+ *
+ * Every compute op is one record: a kind and that op's struct of named
+ * arguments.  Model code calls the pt_be_* wrappers below, which zero a
+ * pt_op, fill it field by field and hand it to the backend's run; the CPU
+ * backend executes it at once, the CUDA backend stores it (the zeroed bytes
+ * make equal calls compare equal, for graph reuse) and launches it later.
+ *
+ * Adding an op: a kind here, its struct in the union, a wrapper that fills
+ * the zeroed record field by field (a whole-struct assignment would copy
+ * stray padding), its name in backend.c; a case in cpu_backend.c's
+ * cpu_run_op and in cuda_backend.c's cuda_exec_op with a launcher in the
+ * .cu file of its family (docs/architecture.md). */
+typedef enum pt_op_kind {
+    PT_OP_MATMUL,
+    PT_OP_EMBED,
+    PT_OP_RMSNORM,
+    PT_OP_ADD,
+    PT_OP_ADD_BIAS,
+    PT_OP_SWIGLU,
+    PT_OP_ROPE,
+    PT_OP_KV_STORE,
+    PT_OP_ATTENTION,
+    PT_OP_GATHER_ROWS,
+    /* Reserved, not implemented: PT_OP_ALL_REDUCE (tensor parallel), a sum of
+     * a buffer over the devices of a group after a row-sharded matmul. */
+    PT_OP_COUNT
+} pt_op_kind;
+
+/* y[n][w.rows] = x[n][w.cols] · wᵀ.  y must not alias x. */
+typedef struct pt_op_matmul {
+    float *y;
+    const float *x;
+    pt_weight w;
+    int n;
+} pt_op_matmul;
+
+/* y[i] = row ids[i] of the table, converted to f32. */
+typedef struct pt_op_embed {
+    float *y;
+    const int32_t *ids;
+    pt_weight table;
+    int n;
+} pt_op_embed;
+
+/* y[i] = x[i] / rms(x[i]) * g, rows of d; y may alias x. */
+typedef struct pt_op_rmsnorm {
+    float *y;
+    const float *x, *g;
+    int n, d;
+    float eps;
+} pt_op_rmsnorm;
+
+/* y = a + b over count floats; y may alias a or b. */
+typedef struct pt_op_add {
+    float *y;
+    const float *a, *b;
+    size_t count;
+} pt_op_add;
+
+/* y[i][j] += bias[j] for n rows of d. */
+typedef struct pt_op_add_bias {
+    float *y;
+    const float *bias;
+    int n, d;
+} pt_op_add_bias;
+
+/* y = silu(gate) * up over count floats; y may alias gate or up. */
+typedef struct pt_op_swiglu {
+    float *y;
+    const float *gate, *up;
+    size_t count;
+} pt_op_swiglu;
+
+/* Rotates x[n][n_heads][head_dim] in place at each row's position. */
+typedef struct pt_op_rope {
+    float *x;
+    pt_batch_view b;
+    pt_rope rope;
+    int n_heads, head_dim;
+} pt_op_rope;
+
+/* Writes each row's k and v ([n][n_kv_heads][head_dim]) into the cache. */
+typedef struct pt_op_kv_store {
+    pt_kv_view kv;
+    pt_batch_view b;
+    const float *k, *v;
+} pt_op_kv_store;
+
+/* Causal attention: row t's query heads q[t][n_heads][head_dim] attend to
+ * positions 0..pos[t] of its sequence in the cache (grouped-query: head h
+ * reads kv head h / (n_heads / n_kv_heads)).  out is [n][n_heads][head_dim]. */
+typedef struct pt_op_attention {
+    float *out;
+    const float *q;
+    pt_kv_view kv;
+    pt_batch_view b;
+    int n_heads;
+    float scale;
+} pt_op_attention;
+
+/* dst[i] = src[idx[i]] for rows of d floats (idx in backend memory). */
+typedef struct pt_op_gather_rows {
+    float *dst;
+    const float *src;
+    const int32_t *idx;
+    int n, d;
+} pt_op_gather_rows;
+
+typedef struct pt_op {
+    pt_op_kind kind;
+    union {
+        pt_op_matmul matmul;
+        pt_op_embed embed;
+        pt_op_rmsnorm rmsnorm;
+        pt_op_add add;
+        pt_op_add_bias add_bias;
+        pt_op_swiglu swiglu;
+        pt_op_rope rope;
+        pt_op_kv_store kv_store;
+        pt_op_attention attention;
+        pt_op_gather_rows gather_rows;
+    };
+} pt_op;
+
+/* "matmul", "rope", ... for messages; "?" for an unknown kind. */
+const char *pt_op_name(int kind);
 
 typedef struct pt_backend pt_backend;
 
@@ -90,37 +236,16 @@ typedef struct pt_backend_ops {
     void *(*alloc)(pt_backend *be, size_t nbytes);
     void (*free)(pt_backend *be, void *p, size_t nbytes);
     void (*upload)(pt_backend *be, void *dst, const void *src, size_t nbytes);
-    void (*download)(pt_backend *be, void *dst, const void *src, size_t nbytes);
+    /* Waits for the ops before it; -1 if the backend is in error (dst then
+     * holds garbage). */
+    int (*download)(pt_backend *be, void *dst, const void *src, size_t nbytes);
     /* Backend memory to backend memory, in op order (KV page copies). */
     void (*copy)(pt_backend *be, void *dst, const void *src, size_t nbytes);
-    void (*sync)(pt_backend *be);
+    /* Waits for every op; -1 if the backend is in error (see the top). */
+    int (*sync)(pt_backend *be);
 
-    /* y[n][w.rows] = x[n][w.cols] · wᵀ.  y must not alias x. */
-    void (*matmul)(pt_backend *be, float *y, const float *x, const pt_weight *w, int n);
-    /* y[i] = row ids[i] of the table, converted to f32. */
-    void (*embed)(pt_backend *be, float *y, const pt_weight *table, const int32_t *ids, int n);
-    /* y[i] = x[i] / rms(x[i]) * g, rows of d; y may alias x. */
-    void (*rmsnorm)(pt_backend *be, float *y, const float *x, const float *g, int n, int d, float eps);
-    /* y = a + b over count floats; y may alias a or b. */
-    void (*add)(pt_backend *be, float *y, const float *a, const float *b, size_t count);
-    /* y[i][j] += bias[j] for n rows of d. */
-    void (*add_bias)(pt_backend *be, float *y, const float *bias, int n, int d);
-    /* y = silu(gate) * up over count floats; y may alias gate or up. */
-    void (*swiglu)(pt_backend *be, float *y, const float *gate, const float *up, size_t count);
-    /* Rotates x[n][n_heads][head_dim] in place at each row's position. */
-    void (*rope)(pt_backend *be, float *x, const pt_batch_view *b, int n_heads, int head_dim,
-                 const pt_rope *rope);
-    /* Writes each row's k and v ([n][n_kv_heads][head_dim]) into the cache. */
-    void (*kv_store)(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *b, const float *k,
-                     const float *v);
-    /* Causal attention: row t's query heads q[t][n_heads][head_dim] attend to
-     * positions 0..pos[t] of its sequence in the cache (grouped-query: head h
-     * reads kv head h / (n_heads / n_kv_heads)).  out is [n][n_heads][head_dim]. */
-    void (*attention)(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
-                      const pt_batch_view *b, int n_heads, float scale);
-    /* dst[i] = src[idx[i]] for rows of d floats (idx in backend memory). */
-    void (*gather_rows)(pt_backend *be, float *dst, const float *src, const int32_t *idx, int n,
-                        int d);
+    /* Runs (CPU) or enqueues (CUDA) one op record; see pt_be_* below. */
+    void (*run)(pt_backend *be, const pt_op *op);
     /* NULL when kv_store and attention take every quantized KV format;
      * otherwise 0 if they take this one (kvq: enum pt_kvq_kind, group: the
      * scale group along head_dim), or -1 with the reason in err.  Checked
@@ -149,7 +274,119 @@ struct pt_backend {
     const char *detail; /* e.g. "avx2, 2 threads" */
     int n_threads;
     bool host_memory; /* backend memory is host memory: weights can stay mmap'd */
+    /* The sticky error: set by pt_be_fail, cleared by pt_be_take_error. */
+    bool failed;
+    pt_err error;
 };
+
+/* Records the first failure (later ones are only logged) and returns -1.
+ * Backends call it; what names the op or call ("matmul", "sync"). */
+int pt_be_fail(pt_backend *be, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Hands the sticky error to err and leaves the error state (the caller has
+ * failed whatever the broken ops fed); -1, or 0 if there was none. */
+int pt_be_take_error(pt_backend *be, pt_err *err);
+
+/* ---- Op wrappers: what model code calls ------------------------------------
+ * Each zeroes a record (padding included), fills it and runs it. */
+
+static inline void pt_be_run(pt_backend *be, pt_op *o) {
+    if (!be->failed) be->ops->run(be, o); /* after a failure the inputs are garbage */
+}
+
+static inline void pt_be_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w,
+                                int n) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MATMUL;
+    o.matmul.y = y, o.matmul.x = x, o.matmul.w = *w, o.matmul.n = n;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_embed(pt_backend *be, float *y, const pt_weight *table,
+                               const int32_t *ids, int n) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_EMBED;
+    o.embed.y = y, o.embed.table = *table, o.embed.ids = ids, o.embed.n = n;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_rmsnorm(pt_backend *be, float *y, const float *x, const float *g, int n,
+                                 int d, float eps) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_RMSNORM;
+    o.rmsnorm.y = y, o.rmsnorm.x = x, o.rmsnorm.g = g;
+    o.rmsnorm.n = n, o.rmsnorm.d = d, o.rmsnorm.eps = eps;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_add(pt_backend *be, float *y, const float *a, const float *b,
+                             size_t count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ADD;
+    o.add.y = y, o.add.a = a, o.add.b = b, o.add.count = count;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_add_bias(pt_backend *be, float *y, const float *bias, int n, int d) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ADD_BIAS;
+    o.add_bias.y = y, o.add_bias.bias = bias, o.add_bias.n = n, o.add_bias.d = d;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_swiglu(pt_backend *be, float *y, const float *gate, const float *up,
+                                size_t count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_SWIGLU;
+    o.swiglu.y = y, o.swiglu.gate = gate, o.swiglu.up = up, o.swiglu.count = count;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_rope(pt_backend *be, float *x, const pt_batch_view *b, int n_heads,
+                              int head_dim, const pt_rope *rope) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ROPE;
+    o.rope.x = x, o.rope.b = *b, o.rope.rope = *rope;
+    o.rope.n_heads = n_heads, o.rope.head_dim = head_dim;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *b,
+                                  const float *k, const float *v) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_KV_STORE;
+    o.kv_store.kv = *kv, o.kv_store.b = *b, o.kv_store.k = k, o.kv_store.v = v;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_attention(pt_backend *be, float *out, const float *q,
+                                   const pt_kv_view *kv, const pt_batch_view *b, int n_heads,
+                                   float scale) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ATTENTION;
+    o.attention.out = out, o.attention.q = q, o.attention.kv = *kv, o.attention.b = *b;
+    o.attention.n_heads = n_heads, o.attention.scale = scale;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_gather_rows(pt_backend *be, float *dst, const float *src,
+                                     const int32_t *idx, int n, int d) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_GATHER_ROWS;
+    o.gather_rows.dst = dst, o.gather_rows.src = src, o.gather_rows.idx = idx;
+    o.gather_rows.n = n, o.gather_rows.d = d;
+    pt_be_run(be, &o);
+}
 
 /* CPU backend.  n_threads <= 0 means one per online core.  kernels:
  * "auto" (the best this CPU supports), "avx2" or "portable". */

@@ -42,7 +42,7 @@ const pt_gen_limit *cli_flag_range(const char *name) {
 const cli_opt cli_model_opts[] = {
     {"model", 'm', CLI_STR, &cli_margs.model, "PATH",
      "GGUF file, Hugging Face directory, or dummy:PRESET|CONFIG.json (default: bundled stories260K)"},
-    {"device", 0, CLI_STR, &cli_margs.device, "DEV", "cpu (default) or cuda"},
+    {"device", 0, CLI_STR, &cli_margs.device, "DEV", "cpu (default), cuda or cuda:N (GPU number N)"},
     {"threads", 't', CLI_INT, &cli_margs.threads, "N", "CPU threads (default: one per core)"},
     {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx2, portable"},
     {"ctx", 'c', CLI_INT, &cli_margs.ctx, "N", "KV cache positions (default: min(model, 4096))"},

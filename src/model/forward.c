@@ -54,7 +54,7 @@ static int upload_batch(pt_model *m, const pt_batch *b, int first, int n, pt_bat
     for (int i = 0; i < n; i++)
         if (b->logits && b->logits[first + i]) ws->h_out_idx[(*n_out)++] = i;
     be->ops->upload(be, ws->out_idx, ws->h_out_idx, sizeof(int32_t) * (size_t)*n_out);
-    *v = (pt_batch_view){n, ws->pos, ws->seq, ws->block_table, max_pages, b->n_seqs};
+    *v = (pt_batch_view){.n_tokens = n, .pos = ws->pos, .seq = ws->seq, .block_table = ws->block_table, .max_pages = max_pages, .n_seqs = b->n_seqs};
     return 0;
 }
 
@@ -68,6 +68,9 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
         m->family->forward(m, &s);
         if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
     }
-    m->be->ops->sync(m->be);
+    /* The backend's sticky error (a device fault, memory, an injected
+     * fault) surfaces here: this batch's K/V and logits are garbage, so the
+     * caller fails the batch's sequences; the backend may run the next. */
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
     return 0;
 }

@@ -119,7 +119,9 @@ void pt_model_free(pt_model *m);
  * [n_wanted][vocab_size]).  The forward reads the sequences' block tables
  * and changes no sequence state: the caller owns pages and positions (the
  * engine's runner; for direct use, pt_batch_reserve before and
- * pt_batch_advance after). */
+ * pt_batch_advance after).  -1 with err set if a check fails or the
+ * backend failed (its sticky error, taken here: the batch's K/V and logits
+ * are then garbage and the backend is ready for the next batch). */
 int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *batch, float *logits,
                      pt_err *err);
 

@@ -153,7 +153,7 @@ static void free_weight(pt_backend *be, pt_weight *w) {
 static void check_matmul(pt_backend *be, pt_dtype dt, int64_t rows, int64_t cols, int n) {
     pt_weight w = make_weight(be, dt, rows, cols);
     float *x = rnd_floats((size_t)(n * cols), 1.0f), *y = poisoned((size_t)(n * rows));
-    be->ops->matmul(be, y, x, &w, n);
+    pt_be_matmul(be, y, x, &w, n);
     char what[96];
     snprintf(what, sizeof what, "matmul %s %lldx%lld n=%d", pt_dtype_name(dt), (long long)rows,
              (long long)cols, n);
@@ -226,7 +226,7 @@ static void test_quantized_handoff(void **state) {
         for (int n = 1; n <= 9; n += 4) {
             float *x = rnd_floats((size_t)(n * cols), 1.0f), *y = poisoned((size_t)(n * rows));
             float *want = malloc(sizeof(float) * (size_t)(n * rows));
-            be->ops->matmul(be, y, x, &w, n);
+            pt_be_matmul(be, y, x, &w, n);
             check_written(y, (size_t)(n * rows), "matmul q8_0", be);
             pt_qk_matmul(&ctx, NULL, want, x, &w, n);
             assert_memory_equal(y, want, sizeof(float) * (size_t)(n * rows));
@@ -234,7 +234,7 @@ static void test_quantized_handoff(void **state) {
         }
         int32_t ids[3] = {4, 0, 12};
         float *e = poisoned((size_t)(3 * cols)), *row = malloc(sizeof(float) * (size_t)cols);
-        be->ops->embed(be, e, &w, ids, 3);
+        pt_be_embed(be, e, &w, ids, 3);
         check_written(e, (size_t)(3 * cols), "embed q8_0", be);
         for (int i = 0; i < 3; i++) {
             pt_qk_dequant_row(&w, ids[i], row);
@@ -263,7 +263,7 @@ static void test_embed(void **state) {
                     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
                     for (int k = 0; k < n; k++) ids[k] = k == 1 ? ids[0] : rnd_int((int)rows); /* a repeat */
                     float *y = poisoned((size_t)(n * cols));
-                    be->ops->embed(be, y, &w, ids, n);
+                    pt_be_embed(be, y, &w, ids, n);
                     check_written(y, (size_t)(n * cols), "embed", be);
                     for (int k = 0; k < n; k++)
                         for (int64_t j = 0; j < cols; j++)
@@ -283,7 +283,7 @@ static void test_gather_rows(void **state) {
         float *src = rnd_floats((size_t)(src_rows * d), 1.0f), *dst = poisoned((size_t)(n * d));
         int32_t idx[9];
         for (int i = 0; i < n; i++) idx[i] = rnd_int(src_rows);
-        be->ops->gather_rows(be, dst, src, idx, n, d);
+        pt_be_gather_rows(be, dst, src, idx, n, d);
         check_written(dst, (size_t)(n * d), "gather_rows", be);
         for (int i = 0; i < n; i++) assert_memory_equal(dst + i * d, src + idx[i] * d, sizeof(float) * (size_t)d);
         free(src);
@@ -308,7 +308,7 @@ static void test_rmsnorm(void **state) {
                     float *x0 = malloc(sizeof(float) * (size_t)(n * d));
                     memcpy(x0, x, sizeof(float) * (size_t)(n * d));
                     float *y = alias ? x : poisoned((size_t)(n * d));
-                    be->ops->rmsnorm(be, y, x, g, n, d, eps);
+                    pt_be_rmsnorm(be, y, x, g, n, d, eps);
                     if (!alias) check_written(y, (size_t)(n * d), "rmsnorm", be);
                     for (int t = 0; t < n; t++) {
                         double ss = 0;
@@ -339,7 +339,7 @@ static void test_add(void **state) {
                 float *ref = malloc(sizeof(float) * n);
                 for (size_t i = 0; i < n; i++) ref[i] = a[i] + bb[i];
                 float *y = alias == 1 ? a : alias == 2 ? bb : poisoned(n);
-                be->ops->add(be, y, a, bb, n);
+                pt_be_add(be, y, a, bb, n);
                 if (!alias) check_written(y, n, "add", be);
                 assert_memory_equal(y, ref, sizeof(float) * n);
                 free(a), free(bb), free(ref);
@@ -358,7 +358,7 @@ static void test_add_bias(void **state) {
             float *y0 = malloc(sizeof(float) * ((size_t)(n * d) + N_GUARD));
             for (int i = 0; i < N_GUARD; i++) y[n * d + i] = NAN;
             memcpy(y0, y, sizeof(float) * ((size_t)(n * d) + N_GUARD));
-            be->ops->add_bias(be, y, bias, n, d);
+            pt_be_add_bias(be, y, bias, n, d);
             check_written(y, (size_t)(n * d), "add_bias", be);
             for (int t = 0; t < n; t++)
                 for (int j = 0; j < d; j++) assert_true(y[t * d + j] == y0[t * d + j] + bias[j]);
@@ -380,7 +380,7 @@ static void test_swiglu(void **state) {
                 double *ref = malloc(sizeof(double) * n);
                 for (size_t i = 0; i < n; i++) ref[i] = g[i] / (1 + exp(-(double)g[i])) * u[i];
                 float *y = alias == 1 ? g : alias == 2 ? u : poisoned(n);
-                be->ops->swiglu(be, y, g, u, n);
+                pt_be_swiglu(be, y, g, u, n);
                 if (!alias) check_written(y, n, "swiglu", be);
                 for (size_t i = 0; i < n; i++)
                     if (!(fabs(y[i] - ref[i]) <= 2e-6 * fabs(ref[i])))
@@ -458,8 +458,8 @@ static void check_rope(pt_backend *be, int style, int head_dim, int n_rot, int n
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
     for (int t = 0; t < n; t++) pos[t] = t == 0 ? 131071 : rnd_int(131072); /* up to 128k */
     pt_batch_view bv = {.n_tokens = n, .pos = pos, .seq = seq, .n_seqs = 1};
-    pt_rope r = {style, n_rot, inv, mscale};
-    be->ops->rope(be, x, &bv, n_heads, head_dim, &r);
+    pt_rope r = {.style = style, .n_rot = n_rot, .inv_freq = inv, .mscale = mscale};
+    pt_be_rope(be, x, &bv, n_heads, head_dim, &r);
     int half = n_rot / 2;
     for (int t = 0; t < n; t++)
         for (int h = 0; h < n_heads; h++) {
@@ -559,8 +559,8 @@ static void test_kv_store(void **state) {
             pos[n] = 22, seq[n++] = 0;
             pos[n] = 4, seq[n++] = 1;
             float *k = rnd_floats((size_t)(n * n_kv * hd), 2.0f), *v = rnd_floats((size_t)(n * n_kv * hd), 2.0f);
-            pt_batch_view bv = {n, pos, seq, f.block_table, f.max_pages, 3};
-            be->ops->kv_store(be, &f.kv, &bv, k, v);
+            pt_batch_view bv = {.n_tokens = n, .pos = pos, .seq = seq, .block_table = f.block_table, .max_pages = f.max_pages, .n_seqs = 3};
+            pt_be_kv_store(be, &f.kv, &bv, k, v);
             /* Expected: the old cache with exactly these slots replaced. */
             for (int t = 0; t < n; t++)
                 for (int h = 0; h < n_kv; h++)
@@ -613,8 +613,8 @@ static void check_attention(pt_backend *be, pt_dtype dt, int page_size, int n_kv
     /* Larger queries make the softmax far from flat. */
     float *q = rnd_floats((size_t)(n * n_heads * hd), 4.0f), *out = poisoned((size_t)(n * n_heads * hd));
     float scale = 1.0f / sqrtf((float)hd);
-    pt_batch_view bv = {n, pos, seq, f.block_table, f.max_pages, n_seqs};
-    be->ops->attention(be, out, q, &f.kv, &bv, n_heads, scale);
+    pt_batch_view bv = {.n_tokens = n, .pos = pos, .seq = seq, .block_table = f.block_table, .max_pages = f.max_pages, .n_seqs = n_seqs};
+    pt_be_attention(be, out, q, &f.kv, &bv, n_heads, scale);
     char what[128];
     snprintf(what, sizeof what, "attention %s page %d kv %d group %d hd %d", pt_dtype_name(dt), page_size,
              n_kv, group, hd);

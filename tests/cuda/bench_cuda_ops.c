@@ -118,7 +118,7 @@ static void bench_matmul(const char *name, int rows, int cols, bool quick) {
                 for (int i = 0; i < iters; i++) {
                     pt_weight wt = {.dtype = PT_BF16, .rows = rows, .cols = cols,
                                     .data = w[i % copies], .nbytes = wbytes};
-                    be->ops->matmul(be, y, x, &wt, n);
+                    pt_be_matmul(be, y, x, &wt, n);
                 }
                 be->ops->sync(be);
                 double t = (pt_now() - t0) / iters;
@@ -130,8 +130,8 @@ static void bench_matmul(const char *name, int rows, int cols, bool quick) {
         double rel = -1;
         if (n <= 8) {
             pt_weight wt = {.dtype = PT_BF16, .rows = rows, .cols = cols, .data = w[0], .nbytes = wbytes};
-            gemv_be->ops->matmul(gemv_be, y, x, &wt, n);
-            blas_be->ops->matmul(blas_be, y2, x, &wt, n);
+            pt_be_matmul(gemv_be, y, x, &wt, n);
+            pt_be_matmul(blas_be, y2, x, &wt, n);
             size_t cnt = (size_t)n * rows;
             float *a = malloc(4 * cnt), *b = malloc(4 * cnt);
             gemv_be->ops->download(gemv_be, a, y, 4 * cnt);
@@ -274,7 +274,7 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
             for (int rep = 0; rep < 3; rep++) {
                 be->ops->sync(be);
                 double t0 = pt_now();
-                for (int i = 0; i < iters; i++) be->ops->matmul(be, y, x, &w[i % copies].w, n);
+                for (int i = 0; i < iters; i++) pt_be_matmul(be, y, x, &w[i % copies].w, n);
                 be->ops->sync(be);
                 double t = (pt_now() - t0) / iters;
                 if (t < best) best = t;
@@ -283,8 +283,8 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
         }
         double rel = -1;
         if (n <= 16) {
-            gemv_be->ops->matmul(gemv_be, y, x, &w[0].w, n);
-            qblas_be->ops->matmul(qblas_be, y2, x, &w[0].w, n);
+            pt_be_matmul(gemv_be, y, x, &w[0].w, n);
+            pt_be_matmul(qblas_be, y2, x, &w[0].w, n);
             size_t cnt = (size_t)n * rows;
             float *a = malloc(4 * cnt), *b = malloc(4 * cnt);
             gemv_be->ops->download(gemv_be, a, y, 4 * cnt);
@@ -349,7 +349,7 @@ static void bench_attention(pt_backend *be, const char *arm, int depth, int n_ro
     be->ops->upload(be, d_seq, seq, 4 * (size_t)n_rows);
     float *q = dev_rand_f32(be, (size_t)n_rows * n_heads * hd, &rng);
     float *out = be->ops->alloc(be, (size_t)n_rows * n_heads * hd * 4);
-    pt_batch_view b = {n_rows, d_pos, d_seq, d_bt, pages_per_seq, n_seqs};
+    pt_batch_view b = {.n_tokens = n_rows, .pos = d_pos, .seq = d_seq, .block_table = d_bt, .max_pages = pages_per_seq, .n_seqs = n_seqs};
     int iters = n_rows > 64 ? 8 : 64;
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) {
@@ -358,7 +358,7 @@ static void bench_attention(pt_backend *be, const char *arm, int depth, int n_ro
         for (int i = 0; i < iters; i++) {
             pt_kv_view kv = {.k = k[i % layers], .v = v[i % layers], .dtype = PT_F16,
                              .page_size = ps, .n_kv_heads = n_kv, .head_dim = hd};
-            be->ops->attention(be, out, q, &kv, &b, n_heads, 0.088f);
+            pt_be_attention(be, out, q, &kv, &b, n_heads, 0.088f);
         }
         be->ops->sync(be);
         double t = (pt_now() - t0) / iters;
@@ -371,9 +371,9 @@ static void bench_attention(pt_backend *be, const char *arm, int depth, int n_ro
         float *out2 = simple_be->ops->alloc(simple_be, cnt * 4);
         pt_kv_view kv = {.k = k[0], .v = v[0], .dtype = PT_F16, .page_size = ps,
                          .n_kv_heads = n_kv, .head_dim = hd};
-        be->ops->attention(be, out, q, &kv, &b, n_heads, 0.088f);
+        pt_be_attention(be, out, q, &kv, &b, n_heads, 0.088f);
         be->ops->sync(be);
-        simple_be->ops->attention(simple_be, out2, q, &kv, &b, n_heads, 0.088f);
+        pt_be_attention(simple_be, out2, q, &kv, &b, n_heads, 0.088f);
         float *h1 = malloc(cnt * 4), *h2 = malloc(cnt * 4);
         be->ops->download(be, h1, out, cnt * 4);
         simple_be->ops->download(simple_be, h2, out2, cnt * 4);
@@ -468,21 +468,22 @@ static void bench_kvq_attention(pt_backend *be, int depth) {
             pt_kv_view view = pt_kv_layer(&kv, l);
             for (int c0 = 0; c0 < n_pos; c0 += KVQ_CHUNK) {
                 size_t off = (size_t)((c0 / KVQ_CHUNK) * 131 + l * 37) % 512 * w;
-                pt_batch_view b = {PT_MIN(KVQ_CHUNK, n_pos - c0), d_pos + c0, d_seq, d_bt, n_pages, 1};
-                be->ops->kv_store(be, &view, &b, pool_k + off, pool_v + off);
+                pt_batch_view b = {.n_tokens = PT_MIN(KVQ_CHUNK, n_pos - c0), .pos = d_pos + c0, .seq = d_seq,
+                                   .block_table = d_bt, .max_pages = n_pages, .n_seqs = 1};
+                pt_be_kv_store(be, &view, &b, pool_k + off, pool_v + off);
             }
         }
         be->ops->sync(be);
         /* iters: every layer equally often, the same calls every replay */
         int iters = cfg.n_layers * ((64 + cfg.n_layers - 1) / cfg.n_layers);
-        pt_batch_view b = {1, d_pos + depth, d_seq, d_bt, n_pages, 1};
+        pt_batch_view b = {.n_tokens = 1, .pos = d_pos + depth, .seq = d_seq, .block_table = d_bt, .max_pages = n_pages, .n_seqs = 1};
         double t[KVQ_REPS];
         for (int rep = -1; rep < KVQ_REPS; rep++) { /* rep -1 captures the graph */
             be->ops->sync(be);
             double t0 = pt_now();
             for (int i = 0; i < iters; i++) {
                 pt_kv_view view = pt_kv_layer(&kv, i % cfg.n_layers);
-                be->ops->attention(be, out, q, &view, &b, n_heads, 1.0f / sqrtf((float)hd));
+                pt_be_attention(be, out, q, &view, &b, n_heads, 1.0f / sqrtf((float)hd));
             }
             be->ops->sync(be);
             if (rep >= 0) t[rep] = (pt_now() - t0) / iters;
@@ -491,7 +492,7 @@ static void bench_kvq_attention(pt_backend *be, int depth) {
         double us = t[KVQ_REPS / 2] * 1e6;
         /* layer 0 once more, for the distance from the f16 cache's output */
         pt_kv_view view0 = pt_kv_layer(&kv, 0);
-        be->ops->attention(be, out, q, &view0, &b, n_heads, 1.0f / sqrtf((float)hd));
+        pt_be_attention(be, out, q, &view0, &b, n_heads, 1.0f / sqrtf((float)hd));
         be->ops->download(be, f == 0 ? ref : got, out, 4 * qn);
         double rel = 0;
         if (f == 0) {

@@ -169,8 +169,8 @@ static void twin_store(twin *t, int n, const int32_t *seq, const int32_t *pos, c
             void *dp = dev_copy(b, pos + c0, ib), *ds = dev_copy(b, seq + c0, ib);
             void *dk = dev_copy(b, k + c0 * w, fb), *dv = dev_copy(b, v + c0 * w, fb);
             pt_kv_view view = pt_kv_layer(&t->kv[b], 0);
-            pt_batch_view bv = {cn, dp, ds, t->dbt[b], t->max_pages, t->n_seqs};
-            be[b]->ops->kv_store(be[b], &view, &bv, dk, dv);
+            pt_batch_view bv = {.n_tokens = cn, .pos = dp, .seq = ds, .block_table = t->dbt[b], .max_pages = t->max_pages, .n_seqs = t->n_seqs};
+            pt_be_kv_store(be[b], &view, &bv, dk, dv);
             dev_free(b, dp, ib), dev_free(b, ds, ib), dev_free(b, dk, fb), dev_free(b, dv, fb);
         }
     }
@@ -403,12 +403,12 @@ static void attn_batch(const twin *t, int n_heads, const char *batch, int n, con
         void *dq = dev_copy(b, q, nb), *dout = dev_copy(b, poison, nb);
         void *ds = dev_copy(b, qseq, ib), *dp = dev_copy(b, qpos, ib);
         pt_kv_view view = pt_kv_layer(&t->kv[b], 0);
-        pt_batch_view bv = {n, dp, ds, t->dbt[b], t->max_pages, t->n_seqs};
+        pt_batch_view bv = {.n_tokens = n, .pos = dp, .seq = ds, .block_table = t->dbt[b], .max_pages = t->max_pages, .n_seqs = t->n_seqs};
         int rounds = b == GPU && graph ? 2 : 1, calls = b == GPU && graph ? GRAPH_CALLS : 1;
         for (int round = 0; round < rounds; round++) {
             be[b]->ops->upload(be[b], dout, poison, nb);
             for (int c = 0; c < calls; c++)
-                be[b]->ops->attention(be[b], dout, dq, &view, &bv, n_heads, scale);
+                pt_be_attention(be[b], dout, dq, &view, &bv, n_heads, scale);
             float *got = host_copy(b, dout, nb);
             if (b == CPU) {
                 ref = got;

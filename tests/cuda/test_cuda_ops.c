@@ -169,7 +169,7 @@ static void one_matmul(pt_dtype t, int rows, int cols, int n) {
     arr y = arr_poison(sizeof(float) * (size_t)n * rows);
     for (int b = 0; b < N_BE; b++) {
         pt_weight wt = {.dtype = t, .rows = rows, .cols = cols, .data = w.d[b], .nbytes = w.nbytes};
-        be[b]->ops->matmul(be[b], y.d[b], x.d[b], &wt, n);
+        pt_be_matmul(be[b], y.d[b], x.d[b], &wt, n);
     }
     /* GEMV and Sgemm are f32 throughout: relative error ~1e-6.  GemmEx
      * rounds x to the weight type (f16: 2^-11, bf16: 2^-8 relative), so
@@ -250,7 +250,7 @@ static void test_embed(void **state) {
         arr y = arr_poison(sizeof(float) * (size_t)n * cols);
         for (int b = 0; b < N_BE; b++) {
             pt_weight w = {.dtype = types[ti], .rows = rows, .cols = cols, .data = table.d[b], .nbytes = table.nbytes};
-            be[b]->ops->embed(be[b], y.d[b], &w, id.d[b], n);
+            pt_be_embed(be[b], y.d[b], &w, id.d[b], n);
         }
         check_out(&y, GPU, 0, "embed %s", tname(types[ti]));
         arr_free(&table);
@@ -267,7 +267,7 @@ static void test_gather_rows(void **state) {
     for (int i = 0; i < n; i++) idx[i] = (int32_t)(pt_rng_next(&rng) % rows);
     arr id = arr_from(idx, sizeof idx);
     arr y = arr_poison(sizeof(float) * (size_t)n * d);
-    for (int b = 0; b < N_BE; b++) be[b]->ops->gather_rows(be[b], y.d[b], src.d[b], id.d[b], n, d);
+    for (int b = 0; b < N_BE; b++) pt_be_gather_rows(be[b], y.d[b], src.d[b], id.d[b], n, d);
     check_out(&y, GPU, 0, "gather_rows");
     arr_free(&src);
     arr_free(&id);
@@ -283,10 +283,10 @@ static void test_rmsnorm(void **state) {
         int n = dims[i][0], d = dims[i][1];
         arr x = arr_rand((size_t)n * d, -4, 4), g = arr_rand((size_t)d, 0.5f, 1.5f);
         arr y = arr_poison(sizeof(float) * (size_t)n * d);
-        for (int b = 0; b < N_BE; b++) be[b]->ops->rmsnorm(be[b], y.d[b], x.d[b], g.d[b], n, d, 1e-5f);
+        for (int b = 0; b < N_BE; b++) pt_be_rmsnorm(be[b], y.d[b], x.d[b], g.d[b], n, d, 1e-5f);
         check_out(&y, GPU, 1e-6, "rmsnorm %dx%d", n, d);
         /* in place */
-        for (int b = 0; b < N_BE; b++) be[b]->ops->rmsnorm(be[b], x.d[b], x.d[b], g.d[b], n, d, 1e-6f);
+        for (int b = 0; b < N_BE; b++) pt_be_rmsnorm(be[b], x.d[b], x.d[b], g.d[b], n, d, 1e-6f);
         check_out(&x, GPU, 1e-6, "rmsnorm in place %dx%d", n, d);
         arr_free(&x);
         arr_free(&g);
@@ -301,14 +301,14 @@ static void test_elementwise(void **state) {
         size_t n = counts[i];
         arr a = arr_rand(n, -5, 5), c = arr_rand(n, -5, 5);
         arr y = arr_poison(sizeof(float) * n);
-        for (int b = 0; b < N_BE; b++) be[b]->ops->add(be[b], y.d[b], a.d[b], c.d[b], n);
+        for (int b = 0; b < N_BE; b++) pt_be_add(be[b], y.d[b], a.d[b], c.d[b], n);
         check_out(&y, GPU, 0, "add %zu", n);
-        for (int b = 0; b < N_BE; b++) be[b]->ops->add(be[b], a.d[b], a.d[b], c.d[b], n);
+        for (int b = 0; b < N_BE; b++) pt_be_add(be[b], a.d[b], a.d[b], c.d[b], n);
         check_out(&a, GPU, 0, "add in place %zu", n);
         arr_repoison(&y);
-        for (int b = 0; b < N_BE; b++) be[b]->ops->swiglu(be[b], y.d[b], a.d[b], c.d[b], n);
+        for (int b = 0; b < N_BE; b++) pt_be_swiglu(be[b], y.d[b], a.d[b], c.d[b], n);
         check_out(&y, GPU, 1e-6, "swiglu %zu", n);
-        for (int b = 0; b < N_BE; b++) be[b]->ops->swiglu(be[b], c.d[b], a.d[b], c.d[b], n);
+        for (int b = 0; b < N_BE; b++) pt_be_swiglu(be[b], c.d[b], a.d[b], c.d[b], n);
         check_out(&c, GPU, 1e-6, "swiglu in place %zu", n);
         arr_free(&a);
         arr_free(&c);
@@ -318,7 +318,7 @@ static void test_elementwise(void **state) {
     arr a = arr_rand(1003, -1, 1), c = arr_rand(1003, -1, 1);
     arr y = arr_poison(sizeof(float) * 1003);
     for (int b = 0; b < N_BE; b++)
-        be[b]->ops->add(be[b], (float *)y.d[b] + 1, (float *)a.d[b] + 1, (float *)c.d[b] + 2, 1000);
+        pt_be_add(be[b], (float *)y.d[b] + 1, (float *)a.d[b] + 1, (float *)c.d[b] + 2, 1000);
     float *ref = arr_get(&y, CPU), *got = arr_get(&y, GPU);
     double max_abs;
     assert_true(rel_err(got + 1, ref + 1, 1000, &max_abs) == 0);
@@ -330,7 +330,7 @@ static void test_elementwise(void **state) {
 
     int n = 7, d = 45;
     arr x = arr_rand((size_t)n * d, -1, 1), bias = arr_rand((size_t)d, -1, 1);
-    for (int b = 0; b < N_BE; b++) be[b]->ops->add_bias(be[b], x.d[b], bias.d[b], n, d);
+    for (int b = 0; b < N_BE; b++) pt_be_add_bias(be[b], x.d[b], bias.d[b], n, d);
     check_out(&x, GPU, 0, "add_bias");
     arr_free(&x);
     arr_free(&bias);
@@ -358,9 +358,9 @@ static void test_rope(void **state) {
         arr f = arr_from(freq, sizeof(float) * (size_t)(nr / 2)), p = arr_from(pos, sizeof pos);
         arr x = arr_rand((size_t)n * nh * hd, -2, 2);
         for (int b = 0; b < N_BE; b++) {
-            pt_batch_view bv = {n, p.d[b], NULL, NULL, 0, 0};
-            pt_rope r = {cases[ci].style, nr, f.d[b], cases[ci].mscale};
-            be[b]->ops->rope(be[b], x.d[b], &bv, nh, hd, &r);
+            pt_batch_view bv = {.n_tokens = n, .pos = p.d[b], .seq = NULL, .block_table = NULL, .max_pages = 0, .n_seqs = 0};
+            pt_rope r = {.style = cases[ci].style, .n_rot = nr, .inv_freq = f.d[b], .mscale = cases[ci].mscale};
+            pt_be_rope(be[b], x.d[b], &bv, nh, hd, &r);
         }
         /* angles up to 32767 rad: both sides round pos*inv_freq to f32 and
          * take an accurate sin/cos, so only the last bits may differ */
@@ -422,8 +422,8 @@ static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int
     for (int b = 0; b < N_BE; b++) {
         kv[b] = (pt_kv_view){.k = kc.d[b], .v = vc.d[b], .dtype = kt, .page_size = page_size,
                              .n_kv_heads = n_kv, .head_dim = hd};
-        pt_batch_view bv = {n_store, spa.d[b], ssa.d[b], bta.d[b], max_pages, n_seqs};
-        be[b]->ops->kv_store(be[b], &kv[b], &bv, k.d[b], v.d[b]);
+        pt_batch_view bv = {.n_tokens = n_store, .pos = spa.d[b], .seq = ssa.d[b], .block_table = bta.d[b], .max_pages = max_pages, .n_seqs = n_seqs};
+        pt_be_kv_store(be[b], &kv[b], &bv, k.d[b], v.d[b]);
     }
     /* compare the stored pages (only pages in use: the rest stay poisoned) */
     {
@@ -448,8 +448,8 @@ static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int
     arr out = arr_poison(sizeof(float) * (size_t)nq * n_heads * hd);
     float scale = 1.0f / sqrtf((float)hd) * 2.0f; /* sharper than usual: softmax must be exact */
     for (int b = 0; b < N_BE; b++) {
-        pt_batch_view bv = {nq, qpa.d[b], qsa.d[b], bta.d[b], max_pages, n_seqs};
-        be[b]->ops->attention(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, scale);
+        pt_batch_view bv = {.n_tokens = nq, .pos = qpa.d[b], .seq = qsa.d[b], .block_table = bta.d[b], .max_pages = max_pages, .n_seqs = n_seqs};
+        pt_be_attention(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, scale);
     }
     /* 16-bit caches with 64+ rows take the tensor cores, queries and
      * probabilities split in two 16-bit parts: ~1e-5 instead of ~1e-6 */
@@ -546,12 +546,12 @@ static void invariant_matmul(pt_dtype t, int rows, int cols, int n) {
     float *yn = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * rows);
     void *dx = gpu_put(x, sizeof(float) * (size_t)n * cols), *dy = gpu_put(yn, sizeof(float) * ny);
     pt_weight wt = {.dtype = t, .rows = rows, .cols = cols, .data = w.d[GPU], .nbytes = w.nbytes};
-    be[GPU]->ops->matmul(be[GPU], dy, dx, &wt, n);
+    pt_be_matmul(be[GPU], dy, dx, &wt, n);
     gpu_get(yn, dy, sizeof(float) * ny);
     for (int i = 0; i < n; i++) {
         void *dxi = gpu_put(x + (size_t)i * cols, sizeof(float) * cols);
         void *dyi = gpu_put(y1, sizeof(float) * rows);
-        be[GPU]->ops->matmul(be[GPU], dyi, dxi, &wt, 1);
+        pt_be_matmul(be[GPU], dyi, dxi, &wt, 1);
         gpu_get(y1, dyi, sizeof(float) * rows);
         if (memcmp(y1, yn + (size_t)i * rows, sizeof(float) * rows)) {
             int r = 0;
@@ -589,15 +589,17 @@ static void invariant_attention(pt_dtype kt, int n_heads, int n_kv, int hd, int 
     void *dv = gpu_put(kv, sizeof(float) * (size_t)len * n_kv * hd);
     pt_kv_view view = {.k = kc, .v = vc, .dtype = kt, .page_size = ps, .n_kv_heads = n_kv,
                        .head_dim = hd};
-    pt_batch_view all = {len, dpos, dseq, dbt, pages, 1};
-    be[GPU]->ops->kv_store(be[GPU], &view, &all, dk, dv);
+    pt_batch_view all = {.n_tokens = len, .pos = dpos, .seq = dseq, .block_table = dbt,
+                         .max_pages = pages, .n_seqs = 1};
+    pt_be_kv_store(be[GPU], &view, &all, dk, dv);
     float *q = malloc(sizeof(float) * n * row), *on = malloc(sizeof(float) * n * row),
           *o1 = malloc(sizeof(float) * row);
     for (size_t i = 0; i < n * row; i++) q[i] = frand(-1, 1);
     void *dq = gpu_put(q, sizeof(float) * n * row), *dout = gpu_put(on, sizeof(float) * n * row);
     float scale = 2.0f / sqrtf((float)hd);
-    pt_batch_view verify = {n, (int32_t *)dpos + p, dseq, dbt, pages, 1};
-    be[GPU]->ops->attention(be[GPU], dout, dq, &view, &verify, n_heads, scale);
+    pt_batch_view verify = {.n_tokens = n, .pos = (int32_t *)dpos + p, .seq = dseq,
+                            .block_table = dbt, .max_pages = pages, .n_seqs = 1};
+    pt_be_attention(be[GPU], dout, dq, &view, &verify, n_heads, scale);
     gpu_get(on, dout, sizeof(float) * n * row);
     for (int i = 0; i < n; i++) {
         /* the block table of a decode step: the first pages of the same
@@ -605,8 +607,9 @@ static void invariant_attention(pt_dtype kt, int n_heads, int n_kv, int hd, int 
         int own = (p + i) / ps + 1;
         void *dq1 = gpu_put(q + i * row, sizeof(float) * row), *do1 = gpu_put(o1, sizeof(float) * row);
         void *dbt1 = gpu_put(bt, sizeof(int32_t) * own);
-        pt_batch_view one = {1, (int32_t *)dpos + p + i, dseq, dbt1, own, 1};
-        be[GPU]->ops->attention(be[GPU], do1, dq1, &view, &one, n_heads, scale);
+        pt_batch_view one = {.n_tokens = 1, .pos = (int32_t *)dpos + p + i, .seq = dseq,
+                             .block_table = dbt1, .max_pages = own, .n_seqs = 1};
+        pt_be_attention(be[GPU], do1, dq1, &view, &one, n_heads, scale);
         gpu_get(o1, do1, sizeof(float) * row);
         if (memcmp(o1, on + i * row, sizeof(float) * row)) {
             size_t e = 0;

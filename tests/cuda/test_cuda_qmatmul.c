@@ -151,7 +151,7 @@ static void one_matmul(const fmt *f, const qmat *m, int n) {
     for (int b = 0; b < N_BE; b++) {
         dx[b] = to_backend(b, x, sizeof(float) * nx);
         dy[b] = to_backend(b, poison, sizeof(float) * ny);
-        be[b]->ops->matmul(be[b], dy[b], dx[b], &m->w[b], n);
+        pt_be_matmul(be[b], dy[b], dx[b], &m->w[b], n);
     }
     float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
     double u = n <= 16 ? 1e-5 : ldexp(1.0, -9);
@@ -220,13 +220,13 @@ static void invariant_qmatmul(const fmt *f, const qmat *m, int n) {
           *y1 = malloc(sizeof(float) * rows);
     for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1) * (1 + (float)(i % 5));
     void *dx = to_backend(GPU, x, sizeof(float) * nx), *dy = to_backend(GPU, yn, sizeof(float) * ny);
-    be[GPU]->ops->matmul(be[GPU], dy, dx, &m->w[GPU], n);
+    pt_be_matmul(be[GPU], dy, dx, &m->w[GPU], n);
     be[GPU]->ops->download(be[GPU], yn, dy, sizeof(float) * ny);
     char fb[48];
     for (int i = 0; i < n; i++) {
         void *dxi = to_backend(GPU, x + (size_t)i * cols, sizeof(float) * cols);
         void *dyi = to_backend(GPU, y1, sizeof(float) * rows);
-        be[GPU]->ops->matmul(be[GPU], dyi, dxi, &m->w[GPU], 1);
+        pt_be_matmul(be[GPU], dyi, dxi, &m->w[GPU], 1);
         be[GPU]->ops->download(be[GPU], y1, dyi, sizeof(float) * rows);
         if (memcmp(y1, yn + (size_t)i * rows, sizeof(float) * rows)) {
             int r = 0;
@@ -275,7 +275,7 @@ static void test_qembed(void **state) {
         for (int b = 0; b < N_BE; b++) {
             di[b] = to_backend(b, ids, sizeof ids);
             dy[b] = to_backend(b, poison, sizeof(float) * ny);
-            be[b]->ops->embed(be[b], dy[b], &m.w[b], di[b], n);
+            pt_be_embed(be[b], dy[b], &m.w[b], di[b], n);
         }
         float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
         for (size_t i = 0; i < ny; i++)

@@ -6,7 +6,9 @@
  * however many jobs share a step, whether they queue for a slot, and
  * whatever the prefill chunk size.  Cancellation, stopping from the
  * callback, the length limit and refused submissions are checked too, and
- * every KV page must be back in the pool at the end.
+ * every KV page must be back in the pool at the end.  A backend failure
+ * (injected with PETREL_FAULT_OP) must fail only the request whose step it
+ * hit.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -279,12 +281,53 @@ static void test_stop_with_work(void **state) {
     pt_engine_close(e);
 }
 
+/* A failed op fails the step's request with the op's name; the backend
+ * leaves its error state, so the next request runs and matches its golden
+ * tokens, and every page comes back. */
+static void test_backend_fault_fails_step(void **state) {
+    (void)state;
+    setenv("PETREL_FAULT_OP", "attention:3", 1); /* read when the CPU backend starts */
+    pt_engine *e = open_engine(128, 0);
+    unsetenv("PETREL_FAULT_OP");
+    int pool = pt_kv_free_pages(&e->kv);
+    pt_err err = {{0}};
+    pt_sched *s;
+    pt_sched_opts o = {.max_seqs = 4, .n_ctx = 128};
+    assert_int_equal(pt_sched_start(&s, e, &o, &err), 0);
+    json_t *g = cases();
+    json_t *c = json_array_get(json_object_get(g, "cases"), 0);
+    int32_t prompt[64], want[64];
+    int n = ids(c, "prompt_ids", prompt), nw = ids(c, "continuation_ids", want);
+    result bad, good;
+    result_init(&bad);
+    result_init(&good);
+    pt_sched_job j = greedy_job(prompt, n, 16, &bad);
+    assert_true(pt_sched_submit(s, &j, &err) > 0);
+    wait_done(&bad);
+    assert_int_equal(bad.st.finish, PT_FINISH_NONE);
+    assert_int_equal(bad.n, 0);
+    assert_non_null(strstr(bad.st.error, "attention"));
+    assert_non_null(strstr(bad.st.error, "injected fault"));
+    assert_int_equal(pt_kv_free_pages(&e->kv), pool);
+    j = greedy_job(prompt, n, nw, &good); /* same prompt: nothing of the failed step was cached */
+    assert_true(pt_sched_submit(s, &j, &err) > 0);
+    wait_done(&good);
+    assert_int_equal(good.st.finish, PT_FINISH_LENGTH);
+    assert_int_equal(good.n, nw);
+    assert_memory_equal(good.tokens, want, sizeof(int32_t) * (size_t)nw);
+    pt_sched_stop(s);
+    assert_int_equal(pt_kv_free_pages(&e->kv), pool);
+    json_decref(g);
+    pt_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_preemption_equals_alone),
         cmocka_unit_test(test_stop_length_cancel),
         cmocka_unit_test(test_stop_with_work),
+        cmocka_unit_test(test_backend_fault_fails_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

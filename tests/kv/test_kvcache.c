@@ -159,11 +159,11 @@ static void run_attention(const attn_case *tc) {
         pos[i] = i;
 
     pt_kv_view view = pt_kv_layer(&kv, 1);
-    pt_batch_view all = {n, pos, seq, table, n_pages, 1};
-    be->ops->kv_store(be, &view, &all, k, v);
-    pt_batch_view rows = {tc->n_rows, pos + n - tc->n_rows, seq, table, n_pages, 1};
+    pt_batch_view all = {.n_tokens = n, .pos = pos, .seq = seq, .block_table = table, .max_pages = n_pages, .n_seqs = 1};
+    pt_be_kv_store(be, &view, &all, k, v);
+    pt_batch_view rows = {.n_tokens = tc->n_rows, .pos = pos + n - tc->n_rows, .seq = seq, .block_table = table, .max_pages = n_pages, .n_seqs = 1};
     float scale = 1.0f / sqrtf((float)d);
-    be->ops->attention(be, out, q, &view, &rows, tc->n_heads, scale);
+    pt_be_attention(be, out, q, &view, &rows, tc->n_heads, scale);
 
     /* Decode every stored row with the scalar codec, then attend naively. */
     const pt_kv_codec *c = &kv.codec;

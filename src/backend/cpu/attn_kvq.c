@@ -424,7 +424,8 @@ void pt_cpu_kvq_attention(pt_backend *be, float *out, const float *q, const pt_k
     const pt_kvq_kernels *qk = pt_kvq_kernels_avx2();
     if (!qk || cb->k != pt_cpu_kernels_avx2()) qk = pt_kvq_kernels_portable();
     int max_rows = PT_MAX(1, PT_MIN(MAX_BLOCK, BLOCK_HEADS / n_heads));
-    pt_cpu_scratch_reserve(cb, state_floats(max_rows * n_heads, kv->head_dim));
+    if (pt_cpu_scratch_reserve(cb, state_floats(max_rows * n_heads, kv->head_dim), "attention"))
+        return;
     attn_job j = {
         .k = cb->k,
         .qk = qk,

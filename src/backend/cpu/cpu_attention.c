@@ -364,7 +364,9 @@ void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_vi
     atomic_init(&j.next, 0);
     plan_items(cb, &j);
     size_t hd = (size_t)kv->head_dim;
-    pt_cpu_scratch_reserve(cb, (size_t)n_heads * (2 * hd + 2 + CHUNK) + (size_t)j.seg_max * width + 16);
+    if (pt_cpu_scratch_reserve(cb, (size_t)n_heads * (2 * hd + 2 + CHUNK) + (size_t)j.seg_max * width + 16,
+                               "attention"))
+        return;
     j.scratch = cb->scratch; /* reserve may have moved it */
 
     double work = 0;

@@ -36,16 +36,22 @@ const pt_cpu_wops *pt_cpu_wops_for(const pt_cpu_backend *cb, pt_dtype dt, const 
     return &cb->k->w[dt];
 }
 
-void pt_cpu_scratch_reserve(pt_cpu_backend *cb, size_t floats) {
-    if (floats <= cb->scratch_floats) return;
+int pt_cpu_scratch_reserve(pt_cpu_backend *cb, size_t floats, const char *op) {
+    if (floats <= cb->scratch_floats) return 0;
     floats = PT_MAX(floats, cb->scratch_floats * 2); /* amortize growth */
     for (int i = 0; i < cb->base.n_threads; i++) {
         free(cb->scratch[i]);
         size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
         cb->scratch[i] = aligned_alloc(64, bytes);
-        if (!cb->scratch[i]) pt_cpu_die("out of memory for %zu bytes of scratch", bytes);
+        if (!cb->scratch[i]) {
+            for (int j = 0; j < cb->base.n_threads; j++) free(cb->scratch[j]), cb->scratch[j] = NULL;
+            cb->scratch_floats = 0;
+            return pt_be_fail(&cb->base, op, "out of memory for %zu bytes of scratch per thread",
+                              bytes);
+        }
     }
     cb->scratch_floats = floats;
+    return 0;
 }
 
 void pt_cpu_run(pt_cpu_backend *cb, pt_pool_fn fn, void *ctx, double work) {
@@ -72,8 +78,78 @@ static void cpu_copy(pt_backend *be, void *dst, const void *src, size_t nbytes) 
     if (nbytes) memcpy(dst, src, nbytes);
 }
 
-static void cpu_sync(pt_backend *be) {
-    (void)be;
+static int cpu_download(pt_backend *be, void *dst, const void *src, size_t nbytes) {
+    cpu_copy(be, dst, src, nbytes);
+    return be->failed ? -1 : 0;
+}
+
+/* Ops ran when they were called: only the sticky error is left to report. */
+static int cpu_sync(pt_backend *be) {
+    return be->failed ? -1 : 0;
+}
+
+/* PETREL_FAULT_OP=name:N (tests): which op kind fails, and at which call. */
+static void read_fault(pt_cpu_backend *cb) {
+    cb->fault_kind = -1;
+    const char *s = getenv("PETREL_FAULT_OP");
+    const char *colon = s ? strchr(s, ':') : NULL;
+    if (!colon) return;
+    for (int k = 0; k < PT_OP_COUNT; k++) {
+        const char *name = pt_op_name(k);
+        if (strlen(name) == (size_t)(colon - s) && strncmp(s, name, (size_t)(colon - s)) == 0) {
+            cb->fault_kind = k;
+            cb->fault_at = strtol(colon + 1, NULL, 10);
+            pt_warn("cpu backend: PETREL_FAULT_OP: call %ld of %s will fail", cb->fault_at, name);
+        }
+    }
+}
+
+/* Whether this op is the one PETREL_FAULT_OP names. */
+static bool injected_fault(pt_cpu_backend *cb, const pt_op *o) {
+    return (int)o->kind == cb->fault_kind && ++cb->fault_seen == cb->fault_at;
+}
+
+/* One op record, run now on the thread pool: the CPU's only op entry. */
+static void cpu_run_op(pt_backend *be, const pt_op *o) {
+    if (injected_fault(pt_cpu(be), o)) {
+        pt_be_fail(be, pt_op_name(o->kind), "injected fault (PETREL_FAULT_OP)");
+        return;
+    }
+    switch (o->kind) {
+    case PT_OP_MATMUL: pt_cpu_matmul(be, o->matmul.y, o->matmul.x, &o->matmul.w, o->matmul.n); break;
+    case PT_OP_EMBED: pt_cpu_embed(be, o->embed.y, &o->embed.table, o->embed.ids, o->embed.n); break;
+    case PT_OP_RMSNORM: {
+        const pt_op_rmsnorm *a = &o->rmsnorm;
+        pt_cpu_rmsnorm(be, a->y, a->x, a->g, a->n, a->d, a->eps);
+        break;
+    }
+    case PT_OP_ADD: pt_cpu_add(be, o->add.y, o->add.a, o->add.b, o->add.count); break;
+    case PT_OP_ADD_BIAS:
+        pt_cpu_add_bias(be, o->add_bias.y, o->add_bias.bias, o->add_bias.n, o->add_bias.d);
+        break;
+    case PT_OP_SWIGLU: pt_cpu_swiglu(be, o->swiglu.y, o->swiglu.gate, o->swiglu.up, o->swiglu.count); break;
+    case PT_OP_ROPE: {
+        const pt_op_rope *a = &o->rope;
+        pt_cpu_rope(be, a->x, &a->b, a->n_heads, a->head_dim, &a->rope);
+        break;
+    }
+    case PT_OP_KV_STORE: {
+        const pt_op_kv_store *a = &o->kv_store;
+        pt_cpu_kv_store(be, &a->kv, &a->b, a->k, a->v);
+        break;
+    }
+    case PT_OP_ATTENTION: {
+        const pt_op_attention *a = &o->attention;
+        pt_cpu_attention(be, a->out, a->q, &a->kv, &a->b, a->n_heads, a->scale);
+        break;
+    }
+    case PT_OP_GATHER_ROWS: {
+        const pt_op_gather_rows *a = &o->gather_rows;
+        pt_cpu_gather_rows(be, a->dst, a->src, a->idx, a->n, a->d);
+        break;
+    }
+    default: pt_cpu_die("op kind %d has no CPU implementation", (int)o->kind);
+    }
 }
 
 static void cpu_destroy(pt_backend *be) {
@@ -92,19 +168,10 @@ static const pt_backend_ops cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,
-    .download = cpu_copy,
+    .download = cpu_download,
     .copy = cpu_copy,
     .sync = cpu_sync,
-    .matmul = pt_cpu_matmul,
-    .embed = pt_cpu_embed,
-    .rmsnorm = pt_cpu_rmsnorm,
-    .add = pt_cpu_add,
-    .add_bias = pt_cpu_add_bias,
-    .swiglu = pt_cpu_swiglu,
-    .rope = pt_cpu_rope,
-    .kv_store = pt_cpu_kv_store,
-    .attention = pt_cpu_attention,
-    .gather_rows = pt_cpu_gather_rows,
+    .run = cpu_run_op,
     .read_bandwidth = pt_cpu_read_bandwidth,
     .compute_peak = pt_cpu_compute_peak,
     .destroy = cpu_destroy,
@@ -147,6 +214,7 @@ pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err) 
         return NULL;
     }
     cb->scratch = pt_xcalloc((size_t)n_threads, sizeof *cb->scratch);
+    read_fault(cb);
     cb->quant.avx2 = k == pt_cpu_kernels_avx2();
     /* PETREL_CPU_INT8=0 keeps quantized prefill on the int16 kernels (A/B runs). */
     const char *i8 = getenv("PETREL_CPU_INT8");

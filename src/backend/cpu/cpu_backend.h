@@ -24,6 +24,11 @@ typedef struct pt_cpu_backend {
      * on the calling thread like scratch. */
     void *attn_meta, *attn_parts;
     size_t attn_meta_cap, attn_parts_cap;
+    /* Test-only fault injection (PETREL_FAULT_OP=name:N, read at creation):
+     * the N-th op of kind fault_kind (counting from 1) fails instead of
+     * running.  fault_kind -1: off. */
+    int fault_kind;
+    long fault_at, fault_seen;
     double bandwidth; /* bytes/s, 0 until measured */
     char bandwidth_how[96]; /* the probe variant that read fastest */
     double peak[2];   /* ops/s: f32 fma, int8 multiply-add; 0 until measured */
@@ -34,8 +39,10 @@ static inline pt_cpu_backend *pt_cpu(pt_backend *be) {
     return (pt_cpu_backend *)be;
 }
 
-/* Makes every thread's scratch at least floats long (64-byte aligned). */
-void pt_cpu_scratch_reserve(pt_cpu_backend *cb, size_t floats);
+/* Makes every thread's scratch at least floats long (64-byte aligned);
+ * -1 with the backend's sticky error set if memory ran out (the op must
+ * then return without running). */
+int pt_cpu_scratch_reserve(pt_cpu_backend *cb, size_t floats, const char *op);
 
 /* Runs fn on all threads, or on the caller alone when the op is too small
  * for a dispatch to pay off (work is a rough count of elements touched). */
@@ -51,7 +58,8 @@ static inline void pt_cpu_split(int64_t n, int ith, int nth, int64_t align, int6
 }
 
 /* Aborts with a message: the op was called with arguments the model code
- * must never produce (a format this backend lacks, an id out of range). */
+ * must never produce (a format this backend lacks, an id out of range).
+ * Failures the caller can survive (memory) go to the sticky error. */
 _Noreturn void pt_cpu_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The kernel entry for a weight/KV dtype, or death if the set lacks it. */

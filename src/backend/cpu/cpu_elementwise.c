@@ -148,7 +148,7 @@ void pt_cpu_rope(pt_backend *be, float *x, const pt_batch_view *b, int n_heads, 
         pt_cpu_die("rope: n_rot %d must be even and at most head_dim %d", rope->n_rot, head_dim);
     if (rope->style != PT_ROPE_NORM && rope->style != PT_ROPE_NEOX)
         pt_cpu_die("rope: unknown style %d", rope->style);
-    pt_cpu_scratch_reserve(cb, (size_t)rope->n_rot + 16);
+    if (pt_cpu_scratch_reserve(cb, (size_t)rope->n_rot + 16, "rope")) return;
     rope_job j = {cb->k, x, b->pos, b->n_tokens, n_heads, head_dim, rope, cb->scratch};
     /* sin/cos in double cost ~50 element-ops per pair. */
     pt_cpu_run(cb, rope_task, &j, (double)b->n_tokens * (n_heads * head_dim + 50.0 * rope->n_rot));

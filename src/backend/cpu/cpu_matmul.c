@@ -143,7 +143,7 @@ void pt_cpu_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w,
     } else {
         int64_t panels = (w->rows + PT_CPU_NR - 1) / PT_CPU_NR;
         j.split_tokens = panels < 2 * be->n_threads && n >= 2 * PT_CPU_MR * be->n_threads;
-        pt_cpu_scratch_reserve(cb, 2 * PT_CPU_NR * KB);
+        if (pt_cpu_scratch_reserve(cb, 2 * PT_CPU_NR * KB, "matmul")) return;
         j.scratch = cb->scratch;
         pt_cpu_run(cb, gemm_task, &j, work);
     }

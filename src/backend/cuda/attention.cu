@@ -613,13 +613,13 @@ template <int T> __global__ void attn_simple_kernel(cu_attn_args a) {
     }
 }
 
-extern "C" void cu_attention_simple(cudaStream_t s, const cu_attn_args *a) {
+extern "C" void cu_attention_simple(const cu_ctx *c, const cu_attn_args *a) {
     int warps = a->n * a->n_heads;
     if (warps <= 0) return;
     int blocks = CU_DIV_UP(warps, 4);
-    if (a->dtype == CU_F32) CU_LAUNCH((attn_simple_kernel<CU_F32>), blocks, 128, 0, s, *a);
-    else if (a->dtype == CU_F16) CU_LAUNCH((attn_simple_kernel<CU_F16>), blocks, 128, 0, s, *a);
-    else CU_LAUNCH((attn_simple_kernel<CU_BF16>), blocks, 128, 0, s, *a);
+    if (a->dtype == CU_F32) CU_LAUNCH((attn_simple_kernel<CU_F32>), blocks, 128, 0, c, *a);
+    else if (a->dtype == CU_F16) CU_LAUNCH((attn_simple_kernel<CU_F16>), blocks, 128, 0, c, *a);
+    else CU_LAUNCH((attn_simple_kernel<CU_BF16>), blocks, 128, 0, c, *a);
 }
 
 /* ---- planning and dispatch ------------------------------------------------------- */
@@ -673,20 +673,20 @@ extern "C" size_t cu_attention_scratch(const cu_attn_args *a, int n_sm) {
 }
 
 template <int HD, int NQ, int T>
-static void launch_tiled(cudaStream_t s, const cu_attn_args *a, const att_plan *p) {
+static void launch_tiled(const cu_ctx *c, const cu_attn_args *a, const att_plan *p) {
     const int bytes = att_layout<HD, NQ>::bytes;
     int G = a->n_heads / a->n_kv_heads;
     dim3 grid(a->n_kv_heads * (G / p->gq), CU_DIV_UP(a->n, p->qr), p->n_splits);
-    CU_LAUNCH((attn_tiled_kernel<HD, NQ, T>), grid, ATT_WARPS * 32, bytes, s, *a, *p);
+    CU_LAUNCH((attn_tiled_kernel<HD, NQ, T>), grid, ATT_WARPS * 32, bytes, c, *a, *p);
 }
 
 template <int HD, int T>
-static void dispatch_nq(cudaStream_t s, const cu_attn_args *a, const att_plan *p) {
+static void dispatch_nq(const cu_ctx *c, const cu_attn_args *a, const att_plan *p) {
     switch (p->gq * p->qr) {
-    case 1: launch_tiled<HD, 1, T>(s, a, p); break;
-    case 2: launch_tiled<HD, 2, T>(s, a, p); break;
-    case 4: launch_tiled<HD, 4, T>(s, a, p); break;
-    default: launch_tiled<HD, 8, T>(s, a, p); break;
+    case 1: launch_tiled<HD, 1, T>(c, a, p); break;
+    case 2: launch_tiled<HD, 2, T>(c, a, p); break;
+    case 4: launch_tiled<HD, 4, T>(c, a, p); break;
+    default: launch_tiled<HD, 8, T>(c, a, p); break;
     }
 }
 
@@ -715,11 +715,11 @@ extern "C" void cu_attention_init(void) {
     set_smem_limits<128, CU_BF16>();
 }
 
-extern "C" void cu_attention(cudaStream_t s, const cu_attn_args *a, int n_sm, void *scratch) {
+extern "C" void cu_attention(const cu_ctx *c, const cu_attn_args *a, int n_sm, void *scratch) {
     att_plan p;
     if (a->n <= 0) return;
     if (make_plan(a, n_sm, &p)) {
-        cu_attention_simple(s, a);
+        cu_attention_simple(c, a);
         return;
     }
     if (p.n_splits > 1) {
@@ -730,18 +730,18 @@ extern "C" void cu_attention(cudaStream_t s, const cu_attn_args *a, int n_sm, vo
         int G = a->n_heads / a->n_kv_heads;
         dim3 grid(a->n_kv_heads * (G / p.gq), CU_DIV_UP(a->n, p.qr), p.n_splits);
         if (a->head_dim == 64) {
-            if (a->dtype == CU_F16) CU_LAUNCH((attn_mma_kernel<64, CU_F16>), grid, MMA_WARPS * 32, mma_layout<64>::bytes, s, *a, p);
-            else CU_LAUNCH((attn_mma_kernel<64, CU_BF16>), grid, MMA_WARPS * 32, mma_layout<64>::bytes, s, *a, p);
+            if (a->dtype == CU_F16) CU_LAUNCH((attn_mma_kernel<64, CU_F16>), grid, MMA_WARPS * 32, mma_layout<64>::bytes, c, *a, p);
+            else CU_LAUNCH((attn_mma_kernel<64, CU_BF16>), grid, MMA_WARPS * 32, mma_layout<64>::bytes, c, *a, p);
         } else {
-            if (a->dtype == CU_F16) CU_LAUNCH((attn_mma_kernel<128, CU_F16>), grid, MMA_WARPS * 32, mma_layout<128>::bytes, s, *a, p);
-            else CU_LAUNCH((attn_mma_kernel<128, CU_BF16>), grid, MMA_WARPS * 32, mma_layout<128>::bytes, s, *a, p);
+            if (a->dtype == CU_F16) CU_LAUNCH((attn_mma_kernel<128, CU_F16>), grid, MMA_WARPS * 32, mma_layout<128>::bytes, c, *a, p);
+            else CU_LAUNCH((attn_mma_kernel<128, CU_BF16>), grid, MMA_WARPS * 32, mma_layout<128>::bytes, c, *a, p);
         }
     } else if (a->head_dim == 64) {
-        if (a->dtype == CU_F16) dispatch_nq<64, CU_F16>(s, a, &p);
-        else dispatch_nq<64, CU_BF16>(s, a, &p);
+        if (a->dtype == CU_F16) dispatch_nq<64, CU_F16>(c, a, &p);
+        else dispatch_nq<64, CU_BF16>(c, a, &p);
     } else {
-        if (a->dtype == CU_F16) dispatch_nq<128, CU_F16>(s, a, &p);
-        else dispatch_nq<128, CU_BF16>(s, a, &p);
+        if (a->dtype == CU_F16) dispatch_nq<128, CU_F16>(c, a, &p);
+        else dispatch_nq<128, CU_BF16>(c, a, &p);
     }
-    if (p.n_splits > 1) CU_LAUNCH((attn_merge_kernel), a->n * a->n_heads, 128, 0, s, *a, p);
+    if (p.n_splits > 1) CU_LAUNCH((attn_merge_kernel), a->n * a->n_heads, 128, 0, c, *a, p);
 }

@@ -741,25 +741,23 @@ static bool kvq_shape_ok(const cu_kvq_args *a) {
     X(1, 64) X(2, 64) X(4, 64) X(8, 64) X(1, 128) X(2, 128) X(4, 128) X(8, 128) X(1, 256)          \
         X(2, 256) X(4, 256) X(8, 256) X(1, 512) X(2, 512) X(4, 512) X(8, 512)
 
-static int kvq_smem_optin; /* the device's per-block shared memory limit */
-
-/* Shared memory beyond 48 KiB needs an opt-in. */
-extern "C" void cu_kvq_init(void) {
+/* Shared memory beyond 48 KiB needs an opt-in, per kernel and device. */
+extern "C" void cu_kvq_init(cu_ctx *c) {
     int dev = 0;
     cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&kvq_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
 #define X(gm, dim)                                                                                 \
     cudaFuncSetAttribute(kvq_attn_kernel<gm, dim>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
-                         kvq_smem_optin);
+                         c->smem_optin);
     KVQ_FOR_EACH_KERNEL(X)
 #undef X
 }
 
-extern "C" int cu_kvq_store(cudaStream_t s, const cu_kvq_args *a, const float *k, const float *v) {
+extern "C" int cu_kvq_store(const cu_ctx *c, const cu_kvq_args *a, const float *k, const float *v) {
     if (!kvq_shape_ok(a)) return -1;
     if (a->n <= 0) return 0;
     const size_t smem = sizeof(float) * (size_t)(a->head_dim + 255);
-    CU_LAUNCH(kvq_store_kernel, dim3(a->n * a->n_kv_heads), dim3(a->head_dim), smem, s, *a, k, v);
+    CU_LAUNCH(kvq_store_kernel, dim3(a->n * a->n_kv_heads), dim3(a->head_dim), smem, c, *a, k, v);
     return 0;
 }
 
@@ -768,7 +766,7 @@ extern "C" size_t cu_kvq_attention_scratch(const cu_kvq_args *a, int n_sm) {
     return splits > 1 ? sizeof(float) * (size_t)splits * a->n * a->n_heads * (a->head_dim + 2) : 0;
 }
 
-extern "C" int cu_kvq_attention(cudaStream_t s, const cu_kvq_args *a, int n_sm, void *scratch) {
+extern "C" int cu_kvq_attention(const cu_ctx *c, const cu_kvq_args *a, int n_sm, void *scratch) {
     if (!kvq_shape_ok(a)) return -1;
     if (a->n <= 0) return 0;
     int splits = kvq_splits(a, n_sm), G = a->n_heads / a->n_kv_heads;
@@ -777,16 +775,16 @@ extern "C" int cu_kvq_attention(cudaStream_t s, const cu_kvq_args *a, int n_sm, 
     int nbuf = 2;
     size_t smem = kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, nbuf);
     if (smem > KVQ_STAGE_MAX) nbuf = 1, smem = kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, 1);
-    if (kvq_smem_optin && smem > (size_t)kvq_smem_optin) return -1;
+    if (c->smem_optin && smem > (size_t)c->smem_optin) return -1;
     const dim3 grid(a->n * a->n_kv_heads, splits), block(KVQ_WARPS * 32);
     float *part = (float *)scratch;
 #define X(g_, d_)                                                                                  \
     if (gm == g_ && a->head_dim == d_)                                                             \
-        CU_LAUNCH((kvq_attn_kernel<g_, d_>), grid, block, smem, s, *a, splits, nbuf, part);
+        CU_LAUNCH((kvq_attn_kernel<g_, d_>), grid, block, smem, c, *a, splits, nbuf, part);
     KVQ_FOR_EACH_KERNEL(X)
 #undef X
     if (splits > 1)
         CU_LAUNCH(kvq_combine_kernel, dim3(a->n * a->n_heads), dim3(128),
-                  sizeof(float) * (a->head_dim + 64), s, *a, splits, (const float *)part);
+                  sizeof(float) * (a->head_dim + 64), c, *a, splits, (const float *)part);
     return 0;
 }

@@ -107,15 +107,16 @@ static inline cudaLaunchConfig_t cu_config_pdl(dim3 grid, dim3 block, size_t sme
     return c;
 }
 
-static inline cudaLaunchConfig_t cu_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
-    return cu_config_pdl(grid, block, smem, s, cu_pdl != 0);
+static inline cudaLaunchConfig_t cu_config(dim3 grid, dim3 block, size_t smem, const cu_ctx *c) {
+    return cu_config_pdl(grid, block, smem, c->s, c->pdl != 0);
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute;
+/* kernel<<<grid, block, smem, ctx->s>>>(args...) with the PDL attribute
+ * when the context asks for it;
  * parenthesize a template kernel: CU_LAUNCH((k<A, B>), ...). */
-#define CU_LAUNCH(kern, grid, block, smem, stream, ...)                                            \
+#define CU_LAUNCH(kern, grid, block, smem, ctx, ...)                                               \
     do {                                                                                           \
-        cudaLaunchConfig_t cfg_ = cu_config((grid), (block), (smem), (stream));                    \
+        cudaLaunchConfig_t cfg_ = cu_config((grid), (block), (smem), (ctx));                        \
         cudaLaunchKernelEx(&cfg_, kern, __VA_ARGS__);                                              \
     } while (0)
 

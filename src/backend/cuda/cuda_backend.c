@@ -1,19 +1,23 @@
 /*
- * cuda_backend.c - the CUDA backend: device memory, one stream, and the op
- * table.  Ops are recorded (op + flattened arguments) and flushed at the
- * next download, sync, upload, alloc or free: a decode-sized step replays
- * the CUDA graph captured for the same op sequence, or captures one; other
- * steps launch their kernels (ops.cu, matmul.cu, attention.cu) or cuBLAS
- * calls directly.  Positions and tokens live in device memory, so
- * consecutive decode steps record identical sequences.
+ * cuda_backend.c - the CUDA backend: device memory, one stream, the op
+ * switch and the op table.  Ops arrive as pt_op records (backend.h): run
+ * checks what the kernels take, grows scratch, and records the op
+ * (cuda_graph.c replays decode-sized bursts as CUDA graphs) or, with graphs
+ * off, launches it at once.  cuda_exec_op is the one switch from a record
+ * to its launcher in the .cu file of its family (ops.cu, matmul.cu,
+ * qmatmul.cu, attention.cu, attn_kvq.cu) or to cuBLAS.
  *
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
  * CUDA error found later (a failed launch, a fault inside a kernel) cannot
- * be handed to the op that caused it: download and sync check the stream
- * and abort with the error's name rather than hand back numbers from a
- * broken device.  PETREL_CUDA_SYNC=1 runs every op at once and synchronizes
- * after it, which names the op that failed.
+ * be handed to the op that caused it: every failure (CUDA and cuBLAS
+ * errors, scratch that cannot grow, a shape no kernel takes) goes to the
+ * backend's sticky error (backend.h), later ops are dropped, and download
+ * and sync return -1 rather than hand back numbers from a broken device.
+ * Errors inside kernels leave the CUDA context unusable: every later call
+ * fails too, and the server answers each request with the error.
+ * PETREL_CUDA_SYNC=1 runs every op at once and synchronizes after it,
+ * which names the op that failed.
  *
  * Matmul: up to gemv_max token rows (PETREL_CUDA_GEMV_MAX, default 16) run
  * the weight-streaming GEMV kernels with f32 activations; more rows go to
@@ -37,71 +41,38 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend/backend.h"
-#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_host.h"
 
-/* CUDA graphs of recorded op sequences (see flush). */
-#define GRAPH_SLOTS 4
-#define GRAPH_MIN_OPS 8    /* shorter bursts (tests, benchmarks) run directly */
-#define GRAPH_MAX_ROWS 64  /* prefill-sized steps run directly: each is new */
 #define CUBLAS_WORKSPACE ((size_t)32 << 20)
 
-typedef struct op_rec op_rec;
-typedef struct graph_slot {
-    cudaGraphExec_t exec;
-    op_rec *recs; /* the op sequence it runs */
-    int n;
-    uint64_t last_use;
-} graph_slot;
+void cuda_use_device(cuda_backend *cb) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != cb->device) cudaSetDevice(cb->device);
+}
 
-typedef struct cuda_backend {
-    pt_backend base;
-    int device, n_sm;
-    cudaStream_t stream;
-    cublasHandle_t cublas;
-    void *cublas_ws;
-    void *act16; /* activations rounded to f16/bf16 for cuBLAS */
-    size_t act16_cap;
-    void *wdeq; /* a quantized weight dequantized to f16 (prefill) */
-    size_t wdeq_cap;
-    void *attn_scratch; /* split-context partial results */
-    size_t attn_cap;
-    int gemv_max;     /* token rows up to which matmul uses the GEMV kernels */
-    int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
-    bool simple_attn; /* PETREL_CUDA_ATTN=simple: the plain kernel only */
-    bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
-    bool sync_each;   /* PETREL_CUDA_SYNC=1 */
-    bool use_graphs;  /* PETREL_CUDA_GRAPHS=0 turns them off */
-    op_rec *list;     /* ops recorded since the last flush */
-    int n_list, list_cap, list_rows;
-    graph_slot graphs[GRAPH_SLOTS];
-    uint64_t clock, n_captures, n_replays;
-    double read_bw;
-    char detail[192];
-} cuda_backend;
-
-static cuda_backend *cb_of(pt_backend *be) {
+cuda_backend *cb_of(pt_backend *be) {
+    if (be) cuda_use_device((cuda_backend *)be);
     return (cuda_backend *)be;
 }
 
-static void cuda_fatal(const char *what, const char *msg) {
-    pt_log(PT_LOG_ERROR, "cuda: %s: %s", what, msg);
-    fprintf(stderr, "petrel: fatal CUDA error in %s: %s\n", what, msg);
-    abort();
+int cuda_fail(cuda_backend *cb, const char *what, const char *msg) {
+    return pt_be_fail(&cb->base, what, "%s", msg);
 }
 
-static void check(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) cuda_fatal(what, cudaGetErrorString(e));
+bool cuda_ok(cuda_backend *cb, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return true;
+    cuda_fail(cb, what, cudaGetErrorString(e));
+    return false;
 }
 
-static void check_blas(cublasStatus_t st, const char *what) {
-    if (st != CUBLAS_STATUS_SUCCESS) cuda_fatal(what, cublasGetStatusString(st));
+static void check_blas(cuda_backend *cb, cublasStatus_t st, const char *what) {
+    if (st != CUBLAS_STATUS_SUCCESS) cuda_fail(cb, what, cublasGetStatusString(st));
 }
 
 /* After each op: a launch error now, or with PETREL_CUDA_SYNC any error. */
 static void op_done(cuda_backend *cb, const char *op) {
-    check(cudaGetLastError(), op);
-    if (cb->sync_each) check(cudaStreamSynchronize(cb->stream), op);
+    if (cuda_ok(cb, cudaGetLastError(), op) && cb->sync_each)
+        cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), op);
 }
 
 static int dtype_code(pt_dtype t) {
@@ -113,36 +84,36 @@ static int dtype_code(pt_dtype t) {
     }
 }
 
-/* Grows a device scratch buffer (rarely: by half again). */
-static void *scratch(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
-    if (need <= *cap) return *buf;
-    check(cudaStreamSynchronize(cb->stream), what);
+/* Grows a device scratch buffer (rarely: by half again); -1 (sticky
+ * error set) when the device is out of memory. */
+static int scratch(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
+    if (need <= *cap) return 0;
+    cuda_use_device(cb); /* run records without switching devices: this allocates */
+    if (!cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), what)) return -1;
     if (*buf) cudaFree(*buf);
     size_t n = need + need / 2;
     if (cudaMalloc(buf, n) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is not sticky in CUDA: the device is fine */
         *buf = NULL;
         *cap = 0;
-        char msg[96];
-        snprintf(msg, sizeof msg, "cannot allocate %.1f MiB of scratch", n / 1048576.0);
-        cuda_fatal(what, msg);
+        return pt_be_fail(&cb->base, what, "cannot allocate %.1f MiB of device scratch",
+                          n / 1048576.0);
     }
     *cap = n;
-    return *buf;
+    return 0;
 }
 
 /* ---- Memory --------------------------------------------------------------- */
 
-static void flush(cuda_backend *cb);
-
 static void *cuda_alloc(pt_backend *be, size_t nbytes) {
     cuda_backend *cb = cb_of(be);
-    flush(cb);
+    cuda_flush(cb);
     void *p = NULL;
     if (cudaMalloc(&p, nbytes ? nbytes : 1) != cudaSuccess) {
         cudaGetLastError(); /* clear the error: a failed alloc is reported by NULL */
         return NULL;
     }
-    if (cudaMemsetAsync(p, 0, nbytes, cb->stream) != cudaSuccess) {
+    if (cudaMemsetAsync(p, 0, nbytes, cb->ctx.s) != cudaSuccess) {
         cudaGetLastError();
         cudaFree(p);
         return NULL;
@@ -153,289 +124,60 @@ static void *cuda_alloc(pt_backend *be, size_t nbytes) {
 static void cuda_free(pt_backend *be, void *p, size_t nbytes) {
     (void)nbytes;
     if (!p) return;
-    flush(cb_of(be));
-    check(cudaStreamSynchronize(cb_of(be)->stream), "free");
-    check(cudaFree(p), "free");
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb);
+    cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "free");
+    cuda_ok(cb, cudaFree(p), "free");
 }
 
 /* From pageable host memory the copy returns once the bytes are staged, so
  * the caller may reuse src at once; it runs in stream order. */
 static void cuda_upload(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return;
-    flush(cb_of(be)); /* recorded ops come first in stream order */
-    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cb_of(be)->stream), "upload");
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb); /* recorded ops come first in stream order */
+    cuda_ok(cb, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cb->ctx.s), "upload");
 }
 
-static void cuda_download(pt_backend *be, void *dst, const void *src, size_t nbytes) {
+static int cuda_download(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     cuda_backend *cb = cb_of(be);
-    flush(cb);
-    if (nbytes) check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cb->stream), "download");
-    check(cudaStreamSynchronize(cb->stream), "download");
+    cuda_flush(cb);
+    if (nbytes && !cb->base.failed)
+        cuda_ok(cb, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cb->ctx.s), "download");
+    cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "download");
+    return cb->base.failed ? -1 : 0;
 }
 
 static void cuda_copy(pt_backend *be, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return;
-    flush(cb_of(be));
-    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb_of(be)->stream), "copy");
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb);
+    cuda_ok(cb, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cb->ctx.s), "copy");
 }
 
 static size_t cuda_free_memory(pt_backend *be) {
     size_t free_b = 0, total = 0;
-    (void)be;
+    cb_of(be); /* of this backend's device */
     return cudaMemGetInfo(&free_b, &total) == cudaSuccess ? free_b : 0;
 }
 
-static void cuda_sync(pt_backend *be) {
-    flush(cb_of(be));
-    check(cudaStreamSynchronize(cb_of(be)->stream), "sync");
-    check(cudaGetLastError(), "sync");
+static int cuda_sync(pt_backend *be) {
+    cuda_backend *cb = cb_of(be);
+    cuda_flush(cb);
+    if (cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "sync"))
+        cuda_ok(cb, cudaGetLastError(), "sync");
+    return cb->base.failed ? -1 : 0;
 }
 
-/* ---- Ops: recorded, then run directly or as a CUDA graph ----------------- */
+/* ---- Ops: checked, recorded, then run directly or as a CUDA graph ---------- */
 
-/* One op call with its arguments, flattened so two calls compare with
- * memcmp (the record is zeroed before filling: no stray padding bytes). */
-enum { OP_MATMUL, OP_EMBED, OP_RMSNORM, OP_ADD, OP_ADD_BIAS, OP_SWIGLU, OP_ROPE, OP_KV_STORE,
-       OP_ATTENTION, OP_GATHER, OP_KVQ_STORE, OP_KVQ_ATTENTION, OP_QMATMUL, OP_QEMBED };
-
-typedef struct op_rec {
-    int64_t kind, rows; /* rows: token rows the op works on (graphs only for few) */
-    const void *p[8];
-    int64_t i[8];
-    float f[2];
-    cu_kvq_args kvq; /* quantized caches: all of the op's arguments but k, v */
-    cu_qweight qw;   /* quantized weights: the matrix */
-} op_rec;
-
-static const char *const op_names[] = {"matmul", "embed", "rmsnorm", "add", "add_bias",
-                                       "swiglu", "rope", "kv_store", "attention", "gather_rows",
-                                       "kv_store (quantized)", "attention (quantized)",
-                                       "matmul (quantized weights)", "embed (quantized table)"};
-
-static cu_attn_args attn_args(const op_rec *r) {
-    cu_attn_args a = {(float *)r->p[0], r->p[1], r->p[2], r->p[3], (int)r->i[0], (int)r->i[1],
-                      (int)r->i[2], (int)r->i[3], r->p[4], r->p[5], r->p[6], (int)r->i[4],
-                      (int)r->i[5], (int)r->i[6], r->f[0], (int)r->i[7]};
-    return a;
+static bool is_quantized(pt_dtype t) {
+    return t == PT_Q8_0 || t == PT_Q4_0 || t == PT_Q4_K || t == PT_Q5_K || t == PT_Q6_K ||
+           t == PT_AFFINE;
 }
 
-/* Enqueues one recorded op on the stream. */
-static void exec_op(cuda_backend *cb, const op_rec *r) {
-    cudaStream_t s = cb->stream;
-    switch (r->kind) {
-    case OP_MATMUL: {
-        float *y = (float *)r->p[0];
-        const float *x = r->p[1];
-        const void *w = r->p[2];
-        int wt = (int)r->i[0], rows = (int)r->i[1], cols = (int)r->i[2], n = (int)r->i[3];
-        if (n <= cb->gemv_max && cu_gemv(s, y, x, w, wt, rows, cols, n) == 0) break;
-        const float one = 1.0f, zero = 0.0f;
-        if (wt == CU_F32) {
-            check_blas(cublasSgemm(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, cols,
-                                   x, cols, &zero, y, rows),
-                       "matmul (cublasSgemm)");
-        } else {
-            cu_convert_from_f32(s, cb->act16, wt, x, (size_t)n * cols);
-            cudaDataType_t t = wt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-            check_blas(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, t,
-                                    cols, cb->act16, t, cols, &zero, y, CUDA_R_32F, rows,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                       "matmul (cublasGemmEx)");
-        }
-        break;
-    }
-    case OP_QMATMUL: {
-        float *y = (float *)r->p[0];
-        const float *x = r->p[1];
-        int n = (int)r->i[0];
-        const cu_qweight *w = &r->qw;
-        if (n <= cb->qgemv_max && cu_qgemv(s, y, x, w, n) == 0) break;
-        /* Prefill: the weight as f16 into scratch, then the tensor cores. */
-        if (cu_qdequant_f16(s, cb->wdeq, w))
-            cuda_fatal("matmul", "no kernel for this quantized weight's shape");
-        cu_convert_from_f32(s, cb->act16, CU_F16, x, (size_t)n * (size_t)w->cols);
-        const float one = 1.0f, zero = 0.0f;
-        int rows = (int)w->rows, cols = (int)w->cols;
-        check_blas(cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, cb->wdeq,
-                                CUDA_R_16F, cols, cb->act16, CUDA_R_16F, cols, &zero, y, CUDA_R_32F,
-                                rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "matmul (quantized weights, cublasGemmEx)");
-        break;
-    }
-    case OP_QEMBED:
-        if (cu_qembed(s, (float *)r->p[0], &r->qw, r->p[1], (int)r->i[0]))
-            cuda_fatal("embed", "no kernel for this quantized table's shape");
-        break;
-    case OP_EMBED:
-        cu_embed(s, (float *)r->p[0], r->p[1], (int)r->i[0], r->i[1], r->i[2], r->p[2], (int)r->i[3]);
-        break;
-    case OP_RMSNORM:
-        cu_rmsnorm(s, (float *)r->p[0], r->p[1], r->p[2], (int)r->i[0], (int)r->i[1], r->f[0]);
-        break;
-    case OP_ADD: cu_add(s, (float *)r->p[0], r->p[1], r->p[2], (size_t)r->i[0]); break;
-    case OP_ADD_BIAS: cu_add_bias(s, (float *)r->p[0], r->p[1], (int)r->i[0], (int)r->i[1]); break;
-    case OP_SWIGLU: cu_swiglu(s, (float *)r->p[0], r->p[1], r->p[2], (size_t)r->i[0]); break;
-    case OP_ROPE:
-        cu_rope(s, (float *)r->p[0], r->p[1], (int)r->i[0], (int)r->i[1], (int)r->i[2], (int)r->i[3],
-                (int)r->i[4], r->p[2], r->f[0]);
-        break;
-    case OP_KV_STORE:
-        cu_kv_store(s, (void *)r->p[0], (void *)r->p[1], (int)r->i[0], (int)r->i[1], (int)r->i[2],
-                    (int)r->i[3], r->p[2], r->p[3], r->p[4], (int)r->i[4], (int)r->i[5], r->p[5],
-                    r->p[6]);
-        break;
-    case OP_ATTENTION: {
-        cu_attn_args a = attn_args(r);
-        if (cb->simple_attn) cu_attention_simple(s, &a);
-        else cu_attention(s, &a, cb->n_sm, cb->attn_scratch);
-        break;
-    }
-    case OP_GATHER:
-        cu_gather_rows(s, (float *)r->p[0], r->p[1], r->p[2], (int)r->i[0], (int)r->i[1]);
-        break;
-    case OP_KVQ_STORE: /* formats were checked when the op was recorded: -1 is a bug */
-        if (cu_kvq_store(s, &r->kvq, r->p[0], r->p[1]))
-            cuda_fatal("kv_store", "no kernel for this quantized cache's shape");
-        break;
-    case OP_KVQ_ATTENTION:
-        if (cu_kvq_attention(s, &r->kvq, cb->n_sm, cb->attn_scratch))
-            cuda_fatal("attention", "no kernel for this quantized cache's shape");
-        break;
-    }
-}
-
-/* Scratch an op will need, grown now (never while a graph is captured).
- * A cached graph holds the old scratch pointers, so growth drops them. */
-static void drop_graphs(cuda_backend *cb);
-
-static void prepare_scratch(cuda_backend *cb, const op_rec *r) {
-    size_t need = 0;
-    void **buf = NULL;
-    size_t *cap = NULL;
-    if (r->kind == OP_MATMUL && (int)r->i[0] != CU_F32 && r->i[3] > cb->gemv_max) {
-        need = (size_t)r->i[3] * (size_t)r->i[2] * 2;
-        buf = &cb->act16, cap = &cb->act16_cap;
-    } else if (r->kind == OP_ATTENTION && !cb->simple_attn) {
-        cu_attn_args a = attn_args(r);
-        need = cu_attention_scratch(&a, cb->n_sm);
-        buf = &cb->attn_scratch, cap = &cb->attn_cap;
-    } else if (r->kind == OP_KVQ_ATTENTION) {
-        need = cu_kvq_attention_scratch(&r->kvq, cb->n_sm);
-        buf = &cb->attn_scratch, cap = &cb->attn_cap;
-    }
-    if (r->kind == OP_QMATMUL && r->i[0] > cb->qgemv_max) {
-        need = (size_t)r->i[0] * (size_t)r->qw.cols * 2;
-        buf = &cb->act16, cap = &cb->act16_cap;
-        size_t wneed = (size_t)r->qw.rows * (size_t)r->qw.cols * 2;
-        if (wneed > cb->wdeq_cap) {
-            drop_graphs(cb);
-            scratch(cb, &cb->wdeq, &cb->wdeq_cap, wneed, op_names[r->kind]);
-        }
-    }
-    if (buf && need > *cap) {
-        drop_graphs(cb);
-        scratch(cb, buf, cap, need, op_names[r->kind]);
-    }
-}
-
-static void drop_graphs(cuda_backend *cb) {
-    for (int i = 0; i < GRAPH_SLOTS; i++) {
-        graph_slot *g = &cb->graphs[i];
-        if (g->exec) cudaGraphExecDestroy(g->exec);
-        free(g->recs);
-        memset(g, 0, sizeof *g);
-    }
-}
-
-/* Records the op, or with graphs off runs it now. */
-static void submit(cuda_backend *cb, op_rec *r) {
-    prepare_scratch(cb, r);
-    if (!cb->use_graphs) {
-        exec_op(cb, r);
-        op_done(cb, op_names[r->kind]);
-        return;
-    }
-    if (cb->n_list == cb->list_cap) {
-        cb->list_cap = cb->list_cap ? 2 * cb->list_cap : 256;
-        cb->list = pt_xrealloc(cb->list, sizeof(op_rec) * (size_t)cb->list_cap);
-    }
-    cb->list[cb->n_list++] = *r;
-    if (r->rows > cb->list_rows) cb->list_rows = (int)r->rows;
-}
-
-/* Captures the recorded ops into a graph in the least recently used slot
- * (updating its executable in place when the shape allows).  NULL if
- * capture failed: graphs are then turned off for good. */
-static graph_slot *capture(cuda_backend *cb) {
-    cudaGraph_t graph = NULL;
-    cudaError_t e = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal);
-    if (e == cudaSuccess) {
-        for (int i = 0; i < cb->n_list; i++) exec_op(cb, &cb->list[i]);
-        e = cudaStreamEndCapture(cb->stream, &graph);
-    }
-    if (e != cudaSuccess || !graph) {
-        cudaGetLastError();
-        pt_warn("cuda: graph capture failed (%s); running ops one by one from now on",
-                cudaGetErrorString(e));
-        cb->use_graphs = false;
-        return NULL;
-    }
-    graph_slot *g = &cb->graphs[0];
-    for (int i = 1; i < GRAPH_SLOTS; i++)
-        if (cb->graphs[i].last_use < g->last_use) g = &cb->graphs[i];
-    cudaGraphExecUpdateResultInfo info;
-    if (!g->exec || cudaGraphExecUpdate(g->exec, graph, &info) != cudaSuccess) {
-        cudaGetLastError();
-        if (g->exec) cudaGraphExecDestroy(g->exec);
-        g->exec = NULL;
-        e = cudaGraphInstantiate(&g->exec, graph, 0);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            cudaGraphDestroy(graph);
-            pt_warn("cuda: graph instantiation failed (%s); running ops one by one from now on",
-                    cudaGetErrorString(e));
-            g->exec = NULL;
-            cb->use_graphs = false;
-            return NULL;
-        }
-    }
-    cudaGraphDestroy(graph);
-    g->recs = pt_xrealloc(g->recs, sizeof(op_rec) * (size_t)cb->n_list);
-    memcpy(g->recs, cb->list, sizeof(op_rec) * (size_t)cb->n_list);
-    g->n = cb->n_list;
-    cb->n_captures++;
-    return g;
-}
-
-/* Runs what was recorded: a decode-sized step replays the graph captured
- * for the same op sequence, or captures one; anything else runs directly. */
-static void flush(cuda_backend *cb) {
-    if (!cb->n_list) return;
-    graph_slot *g = NULL;
-    if (cb->use_graphs && cb->n_list >= GRAPH_MIN_OPS && cb->list_rows <= GRAPH_MAX_ROWS) {
-        for (int i = 0; i < GRAPH_SLOTS && !g; i++)
-            if (cb->graphs[i].exec && cb->graphs[i].n == cb->n_list &&
-                memcmp(cb->graphs[i].recs, cb->list, sizeof(op_rec) * (size_t)cb->n_list) == 0)
-                g = &cb->graphs[i];
-        if (g) cb->n_replays++;
-        else g = capture(cb);
-    }
-    if (g) {
-        g->last_use = ++cb->clock;
-        check(cudaGraphLaunch(g->exec, cb->stream), "graph launch");
-    } else {
-        for (int i = 0; i < cb->n_list; i++) {
-            exec_op(cb, &cb->list[i]);
-            check(cudaGetLastError(), op_names[cb->list[i].kind]);
-        }
-    }
-    cb->n_list = 0;
-    cb->list_rows = 0;
-}
-
-/* The kernels' view of a quantized weight; fatal if they do not take it
- * (a model that loads must not fail half-way through a forward pass). */
-static cu_qweight qweight_of(const pt_weight *w, const char *op) {
+/* The kernels' view of a quantized weight (fmt -1: not a format they know). */
+static cu_qweight qweight_of(const pt_weight *w) {
     cu_qweight q = {w->data, w->scales, w->biases, w->rows, w->cols, -1, 0, 0, 0};
     switch (w->dtype) {
     case PT_Q8_0: q.fmt = CU_Q8_0; break;
@@ -449,170 +191,254 @@ static cu_qweight qweight_of(const pt_weight *w, const char *op) {
         break;
     default: break;
     }
-    if (q.fmt < 0) cuda_fatal(op, "weight type not supported by the CUDA backend");
-    if (!cu_qweight_ok(&q)) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s weight of %lldx%lld (bits %d, group %d) not supported by "
-                 "the CUDA kernels", pt_dtype_name(w->dtype), (long long)w->rows,
-                 (long long)w->cols, w->bits, w->group_size);
-        cuda_fatal(op, msg);
-    }
     return q;
 }
 
-static bool is_quantized(pt_dtype t) {
-    return t == PT_Q8_0 || t == PT_Q4_0 || t == PT_Q4_K || t == PT_Q5_K || t == PT_Q6_K ||
-           t == PT_AFFINE;
+/* -1 (sticky error) if the kernels do not take this quantized weight. */
+static int check_qweight(cuda_backend *cb, const pt_weight *w, const char *op) {
+    cu_qweight q = qweight_of(w);
+    if (q.fmt < 0) return cuda_fail(cb, op, "weight type not supported by the CUDA backend");
+    if (!cu_qweight_ok(&q))
+        return pt_be_fail(&cb->base, op, "%s weight of %lldx%lld (bits %d, group %d) not "
+                          "supported by the CUDA kernels", pt_dtype_name(w->dtype),
+                          (long long)w->rows, (long long)w->cols, w->bits, w->group_size);
+    return 0;
 }
 
-static void cuda_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w, int n) {
-    if (n <= 0) return;
-    if (is_quantized(w->dtype)) {
-        op_rec r = {0};
-        r.kind = OP_QMATMUL, r.rows = n;
-        r.p[0] = y, r.p[1] = x, r.i[0] = n;
-        r.qw = qweight_of(w, "matmul");
-        submit(cb_of(be), &r);
+static cu_attn_args attn_args(const cuda_backend *cb, const pt_op_attention *a) {
+    const pt_kv_view *kv = &a->kv;
+    cu_attn_args r = {
+        .out = a->out, .q = a->q, .k = kv->k, .v = kv->v, .dtype = dtype_code(kv->dtype),
+        .page_size = kv->page_size, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim,
+        .pos = a->b.pos, .seq = a->b.seq, .block_table = a->b.block_table,
+        .max_pages = a->b.max_pages, .n = a->b.n_tokens, .n_heads = a->n_heads,
+        .scale = a->scale, .tiled_only = cb->tiled_attn,
+    };
+    return r;
+}
+
+/* A quantized-cache op's arguments (out and q are NULL for kv_store). */
+static cu_kvq_args kvq_args(const pt_kv_view *kv, const pt_batch_view *b, float *out,
+                            const float *q, int n_heads, float scale) {
+    cu_kvq_args a = {
+        .out = out, .q = q, .k = kv->k, .v = kv->v, .tables = kv->tables, .kvq = kv->kvq,
+        .k_bits = kv->k_bits, .v_bits = kv->v_bits, .group = kv->group, .k_row = kv->k_row,
+        .v_row = kv->v_row, .page_size = kv->page_size, .n_kv_heads = kv->n_kv_heads,
+        .head_dim = kv->head_dim, .pos = b->pos, .seq = b->seq, .block_table = b->block_table,
+        .max_pages = b->max_pages, .n = b->n_tokens, .n_heads = n_heads, .scale = scale,
+    };
+    return a;
+}
+
+static cu_kvq_args kvq_attention_args(const pt_op_attention *a) {
+    return kvq_args(&a->kv, &a->b, a->out, a->q, a->n_heads, a->scale);
+}
+
+static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
+    const pt_weight *w = &a->w;
+    int wt = dtype_code(w->dtype), rows = (int)w->rows, cols = (int)w->cols, n = a->n;
+    if (n <= cb->gemv_max && cu_gemv(&cb->ctx, a->y, a->x, w->data, wt, rows, cols, n) == 0)
+        return;
+    const float one = 1.0f, zero = 0.0f;
+    if (wt == CU_F32) {
+        check_blas(cb, cublasSgemm(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data,
+                               cols, a->x, cols, &zero, a->y, rows),
+                   "matmul (cublasSgemm)");
         return;
     }
-    int wt = dtype_code(w->dtype);
-    if (wt < 0) cuda_fatal("matmul", "weight type not supported by the CUDA backend");
-    op_rec r = {0};
-    r.kind = OP_MATMUL, r.rows = n;
-    r.p[0] = y, r.p[1] = x, r.p[2] = w->data;
-    r.i[0] = wt, r.i[1] = w->rows, r.i[2] = w->cols, r.i[3] = n;
-    submit(cb_of(be), &r);
+    cu_convert_from_f32(&cb->ctx, cb->act16, wt, a->x, (size_t)n * cols);
+    cudaDataType_t t = wt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    check_blas(cb, cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t,
+                            cols, cb->act16, t, cols, &zero, a->y, CUDA_R_32F, rows,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "matmul (cublasGemmEx)");
 }
 
-static void cuda_embed(pt_backend *be, float *y, const pt_weight *table, const int32_t *ids,
-                       int n) {
-    if (is_quantized(table->dtype)) {
-        op_rec r = {0};
-        r.kind = OP_QEMBED, r.rows = n;
-        r.p[0] = y, r.p[1] = ids, r.i[0] = n;
-        r.qw = qweight_of(table, "embed");
-        submit(cb_of(be), &r);
+static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
+    cu_qweight w = qweight_of(&a->w);
+    int n = a->n;
+    if (n <= cb->qgemv_max && cu_qgemv(&cb->ctx, a->y, a->x, &w, n) == 0) return;
+    /* Prefill: the weight as f16 into scratch, then the tensor cores. */
+    if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w))
+        cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
+    cu_convert_from_f32(&cb->ctx, cb->act16, CU_F16, a->x, (size_t)n * (size_t)w.cols);
+    const float one = 1.0f, zero = 0.0f;
+    int rows = (int)w.rows, cols = (int)w.cols;
+    check_blas(cb, cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, cb->wdeq,
+                            CUDA_R_16F, cols, cb->act16, CUDA_R_16F, cols, &zero, a->y, CUDA_R_32F,
+                            rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "matmul (quantized weights, cublasGemmEx)");
+}
+
+static void exec_embed(cuda_backend *cb, const pt_op_embed *a) {
+    const pt_weight *t = &a->table;
+    if (is_quantized(t->dtype)) {
+        cu_qweight w = qweight_of(t);
+        if (cu_qembed(&cb->ctx, a->y, &w, a->ids, a->n))
+            cuda_fail(cb, "embed", "no kernel for this quantized table's shape");
         return;
     }
-    int t = dtype_code(table->dtype);
-    if (t < 0) cuda_fatal("embed", "table type not supported by the CUDA backend");
-    op_rec r = {0};
-    r.kind = OP_EMBED, r.rows = n;
-    r.p[0] = y, r.p[1] = table->data, r.p[2] = ids;
-    r.i[0] = t, r.i[1] = table->rows, r.i[2] = table->cols, r.i[3] = n;
-    submit(cb_of(be), &r);
+    cu_embed(&cb->ctx, a->y, t->data, dtype_code(t->dtype), t->rows, t->cols, a->ids, a->n);
 }
 
-static void cuda_rmsnorm(pt_backend *be, float *y, const float *x, const float *g, int n, int d,
-                         float eps) {
-    op_rec r = {0};
-    r.kind = OP_RMSNORM, r.rows = 0; /* per-head norms have many short rows */
-    r.p[0] = y, r.p[1] = x, r.p[2] = g;
-    r.i[0] = n, r.i[1] = d, r.f[0] = eps;
-    submit(cb_of(be), &r);
-}
-
-static void cuda_add(pt_backend *be, float *y, const float *a, const float *b, size_t count) {
-    op_rec r = {0};
-    r.kind = OP_ADD;
-    r.p[0] = y, r.p[1] = a, r.p[2] = b, r.i[0] = (int64_t)count;
-    submit(cb_of(be), &r);
-}
-
-static void cuda_add_bias(pt_backend *be, float *y, const float *bias, int n, int d) {
-    op_rec r = {0};
-    r.kind = OP_ADD_BIAS, r.rows = n;
-    r.p[0] = y, r.p[1] = bias, r.i[0] = n, r.i[1] = d;
-    submit(cb_of(be), &r);
-}
-
-static void cuda_swiglu(pt_backend *be, float *y, const float *gate, const float *up,
-                        size_t count) {
-    op_rec r = {0};
-    r.kind = OP_SWIGLU;
-    r.p[0] = y, r.p[1] = gate, r.p[2] = up, r.i[0] = (int64_t)count;
-    submit(cb_of(be), &r);
-}
-
-static void cuda_rope(pt_backend *be, float *x, const pt_batch_view *b, int n_heads, int head_dim,
-                      const pt_rope *rope) {
-    op_rec r = {0};
-    r.kind = OP_ROPE, r.rows = b->n_tokens;
-    r.p[0] = x, r.p[1] = b->pos, r.p[2] = rope->inv_freq;
-    r.i[0] = b->n_tokens, r.i[1] = n_heads, r.i[2] = head_dim, r.i[3] = rope->style;
-    r.i[4] = rope->n_rot, r.f[0] = rope->mscale;
-    submit(cb_of(be), &r);
-}
-
-/* The record of a quantized-cache op: every argument lives in r->kvq (the
- * memset keeps padding bytes zero, so records compare with memcmp). */
-static void kvq_record(op_rec *r, int kind, const pt_kv_view *kv, const pt_batch_view *b,
-                       float *out, const float *q, int n_heads, float scale) {
-    memset(r, 0, sizeof *r);
-    r->kind = kind, r->rows = b->n_tokens;
-    cu_kvq_args *a = &r->kvq;
-    a->out = out, a->q = q, a->k = kv->k, a->v = kv->v, a->tables = kv->tables;
-    a->kvq = kv->kvq, a->k_bits = kv->k_bits, a->v_bits = kv->v_bits, a->group = kv->group;
-    a->k_row = kv->k_row, a->v_row = kv->v_row;
-    a->page_size = kv->page_size, a->n_kv_heads = kv->n_kv_heads, a->head_dim = kv->head_dim;
-    a->pos = b->pos, a->seq = b->seq, a->block_table = b->block_table;
-    a->max_pages = b->max_pages, a->n = b->n_tokens, a->n_heads = n_heads, a->scale = scale;
-}
-
-static void cuda_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *b,
-                          const float *k, const float *v) {
-    if (kv->codec) {
-        op_rec r;
-        kvq_record(&r, OP_KVQ_STORE, kv, b, NULL, NULL, kv->n_kv_heads, 0);
-        if (!cu_kvq_supported(kv->kvq, kv->k_bits, kv->v_bits, kv->group, kv->head_dim))
-            cuda_fatal("kv_store", "quantized KV format not supported by the CUDA kernels");
-        r.p[0] = k, r.p[1] = v;
-        submit(cb_of(be), &r);
+static void exec_kv_store(cuda_backend *cb, const pt_op_kv_store *a) {
+    const pt_kv_view *kv = &a->kv;
+    const pt_batch_view *b = &a->b;
+    if (kv->codec) { /* formats were checked when the op was recorded: -1 is a bug */
+        cu_kvq_args q = kvq_args(kv, b, NULL, NULL, kv->n_kv_heads, 0);
+        if (cu_kvq_store(&cb->ctx, &q, a->k, a->v))
+            cuda_fail(cb, "kv_store", "no kernel for this quantized cache's shape");
         return;
     }
-    int t = dtype_code(kv->dtype);
-    if (t < 0) cuda_fatal("kv_store", "cache type not supported by the CUDA backend");
-    op_rec r = {0};
-    r.kind = OP_KV_STORE, r.rows = b->n_tokens;
-    r.p[0] = kv->k, r.p[1] = kv->v, r.p[2] = b->pos, r.p[3] = b->seq, r.p[4] = b->block_table;
-    r.p[5] = k, r.p[6] = v;
-    r.i[0] = t, r.i[1] = kv->page_size, r.i[2] = kv->n_kv_heads, r.i[3] = kv->head_dim;
-    r.i[4] = b->max_pages, r.i[5] = b->n_tokens;
-    submit(cb_of(be), &r);
+    cu_kv_store(&cb->ctx, kv->k, kv->v, dtype_code(kv->dtype), kv->page_size, kv->n_kv_heads,
+                kv->head_dim, b->pos, b->seq, b->block_table, b->max_pages, b->n_tokens, a->k,
+                a->v);
 }
 
-static void cuda_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
-                           const pt_batch_view *b, int n_heads, float scale) {
-    if (kv->codec) {
-        op_rec r;
-        kvq_record(&r, OP_KVQ_ATTENTION, kv, b, out, q, n_heads, scale);
-        if (!cu_kvq_supported(kv->kvq, kv->k_bits, kv->v_bits, kv->group, kv->head_dim))
-            cuda_fatal("attention", "quantized KV format not supported by the CUDA kernels");
-        if (n_heads % kv->n_kv_heads || n_heads / kv->n_kv_heads > 8)
-            cuda_fatal("attention", "quantized KV caches take at most 8 query heads per KV head "
-                                    "on the CUDA backend");
-        submit(cb_of(be), &r);
+static void exec_attention(cuda_backend *cb, const pt_op_attention *a) {
+    if (a->kv.codec) {
+        cu_kvq_args q = kvq_attention_args(a);
+        if (cu_kvq_attention(&cb->ctx, &q, cb->ctx.n_sm, cb->attn_scratch))
+            cuda_fail(cb, "attention", "no kernel for this quantized cache's shape");
         return;
     }
-    int t = dtype_code(kv->dtype);
-    if (t < 0) cuda_fatal("attention", "cache type not supported by the CUDA backend");
-    if (kv->head_dim > 512) cuda_fatal("attention", "head_dim over 512 is not supported");
-    op_rec r = {0};
-    r.kind = OP_ATTENTION, r.rows = b->n_tokens;
-    r.p[0] = out, r.p[1] = q, r.p[2] = kv->k, r.p[3] = kv->v;
-    r.p[4] = b->pos, r.p[5] = b->seq, r.p[6] = b->block_table;
-    r.i[0] = t, r.i[1] = kv->page_size, r.i[2] = kv->n_kv_heads, r.i[3] = kv->head_dim;
-    r.i[4] = b->max_pages, r.i[5] = b->n_tokens, r.i[6] = n_heads, r.f[0] = scale;
-    r.i[7] = cb_of(be)->tiled_attn;
-    submit(cb_of(be), &r);
+    cu_attn_args r = attn_args(cb, a);
+    if (cb->simple_attn) cu_attention_simple(&cb->ctx, &r);
+    else cu_attention(&cb->ctx, &r, cb->ctx.n_sm, cb->attn_scratch);
 }
 
-static void cuda_gather_rows(pt_backend *be, float *dst, const float *src, const int32_t *idx,
-                             int n, int d) {
-    op_rec r = {0};
-    r.kind = OP_GATHER, r.rows = n;
-    r.p[0] = dst, r.p[1] = src, r.p[2] = idx, r.i[0] = n, r.i[1] = d;
-    submit(cb_of(be), &r);
+/* Enqueues one recorded op on the stream: the one switch from a record to
+ * its launcher. */
+void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
+    const cu_ctx *c = &cb->ctx;
+    switch (o->kind) {
+    case PT_OP_MATMUL:
+        if (is_quantized(o->matmul.w.dtype)) exec_qmatmul(cb, &o->matmul);
+        else exec_matmul(cb, &o->matmul);
+        break;
+    case PT_OP_EMBED: exec_embed(cb, &o->embed); break;
+    case PT_OP_RMSNORM: {
+        const pt_op_rmsnorm *a = &o->rmsnorm;
+        cu_rmsnorm(c, a->y, a->x, a->g, a->n, a->d, a->eps);
+        break;
+    }
+    case PT_OP_ADD: cu_add(c, o->add.y, o->add.a, o->add.b, o->add.count); break;
+    case PT_OP_ADD_BIAS: cu_add_bias(c, o->add_bias.y, o->add_bias.bias, o->add_bias.n, o->add_bias.d); break;
+    case PT_OP_SWIGLU: cu_swiglu(c, o->swiglu.y, o->swiglu.gate, o->swiglu.up, o->swiglu.count); break;
+    case PT_OP_ROPE: {
+        const pt_op_rope *a = &o->rope;
+        cu_rope(c, a->x, a->b.pos, a->b.n_tokens, a->n_heads, a->head_dim, a->rope.style,
+                a->rope.n_rot, a->rope.inv_freq, a->rope.mscale);
+        break;
+    }
+    case PT_OP_KV_STORE: exec_kv_store(cb, &o->kv_store); break;
+    case PT_OP_ATTENTION: exec_attention(cb, &o->attention); break;
+    case PT_OP_GATHER_ROWS: {
+        const pt_op_gather_rows *a = &o->gather_rows;
+        cu_gather_rows(c, a->dst, a->src, a->idx, a->n, a->d);
+        break;
+    }
+    default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
+    }
+}
+
+/* Token rows an op works on: a burst of ops on few rows may become a graph.
+ * 0 for ops whose cost does not grow with rows (elementwise, and per-head
+ * norms, which have many short rows). */
+static int op_rows(const pt_op *o) {
+    switch (o->kind) {
+    case PT_OP_MATMUL: return o->matmul.n;
+    case PT_OP_EMBED: return o->embed.n;
+    case PT_OP_ADD_BIAS: return o->add_bias.n;
+    case PT_OP_ROPE: return o->rope.b.n_tokens;
+    case PT_OP_KV_STORE: return o->kv_store.b.n_tokens;
+    case PT_OP_ATTENTION: return o->attention.b.n_tokens;
+    case PT_OP_GATHER_ROWS: return o->gather_rows.n;
+    default: return 0;
+    }
+}
+
+/* -1 (sticky error) for arguments the kernels do not take, before anything
+ * is queued. */
+static int check_op(cuda_backend *cb, const pt_op *o) {
+    const char *name = pt_op_name(o->kind);
+    if (o->kind == PT_OP_MATMUL || o->kind == PT_OP_EMBED) {
+        const pt_weight *w = o->kind == PT_OP_MATMUL ? &o->matmul.w : &o->embed.table;
+        if (is_quantized(w->dtype)) return check_qweight(cb, w, name);
+        if (dtype_code(w->dtype) < 0)
+            return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
+    }
+    if (o->kind == PT_OP_KV_STORE || o->kind == PT_OP_ATTENTION) {
+        const pt_kv_view *kv = o->kind == PT_OP_KV_STORE ? &o->kv_store.kv : &o->attention.kv;
+        if (kv->codec) {
+            if (!cu_kvq_supported(kv->kvq, kv->k_bits, kv->v_bits, kv->group, kv->head_dim))
+                return cuda_fail(cb, name, "quantized KV format not supported by the CUDA kernels");
+            int nh = o->kind == PT_OP_ATTENTION ? o->attention.n_heads : kv->n_kv_heads;
+            if (nh % kv->n_kv_heads || nh / kv->n_kv_heads > 8)
+                return cuda_fail(cb, name, "quantized KV caches take at most 8 query heads per KV "
+                                           "head on the CUDA backend");
+        } else {
+            if (dtype_code(kv->dtype) < 0)
+                return cuda_fail(cb, name, "cache type not supported by the CUDA backend");
+            if (o->kind == PT_OP_ATTENTION && kv->head_dim > 512)
+                return cuda_fail(cb, name, "head_dim over 512 is not supported");
+        }
+    }
+    return 0;
+}
+
+/* Grows the scratch buffer *buf to need bytes; a cached graph holds the
+ * old pointer, so growth drops the graphs first. */
+static int grow(cuda_backend *cb, void **buf, size_t *cap, size_t need, const char *what) {
+    if (need <= *cap) return 0;
+    cuda_drop_graphs(cb);
+    return scratch(cb, buf, cap, need, what);
+}
+
+/* Scratch the op will need, grown now (never while a graph is captured);
+ * -1 if it cannot grow. */
+static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
+    const char *name = pt_op_name(o->kind);
+    if (o->kind == PT_OP_MATMUL) {
+        const pt_op_matmul *a = &o->matmul;
+        size_t act = (size_t)a->n * (size_t)a->w.cols * 2;
+        if (is_quantized(a->w.dtype)) {
+            if (a->n <= cb->qgemv_max) return 0;
+            size_t wneed = (size_t)a->w.rows * (size_t)a->w.cols * 2;
+            return grow(cb, &cb->wdeq, &cb->wdeq_cap, wneed, name) ||
+                   grow(cb, &cb->act16, &cb->act16_cap, act, name) ? -1 : 0;
+        }
+        if (a->w.dtype != PT_F32 && a->n > cb->gemv_max)
+            return grow(cb, &cb->act16, &cb->act16_cap, act, name);
+    } else if (o->kind == PT_OP_ATTENTION) {
+        size_t need;
+        if (o->attention.kv.codec) {
+            cu_kvq_args q = kvq_attention_args(&o->attention);
+            need = cu_kvq_attention_scratch(&q, cb->ctx.n_sm);
+        } else if (!cb->simple_attn) {
+            cu_attn_args r = attn_args(cb, &o->attention);
+            need = cu_attention_scratch(&r, cb->ctx.n_sm);
+        } else {
+            return 0;
+        }
+        return grow(cb, &cb->attn_scratch, &cb->attn_cap, need, name);
+    }
+    return 0;
+}
+
+/* The op entry: checks, grows scratch, then records the op or, with graphs
+ * off, runs it now. */
+static void cuda_run(pt_backend *be, const pt_op *o) {
+    cuda_backend *cb = (cuda_backend *)be; /* recording needs no current device */
+    if (o->kind == PT_OP_MATMUL && o->matmul.n <= 0) return;
+    if (check_op(cb, o) || prepare_scratch(cb, o)) return;
+    if (!cb->use_graphs) {
+        cuda_use_device(cb);
+        cuda_exec_op(cb, o);
+        op_done(cb, pt_op_name(o->kind));
+        return;
+    }
+    cuda_record(cb, o, op_rows(o));
 }
 
 /* Quantized KV formats the kernels take (checked when a cache is created). */
@@ -625,90 +451,24 @@ static int cuda_kv_quant_check(pt_backend *be, int kvq, int k_bits, int v_bits, 
                    group, head_dim);
 }
 
-/* ---- Bandwidth ------------------------------------------------------------- */
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Median seconds of reps runs of a read kernel (kind 0) or a device-to-
- * device copy of half the buffer onto the other half (kind 1). */
-static double time_median(cuda_backend *cb, int kind, void *buf, size_t nbytes, float *sink,
-                          int reps) {
-    cudaEvent_t e0, e1;
-    check(cudaEventCreate(&e0), "read_bandwidth");
-    check(cudaEventCreate(&e1), "read_bandwidth");
-    double t[32];
-    if (reps > 32) reps = 32;
-    for (int i = -2; i < reps; i++) { /* two warm-ups */
-        check(cudaEventRecord(e0, cb->stream), "read_bandwidth");
-        if (kind == 0) cu_read_kernel(cb->stream, buf, nbytes, sink);
-        else
-            check(cudaMemcpyAsync((char *)buf + nbytes / 2, buf, nbytes / 2,
-                                  cudaMemcpyDeviceToDevice, cb->stream),
-                  "read_bandwidth");
-        check(cudaEventRecord(e1, cb->stream), "read_bandwidth");
-        check(cudaEventSynchronize(e1), "read_bandwidth");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, e0, e1), "read_bandwidth");
-        if (i >= 0) t[i] = ms / 1e3;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    return t[reps / 2];
-}
-
-/* Bytes/s of a streaming read kernel over 2 GiB (16-byte loads that skip
- * L1, far larger than L2): the roofline of decode, which only reads.  The
- * device-to-device copy rate (bytes read + written) is logged beside it. */
-static double cuda_read_bandwidth(pt_backend *be) {
-    cuda_backend *cb = cb_of(be);
-    if (cb->read_bw > 0) return cb->read_bw;
-    flush(cb);
-    size_t nbytes = (size_t)2 << 30;
-    void *buf = NULL;
-    while (nbytes >= ((size_t)64 << 20) && cudaMalloc(&buf, nbytes) != cudaSuccess) {
-        cudaGetLastError();
-        nbytes /= 2;
-    }
-    if (!buf) return 0;
-    float *sink = NULL;
-    check(cudaMalloc((void **)&sink, 16), "read_bandwidth");
-    check(cudaMemsetAsync(buf, 0x5a, nbytes, cb->stream), "read_bandwidth");
-    double tr = time_median(cb, 0, buf, nbytes, sink, 15);
-    double tc = time_median(cb, 1, buf, nbytes, sink, 15);
-    cudaFree(sink);
-    cudaFree(buf);
-    cb->read_bw = (double)nbytes / tr;
-    pt_info("cuda: read kernel %.0f GB/s; device-to-device copy %.0f GB/s (read + written), "
-            "%.2f GiB buffer",
-            cb->read_bw / 1e9, (double)nbytes / tc / 1e9, nbytes / 1073741824.0);
-    size_t len = strlen(cb->detail);
-    snprintf(cb->detail + len, sizeof cb->detail - len, "; read %.0f GB/s, copy %.0f GB/s",
-             cb->read_bw / 1e9, (double)nbytes / tc / 1e9);
-    return cb->read_bw;
-}
-
 /* ---- Lifetime ---------------------------------------------------------------- */
 
 static void cuda_destroy(pt_backend *be) {
     cuda_backend *cb = cb_of(be);
     if (!cb) return;
-    flush(cb);
-    cudaStreamSynchronize(cb->stream);
+    cuda_flush(cb);
+    cudaStreamSynchronize(cb->ctx.s);
     if (cb->n_captures || cb->n_replays)
         pt_debug("cuda: %llu graph captures, %llu replays", (unsigned long long)cb->n_captures,
                  (unsigned long long)cb->n_replays);
-    drop_graphs(cb);
+    cuda_drop_graphs(cb);
     free(cb->list);
     if (cb->cublas_ws) cudaFree(cb->cublas_ws);
     if (cb->act16) cudaFree(cb->act16);
     if (cb->attn_scratch) cudaFree(cb->attn_scratch);
     if (cb->wdeq) cudaFree(cb->wdeq);
     if (cb->cublas) cublasDestroy(cb->cublas);
-    if (cb->stream) cudaStreamDestroy(cb->stream);
+    if (cb->ctx.s) cudaStreamDestroy(cb->ctx.s);
     free(cb);
 }
 
@@ -719,16 +479,7 @@ static const pt_backend_ops cuda_ops = {
     .download = cuda_download,
     .copy = cuda_copy,
     .sync = cuda_sync,
-    .matmul = cuda_matmul,
-    .embed = cuda_embed,
-    .rmsnorm = cuda_rmsnorm,
-    .add = cuda_add,
-    .add_bias = cuda_add_bias,
-    .swiglu = cuda_swiglu,
-    .rope = cuda_rope,
-    .kv_store = cuda_kv_store,
-    .attention = cuda_attention,
-    .gather_rows = cuda_gather_rows,
+    .run = cuda_run,
     .kv_quant_check = cuda_kv_quant_check,
     .free_memory = cuda_free_memory,
     .read_bandwidth = cuda_read_bandwidth,
@@ -766,8 +517,8 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     }
     cuda_backend *cb = pt_xcalloc(1, sizeof *cb);
     cb->device = device;
-    cb->n_sm = prop.multiProcessorCount;
-    if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    cb->ctx.n_sm = prop.multiProcessorCount;
+    if ((e = cudaStreamCreateWithFlags(&cb->ctx.s, cudaStreamNonBlocking)) != cudaSuccess) {
         pt_fail(err, "CUDA stream: %s", cudaGetErrorString(e));
         free(cb);
         return NULL;
@@ -775,21 +526,24 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cublasStatus_t st = cublasCreate(&cb->cublas);
     if (st != CUBLAS_STATUS_SUCCESS) {
         pt_fail(err, "cuBLAS: %s", cublasGetStatusString(st));
-        cudaStreamDestroy(cb->stream);
+        cudaStreamDestroy(cb->ctx.s);
         free(cb);
         return NULL;
     }
-    cublasSetStream(cb->cublas, cb->stream);
+    cublasSetStream(cb->cublas, cb->ctx.s);
     cublasSetMathMode(cb->cublas, CUBLAS_DEFAULT_MATH); /* no TF32 for f32 weights */
     /* Our own workspace: cuBLAS then allocates nothing inside graph capture. */
     if (cudaMalloc(&cb->cublas_ws, CUBLAS_WORKSPACE) == cudaSuccess)
         cublasSetWorkspace(cb->cublas, cb->cublas_ws, CUBLAS_WORKSPACE);
     else
         cb->cublas_ws = NULL;
+    cb->ctx.pdl = prop.major >= 9 && env_int("PETREL_CUDA_PDL", 1) != 0;
+    cb->ctx.gemv_mode = (env_int("PETREL_CUDA_GEMV_PERSIST", 1) != 0) |
+                        (env_int("PETREL_CUDA_GEMV_PDL", 0) != 0) << 1;
     cu_attention_init();
-    cu_kvq_init();
-    cu_gemv_init(cb->n_sm);
-    cu_qgemv_init(cb->n_sm);
+    cu_kvq_init(&cb->ctx);
+    cu_gemv_init(&cb->ctx);
+    cu_qgemv_init(&cb->ctx);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", CU_GEMV_DEFAULT_ROWS);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
@@ -799,9 +553,6 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
     cb->sync_each = env_int("PETREL_CUDA_SYNC", 0) != 0;
     cb->use_graphs = !cb->sync_each && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
-    cu_pdl = prop.major >= 9 && env_int("PETREL_CUDA_PDL", 1) != 0;
-    cu_gemv_mode = (env_int("PETREL_CUDA_GEMV_PERSIST", 1) != 0) |
-                   (env_int("PETREL_CUDA_GEMV_PDL", 0) != 0) << 1;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount,
              prop.totalGlobalMem / 1073741824.0);

@@ -4,7 +4,9 @@
  * kernels on the given stream.
  *
  * Launchers take plain pointers and sizes (no Petrel structs) so the .cu
- * files need only this header.  A launcher returns 0 when it enqueued the
+ * files need only this header, and a cu_ctx: the stream and the launch
+ * state of one backend instance on one device (no process globals, so two
+ * backends on two devices do not share grid sizes or flags).  A launcher returns 0 when it enqueued the
  * op and -1 when the shapes, dtypes or alignment are ones it has no kernel
  * for; the caller then takes another path.  Element types are pt_dtype
  * values: 0 = f32, 1 = f16, 2 = bf16 (checked in cuda_backend.c).
@@ -22,32 +24,44 @@ extern "C" {
 
 enum { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2 };
 
-/* Launch kernels with programmatic dependent launch (sm_90 and newer; set
- * once by the backend from the device and PETREL_CUDA_PDL). */
-extern int cu_pdl;
-/* GEMV launch: bit 0 persistent grid (PETREL_CUDA_GEMV_PERSIST, default
- * on), bit 1 PDL for the GEMV itself (PETREL_CUDA_GEMV_PDL, default off:
- * a persistent grid launched early lands unevenly on the SMs). */
-extern int cu_gemv_mode;
-
-/* ---- matmul.cu ---------------------------------------------------------- */
-
 /* Largest row count the GEMV kernels take (they keep one accumulator per
  * row per thread), and the default of PETREL_CUDA_GEMV_MAX: every row count
  * up to 16 takes the GEMV, whose rows are batch-invariant (cuBLAS is
  * faster from ~8 rows but rounds differently from the GEMV). */
 #define CU_GEMV_MAX_ROWS 16
 #define CU_GEMV_DEFAULT_ROWS 16
+/* Quantized weight formats (CU_Q8_0 .. CU_AFFN below). */
+#define CU_QFMT_COUNT 8
+
+/* One backend instance's launch state, filled when the backend is created
+ * (the *_init calls below, after cudaSetDevice) and read by launchers. */
+typedef struct cu_ctx {
+    cudaStream_t s;
+    int n_sm;       /* multiprocessors of the device */
+    int pdl;        /* launch with programmatic dependent launch (sm_90+,
+                       PETREL_CUDA_PDL) */
+    int gemv_mode;  /* bit 0 persistent GEMV grid (PETREL_CUDA_GEMV_PERSIST,
+                       default on), bit 1 PDL for the GEMV itself
+                       (PETREL_CUDA_GEMV_PDL, default off: a persistent grid
+                       launched early lands unevenly on the SMs) */
+    int smem_optin; /* the device's opt-in shared memory per block */
+    /* Persistent grids: blocks of each kernel resident on the whole device
+     * at once (0: not measured, the launcher guesses). */
+    int gemv_fit[3][CU_GEMV_MAX_ROWS];  /* [CU_F32/F16/BF16][token rows - 1] */
+    int qgemv_fit[CU_QFMT_COUNT][5];    /* [fmt - CU_Q8_0][1, 2, 4, 8, 16 rows] */
+} cu_ctx;
+
+/* ---- matmul.cu ---------------------------------------------------------- */
 
 /* y[n][rows] = x[n][cols] · wᵀ for n <= CU_GEMV_MAX_ROWS: weight-streaming
  * kernels with 16-byte loads (needs rows of 16-byte multiples and 16-byte
  * aligned x, w) or, for any shape, a plain one. */
-int cu_gemv(cudaStream_t s, float *y, const float *x, const void *w, int wtype, int rows,
+int cu_gemv(const cu_ctx *c, float *y, const float *x, const void *w, int wtype, int rows,
             int cols, int n);
-/* Sizes the persistent GEMV grids for this device; once, before capture. */
-void cu_gemv_init(int n_sm);
+/* Sizes the persistent GEMV grids for c's device; once, before capture. */
+void cu_gemv_init(cu_ctx *c);
 /* dst[i] = (f16 or bf16) src[i], rounding to nearest even. */
-void cu_convert_from_f32(cudaStream_t s, void *dst, int dtype, const float *src, size_t count);
+void cu_convert_from_f32(const cu_ctx *c, void *dst, int dtype, const float *src, size_t count);
 
 /* ---- qmatmul.cu: quantized weights, as stored in their files ------------- */
 
@@ -71,34 +85,34 @@ typedef struct cu_qweight {
 
 /* Sets the GEMV's shared-memory limits and sizes its persistent grids;
  * once per device, before any capture. */
-void cu_qgemv_init(int n_sm);
+void cu_qgemv_init(cu_ctx *c);
 /* Whether the kernels take this weight (format, shape, 16-byte aligned). */
 int cu_qweight_ok(const cu_qweight *w);
 /* y[n][rows] = x[n][cols] · wᵀ for n <= CU_QGEMV_MAX_ROWS; -1: not taken. */
-int cu_qgemv(cudaStream_t s, float *y, const float *x, const cu_qweight *w, int n);
+int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n);
 /* The whole weight as f16 [rows][cols] into out (prefill: then cuBLAS). */
-int cu_qdequant_f16(cudaStream_t s, void *out, const cu_qweight *w);
+int cu_qdequant_f16(const cu_ctx *c, void *out, const cu_qweight *w);
 /* y[i] = row ids[i] of w as f32 (an id out of range gives zeros). */
-int cu_qembed(cudaStream_t s, float *y, const cu_qweight *w, const int32_t *ids, int n);
+int cu_qembed(const cu_ctx *c, float *y, const cu_qweight *w, const int32_t *ids, int n);
 
 /* ---- ops.cu ------------------------------------------------------------- */
 
-void cu_embed(cudaStream_t s, float *y, const void *table, int dtype, int64_t rows, int64_t cols,
+void cu_embed(const cu_ctx *c, float *y, const void *table, int dtype, int64_t rows, int64_t cols,
               const int32_t *ids, int n);
-void cu_rmsnorm(cudaStream_t s, float *y, const float *x, const float *g, int n, int d,
+void cu_rmsnorm(const cu_ctx *c, float *y, const float *x, const float *g, int n, int d,
                 float eps);
-void cu_add(cudaStream_t s, float *y, const float *a, const float *b, size_t count);
-void cu_add_bias(cudaStream_t s, float *y, const float *bias, int n, int d);
-void cu_swiglu(cudaStream_t s, float *y, const float *gate, const float *up, size_t count);
-void cu_rope(cudaStream_t s, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+void cu_add(const cu_ctx *c, float *y, const float *a, const float *b, size_t count);
+void cu_add_bias(const cu_ctx *c, float *y, const float *bias, int n, int d);
+void cu_swiglu(const cu_ctx *c, float *y, const float *gate, const float *up, size_t count);
+void cu_rope(const cu_ctx *c, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
              int style, int n_rot, const float *inv_freq, float mscale);
-void cu_kv_store(cudaStream_t s, void *kc, void *vc, int dtype, int page_size, int n_kv_heads,
+void cu_kv_store(const cu_ctx *c, void *kc, void *vc, int dtype, int page_size, int n_kv_heads,
                  int head_dim, const int32_t *pos, const int32_t *seq, const int32_t *block_table,
                  int max_pages, int n, const float *k, const float *v);
-void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n,
+void cu_gather_rows(const cu_ctx *c, float *dst, const float *src, const int32_t *idx, int n,
                     int d);
 /* Reads nbytes (a multiple of 16) and writes a checksum to *out. */
-void cu_read_kernel(cudaStream_t s, const void *src, size_t nbytes, float *out);
+void cu_read_kernel(const cu_ctx *c, const void *src, size_t nbytes, float *out);
 
 /* ---- attention.cu -------------------------------------------------------- */
 
@@ -116,12 +130,13 @@ typedef struct cu_attn_args {
 /* Device scratch the attention of this shape needs (0: none), for the
  * split-context partial results.  n_sm: multiprocessors of the device. */
 size_t cu_attention_scratch(const cu_attn_args *a, int n_sm);
-/* Sets kernel attributes; once per device, before any capture. */
+/* Sets kernel attributes on the current device (attributes are per
+ * device); once per backend, before any capture. */
 void cu_attention_init(void);
 /* Enqueues the attention; scratch must hold cu_attention_scratch() bytes. */
-void cu_attention(cudaStream_t s, const cu_attn_args *a, int n_sm, void *scratch);
+void cu_attention(const cu_ctx *c, const cu_attn_args *a, int n_sm, void *scratch);
 /* The plain kernel (one warp per row and head), for tests and odd shapes. */
-void cu_attention_simple(cudaStream_t s, const cu_attn_args *a);
+void cu_attention_simple(const cu_ctx *c, const cu_attn_args *a);
 
 /* ---- attn_kvq.cu: quantized KV caches (formats of src/kv/kv_codec.h) ------ */
 
@@ -142,16 +157,17 @@ typedef struct cu_kvq_args {
 /* Whether the kernels take this format: group 32, head_dim 64/128/256/512,
  * TurboQuant k{2,4,5,8} v{2,3,4,5,8} or affine 8/8 and 4/4. */
 int cu_kvq_supported(int kvq, int k_bits, int v_bits, int group, int head_dim);
-/* Sets kernel attributes; once per device, before any capture. */
-void cu_kvq_init(void);
+/* Sets kernel attributes on the current device and c->smem_optin; once
+ * per backend, before any capture. */
+void cu_kvq_init(cu_ctx *c);
 /* Encodes n rows of k and v ([n][n_kv_heads][head_dim]) into the cache,
  * bit-identical to the CPU encoders.  -1: a shape it does not take. */
-int cu_kvq_store(cudaStream_t s, const cu_kvq_args *a, const float *k, const float *v);
+int cu_kvq_store(const cu_ctx *c, const cu_kvq_args *a, const float *k, const float *v);
 /* Device scratch cu_kvq_attention needs (0: none). */
 size_t cu_kvq_attention_scratch(const cu_kvq_args *a, int n_sm);
 /* Attention over the packed pages (G = n_heads / n_kv_heads <= 8).
  * -1: a shape it does not take. */
-int cu_kvq_attention(cudaStream_t s, const cu_kvq_args *a, int n_sm, void *scratch);
+int cu_kvq_attention(const cu_ctx *c, const cu_kvq_args *a, int n_sm, void *scratch);
 
 #ifdef __cplusplus
 }

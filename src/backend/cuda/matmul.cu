@@ -172,62 +172,56 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 #define GEMV_R(nt) ((nt) == 1 ? 1 : (nt) == 2 ? 2 : 4)
 
 /* As many blocks as fit on the GPU at once (asked of the occupancy
- * calculator once per kernel, from cu_gemv_init: not during a graph
- * capture), the row groups spread evenly over them. */
-template <int T, int NT> static int &gemv_fit() {
-    static int fit; /* resident blocks on the whole device, per instantiation */
-    return fit;
-}
-
-template <int T, int NT> static void gemv_init_one(int sms) {
+ * calculator once per kernel and device, from cu_gemv_init: not during a
+ * graph capture, kept in the context), the row groups spread evenly over
+ * them. */
+template <int T, int NT> static void gemv_init_one(cu_ctx *c) {
     int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_vec_kernel<T, NT, GEMV_R(NT)>,
                                                   GEMV_THREADS, 0);
-    gemv_fit<T, NT>() = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    c->gemv_fit[T][NT - 1] = (c->n_sm > 0 ? c->n_sm : 1) * (per_sm > 0 ? per_sm : 1);
 }
 
-template <int T> static void gemv_init_type(int sms) {
-    gemv_init_one<T, 1>(sms), gemv_init_one<T, 2>(sms), gemv_init_one<T, 3>(sms);
-    gemv_init_one<T, 4>(sms), gemv_init_one<T, 5>(sms), gemv_init_one<T, 6>(sms);
-    gemv_init_one<T, 7>(sms), gemv_init_one<T, 8>(sms), gemv_init_one<T, 16>(sms);
+template <int T> static void gemv_init_type(cu_ctx *c) {
+    gemv_init_one<T, 1>(c), gemv_init_one<T, 2>(c), gemv_init_one<T, 3>(c);
+    gemv_init_one<T, 4>(c), gemv_init_one<T, 5>(c), gemv_init_one<T, 6>(c);
+    gemv_init_one<T, 7>(c), gemv_init_one<T, 8>(c), gemv_init_one<T, 16>(c);
 }
 
-extern "C" int cu_gemv_mode = 1;
-
-extern "C" void cu_gemv_init(int n_sm) {
-    gemv_init_type<CU_F32>(n_sm);
-    gemv_init_type<CU_F16>(n_sm);
-    gemv_init_type<CU_BF16>(n_sm);
+extern "C" void cu_gemv_init(cu_ctx *c) {
+    gemv_init_type<CU_F32>(c);
+    gemv_init_type<CU_F16>(c);
+    gemv_init_type<CU_BF16>(c);
 }
 
 template <int T, int NT>
-static void launch_vec(cudaStream_t s, float *y, const float *x, const void *w, int rows,
+static void launch_vec(const cu_ctx *c, float *y, const float *x, const void *w, int rows,
                        int cols, int n) {
     const int R = GEMV_R(NT);
-    int fit = gemv_fit<T, NT>() > 0 ? gemv_fit<T, NT>() : 132 * 4;
-    int groups = CU_DIV_UP(rows, R), per_block = cu_gemv_mode & 1 ? CU_DIV_UP(groups, fit) : 1;
-    cudaLaunchConfig_t cfg = cu_config_pdl(CU_DIV_UP(groups, per_block), GEMV_THREADS, 0, s,
-                                           cu_pdl && (cu_gemv_mode & 2));
+    int fit = c->gemv_fit[T][NT - 1] > 0 ? c->gemv_fit[T][NT - 1] : 132 * 4;
+    int groups = CU_DIV_UP(rows, R), per_block = c->gemv_mode & 1 ? CU_DIV_UP(groups, fit) : 1;
+    cudaLaunchConfig_t cfg = cu_config_pdl(CU_DIV_UP(groups, per_block), GEMV_THREADS, 0, c->s,
+                                           c->pdl && (c->gemv_mode & 2));
     cudaLaunchKernelEx(&cfg, gemv_vec_kernel<T, NT, R>, y, x, w, rows, cols, n);
 }
 
 template <int T>
-static void dispatch_vec(cudaStream_t s, float *y, const float *x, const void *w, int rows,
+static void dispatch_vec(const cu_ctx *c, float *y, const float *x, const void *w, int rows,
                          int cols, int n) {
     switch (n) {
-    case 1: launch_vec<T, 1>(s, y, x, w, rows, cols, n); break;
-    case 2: launch_vec<T, 2>(s, y, x, w, rows, cols, n); break;
-    case 3: launch_vec<T, 3>(s, y, x, w, rows, cols, n); break;
-    case 4: launch_vec<T, 4>(s, y, x, w, rows, cols, n); break;
-    case 5: launch_vec<T, 5>(s, y, x, w, rows, cols, n); break;
-    case 6: launch_vec<T, 6>(s, y, x, w, rows, cols, n); break;
-    case 7: launch_vec<T, 7>(s, y, x, w, rows, cols, n); break;
-    case 8: launch_vec<T, 8>(s, y, x, w, rows, cols, n); break;
-    default: launch_vec<T, 16>(s, y, x, w, rows, cols, n); break;
+    case 1: launch_vec<T, 1>(c, y, x, w, rows, cols, n); break;
+    case 2: launch_vec<T, 2>(c, y, x, w, rows, cols, n); break;
+    case 3: launch_vec<T, 3>(c, y, x, w, rows, cols, n); break;
+    case 4: launch_vec<T, 4>(c, y, x, w, rows, cols, n); break;
+    case 5: launch_vec<T, 5>(c, y, x, w, rows, cols, n); break;
+    case 6: launch_vec<T, 6>(c, y, x, w, rows, cols, n); break;
+    case 7: launch_vec<T, 7>(c, y, x, w, rows, cols, n); break;
+    case 8: launch_vec<T, 8>(c, y, x, w, rows, cols, n); break;
+    default: launch_vec<T, 16>(c, y, x, w, rows, cols, n); break;
     }
 }
 
-extern "C" int cu_gemv(cudaStream_t s, float *y, const float *x, const void *w, int wtype,
+extern "C" int cu_gemv(const cu_ctx *c, float *y, const float *x, const void *w, int wtype,
                        int rows, int cols, int n) {
     if (n < 1 || n > CU_GEMV_MAX_ROWS || rows < 1 || cols < 1) return -1;
     size_t esz = wtype == CU_F32 ? 4 : 2;
@@ -235,17 +229,17 @@ extern "C" int cu_gemv(cudaStream_t s, float *y, const float *x, const void *w, 
                cu_aligned16(w);
     if (vec) {
         switch (wtype) {
-        case CU_F32: dispatch_vec<CU_F32>(s, y, x, w, rows, cols, n); break;
-        case CU_F16: dispatch_vec<CU_F16>(s, y, x, w, rows, cols, n); break;
-        case CU_BF16: dispatch_vec<CU_BF16>(s, y, x, w, rows, cols, n); break;
+        case CU_F32: dispatch_vec<CU_F32>(c, y, x, w, rows, cols, n); break;
+        case CU_F16: dispatch_vec<CU_F16>(c, y, x, w, rows, cols, n); break;
+        case CU_BF16: dispatch_vec<CU_BF16>(c, y, x, w, rows, cols, n); break;
         default: return -1;
         }
         return 0;
     }
     switch (wtype) {
-    case CU_F32: CU_LAUNCH((gemv_plain_kernel<CU_F32>), rows, GEMV_THREADS, 0, s, y, x, w, rows, cols, n); break;
-    case CU_F16: CU_LAUNCH((gemv_plain_kernel<CU_F16>), rows, GEMV_THREADS, 0, s, y, x, w, rows, cols, n); break;
-    case CU_BF16: CU_LAUNCH((gemv_plain_kernel<CU_BF16>), rows, GEMV_THREADS, 0, s, y, x, w, rows, cols, n); break;
+    case CU_F32: CU_LAUNCH((gemv_plain_kernel<CU_F32>), rows, GEMV_THREADS, 0, c, y, x, w, rows, cols, n); break;
+    case CU_F16: CU_LAUNCH((gemv_plain_kernel<CU_F16>), rows, GEMV_THREADS, 0, c, y, x, w, rows, cols, n); break;
+    case CU_BF16: CU_LAUNCH((gemv_plain_kernel<CU_BF16>), rows, GEMV_THREADS, 0, c, y, x, w, rows, cols, n); break;
     default: return -1;
     }
     return 0;
@@ -260,9 +254,9 @@ __global__ void convert_kernel(void *dst, const float *src, size_t count) {
         cu_store_elem<T>(dst, i, src[i]);
 }
 
-extern "C" void cu_convert_from_f32(cudaStream_t s, void *dst, int dtype, const float *src,
+extern "C" void cu_convert_from_f32(const cu_ctx *c, void *dst, int dtype, const float *src,
                                     size_t count) {
     int blocks = (int)(count / 256 + 1 < 8192 ? count / 256 + 1 : 8192);
-    if (dtype == CU_BF16) CU_LAUNCH((convert_kernel<CU_BF16>), blocks, 256, 0, s, dst, src, count);
-    else CU_LAUNCH((convert_kernel<CU_F16>), blocks, 256, 0, s, dst, src, count);
+    if (dtype == CU_BF16) CU_LAUNCH((convert_kernel<CU_BF16>), blocks, 256, 0, c, dst, src, count);
+    else CU_LAUNCH((convert_kernel<CU_F16>), blocks, 256, 0, c, dst, src, count);
 }

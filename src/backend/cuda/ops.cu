@@ -10,8 +10,6 @@
 
 #include "backend/cuda/cu_common.cuh"
 
-extern "C" int cu_pdl = 0;
-
 static int grid_for(size_t count, int threads) {
     size_t b = CU_DIV_UP(count, (size_t)threads);
     return (int)(b < 65535 ? (b ? b : 1) : 65535);
@@ -32,12 +30,12 @@ __global__ void embed_kernel(float *y, const void *table, int64_t rows, int64_t 
         dst[c] = ok ? cu_load_elem<T>(table, (size_t)id * cols + c) : 0.f;
 }
 
-extern "C" void cu_embed(cudaStream_t s, float *y, const void *table, int dtype, int64_t rows,
+extern "C" void cu_embed(const cu_ctx *c, float *y, const void *table, int dtype, int64_t rows,
                          int64_t cols, const int32_t *ids, int n) {
     if (n <= 0) return;
-    if (dtype == CU_F32) CU_LAUNCH((embed_kernel<CU_F32>), n, 256, 0, s, y, table, rows, cols, ids);
-    else if (dtype == CU_F16) CU_LAUNCH((embed_kernel<CU_F16>), n, 256, 0, s, y, table, rows, cols, ids);
-    else CU_LAUNCH((embed_kernel<CU_BF16>), n, 256, 0, s, y, table, rows, cols, ids);
+    if (dtype == CU_F32) CU_LAUNCH((embed_kernel<CU_F32>), n, 256, 0, c, y, table, rows, cols, ids);
+    else if (dtype == CU_F16) CU_LAUNCH((embed_kernel<CU_F16>), n, 256, 0, c, y, table, rows, cols, ids);
+    else CU_LAUNCH((embed_kernel<CU_BF16>), n, 256, 0, c, y, table, rows, cols, ids);
 }
 
 /* ---- rmsnorm ------------------------------------------------------------- */
@@ -81,11 +79,11 @@ __global__ void rmsnorm_block_kernel(float *y, const float *x, const float *g, i
     for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * r * g[i];
 }
 
-extern "C" void cu_rmsnorm(cudaStream_t s, float *y, const float *x, const float *g, int n, int d,
+extern "C" void cu_rmsnorm(const cu_ctx *c, float *y, const float *x, const float *g, int n, int d,
                            float eps) {
     if (n <= 0) return;
-    if (d <= 512) CU_LAUNCH((rmsnorm_warp_kernel), CU_DIV_UP(n, 8), 256, 0, s, y, x, g, n, d, eps);
-    else CU_LAUNCH((rmsnorm_block_kernel), n, d >= 4096 ? 1024 : 256, 0, s, y, x, g, d, eps);
+    if (d <= 512) CU_LAUNCH((rmsnorm_warp_kernel), CU_DIV_UP(n, 8), 256, 0, c, y, x, g, n, d, eps);
+    else CU_LAUNCH((rmsnorm_block_kernel), n, d >= 4096 ? 1024 : 256, 0, c, y, x, g, d, eps);
 }
 
 /* ---- elementwise ---------------------------------------------------------- */
@@ -108,12 +106,12 @@ __global__ void add4_kernel(float4 *y, const float4 *a, const float4 *b, size_t 
     }
 }
 
-extern "C" void cu_add(cudaStream_t s, float *y, const float *a, const float *b, size_t count) {
+extern "C" void cu_add(const cu_ctx *c, float *y, const float *a, const float *b, size_t count) {
     if (!count) return;
     if (count % 4 == 0 && cu_aligned16(y) && cu_aligned16(a) && cu_aligned16(b))
-        CU_LAUNCH((add4_kernel), grid_for(count / 4, 256), 256, 0, s, (float4 *)y, (const float4 *)a,
+        CU_LAUNCH((add4_kernel), grid_for(count / 4, 256), 256, 0, c, (float4 *)y, (const float4 *)a,
                                                             (const float4 *)b, count / 4);
-    else CU_LAUNCH((add_kernel), grid_for(count, 256), 256, 0, s, y, a, b, count);
+    else CU_LAUNCH((add_kernel), grid_for(count, 256), 256, 0, c, y, a, b, count);
 }
 
 __global__ void add_bias_kernel(float *y, const float *bias, int n, int d) {
@@ -125,9 +123,9 @@ __global__ void add_bias_kernel(float *y, const float *bias, int n, int d) {
         y[i] += bias[i % d];
 }
 
-extern "C" void cu_add_bias(cudaStream_t s, float *y, const float *bias, int n, int d) {
+extern "C" void cu_add_bias(const cu_ctx *c, float *y, const float *bias, int n, int d) {
     if (n <= 0 || d <= 0) return;
-    CU_LAUNCH((add_bias_kernel), grid_for((size_t)n * d, 256), 256, 0, s, y, bias, n, d);
+    CU_LAUNCH((add_bias_kernel), grid_for((size_t)n * d, 256), 256, 0, c, y, bias, n, d);
 }
 
 __device__ __forceinline__ float silu_mul(float g, float u) {
@@ -142,10 +140,10 @@ __global__ void swiglu_kernel(float *y, const float *gate, const float *up, size
         y[i] = silu_mul(gate[i], up[i]);
 }
 
-extern "C" void cu_swiglu(cudaStream_t s, float *y, const float *gate, const float *up,
+extern "C" void cu_swiglu(const cu_ctx *c, float *y, const float *gate, const float *up,
                           size_t count) {
     if (!count) return;
-    CU_LAUNCH((swiglu_kernel), grid_for(count, 256), 256, 0, s, y, gate, up, count);
+    CU_LAUNCH((swiglu_kernel), grid_for(count, 256), 256, 0, c, y, gate, up, count);
 }
 
 /* ---- rope ------------------------------------------------------------------ */
@@ -176,11 +174,11 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int n, int n_heads, in
     }
 }
 
-extern "C" void cu_rope(cudaStream_t s, float *x, const int32_t *pos, int n, int n_heads,
+extern "C" void cu_rope(const cu_ctx *c, float *x, const int32_t *pos, int n, int n_heads,
                         int head_dim, int style, int n_rot, const float *inv_freq, float mscale) {
     size_t count = (size_t)n * n_heads * (n_rot / 2);
     if (!count) return;
-    CU_LAUNCH((rope_kernel), grid_for(count, 256), 256, 0, s, x, pos, n, n_heads, head_dim, style, n_rot,
+    CU_LAUNCH((rope_kernel), grid_for(count, 256), 256, 0, c, x, pos, n, n_heads, head_dim, style, n_rot,
                                                      inv_freq, mscale);
 }
 
@@ -206,7 +204,7 @@ __global__ void kv_store_kernel(void *kc, void *vc, int page_size, int n_kv_head
     }
 }
 
-extern "C" void cu_kv_store(cudaStream_t s, void *kc, void *vc, int dtype, int page_size,
+extern "C" void cu_kv_store(const cu_ctx *c, void *kc, void *vc, int dtype, int page_size,
                             int n_kv_heads, int head_dim, const int32_t *pos, const int32_t *seq,
                             const int32_t *block_table, int max_pages, int n, const float *k,
                             const float *v) {
@@ -214,9 +212,9 @@ extern "C" void cu_kv_store(cudaStream_t s, void *kc, void *vc, int dtype, int p
     if (!count) return;
     int g = grid_for(count, 256);
 #define KV_ARGS kc, vc, page_size, n_kv_heads, head_dim, pos, seq, block_table, max_pages, n, k, v
-    if (dtype == CU_F32) CU_LAUNCH((kv_store_kernel<CU_F32>), g, 256, 0, s, KV_ARGS);
-    else if (dtype == CU_F16) CU_LAUNCH((kv_store_kernel<CU_F16>), g, 256, 0, s, KV_ARGS);
-    else CU_LAUNCH((kv_store_kernel<CU_BF16>), g, 256, 0, s, KV_ARGS);
+    if (dtype == CU_F32) CU_LAUNCH((kv_store_kernel<CU_F32>), g, 256, 0, c, KV_ARGS);
+    else if (dtype == CU_F16) CU_LAUNCH((kv_store_kernel<CU_F16>), g, 256, 0, c, KV_ARGS);
+    else CU_LAUNCH((kv_store_kernel<CU_BF16>), g, 256, 0, c, KV_ARGS);
 #undef KV_ARGS
 }
 
@@ -230,10 +228,10 @@ __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *
     for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = s[c];
 }
 
-extern "C" void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *idx,
+extern "C" void cu_gather_rows(const cu_ctx *c, float *dst, const float *src, const int32_t *idx,
                                int n, int d) {
     if (n <= 0 || d <= 0) return;
-    CU_LAUNCH((gather_rows_kernel), n, 256, 0, s, dst, src, idx, d);
+    CU_LAUNCH((gather_rows_kernel), n, 256, 0, c, dst, src, idx, d);
 }
 
 /* ---- read bandwidth -------------------------------------------------------- */
@@ -259,9 +257,6 @@ __global__ void __launch_bounds__(512) read_kernel(const uint4 *src, size_t n16,
     if (acc == 0x12345678u) out[0] = 1.f; /* practically never: keeps the loads */
 }
 
-extern "C" void cu_read_kernel(cudaStream_t s, const void *src, size_t nbytes, float *out) {
-    int dev = 0, sms = 132;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    CU_LAUNCH((read_kernel), sms * 4, 512, 0, s, (const uint4 *)src, nbytes / 16, out);
+extern "C" void cu_read_kernel(const cu_ctx *c, const void *src, size_t nbytes, float *out) {
+    CU_LAUNCH((read_kernel), c->n_sm * 4, 512, 0, c, (const uint4 *)src, nbytes / 16, out);
 }

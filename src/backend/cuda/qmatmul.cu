@@ -769,22 +769,23 @@ static size_t qgemv_smem(int f) {
     return (size_t)QM_STAGES * QM_ROWS * (size_t)qf_bytes(f, f == CU_AFF4 ? 4 : 8, QM_TILE);
 }
 
-template <int F, int NT> static int &qgemv_fit() {
-    static int fit;
-    return fit;
+/* Where cu_ctx.qgemv_fit keeps the grid of NT token rows (1, 2, 4, 8, 16). */
+template <int NT> static constexpr int qgemv_slot() {
+    return NT == 1 ? 0 : NT == 2 ? 1 : NT == 4 ? 2 : NT == 8 ? 3 : 4;
 }
 
-template <int F, int NT> static void qgemv_init_one(int sms) {
+template <int F, int NT> static void qgemv_init_one(cu_ctx *c) {
+    int sms = c->n_sm;
     size_t smem = qgemv_smem(F);
     cudaFuncSetAttribute(qgemv_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kernel<F, NT>, QM_THREADS, smem);
-    qgemv_fit<F, NT>() = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    c->qgemv_fit[F - CU_Q8_0][qgemv_slot<NT>()] = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
 }
 
-template <int F> static void qgemv_init_fmt(int sms) {
-    qgemv_init_one<F, 1>(sms), qgemv_init_one<F, 2>(sms), qgemv_init_one<F, 4>(sms);
-    qgemv_init_one<F, 8>(sms), qgemv_init_one<F, 16>(sms);
+template <int F> static void qgemv_init_fmt(cu_ctx *c) {
+    qgemv_init_one<F, 1>(c), qgemv_init_one<F, 2>(c), qgemv_init_one<F, 4>(c);
+    qgemv_init_one<F, 8>(c), qgemv_init_one<F, 16>(c);
 }
 
 /* Dynamic shared memory of the register GEMV: activation codes and their
@@ -801,94 +802,95 @@ template <int F> static void qr_init_fmt() {
     cudaFuncSetAttribute(qgemv_reg_kernel<F, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qr_smem_bytes(16));
 }
 
-extern "C" void cu_qgemv_init(int n_sm) {
+extern "C" void cu_qgemv_init(cu_ctx *c) {
     qr_init_fmt<CU_Q4_0>(), qr_init_fmt<CU_Q8_0>(), qr_init_fmt<CU_Q4_K>(), qr_init_fmt<CU_Q5_K>();
     qr_init_fmt<CU_AFF4>(), qr_init_fmt<CU_AFF8>();
-    qgemv_init_fmt<CU_Q6_K>(n_sm), qgemv_init_fmt<CU_AFF4>(n_sm);
-    qgemv_init_fmt<CU_AFF8>(n_sm);
+    qgemv_init_fmt<CU_Q6_K>(c), qgemv_init_fmt<CU_AFF4>(c);
+    qgemv_init_fmt<CU_AFF8>(c);
     cudaGetLastError(); /* an attribute the device refuses shows up as a launch error later */
 }
 
 /* Launched without PDL: a persistent grid started early lands unevenly on
  * the SMs (docs/cuda-notes.md, run 4), and each block owns a fixed share. */
 template <int F, int NT>
-static void launch_qgemv(cudaStream_t s, float *y, const float *x, const cu_qweight &w, int n) {
+static void launch_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
     int64_t groups = CU_DIV_UP(w.rows, (int64_t)QM_ROWS);
-    int fit = qgemv_fit<F, NT>() > 0 ? qgemv_fit<F, NT>() : 132 * 2;
+    int fit = c->qgemv_fit[F - CU_Q8_0][qgemv_slot<NT>()];
+    if (fit <= 0) fit = 132 * 2;
     unsigned grid = (unsigned)(groups < fit ? groups : fit);
-    cudaLaunchConfig_t cfg = cu_config_pdl(grid, QM_THREADS, qgemv_smem(F), s, false);
+    cudaLaunchConfig_t cfg = cu_config_pdl(grid, QM_THREADS, qgemv_smem(F), c->s, false);
     cudaLaunchKernelEx(&cfg, qgemv_kernel<F, NT>, y, x, w, n);
 }
 
 template <int F>
-static void qgemv_fmt(cudaStream_t s, float *y, const float *x, const cu_qweight &w, int n) {
-    if (n == 1) launch_qgemv<F, 1>(s, y, x, w, n);
-    else if (n == 2) launch_qgemv<F, 2>(s, y, x, w, n);
-    else if (n <= 4) launch_qgemv<F, 4>(s, y, x, w, n);
-    else if (n <= 8) launch_qgemv<F, 8>(s, y, x, w, n);
-    else launch_qgemv<F, 16>(s, y, x, w, n);
+static void qgemv_fmt(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    if (n == 1) launch_qgemv<F, 1>(c, y, x, w, n);
+    else if (n == 2) launch_qgemv<F, 2>(c, y, x, w, n);
+    else if (n <= 4) launch_qgemv<F, 4>(c, y, x, w, n);
+    else if (n <= 8) launch_qgemv<F, 8>(c, y, x, w, n);
+    else launch_qgemv<F, 16>(c, y, x, w, n);
 }
 
 template <int F, int NT>
-static void launch_qr(cudaStream_t s, float *y, const float *x, const cu_qweight &w, int n) {
+static void launch_qr(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
     unsigned grid = (unsigned)CU_DIV_UP(w.rows, (int64_t)32);
-    CU_LAUNCH((qgemv_reg_kernel<F, NT>), grid, QR_WARPS * 32, qr_smem_bytes(NT), s, y, x, w, n);
+    CU_LAUNCH((qgemv_reg_kernel<F, NT>), grid, QR_WARPS * 32, qr_smem_bytes(NT), c, y, x, w, n);
 }
 
 template <int F>
-static void qr_fmt(cudaStream_t s, float *y, const float *x, const cu_qweight &w, int n) {
-    if (n == 1) launch_qr<F, 1>(s, y, x, w, n);
-    else if (n == 2) launch_qr<F, 2>(s, y, x, w, n);
-    else if (n <= 4) launch_qr<F, 4>(s, y, x, w, n);
-    else if (n <= 8) launch_qr<F, 8>(s, y, x, w, n);
-    else launch_qr<F, 16>(s, y, x, w, n);
+static void qr_fmt(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    if (n == 1) launch_qr<F, 1>(c, y, x, w, n);
+    else if (n == 2) launch_qr<F, 2>(c, y, x, w, n);
+    else if (n <= 4) launch_qr<F, 4>(c, y, x, w, n);
+    else if (n <= 8) launch_qr<F, 8>(c, y, x, w, n);
+    else launch_qr<F, 16>(c, y, x, w, n);
 }
 
 /* The kernel is chosen by the weight's format and shape and x's alignment,
  * never by n, so a token row gets the same bits at every n (batch
  * invariance: speculative verification equals decoding row by row). */
-extern "C" int cu_qgemv(cudaStream_t s, float *y, const float *x, const cu_qweight *w, int n) {
+extern "C" int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n) {
     if (n < 1 || n > CU_QGEMV_MAX_ROWS || !cu_qweight_ok(w)) return -1;
     const cu_qweight ww = *w;
     const bool reg = w->fmt != CU_Q6_K && w->fmt != CU_AFFN;
     if (reg && w->cols % QR_UNIT == 0 && w->rows <= 0x7fffffffLL * 32 && cu_aligned16(x)) {
         switch (w->fmt) {
-        case CU_Q4_0: qr_fmt<CU_Q4_0>(s, y, x, ww, n); break;
-        case CU_Q8_0: qr_fmt<CU_Q8_0>(s, y, x, ww, n); break;
-        case CU_Q4_K: qr_fmt<CU_Q4_K>(s, y, x, ww, n); break;
-        case CU_Q5_K: qr_fmt<CU_Q5_K>(s, y, x, ww, n); break;
-        case CU_AFF4: qr_fmt<CU_AFF4>(s, y, x, ww, n); break;
-        default: qr_fmt<CU_AFF8>(s, y, x, ww, n); break;
+        case CU_Q4_0: qr_fmt<CU_Q4_0>(c, y, x, ww, n); break;
+        case CU_Q8_0: qr_fmt<CU_Q8_0>(c, y, x, ww, n); break;
+        case CU_Q4_K: qr_fmt<CU_Q4_K>(c, y, x, ww, n); break;
+        case CU_Q5_K: qr_fmt<CU_Q5_K>(c, y, x, ww, n); break;
+        case CU_AFF4: qr_fmt<CU_AFF4>(c, y, x, ww, n); break;
+        default: qr_fmt<CU_AFF8>(c, y, x, ww, n); break;
         }
         return 0;
     }
     if (staged_ok(w) && w->cols % 32 == 0 && cu_aligned16(x)) {
-#define QF_STAGED(F) qgemv_fmt<F>(s, y, x, ww, n)
+#define QF_STAGED(F) qgemv_fmt<F>(c, y, x, ww, n)
         QF_DISPATCH_TUNED(w->fmt, QF_STAGED)
 #undef QF_STAGED
         return 0;
     }
-#define QF_PLAIN(F) CU_LAUNCH((qgemv_plain_kernel<F>), (unsigned)ww.rows, QM_THREADS, 0, s, y, x, ww, n)
+#define QF_PLAIN(F) CU_LAUNCH((qgemv_plain_kernel<F>), (unsigned)ww.rows, QM_THREADS, 0, c, y, x, ww, n)
     QF_DISPATCH(w->fmt, QF_PLAIN)
 #undef QF_PLAIN
     return 0;
 }
 
-extern "C" int cu_qdequant_f16(cudaStream_t s, void *out, const cu_qweight *w) {
+extern "C" int cu_qdequant_f16(const cu_ctx *c, void *out, const cu_qweight *w) {
     if (!cu_qweight_ok(w) || w->rows > 0x7fffffff) return -1;
     const cu_qweight ww = *w;
     const int32_t *none = NULL;
-#define QF_DQ(F) CU_LAUNCH((qdequant_kernel<F, __half>), (unsigned)ww.rows, 128, 0, s, (__half *)out, ww, none)
+#define QF_DQ(F) CU_LAUNCH((qdequant_kernel<F, __half>), (unsigned)ww.rows, 128, 0, c, (__half *)out, ww, none)
     QF_DISPATCH(w->fmt, QF_DQ)
 #undef QF_DQ
     return 0;
 }
 
-extern "C" int cu_qembed(cudaStream_t s, float *y, const cu_qweight *w, const int32_t *ids, int n) {
+extern "C" int cu_qembed(const cu_ctx *c, float *y, const cu_qweight *w, const int32_t *ids, int n) {
     if (n <= 0) return 0;
     if (!cu_qweight_ok(w)) return -1;
     const cu_qweight ww = *w;
-#define QF_EMB(F) CU_LAUNCH((qdequant_kernel<F, float>), (unsigned)n, 128, 0, s, y, ww, ids)
+#define QF_EMB(F) CU_LAUNCH((qdequant_kernel<F, float>), (unsigned)n, 128, 0, c, y, ww, ids)
     QF_DISPATCH(w->fmt, QF_EMB)
 #undef QF_EMB
     return 0;

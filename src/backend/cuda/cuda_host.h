@@ -1,0 +1,86 @@
+/*
+ * cuda_host.h - what the CUDA backend's host files share: the backend
+ * object, its error helpers, and the split between them:
+ *   cuda_backend.c   memory, the op switch (exec_op), the op table, setup;
+ *   cuda_graph.c     recording ops and replaying them as CUDA graphs;
+ *   cuda_bandwidth.c the read-bandwidth probe.
+ * Host C only: the kernels (*.cu) see cuda_internal.h, never this.
+ *
+ * Invariant: cb->list holds pt_op records exactly as the op wrappers
+ * zeroed and filled them (copied with memcpy), so two recordings of the
+ * same calls are equal byte for byte; graph reuse depends on it.
+ */
+#ifndef PETREL_CUDA_HOST_H
+#define PETREL_CUDA_HOST_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_internal.h"
+
+/* CUDA graphs of recorded op sequences (see cuda_flush). */
+#define GRAPH_SLOTS 4
+#define GRAPH_MIN_OPS 8   /* shorter bursts (tests, benchmarks) run directly */
+#define GRAPH_MAX_ROWS 64 /* prefill-sized steps run directly: each is new */
+
+typedef struct graph_slot {
+    cudaGraphExec_t exec;
+    pt_op *recs; /* the op sequence it runs */
+    int n;
+    uint64_t last_use;
+} graph_slot;
+
+typedef struct cuda_backend {
+    pt_backend base;
+    int device;   /* the ordinal every entry point makes current first */
+    cu_ctx ctx;   /* stream and launch state the .cu launchers read */
+    cublasHandle_t cublas;
+    void *cublas_ws;
+    void *act16; /* activations rounded to f16/bf16 for cuBLAS */
+    size_t act16_cap;
+    void *wdeq; /* a quantized weight dequantized to f16 (prefill) */
+    size_t wdeq_cap;
+    void *attn_scratch; /* split-context partial results */
+    size_t attn_cap;
+    int gemv_max;     /* token rows up to which matmul uses the GEMV kernels */
+    int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
+    bool simple_attn; /* PETREL_CUDA_ATTN=simple: the plain kernel only */
+    bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
+    bool sync_each;   /* PETREL_CUDA_SYNC=1 */
+    bool use_graphs;  /* PETREL_CUDA_GRAPHS=0 turns them off */
+    pt_op *list;      /* ops recorded since the last flush */
+    int n_list, list_cap, list_rows;
+    graph_slot graphs[GRAPH_SLOTS];
+    uint64_t clock, n_captures, n_replays;
+    double read_bw;
+    char detail[192];
+} cuda_backend;
+
+/* The backend of be, with its device made current: every entry point that
+ * calls CUDA comes through here (or cuda_use_device), so two backends on
+ * two devices can share a thread. */
+cuda_backend *cb_of(pt_backend *be);
+void cuda_use_device(cuda_backend *cb);
+
+/* Set the backend's sticky error (backend.h) for a failure in what (an op
+ * or a memory call); cuda_fail returns -1, cuda_ok whether e is success. */
+int cuda_fail(cuda_backend *cb, const char *what, const char *msg);
+bool cuda_ok(cuda_backend *cb, cudaError_t e, const char *what);
+
+/* cuda_backend.c: enqueues one op's kernels on the stream. */
+void cuda_exec_op(cuda_backend *cb, const pt_op *o);
+
+/* cuda_graph.c */
+/* Appends a record (rows: token rows it works on, which decides whether
+ * the burst may become a graph). */
+void cuda_record(cuda_backend *cb, const pt_op *o, int rows);
+/* Runs what was recorded, as a graph when the burst is decode-sized. */
+void cuda_flush(cuda_backend *cb);
+/* Forgets every captured graph (they hold scratch pointers that moved). */
+void cuda_drop_graphs(cuda_backend *cb);
+
+/* cuda_bandwidth.c */
+double cuda_read_bandwidth(pt_backend *be);
+
+#endif
