@@ -70,6 +70,35 @@ CASES = {
         vocab=320, hidden=64, inter=160, layers=2, heads=4, kv_heads=4, head_dim=16,
         rope_theta=10000.0, rope_scaling=None, tie=False, eps=1e-5,
         max_pos=4096, config_style="native", shard="200KB", seed0=6000),
+    # Model families I (issue 16).  Every layer of qwen3_moe is sparse: 6
+    # experts, 2 per token, renormalized; head_dim 64 so GPU kernels fit.
+    "qwen3_moe": dict(
+        architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", dtype="bfloat16",
+        vocab=320, hidden=64, inter=96, layers=3, heads=4, kv_heads=2, head_dim=64,
+        rope_theta=1000000.0, rope_scaling=None, tie=False, eps=1e-6,
+        max_pos=4096, config_style="native", shard=None, seed0=7000,
+        extra=dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])),
+    # Gemma 2: soft-capped attention scores (cap 4 so it bites) and logits,
+    # query_pre_attn_scalar != head_dim, a window of 8 on even layers.
+    "gemma2": dict(
+        architecture="Gemma2ForCausalLM", model_type="gemma2", dtype="float16",
+        vocab=320, hidden=64, inter=128, layers=4, heads=4, kv_heads=2, head_dim=32,
+        rope_theta=10000.0, rope_scaling=None, tie=True, eps=1e-6,
+        max_pos=4096, config_style="legacy", shard=None, seed0=8000,
+        extra=dict(query_pre_attn_scalar=48, attn_logit_softcapping=4.0,
+                   final_logit_softcapping=15.0, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention"] * 2)),
+    # Gemma 3: q/k norms, local layers (window 12, base 1e4) and a global
+    # one (base 1e6).
+    "gemma3_text": dict(
+        architecture="Gemma3ForCausalLM", model_type="gemma3_text", dtype="bfloat16",
+        vocab=320, hidden=64, inter=128, layers=4, heads=4, kv_heads=2, head_dim=64,
+        rope_theta=1000000.0, rope_scaling=None, tie=True, eps=1e-6,
+        max_pos=4096, config_style="native", shard=None, seed0=9000,
+        extra=dict(query_pre_attn_scalar=40, sliding_window=12, rope_local_base_freq=10000.0,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                "sliding_attention"])),
 }
 
 # Random init (overrides whatever transformers does, so it does not depend on
@@ -192,16 +221,28 @@ def expected_tensors(cfg):
         exp[p + "self_attn.k_proj.weight"] = [nkv * hd, H]
         exp[p + "self_attn.v_proj.weight"] = [nkv * hd, H]
         exp[p + "self_attn.o_proj.weight"] = [H, nh * hd]
-        exp[p + "mlp.gate_proj.weight"] = [I, H]
-        exp[p + "mlp.up_proj.weight"] = [I, H]
-        exp[p + "mlp.down_proj.weight"] = [H, I]
+        if mt == "qwen3_moe":  # Hub layout: one tensor per expert
+            E = cfg.get("num_experts") or cfg["num_local_experts"]  # v5 writes the latter
+            MI = cfg["moe_intermediate_size"]
+            exp[p + "mlp.gate.weight"] = [E, H]
+            for e in range(E):
+                exp[p + "mlp.experts.%d.gate_proj.weight" % e] = [MI, H]
+                exp[p + "mlp.experts.%d.up_proj.weight" % e] = [MI, H]
+                exp[p + "mlp.experts.%d.down_proj.weight" % e] = [H, MI]
+        else:
+            exp[p + "mlp.gate_proj.weight"] = [I, H]
+            exp[p + "mlp.up_proj.weight"] = [I, H]
+            exp[p + "mlp.down_proj.weight"] = [H, I]
+        if mt.startswith("gemma"):
+            exp[p + "pre_feedforward_layernorm.weight"] = [H]
+            exp[p + "post_feedforward_layernorm.weight"] = [H]
+        if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
+            exp[p + "self_attn.q_norm.weight"] = [hd]
+            exp[p + "self_attn.k_norm.weight"] = [hd]
         if mt == "qwen2" or cfg.get("attention_bias"):
             exp[p + "self_attn.q_proj.bias"] = [nh * hd]
             exp[p + "self_attn.k_proj.bias"] = [nkv * hd]
             exp[p + "self_attn.v_proj.bias"] = [nkv * hd]
-        if mt == "qwen3":
-            exp[p + "self_attn.q_norm.weight"] = [hd]
-            exp[p + "self_attn.k_norm.weight"] = [hd]
     return exp
 
 
@@ -308,6 +349,7 @@ def selftest():
         cfg = {"model_type": c["model_type"], "hidden_size": c["hidden"], "num_attention_heads": c["heads"],
                "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"], "intermediate_size": c["inter"],
                "vocab_size": c["vocab"], "num_hidden_layers": c["layers"], "tie_word_embeddings": c["tie"]}
+        cfg.update(c.get("extra", {}))
         exp = expected_tensors(cfg)
         assert ("lm_head.weight" in exp) == (not c["tie"]), name
     # a fake safetensors file round trip
@@ -332,36 +374,58 @@ def selftest():
 
 def build_config(tf, c):
     major = int(tf.__version__.split(".")[0])
-    cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig,
-           "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config}[c["model_type"]]
+    cls = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+           "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig", "gemma2": "Gemma2Config",
+           "gemma3_text": "Gemma3TextConfig"}[c["model_type"]]
+    cls = getattr(tf, cls)
+    mt = c["model_type"]
     kw = dict(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["inter"],
               num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
               num_key_value_heads=c["kv_heads"], head_dim=c["head_dim"],
               max_position_embeddings=c["max_pos"], rms_norm_eps=c["eps"],
               initializer_range=INITIALIZER_RANGE, tie_word_embeddings=c["tie"],
-              bos_token_id=BOS, eos_token_id=EOS, hidden_act="silu",
-              attention_dropout=0.0, use_cache=True)
+              bos_token_id=BOS, eos_token_id=EOS, attention_dropout=0.0, use_cache=True)
+    if mt.startswith("gemma"):
+        kw["hidden_activation"] = "gelu_pytorch_tanh"
+        kw["pad_token_id"] = 0
+    else:
+        kw["hidden_act"] = "silu"
+    kw.update(c.get("extra", {}))
+    local_base = kw.pop("rope_local_base_freq", None)
     if major >= 5:
         rp = {"rope_type": "default", "rope_theta": c["rope_theta"]}
         if c["rope_scaling"]:
             rp = dict(c["rope_scaling"])
             rp["rope_theta"] = c["rope_theta"]
         kw["rope_parameters"] = rp
+        if local_base is not None:  # gemma3: one rope per layer type
+            kw["rope_parameters"] = {"full_attention": rp, "sliding_attention": {
+                "rope_type": "default", "rope_theta": local_base}}
     else:
         kw["rope_theta"] = c["rope_theta"]
         kw["rope_scaling"] = c["rope_scaling"]
+        if local_base is not None:
+            kw["rope_local_base_freq"] = local_base
     if c["model_type"] in ("mistral", "qwen2", "qwen3"):
         kw["sliding_window"] = None
     if c["model_type"] in ("qwen2", "qwen3"):
         kw["use_sliding_window"] = False
     cfg = cls(**kw)
+    for k, v in c.get("extra", {}).items():  # a silently dropped setting is a wrong fixture
+        if k != "rope_local_base_freq" and getattr(cfg, k, None) != v:
+            raise RuntimeError("%s: config did not keep %s=%r (has %r)" % (mt, k, v, getattr(cfg, k, None)))
     cfg.architectures = [c["architecture"]]
     return cfg
 
 
+# transformers 5 runs MoE experts through torch grouped_mm by default, which
+# takes no float64; its "eager" loop over experts does.
+EAGER = dict(attn_implementation="eager", experts_implementation="eager")
+
+
 def make_model(tf, torch, cfg):
     try:
-        m = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        m = tf.AutoModelForCausalLM.from_config(cfg, **EAGER)
     except TypeError:
         cfg._attn_implementation = "eager"
         m = tf.AutoModelForCausalLM.from_config(cfg)
@@ -383,14 +447,66 @@ def _init_params(torch, model, g):
         if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
             v = r * EMB_STD
         elif name.endswith("norm.weight"):
-            v = 1.0 + NORM_STD * r
+            # Gemma stores w of x * (1 + w): N(0, NORM_STD^2) gives the same gains
+            # Gemma stores w of x * (1 + w).  Its post-block norms get gains
+            # near 3: with tied embeddings scaled by sqrt(hidden) the token's
+            # own embedding otherwise dominates and greedy repeats the input.
+            if not model.config.model_type.startswith("gemma"):
+                v = 1.0 + NORM_STD * r
+            else:
+                v = NORM_STD * r + (2.0 if ".post_" in name else 0.0)
         elif name.endswith(".bias"):
             v = BIAS_STD * r
-        elif len(shape) == 2:
-            v = r * (GAIN / math.sqrt(shape[1]))
+        elif len(shape) in (2, 3):  # 3-D: fused experts [E][out][in] (or [E][in][out])
+            fan_in = shape[-1] if len(shape) == 2 else _expert_fan_in(name, shape, model.config)
+            v = r * (GAIN / math.sqrt(fan_in))
         else:
             raise RuntimeError("no init rule for %s %s" % (name, shape))
         p.copy_(v.to(p.dtype))
+
+
+def _expert_fan_in(name, shape, cfg):
+    """Input width of a fused expert tensor, whichever way round it is stored."""
+    H, MI = cfg.hidden_size, cfg.moe_intermediate_size
+    if name.endswith("down_proj"):
+        return MI
+    return H
+
+
+def split_fused_experts(torch, d, cfg, notes):
+    """Rewrite fused expert tensors (transformers 5 keeps experts as one 3-D
+    parameter) into the per-expert names Hub checkpoints use, so the fixture
+    looks like Qwen3-30B-A3B's files.  No-op when save_pretrained already did."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(d, "model.safetensors")
+    sd = load_file(path)
+    fused = [k for k in sd if k.endswith("mlp.experts.gate_up_proj") or k.endswith("mlp.experts.down_proj")]
+    notes.append("save_pretrained wrote expert tensors %s" % (
+        "fused (%s); split into per-expert Hub names" % sorted(set(k.split(".")[-1] + str(list(sd[k].shape)) for k in fused))
+        if fused else "per expert (Hub names)"))
+    if not fused:
+        return
+    E, H, MI = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    out = {}
+    for k, v in sd.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            pre = k[: -len("gate_up_proj")]
+            if tuple(v.shape) == (E, H, 2 * MI):  # [E][in][out]
+                v = v.transpose(1, 2)
+            assert tuple(v.shape) == (E, 2 * MI, H), v.shape
+            for e in range(E):
+                out[pre + "%d.gate_proj.weight" % e] = v[e, :MI].contiguous()
+                out[pre + "%d.up_proj.weight" % e] = v[e, MI:].contiguous()
+        elif k.endswith("mlp.experts.down_proj"):
+            pre = k[: -len("down_proj")]
+            if tuple(v.shape) == (E, MI, H):
+                v = v.transpose(1, 2)
+            assert tuple(v.shape) == (E, H, MI), v.shape
+            for e in range(E):
+                out[pre + "%d.down_proj.weight" % e] = v[e].contiguous()
+        else:
+            out[k] = v
+    save_file(out, path, metadata={"format": "pt"})
 
 
 def stored_f64(torch, base, store):
@@ -506,7 +622,7 @@ def save_model(tf, torch, base, store, d, shard, notes):
 
 def load_saved(tf, torch, d, tie, notes):
     try:
-        r = tf.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager")
+        r = tf.AutoModelForCausalLM.from_pretrained(d, **EAGER)
     except TypeError:
         r = tf.AutoModelForCausalLM.from_pretrained(d)
     loaded_dtype = str(next(r.parameters()).dtype).replace("torch.", "")
@@ -569,6 +685,8 @@ def generate_case(tf, torch, name, c, outroot, thr, max_seeds, case_budget_s):
     # --- save in the storage dtype
     d = os.path.join(outroot, name)
     save_model(tf, torch, base, store, d, c["shard"], notes)
+    if c["model_type"] == "qwen3_moe":
+        split_fused_experts(torch, d, cfg, notes)
     cfg_path = os.path.join(d, "config.json")
     native_cfg = json.load(open(cfg_path))
     # --- reload the SAVED model; the reference is computed from it (float64, CPU)
@@ -649,6 +767,7 @@ def generate_case(tf, torch, name, c, outroot, thr, max_seeds, case_budget_s):
         "shapes": {"vocab_size": c["vocab"], "hidden_size": c["hidden"], "intermediate_size": c["inter"],
                    "num_hidden_layers": c["layers"], "num_attention_heads": c["heads"],
                    "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"]},
+        "extra": c.get("extra", {}),
         "rope_theta": c["rope_theta"],
         "rope_scaling": c["rope_scaling"],
         "rms_norm_eps": c["eps"],

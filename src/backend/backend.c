@@ -12,6 +12,9 @@ static const char *const op_names[PT_OP_COUNT] = {
     [PT_OP_ADD] = "add",             [PT_OP_ADD_BIAS] = "add_bias", [PT_OP_SWIGLU] = "swiglu",
     [PT_OP_ROPE] = "rope",           [PT_OP_KV_STORE] = "kv_store", [PT_OP_ATTENTION] = "attention",
     [PT_OP_GATHER_ROWS] = "gather_rows",
+    [PT_OP_ATTENTION_EXT] = "attention_ext", [PT_OP_GEGLU] = "geglu", [PT_OP_SCALE] = "scale",
+    [PT_OP_SOFTCAP] = "softcap",     [PT_OP_MOE_ROUTE] = "moe_route",
+    [PT_OP_MATMUL_ID] = "matmul_id", [PT_OP_MOE_COMBINE] = "moe_combine",
 };
 
 const char *pt_op_name(int kind) {

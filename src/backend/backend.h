@@ -56,6 +56,21 @@ typedef struct pt_weight {
     size_t expert_stride;
 } pt_weight;
 
+/* Expert e of a stack as a plain matrix (its codes, and its scales and
+ * biases for PT_AFFINE), for backends that run one expert at a time. */
+static inline pt_weight pt_weight_expert(const pt_weight *w, int e) {
+    pt_weight x = *w;
+    size_t groups = x.group_size ? (size_t)x.rows * (size_t)(x.cols / x.group_size) : 0;
+    size_t sb = groups * (x.scale_dtype == PT_F32 ? 4 : 2); /* scales, biases of one expert */
+    x.data = (const char *)w->data + (size_t)e * w->expert_stride;
+    if (x.scales) x.scales = (const char *)w->scales + (size_t)e * sb;
+    if (x.biases) x.biases = (const char *)w->biases + (size_t)e * sb;
+    x.nbytes = w->expert_stride;
+    x.n_experts = 0;
+    x.expert_stride = 0;
+    return x;
+}
+
 enum pt_rope_style {
     PT_ROPE_NORM, /* rotate adjacent pairs (x0,x1), (x2,x3)...: GGUF llama */
     PT_ROPE_NEOX, /* rotate (x_i, x_{i+d/2}): Hugging Face rotate_half */
@@ -101,6 +116,15 @@ typedef struct pt_batch_view {
 
 #pragma GCC diagnostic pop
 
+/* How attention_ext scores: scores are q·k · scale, then, with softcap > 0,
+ * softcap · tanh(score / softcap) (Gemma 2); with window > 0 row t sees
+ * only positions pos[t] - window + 1 .. pos[t] (sliding window). */
+typedef struct pt_attn_params {
+    float scale;
+    int window;    /* 0: every position up to pos[t] */
+    float softcap; /* 0: none */
+} pt_attn_params;
+
 /* ---- Op records ------------------------------------------------------------
  *
  * Every compute op is one record: a kind and that op's struct of named
@@ -125,6 +149,14 @@ typedef enum pt_op_kind {
     PT_OP_KV_STORE,
     PT_OP_ATTENTION,
     PT_OP_GATHER_ROWS,
+    /* Model-family ops (issue 16): optional, see has_op. */
+    PT_OP_ATTENTION_EXT,
+    PT_OP_GEGLU,
+    PT_OP_SCALE,
+    PT_OP_SOFTCAP,
+    PT_OP_MOE_ROUTE,
+    PT_OP_MATMUL_ID,
+    PT_OP_MOE_COMBINE,
     /* Reserved, not implemented: PT_OP_ALL_REDUCE (tensor parallel), a sum of
      * a buffer over the devices of a group after a row-sharded matmul. */
     PT_OP_COUNT
@@ -210,6 +242,64 @@ typedef struct pt_op_gather_rows {
     int n, d;
 } pt_op_gather_rows;
 
+/* Attention with a window and/or score soft-capping (p: scale, window,
+ * softcap); plain KV caches only (the model refuses quantized ones with
+ * these layers). */
+typedef struct pt_op_attention_ext {
+    float *out;
+    const float *q;
+    pt_kv_view kv;
+    pt_batch_view b;
+    int n_heads;
+    pt_attn_params p;
+} pt_op_attention_ext;
+
+/* y = gelu_tanh(gate) * up over count floats (GeGLU); y may alias gate or up. */
+typedef struct pt_op_geglu {
+    float *y;
+    const float *gate, *up;
+    size_t count;
+} pt_op_geglu;
+
+/* x *= s (scale), or x = s * tanh(x / s) (softcap: logit soft-capping),
+ * over count floats. */
+typedef struct pt_op_scale {
+    float *x;
+    float s;
+    size_t count;
+} pt_op_scale;
+
+/* Mixture-of-experts routing: per row of logits[n][n_experts], softmax,
+ * the k largest probabilities (ties: lower expert first) into ids[n][k]
+ * and weights[n][k], renormalized to sum 1 when renorm is set. */
+typedef struct pt_op_moe_route {
+    int32_t *ids;
+    float *weights;
+    const float *logits;
+    int n, n_experts, k;
+    bool renorm;
+} pt_op_moe_route;
+
+/* Matmul by expert id (ggml's mul_mat_id): for row t and slot j,
+ * y[t][j] = x[t][x_slots > 1 ? j : 0] · W[ids[t][j]]ᵀ, with w a stack of
+ * experts (n_experts > 0); x is [n][x_slots][w.cols], y [n][k][w.rows].
+ * Reads only the experts some row selects, each once per call. */
+typedef struct pt_op_matmul_id {
+    float *y;
+    const float *x;
+    pt_weight w;
+    const int32_t *ids;
+    int n, k, x_slots;
+} pt_op_matmul_id;
+
+/* y[t] = sum over j of weights[t][j] * x[t][j], rows of d; y [n][d],
+ * x [n][k][d].  y must not alias x. */
+typedef struct pt_op_moe_combine {
+    float *y;
+    const float *x, *weights;
+    int n, k, d;
+} pt_op_moe_combine;
+
 typedef struct pt_op {
     pt_op_kind kind;
     union {
@@ -223,6 +313,12 @@ typedef struct pt_op {
         pt_op_kv_store kv_store;
         pt_op_attention attention;
         pt_op_gather_rows gather_rows;
+        pt_op_attention_ext attention_ext;
+        pt_op_geglu geglu;
+        pt_op_scale scale; /* PT_OP_SCALE and PT_OP_SOFTCAP */
+        pt_op_moe_route moe_route;
+        pt_op_matmul_id matmul_id;
+        pt_op_moe_combine moe_combine;
     };
 } pt_op;
 
@@ -246,6 +342,10 @@ typedef struct pt_backend_ops {
 
     /* Runs (CPU) or enqueues (CUDA) one op record; see pt_be_* below. */
     void (*run)(pt_backend *be, const pt_op *op);
+    /* Whether run takes ops of this kind (enum pt_op_kind); NULL: every
+     * kind.  The loader refuses a model whose plan needs a kind the backend
+     * lacks, naming it (pt_model_check_ops), before any weight is read. */
+    bool (*has_op)(pt_backend *be, int kind);
     /* NULL when kv_store and attention take every quantized KV format;
      * otherwise 0 if they take this one (kvq: enum pt_kvq_kind, group: the
      * scale group along head_dim), or -1 with the reason in err.  Checked
@@ -385,6 +485,79 @@ static inline void pt_be_gather_rows(pt_backend *be, float *dst, const float *sr
     o.kind = PT_OP_GATHER_ROWS;
     o.gather_rows.dst = dst, o.gather_rows.src = src, o.gather_rows.idx = idx;
     o.gather_rows.n = n, o.gather_rows.d = d;
+    pt_be_run(be, &o);
+}
+
+/* ---- Model-family op wrappers (issue 16) ---- */
+
+static inline bool pt_be_has_op(const pt_backend *be, int kind) {
+    return !be->ops->has_op || be->ops->has_op((pt_backend *)be, kind);
+}
+
+static inline void pt_be_attention_ext(pt_backend *be, float *out, const float *q,
+                                       const pt_kv_view *kv, const pt_batch_view *b, int n_heads,
+                                       const pt_attn_params *p) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ATTENTION_EXT;
+    o.attention_ext.out = out, o.attention_ext.q = q, o.attention_ext.kv = *kv;
+    o.attention_ext.b = *b, o.attention_ext.n_heads = n_heads, o.attention_ext.p = *p;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_geglu(pt_backend *be, float *y, const float *gate, const float *up,
+                               size_t count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_GEGLU;
+    o.geglu.y = y, o.geglu.gate = gate, o.geglu.up = up, o.geglu.count = count;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_scale(pt_backend *be, float *x, float s, size_t count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_SCALE;
+    o.scale.x = x, o.scale.s = s, o.scale.count = count;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_softcap(pt_backend *be, float *x, float cap, size_t count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_SOFTCAP;
+    o.scale.x = x, o.scale.s = cap, o.scale.count = count;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_moe_route(pt_backend *be, int32_t *ids, float *weights,
+                                   const float *logits, int n, int n_experts, int k, bool renorm) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MOE_ROUTE;
+    o.moe_route.ids = ids, o.moe_route.weights = weights, o.moe_route.logits = logits;
+    o.moe_route.n = n, o.moe_route.n_experts = n_experts, o.moe_route.k = k;
+    o.moe_route.renorm = renorm;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight *w,
+                                   const int32_t *ids, int n, int k, int x_slots) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MATMUL_ID;
+    o.matmul_id.y = y, o.matmul_id.x = x, o.matmul_id.w = *w, o.matmul_id.ids = ids;
+    o.matmul_id.n = n, o.matmul_id.k = k, o.matmul_id.x_slots = x_slots;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_moe_combine(pt_backend *be, float *y, const float *x,
+                                     const float *weights, int n, int k, int d) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MOE_COMBINE;
+    o.moe_combine.y = y, o.moe_combine.x = x, o.moe_combine.weights = weights;
+    o.moe_combine.n = n, o.moe_combine.k = k, o.moe_combine.d = d;
     pt_be_run(be, &o);
 }
 

@@ -48,6 +48,7 @@ typedef struct cli_model_args {
     const char *model, *device, *kernels, *kv_type, *kv_quant, *kv_budget, *prefix_cache,
         *kv_disk, *kv_disk_size, *dummy_dtype;
     int threads, ctx, batch;
+    int gpu_layers; /* -ngl; -1: not given */
     uint64_t dummy_seed;
     bool verbose;
     bool no_tokenizer; /* set by commands that read token ids, not a flag */
@@ -80,5 +81,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_kvcodec(int argc, char **argv);
+int cmd_version(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 #endif

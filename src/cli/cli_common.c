@@ -19,6 +19,7 @@ cli_model_args cli_margs;
  * are in engine/gen_limits.c).  0 is the default where a help line says so. */
 static const pt_gen_limit k_cli_limits[] = {
     {"threads", "threads", 0, 4096, true},
+    {"gpu-layers", "gpu-layers", 0, INT_MAX, true},
     {"ctx", "ctx", 0, INT_MAX, true},
     {"batch", "batch", 0, 1 << 20, true},
     {"gen", "gen", 1, 1 << 20, true},               /* bench */
@@ -28,7 +29,12 @@ static const pt_gen_limit k_cli_limits[] = {
 };
 
 /* Flags that are another name of a flag with a range: {alias, flag}. */
-static const char *const k_aliases[][2] = {{"max-seqs", "parallel"}};
+static const char *const k_aliases[][2] = {
+    {"max-seqs", "parallel"}, {"ctx-size", "ctx"}, {"n-gpu-layers", "gpu-layers"}};
+
+/* llama.cpp's spellings that are neither one letter nor long: {as typed,
+ * the long flag it means}. */
+static const char *const k_dash_words[][2] = {{"-ngl", "gpu-layers"}};
 
 const pt_gen_limit *cli_flag_range(const char *name) {
     for (size_t i = 0; i < PT_ARRAY_LEN(k_aliases); i++)
@@ -43,9 +49,12 @@ const cli_opt cli_model_opts[] = {
     {"model", 'm', CLI_STR, &cli_margs.model, "PATH",
      "GGUF file, Hugging Face directory, or dummy:PRESET|CONFIG.json (default: bundled stories260K)"},
     {"device", 0, CLI_STR, &cli_margs.device, "DEV", "cpu (default), cuda or cuda:N (GPU number N)"},
+    {"gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "llama.cpp's -ngl/--n-gpu-layers, as device selection: N > 0 runs the whole model on cuda (no partial offload), 0 on the cpu"},
+    {"n-gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "the same as --gpu-layers (also -ngl)"},
     {"threads", 't', CLI_INT, &cli_margs.threads, "N", "CPU threads (default: one per core)"},
     {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx2, portable"},
     {"ctx", 'c', CLI_INT, &cli_margs.ctx, "N", "KV cache positions (default: min(model, 4096))"},
+    {"ctx-size", 0, CLI_INT, &cli_margs.ctx, "N", "the same as --ctx (llama.cpp's spelling)"},
     {"batch", 'b', CLI_INT, &cli_margs.batch, "N", "rows per forward pass (default 512)"},
     {"kv-type", 0, CLI_STR, &cli_margs.kv_type, "T", "KV cache element type: f32, f16 (default), bf16"},
     {"kv-quant", 0, CLI_STR, &cli_margs.kv_quant, "Q", "KV cache codec: none (default), 8, 4 (affine), turbo[:k<bits>v<bits>][:anydim] (TurboQuant, k8v3)"},
@@ -103,7 +112,8 @@ void cli_model_defaults(void) {
     cli_model_args *a = &cli_margs;
     memset(a, 0, sizeof *a);
     a->model = getenv("PETREL_MODEL") ? getenv("PETREL_MODEL") : PETREL_DEFAULT_MODEL;
-    a->device = "cpu";
+    a->device = NULL; /* cpu, unless --device or -ngl says otherwise */
+    a->gpu_layers = -1;
     a->kernels = "auto";
     a->kv_type = "f16";
     a->dummy_dtype = "bf16";
@@ -221,8 +231,12 @@ int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *ta
             snprintf(name, sizeof name, "%.*s", (int)PT_MIN(len, sizeof name - 1), a + 2);
             if (eq) val = eq + 1;
             o = find_opt(tables, name, 0);
+        } else if (a[2]) {
+            o = NULL;
+            for (size_t k = 0; k < PT_ARRAY_LEN(k_dash_words); k++)
+                if (strcmp(a, k_dash_words[k][0]) == 0) o = find_opt(tables, k_dash_words[k][1], 0);
         } else {
-            o = a[2] ? NULL : find_opt(tables, NULL, a[1]);
+            o = find_opt(tables, NULL, a[1]);
         }
         if (!o) {
             fprintf(stderr, "petrel: unknown option '%s' (see --help)\n", a);
@@ -244,11 +258,27 @@ int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *ta
     return 0;
 }
 
+/* --device, or what llama.cpp's -ngl N means here: the whole model on the
+ * GPU or none of it.  Both given and disagreeing is an error, not a guess. */
+static const char *device_of(const cli_model_args *a) {
+    if (a->gpu_layers < 0) return a->device ? a->device : "cpu";
+    const char *ngl = a->gpu_layers > 0 ? "cuda" : "cpu";
+    if (a->device && strncmp(a->device, ngl, strlen(ngl)) == 0) return a->device; /* cuda:N */
+    if (a->device) {
+        fprintf(stderr, "petrel: -ngl %d means --device %s, but --device %s was given; give one\n",
+                a->gpu_layers, ngl, a->device);
+        return NULL;
+    }
+    return ngl;
+}
+
 int cli_open_engine(pt_engine **e) {
     const cli_model_args *a = &cli_margs;
     if (a->verbose) pt_log_level = PT_LOG_DEBUG;
+    const char *device = device_of(a);
+    if (!device) return -1;
     pt_engine_opts o = {.model_path = a->model,
-                        .device = a->device,
+                        .device = device,
                         .n_threads = a->threads,
                         .kernels = a->kernels,
                         .n_ctx = a->ctx,

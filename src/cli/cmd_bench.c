@@ -56,21 +56,16 @@ static int parse_list(const char *s, int *out, int max) {
 }
 
 /* Bytes a decode step must read at a given depth: every matrix except the
- * embedding table (one row of it is read), and the KV cache so far. */
+ * embedding table (one row of it is read) and the idle experts, and the KV
+ * cache so far (a window of it in sliding-window layers): cost.c. */
 static double decode_bytes(const pt_engine *e, int depth) {
-    const pt_model *m = e->model;
-    double w = (double)m->weight_bytes;
-    if (!m->cfg.tied_embeddings) w -= (double)m->tok_embd.nbytes;
-    return w + (double)depth * (double)pt_kv_bytes_per_token(&e->kv.cfg);
+    return pt_model_step_bytes(e->model, depth, pt_kv_bytes_per_token(&e->kv.cfg));
 }
 
-/* Multiply-adds per token are the matrix parameters (every layer's
- * projections and the output head), whatever their storage format. */
+/* Multiply-adds per token: every layer's projections (a MoE layer's router
+ * and its active experts) and the output head, whatever their format. */
 static double flops_per_token(const pt_model *m) {
-    const pt_model_config *c = &m->cfg;
-    double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
-    double layer = c->dim * (q + 2 * kv) + q * c->dim + 3.0 * c->dim * c->ffn_dim;
-    return 2.0 * (layer * c->n_layers + (double)c->vocab_size * c->dim);
+    return pt_model_token_flops(m);
 }
 
 /* Times a prefill of len tokens on a fresh request (through the core).
@@ -194,6 +189,7 @@ static int run_parallel(pt_engine *e, const int *ns, int n_ns, json_t *j, pt_err
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "serve") == 0) return cmd_bench_serve(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "grammar") == 0) return cmd_bench_grammar(argc - 1, argv + 1);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each row as it completes, into a pipe or a file too */
     cli_model_defaults();
     memset(&b, 0, sizeof b);
     b.prompt_lens = "64,256,512", b.depths = "0,512", b.gen = 32, b.reps = 3;

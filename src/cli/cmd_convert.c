@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/progress.h"
 #include "cli/cli.h"
 #include "cli/staged_dir.h"
 #include "engine/runner.h"
@@ -282,15 +283,13 @@ out:
 
 /* ---- the command ------------------------------------------------------------------------- */
 
+/* pt_convert_write's progress: bytes of source tensors done (a bar on a
+ * terminal, a line per tenth otherwise; base/progress.h). */
 static void progress(void *user, size_t done, size_t total, const char *name) {
-    (void)user;
-    if (!isatty(2)) return; /* a log file gets the summary only */
-    int width = 30, fill = total ? (int)((double)done / (double)total * width) : width;
-    char bar[64];
-    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
-    bar[width] = 0;
-    fprintf(stderr, "\r  [%s] %3.0f%%  %-56.56s", bar, total ? 100.0 * (double)done / (double)total : 100.0, name);
-    if (done >= total) fprintf(stderr, "\n");
+    pt_progress *p = user;
+    (void)name;
+    if (!p->t0) pt_progress_begin(p, "converting", total);
+    pt_progress_set(p, done);
 }
 
 static pt_dtype scale_dtype_of(const pt_convert_tensor *t, int n) {
@@ -323,6 +322,7 @@ static int run(const char *src, const char *dst) {
     pt_convert_tensor *t = NULL;
     json_t *config = NULL, *report = json_object();
     pt_pool *pool = NULL;
+    pt_progress prog = {0};
     int n = 0, rc = 1;
     pt_model_config cfg;
     const char *out; /* the staging directory, renamed to dst at the end */
@@ -346,12 +346,13 @@ static int run(const char *src, const char *dst) {
     }
     pool = pt_pool_new(cv.threads);
     pt_convert_opts o = {.bits = cv.bits, .group_size = cv.group_size, .scale_dtype = sd,
-                         .pool = pool, .progress = progress};
+                         .pool = pool, .progress = progress, .user = &prog};
     pt_convert_stats st;
     fprintf(stderr, "petrel convert: %s -> %s, %d bits, group %d, %s scales%s\n", src, dst, cv.bits,
             cv.group_size, pt_dtype_name(sd), cv.target_bpw > 0 ? ", bits per matrix by sensitivity"
                                                                  : cv.mixed ? ", mixed precision" : "");
     if (pt_convert_write(out, config, t, n, &o, &st, &err)) goto out;
+    pt_progress_end(&prog);
     int copied;
     const char *note;
     if (carry_files(mf, src, out, &copied, &note, &err)) goto out;

@@ -15,6 +15,7 @@ static struct {
     uint64_t seed;
     bool seed_set, no_bos, ignore_eos, special, no_echo;
     const char *json_schema, *grammar, *regex;
+    const char *prompt;
 } g;
 
 /* The sampling flags take the ranges the server takes: cli_parse looks
@@ -22,6 +23,7 @@ static struct {
 static const cli_opt gen_opts[] = {
     {"n-predict", 'n', CLI_INT, &g.n, "N",
      "tokens to generate; end of text or a full context stops earlier (default 128)"},
+    {"prompt", 'p', CLI_STR, &g.prompt, "TEXT", "the prompt, as llama.cpp's -p (else the arguments, else stdin)"},
     {"temp", 0, CLI_FLOAT, &g.temp, "T", "temperature; 0 = greedy (default 0.8)"},
     {"top-k", 0, CLI_INT, &g.top_k, "K", "keep the K most likely tokens; 0 = off (default 40)"},
     {"top-p", 0, CLI_FLOAT, &g.top_p, "P", "nucleus sampling; 1 = off (default 0.95)"},
@@ -135,12 +137,22 @@ int cmd_generate(int argc, char **argv) {
     const cli_opt *tables[] = {gen_opts, cli_spec_opts, cli_model_opts, NULL};
     const char *pos[64];
     int n_pos;
-    int rc = cli_parse(argc, argv, "petrel generate [options] [PROMPT...]   (no PROMPT: read stdin)",
+    int rc = cli_parse(argc, argv, "petrel generate [options] [PROMPT...]   (no PROMPT: read stdin)\n\n"
+                       "llama.cpp's spellings work where they mean the same: -m, -p/--prompt,\n"
+                       "-n/--n-predict, -c/--ctx-size, -t, -b, -s/--seed, -ngl/--gpu-layers\n"
+                       "(device selection), --temp, --top-k, --top-p, --min-p, --repeat-penalty.",
                        tables, pos, 64, &n_pos);
     if (rc) return rc < 0 ? 2 : 0;
 
     char *prompt;
-    if (n_pos == 0 || (n_pos == 1 && strcmp(pos[0], "-") == 0)) {
+    if (g.prompt && n_pos > 0) {
+        fprintf(stderr, "petrel: a prompt was given twice (-p and as arguments); give one\n");
+        return 2;
+    }
+    if (g.prompt) {
+        prompt = pt_xmalloc(strlen(g.prompt) + 1);
+        strcpy(prompt, g.prompt);
+    } else if (n_pos == 0 || (n_pos == 1 && strcmp(pos[0], "-") == 0)) {
         prompt = read_stdin();
         if (!prompt) return 2;
     } else { /* words joined by spaces, as a shell user expects */

@@ -53,10 +53,18 @@ static const cli_opt serve_opts[] = {
      "web origins (http://host:port) allowed to call the API from a browser (* = any)"},
     {"shutdown-timeout", 0, CLI_INT, &g.shutdown_timeout, "S",
      "on SIGINT/SIGTERM, let requests finish for up to S seconds, then cancel (default 10)"},
-    {"port-file", 0, CLI_STR, &g.port_file, "PATH", "write the bound port to PATH once listening"},
+    {"port-file", 0, CLI_STR, &g.port_file, "PATH", "write the bound port to PATH once ready to serve (the model loaded)"},
     {"quiet", 'q', CLI_FLAG, &g.quiet, NULL, "no log line per request"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
+
+/* The server's loading thread: the engine from the model flags (their
+ * errors are printed by cli_open_engine). */
+static int load_engine(void *arg, pt_engine **e, pt_err *err) {
+    (void)arg;
+    if (cli_open_engine(e)) return pt_fail(err, "the model did not load: %s", cli_margs.model);
+    return 0;
+}
 
 int cmd_serve(int argc, char **argv) {
     cli_model_defaults();
@@ -71,7 +79,9 @@ int cmd_serve(int argc, char **argv) {
                   "petrel serve [options]\n\n"
                   "Serves the model over an OpenAI-compatible HTTP API: GET /v1/models,\n"
                   "POST /v1/chat/completions, POST /v1/completions, GET /health.\n"
-                  "--ctx is the context of each sequence; the KV cache holds --parallel of them.",
+                  "--ctx is the context of each sequence; the KV cache holds --parallel of them.\n"
+                  "llama-server's spellings work where they mean the same: --host, --port,\n"
+                  "-m, -c/--ctx-size, -t, -ngl/--gpu-layers (device selection), --api-key.",
                   tables, pos, 0, &n_pos);
     if (rc) return rc < 0 ? 2 : 0;
     if (g.port < 0 || g.port > 65535) {
@@ -114,8 +124,6 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
 
-    pt_engine *e;
-    if (cli_open_engine(&e)) return 1;
     char model_id[256];
     pt_server_model_id(cli_margs.model, model_id, sizeof model_id);
     pt_server_opts o = {.host = g.host,
@@ -125,7 +133,7 @@ int cmd_serve(int argc, char **argv) {
                         .parallel = g.parallel,
                         .max_queue = g.max_queue,
                         .max_prefill = g.prefill,
-                        .n_ctx = e->n_ctx,
+                        .n_ctx = 0, /* the engine's, once loaded */
                         .model_id = g.model_name ? g.model_name : model_id,
                         .chat_template = g.chat_template,
                         .idle_timeout = g.idle_timeout,
@@ -140,8 +148,9 @@ int cmd_serve(int argc, char **argv) {
                         .port_file = g.port_file,
                         .quiet = g.quiet};
     pt_err err = {{0}};
-    rc = pt_server_run(e, &o, &err);
+    pt_engine *e = NULL;
+    rc = pt_server_run_loading(load_engine, NULL, &o, &e, &err);
     if (rc) fprintf(stderr, "petrel serve: %s\n", err.msg);
-    pt_engine_close(e);
+    if (e) pt_engine_close(e);
     return rc ? 1 : 0;
 }

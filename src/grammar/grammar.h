@@ -73,6 +73,12 @@ int pt_gmatcher_n_steps(const pt_gmatcher *m);
 bool pt_gmatcher_is_accepting(const pt_gmatcher *m);
 /* Nothing but the end may follow (accepting and no byte can extend it). */
 bool pt_gmatcher_is_finished(pt_gmatcher *m);
+/* Jump-forward: the bytes every continuation of the output starts with,
+ * up to the first point where the grammar allows a choice or the end; at
+ * most cap of them go to out.  Returns how many (0: the next byte is not
+ * forced).  The matcher does not move: accept the bytes (or the tokens
+ * that spell them) to take them. */
+size_t pt_gmatcher_forced_bytes(pt_gmatcher *m, char *out, size_t cap);
 /* Sets bit id of mask (n_vocab bits, (n_vocab+31)/32 words) for each
  * token the grammar allows next; clears the others. */
 void pt_gmatcher_mask(pt_gmatcher *m, uint32_t *mask);

@@ -90,6 +90,11 @@ int gb_finish(gbuild *b, int root, pt_grammar **out, pt_err *err);
  * anchored: the regex must match the whole text (else ^/$ decide). */
 int pt_regex_rule(gbuild *b, const char *re, bool json_string, bool force_anchored, int *rule,
                   pt_err *err);
+/* The same with the text's length in characters within min_len..max_len
+ * (max_len < 0: unbounded): an error unless the bounds are implied by the
+ * regex or it is one repeated character class, whose count takes them. */
+int pt_regex_rule_len(gbuild *b, const char *re, bool json_string, bool force_anchored, long min_len,
+                      long max_len, int *rule, pt_err *err);
 /* One UTF-8 encoded character in [lo, hi] appended as alternatives of rule. */
 void gb_utf8_range(gbuild *b, int rule, uint32_t lo, uint32_t hi);
 

@@ -13,8 +13,10 @@
 
 /* One truncated stack's classified vocabulary (matcher.c). */
 typedef struct pc_entry {
-    uint32_t *acc; /* [n_words] accepted whatever lies below the cut */
-    int32_t *unc;  /* tokens that depend on it */
+    uint32_t *acc;   /* [n_words] accepted whatever lies below the cut, or NULL */
+    int32_t *acc_ls; /* when few are: their ids instead (duplicates included) */
+    int n_acc_ls;
+    int32_t *unc;    /* tokens that depend on it */
     int n_unc;
 } pc_entry;
 
@@ -25,6 +27,10 @@ typedef struct pc_slot {
     pc_entry *e;
 } pc_slot;
 
+/* Set on a trie node's token when dup_next must be followed: the walks
+ * then need not read dup_next (a cache miss per token) for the rest. */
+#define TTOK_DUP 0x40000000
+
 #define PT_GVOCAB_CACHE 4096 /* entries kept, each n_vocab bits + a list */
 
 struct pt_gvocab {
@@ -34,7 +40,8 @@ struct pt_gvocab {
     char *blob;
     int32_t *dup_next; /* [n_vocab] next id with the same bytes, -1 */
     uint8_t *tbyte;    /* trie, preorder: byte of node i */
-    int32_t *ttok;     /* first token ending at node i, -1 */
+    int32_t *ttok;     /* first token ending at node i, -1; ORed with
+                        * TTOK_DUP when more tokens have the same bytes */
     int32_t *tend;     /* one past node i's subtree */
     int n_nodes;
     pthread_mutex_t mu; /* guards the cache: matchers of many threads */
@@ -47,5 +54,9 @@ pc_entry *pt_gvocab_cache_get(pt_gvocab *v, uint64_t h, const uint8_t *sig, size
 /* Keeps e (the vocabulary owns it from now on); false if the cache is full
  * or holds the signature already (the caller keeps e). */
 bool pt_gvocab_cache_put(pt_gvocab *v, uint64_t h, const uint8_t *sig, size_t len, pc_entry *e);
+
+/* Trie nodes the matcher's walks have visited (for tests: memoized walks
+ * must not walk a subtree twice from one set). */
+long pt_gmatcher_nodes_walked(const pt_gmatcher *m);
 
 #endif

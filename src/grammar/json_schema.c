@@ -2,8 +2,9 @@
  * json_schema.c - JSON Schema -> grammar rules.
  *
  * The grammar accepts JSON text that validates against the schema, with
- * flexible whitespace between tokens.  Properties come in the order the
- * schema lists them (as OpenAI's structured outputs do); properties not
+ * flexible whitespace between tokens.  Properties come in any order when an
+ * object lists at most ANY_ORDER_MAX of them, else in the order the schema
+ * lists them (as OpenAI's structured outputs do); properties not
  * listed come after them, only where additionalProperties allows, and may
  * not reuse a listed name.  Keywords that change the language and cannot
  * be enforced exactly are errors that name the keyword, never ignored;
@@ -32,8 +33,16 @@ typedef struct sc {
 } sc;
 
 static int gen(sc *c, const json_t *s, int *rule);
+static bool has_validation(const json_t *s);
 
 /* --- shared rules ---------------------------------------------------------- */
+
+/* A schema no value satisfies (false, an enum of none of the allowed types,
+ * maxLength < minLength): a rule with no alternatives.  gb_finish drops
+ * every alternative that needs it, so an optional property with such a
+ * schema can never appear, and a schema that needs it everywhere is refused
+ * ("matches no finite text"). */
+static int no_value(sc *c) { return gb_rule(c->b); }
 
 static int ws_rule(sc *c) {
     if (c->ws < 0) {
@@ -341,7 +350,10 @@ static int gen_string_len(sc *c, const json_t *mn, const json_t *mx, int *rule) 
         return pt_fail(c->err, "minLength/maxLength must be integers");
     long lo = mn ? (long)json_integer_value(mn) : 0, hi = mx ? (long)json_integer_value(mx) : -1;
     if (lo < 0) lo = 0;
-    if (hi >= 0 && hi < lo) return pt_fail(c->err, "maxLength < minLength: no string is valid");
+    if (hi >= 0 && hi < lo) { /* no string is valid */
+        *rule = no_value(c);
+        return 0;
+    }
     int body = gb_repeat(c->b, str_char_rule(c), lo, hi, c->err);
     if (body < 0) return -1;
     *rule = quoted(c, body);
@@ -352,12 +364,13 @@ static int gen_string(sc *c, const json_t *s, int *rule) {
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
     if (pat && !json_is_string(pat)) return pt_fail(c->err, "\"pattern\" must be a string");
-    if (pat && (mn || mx))
-        return pt_fail(c->err, "\"pattern\" together with minLength/maxLength is not supported");
     if (pat && fmt) return pt_fail(c->err, "\"pattern\" together with \"format\" is not supported");
     if (pat) {
+        if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)))
+            return pt_fail(c->err, "minLength/maxLength must be integers");
+        long lo = mn ? (long)json_integer_value(mn) : 0, hi = mx ? (long)json_integer_value(mx) : -1;
         int body;
-        if (pt_regex_rule(c->b, json_string_value(pat), true, false, &body, c->err) < 0)
+        if (pt_regex_rule_len(c->b, json_string_value(pat), true, false, lo, hi, &body, c->err) < 0)
             return pt_failp(c->err, "pattern");
         *rule = quoted(c, body);
         return 0;
@@ -678,9 +691,20 @@ static bool in_list(const json_t *arr, const char *k) {
     return false;
 }
 
+/* A patternProperties key that every string matches: a search for
+ * nothing, or for .* (which may match the empty substring). */
+static bool matches_every_key(const char *p) {
+    static const char *const every[] = {"", ".*", "^.*", ".*$", "(.*)", "^(.*)", "(.*)$", NULL};
+    for (int i = 0; every[i]; i++)
+        if (!strcmp(p, every[i])) return true;
+    return false;
+}
+
 /* Objects with at most this many listed properties take them in any order
- * (2^n rules); larger ones in the schema's order. */
-#define ANY_ORDER_MAX 6
+ * (2^n rule pairs: at most 512 rules and 4,096 alternatives per object);
+ * larger ones in the schema's order.  6 left 49 valid instances of the
+ * MaskBench dev split refused for their order, 8 leaves 31. */
+#define ANY_ORDER_MAX 8
 
 static int gen_object(sc *c, const json_t *s, int *rule) {
     gbuild *b = c->b;
@@ -689,8 +713,21 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     if (props && !json_is_object(props)) return pt_fail(c->err, "\"properties\" must be an object");
     if (req && !json_is_array(req)) return pt_fail(c->err, "\"required\" must be an array");
     json_t *pprops = json_object_get(s, "patternProperties");
-    if (pprops && (!json_is_object(pprops) || !json_is_false(addl)))
-        return pt_fail(c->err, "\"patternProperties\" is only supported with additionalProperties: false");
+    /* One pattern that every key matches (".*" searches, so it matches
+     * any string, newlines included): every property, listed or not, must
+     * satisfy its schema, and additionalProperties applies to no key. */
+    json_t *all_keys = NULL;
+    if (json_is_object(pprops) && json_object_size(pprops) == 1 && !json_is_false(addl)) {
+        void *it = json_object_iter(pprops);
+        if (matches_every_key(json_object_iter_key(it))) all_keys = json_object_iter_value(it);
+    }
+    if (pprops && !all_keys && (!json_is_object(pprops) || !json_is_false(addl)))
+        return pt_fail(c->err, "\"patternProperties\" is only supported with additionalProperties: false "
+                               "or a single pattern matching every key");
+    if (all_keys) {
+        addl = all_keys; /* the extra keys' schema */
+        pprops = NULL;
+    }
     if (json_object_get(s, "propertyNames")) return pt_fail(c->err, "\"propertyNames\" is not supported");
     if (json_object_get(s, "dependencies") || json_object_get(s, "dependentRequired") ||
         json_object_get(s, "dependentSchemas"))
@@ -733,7 +770,14 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     int i = 0, rc = 0;
     json_object_foreach(props, k, v) {
         int val;
-        if ((rc = gen(c, v, &val)) < 0) {
+        if (all_keys && !json_is_true(all_keys) && has_validation(all_keys)) { /* both apply */
+            json_t *both = json_pack("{s:[O,O]}", "allOf", v, all_keys);
+            rc = gen(c, both, &val);
+            json_decref(both);
+        } else {
+            rc = gen(c, v, &val);
+        }
+        if (rc < 0) {
             pt_failp(c->err, "property \"%s\"", k);
             goto out;
         }
@@ -1132,7 +1176,7 @@ static bool value_in_bounds(const json_t *s, const json_t *v) {
 static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
     json_t *types = json_object_get(s, "type");
     json_t *tl = types ? type_list(types) : NULL;
-    int r = gb_rule(c->b), n = 0;
+    int r = gb_rule(c->b); /* no value of the allowed types: derives nothing (no_value) */
     size_t i;
     json_t *v;
     json_array_foreach(vals, i, v) {
@@ -1147,10 +1191,8 @@ static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
         gseq q = {0};
         seq_ref(&q, const_rule(c, v));
         gb_alt(c->b, r, &q);
-        n++;
     }
     json_decref(tl);
-    if (!n) return pt_fail(c->err, "\"enum\" has no value of the allowed types");
     /* keywords that could rule out some values: those we cannot check on
      * the values are refused (unknown keywords only annotate) */
     static const char *const refuse[] = {"pattern", "format", "properties", "required", "items",
@@ -1192,27 +1234,32 @@ static const struct { const char *name; type_gen fn; } type_table[] = {
     {"number", gen_number}, {"boolean", gen_bool}, {"null", gen_null},
 };
 
-/* Keywords whose presence implies a type when "type" is absent. */
-static const struct { const char *kw, *type; } implied[] = {
-    {"properties", "object"}, {"required", "object"}, {"additionalProperties", "object"},
-    {"items", "array"}, {"prefixItems", "array"}, {"minItems", "array"}, {"maxItems", "array"},
-    {"minLength", "string"}, {"maxLength", "string"}, {"pattern", "string"}, {"format", "string"},
-    {"minimum", "number"}, {"maximum", "number"}, {"exclusiveMinimum", "number"},
-    {"exclusiveMaximum", "number"},
+/* Keywords that constrain one type.  Without "type" they say nothing about
+ * values of the other types: {"properties": {...}} also accepts "a string".
+ * Every standard one is listed, so none is skipped unread: the generator of
+ * its type enforces or refuses it. */
+static const char *const implied[] = {
+    "properties", "required", "additionalProperties", "patternProperties", "propertyNames", "minProperties",
+    "maxProperties", "dependencies", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+    "items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+    "unevaluatedItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum",
 };
 
 static int gen_typed(sc *c, const json_t *s, int *rule) {
     json_t *types = json_object_get(s, "type");
     json_t *tl = type_list(types);
     if (!types) {
-        for (size_t i = 0; i < sizeof implied / sizeof *implied; i++)
-            if (json_object_get(s, implied[i].kw) && !in_list(tl, implied[i].type))
-                json_array_append_new(tl, json_string(implied[i].type));
-        if (!json_array_size(tl)) { /* no constraint at all */
+        bool any = false;
+        for (size_t i = 0; i < sizeof implied / sizeof *implied; i++) any |= json_object_get(s, implied[i]) != NULL;
+        if (!any) { /* no constraint at all */
             json_decref(tl);
             *rule = value_rule(c);
             return 0;
         }
+        /* every type, each under the keywords for it */
+        static const char *const all[] = {"object", "array", "string", "number", "boolean", "null"};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) json_array_append_new(tl, json_string(all[i]));
     }
     if (json_is_true(json_object_get(s, "nullable")) && !in_list(tl, "null"))
         json_array_append_new(tl, json_string("null"));
@@ -1347,7 +1394,8 @@ static int gen(sc *c, const json_t *s, int *rule) {
         goto out;
     }
     if (!json_is_object(s)) {
-        rc = pt_fail(c->err, json_is_false(s) ? "schema false allows no value" : "schema must be an object or a boolean");
+        if (json_is_false(s)) *rule = no_value(c);
+        else rc = pt_fail(c->err, "schema must be an object or a boolean");
         goto out;
     }
     static const char *const refused[] = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef",
@@ -1480,6 +1528,10 @@ int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max
     sc c = {.b = &b, .root = schema, .err = err, .ws_max = ws_max < 0 ? 0 : ws_max};
     c.ws = c.value = c.string = c.str_char = c.str_body = c.number = c.integer = c.boolean = c.null = -1;
     c.any_obj = c.any_arr = -1;
+    if (json_is_false(schema)) {
+        gb_free(&b);
+        return pt_fail(err, "schema false allows no value");
+    }
     int body, rc = gen(&c, schema, &body);
     if (rc == 0) {
         gseq s = {0};

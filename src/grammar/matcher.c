@@ -36,17 +36,20 @@
 #include <stdlib.h>
 
 enum { N_ROOT = 0, N_SENT = 1 };
+enum { DS_SENT = 1, DS_LIVE = 2 }; /* a set holds SENTINEL / more than it */
 
 typedef struct ivec {
     int32_t *a;
     int n, cap;
 } ivec;
 
-static void iv_push(ivec *v, int32_t x) {
-    if (v->n == v->cap) {
-        v->cap = v->cap ? 2 * v->cap : 16;
-        v->a = pt_xrealloc(v->a, (size_t)v->cap * sizeof *v->a);
-    }
+static void iv_grow(ivec *v) {
+    v->cap = v->cap ? 2 * v->cap : 16;
+    v->a = pt_xrealloc(v->a, (size_t)v->cap * sizeof *v->a);
+}
+
+static inline void iv_push(ivec *v, int32_t x) {
+    if (v->n == v->cap) iv_grow(v);
     v->a[v->n++] = x;
 }
 
@@ -72,7 +75,7 @@ struct pt_gmatcher {
      * node once a set has been seen */
     ivec dpool;               /* members of set k: dpool[doff[k] .. doff[k+1]) */
     ivec doff;
-    uint8_t *dsent;           /* [k] the set holds SENTINEL */
+    uint8_t *dsent;           /* [k] DS_SENT | DS_LIVE */
     int32_t **dtrans;         /* [k] 256 successors; -2 unknown, -1 dead */
     int32_t *dhash;           /* open addressing: set index + 1 */
     uint32_t dhcap;
@@ -92,9 +95,17 @@ struct pt_gmatcher {
     struct mcache { uint64_t key; int32_t *ids; int n; uint32_t *mask; } *mc;
     uint32_t mc_cap;
     int mc_n;
+    /* memoized trie walks (walk()): key -> slices of memo_pool */
+    struct memo_ent { uint64_t key; int32_t acc_off, acc_n, unc_off, unc_n; } *memo;
+    uint32_t memo_cap;
+    int memo_n;
+    ivec memo_pool, walk_acc;
+    long n_walked; /* trie nodes visited, for tests */
 };
 
 #define MC_MAX 512
+
+static void free_pc(pc_entry *pc);
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -282,11 +293,7 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     free(m->clo_pool.a);
     free(m->hist.a);
     free(m->hist_off.a);
-    for (int i = 0; i < m->n_own; i++) { /* entries the shared cache did not take */
-        free(m->own[i]->acc);
-        free(m->own[i]->unc);
-        free(m->own[i]);
-    }
+    for (int i = 0; i < m->n_own; i++) free_pc(m->own[i]); /* those the shared cache did not take */
     free(m->own);
     free(m->pc);
     free(m->canon);
@@ -308,6 +315,9 @@ void pt_gmatcher_free(pt_gmatcher *m) {
         free(m->mc[i].mask);
     }
     free(m->mc);
+    free(m->memo);
+    free(m->memo_pool.a);
+    free(m->walk_acc.a);
     free(m);
 }
 
@@ -429,16 +439,16 @@ static int32_t dset(pt_gmatcher *m, int32_t *a, int n) {
         m->dsent = pt_xrealloc(m->dsent, c);
         m->dtrans = pt_xrealloc(m->dtrans, c * sizeof *m->dtrans);
     }
-    m->dsent[k] = sent;
+    m->dsent[k] = (uint8_t)((sent ? DS_SENT : 0) | (n > (int)sent ? DS_LIVE : 0));
     m->dtrans[k] = NULL;
     m->dhash[h] = k + 1;
     return k;
 }
 
-/* The set after byte b from set k (-1: nothing survives). */
-static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
+/* The set after byte b from set k (-1: nothing survives), computed the
+ * first time. */
+static int32_t dstep_slow(pt_gmatcher *m, int32_t k, unsigned b) {
     int32_t *t = m->dtrans[k];
-    if (t && t[b] != -2) return t[b];
     if (!t) {
         t = m->dtrans[k] = pt_xmalloc(256 * sizeof *t);
         for (int i = 0; i < 256; i++) t[i] = -2;
@@ -453,35 +463,113 @@ static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
     return r;
 }
 
-static bool dset_live(const pt_gmatcher *m, int32_t k) { /* holds more than SENTINEL */
-    return m->doff.a[k + 1] - m->doff.a[k] > (int)m->dsent[k];
+static inline int32_t dstep(pt_gmatcher *m, int32_t k, unsigned b) {
+    const int32_t *t = m->dtrans[k];
+    if (t && t[b] != -2) return t[b];
+    return dstep_slow(m, k, b);
 }
 
-static void set_tok(const pt_gvocab *v, uint32_t *bits, int32_t t) {
+/* Sets the bits of token id t and of the tokens with the same bytes. */
+static void set_tok_all(const pt_gvocab *v, uint32_t *bits, int32_t t) {
     for (; t >= 0; t = v->dup_next[t]) bits[t >> 5] |= 1u << (t & 31);
+}
+
+/* The same for a trie node's ttok: dup_next is read only when flagged. */
+static inline void set_tok(const pt_gvocab *v, uint32_t *bits, int32_t tt) {
+    int32_t t = tt & ~TTOK_DUP;
+    bits[t >> 5] |= 1u << (t & 31);
+    if (tt & TTOK_DUP) set_tok_all(v, bits, v->dup_next[t]);
 }
 
 static void add_subtree_unc(pt_gmatcher *m, ivec *unc, int from, int to) {
     for (int i = from; i < to; i++)
-        if (m->v->ttok[i] >= 0) iv_push(unc, m->v->ttok[i]);
+        if (m->v->ttok[i] >= 0) iv_push(unc, m->v->ttok[i] & ~TTOK_DUP);
 }
 
-/* Classifies the tokens below trie node ti, from set k (the state after
- * ti's bytes); popped: some shorter prefix could end the frame. */
-static void pc_walk(pt_gmatcher *m, pc_entry *pc, ivec *unc, int ti, int32_t k, bool popped) {
+/* --- trie walks, memoized per (set, subtree) ----------------------------
+ * A walk lists the tokens below trie node ti that set k accepts (`acc`,
+ * trie tokens with their TTOK_DUP flag) and, when `popped` (some shorter
+ * prefix ran past the cut), those that depend on what lies below (`unc`).
+ * The result depends only on (k, ti, popped), so walks of large subtrees
+ * are memoized: many leaves reach the same set after a byte or two (every
+ * extra-key node of an object reaches the same string body after one
+ * character), and appending a stored list costs far less than walking the
+ * 200k-node subtree of string characters again. */
+
+#define MEMO_MIN 256          /* subtrees of fewer nodes are walked */
+#define MEMO_POOL_MAX (1 << 22) /* list entries kept per matcher (16 MiB) */
+
+static bool memo_find(pt_gmatcher *m, uint64_t key, struct memo_ent **out) {
+    if (!m->memo_cap) {
+        m->memo_cap = 1024;
+        m->memo = pt_xcalloc(m->memo_cap, sizeof *m->memo);
+    }
+    uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & (m->memo_cap - 1);
+    for (;; h = (h + 1) & (m->memo_cap - 1)) {
+        struct memo_ent *e = &m->memo[h];
+        *out = e;
+        if (!e->key) return false;
+        if (e->key == key) return true;
+    }
+}
+
+static void memo_put(pt_gmatcher *m, uint64_t key, const ivec *acc, int a0, const ivec *unc, int u0) {
+    int na = acc->n - a0, nu = unc->n - u0;
+    if (m->memo_pool.n + na + nu > MEMO_POOL_MAX) return;
+    if ((uint32_t)m->memo_n * 2 >= m->memo_cap) { /* grow and rehash */
+        struct memo_ent *old = m->memo;
+        uint32_t oc = m->memo_cap;
+        m->memo_cap *= 2;
+        m->memo = pt_xcalloc(m->memo_cap, sizeof *m->memo);
+        for (uint32_t i = 0; i < oc; i++) {
+            struct memo_ent *e;
+            if (old[i].key && !memo_find(m, old[i].key, &e)) *e = old[i];
+        }
+        free(old);
+    }
+    struct memo_ent *e;
+    if (memo_find(m, key, &e)) return;
+    e->key = key;
+    e->acc_off = m->memo_pool.n;
+    e->acc_n = na;
+    for (int i = 0; i < na; i++) iv_push(&m->memo_pool, acc->a[a0 + i]);
+    e->unc_off = m->memo_pool.n;
+    e->unc_n = nu;
+    for (int i = 0; i < nu; i++) iv_push(&m->memo_pool, unc->a[u0 + i]);
+    m->memo_n++;
+}
+
+static void walk(pt_gmatcher *m, ivec *acc, ivec *unc, int ti, int32_t k, bool popped) {
     const pt_gvocab *v = m->v;
-    for (int c = ti + 1; c < v->tend[ti]; c = v->tend[c]) {
-        int32_t t = dstep(m, k, v->tbyte[c]);
-        bool sent = t >= 0 && m->dsent[t], live = t >= 0 && dset_live(m, t);
-        int32_t tok = v->ttok[c];
+    bool memo = ti > 0 && v->tend[ti] - ti >= MEMO_MIN;
+    /* key 0 means empty: sets and nodes are offset by one */
+    uint64_t key = ((uint64_t)(k + 1) << 33) | ((uint64_t)ti << 1) | popped;
+    if (memo) {
+        struct memo_ent *e;
+        if (memo_find(m, key, &e)) {
+            for (int i = 0; i < e->acc_n; i++) iv_push(acc, m->memo_pool.a[e->acc_off + i]);
+            for (int i = 0; i < e->unc_n; i++) iv_push(unc, m->memo_pool.a[e->unc_off + i]);
+            return;
+        }
+    }
+    int a0 = acc->n, u0 = unc->n;
+    m->n_walked++;
+    const int32_t *tend = v->tend, *ttok = v->ttok;
+    const uint8_t *tbyte = v->tbyte;
+    for (int c = ti + 1, end = tend[ti]; c < end; c = tend[c]) {
+        int32_t t = dstep(m, k, tbyte[c]);
+        unsigned f = t >= 0 ? m->dsent[t] : 0;
+        bool sent = f & DS_SENT, live = f & DS_LIVE;
+        int32_t tok = ttok[c];
         if (tok >= 0) {
-            if (t >= 0) set_tok(v, pc->acc, tok);
-            else if (popped) iv_push(unc, tok);
+            if (t >= 0) iv_push(acc, tok);
+            else if (popped) iv_push(unc, tok & ~TTOK_DUP);
         }
         bool pp = popped || sent;
-        if (live) pc_walk(m, pc, unc, c, t, pp);
+        if (live) walk(m, acc, unc, c, t, pp);
         else if (pp) add_subtree_unc(m, unc, c + 1, v->tend[c]);
     }
+    if (memo) memo_put(m, key, acc, a0, unc, u0);
 }
 
 /* The leaf's stack cut below its PC_DEPTH-th frame, the rest replaced by
@@ -533,7 +621,16 @@ static void sig_tail(pt_gmatcher *m, int32_t pos) {
     }
 }
 
-static void signature(pt_gmatcher *m, int32_t id) {
+/* Signatures longer than this are not shared: a sub-grammar that large is
+ * some schema's own (an object's remaining properties), another schema
+ * will not hold it, and writing it out for every leaf under it cost more
+ * than the classifications (megabytes per mask on large schemas). */
+#define SIG_MAX 4096
+#define SHARE_MIN_NODES 2048 /* classifications that walked fewer are not shared */
+
+/* The canonical text of the sub-grammar reachable from truncated stack id
+ * in m->sig; false if it would exceed SIG_MAX. */
+static bool signature(pt_gmatcher *m, int32_t id) {
     const pt_grammar *g = m->g;
     m->sig_len = 0;
     m->canon_touched.n = m->canon_queue.n = 0;
@@ -541,13 +638,14 @@ static void signature(pt_gmatcher *m, int32_t id) {
     for (; cur > N_SENT; cur = m->npar[cur]) sig_tail(m, m->npos[cur]);
     uint8_t bottom = cur == N_ROOT ? 'R' : 'S';
     sig_put(m, &bottom, 1);
-    for (int q = 0; q < m->canon_queue.n; q++) {
+    for (int q = 0; q < m->canon_queue.n && m->sig_len <= SIG_MAX; q++) {
         int r = m->canon_queue.a[q];
         int32_t na = g->rule_alt[r + 1] - g->rule_alt[r];
         sig_put(m, &na, sizeof na);
         for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_tail(m, g->alt_start[a]);
     }
     for (int i = 0; i < m->canon_touched.n; i++) m->canon[m->canon_touched.a[i]] = -1;
+    return m->sig_len <= SIG_MAX;
 }
 
 static uint64_t sig_hash(const uint8_t *p, size_t n) {
@@ -556,12 +654,36 @@ static uint64_t sig_hash(const uint8_t *p, size_t n) {
     return h;
 }
 
+/* Accepted sets at most this large are kept as lists: most leaves (a key,
+ * a literal, a digit) accept a handful of tokens, and ORing a 128k-bit map
+ * per leaf into every mask cost more than the rest of the mask. */
+#define ACC_LIST_MAX 2048
+
+static void free_pc(pc_entry *pc) {
+    free(pc->acc);
+    free(pc->acc_ls);
+    free(pc->unc);
+    free(pc);
+}
+
 static pc_entry *classify(pt_gmatcher *m, int32_t t) {
+    const pt_gvocab *v = m->v;
     pc_entry *pc = pt_xcalloc(1, sizeof *pc);
-    pc->acc = pt_xcalloc((size_t)m->v->n_words, sizeof *pc->acc);
-    ivec unc = {0};
+    ivec acc = {0}, unc = {0};
     int32_t one = t;
-    pc_walk(m, pc, &unc, 0, dset(m, &one, 1), false);
+    walk(m, &acc, &unc, 0, dset(m, &one, 1), false);
+    if (acc.n > ACC_LIST_MAX) {
+        pc->acc = pt_xcalloc((size_t)v->n_words, sizeof *pc->acc);
+        for (int i = 0; i < acc.n; i++) set_tok(v, pc->acc, acc.a[i]);
+    } else {
+        ivec ls = {0};
+        for (int i = 0; i < acc.n; i++)
+            for (int32_t x = acc.a[i] & ~TTOK_DUP; x >= 0; x = (acc.a[i] & TTOK_DUP) ? v->dup_next[x] : -1)
+                iv_push(&ls, x);
+        pc->acc_ls = ls.a;
+        pc->n_acc_ls = ls.n;
+    }
+    free(acc.a);
     pc->unc = unc.a;
     pc->n_unc = unc.n;
     return pc;
@@ -576,13 +698,20 @@ static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf) {
         m->n_pc = n;
     }
     if (m->pc[t]) return m->pc[t];
-    signature(m, t);
+    bool shared = signature(m, t);
     pt_gvocab *v = (pt_gvocab *)m->v; /* the cache is the one mutable part */
-    uint64_t h = sig_hash(m->sig, m->sig_len);
-    pc_entry *pc = pt_gvocab_cache_get(v, h, m->sig, m->sig_len);
+    uint64_t h = shared ? sig_hash(m->sig, m->sig_len) : 0;
+    pc_entry *pc = shared ? pt_gvocab_cache_get(v, h, m->sig, m->sig_len) : NULL;
     if (!pc) {
+        long walked = m->n_walked;
         pc = classify(m, t);
-        if (!pt_gvocab_cache_put(v, h, m->sig, m->sig_len, pc)) { /* full: ours to free */
+        /* The shared cache holds PT_GVOCAB_CACHE entries: keep them for the
+         * classifications that cost a long walk (a string's contents), not
+         * for the keys and literals every schema has thousands of (they
+         * filled it within the first few thousand MaskBench schemas, after
+         * which every schema walked the string contents again). */
+        shared &= m->n_walked - walked >= SHARE_MIN_NODES;
+        if (!shared || !pt_gvocab_cache_put(v, h, m->sig, m->sig_len, pc)) { /* ours to free */
             if (m->n_own == m->cap_own) {
                 m->cap_own = m->cap_own ? 2 * m->cap_own : 16;
                 m->own = pt_xrealloc(m->own, (size_t)m->cap_own * sizeof *m->own);
@@ -633,16 +762,15 @@ void pt_gmatcher_mask(pt_gmatcher *m, uint32_t *mask) {
     if (s != small) free(s);
 }
 
-/* Every token accepted from set k, by a pruned trie walk: used when too
- * many tokens are uncertain to check one by one. */
-static void walk_full(pt_gmatcher *m, uint32_t *mask, int ti, int32_t k) {
-    const pt_gvocab *v = m->v;
-    for (int c = ti + 1; c < v->tend[ti]; c = v->tend[c]) {
-        int32_t t = dstep(m, k, v->tbyte[c]);
-        if (t < 0) continue;
-        if (v->ttok[c] >= 0) set_tok(v, mask, v->ttok[c]);
-        walk_full(m, mask, c, t);
-    }
+/* Every token accepted from set k (a whole state: no SENTINEL), by a
+ * pruned, memoized trie walk: used when too many tokens are uncertain to
+ * check one by one. */
+static void walk_full(pt_gmatcher *m, uint32_t *mask, int32_t k) {
+    ivec unc = {0};
+    m->walk_acc.n = 0;
+    walk(m, &m->walk_acc, &unc, 0, k, false);
+    for (int i = 0; i < m->walk_acc.n; i++) set_tok(m->v, mask, m->walk_acc.a[i]);
+    free(unc.a); /* empty: nothing pops without a SENTINEL */
 }
 
 static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask) {
@@ -656,13 +784,15 @@ static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask
     int32_t k0 = dset(m, cp, n);
     if (cp != tmp) free(cp);
     if (n_unc > 1500) {
-        walk_full(m, mask, 0, k0);
+        walk_full(m, mask, k0);
         return;
     }
     for (int i = 0; i < n; i++) {
         if (s[i] <= N_SENT) continue;
         const pc_entry *pc = pc_get(m, s[i]);
-        for (int w = 0; w < v->n_words; w++) mask[w] |= pc->acc[w];
+        if (pc->acc)
+            for (int w = 0; w < v->n_words; w++) mask[w] |= pc->acc[w];
+        for (int j = 0; j < pc->n_acc_ls; j++) mask[pc->acc_ls[j] >> 5] |= 1u << (pc->acc_ls[j] & 31);
     }
     if (++m->tok_gen == 0) {
         memset(m->tok_mark, 0, (size_t)v->n_vocab * sizeof *m->tok_mark);
@@ -678,7 +808,47 @@ static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask
             const uint8_t *p = (const uint8_t *)v->blob + v->off[t];
             int32_t k = k0;
             for (uint32_t j = 0; j < v->len[t] && k >= 0; j++) k = dstep(m, k, p[j]);
-            if (k >= 0) set_tok(v, mask, t);
+            if (k >= 0) set_tok_all(v, mask, t);
         }
     }
+}
+
+long pt_gmatcher_nodes_walked(const pt_gmatcher *m) { return m->n_walked; }
+
+/* --- jump-forward -------------------------------------------------------- */
+
+/* The one byte every stack of state s[0..n) accepts next, or -1 when the
+ * state may end here or allows two bytes or more. */
+static int forced_byte(const pt_gmatcher *m, const int32_t *s, int n) {
+    const pt_grammar *g = m->g;
+    pt_byteset u = {{0}};
+    for (int i = 0; i < n; i++) {
+        if (s[i] <= N_SENT) return -1; /* the text may end: nothing is forced */
+        const pt_byteset *b = &g->sets[GE_ARG(g->code[m->npos[s[i]]])];
+        for (int w = 0; w < 8; w++) u.w[w] |= b->w[w];
+    }
+    int byte = -1;
+    for (int w = 0; w < 8; w++) {
+        if (!u.w[w]) continue;
+        if (byte >= 0 || (u.w[w] & (u.w[w] - 1))) return -1;
+        byte = w * 32 + __builtin_ctz(u.w[w]);
+    }
+    return byte;
+}
+
+size_t pt_gmatcher_forced_bytes(pt_gmatcher *m, char *out, size_t cap) {
+    int n;
+    const int32_t *st = cur_state(m, &n);
+    ivec *a = &m->sim_a, *b = &m->sim_b;
+    a->n = 0;
+    for (int i = 0; i < n; i++) iv_push(a, st[i]);
+    size_t len = 0;
+    for (int c; len < cap && (c = forced_byte(m, a->a, a->n)) >= 0; len++) {
+        out[len] = (char)c;
+        step(m, a->a, a->n, (unsigned)c, b);
+        ivec *t = a;
+        a = b;
+        b = t;
+    }
+    return len;
 }

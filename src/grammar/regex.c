@@ -32,7 +32,18 @@ typedef struct {
     bool json;
     pt_err *err;
     int depth;
+    /* the last item parsed: its character atom (-1 if a group) and count */
+    int item_atom;
+    long item_lo, item_hi;
+    int top_alts, top_items; /* at the outermost level */
 } rx;
+
+/* Lengths in characters: lo..hi, hi < 0 for unbounded. */
+static long len_add(long a, long b) { return a < 0 || b < 0 ? -1 : a + b > 1000000 ? 1000000 : a + b; }
+static long len_mul(long a, long q) { /* q < 0: unbounded count */
+    if (a == 0) return 0;
+    return a < 0 || q < 0 ? -1 : a * q > 1000000 ? 1000000 : a * q;
+}
 
 static void cc_add(cclass *c, uint32_t lo, uint32_t hi) {
     if (c->n == c->cap) {
@@ -247,7 +258,7 @@ static int rx_class(rx *r, cclass *c) {
     return 0;
 }
 
-static int rx_alt(rx *r, int *rule);
+static int rx_alt(rx *r, int *rule, long *lo, long *hi);
 
 static int rx_number(rx *r, long *v) {
     if (r->i >= r->n || r->s[r->i] < '0' || r->s[r->i] > '9') return -1;
@@ -260,11 +271,14 @@ static int rx_number(rx *r, long *v) {
     return 0;
 }
 
-/* One atom with its quantifier, appended to seq. */
-static int rx_item(rx *r, gseq *seq) {
+/* One atom with its quantifier, appended to seq; *len_lo..*len_hi its
+ * length in characters. */
+static int rx_item(rx *r, gseq *seq, long *len_lo, long *len_hi) {
     gbuild *b = r->b;
     char ch = r->s[r->i];
     int atom;
+    long alo = 1, ahi = 1; /* the atom's length: one character unless a group */
+    bool is_char = ch != '(';
     cclass c = {0};
     if (ch == '(') {
         r->i++;
@@ -272,7 +286,7 @@ static int rx_item(rx *r, gseq *seq) {
             if (r->i + 1 < r->n && r->s[r->i + 1] == ':') r->i += 2;
             else return pt_fail(r->err, "regex group (?%c is not supported", r->i + 1 < r->n ? r->s[r->i + 1] : ' ');
         }
-        if (rx_alt(r, &atom) < 0) return -1;
+        if (rx_alt(r, &atom, &alo, &ahi) < 0) return -1;
         if (r->i >= r->n || r->s[r->i] != ')') return pt_fail(r->err, "regex group ( is not closed");
         r->i++;
     } else if (ch == '[') {
@@ -330,6 +344,11 @@ static int rx_item(rx *r, gseq *seq) {
         }
     }
 done:
+    r->item_atom = is_char ? atom : -1;
+    r->item_lo = lo;
+    r->item_hi = hi;
+    *len_lo = len_mul(alo, lo);
+    *len_hi = len_mul(ahi, hi);
     if (lo != 1 || hi != 1) {
         atom = gb_repeat(b, atom, lo, hi, r->err);
         if (atom < 0) return -1;
@@ -338,18 +357,29 @@ done:
     return 0;
 }
 
-static int rx_alt(rx *r, int *rule) {
+/* Alternatives; *lo..*hi the length range of what they match. */
+static int rx_alt(rx *r, int *rule, long *lo, long *hi) {
     if (++r->depth > 200) return pt_fail(r->err, "regex nests too deeply");
     int R = gb_rule(r->b);
+    *lo = -1; /* none yet */
+    *hi = 0;
     for (;;) {
         gseq s = {0};
+        long slo = 0, shi = 0;
         while (r->i < r->n && r->s[r->i] != '|' && r->s[r->i] != ')') {
             if (r->s[r->i] == '$' && r->i + 1 == r->n) break;
-            if (rx_item(r, &s) < 0) {
+            long ilo = 0, ihi = 0;
+            if (rx_item(r, &s, &ilo, &ihi) < 0) {
                 seq_free(&s);
                 return -1;
             }
+            slo = len_add(slo, ilo);
+            shi = len_add(shi, ihi);
+            if (r->depth == 1) r->top_items++;
         }
+        if (r->depth == 1) r->top_alts++;
+        if (*lo < 0 || slo < *lo) *lo = slo;
+        if (*hi >= 0 && (shi < 0 || shi > *hi)) *hi = shi;
         gb_alt(r->b, R, &s);
         if (r->i < r->n && r->s[r->i] == '|') {
             r->i++;
@@ -363,15 +393,36 @@ static int rx_alt(rx *r, int *rule) {
 }
 
 int pt_regex_rule(gbuild *b, const char *re, bool json, bool force_anchored, int *rule, pt_err *err) {
+    return pt_regex_rule_len(b, re, json, force_anchored, 0, -1, rule, err);
+}
+
+int pt_regex_rule_len(gbuild *b, const char *re, bool json, bool force_anchored, long min_len,
+                      long max_len, int *rule, pt_err *err) {
     rx r = {.b = b, .s = re, .n = strlen(re), .json = json, .err = err};
     bool start = false, end = false;
     if (r.n && re[0] == '^') start = true, r.i = 1;
     if (r.n > r.i && re[r.n - 1] == '$' && (r.n < 2 || re[r.n - 2] != '\\')) end = true;
     int body;
-    if (rx_alt(&r, &body) < 0) return -1;
+    long lo, hi;
+    if (rx_alt(&r, &body, &lo, &hi) < 0) return -1;
     if (end) r.i++;
     if (r.i != r.n) return pt_fail(err, "regex has an unmatched ')' at offset %zu", r.i);
     if (force_anchored) start = end = true;
+    if (!start || !end) hi = -1; /* a search: anything may surround the match */
+    bool bounded = min_len > 0 || max_len >= 0;
+    if (bounded && !(lo >= min_len && (max_len < 0 || (hi >= 0 && hi <= max_len)))) {
+        /* The bounds matter.  One character class repeated (^[a-z]+$) takes
+         * them as its count; anything else would need the regex's automaton
+         * crossed with a counter. */
+        if (!(start && end && r.top_alts == 1 && r.top_items == 1 && r.item_atom >= 0))
+            return pt_fail(err, "\"pattern\" together with minLength/maxLength is not supported "
+                                "(unless the pattern is one repeated character class)");
+        long qlo = r.item_lo > min_len ? r.item_lo : min_len, qhi = r.item_hi;
+        if (max_len >= 0 && (qhi < 0 || max_len < qhi)) qhi = max_len;
+        if (qhi >= 0 && qhi < qlo) return pt_fail(err, "no string matches \"pattern\" within minLength/maxLength");
+        body = gb_repeat(b, r.item_atom, qlo, qhi, err);
+        if (body < 0) return -1;
+    }
     gseq s = {0};
     int any = -1;
     if (!start || !end) { /* JSON Schema patterns search: .* around them */

@@ -55,7 +55,7 @@ static void build_trie(pt_gvocab *v) {
             size_t pl = v->len[prev];
             while (lcp < pl && lcp < len && p[lcp] == s[lcp]) lcp++;
             if (lcp == len && pl == len) { /* same bytes: a duplicate */
-                int32_t t = v->ttok[path[depth]];
+                int32_t t = v->ttok[path[depth]]; /* TTOK_DUP is set after the build */
                 while (v->dup_next[t] >= 0) t = v->dup_next[t];
                 v->dup_next[t] = id;
                 prev = id;
@@ -73,6 +73,8 @@ static void build_trie(pt_gvocab *v) {
     }
     while (depth >= 0) v->tend[path[depth--]] = nn;
     v->n_nodes = nn;
+    for (int i = 0; i < nn; i++)
+        if (v->ttok[i] >= 0 && v->dup_next[v->ttok[i]] >= 0) v->ttok[i] |= TTOK_DUP;
     free(ids);
 }
 
@@ -121,6 +123,7 @@ void pt_gvocab_free(pt_gvocab *v) {
         if (!sl->e) continue;
         free(sl->sig);
         free(sl->e->acc);
+        free(sl->e->acc_ls);
         free(sl->e->unc);
         free(sl->e);
     }

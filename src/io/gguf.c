@@ -115,14 +115,14 @@ static int rd_bytes(rd *r, size_t n, const char *what, const uint8_t **out) {
 }
 
 static int rd_u32(rd *r, const char *what, uint32_t *v) {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     if (rd_bytes(r, 4, what, &b)) return -1;
     memcpy(v, b, 4);
     return 0;
 }
 
 static int rd_u64(rd *r, const char *what, uint64_t *v) {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     if (rd_bytes(r, 8, what, &b)) return -1;
     memcpy(v, b, 8);
     return 0;
@@ -436,7 +436,7 @@ static int read_version(rd *r, pt_gguf *g) {
 }
 
 static int parse(rd *r, pt_gguf *g) {
-    const uint8_t *magic;
+    const uint8_t *magic = NULL;
     if (rd_bytes(r, 4, "magic", &magic)) return -1;
     if (memcmp(magic, "GGUF", 4) != 0)
         return pt_fail(r->err, "not a GGUF file (magic %02x %02x %02x %02x, expected \"GGUF\")",

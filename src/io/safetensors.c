@@ -72,7 +72,7 @@ static int read_entry(pt_safetensors *st, const char *name, const json_t *e, pt_
     if (!ds) return pt_fail(err, "tensor %s: dtype missing or not a string", name);
     int dt = pt_dtype_from_safetensors(ds);
     if (dt < 0) return pt_fail(err, "tensor %s: unknown or unsupported dtype \"%s\"", name, ds);
-    uint64_t n, begin, end;
+    uint64_t n = 0, begin = 0, end = 0;
     if (read_shape(name, json_object_get(e, "shape"), ti, &n, err) ||
         read_offsets(name, json_object_get(e, "data_offsets"), &begin, &end, err))
         return -1;

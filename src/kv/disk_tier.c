@@ -177,6 +177,7 @@ static void *writer_main(void *arg) {
                 fsync(d->dir_fd);
                 pthread_mutex_lock(&d->mu);
                 since_dir_sync = 0;
+                continue; /* a job queued while the lock was free signalled no one */
             }
             pthread_cond_broadcast(&d->idle);
             pthread_cond_wait(&d->cv, &d->mu);

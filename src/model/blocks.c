@@ -10,6 +10,10 @@
  *
  * A block implements only the plan kinds that pt_layer_plan_check accepts;
  * a new kind comes with its block and leaves that check in the same change.
+ * Kinds that need optional backend ops (backend.h: attention_ext, geglu,
+ * the MoE ops; a backend says which it has in has_op) are listed in
+ * missing_op, so a backend without them refuses the model at load, naming
+ * the op, instead of failing mid-forward.
  */
 #include <math.h>
 
@@ -22,11 +26,15 @@ static void project(pt_backend *be, float *y, const float *x, const pt_weight *w
     if (bias) pt_be_add_bias(be, y, bias, n, (int)w->rows);
 }
 
+/* x = embed(tokens), times the config's embedding scale (Gemma: sqrt(dim)). */
 void pt_block_embed(pt_model *m, const pt_step *s) {
     pt_be_embed(m->be, m->ws->x, &m->tok_embd, m->ws->tokens, s->n);
+    if (m->cfg.embed_scale > 0 && m->cfg.embed_scale != 1.0f)
+        pt_be_scale(m->be, m->ws->x, m->cfg.embed_scale, (size_t)s->n * m->cfg.dim);
 }
 
-/* y = RMSNorm(x) * gain over rows of dim (PT_NORM_RMS, the only kind yet). */
+/* y = RMSNorm(x) * gain over rows of dim.  PT_NORM_RMS_1PW is the same op:
+ * its family stored 1 + w as the gain at load (pt_family.finish). */
 void pt_block_norm(pt_model *m, const pt_step *s, float *y, const float *x, const float *gain) {
     pt_be_rmsnorm(m->be, y, x, gain, s->n, m->cfg.dim, m->cfg.norm_eps);
 }
@@ -52,32 +60,77 @@ void pt_block_qkv(pt_model *m, int l, const pt_step *s) {
     pt_be_rope(be, ws->k, s->b, c->n_kv_heads, c->head_dim, rope);
 }
 
+/* Whether layer p's attention needs attention_ext (a window or a cap). */
+static bool attn_ext(const pt_layer_plan *p) {
+    return p->mixer == PT_MIX_ATTN_SWA || p->attn_softcap > 0;
+}
+
 /* Stores the rows' k and v in the layer's cache, then h = attention of q
- * over each row's sequence up to its position, ·Wo (+ bias).  Full causal
- * attention (PT_MIX_ATTN). */
+ * over each row's sequence up to its position, ·Wo (+ bias).  A sliding-
+ * window layer (PT_MIX_ATTN_SWA) sees only its last `window` positions. */
 void pt_block_attention(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
+    const pt_layer_plan *p = &m->plan[l];
     const pt_layer *L = &m->layers[l];
     pt_workspace *ws = m->ws;
     pt_kv_view kv = pt_kv_layer(s->kv, l);
 
     pt_be_kv_store(be, &kv, s->b, ws->k, ws->v);
-    pt_be_attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, 1.0f / sqrtf((float)c->head_dim));
+    if (attn_ext(p)) {
+        pt_attn_params ap = {.scale = p->attn_scale, .window = p->window,
+                             .softcap = p->attn_softcap};
+        pt_be_attention_ext(be, ws->att, ws->q, &kv, s->b, c->n_heads, &ap);
+    } else {
+        pt_be_attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, p->attn_scale);
+    }
     project(be, ws->h, ws->att, &L->wo, L->bo, s->n);
 }
 
-/* h = (act(h·Wgate) * h·Wup)·Wdown: a dense gated FFN (PT_FFN_DENSE with
- * PT_ACT_SILU, i.e. SwiGLU). */
+/* y = act(gate) * up over count floats, the plan's activation. */
+static void gated(pt_backend *be, int act, float *y, const float *up, size_t count) {
+    if (act == PT_ACT_GELU_TANH)
+        pt_be_geglu(be, y, y, up, count);
+    else
+        pt_be_swiglu(be, y, y, up, count);
+}
+
+/* Routed experts (PT_FFN_MOE): the router picks top_k experts per row and
+ * weighs them; each row runs through its experts' SwiGLU FFNs and h is the
+ * weighted sum.  Only the chosen experts' weights are read. */
+static void moe_ffn(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    const pt_layer_plan *p = &m->plan[l];
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    int n = s->n, k = p->top_k;
+
+    pt_be_matmul(be, ws->router, ws->h, &L->w_router, n);
+    pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
+                       c->expert_renorm);
+    pt_be_matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
+    pt_be_matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
+    gated(be, p->act, ws->gate, ws->up, (size_t)n * k * c->expert_ffn_dim);
+    pt_be_matmul_id(be, ws->moe_out, ws->gate, &L->w_down, ws->moe_ids, n, k, k);
+    pt_be_moe_combine(be, ws->h, ws->moe_out, ws->moe_w, n, k, c->dim);
+}
+
+/* h = (act(h·Wgate) * h·Wup)·Wdown: a dense gated FFN (SwiGLU, or GeGLU
+ * with PT_ACT_GELU_TANH), or routed experts (PT_FFN_MOE). */
 void pt_block_ffn(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_layer *L = &m->layers[l];
     pt_workspace *ws = m->ws;
     int n = s->n;
 
+    if (m->plan[l].ffn == PT_FFN_MOE) {
+        moe_ffn(m, l, s);
+        return;
+    }
     pt_be_matmul(be, ws->gate, ws->h, &L->w_gate, n);
     pt_be_matmul(be, ws->up, ws->h, &L->w_up, n);
-    pt_be_swiglu(be, ws->gate, ws->gate, ws->up, (size_t)n * m->cfg.ffn_dim);
+    gated(be, m->plan[l].act, ws->gate, ws->up, (size_t)n * m->cfg.ffn_dim);
     pt_be_matmul(be, ws->h, ws->gate, &L->w_down, n);
 }
 
@@ -88,7 +141,8 @@ void pt_block_residual(pt_model *m, const pt_step *s) {
 }
 
 /* Final norm and output projection for the wanted rows, PT_OUT_ROWS at a
- * time, straight into the caller's buffer. */
+ * time, straight into the caller's buffer; logits soft-capped if the config
+ * says (Gemma 2). */
 void pt_block_output(pt_model *m, const pt_step *s) {
     pt_backend *be = m->be;
     pt_workspace *ws = m->ws;
@@ -98,7 +152,53 @@ void pt_block_output(pt_model *m, const pt_step *s) {
         pt_be_gather_rows(be, ws->out_h, ws->x, ws->out_idx + i, k, c->dim);
         pt_be_rmsnorm(be, ws->out_h, ws->out_h, m->output_norm, k, c->dim, c->norm_eps);
         pt_be_matmul(be, ws->logits, ws->out_h, &m->output, k);
+        if (c->final_softcap > 0)
+            pt_be_softcap(be, ws->logits, c->final_softcap, (size_t)k * c->vocab_size);
         be->ops->download(be, s->logits + (size_t)i * c->vocab_size, ws->logits,
                           sizeof(float) * (size_t)k * c->vocab_size);
     }
+}
+
+/* ---- Which ops the blocks call ------------------------------------------------ */
+
+/* The first op kind model m's blocks need that its backend lacks, with
+ * the plan kind that needs it (layer -1: not a layer's); -1 when the
+ * backend has them all. */
+static int missing_op(const pt_model *m, int *layer, const char **why) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    *layer = -1;
+    if (c->embed_scale > 0 && c->embed_scale != 1.0f && !pt_be_has_op(be, PT_OP_SCALE))
+        return *why = "scaled embeddings", PT_OP_SCALE;
+    if (c->final_softcap > 0 && !pt_be_has_op(be, PT_OP_SOFTCAP))
+        return *why = "soft-capped logits", PT_OP_SOFTCAP;
+    static const int moe_ops[] = {PT_OP_MOE_ROUTE, PT_OP_MATMUL_ID, PT_OP_MOE_COMBINE};
+    for (int l = 0; l < c->n_layers; l++) {
+        const pt_layer_plan *p = &m->plan[l];
+        *layer = l;
+        if (attn_ext(p) && !pt_be_has_op(be, PT_OP_ATTENTION_EXT))
+            return *why = p->mixer == PT_MIX_ATTN_SWA ? "sliding-window attention"
+                                                       : "soft-capped attention",
+                   PT_OP_ATTENTION_EXT;
+        if (p->act == PT_ACT_GELU_TANH && !pt_be_has_op(be, PT_OP_GEGLU))
+            return *why = "a GELU-tanh FFN", PT_OP_GEGLU;
+        for (size_t i = 0; p->ffn == PT_FFN_MOE && i < PT_ARRAY_LEN(moe_ops); i++)
+            if (!pt_be_has_op(be, moe_ops[i])) return *why = "a mixture-of-experts FFN", moe_ops[i];
+    }
+    return -1;
+}
+
+int pt_model_check_ops(const pt_model *m, pt_err *err) {
+    int layer;
+    const char *why;
+    int kind = missing_op(m, &layer, &why);
+    if (kind < 0) return 0;
+    const char *op = pt_op_name(kind);
+    if (layer < 0)
+        return pt_fail(err, "the %s backend lacks op '%s' (%s) that %s models need; run it on "
+                            "the cpu backend",
+                       m->be->name, op, why, m->cfg.arch);
+    return pt_fail(err, "the %s backend lacks op '%s' (%s, layer %d) that %s models need; run it "
+                        "on the cpu backend",
+                   m->be->name, op, why, layer, m->cfg.arch);
 }

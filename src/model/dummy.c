@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/progress.h"
 #include "model/model_int.h"
 #include "quant/quant.h"
 
@@ -148,6 +149,7 @@ static int dummy_matrix(pt_model *m, const pt_weight_spec *s, int layer, const p
                      .n_experts = (int)n_experts,
                      .expert_stride = n_experts ? per_expert * u.code_bytes : 0};
     m->weight_bytes += w->nbytes;
+    if (m->progress) pt_progress_add(m->progress, w->nbytes);
     return 0;
 }
 
@@ -184,15 +186,23 @@ int pt_model_make_dummy_weights(pt_model *m, const char *format, uint64_t seed, 
     if (parse_format(format, &f, err)) return -1;
     pt_rng rng;
     pt_rng_seed(&rng, seed);
+    size_t total = 0;
+    if (pt_model_dummy_bytes(&m->cfg, format, &total, err)) return -1;
+    pt_progress progress;
+    pt_progress_begin(&progress, "making dummy weights", total);
+    m->progress = &progress;
     const pt_family *fam = m->family;
-    for (size_t i = 0; i < fam->n_weights; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < fam->n_weights && !rc; i++) {
         const pt_weight_spec *s = &fam->weights[i];
         if (!pt_spec_needed(&m->cfg, s->need)) continue;
-        for (int l = 0; l < (s->per_layer ? m->cfg.n_layers : 1); l++)
-            if (s->cols == D_NONE ? dummy_vector(m, s, l, &rng, err)
-                                  : dummy_matrix(m, s, l, &f, &rng, err))
-                return -1;
+        for (int l = 0; l < (s->per_layer ? m->cfg.n_layers : 1) && !rc; l++)
+            rc = s->cols == D_NONE ? dummy_vector(m, s, l, &rng, err)
+                                   : dummy_matrix(m, s, l, &f, &rng, err);
     }
+    m->progress = NULL;
+    if (rc) return -1;
+    pt_progress_end(&progress);
     if (!m->output.data) m->output = m->tok_embd;
     return 0;
 }

@@ -23,30 +23,36 @@ static const pt_arch llama_archs[] = {
 
 /* ---- Config -------------------------------------------------------------- */
 
-static int read_act(json_t *j, pt_model_config *c, pt_err *err) {
-    const char *act = json_string_value(json_object_get(j, "hidden_act"));
-    if (!act || strcmp(act, "silu") == 0)
-        c->act = PT_ACT_SILU;
-    else if (strcmp(act, "gelu_pytorch_tanh") == 0)
-        c->act = PT_ACT_GELU_TANH;
-    else
-        return pt_fail(err, "config.json: hidden_act '%s' is not supported (silu)", act);
+/* Which layers the window applies to: layer_types when the config has
+ * them; else Qwen2/Qwen3's layers from max_window_layers on (as
+ * transformers reads them); else every layer (Mistral). */
+static int window_layers(json_t *j, pt_model_config *c, pt_err *err) {
+    int given = pt_config_json_layer_types(j, c, err);
+    if (given) return given < 0 ? -1 : 0;
+    if (strcmp(c->arch, "qwen2") != 0 && strcmp(c->arch, "qwen3") != 0) return 0;
+    int from = 28; /* Qwen2Config's default */
+    pt_json_int(j, "max_window_layers", &from);
+    c->swa_per_layer = true;
+    for (int l = PT_MAX(from, 0); l < c->n_layers && l < 64 * 16; l++) pt_config_set_swa(c, l);
     return 0;
 }
 
 static int llama_read_json(json_t *j, pt_model_config *c, pt_err *err) {
-    if (pt_config_json_common(j, c, err) || read_act(j, c, err)) return -1;
+    if (pt_config_json_common(j, c, err) || pt_config_json_act(j, c, err)) return -1;
     if (json_is_true(json_object_get(j, "attention_bias"))) c->qkv_bias = c->o_bias = true;
-    /* Mistral v0.1 attends to a 4096-token window; Qwen2 configs carry a
-     * window but switch it off with use_sliding_window. */
+    /* Mistral v0.1 attends to a 4096-token window on every layer; Qwen2
+     * configs carry a window but switch it off with use_sliding_window. */
     int window;
     if (pt_json_int(j, "sliding_window", &window) && window > 0 && window < c->max_ctx &&
-        !json_is_false(json_object_get(j, "use_sliding_window")))
+        !json_is_false(json_object_get(j, "use_sliding_window"))) {
         c->sliding_window = window;
+        if (window_layers(j, c, err)) return -1;
+    }
     /* Mixtral-style experts under a Llama-family model_type. */
     if (pt_json_int(j, "num_local_experts", &c->n_experts) ||
         pt_json_int(j, "num_experts", &c->n_experts))
         pt_json_int(j, "num_experts_per_tok", &c->n_experts_used);
+    c->expert_ffn_dim = c->n_experts ? c->ffn_dim : 0; /* refused at the plan, but shaped */
     return 0;
 }
 
@@ -59,6 +65,7 @@ static int llama_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char
         c->sliding_window = window;
     if (pt_gguf_int(g, garch, "expert_count", &c->n_experts)) /* Mixtral GGUFs are "llama" */
         pt_gguf_int(g, garch, "expert_used_count", &c->n_experts_used);
+    c->expert_ffn_dim = c->n_experts ? c->ffn_dim : 0;
     return 0;
 }
 

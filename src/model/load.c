@@ -49,6 +49,8 @@ void pt_model_free_owned(pt_model *m) {
 
 /* ---- Workspace ---------------------------------------------------------------- */
 
+static int moe_workspace(pt_model *m, int cap, pt_err *err);
+
 static int workspace_init(pt_model *m, int cap, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     pt_workspace *ws = pt_xcalloc(1, sizeof *ws);
@@ -74,10 +76,35 @@ static int workspace_init(pt_model *m, int cap, pt_err *err) {
         {(void **)&ws->seq, (size_t)cap * 4},
         {(void **)&ws->out_idx, (size_t)cap * 4},
     };
+    if (c->n_experts > 0) { /* gate and up hold every row's k experts */
+        size_t ek = (size_t)cap * c->n_experts_used;
+        bufs[6].n = bufs[7].n = PT_MAX(bufs[6].n, ek * c->expert_ffn_dim * 4);
+    }
     for (size_t i = 0; i < PT_ARRAY_LEN(bufs); i++)
         if (!(*bufs[i].p = pt_model_alloc(m, bufs[i].n)))
             return pt_fail(err, "cannot allocate %.1f MiB of activations", bufs[i].n / 1048576.0);
     ws->h_out_idx = pt_xmalloc(sizeof(int32_t) * (size_t)cap);
+    return c->n_experts > 0 ? moe_workspace(m, cap, err) : 0;
+}
+
+/* The router's and the experts' buffers (MoE models only). */
+static int moe_workspace(pt_model *m, int cap, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    pt_workspace *ws = m->ws;
+    size_t ek = (size_t)cap * c->n_experts_used;
+    struct {
+        void **p;
+        size_t n;
+    } bufs[] = {
+        {(void **)&ws->router, (size_t)cap * c->n_experts * 4},
+        {(void **)&ws->moe_ids, ek * 4},
+        {(void **)&ws->moe_w, ek * 4},
+        {(void **)&ws->moe_out, ek * c->dim * 4},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(bufs); i++)
+        if (!(*bufs[i].p = pt_model_alloc(m, bufs[i].n)))
+            return pt_fail(err, "cannot allocate %.1f MiB for the experts' activations",
+                           bufs[i].n / 1048576.0);
     return 0;
 }
 
@@ -110,19 +137,25 @@ static int plan_layers(pt_model *m, pt_err *err) {
     m->family = pt_family_of(m->cfg.arch); /* the registry named it: never NULL */
     m->plan = pt_xcalloc((size_t)m->cfg.n_layers, sizeof *m->plan);
     m->layers = pt_xcalloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-    return pt_model_plan(&m->cfg, m->plan, err);
+    if (pt_model_plan(&m->cfg, m->plan, err)) return -1;
+    return pt_model_check_ops(m, err);
 }
 
-/* Each layer's rope frequencies in backend memory; consecutive layers with
- * the same base share one table (every layer, for the Llama family). */
+/* Each layer's rope frequencies in backend memory; layers with the same
+ * base and scaling share one table (every layer, for the Llama family; one
+ * local and one global table for Gemma 3). */
 static int rope_tables(pt_model *m, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     size_t bytes = sizeof(float) * (size_t)(c->n_rot / 2);
     float *freq = pt_xmalloc(bytes);
     for (int l = 0; l < c->n_layers; l++) {
         pt_layer_plan *p = &m->plan[l];
-        if (l > 0 && p->rope_theta == m->plan[l - 1].rope_theta) {
-            p->rope.inv_freq = m->plan[l - 1].rope.inv_freq;
+        const pt_layer_plan *same = NULL; /* an earlier layer with this table */
+        for (int e = 0; e < l && !same; e++)
+            if (m->plan[e].rope_theta == p->rope_theta && m->plan[e].rope_scaled == p->rope_scaled)
+                same = &m->plan[e];
+        if (same) {
+            p->rope.inv_freq = same->rope.inv_freq;
             continue;
         }
         float *dev = pt_model_alloc(m, bytes);
@@ -130,7 +163,9 @@ static int rope_tables(pt_model *m, pt_err *err) {
             free(freq);
             return pt_fail(err, "out of backend memory");
         }
-        pt_rope_inv_freq(c, p->rope_theta, freq);
+        pt_model_config unscaled = *c; /* Gemma 3's local layers skip the scaling */
+        unscaled.rope_scaling = PT_ROPE_SCALING_NONE;
+        pt_rope_inv_freq(p->rope_scaled ? c : &unscaled, p->rope_theta, freq);
         m->be->ops->upload(m->be, dev, freq, bytes);
         p->rope.inv_freq = dev;
     }
@@ -139,6 +174,7 @@ static int rope_tables(pt_model *m, pt_err *err) {
 }
 
 static int finish_load(pt_model *m, const pt_model_opts *o, pt_err *err) {
+    if (m->family->finish && m->family->finish(m, err)) return -1;
     if (rope_tables(m, err)) return -1;
     m->max_batch = o->max_batch > 0 ? o->max_batch : 512;
     return workspace_init(m, m->max_batch, err);
@@ -151,7 +187,8 @@ static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_
         size_t len;
         if (pt_read_file(spec, 1 << 20, &file_text, &len, err))
             return pt_failp(err,
-                            "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b) "
+                            "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b, "
+                            "qwen3-30b-a3b, gemma2-9b, gemma3-12b) "
                             "nor a readable config.json",
                             spec);
         json_text = file_text;
@@ -214,6 +251,14 @@ void pt_model_free(pt_model *m) {
 int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
                      const pt_kvq_spec *quant, pt_err *err) {
     const pt_model_config *c = &m->cfg;
+    if (quant && quant->kind != PT_KVQ_NONE)
+        for (int l = 0; l < c->n_layers; l++)
+            if (m->plan[l].mixer == PT_MIX_ATTN_SWA || m->plan[l].attn_softcap > 0)
+                return pt_fail(err, "a quantized KV cache with %s layers (layer %d) is not "
+                                    "implemented yet; use a plain cache",
+                               m->plan[l].mixer == PT_MIX_ATTN_SWA ? "sliding-window"
+                                                                   : "soft-capped attention",
+                               l);
     pt_kv_config kc = {.n_layers = c->n_layers,
                        .n_kv_heads = c->n_kv_heads,
                        .head_dim = c->head_dim,

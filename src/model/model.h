@@ -42,7 +42,23 @@ typedef struct pt_model_config {
     int act;            /* enum pt_act of the gated FFN */
     int sliding_window; /* tokens each query sees; 0: all (full attention) */
     int n_experts, n_experts_used, n_shared_experts; /* 0 experts: dense FFN */
+    int expert_ffn_dim; /* rows of each expert's gate and up (moe_intermediate_size) */
+    bool expert_renorm; /* top-k routing weights renormalized to sum 1 (norm_topk_prob) */
+    int norm;           /* enum pt_norm_kind of every RMSNorm */
+    float attn_scale;   /* attention score scale; 0: 1 / sqrt(head_dim) */
+    float attn_softcap, final_softcap; /* tanh soft-capping of scores, logits; 0: none */
+    float embed_scale;  /* embeddings are multiplied by it (Gemma: sqrt(dim)); 0: 1 */
+    float rope_theta_swa; /* rope base of sliding-window layers; 0: rope_theta */
+    bool rope_scaling_global_only; /* rope_scaling applies to full-attention layers only */
+    bool swa_per_layer;   /* swa_layers says which layers have the window; else all */
+    uint64_t swa_layers[16]; /* bit l % 64 of word l / 64: layer l has the window */
 } pt_model_config;
+
+/* Whether layer l of c attends through the sliding window. */
+static inline bool pt_config_layer_swa(const pt_model_config *c, int l) {
+    if (c->sliding_window <= 0) return false;
+    return !c->swa_per_layer || (c->swa_layers[l / 64] >> (l % 64) & 1);
+}
 
 /* What one layer is made of, computed from the config (pt_model_plan).
  * The forward of a family reads it instead of flags; kinds that no block
@@ -58,6 +74,9 @@ typedef struct pt_layer_plan {
     int mixer;         /* enum pt_mixer */
     int window;        /* PT_MIX_ATTN_SWA: positions a query sees */
     float rope_theta;  /* base of this layer's rope frequencies */
+    bool rope_scaled;  /* the config's rope_scaling applies to this layer */
+    float attn_scale;  /* score scale (1 / sqrt(head_dim) unless the config says) */
+    float attn_softcap; /* > 0: scores soft-capped (Gemma 2) */
     pt_rope rope;      /* style, n_rot; inv_freq filled at load (backend memory) */
     int ffn;           /* enum pt_ffn_kind */
     int act;           /* enum pt_act */
@@ -69,9 +88,11 @@ typedef struct pt_layer_plan {
 
 typedef struct pt_layer {
     const float *attn_norm, *ffn_norm; /* [dim] */
+    const float *post_attn_norm, *post_ffn_norm; /* [dim], Gemma's norms after each block */
     const float *q_norm, *k_norm;      /* [head_dim], qk_norm only */
     const float *bq, *bk, *bv, *bo;    /* biases, NULL if absent */
-    pt_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+    pt_weight wq, wk, wv, wo, w_gate, w_up, w_down; /* MoE: gate/up/down are expert stacks */
+    pt_weight w_router; /* MoE: [n_experts][dim] */
 } pt_layer;
 
 /* Per-token and per-sequence arrays of one forward call, host side. */
@@ -107,6 +128,7 @@ typedef struct pt_model {
     int max_batch;
     pt_workspace *ws;
     void *owned; /* backend allocations to free (list) */
+    struct pt_progress *progress; /* while weights are bound or made, else NULL */
 } pt_model;
 
 /* Loads a GGUF file, a Hugging Face directory, or (dummy weights) a
@@ -150,12 +172,21 @@ int pt_layer_plan_check(const pt_layer_plan *plan, int n_layers, pt_err *err);
  * rope); errors name the missing key or the unsupported architecture. */
 int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err);
 int pt_config_from_json(json_t *config, pt_model_config *cfg, pt_err *err);
-/* Built-in shapes for dummy weights: "llama-1b", "llama-8b", "qwen3-8b". */
+/* Built-in shapes for dummy weights: "llama-1b", "llama-8b", "qwen3-8b",
+ * "qwen3-30b-a3b", "gemma2-9b", "gemma3-12b". */
 const char *pt_config_preset(const char *name);
 /* One line describing the model ("llama 64d x 5 layers, ..."). */
 void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);
 /* rope inverse frequencies [n_rot/2] for base theta, cfg's scaling applied. */
 void pt_rope_inv_freq(const pt_model_config *cfg, float theta, float *out);
+/* Bytes one decode step at depth reads (active experts only, at most a
+ * window of KV in sliding-window layers; kv_bytes_per_token over all
+ * layers), and multiply-adds x 2 per token (cost.c). */
+double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_token);
+double pt_model_token_flops(const pt_model *m);
+/* Refuses, naming the op, a model whose plan needs an op the backend lacks
+ * (CUDA has no expert matmul yet, say).  Called at load before weights. */
+int pt_model_check_ops(const pt_model *m, pt_err *err);
 
 /* Weights (weights.c: by name from a file; dummy.c: random). */
 int pt_model_bind_file_weights(pt_model *m, pt_err *err);

@@ -14,7 +14,10 @@
  *               the family's forward (it changes no sequence state);
  *   batch.c     reserve / forward / advance for direct callers;
  *   blocks.c    the shared blocks a family's forward is assembled from;
- *   llama.c     the Llama family (llama, mistral, qwen2, qwen3).
+ *   llama.c     the Llama family (llama, mistral, qwen2, qwen3);
+ *   qwen3moe.c  Qwen3-MoE (qwen3_moe);
+ *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
+ *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
 #define PETREL_MODEL_INT_H
@@ -27,12 +30,13 @@
 /* ---- Weight specs ------------------------------------------------------------ */
 
 /* A dimension of a weight, in terms of the config. */
-enum pt_dim { D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS };
+enum pt_dim { D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS, D_EFFN };
 /* Which config setting makes a weight present. */
 enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED };
 
 /* One weight of a family: its names (%d is the layer), its shape and where
- * it lands.  experts = D_EXPERTS makes it a 3-D stack [n_experts][rows][cols]
+ * it lands.  A Hugging Face name with a second %d is one tensor per expert
+ * (Hub MoE checkpoints), gathered into the stack at load.  experts = D_EXPERTS makes it a 3-D stack [n_experts][rows][cols]
  * stored as one tensor (a pt_weight with n_experts set); D_NONE is a matrix,
  * or a vector when cols is D_NONE (f32 in backend memory). */
 typedef struct pt_weight_spec {
@@ -83,11 +87,15 @@ struct pt_family {
                      pt_model_config *c, pt_err *err);
     const pt_weight_spec *weights;
     size_t n_weights;
+    bool moe; /* its forward runs PT_FFN_MOE layers (else the plan refuses them) */
+    /* After the weights are in place (file or dummy); NULL: nothing to do.
+     * Gemma turns its stored norm offsets w into gains 1 + w here. */
+    int (*finish)(pt_model *m, pt_err *err);
     /* Embeds s's rows, runs every layer, writes the wanted logits. */
     void (*forward)(pt_model *m, const pt_step *s);
 };
 
-extern const pt_family pt_family_llama;
+extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -105,6 +113,15 @@ bool pt_gguf_float(const pt_gguf *g, const char *garch, const char *key, float *
 int pt_config_json_common(json_t *j, pt_model_config *c, pt_err *err);
 int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                           pt_model_config *c, pt_err *err);
+/* rope_scaling (or a rope_parameters object) into c; none is fine. */
+int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err);
+/* Marks layer l as a sliding-window layer (and the config as per-layer). */
+void pt_config_set_swa(pt_model_config *c, int l);
+/* layer_types ("sliding_attention" / "full_attention" per layer) into the
+ * config's per-layer window bits: 1 if present, 0 if absent, -1 bad. */
+int pt_config_json_layer_types(json_t *j, pt_model_config *c, pt_err *err);
+/* hidden_act / hidden_activation into c->act (silu, gelu_pytorch_tanh). */
+int pt_config_json_act(json_t *j, pt_model_config *c, pt_err *err);
 
 /* ---- Workspace ------------------------------------------------------------- */
 
@@ -115,6 +132,11 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
 struct pt_workspace {
     int cap;
     float *x, *h, *q, *k, *v, *att, *gate, *up, *out_h, *logits;
+    /* MoE only (NULL otherwise): router logits [cap][n_experts], the chosen
+     * experts and their weights [cap][k], expert outputs [cap][k][dim];
+     * gate and up then hold [cap][k][expert_ffn_dim] too. */
+    float *router, *moe_w, *moe_out;
+    int32_t *moe_ids;
     int32_t *tokens, *pos, *seq, *out_idx, *block_table;
     size_t bt_cap; /* int32 entries in block_table */
     /* host staging */
@@ -132,7 +154,7 @@ void pt_block_embed(pt_model *m, const pt_step *s); /* x = embed(tokens) */
 void pt_block_norm(pt_model *m, const pt_step *s, float *y, const float *x, const float *gain);
 void pt_block_qkv(pt_model *m, int l, const pt_step *s);       /* h -> q, k, v (roped) */
 void pt_block_attention(pt_model *m, int l, const pt_step *s); /* cache k, v; h = attn(q)·Wo */
-void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN(h) */
+void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN(h), dense or MoE */
 void pt_block_residual(pt_model *m, const pt_step *s);         /* x += h */
 void pt_block_output(pt_model *m, const pt_step *s);           /* logits of wanted rows */
 

@@ -7,46 +7,69 @@
  * pt_layer_plan_check refuses, at load and with the layer's number, every
  * kind no block implements yet, so a model either runs exactly or does not
  * load.  A block that adds a kind removes its refusal here.
+ *
+ * Runs now: full and sliding-window attention (window applied by the
+ * attention op; the cache still keeps every position), dense SiLU / GELU-tanh
+ * FFNs, routed experts (no shared ones) in families that route them, plain
+ * and (1 + w) RMSNorm.  Refused: recurrent mixers, shared experts, scaled
+ * residuals, more than one cache group.
  */
+#include <math.h>
 #include <stdio.h>
 
 #include "model/model_int.h"
 
 int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < c->n_layers; l++) {
+        bool swa = pt_config_layer_swa(c, l);
         plan[l] = (pt_layer_plan){
-            .mixer = c->sliding_window > 0 ? PT_MIX_ATTN_SWA : PT_MIX_ATTN,
-            .window = c->sliding_window,
-            .rope_theta = c->rope_theta,
+            .mixer = swa ? PT_MIX_ATTN_SWA : PT_MIX_ATTN,
+            .window = swa ? c->sliding_window : 0,
+            .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
+            .rope_scaled = !(swa && c->rope_scaling_global_only),
             .rope = {.style = c->rope_style, .n_rot = c->n_rot, .mscale = 1.0f},
+            .attn_scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim),
+            .attn_softcap = c->attn_softcap,
             .ffn = c->n_experts > 0 ? PT_FFN_MOE : PT_FFN_DENSE,
             .act = c->act,
             .n_experts = c->n_experts,
             .top_k = c->n_experts_used,
             .n_shared = c->n_shared_experts,
-            .norm = PT_NORM_RMS,
+            .norm = c->norm,
             .residual_scale = 1.0f,
-            .cache_group = 0, /* one group until a model mixes cache kinds */
+            .cache_group = 0, /* one group: window layers keep every position too */
         };
+    }
+    /* Experts need a family whose forward routes them (and whose weight
+     * table names them): a Mixtral config under "mistral" is refused. */
+    const pt_family *f = pt_family_of(c->arch);
+    for (int l = 0; l < c->n_layers; l++)
+        if (plan[l].ffn == PT_FFN_MOE && f && !f->moe)
+            return pt_fail(err, "layer %d: a mixture-of-experts FFN (%d experts, top %d) is not "
+                                "implemented yet for %s models",
+                           l, plan[l].n_experts, plan[l].top_k, c->arch);
     return pt_layer_plan_check(plan, c->n_layers, err);
 }
 
 /* Why layer p cannot run yet into why; false if it can. */
 static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
-    if (p->mixer == PT_MIX_ATTN_SWA)
-        snprintf(why, cap, "sliding-window attention (window %d)", p->window);
+    if (p->mixer == PT_MIX_ATTN_SWA && p->window <= 0)
+        snprintf(why, cap, "sliding-window attention without a window (%d)", p->window);
     else if (p->mixer == PT_MIX_RECURRENT)
         snprintf(why, cap, "a recurrent (linear-attention) mixer");
-    else if (p->mixer != PT_MIX_ATTN)
+    else if (p->mixer != PT_MIX_ATTN && p->mixer != PT_MIX_ATTN_SWA)
         snprintf(why, cap, "mixer kind %d", p->mixer);
-    else if (p->ffn == PT_FFN_MOE)
-        snprintf(why, cap, "a mixture-of-experts FFN (%d experts, top %d)", p->n_experts, p->top_k);
-    else if (p->ffn != PT_FFN_DENSE)
+    else if (p->ffn == PT_FFN_MOE && (p->n_shared > 0 || p->top_k <= 0))
+        snprintf(why, cap, "a mixture-of-experts FFN with %d shared experts, top %d", p->n_shared,
+                 p->top_k);
+    else if (p->ffn != PT_FFN_DENSE && p->ffn != PT_FFN_MOE)
         snprintf(why, cap, "FFN kind %d", p->ffn);
-    else if (p->act != PT_ACT_SILU)
-        snprintf(why, cap, "a %s gated FFN", p->act == PT_ACT_GELU_TANH ? "GELU-tanh" : "non-SiLU");
-    else if (p->norm != PT_NORM_RMS)
-        snprintf(why, cap, "%s", p->norm == PT_NORM_RMS_1PW ? "(1 + w) RMSNorm" : "a non-RMS norm");
+    else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH)
+        snprintf(why, cap, "activation kind %d", p->act);
+    else if (p->ffn == PT_FFN_MOE && p->act != PT_ACT_SILU)
+        snprintf(why, cap, "experts with a non-SiLU activation");
+    else if (p->norm != PT_NORM_RMS && p->norm != PT_NORM_RMS_1PW)
+        snprintf(why, cap, "norm kind %d", p->norm);
     else if (p->residual_scale != 1.0f)
         snprintf(why, cap, "a residual scaled by %g", (double)p->residual_scale);
     else if (p->cache_group != 0)

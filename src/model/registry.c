@@ -16,7 +16,7 @@
 #include "model/model_int.h"
 #include "quant/mlx_config.h"
 
-const pt_family *const pt_families[] = {&pt_family_llama};
+const pt_family *const pt_families[] = {&pt_family_llama, &pt_family_qwen3moe, &pt_family_gemma};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table, so adding a row
@@ -79,6 +79,11 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
         c->n_experts_used > c->n_experts)
         return pt_fail(err, "model config: %d experts with %d per token is not a valid mixture",
                        c->n_experts, c->n_experts_used);
+    if (c->n_experts > 0 && (c->n_experts_used <= 0 || c->expert_ffn_dim <= 0 ||
+                             c->expert_ffn_dim > 1 << 20))
+        return pt_fail(err, "model config: %d experts need a per-token count and an expert FFN "
+                            "size (have %d per token, size %d)",
+                       c->n_experts, c->n_experts_used, c->expert_ffn_dim);
     if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
         return pt_fail(err, "model config: norm epsilon and rope theta must be positive");
     if (c->max_ctx <= 0) c->max_ctx = 4096;
@@ -193,7 +198,7 @@ bool pt_json_float(json_t *o, const char *key, float *out) {
     return true;
 }
 
-static int rope_scaling_from_json(json_t *rs, pt_model_config *c, pt_err *err) {
+int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err) {
     if (!rs || json_is_null(rs)) return 0;
     if (!json_is_object(rs)) return pt_fail(err, "config.json: rope_scaling is not an object");
     const char *type = json_string_value(json_object_get(rs, "rope_type"));
@@ -252,7 +257,45 @@ int pt_config_json_common(json_t *j, pt_model_config *c, pt_err *err) {
         c->rope_theta = 10000.0f;
     c->tied_embeddings = json_is_true(json_object_get(j, "tie_word_embeddings"));
     json_t *rs = json_object_get(j, "rope_scaling");
-    return rope_scaling_from_json(rs && !json_is_null(rs) ? rs : rp, c, err);
+    return pt_rope_scaling_json(rs && !json_is_null(rs) ? rs : rp, c, err);
+}
+
+void pt_config_set_swa(pt_model_config *c, int l) {
+    c->swa_per_layer = true;
+    c->swa_layers[l / 64] |= (uint64_t)1 << (l % 64);
+}
+
+int pt_config_json_layer_types(json_t *j, pt_model_config *c, pt_err *err) {
+    json_t *types = json_object_get(j, "layer_types");
+    if (!json_is_array(types)) return 0;
+    if ((int)json_array_size(types) != c->n_layers || c->n_layers > 64 * 16)
+        return pt_fail(err, "config.json: %zu layer_types for %d layers", json_array_size(types),
+                       c->n_layers);
+    c->swa_per_layer = true;
+    for (int l = 0; l < c->n_layers; l++) {
+        const char *t = json_string_value(json_array_get(types, (size_t)l));
+        if (t && strcmp(t, "sliding_attention") == 0)
+            pt_config_set_swa(c, l);
+        else if (!t || strcmp(t, "full_attention") != 0)
+            return pt_fail(err, "config.json: layer_types[%d] '%s' is not supported "
+                                "(sliding_attention, full_attention)",
+                           l, t ? t : "?");
+    }
+    return 1;
+}
+
+int pt_config_json_act(json_t *j, pt_model_config *c, pt_err *err) {
+    const char *act = json_string_value(json_object_get(j, "hidden_act"));
+    if (!act) act = json_string_value(json_object_get(j, "hidden_activation")); /* Gemma */
+    if (!act || strcmp(act, "silu") == 0)
+        c->act = PT_ACT_SILU;
+    else if (strcmp(act, "gelu_pytorch_tanh") == 0)
+        c->act = PT_ACT_GELU_TANH;
+    else
+        return pt_fail(err, "config.json: hidden_act '%s' is not supported (silu, "
+                            "gelu_pytorch_tanh)",
+                       act);
+    return 0;
 }
 
 int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
@@ -300,6 +343,27 @@ static const struct {
      "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"head_dim\":128,"
      "\"intermediate_size\":12288,\"vocab_size\":151936,\"max_position_embeddings\":40960,"
      "\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0}"},
+    {"qwen3-30b-a3b", /* Qwen3-30B-A3B: 128 experts, 8 per token */
+     "{\"model_type\":\"qwen3_moe\",\"hidden_size\":2048,\"num_hidden_layers\":48,"
+     "\"num_attention_heads\":32,\"num_key_value_heads\":4,\"head_dim\":128,"
+     "\"intermediate_size\":6144,\"moe_intermediate_size\":768,\"num_experts\":128,"
+     "\"num_experts_per_tok\":8,\"norm_topk_prob\":true,\"vocab_size\":151936,"
+     "\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0}"},
+    {"gemma2-9b", /* Gemma-2-9B: window 4096 on even layers, soft-capping */
+     "{\"model_type\":\"gemma2\",\"hidden_size\":3584,\"num_hidden_layers\":42,"
+     "\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":256,"
+     "\"intermediate_size\":14336,\"vocab_size\":256000,\"max_position_embeddings\":8192,"
+     "\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":256,"
+     "\"sliding_window\":4096,\"attn_logit_softcapping\":50.0,"
+     "\"final_logit_softcapping\":30.0,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0}"},
+    {"gemma3-12b", /* Gemma-3-12B text: 5 local (window 1024) : 1 global */
+     "{\"model_type\":\"gemma3_text\",\"hidden_size\":3840,\"num_hidden_layers\":48,"
+     "\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":256,"
+     "\"intermediate_size\":15360,\"vocab_size\":262208,\"max_position_embeddings\":131072,"
+     "\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":256,"
+     "\"sliding_window\":1024,\"sliding_window_pattern\":6,\"rms_norm_eps\":1e-6,"
+     "\"rope_theta\":1000000.0,\"rope_local_base_freq\":10000.0,"
+     "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":8.0}}"},
 };
 
 const char *pt_config_preset(const char *name) {

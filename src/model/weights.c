@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/progress.h"
 #include "model/model_int.h"
 #include "quant/mlx_config.h"
 #include "quant/quant.h"
@@ -36,6 +37,7 @@ int64_t pt_spec_dim(const pt_model_config *c, int d) {
     case D_VOCAB: return c->vocab_size;
     case D_HEAD: return c->head_dim;
     case D_EXPERTS: return c->n_experts;
+    case D_EFFN: return c->expert_ffn_dim;
     default: return 0;
     }
 }
@@ -50,8 +52,15 @@ bool pt_spec_needed(const pt_model_config *c, int need) {
     }
 }
 
+/* A per-expert name gets expert 0 (its second %d). */
 void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap) {
-    snprintf(buf, cap, gguf ? s->gguf : s->hf, layer);
+    snprintf(buf, cap, gguf ? s->gguf : s->hf, layer, 0);
+}
+
+/* Whether s is one Hugging Face tensor per expert (two %d in its name). */
+static bool per_expert_names(const pt_weight_spec *s) {
+    const char *d = strstr(s->hf, "%d");
+    return s->experts == D_EXPERTS && d && strstr(d + 2, "%d");
 }
 
 void *pt_spec_target(pt_model *m, const pt_weight_spec *s, int layer) {
@@ -102,6 +111,7 @@ static bool matrix_dtype_ok(pt_dtype t) {
 
 /* Places a tensor's bytes in backend memory (or points into the mapping). */
 static const void *bind_bytes(pt_model *m, const pt_tensor_info *t, pt_err *err) {
+    if (m->progress) pt_progress_add(m->progress, t->nbytes);
     if (m->be->host_memory) return t->data;
     void *dev = pt_model_alloc(m, t->nbytes);
     if (!dev) {
@@ -188,9 +198,144 @@ static int bind_matrix(pt_model *m, const pt_tensor_info *t, int64_t n_experts, 
     return 0;
 }
 
+/* Expert e's MLX affine parts beside its codes t: the module's bits and
+ * group size, and its scales and biases (checked against the shape). */
+static int expert_affine(pt_model *m, const pt_tensor_info *t, int64_t rows, int64_t cols,
+                         const pt_tensor_info **sb, int *bits, int *gs, pt_err *err) {
+    char module[192], name[208];
+    snprintf(module, sizeof module, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+    if (pt_mlx_module_params(m->file->config, module, bits, gs, err)) return -1;
+    static const char *const part[2] = {"scales", "biases"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s.%s", module, part[i]);
+        sb[i] = pt_model_file_tensor(m->file, name);
+        if (!sb[i] || !is_scale_dtype(sb[i]->dtype) || sb[i]->ndim != 2 || sb[i]->shape[0] != rows ||
+            cols % *gs || sb[i]->shape[1] != cols / *gs)
+            return pt_fail(err, "%s: missing or misshapen (expected %lldx%lld at group size %d)",
+                           name, (long long)rows, (long long)(cols / *gs), *gs);
+    }
+    if (t->dtype != PT_U32 || t->ndim != 2 || t->shape[0] != rows ||
+        t->shape[1] != cols * *bits / 32 || sb[1]->dtype != sb[0]->dtype)
+        return pt_fail(err, "tensor %s: expected %lldx%lld u32 codes (%d bits)", t->name,
+                       (long long)rows, (long long)(cols * *bits / 32), *bits);
+    return 0;
+}
+
+/* Experts saved one tensor each (Hub MoE checkpoints: ...experts.<e>.
+ * gate_proj.weight), plain or MLX affine, gathered into one stack
+ * [n_experts][rows][cols] in backend memory (codes, and scales and biases
+ * likewise): expert matmuls take a stack.  Every expert must share the
+ * first one's format. */
+static int bind_expert_list(pt_model *m, const pt_weight_spec *s, int layer, int64_t n_experts,
+                            int64_t rows, int64_t cols, pt_weight *w, pt_err *err) {
+    char name[192];
+    char *dev[3] = {NULL, NULL, NULL}; /* codes, scales, biases */
+    for (int64_t e = 0; e < n_experts; e++) {
+        snprintf(name, sizeof name, s->hf, layer, (int)e);
+        const pt_tensor_info *t = pt_model_file_tensor(m->file, name), *sb[2] = {NULL, NULL};
+        if (!t) return pt_fail(err, "%s: missing tensor %s", m->file->path, name);
+        char sname[208];
+        snprintf(sname, sizeof sname, "%.*s.scales", (int)(strlen(name) - strlen(".weight")), name);
+        bool affine = pt_model_file_tensor(m->file, sname) != NULL;
+        int bits = 0, gs = 0;
+        if (affine ? expert_affine(m, t, rows, cols, sb, &bits, &gs, err) != 0
+                   : (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols))
+            return affine ? -1
+                          : pt_fail(err, "tensor %s: expected %lldx%lld, file has a %d-D tensor",
+                                    name, (long long)rows, (long long)cols, t->ndim);
+        pt_dtype dt = affine ? PT_AFFINE : t->dtype;
+        if (e == 0) {
+            if (!affine && !matrix_dtype_ok(t->dtype))
+                return pt_fail(err, "tensor %s: weight type %s is not supported", name,
+                               pt_dtype_name(t->dtype));
+            *w = (pt_weight){.dtype = dt, .rows = rows, .cols = cols, .bits = bits,
+                             .group_size = gs, .scale_dtype = affine ? sb[0]->dtype : PT_F32,
+                             .n_experts = (int)n_experts, .expert_stride = t->nbytes};
+            size_t sizes[3] = {t->nbytes, affine ? sb[0]->nbytes : 0, affine ? sb[1]->nbytes : 0};
+            for (int i = 0; i < 3 && sizes[i]; i++)
+                if (!(dev[i] = pt_model_alloc(m, sizes[i] * (size_t)n_experts)))
+                    return pt_fail(err, "out of backend memory for the experts of %s", name);
+            w->data = dev[0], w->scales = dev[1], w->biases = dev[2];
+            w->nbytes = (sizes[0] + sizes[1] + sizes[2]) * (size_t)n_experts;
+        } else if (dt != w->dtype || t->nbytes != w->expert_stride || bits != w->bits ||
+                   gs != w->group_size || (affine && sb[0]->dtype != w->scale_dtype)) {
+            return pt_fail(err, "tensor %s: stored unlike expert 0 (%s)", name,
+                           pt_dtype_name(w->dtype));
+        }
+        m->be->ops->upload(m->be, dev[0] + (size_t)e * t->nbytes, t->data, t->nbytes);
+        for (int i = 0; affine && i < 2; i++)
+            m->be->ops->upload(m->be, dev[1 + i] + (size_t)e * sb[i]->nbytes, sb[i]->data,
+                               sb[i]->nbytes);
+    }
+    m->weight_bytes += w->nbytes;
+    return 0;
+}
+
+/* mlx-lm's name for a per-expert spec: the experts of one projection as
+ * one 3-D tensor, "...mlp.experts.%d.gate_proj" -> "...mlp.switch_mlp.
+ * gate_proj" (its MoE checkpoints, quantized or not). */
+static bool switch_mlp_name(const pt_weight_spec *s, int layer, char *out, size_t cap) {
+    const char *e = strstr(s->hf, "experts.%d.");
+    if (!e) return false;
+    char fmt[192];
+    snprintf(fmt, sizeof fmt, "%.*sswitch_mlp.%s", (int)(e - s->hf), s->hf, e + strlen("experts.%d."));
+    snprintf(out, cap, fmt, layer);
+    return true;
+}
+
+/* A 3-D MLX affine stack: codes [E][rows][cols * bits / 32] u32, scales
+ * and biases [E][rows][cols / group_size]; zero copy on host memory. */
+static int bind_affine_stack(pt_model *m, const pt_tensor_info *t, int64_t n_experts, int64_t rows,
+                             int64_t cols, pt_weight *w, pt_err *err) {
+    char module[192], name[208];
+    snprintf(module, sizeof module, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+    int bits, gs;
+    if (pt_mlx_module_params(m->file->config, module, &bits, &gs, err)) return -1;
+    const pt_tensor_info *sb[2];
+    static const char *const part[2] = {"scales", "biases"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s.%s", module, part[i]);
+        sb[i] = pt_model_file_tensor(m->file, name);
+        if (!sb[i] || !is_scale_dtype(sb[i]->dtype) || sb[i]->dtype != sb[0]->dtype ||
+            sb[i]->ndim != 3 || sb[i]->shape[0] != n_experts || sb[i]->shape[1] != rows ||
+            cols % gs || sb[i]->shape[2] != cols / gs)
+            return pt_fail(err, "%s: missing or misshapen (expected %lldx%lldx%lld)", name,
+                           (long long)n_experts, (long long)rows, (long long)(cols / gs));
+    }
+    if (t->dtype != PT_U32 || t->ndim != 3 || t->shape[0] != n_experts || t->shape[1] != rows ||
+        t->shape[2] != cols * bits / 32)
+        return pt_fail(err, "tensor %s: expected %lldx%lldx%lld u32 codes (%d bits)", t->name,
+                       (long long)n_experts, (long long)rows, (long long)(cols * bits / 32), bits);
+    *w = (pt_weight){.dtype = PT_AFFINE, .rows = rows, .cols = cols, .bits = bits,
+                     .group_size = gs, .scale_dtype = sb[0]->dtype, .n_experts = (int)n_experts,
+                     .expert_stride = t->nbytes / (size_t)n_experts};
+    if (!(w->data = bind_bytes(m, t, err)) || !(w->scales = bind_bytes(m, sb[0], err)) ||
+        !(w->biases = bind_bytes(m, sb[1], err)))
+        return -1;
+    w->nbytes = t->nbytes + sb[0]->nbytes + sb[1]->nbytes;
+    m->weight_bytes += w->nbytes;
+    return 0;
+}
+
+/* A per-expert spec from a file: one tensor per expert (Hub), or mlx-lm's
+ * switch_mlp stack. */
+static int bind_experts(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    int64_t E = pt_spec_dim(c, s->experts), rows = pt_spec_dim(c, s->rows), cols = pt_spec_dim(c, s->cols);
+    pt_weight *w = pt_spec_target(m, s, layer);
+    char name[208], sname[224];
+    const pt_tensor_info *t = NULL;
+    if (switch_mlp_name(s, layer, name, sizeof name)) t = pt_model_file_tensor(m->file, name);
+    if (!t) return bind_expert_list(m, s, layer, E, rows, cols, w, err);
+    snprintf(sname, sizeof sname, "%.*s.scales", (int)(strlen(name) - strlen(".weight")), name);
+    if (pt_model_file_tensor(m->file, sname)) return bind_affine_stack(m, t, E, rows, cols, w, err);
+    return bind_matrix(m, t, E, rows, cols, w, err);
+}
+
 static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     bool gguf = m->file->kind == PT_FILE_GGUF;
+    if (!gguf && per_expert_names(s)) return bind_experts(m, s, layer, err);
     char name[160];
     pt_spec_name(s, gguf, layer, name, sizeof name);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
@@ -215,13 +360,25 @@ static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err
     return bind_matrix(m, t, n_experts, rows, cols, w, err);
 }
 
+/* Progress counts the file's tensor bytes: on a host-memory backend they
+ * are only mapped (fast), on a device each is uploaded. */
 int pt_model_bind_file_weights(pt_model *m, pt_err *err) {
     const pt_family *f = m->family;
-    for (size_t i = 0; i < f->n_weights; i++) {
+    uint64_t total = 0;
+    for (int i = 0; i < m->file->n_tensors; i++)
+        total += m->file->tensors[i].nbytes;
+    pt_progress progress;
+    pt_progress_begin(&progress, "loading weights", total);
+    m->progress = &progress;
+    int rc = 0;
+    for (size_t i = 0; i < f->n_weights && !rc; i++) {
         int n = f->weights[i].per_layer ? m->cfg.n_layers : 1;
-        for (int l = 0; l < n; l++)
-            if (bind_one(m, &f->weights[i], l, err)) return -1;
+        for (int l = 0; l < n && !rc; l++)
+            rc = bind_one(m, &f->weights[i], l, err);
     }
+    m->progress = NULL;
+    if (rc) return -1;
+    pt_progress_end(&progress);
     if (!m->output.data) m->output = m->tok_embd; /* tied */
     return 0;
 }

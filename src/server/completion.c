@@ -95,6 +95,7 @@ struct pt_req {
     uint64_t job;
     int n_prompt;
     pt_stop stop;
+    pt_req_clock clock; /* for /metrics: arrival, then the scheduler thread's */
 
     /* prompt worker, until it posts */
     pt_oai_request oai; /* the parsed request, owned until tokenized */
@@ -159,6 +160,7 @@ static void enlist(pt_req *q) {
 static int on_token(void *user, const pt_sample_result *r) {
     pt_req *q = user;
     pt_server *s = q->srv;
+    pt_metrics_token(&s->metrics, &q->clock); /* q->clock is this thread's while the job runs */
     pthread_mutex_lock(&s->mu);
     if (q->n_toks == q->cap_toks) {
         q->cap_toks = q->cap_toks ? 2 * q->cap_toks : 16;
@@ -670,7 +672,10 @@ static void deliver_one(pt_req *q) {
     if (q->index == 0 && !g->siblings_out && (q->n_drain || done)) submit_siblings(g);
     for (int i = 0; i < q->n_drain; i++) filter_token(q, &q->drain[i]);
     q->n_drain = 0;
-    if (done) filter_done(q);
+    if (done) {
+        filter_done(q);
+        pt_metrics_done(&q->srv->metrics, &q->clock, &q->st, q->index == 0);
+    }
     piece *p = q->rel_head;
     q->rel_head = q->rel_tail = NULL;
     if (q->conn && q->stream && !g->began) {
@@ -836,6 +841,7 @@ static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r, pt_group *g,
     q->include_usage = r->stream && r->include_usage;
     q->logprobs = r->logprobs;
     q->created = (long)time(NULL);
+    pt_metrics_arrival(&q->clock);
     if (index == 0) {
         make_id(q);
         q->stop = r->stop; /* the request gives its stop strings to q */
@@ -858,6 +864,7 @@ static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r, pt_group *g,
  * to the worker. */
 static void handle(pt_conn *c, const char *body, size_t len, int kind) {
     pt_server *s = pt_conn_server(c);
+    if (pt_server_loading(c)) return;
     if (s->state != SRV_RUNNING) {
         pt_http_error(c, 503, NULL, "server_shutting_down", NULL, "the server is shutting down");
         return;

@@ -112,6 +112,7 @@ static const struct route {
     route_fn fn;
 } k_routes[] = {
     {"GET", "/health", false, false, pt_handle_health},
+    {"GET", "/metrics", false, true, pt_handle_metrics},
     {"GET", "/v1/models", false, true, pt_handle_models},
     {"GET", "/v1/models/", true, true, pt_handle_model},
     {"POST", "/v1/chat/completions", false, true, pt_handle_chat},

@@ -4,6 +4,15 @@
  * routes (/health, /v1/models), the wakeup from the scheduler thread, and
  * shutdown.
  *
+ * Loading (pt_server_run_loading, what `petrel serve` uses): the listener
+ * opens first and the model loads on a thread of its own; meanwhile
+ * /health answers 503 "loading" (a load balancer or an orchestrator can
+ * tell a server that is coming up from one that is down) and the
+ * generation routes 503 model_loading.  When the loader posts the engine,
+ * the loop finishes start-up (KV pool, chat template, scheduler) and the
+ * state becomes running.  A signal while loading ends the server once the
+ * load returns.
+ *
  * Shutdown: the first SIGINT/SIGTERM stops accepting and closes idle
  * connections; requests in flight get --shutdown-timeout seconds to finish
  * (a second signal cuts that short), then are cancelled: streams end with
@@ -52,13 +61,21 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg) {
 }
 
 static void maybe_exit(pt_server *s) {
-    if (s->state != SRV_RUNNING && s->n_reqs == 0 && pt_http_n_conns(s->http) == 0)
+    if ((s->state == SRV_DRAINING || s->state == SRV_CANCELLING) && s->n_reqs == 0 && pt_http_n_conns(s->http) == 0)
         event_base_loopexit(s->base, NULL);
 }
 
 void pt_server_req_done(pt_server *s) {
     s->n_served++;
     if (s->state != SRV_RUNNING) maybe_exit(s);
+}
+
+bool pt_server_loading(pt_conn *c) {
+    pt_server *s = pt_conn_server(c);
+    if (s->state != SRV_LOADING) return false;
+    pt_http_error(c, 503, NULL, "model_loading", NULL,
+                  "the model is still loading; retry when GET /health answers 200");
+    return true;
 }
 
 /* ---- shutdown ------------------------------------------------------------------ */
@@ -82,6 +99,13 @@ static void drained_cb(void *arg) {
 static void signal_cb(evutil_socket_t sig, short what, void *arg) {
     (void)what;
     pt_server *s = arg;
+    if (s->state == SRV_LOADING) { /* nothing to finish or cancel yet */
+        pt_server_log(s, "%s while loading the model: exiting once the load returns",
+                      sig == SIGINT ? "SIGINT" : "SIGTERM");
+        s->state = SRV_DRAINING;
+        event_base_loopexit(s->base, NULL);
+        return;
+    }
     if (s->state != SRV_RUNNING) {
         cancel_all(s, "second signal");
         return;
@@ -110,6 +134,7 @@ static json_t *model_object(pt_server *s) {
 
 void pt_handle_models(pt_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
+    if (pt_server_loading(c)) return;
     json_t *r =
         json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(pt_conn_server(c)));
     pt_http_reply_json(c, 200, r);
@@ -119,6 +144,7 @@ void pt_handle_models(pt_conn *c, const char *body, size_t len) {
 void pt_handle_model(pt_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
     pt_server *s = pt_conn_server(c);
+    if (pt_server_loading(c)) return;
     const char *id = pt_conn_head(c)->path + strlen("/v1/models/");
     if (strcmp(id, s->model_id) != 0) {
         pt_http_error(c, 404, NULL, "model_not_found", "model",
@@ -134,6 +160,12 @@ void pt_handle_model(pt_conn *c, const char *body, size_t len) {
 void pt_handle_health(pt_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
     pt_server *s = pt_conn_server(c);
+    if (s->state == SRV_LOADING || !s->sched) {
+        json_t *r = json_pack("{s:s, s:s}", "status", "loading", "model", s->model_id);
+        pt_http_reply_json(c, 503, r);
+        json_decref(r);
+        return;
+    }
     int waiting, running, reserved;
     pt_sched_load(s->sched, &waiting, &running, &reserved);
     bool ok = s->state == SRV_RUNNING;
@@ -163,18 +195,22 @@ void pt_server_model_id(const char *path, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)len, base);
 }
 
-static void defaults(pt_server_opts *o, const pt_engine *e) {
+/* What needs no engine; engine_defaults() the rest once it is loaded. */
+static void defaults(pt_server_opts *o) {
     if (!o->host) o->host = "127.0.0.1";
     if (o->max_body == 0) o->max_body = 8u << 20;
     if (o->parallel <= 0) o->parallel = 8;
-    if (o->parallel > e->model->max_batch) o->parallel = e->model->max_batch;
     if (o->max_queue <= 0) o->max_queue = 1024;
-    if (o->n_ctx <= 0) o->n_ctx = e->n_ctx;
     if (o->idle_timeout <= 0) o->idle_timeout = 60;
     if (o->header_timeout <= 0) o->header_timeout = 10;
     if (o->min_body_rate == 0) o->min_body_rate = 1024;
     if (o->min_body_rate < 0) o->min_body_rate = 0; /* pt_http_opts: 0 is none */
     if (o->shutdown_timeout < 0) o->shutdown_timeout = 0;
+}
+
+static void engine_defaults(pt_server_opts *o, const pt_engine *e) {
+    if (o->parallel > e->model->max_batch) o->parallel = e->model->max_batch;
+    if (o->n_ctx <= 0) o->n_ctx = e->n_ctx;
 }
 
 /* Without --kv-budget, every sequence can reach the full context at once:
@@ -297,10 +333,11 @@ static void write_port_file(const char *path, int port) {
     fclose(f);
 }
 
-static int start(pt_server *s, pt_err *err) {
-    if (check_api_key(s->o.api_key, err) || check_list(s->o.allowed_hosts, false, err) ||
-        check_list(s->o.cors_origins, true, err))
-        return -1;
+/* The engine's part of start-up: KV pool, template, scheduler, prompt
+ * worker. */
+static int start_engine(pt_server *s, pt_err *err) {
+    engine_defaults(&s->o, s->e);
+    s->lim = (pt_oai_limits){.model_id = s->model_id, .n_vocab = s->e->model->cfg.vocab_size};
     if (!s->e->tok)
         return pt_fail(err, "this model has no tokenizer (dummy weights): nothing to serve");
     if (size_kv_pool(s->e, &s->o, err)) return -1;
@@ -310,7 +347,18 @@ static int start(pt_server *s, pt_err *err) {
                         .max_prefill = s->o.max_prefill,
                         .max_queue = s->o.max_queue};
     if (pt_sched_start(&s->sched, s->e, &so, err)) return -1;
-    if (pt_front_start(s, err)) return -1;
+    return pt_front_start(s, err);
+}
+
+static int check_opts(const pt_server_opts *o, pt_err *err) {
+    return check_api_key(o->api_key, err) || check_list(o->allowed_hosts, false, err) ||
+                   check_list(o->cors_origins, true, err)
+               ? -1
+               : 0;
+}
+
+/* The loop's part: events, signals, the listener. */
+static int start_http(pt_server *s, pt_err *err) {
     s->base = event_base_new();
     if (!s->base) return pt_fail(err, "cannot create the event loop");
     s->wake = event_new(s->base, -1, 0, wake_cb, s);
@@ -335,6 +383,56 @@ static int start(pt_server *s, pt_err *err) {
     return pt_http_listen(&s->http, s->base, s, &ho, err);
 }
 
+/* ---- the loading thread -------------------------------------------------------------- */
+
+struct pt_loader {
+    pt_server_load_fn fn;
+    void *arg;
+    pthread_t thread;
+    bool started;
+    struct event *done; /* made active by the thread when the load returned */
+    int rc;
+    pt_engine *e; /* the loaded engine: the caller's to close */
+    pt_err err;
+};
+
+static void loader_free(pt_loader *l) {
+    if (l->done) event_free(l->done);
+    l->done = NULL;
+}
+
+static void *load_main(void *arg) {
+    pt_loader *l = arg;
+    l->rc = l->fn(l->arg, &l->e, &l->err);
+    event_active(l->done, EV_READ, 0); /* thread-safe: evthread_use_pthreads() */
+    return NULL;
+}
+
+static void announce(pt_server *s);
+
+/* On the loop: the load returned; finish start-up, or end the server. */
+static void loaded_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    pt_server *s = arg;
+    pt_loader *l = s->loader;
+    if (s->state != SRV_LOADING) return; /* a signal ended it meanwhile */
+    if (l->rc == 0) {
+        s->e = l->e;
+        if (start_engine(s, &l->err) == 0) {
+            s->state = SRV_RUNNING;
+            s->created = (long)time(NULL);
+            announce(s);
+            /* tools wait for the port file to send requests: only now */
+            if (s->o.port_file) write_port_file(s->o.port_file, pt_http_port(s->http));
+            return;
+        }
+        l->rc = -1;
+    }
+    event_base_loopexit(s->base, NULL);
+}
+
+/* ---- start and stop ------------------------------------------------------------------ */
+
 static void stop(pt_server *s) {
     pt_http_free(s->http); /* drops what is left; their requests are cancelled */
     pt_front_stop(s);      /* nothing is submitted after this */
@@ -345,40 +443,91 @@ static void stop(pt_server *s) {
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);
     if (s->grace) event_free(s->grace);
+    if (s->loader) loader_free(s->loader);
     if (s->base) event_base_free(s->base);
     pt_chat_tmpl_free(s->tmpl);
     pthread_mutex_destroy(&s->mu);
+    pt_metrics_free(&s->metrics);
 }
 
-int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err) {
+static int init(pt_server *s, const pt_server_opts *o, pt_err *err) {
     if (evthread_use_pthreads()) return pt_fail(err, "libevent has no pthreads support");
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up is an error return, not a kill */
-    pt_server s = {0};
-    s.e = e;
-    s.o = *o;
-    defaults(&s.o, e);
-    pthread_mutex_init(&s.mu, NULL);
-    snprintf(s.model_id, sizeof s.model_id, "%s",
+    s->o = *o;
+    defaults(&s->o);
+    pthread_mutex_init(&s->mu, NULL);
+    pt_metrics_init(&s->metrics);
+    snprintf(s->model_id, sizeof s->model_id, "%s",
              o->model_id && *o->model_id ? o->model_id : "petrel");
-    s.created = (long)time(NULL);
-    s.lim = (pt_oai_limits){.model_id = s.model_id, .n_vocab = e->model->cfg.vocab_size};
-    if (start(&s, err)) {
-        stop(&s);
-        return -1;
-    }
-    int port = pt_http_port(s.http);
-    bool v6 = strchr(s.o.host, ':') != NULL;
+    s->created = (long)time(NULL);
+    return 0;
+}
+
+/* The start-up lines, once the server is ready. */
+static void announce(pt_server *s) {
+    int port = pt_http_port(s->http);
+    bool v6 = strchr(s->o.host, ':') != NULL;
     fprintf(stderr,
             "petrel serve: model %s, %d parallel x %d positions, chat template: %s\n"
             "petrel serve: listening on http://%s%s%s:%d, up to %d connections, %s\n",
-            s.model_id, s.o.parallel, s.o.n_ctx, pt_chat_tmpl_source(s.tmpl), v6 ? "[" : "",
-            s.o.host, v6 ? "]" : "", port, s.o.max_conns,
-            s.o.api_key ? "API key required"
-                        : "no API key (anyone who can connect may use it; --api-key or "
-                          "$PETREL_API_KEY sets one)");
-    if (s.o.port_file) write_port_file(s.o.port_file, port);
+            s->model_id, s->o.parallel, s->o.n_ctx, pt_chat_tmpl_source(s->tmpl), v6 ? "[" : "",
+            s->o.host, v6 ? "]" : "", port, s->o.max_conns,
+            s->o.api_key ? "API key required"
+                         : "no API key (anyone who can connect may use it; --api-key or "
+                           "$PETREL_API_KEY sets one)");
+}
+
+int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err) {
+    pt_server s = {0};
+    if (init(&s, o, err)) return -1;
+    s.e = e;
+    if (check_opts(&s.o, err) || start_engine(&s, err) || start_http(&s, err)) {
+        stop(&s);
+        return -1;
+    }
+    announce(&s);
+    if (s.o.port_file) write_port_file(s.o.port_file, pt_http_port(s.http));
     event_base_dispatch(s.base);
     pt_server_log(&s, "stopped after %llu request(s)", (unsigned long long)s.n_served);
     stop(&s);
     return 0;
+}
+
+int pt_server_run_loading(pt_server_load_fn load, void *arg, const pt_server_opts *o,
+                          pt_engine **e, pt_err *err) {
+    *e = NULL;
+    pt_server s = {0};
+    pt_loader l = {.fn = load, .arg = arg};
+    if (init(&s, o, err)) return -1;
+    s.state = SRV_LOADING;
+    s.loader = &l;
+    int rc = -1;
+    if (check_opts(&s.o, err) || start_http(&s, err)) goto out;
+    l.done = event_new(s.base, -1, 0, loaded_cb, &s);
+    if (!l.done) {
+        pt_fail(err, "cannot create the server's events");
+        goto out;
+    }
+    int port = pt_http_port(s.http);
+    bool v6 = strchr(s.o.host, ':') != NULL;
+    fprintf(stderr, "petrel serve: loading the model; http://%s%s%s:%d/health says \"loading\" until it is ready\n",
+            v6 ? "[" : "", s.o.host, v6 ? "]" : "", port);
+    if (pthread_create(&l.thread, NULL, load_main, &l)) {
+        pt_fail(err, "cannot start the model's loading thread");
+        goto out;
+    }
+    l.started = true;
+    event_base_dispatch(s.base);
+    rc = 0;
+out:
+    if (l.started) pthread_join(l.thread, NULL); /* a load cannot be cut short */
+    if (l.started && l.rc) {
+        snprintf(err->msg, sizeof err->msg, "%s", l.err.msg);
+        rc = -1;
+    } else if (rc == 0) {
+        pt_server_log(&s, "stopped after %llu request(s)", (unsigned long long)s.n_served);
+    }
+    stop(&s);
+    *e = l.e;
+    return rc;
 }

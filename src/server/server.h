@@ -38,6 +38,18 @@ typedef struct pt_server_opts {
  * err set if it could not start.  e stays the caller's (not closed). */
 int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err);
 
+/* Opens the engine for pt_server_run_loading, on a thread of its own;
+ * returns 0, or -1 with err set. */
+typedef int (*pt_server_load_fn)(void *arg, pt_engine **e, pt_err *err);
+
+/* As pt_server_run, but listens first and loads the model meanwhile:
+ * until it is loaded /health answers 503 {"status": "loading"} and the
+ * generation routes 503 model_loading.  *e gets the engine (NULL if it did
+ * not load); the caller closes it.  A failed load ends the server with -1
+ * and the loader's message. */
+int pt_server_run_loading(pt_server_load_fn load, void *arg, const pt_server_opts *o,
+                          pt_engine **e, pt_err *err);
+
 /* The model id a path serves under: its file name without .gguf. */
 void pt_server_model_id(const char *path, char *out, size_t cap);
 

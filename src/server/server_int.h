@@ -14,6 +14,7 @@
 
 #include "engine/scheduler.h"
 #include "server/http.h"
+#include "server/metrics.h"
 #include "server/openai.h"
 #include "server/server.h"
 
@@ -22,7 +23,10 @@ typedef struct pt_req pt_req;
 typedef struct pt_chat_tmpl pt_chat_tmpl;
 typedef struct pt_front pt_front;
 
-enum { SRV_RUNNING, SRV_DRAINING, SRV_CANCELLING };
+/* SRV_LOADING: listening, the model not loaded yet (pt_server_run_loading):
+ * /health says "loading", generation routes answer 503 model_loading. */
+enum { SRV_RUNNING, SRV_DRAINING, SRV_CANCELLING, SRV_LOADING };
+typedef struct pt_loader pt_loader;
 
 struct pt_server {
     pt_engine *e;
@@ -42,6 +46,9 @@ struct pt_server {
 
     pthread_mutex_t mu; /* guards the outbox and each pt_req's shared part */
     pt_req *outbox;     /* requests with news for the event loop */
+
+    pt_metrics metrics; /* GET /metrics (metrics.c); its own lock */
+    pt_loader *loader;  /* the model's loading thread, or NULL (server.c) */
 };
 
 /* A log line (with a timestamp) unless --quiet.  Any thread. */
@@ -61,12 +68,16 @@ void pt_conn_abort(pt_conn *c, const char *why);
 json_t *pt_error_json(int status, const char *type, const char *code, const char *param,
                       const char *msg);
 
+/* While loading: answers 503 model_loading and returns true. */
+bool pt_server_loading(pt_conn *c);
+
 /* Route handlers: body[0..len) is the whole request body. */
 void pt_handle_health(pt_conn *c, const char *body, size_t len);
 void pt_handle_models(pt_conn *c, const char *body, size_t len);
 void pt_handle_model(pt_conn *c, const char *body, size_t len);
 void pt_handle_chat(pt_conn *c, const char *body, size_t len);
 void pt_handle_completions(pt_conn *c, const char *body, size_t len);
+void pt_handle_metrics(pt_conn *c, const char *body, size_t len); /* metrics.c */
 
 /* The prompt worker (front.c): renders and tokenizes requests off the
  * event loop, in arrival order, and submits them. */

@@ -576,22 +576,25 @@ static void test_kv_store(void **state) {
         }
 }
 
-/* The reference: softmax over positions 0..pos in double. */
-static void attention_ref(const kv_fixture *f, const float *q, int s, int pos, int h, int group, float scale,
-                          double *out, double *mag) {
+/* The reference: softmax over positions p0..pos in double (p0 > 0 under a
+ * window), scores soft-capped when softcap > 0. */
+static void attention_ref(const kv_fixture *f, const float *q, int s, int pos, int h, int group,
+                          const pt_attn_params *ap, double *out, double *mag) {
     const pt_kv_view *kv = &f->kv;
-    int hd = kv->head_dim, g = h / group;
+    int hd = kv->head_dim, g = h / group, p0 = ap->window > 0 ? pos + 1 - ap->window : 0;
+    if (p0 < 0) p0 = 0;
     double *w = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0;
-    for (int p = 0; p <= pos; p++) {
+    for (int p = p0; p <= pos; p++) {
         double d = 0;
         for (int i = 0; i < hd; i++) d += (double)q[i] * load_elt(kv->dtype, kv->k, kv_index(f, s, p, g, i));
-        w[p] = d * scale;
+        w[p] = d * ap->scale;
+        if (ap->softcap > 0) w[p] = ap->softcap * tanh(w[p] / ap->softcap);
         mx = fmax(mx, w[p]);
     }
-    for (int p = 0; p <= pos; p++) sum += w[p] = exp(w[p] - mx);
+    for (int p = p0; p <= pos; p++) sum += w[p] = exp(w[p] - mx);
     for (int i = 0; i < hd; i++) {
         out[i] = mag[i] = 0;
-        for (int p = 0; p <= pos; p++) {
+        for (int p = p0; p <= pos; p++) {
             double v = load_elt(kv->dtype, kv->v, kv_index(f, s, p, g, i));
             out[i] += w[p] / sum * v;
             mag[i] += w[p] / sum * fabs(v);
@@ -602,8 +605,8 @@ static void attention_ref(const kv_fixture *f, const float *q, int s, int pos, i
 
 /* Rows: for each sequence, its last `tail` positions (a prefill chunk when
  * tail > 1, a decode row when 1). */
-static void check_attention(pt_backend *be, pt_dtype dt, int page_size, int n_kv, int group, int hd,
-                            const int *lens, const int *tails, int n_seqs) {
+static void check_attention_p(pt_backend *be, pt_dtype dt, int page_size, int n_kv, int group, int hd,
+                              const int *lens, const int *tails, int n_seqs, int window, float softcap) {
     kv_fixture f;
     kv_fixture_init(&f, dt, page_size, n_kv, hd, lens, n_seqs);
     int n_heads = n_kv * group, n = 0;
@@ -612,17 +615,20 @@ static void check_attention(pt_backend *be, pt_dtype dt, int page_size, int n_kv
         for (int p = lens[s] - tails[s]; p < lens[s]; p++) pos[n] = p, seq[n++] = s;
     /* Larger queries make the softmax far from flat. */
     float *q = rnd_floats((size_t)(n * n_heads * hd), 4.0f), *out = poisoned((size_t)(n * n_heads * hd));
-    float scale = 1.0f / sqrtf((float)hd);
+    pt_attn_params ap = {.scale = 1.0f / sqrtf((float)hd), .window = window, .softcap = softcap};
     pt_batch_view bv = {.n_tokens = n, .pos = pos, .seq = seq, .block_table = f.block_table, .max_pages = f.max_pages, .n_seqs = n_seqs};
-    pt_be_attention(be, out, q, &f.kv, &bv, n_heads, scale);
-    char what[128];
-    snprintf(what, sizeof what, "attention %s page %d kv %d group %d hd %d", pt_dtype_name(dt), page_size,
-             n_kv, group, hd);
+    if (window || softcap > 0)
+        pt_be_attention_ext(be, out, q, &f.kv, &bv, n_heads, &ap);
+    else
+        pt_be_attention(be, out, q, &f.kv, &bv, n_heads, ap.scale);
+    char what[160];
+    snprintf(what, sizeof what, "attention %s page %d kv %d group %d hd %d window %d softcap %g",
+             pt_dtype_name(dt), page_size, n_kv, group, hd, window, (double)softcap);
     check_written(out, (size_t)(n * n_heads * hd), what, be);
     double *ref = malloc(sizeof(double) * (size_t)hd), *mag = malloc(sizeof(double) * (size_t)hd);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < n_heads; h++) {
-            attention_ref(&f, q + (t * n_heads + h) * hd, seq[t], pos[t], h, group, scale, ref, mag);
+            attention_ref(&f, q + (t * n_heads + h) * hd, seq[t], pos[t], h, group, &ap, ref, mag);
             for (int i = 0; i < hd; i++) {
                 double got = out[(t * n_heads + h) * hd + i];
                 worst_attention = fmax(worst_attention, fabs(got - ref[i]) / (2e-5 * mag[i] + 1e-7));
@@ -633,6 +639,33 @@ static void check_attention(pt_backend *be, pt_dtype dt, int page_size, int n_kv
         }
     free(ref), free(mag), free(q), free(out);
     kv_fixture_free(&f);
+}
+
+static void check_attention(pt_backend *be, pt_dtype dt, int page_size, int n_kv, int group, int hd,
+                            const int *lens, const int *tails, int n_seqs) {
+    check_attention_p(be, dt, page_size, n_kv, group, hd, lens, tails, n_seqs, 0, 0);
+}
+
+/* attention_ext: windows of 1 (only itself), shorter than a page, longer
+ * than some rows, and one that starts mid-page inside a long decode row
+ * split across threads; with and without soft-capping (cap 2.5 bites on
+ * scores of this size). */
+static void test_attention_ext(void **state) {
+    (void)state;
+    static const int windows[] = {0, 1, 4, 17, 700};
+    static const float caps[] = {0, 2.5f};
+    static const int lens[] = {37, 1, 90, 13}, tails[] = {6, 1, 1, 13};
+    int long_lens[3] = {1500, 37, 701}, long_tails[3] = {1, 3, 1};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++)
+            for (size_t wi = 0; wi < PT_ARRAY_LEN(windows); wi++)
+                for (size_t ci = 0; ci < PT_ARRAY_LEN(caps); ci++) {
+                    if (!windows[wi] && !caps[ci]) continue;
+                    check_attention_p(backends[b], float_types[d], 5, 2, 2, 64, lens, tails, 4,
+                                      windows[wi], caps[ci]);
+                    check_attention_p(backends[b], float_types[d], 16, 1, 4, 32, long_lens,
+                                      long_tails, 3, windows[wi], caps[ci]);
+                }
 }
 
 static void test_attention(void **state) {
@@ -663,6 +696,177 @@ static void test_attention_long_decode(void **state) {
             check_attention(backends[b], float_types[d], 5, 2, 1, 8, lens, tails, 3);
             check_attention(backends[b], float_types[d], 16, 1, 12, 64, lens, tails, 3);
             check_attention(backends[b], float_types[d], 256, 2, 2, 128, len, tail, 1);
+        }
+}
+
+/* ---- Gemma's element-wise ops ------------------------------------------------------------ */
+
+static void test_geglu_scale_softcap(void **state) {
+    (void)state;
+    static const size_t ns[] = {1, 15, 17, 1000, 70001};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t c = 0; c < PT_ARRAY_LEN(ns); c++) {
+            pt_backend *be = backends[b];
+            size_t n = ns[c];
+            float *g = rnd_floats(n, 8.0f), *u = rnd_floats(n, 2.0f), *y = poisoned(n);
+            pt_be_geglu(be, y, g, u, n);
+            check_written(y, n, "geglu", be);
+            for (size_t i = 0; i < n; i++) {
+                double x = g[i], ref = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+                if (!(fabs(y[i] - ref) <= 4e-6 * fabs(ref) + 1e-7))
+                    fail_msg("geglu [%s]: [%zu] %.9g vs %.9g", be->detail, i, y[i], ref);
+            }
+            memcpy(y, g, n * sizeof(float));
+            pt_be_scale(be, y, 3.5f, n);
+            for (size_t i = 0; i < n; i++)
+                if (y[i] != g[i] * 3.5f) fail_msg("scale [%s]: [%zu]", be->detail, i);
+            memcpy(y, g, n * sizeof(float));
+            pt_be_softcap(be, y, 3.0f, n);
+            for (size_t i = 0; i < n; i++) {
+                double ref = 3.0 * tanh(g[i] / 3.0);
+                if (!(fabs(y[i] - ref) <= 2e-6 * fabs(ref) + 1e-7))
+                    fail_msg("softcap [%s]: [%zu] %.9g vs %.9g", be->detail, i, y[i], ref);
+            }
+            free(g), free(u), free(y);
+        }
+}
+
+/* ---- mixture-of-experts ops ------------------------------------------------------------- */
+
+/* Routing: softmax, the k most probable in descending order, renormalized
+ * or not, against double precision on distinct logits. */
+static void test_moe_route(void **state) {
+    (void)state;
+    static const int shapes[][2] = {{4, 1}, {4, 2}, {9, 4}, {64, 8}, {128, 8}};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t s = 0; s < PT_ARRAY_LEN(shapes); s++)
+            for (int renorm = 0; renorm < 2; renorm++) {
+                pt_backend *be = backends[b];
+                int E = shapes[s][0], k = shapes[s][1], n = 37;
+                float *l = rnd_floats((size_t)n * E, 6.0f), *w = poisoned((size_t)n * k);
+                int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+                pt_be_moe_route(be, ids, w, l, n, E, k, renorm);
+                check_written(w, (size_t)n * k, "moe_route", be);
+                for (int t = 0; t < n; t++) {
+                    const float *r = l + (size_t)t * E;
+                    double mx = -INFINITY, sum = 0, kept = 0;
+                    for (int e = 0; e < E; e++) mx = fmax(mx, r[e]);
+                    for (int e = 0; e < E; e++) sum += exp(r[e] - mx);
+                    for (int j = 0; j < k; j++) {
+                        int e = ids[t * k + j], above = 0;
+                        assert_true(e >= 0 && e < E);
+                        for (int o = 0; o < E; o++) above += r[o] > r[e];
+                        if (above != j) fail_msg("moe_route [%s]: row %d slot %d is expert %d, rank %d",
+                                                 be->detail, t, j, e, above);
+                        kept += exp(r[e] - mx) / sum;
+                    }
+                    for (int j = 0; j < k; j++) {
+                        double ref = exp(r[ids[t * k + j]] - mx) / sum / (renorm ? kept : 1);
+                        if (!(fabs(w[t * k + j] - ref) <= 2e-6 * ref))
+                            fail_msg("moe_route [%s]: row %d slot %d weight %.8g vs %.8g", be->detail, t,
+                                     j, w[t * k + j], ref);
+                    }
+                }
+                free(l), free(w), free(ids);
+            }
+}
+
+/* A stack of E experts; those no row selects are filled with NaN, so a
+ * kernel that used one would show it. */
+static pt_weight make_stack(pt_backend *be, pt_dtype dt, int E, int64_t rows, int64_t cols,
+                            const bool *used) {
+    size_t per = (size_t)(rows * cols), nbytes = per * E * elt_size(dt);
+    void *host = malloc(nbytes);
+    for (int e = 0; e < E; e++)
+        for (size_t i = 0; i < per; i++) store_elt(dt, host, e * per + i, used[e] ? rnd() : NAN);
+    void *dev = be->ops->alloc(be, nbytes);
+    be->ops->upload(be, dev, host, nbytes);
+    free(host);
+    return (pt_weight){.dtype = dt, .rows = rows, .cols = cols, .data = dev, .nbytes = nbytes,
+                       .n_experts = E, .expert_stride = per * elt_size(dt)};
+}
+
+static void check_matmul_id(pt_backend *be, pt_dtype dt, int E, int64_t rows, int64_t cols, int n,
+                            int k, int x_slots) {
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    bool used[64] = {0};
+    for (int t = 0; t < n; t++) /* k distinct experts per row, from the first E - 1 */
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                e = rnd_int(E - 1);
+                dup = 0;
+                for (int o = 0; o < j; o++) dup |= ids[t * k + o] == e;
+            } while (dup);
+            ids[t * k + j] = e;
+            used[e] = true;
+        }
+    pt_weight w = make_stack(be, dt, E, rows, cols, used);
+    float *x = rnd_floats((size_t)n * x_slots * cols, 1.0f), *y = poisoned((size_t)n * k * rows);
+    pt_be_matmul_id(be, y, x, &w, ids, n, k, x_slots);
+    char what[128];
+    snprintf(what, sizeof what, "matmul_id %s %d x %lldx%lld n=%d k=%d slots=%d", pt_dtype_name(dt), E,
+             (long long)rows, (long long)cols, n, k, x_slots);
+    check_written(y, (size_t)n * k * rows, what, be);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            const float *xr = x + ((size_t)t * x_slots + (x_slots > 1 ? j : 0)) * cols;
+            size_t base = (size_t)ids[t * k + j] * rows * cols;
+            for (int64_t r = 0; r < rows; r++) {
+                double ref = 0, mag = 0;
+                for (int64_t c = 0; c < cols; c++) {
+                    double term = xr[c] * load_elt(dt, w.data, base + r * cols + c);
+                    ref += term, mag += fabs(term);
+                }
+                double got = y[((size_t)t * k + j) * rows + r];
+                if (!(fabs(got - ref) <= 1e-5 * mag))
+                    fail_msg("%s [%s]: y[%d][%d][%lld] = %.8g, reference %.8g", what, be->detail, t, j,
+                             (long long)r, got, ref);
+            }
+        }
+    free(ids), free(x), free(y);
+    free_weight(be, &w);
+}
+
+/* Decode (one row: each expert alone, in place), small batches, and a
+ * prefill where experts gather many rows; gate/up (one input per row) and
+ * down (one input per slot). */
+static void test_matmul_id(void **state) {
+    (void)state;
+    static const int ns[] = {1, 3, 33, 200};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++)
+            for (size_t i = 0; i < PT_ARRAY_LEN(ns); i++) {
+                check_matmul_id(backends[b], float_types[d], 6, 17, 33, ns[i], 2, 1);
+                check_matmul_id(backends[b], float_types[d], 6, 33, 17, ns[i], 2, 2);
+                check_matmul_id(backends[b], float_types[d], 9, 40, 64, ns[i], 1, 1);
+                check_matmul_id(backends[b], float_types[d], 9, 64, 40, ns[i], 3, 3);
+            }
+}
+
+static void test_moe_combine(void **state) {
+    (void)state;
+    static const int shapes[][3] = {{1, 2, 64}, {7, 3, 17}, {200, 8, 33}}; /* n, k, d */
+    for (int b = 0; b < n_backends; b++)
+        for (size_t s = 0; s < PT_ARRAY_LEN(shapes); s++) {
+            pt_backend *be = backends[b];
+            int n = shapes[s][0], k = shapes[s][1], d = shapes[s][2];
+            float *x = rnd_floats((size_t)n * k * d, 2.0f), *w = rnd_floats((size_t)n * k, 1.0f);
+            float *y = poisoned((size_t)n * d);
+            pt_be_moe_combine(be, y, x, w, n, k, d);
+            check_written(y, (size_t)n * d, "moe_combine", be);
+            for (int t = 0; t < n; t++)
+                for (int i = 0; i < d; i++) {
+                    double ref = 0, mag = 0;
+                    for (int j = 0; j < k; j++) {
+                        double term = (double)w[t * k + j] * x[((size_t)t * k + j) * d + i];
+                        ref += term, mag += fabs(term);
+                    }
+                    if (!(fabs(y[(size_t)t * d + i] - ref) <= 1e-6 * mag))
+                        fail_msg("moe_combine [%s]: y[%d][%d] %.8g vs %.8g", be->detail, t, i,
+                                 y[(size_t)t * d + i], ref);
+                }
+            free(x), free(w), free(y);
         }
 }
 
@@ -730,6 +934,11 @@ int main(void) {
         cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_long_decode),
+        cmocka_unit_test(test_attention_ext),
+        cmocka_unit_test(test_geglu_scale_softcap),
+        cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_matmul_id),
+        cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_read_bandwidth),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -47,3 +47,27 @@ add_test(NAME cli/bench_report_chromium
                  ${CMAKE_SOURCE_DIR}/bench/results/stories260k-cpu-serve.json)
 set_tests_properties(cli/bench_report_chromium PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
                      TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+# `petrel --version` / `version`, llama.cpp's flag spellings (-p, -c/--ctx-size,
+# -ngl) giving the Petrel spellings' output, and the man page generated from
+# the help text read by groff (version_flags.sh).
+add_test(NAME cli/version_flags
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/version_flags.sh $<TARGET_FILE:petrel>)
+set_tests_properties(cli/version_flags PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 300)
+
+# `petrel chat` through a pseudo-terminal (python3's pty): streaming answers,
+# history, /reset, /system, Ctrl-C at the prompt and during an answer
+# (chat_pty.py).  Skipped (77) without python3.
+add_test(NAME cli/chat_pty
+         COMMAND sh -c "command -v python3 >/dev/null || exit 77; exec python3 \"$0\" \"$1\""
+                 ${CMAKE_CURRENT_LIST_DIR}/chat_pty.py $<TARGET_FILE:petrel>)
+set_tests_properties(cli/chat_pty PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 600 SKIP_RETURN_CODE 77)
+
+# Progress while loading and converting: a bar on a terminal (python3's pty),
+# plain lines on a pipe, silent on a quick load (progress_modes.py).
+add_test(NAME cli/progress_modes
+         COMMAND sh -c "command -v python3 >/dev/null || exit 77; exec python3 \"$0\" \"$1\""
+                 ${CMAKE_CURRENT_LIST_DIR}/progress_modes.py $<TARGET_FILE:petrel>)
+set_tests_properties(cli/progress_modes PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                     TIMEOUT 600 SKIP_RETURN_CODE 77)

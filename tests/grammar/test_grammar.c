@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_vocab.h"
 
 /* A small vocabulary: every printable byte alone plus multi-byte pieces
  * that cross JSON token boundaries (the cases masks get wrong). */
@@ -281,11 +282,243 @@ static void test_rollback_and_finish(void **state) {
     pt_grammar_free(g);
 }
 
+/* pattern with length bounds: implied ones, and one repeated class whose
+ * count takes them; patternProperties with a pattern every key matches. */
+static void test_pattern_length_and_all_keys(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"type\":\"string\",\"pattern\":\"^[a-z\\\"]+$\",\"maxLength\":3}");
+    assert_true(accepts(g, "\"abc\""));
+    assert_true(accepts(g, "\"a\\\"b\"")); /* an escaped quote is one character */
+    assert_false(accepts(g, "\"abcd\""));
+    assert_false(accepts(g, "\"\""));
+    assert_false(accepts(g, "\"ab1\""));
+    pt_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[0-9]{4}-[0-9]{2}$\",\"minLength\":7,\"maxLength\":7}");
+    assert_true(accepts(g, "\"2024-01\""));
+    assert_false(accepts(g, "\"2024-1\""));
+    pt_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"[a-z]\",\"minLength\":1}"); /* a search: length >= 1 implied */
+    assert_true(accepts(g, "\"9a9\""));
+    pt_grammar_free(g);
+    const char *bad[] = {"{\"type\":\"string\",\"pattern\":\"^(a|bc)+$\",\"maxLength\":3}",
+                         "{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":3}",
+                         "{\"type\":\"string\",\"pattern\":\"^[a-z]{5}$\",\"maxLength\":3}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        pt_err err = {{0}};
+        assert_int_equal(pt_grammar_from_schema_text(&g, bad[i], strlen(bad[i]), &err), -1);
+        assert_non_null(strstr(err.msg, "pattern"));
+    }
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+               "\"patternProperties\":{\".*\":{\"type\":\"integer\",\"minimum\":0}}}");
+    assert_true(accepts(g, "{\"a\":1,\"b\":2}"));
+    assert_true(accepts(g, "{\"b\":2,\"c\":0}"));
+    assert_false(accepts(g, "{\"b\":\"x\"}"));
+    assert_false(accepts(g, "{\"a\":-1}")); /* both the property and the pattern apply */
+    assert_false(accepts(g, "{\"a\":1,\"a\":2}"));
+    pt_grammar_free(g);
+}
+
+/* Keywords of one type leave the other types free; objects of up to 8
+ * listed properties take them in any order. */
+static void test_untyped_keywords_and_order(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}");
+    assert_true(accepts(g, "{\"a\":1}"));
+    assert_false(accepts(g, "{\"a\":\"x\"}"));
+    assert_false(accepts(g, "{}"));
+    assert_true(accepts(g, "\"not an object\""));
+    assert_true(accepts(g, "[1,2]"));
+    pt_grammar_free(g);
+    g = schema("{\"items\":{\"type\":\"string\"},\"minLength\":2}");
+    assert_true(accepts(g, "[\"x\"]"));
+    assert_false(accepts(g, "[1]"));
+    assert_true(accepts(g, "{\"k\":1}"));
+    assert_false(accepts(g, "\"x\""));
+    assert_true(accepts(g, "\"xy\""));
+    pt_grammar_free(g);
+    g = schema("{\"patternProperties\":{\"^a\":{\"type\":\"integer\"}},\"additionalProperties\":false}");
+    assert_true(accepts(g, "{\"a1\":1}"));
+    assert_false(accepts(g, "{\"a1\":\"x\"}")); /* was any value: the keyword went unread */
+    assert_false(accepts(g, "{\"b\":1}"));
+    assert_true(accepts(g, "7"));
+    pt_grammar_free(g);
+    {
+        pt_err err = {{0}};
+        const char *u = "{\"uniqueItems\":true}";
+        assert_int_equal(pt_grammar_from_schema_text(&g, u, strlen(u), &err), -1);
+        assert_non_null(strstr(err.msg, "uniqueItems"));
+    }
+    g = schema("{\"type\":\"object\",\"properties\":{\"p1\":{},\"p2\":{},\"p3\":{},\"p4\":{},\"p5\":{},"
+               "\"p6\":{},\"p7\":{},\"p8\":{}},\"required\":[\"p8\"],\"additionalProperties\":false}");
+    assert_true(accepts(g, "{\"p8\":0,\"p1\":1,\"p7\":7}"));
+    assert_true(accepts(g, "{\"p3\":0,\"p2\":1,\"p8\":7,\"p1\":1}"));
+    assert_false(accepts(g, "{\"p3\":0,\"p2\":1}"));         /* p8 is required */
+    assert_false(accepts(g, "{\"p8\":0,\"p1\":1,\"p8\":7}")); /* each at most once */
+    pt_grammar_free(g);
+}
+
+/* Every string of 1 to 4 characters over a 6-letter alphabet that holds a
+ * quote and a colon: subtrees large enough for the matcher's memoized walks
+ * (256 nodes and more), with tokens crossing key boundaries. */
+static pt_gvocab *big_vocab_n(int max_len, int *n_out, char ***toks) {
+    static const char al[] = "ab\":c ";
+    int n = 0, k = 0;
+    for (int len = 1, p = 6; len <= max_len; len++, p *= 6) n += p;
+    char **t = calloc((size_t)n, sizeof *t);
+    size_t *l = calloc((size_t)n, sizeof *l);
+    for (int len = 1; len <= max_len; len++) {
+        int total = 1;
+        for (int i = 0; i < len; i++) total *= 6;
+        for (int x = 0; x < total; x++, k++) {
+            t[k] = calloc(8, 1);
+            for (int i = 0, y = x; i < len; i++, y /= 6) t[k][i] = al[y % 6];
+            l[k] = (size_t)len;
+        }
+    }
+    pt_gvocab *v = pt_gvocab_from_bytes(n, (const char *const *)t, l);
+    free(l);
+    *n_out = n;
+    *toks = t;
+    return v;
+}
+
+static pt_gvocab *big_vocab(int *n_out, char ***toks) { return big_vocab_n(4, n_out, toks); }
+
+/* Masks of an object with extra keys allowed (a key that is none of the
+ * listed names) equal accept-then-rollback for every token, and a second
+ * key position reuses the first's walks instead of walking the trie again. */
+static void test_masks_memoized_walks(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"string\"},"
+                           "\"abc\":{\"type\":\"string\"}}}");
+    int n;
+    char **toks;
+    pt_gvocab *v = big_vocab(&n, &toks);
+    pt_gmatcher *m = pt_gmatcher_new(g, v);
+    int words = (n + 31) / 32;
+    uint32_t *mask = calloc((size_t)words, 4);
+    const char *prefixes[] = {"{\"", "{\"a", "{\"ab", "{\"b", "{\"ab\":\"x\",\"", "{\"ab\":\"x\",\"c"};
+    long walked[6];
+    for (int p = 0; p < 6; p++) {
+        pt_gmatcher_reset(m);
+        assert_true(pt_gmatcher_accept_bytes(m, prefixes[p], strlen(prefixes[p])));
+        long before = pt_gmatcher_nodes_walked(m);
+        pt_gmatcher_mask(m, mask);
+        walked[p] = pt_gmatcher_nodes_walked(m) - before;
+        for (int t = 0; t < n; t++) {
+            bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+            bool acc = pt_gmatcher_accept(m, t);
+            if (acc) pt_gmatcher_rollback(m, 1);
+            if (bit != acc) fail_msg("after %s, token \"%s\": mask says %d, accept says %d", prefixes[p], toks[t], bit, acc);
+        }
+    }
+    /* the next key positions reuse the first one's walks: without the
+     * memo, the mask after {"a walked 834 nodes against the first's 863 */
+    for (int p = 1; p < 6; p++) {
+        if (walked[p] * 2 > walked[0]) fail_msg("mask after %s walked %ld trie nodes (first: %ld)", prefixes[p], walked[p], walked[0]);
+    }
+    for (int i = 0; i < n; i++) free(toks[i]);
+    free(toks);
+    free(mask);
+    pt_gmatcher_free(m);
+    pt_gvocab_free(v);
+    pt_grammar_free(g);
+}
+
+/* A subschema no value satisfies rules out its property instead of
+ * failing the whole schema; needed everywhere, it is still an error. */
+static void test_unsatisfiable_subschemas(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"enum\":[\"x\"]},"
+                           "\"b\":{\"type\":\"integer\"},\"c\":false,\"d\":{\"type\":\"string\",\"minLength\":3,"
+                           "\"maxLength\":2}}}");
+    assert_true(accepts(g, "{\"b\":1}"));
+    assert_true(accepts(g, "{}"));
+    assert_false(accepts(g, "{\"a\":\"x\"}"));
+    assert_false(accepts(g, "{\"a\":[\"x\"]}"));
+    assert_false(accepts(g, "{\"c\":1}"));
+    assert_false(accepts(g, "{\"d\":\"xy\"}"));
+    pt_grammar_free(g);
+    const char *req = "{\"type\":\"object\",\"properties\":{\"c\":false},\"required\":[\"c\"]}";
+    pt_err err = {{0}};
+    assert_int_equal(pt_grammar_from_schema_text(&g, req, strlen(req), &err), -1);
+    assert_non_null(strstr(err.msg, "no finite text"));
+}
+
+/* Only classifications that cost a long walk go to the vocabulary's shared
+ * cache: keys and literals filled it and pushed the string contents out. */
+static void test_shared_cache_keeps_long_walks(void **state) {
+    (void)state;
+    int n;
+    char **toks;
+    pt_gvocab *v = big_vocab_n(5, &n, &toks); /* a string's contents: ~3,900 nodes */
+    uint32_t *mask = calloc((size_t)(n + 31) / 32, 4);
+    pt_grammar *g = schema("{\"enum\":[\"ab:\",\"ba c\",1]}");
+    pt_gmatcher *m = pt_gmatcher_new(g, v);
+    pt_gmatcher_mask(m, mask);
+    assert_true(pt_gmatcher_accept_bytes(m, "\"a", 2));
+    pt_gmatcher_mask(m, mask);
+    assert_int_equal(v->n_slots_used, 0);
+    pt_gmatcher_free(m);
+    pt_grammar_free(g);
+    g = schema("{\"type\":\"string\"}");
+    m = pt_gmatcher_new(g, v);
+    assert_true(pt_gmatcher_accept_bytes(m, "\"", 1));
+    pt_gmatcher_mask(m, mask);
+    assert_true(v->n_slots_used > 0);
+    pt_gmatcher_free(m);
+    pt_grammar_free(g);
+    for (int i = 0; i < n; i++) free(toks[i]);
+    free(toks);
+    free(mask);
+    pt_gvocab_free(v);
+}
+
+/* Jump-forward: the bytes every continuation starts with. */
+static void test_forced_bytes(void **state) {
+    (void)state;
+    pt_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                           "\"kind\":{\"const\":\"person\"}},\"required\":[\"name\",\"kind\"],"
+                           "\"additionalProperties\":false}");
+    int n;
+    pt_gvocab *v = small_vocab(&n);
+    pt_gmatcher *m = pt_gmatcher_new(g, v);
+    char out[64];
+    /* leading whitespace may come first: nothing is forced */
+    assert_int_equal(pt_gmatcher_forced_bytes(m, out, sizeof out), 0);
+    assert_true(pt_gmatcher_accept_bytes(m, "{", 1));
+    /* "name" or "kind" may come first (few properties: any order) */
+    size_t k = pt_gmatcher_forced_bytes(m, out, sizeof out);
+    assert_int_equal(k, 0);
+    assert_true(pt_gmatcher_accept_bytes(m, "\"n", 2));
+    k = pt_gmatcher_forced_bytes(m, out, sizeof out);
+    assert_int_equal(k, 4);
+    assert_memory_equal(out, "ame\"", 4); /* then whitespace or ':' */
+    assert_int_equal(pt_gmatcher_n_steps(m), 2); /* the matcher did not move */
+    assert_true(pt_gmatcher_accept_bytes(m, "ame\":\"Al\",\"k", 12));
+    k = pt_gmatcher_forced_bytes(m, out, sizeof out);
+    assert_int_equal(k, 4);
+    assert_memory_equal(out, "ind\"", 4);
+    assert_true(pt_gmatcher_accept_bytes(m, "ind\":\"p", 7));
+    k = pt_gmatcher_forced_bytes(m, out, sizeof out);
+    assert_int_equal(k, 6); /* the rest of the const; then '}' after optional whitespace */
+    assert_memory_equal(out, "erson\"", 6);
+    assert_int_equal(pt_gmatcher_forced_bytes(m, out, 2), 2); /* cap respected */
+    assert_true(pt_gmatcher_accept_bytes(m, "erson\"}", 7));
+    assert_int_equal(pt_gmatcher_forced_bytes(m, out, sizeof out), 0); /* accepting: the end may come */
+    pt_gmatcher_free(m);
+    pt_gvocab_free(v);
+    pt_grammar_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schema_object),    cmocka_unit_test(test_schema_features),
         cmocka_unit_test(test_schema_errors),    cmocka_unit_test(test_regex_and_gbnf),
         cmocka_unit_test(test_masks_brute_force), cmocka_unit_test(test_rollback_and_finish),
+        cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
+        cmocka_unit_test(test_pattern_length_and_all_keys), cmocka_unit_test(test_untyped_keywords_and_order),
+        cmocka_unit_test(test_shared_cache_keeps_long_walks), cmocka_unit_test(test_unsatisfiable_subschemas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

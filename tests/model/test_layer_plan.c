@@ -4,10 +4,13 @@
  *
  * A Llama-family config plans every layer as full attention with a dense
  * SiLU FFN, plain RMSNorm, unit residual scale, cache group 0 and the
- * config's rope (style, rotated dims, base).  A config that asks for
- * something no block runs yet (a sliding window, experts, GELU) loads no
- * further than the plan, with an error naming the layer and the kind; so do
- * hand-built plans with the other declared kinds.  The supported list in
+ * config's rope (style, rotated dims, base); Mistral's window, Qwen3-MoE's
+ * experts and Gemma's per-layer kinds (window or global, rope base, caps,
+ * scale, norm) come out as their configs say.  A config that asks for
+ * something no block runs (experts in a family that routes none, dense
+ * layers in Qwen3-MoE) loads no further than the plan or the config, with
+ * an error naming the layer and the kind; so do hand-built plans with the
+ * other declared kinds.  The supported list in
  * errors comes from the registry table.  A weight spec may be a 3-D stack
  * of experts; dummy weights lay one out with the right stride.
  */
@@ -82,17 +85,133 @@ static void test_llama_plan(void **state) {
 
 static void test_unsupported_kinds_refused(void **state) {
     (void)state;
-    /* Mistral v0.1: a 4096-token window inside an 8192-token context. */
-    assert_refused("{\"model_type\":\"mistral\"," BASE ",\"sliding_window\":4096}",
-                   (const char *[]){"layer 0", "sliding-window attention", "4096",
-                                    "not implemented yet", NULL});
-    /* Mixtral-style experts under a Llama-family model_type. */
+    /* Mixtral-style experts under a Llama-family model_type: that family's
+     * forward routes no experts. */
     assert_refused("{\"model_type\":\"mistral\"," BASE ",\"num_local_experts\":8,"
                    "\"num_experts_per_tok\":2}",
                    (const char *[]){"layer 0", "mixture-of-experts", "8 experts", "top 2",
-                                    "not implemented yet", NULL});
-    assert_refused("{\"model_type\":\"llama\"," BASE ",\"hidden_act\":\"gelu_pytorch_tanh\"}",
-                   (const char *[]){"GELU-tanh", "not implemented yet", NULL});
+                                    "not implemented yet", "mistral", NULL});
+}
+
+/* Config readers refuse what their family does not run, naming the key. */
+static void test_config_refusals(void **state) {
+    (void)state;
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
+        {"{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+         "\"moe_intermediate_size\":32,\"mlp_only_layers\":[1]}",
+         "dense layers among the sparse ones"},
+        {"{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4}", "num_experts_per_tok"},
+        {"{\"model_type\":\"llama\"," BASE ",\"hidden_act\":\"gelu\"}", "hidden_act 'gelu'"},
+        {"{\"model_type\":\"gemma2\"," BASE ",\"hidden_activation\":\"gelu_pytorch_tanh\","
+         "\"sliding_window\":16,\"layer_types\":[\"full_attention\"]}",
+         "1 layer_types for 3 layers"},
+        {"{\"model_type\":\"gemma3_text\"," BASE ",\"hidden_activation\":\"silu\"}",
+         "non-GELU-tanh"},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        json_t *j = json_loads(cases[i].json, 0, NULL);
+        assert_non_null(j);
+        pt_model_config c;
+        pt_err err = {{0}};
+        assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+        if (!strstr(err.msg, cases[i].want))
+            fail_msg("case %zu: error '%s' does not say '%s'", i, err.msg, cases[i].want);
+        json_decref(j);
+    }
+}
+
+/* Mistral v0.1's window applies to every layer; Qwen3-MoE plans routed
+ * experts with its top-k and expert size. */
+static void test_window_and_moe_plans(void **state) {
+    (void)state;
+    pt_model_config c;
+    pt_layer_plan plan[3];
+    pt_err err = {{0}};
+    config_of("{\"model_type\":\"mistral\"," BASE ",\"sliding_window\":4096}", &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(plan[l].mixer, PT_MIX_ATTN_SWA);
+        assert_int_equal(plan[l].window, 4096);
+        assert_true(plan[l].attn_scale == 0.25f); /* 1 / sqrt(16) */
+    }
+    /* Qwen2 with the window on: transformers slides only layers from
+     * max_window_layers on; explicit layer_types win. */
+    config_of("{\"model_type\":\"qwen2\"," BASE ",\"sliding_window\":512,"
+              "\"use_sliding_window\":true,\"max_window_layers\":2}",
+              &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[0].mixer, PT_MIX_ATTN);
+    assert_int_equal(plan[1].mixer, PT_MIX_ATTN);
+    assert_int_equal(plan[2].mixer, PT_MIX_ATTN_SWA);
+    config_of("{\"model_type\":\"qwen2\"," BASE ",\"sliding_window\":512,"
+              "\"use_sliding_window\":true,\"layer_types\":[\"sliding_attention\","
+              "\"full_attention\",\"full_attention\"]}",
+              &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[0].mixer, PT_MIX_ATTN_SWA);
+    assert_int_equal(plan[2].mixer, PT_MIX_ATTN);
+    config_of("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_local_experts\":6,"
+              "\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"norm_topk_prob\":true}",
+              &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(c.expert_ffn_dim, 32);
+    assert_true(c.expert_renorm);
+    assert_true(c.qk_norm);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(plan[l].ffn, PT_FFN_MOE);
+        assert_int_equal(plan[l].n_experts, 6);
+        assert_int_equal(plan[l].top_k, 2);
+        assert_int_equal(plan[l].mixer, PT_MIX_ATTN);
+    }
+}
+
+/* Gemma: layer kinds from layer_types or the family's default pattern, the
+ * local rope base on window layers only, query_pre_attn_scalar, the caps,
+ * the (1 + w) norm and GELU-tanh. */
+static void test_gemma_plans(void **state) {
+    (void)state;
+    pt_model_config c;
+    pt_layer_plan plan[3];
+    pt_err err = {{0}};
+    /* Gemma 3, transformers 5 style: rope per layer type, linear scaling on
+     * the global layer only. */
+    config_of("{\"model_type\":\"gemma3_text\"," BASE ",\"hidden_activation\":"
+              "\"gelu_pytorch_tanh\",\"sliding_window\":12,\"query_pre_attn_scalar\":64,"
+              "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\"],"
+              "\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"linear\",\"factor\":8.0,"
+              "\"rope_theta\":1000000.0},\"sliding_attention\":{\"rope_type\":\"default\","
+              "\"rope_theta\":10000.0}}}",
+              &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_true(c.tied_embeddings); /* Gemma's default */
+    assert_true(c.embed_scale == 8.0f);
+    for (int l = 0; l < 3; l++) {
+        bool swa = l != 1;
+        assert_int_equal(plan[l].mixer, swa ? PT_MIX_ATTN_SWA : PT_MIX_ATTN);
+        assert_int_equal(plan[l].window, swa ? 12 : 0);
+        assert_true(plan[l].rope_theta == (swa ? 10000.0f : 1000000.0f));
+        assert_int_equal(plan[l].rope_scaled, !swa);
+        assert_true(plan[l].attn_scale == 0.125f);
+        assert_int_equal(plan[l].norm, PT_NORM_RMS_1PW);
+        assert_int_equal(plan[l].act, PT_ACT_GELU_TANH);
+        assert_true(plan[l].attn_softcap == 0);
+    }
+    assert_int_equal(c.rope_scaling, PT_ROPE_SCALING_LINEAR);
+    /* Gemma 2, legacy style, no layer_types: even layers slide. */
+    config_of("{\"model_type\":\"gemma2\"," BASE ",\"hidden_act\":\"gelu_pytorch_tanh\","
+              "\"sliding_window\":4096,\"attn_logit_softcapping\":50.0,"
+              "\"final_logit_softcapping\":30.0,\"tie_word_embeddings\":true}",
+              &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_true(c.final_softcap == 30.0f);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(plan[l].mixer, l % 2 == 0 ? PT_MIX_ATTN_SWA : PT_MIX_ATTN);
+        assert_true(plan[l].attn_softcap == 50.0f);
+        assert_true(plan[l].rope_theta == 500000.0f);
+        assert_true(plan[l].attn_scale == 0.25f); /* no query_pre_attn_scalar: head_dim 16 */
+    }
 }
 
 /* Kinds no config reader produces yet are refused all the same, at the
@@ -110,13 +229,16 @@ static void test_hand_built_plans_checked(void **state) {
         const char *want;
     } bad[] = {
         {offsetof(pt_layer_plan, mixer), PT_MIX_RECURRENT, "recurrent"},
-        {offsetof(pt_layer_plan, norm), PT_NORM_RMS_1PW, "(1 + w) RMSNorm"},
+        {offsetof(pt_layer_plan, norm), 9, "norm kind 9"},
+        {offsetof(pt_layer_plan, mixer), 7, "mixer kind 7"},
+        {offsetof(pt_layer_plan, n_shared), 1, "1 shared experts"},
         {offsetof(pt_layer_plan, cache_group), 1, "cache group 1"},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(bad); i++) {
         pt_layer_plan p[3];
         memcpy(p, plan, sizeof p);
         *(int *)((char *)&p[2] + bad[i].off) = bad[i].value;
+        if (bad[i].off == offsetof(pt_layer_plan, n_shared)) p[2].ffn = PT_FFN_MOE, p[2].top_k = 2;
         assert_int_equal(pt_layer_plan_check(p, 3, &err), -1);
         assert_non_null(strstr(err.msg, "layer 2"));
         assert_non_null(strstr(err.msg, bad[i].want));
@@ -135,7 +257,9 @@ static void test_load_refuses_before_weights(void **state) {
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     FILE *f = fdopen(fd, "w");
-    fputs("{\"model_type\":\"mistral\"," BASE ",\"sliding_window\":1024}", f);
+    fputs("{\"model_type\":\"mistral\"," BASE ",\"num_local_experts\":8,"
+          "\"num_experts_per_tok\":2}",
+          f);
     fclose(f);
     char spec[64];
     snprintf(spec, sizeof spec, "dummy:%s", path);
@@ -146,7 +270,7 @@ static void test_load_refuses_before_weights(void **state) {
     pt_model *m = NULL;
     assert_int_equal(pt_model_load(&m, spec, &o, &err), -1);
     assert_null(m);
-    assert_non_null(strstr(err.msg, "sliding-window attention (window 1024)"));
+    assert_non_null(strstr(err.msg, "mixture-of-experts FFN (8 experts, top 2)"));
     remove(path);
     be->ops->destroy(be);
 }
@@ -154,12 +278,12 @@ static void test_load_refuses_before_weights(void **state) {
 /* The list of supported architectures comes from the registry's rows. */
 static void test_supported_list_from_table(void **state) {
     (void)state;
-    json_t *j = json_loads("{\"model_type\":\"gemma3\"}", 0, NULL);
+    json_t *j = json_loads("{\"model_type\":\"gpt_oss\"}", 0, NULL);
     pt_model_config c;
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "'gemma3' is not supported (supported: llama, mistral, "
-                                    "qwen2, qwen3)"));
+    assert_non_null(strstr(err.msg, "'gpt_oss' is not supported (supported: llama, mistral, "
+                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text)"));
     json_decref(j);
 }
 
@@ -176,6 +300,54 @@ static void test_bad_mixture(void **state) {
     json_decref(j);
 }
 
+/* matmul_id over a stack equals matmul over each expert's own view
+ * (pt_weight_expert): the stride, and for MLX affine the scales' and
+ * biases' offsets, pick the right expert.  One row per expert (decode), so
+ * both run the same kernel and must agree exactly. */
+static void check_expert_matmul(pt_backend *be, const pt_weight *w, const char *format) {
+    const int k = 3;
+    const int32_t ids[3] = {3, 0, 2};
+    float x[64], y[3 * 128], want[128];
+    for (int i = 0; i < 64; i++) x[i] = (float)((i * 37) % 17 - 8) / 8.0f;
+    pt_be_matmul_id(be, y, x, w, ids, 1, k, 1);
+    for (int j = 0; j < k; j++) {
+        pt_weight one = pt_weight_expert(w, ids[j]);
+        pt_be_matmul(be, want, x, &one, 1);
+        if (memcmp(want, y + j * 128, sizeof want) != 0)
+            fail_msg("%s: matmul_id slot %d (expert %d) differs from the expert's own matmul", format,
+                     j, ids[j]);
+        if (j > 0 && memcmp(y, y + j * 128, sizeof want) == 0)
+            fail_msg("%s: experts %d and %d gave the same output", format, ids[0], ids[j]);
+    }
+}
+
+/* The benchmark presets of the new families plan as the real models do. */
+static void test_family_presets(void **state) {
+    (void)state;
+    pt_model_config c;
+    pt_layer_plan plan[48];
+    pt_err err = {{0}};
+    config_of(pt_config_preset("qwen3-30b-a3b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[47].ffn, PT_FFN_MOE);
+    assert_int_equal(plan[47].n_experts, 128);
+    assert_int_equal(plan[47].top_k, 8);
+    assert_int_equal(c.expert_ffn_dim, 768);
+    config_of(pt_config_preset("gemma3-12b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    for (int l = 0; l < 48; l++) {
+        bool global = (l + 1) % 6 == 0;
+        assert_int_equal(plan[l].mixer, global ? PT_MIX_ATTN : PT_MIX_ATTN_SWA);
+        assert_true(plan[l].rope_theta == (global ? 1e6f : 1e4f));
+        assert_int_equal(plan[l].rope_scaled, global); /* linear x8 on global layers only */
+    }
+    config_of(pt_config_preset("gemma2-9b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[0].window, 4096);
+    assert_int_equal(plan[1].mixer, PT_MIX_ATTN);
+    assert_true(c.final_softcap == 30.0f && plan[1].attn_softcap == 50.0f);
+}
+
 /* A family whose spec is a stack of experts gets one pt_weight per layer
  * with n_experts matrices expert_stride bytes apart, in any format. */
 static void test_expert_stack_dummy(void **state) {
@@ -188,7 +360,11 @@ static void test_expert_stack_dummy(void **state) {
     static const struct {
         const char *format;
         size_t stride; /* 128 rows x 64 cols */
-    } cases[] = {{"bf16", 128 * 64 * 2}, {"q4_0", 128 * 64 / 32 * 18}};
+        size_t bytes;  /* of one expert, with affine scales and biases */
+    } cases[] = {{"bf16", 128 * 64 * 2, 128 * 64 * 2},
+                 {"q4_0", 128 * 64 / 32 * 18, 128 * 64 / 32 * 18},
+                 {"q8_0", 128 * 64 / 32 * 34, 128 * 64 / 32 * 34},
+                 {"affine4g32", 128 * 64 / 2, 128 * 64 / 2 + 2 * 128 * 2 * 2}};
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
     assert_non_null(be);
@@ -199,7 +375,7 @@ static void test_expert_stack_dummy(void **state) {
         m.cfg.n_experts = 4;
         size_t bytes;
         assert_int_equal(pt_family_dummy_bytes(&fam, &m.cfg, cases[i].format, &bytes, &err), 0);
-        assert_int_equal(bytes, 3 * 4 * cases[i].stride);
+        assert_int_equal(bytes, 3 * 4 * cases[i].bytes);
         m.layers = calloc(3, sizeof(pt_layer));
         if (pt_model_make_dummy_weights(&m, cases[i].format, 7, &err)) fail_msg("%s", err.msg);
         for (int l = 0; l < 3; l++) {
@@ -208,9 +384,9 @@ static void test_expert_stack_dummy(void **state) {
             assert_int_equal(w->rows, 128);
             assert_int_equal(w->cols, 64);
             assert_int_equal(w->expert_stride, cases[i].stride);
-            assert_int_equal(w->nbytes, 4 * cases[i].stride);
             assert_non_null(w->data);
         }
+        check_expert_matmul(be, &m.layers[1].w_gate, cases[i].format);
         assert_int_equal(m.weight_bytes, bytes);
         pt_model_free_owned(&m);
         free(m.layers);
@@ -222,6 +398,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_plan),
         cmocka_unit_test(test_unsupported_kinds_refused),
+        cmocka_unit_test(test_config_refusals),
+        cmocka_unit_test(test_window_and_moe_plans),
+        cmocka_unit_test(test_gemma_plans),
+        cmocka_unit_test(test_family_presets),
         cmocka_unit_test(test_hand_built_plans_checked),
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),

@@ -11,7 +11,9 @@
  * The two must agree to the kernels' activation rounding (1e-3 of the logit
  * range) and pick the same argmax nearly everywhere.  The test also checks
  * what was written: config.json's quantization entry, tensor shapes, and
- * that loading refuses a damaged quantization config.
+ * that loading refuses a damaged quantization config.  Qwen3-MoE's experts
+ * (one tensor each, quantized separately) are gathered into affine stacks
+ * at load and checked the same way, expert by expert.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -25,6 +27,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "quant/convert.h"
 
@@ -184,6 +187,188 @@ static void check_fixture(const char *name, int bits, int gs) {
     rm_dir(dst);
 }
 
+/* The expert stacks of q (MLX affine, gathered from per-expert tensors)
+ * dequantized by the reference into f32 stacks replacing f's. */
+static float **dequantize_experts(pt_model *f, pt_model *q, int *n_bufs) {
+    float **bufs = calloc((size_t)q->cfg.n_layers * 3, sizeof *bufs);
+    *n_bufs = 0;
+    for (int l = 0; l < q->cfg.n_layers; l++) {
+        pt_weight *wq[3] = {&q->layers[l].w_gate, &q->layers[l].w_up, &q->layers[l].w_down};
+        pt_weight *wf[3] = {&f->layers[l].w_gate, &f->layers[l].w_up, &f->layers[l].w_down};
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(wq[i]->dtype, PT_AFFINE);
+            int64_t per = wq[i]->rows * wq[i]->cols;
+            float *d = malloc(sizeof(float) * (size_t)(per * wq[i]->n_experts));
+            for (int e = 0; e < wq[i]->n_experts; e++) {
+                pt_weight one = pt_weight_expert(wq[i], e);
+                for (int64_t r = 0; r < one.rows; r++)
+                    pt_weight_dequantize_row(&one, r, d + e * per + r * one.cols);
+            }
+            *wf[i] = (pt_weight){.dtype = PT_F32, .rows = wq[i]->rows, .cols = wq[i]->cols,
+                                 .data = d, .nbytes = sizeof(float) * (size_t)(per * wq[i]->n_experts),
+                                 .n_experts = wq[i]->n_experts,
+                                 .expert_stride = sizeof(float) * (size_t)per};
+            bufs[(*n_bufs)++] = d;
+        }
+    }
+    return bufs;
+}
+
+/* Qwen3-MoE converted to MLX affine: each expert's tensors quantized on
+ * their own and gathered into stacks at load; the logits must equal those
+ * of the source with every matrix, experts and router included, replaced
+ * by its dequantized copy. */
+static void check_moe(int bits, int gs) {
+    char dst[256], src[] = HF_DIR "qwen3_moe";
+    snprintf(dst, sizeof dst, "/tmp/petrel_test_convert_%d_moe_%d_%d", (int)getpid(), bits, gs);
+    rm_dir(dst);
+    assert_int_equal(mkdir(dst, 0755), 0);
+    convert_fixture("qwen3_moe", bits, gs, dst);
+    pt_model *q = load(dst), *f = load(src);
+    assert_int_equal(q->layers[0].w_router.dtype, PT_AFFINE);
+    int n_a, n_b;
+    float **a = dequantize_into(f, q, q->file, &n_a), **b = dequantize_experts(f, q, &n_b);
+    int32_t tok[24];
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 37 + 11) % q->cfg.vocab_size);
+    float *lq = logits_of(q, tok, 24), *lf = logits_of(f, tok, 24);
+    int vocab = q->cfg.vocab_size;
+    for (int i = 0; i < 24; i++) {
+        const float *x = lq + (size_t)i * vocab, *y = lf + (size_t)i * vocab;
+        float lo = y[0], hi = y[0], diff = 0;
+        for (int v = 0; v < vocab; v++)
+            lo = fminf(lo, y[v]), hi = fmaxf(hi, y[v]), diff = fmaxf(diff, fabsf(x[v] - y[v]));
+        if (!(diff <= 1e-3f * (hi - lo)))
+            fail_msg("qwen3_moe %d-bit g%d, position %d: logits differ by %g (range %g)", bits, gs,
+                     i, diff, hi - lo);
+    }
+    /* The above holds even if stacks were gathered wrongly (both sides read
+     * the same stacks), so each dequantized expert row must also be its
+     * source row to within the quantization step of its group. */
+    pt_model *u = load(src);
+    for (int l = 0; l < q->cfg.n_layers; l++) {
+        const pt_weight *sq[3] = {&q->layers[l].w_gate, &q->layers[l].w_up, &q->layers[l].w_down};
+        const pt_weight *su[3] = {&u->layers[l].w_gate, &u->layers[l].w_up, &u->layers[l].w_down};
+        for (int i = 0; i < 3; i++)
+            for (int e = 0; e < sq[i]->n_experts; e++) {
+                pt_weight wq = pt_weight_expert(sq[i], e), wu = pt_weight_expert(su[i], e);
+                float rq[64], ru[64];
+                for (int64_t r = 0; r < wq.rows; r++) {
+                    pt_weight_dequantize_row(&wq, r, rq);
+                    pt_weight_dequantize_row(&wu, r, ru);
+                    for (int64_t c0 = 0; c0 < wq.cols; c0 += gs) {
+                        float lo = ru[c0], hi = ru[c0], err = 0;
+                        for (int64_t c = c0; c < c0 + gs; c++)
+                            lo = fminf(lo, ru[c]), hi = fmaxf(hi, ru[c]), err = fmaxf(err, fabsf(rq[c] - ru[c]));
+                        /* one step (the converter rounds its scale and bias to f16);
+                         * a wrong expert, scale or bias is off by the group range */
+                        if (!(err <= (hi - lo) / ((1 << bits) - 1) + 1e-3f * (hi - lo)))
+                            fail_msg("layer %d matrix %d expert %d row %lld: dequantized %g from the "
+                                     "source (group range %g)",
+                                     l, i, e, (long long)r, err, hi - lo);
+                    }
+                }
+            }
+    }
+    pt_model_free(u);
+    free(lq), free(lf);
+    for (int i = 0; i < n_a; i++) free(a[i]);
+    for (int i = 0; i < n_b; i++) free(b[i]);
+    free(a), free(b);
+    pt_model_free(q);
+    pt_model_free(f);
+    rm_dir(dst);
+}
+
+/* Rewrites the model in src with mlx-lm's layout: each projection's
+ * experts (and their scales and biases) stacked into one 3-D tensor named
+ * ...mlp.switch_mlp.<proj>.<part>; everything else as it is. */
+static void restack_switch_mlp(const char *src, const char *dst, int n_experts) {
+    pt_model_file *mf;
+    pt_err err;
+    if (pt_model_file_open(&mf, src, &err)) fail_msg("%s", err.msg);
+    pt_st_entry *e = calloc((size_t)mf->n_tensors, sizeof *e);
+    char (*names)[160] = calloc((size_t)mf->n_tensors, sizeof *names);
+    const pt_tensor_info **first = calloc((size_t)mf->n_tensors, sizeof *first);
+    int n = 0;
+    for (int i = 0; i < mf->n_tensors; i++) {
+        const pt_tensor_info *t = &mf->tensors[i];
+        const char *x = strstr(t->name, ".experts.");
+        if (x && atoi(x + 9) != 0) continue; /* expert 0 stands for its stack */
+        if (x) {
+            const char *rest = strchr(x + 9, '.') + 1;
+            snprintf(names[n], sizeof names[n], "%.*s.switch_mlp.%s", (int)(x - t->name), t->name, rest);
+            e[n] = (pt_st_entry){names[n], t->dtype, 3, {n_experts, t->shape[0], t->shape[1]}};
+        } else {
+            snprintf(names[n], sizeof names[n], "%s", t->name);
+            e[n] = (pt_st_entry){names[n], t->dtype, t->ndim, {0}};
+            for (int d = 0; d < t->ndim; d++) e[n].shape[d] = t->shape[d];
+        }
+        first[n++] = t;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    pt_st_writer *w;
+    if (pt_st_writer_open(&w, path, e, n, NULL, &err)) fail_msg("%s", err.msg);
+    for (int i = 0; i < n; i++) {
+        const pt_tensor_info *t = first[i];
+        const char *x = strstr(t->name, ".experts.");
+        for (int k = 0; k < (x ? n_experts : 1); k++) {
+            char other[192];
+            const pt_tensor_info *tk = t;
+            if (k) {
+                snprintf(other, sizeof other, "%.*s.experts.%d.%s", (int)(x - t->name), t->name, k,
+                         strchr(x + 9, '.') + 1);
+                tk = pt_model_file_tensor(mf, other);
+                assert_non_null(tk);
+            }
+            if (pt_st_writer_put(w, i, (size_t)k * t->nbytes, tk->data, tk->nbytes, &err))
+                fail_msg("%s", err.msg);
+        }
+    }
+    if (pt_st_writer_close(w, &err)) fail_msg("%s", err.msg);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/'", src, dst);
+    assert_int_equal(system(cmd), 0);
+    free(e), free(names), free(first);
+    pt_model_file_close(mf);
+}
+
+/* mlx-lm's switch_mlp stacks load without copies and give exactly the
+ * per-expert model's logits: plain (the bf16 fixture) and affine. */
+static void check_switch_mlp(const char *per_expert) {
+    char dst[256];
+    snprintf(dst, sizeof dst, "/tmp/petrel_test_switch_%d", (int)getpid());
+    rm_dir(dst);
+    assert_int_equal(mkdir(dst, 0755), 0);
+    restack_switch_mlp(per_expert, dst, 6);
+    pt_model *a = load(per_expert), *b = load(dst);
+    assert_int_equal(b->layers[2].w_up.n_experts, 6);
+    assert_int_equal(b->layers[2].w_up.dtype, a->layers[2].w_up.dtype);
+    int32_t tok[24];
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 37 + 11) % a->cfg.vocab_size);
+    float *la = logits_of(a, tok, 24), *lb = logits_of(b, tok, 24);
+    if (memcmp(la, lb, sizeof(float) * 24 * (size_t)a->cfg.vocab_size))
+        fail_msg("%s: switch_mlp stacks give other logits than per-expert tensors", per_expert);
+    free(la), free(lb);
+    pt_model_free(a);
+    pt_model_free(b);
+    rm_dir(dst);
+}
+
+static void test_moe_experts(void **state) {
+    (void)state;
+    check_moe(4, 32);
+    check_moe(8, 32);
+    check_switch_mlp(HF_DIR "qwen3_moe");
+    char conv[256];
+    snprintf(conv, sizeof conv, "/tmp/petrel_test_convert_%d_moe_sw", (int)getpid());
+    rm_dir(conv);
+    assert_int_equal(mkdir(conv, 0755), 0);
+    convert_fixture("qwen3_moe", 4, 32, conv);
+    check_switch_mlp(conv);
+    rm_dir(conv);
+}
+
 static void test_every_width(void **state) {
     (void)state;
     static const int widths[] = {2, 3, 4, 5, 6, 8};
@@ -192,7 +377,7 @@ static void test_every_width(void **state) {
 
 static void test_other_architectures(void **state) {
     (void)state;
-    static const char *const names[] = {"llama3", "qwen2", "qwen3", "mistral"};
+    static const char *const names[] = {"llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"};
     for (size_t i = 0; i < PT_ARRAY_LEN(names); i++) check_fixture(names[i], 4, 32);
     check_fixture("llama2", 4, 64); /* down_proj (160 columns) stays f32 here */
     check_fixture("qwen3", 8, 64);
@@ -264,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_dummy_formats),
         cmocka_unit_test(test_every_width),
         cmocka_unit_test(test_other_architectures),
+        cmocka_unit_test(test_moe_experts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,7 +6,9 @@
 # and hardening: empty API keys, slow clients, `ulimit -n 64`, DNS
 # rebinding, CORS, Content-Type; sdk: the Vercel AI SDK, LangChain.js and
 # openai with structured output, tools, n > 1 and reasoning, outputs
-# validated with zod and ajv), with the load test at 64 concurrent
+# validated with zod and ajv; metrics: /metrics parsed by a Prometheus text
+# parser, its counters equal to the usage the clients got, and /health while
+# the model loads), with the load test at 64 concurrent
 # streaming clients, or 8 in the sanitizer build where each is much slower.
 if(PETREL_SANITIZE)
   set(e2e_clients 8)

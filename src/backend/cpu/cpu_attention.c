@@ -26,6 +26,9 @@
  * long decode row, two threads) is split into position ranges whose partial
  * (max, sum, accumulator) are merged afterwards, the flash-decoding way.
  *
+ * attention_ext is the same walk over a window's positions only (a
+ * sliding-window layer), with scores optionally soft-capped (Gemma 2).
+ *
  * Quantized caches (kv->codec set) have their own fused kernels in
  * attn_kvq.c; the two ops here only hand them over.
  */
@@ -126,6 +129,8 @@ typedef struct attn_job {
     const float *q;
     int n_heads, group, seg_max; /* seg_max: longest page segment in a chunk */
     float scale;
+    float softcap; /* > 0: scores become softcap * tanh(score / softcap) */
+    int window;    /* > 0: row t sees positions pos[t] - window + 1 .. pos[t] */
     size_t esize;
     const attn_item *items;
     int n_items;
@@ -213,6 +218,15 @@ static void chunk_values(const attn_job *j, attn_state *st, int s, int p, int cn
     }
 }
 
+/* Gemma 2's soft-capping of the (already scaled) scores of a chunk. */
+static void chunk_softcap(const attn_job *j, attn_state *st, int cnt) {
+    for (int h = 0; h < j->n_heads; h++)
+        for (int i = 0; i < cnt; i++) {
+            float *x = &st->sc[h * CHUNK + i];
+            *x = j->softcap * tanhf(*x / j->softcap);
+        }
+}
+
 static void attend_item(const attn_job *j, attn_state *st, const attn_item *it) {
     int hd = j->kv->head_dim, s = j->b->seq[it->t];
     for (int h = 0; h < j->n_heads; h++) {
@@ -225,6 +239,7 @@ static void attend_item(const attn_job *j, attn_state *st, const attn_item *it) 
     for (int p = it->p0, cnt; p < it->p1; p += cnt) {
         cnt = PT_MIN(CHUNK, it->p1 - p);
         chunk_scores(j, st, s, p, cnt);
+        if (j->softcap > 0) chunk_softcap(j, st, cnt);
         chunk_softmax(j, st, cnt);
         chunk_values(j, st, s, p, cnt);
     }
@@ -300,17 +315,22 @@ static int row_parts(int64_t n_pos, int64_t target) {
     return (int)((n_pos + target - 1) / target);
 }
 
+/* The first position row t attends to (its window's start). */
+static int32_t row_start(const attn_job *j, int t) {
+    return j->window > 0 ? PT_MAX(0, j->b->pos[t] + 1 - j->window) : 0;
+}
+
 /* Cuts the batch into items: a row is split into parts of about `target`
  * positions when it is that much longer than its share of the work. */
 static void plan_items(pt_cpu_backend *cb, attn_job *j) {
     const pt_batch_view *b = j->b;
     int nth = cb->base.n_threads;
     int64_t total = 0;
-    for (int t = 0; t < b->n_tokens; t++) total += b->pos[t] + 1;
+    for (int t = 0; t < b->n_tokens; t++) total += b->pos[t] + 1 - row_start(j, t);
     int64_t target = nth == 1 ? INT32_MAX : PT_MAX(MIN_PART, total / (ITEMS_PER_THREAD * nth) + 1);
     int n_items = 0, n_splits = 0;
     for (int t = 0; t < b->n_tokens; t++) {
-        int parts = row_parts(b->pos[t] + 1, target);
+        int parts = row_parts(b->pos[t] + 1 - row_start(j, t), target);
         n_items += parts;
         n_splits += parts > 1;
     }
@@ -319,11 +339,13 @@ static void plan_items(pt_cpu_backend *cb, attn_job *j) {
     attn_split *splits = (attn_split *)(items + n_items);
     int i = 0, part = 0, k = 0;
     for (int t = 0; t < b->n_tokens; t++) {
-        int n_pos = b->pos[t] + 1, parts = row_parts(n_pos, target);
+        int32_t p0 = row_start(j, t);
+        int n_pos = b->pos[t] + 1 - p0, parts = row_parts(n_pos, target);
         if (parts > 1) splits[k++] = (attn_split){t, part, parts};
         for (int c = 0; c < parts; c++)
-            items[i++] = (attn_item){t, (int32_t)((int64_t)n_pos * c / parts),
-                                     (int32_t)((int64_t)n_pos * (c + 1) / parts), parts > 1 ? part++ : -1};
+            items[i++] = (attn_item){t, p0 + (int32_t)((int64_t)n_pos * c / parts),
+                                     p0 + (int32_t)((int64_t)n_pos * (c + 1) / parts),
+                                     parts > 1 ? part++ : -1};
     }
     j->items = items;
     j->n_items = n_items;
@@ -335,11 +357,19 @@ static void plan_items(pt_cpu_backend *cb, attn_job *j) {
 
 void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
                       const pt_batch_view *b, int n_heads, float scale) {
-    pt_cpu_backend *cb = pt_cpu(be);
     if (kv->codec) { /* quantized cache: attn_kvq.c */
         pt_cpu_kvq_attention(be, out, q, kv, b, n_heads, scale);
         return;
     }
+    pt_attn_params p = {.scale = scale};
+    pt_cpu_attention_ext(be, out, q, kv, b, n_heads, &p);
+}
+
+void pt_cpu_attention_ext(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
+                          const pt_batch_view *b, int n_heads, const pt_attn_params *prm) {
+    pt_cpu_backend *cb = pt_cpu(be);
+    if (kv->codec) /* the model refuses this pairing at pt_model_kv_init */
+        pt_cpu_die("attention_ext: a quantized KV cache takes no window or soft-cap");
     const pt_cpu_wops *wo = kv_wops(cb, kv, "attention");
     if (n_heads <= 0 || n_heads % kv->n_kv_heads)
         pt_cpu_die("attention: %d query heads do not group over %d kv heads", n_heads, kv->n_kv_heads);
@@ -357,7 +387,9 @@ void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_vi
         .n_heads = n_heads,
         .group = n_heads / kv->n_kv_heads,
         .seg_max = PT_MIN(CHUNK, kv->page_size),
-        .scale = scale,
+        .scale = prm->scale,
+        .softcap = prm->softcap,
+        .window = prm->window,
         .esize = pt_dtype_bytes(kv->dtype, 1),
         .scratch = cb->scratch,
     };
@@ -370,7 +402,8 @@ void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_vi
     j.scratch = cb->scratch; /* reserve may have moved it */
 
     double work = 0;
-    for (int t = 0; t < b->n_tokens; t++) work += (double)(b->pos[t] + 1) * n_heads * kv->head_dim * 2;
+    for (int t = 0; t < b->n_tokens; t++)
+        work += (double)(b->pos[t] + 1 - row_start(&j, t)) * n_heads * kv->head_dim * 2;
     pt_cpu_run(cb, attn_task, &j, work);
     if (j.n_splits) pt_cpu_run(cb, merge_task, &j, (double)j.n_splits * n_heads * kv->head_dim * 4);
 }

@@ -3,7 +3,7 @@
  * kernel set, per-thread scratch and dispatch onto the thread pool.
  *
  * The ops themselves live in cpu_matmul.c, cpu_elementwise.c,
- * cpu_attention.c and cpu_bandwidth.c; this file only wires them up.  "Backend
+ * cpu_attention.c, cpu_moe.c and cpu_bandwidth.c; this file only wires them up.  "Backend
  * memory" on the CPU is ordinary memory, so upload/download are memcpy and
  * sync has nothing to wait for (every op returns when its work is done).
  */
@@ -109,6 +109,36 @@ static bool injected_fault(pt_cpu_backend *cb, const pt_op *o) {
     return (int)o->kind == cb->fault_kind && ++cb->fault_seen == cb->fault_at;
 }
 
+/* The model-family ops (issue 16); false for any other kind. */
+static bool run_family_op(pt_backend *be, const pt_op *o) {
+    switch (o->kind) {
+    case PT_OP_ATTENTION_EXT: {
+        const pt_op_attention_ext *a = &o->attention_ext;
+        pt_cpu_attention_ext(be, a->out, a->q, &a->kv, &a->b, a->n_heads, &a->p);
+        return true;
+    }
+    case PT_OP_GEGLU: pt_cpu_geglu(be, o->geglu.y, o->geglu.gate, o->geglu.up, o->geglu.count); return true;
+    case PT_OP_SCALE: pt_cpu_scale(be, o->scale.x, o->scale.s, o->scale.count); return true;
+    case PT_OP_SOFTCAP: pt_cpu_softcap(be, o->scale.x, o->scale.s, o->scale.count); return true;
+    case PT_OP_MOE_ROUTE: {
+        const pt_op_moe_route *a = &o->moe_route;
+        pt_cpu_moe_route(be, a->ids, a->weights, a->logits, a->n, a->n_experts, a->k, a->renorm);
+        return true;
+    }
+    case PT_OP_MATMUL_ID: {
+        const pt_op_matmul_id *a = &o->matmul_id;
+        pt_cpu_matmul_id(be, a->y, a->x, &a->w, a->ids, a->n, a->k, a->x_slots);
+        return true;
+    }
+    case PT_OP_MOE_COMBINE: {
+        const pt_op_moe_combine *a = &o->moe_combine;
+        pt_cpu_moe_combine(be, a->y, a->x, a->weights, a->n, a->k, a->d);
+        return true;
+    }
+    default: return false;
+    }
+}
+
 /* One op record, run now on the thread pool: the CPU's only op entry. */
 static void cpu_run_op(pt_backend *be, const pt_op *o) {
     if (injected_fault(pt_cpu(be), o)) {
@@ -148,7 +178,8 @@ static void cpu_run_op(pt_backend *be, const pt_op *o) {
         pt_cpu_gather_rows(be, a->dst, a->src, a->idx, a->n, a->d);
         break;
     }
-    default: pt_cpu_die("op kind %d has no CPU implementation", (int)o->kind);
+    default:
+        if (!run_family_op(be, o)) pt_cpu_die("op kind %d has no CPU implementation", (int)o->kind);
     }
 }
 
@@ -159,6 +190,7 @@ static void cpu_destroy(pt_backend *be) {
     pt_qk_ctx_free(&cb->quant);
     free(cb->attn_meta);
     free(cb->attn_parts);
+    free(cb->moe_buf);
     for (int i = 0; cb->scratch && i < be->n_threads; i++) free(cb->scratch[i]);
     free(cb->scratch);
     free(cb);

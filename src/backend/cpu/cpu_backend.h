@@ -24,6 +24,10 @@ typedef struct pt_cpu_backend {
      * on the calling thread like scratch. */
     void *attn_meta, *attn_parts;
     size_t attn_meta_cap, attn_parts_cap;
+    /* matmul_id's gathered rows and expert order (cpu_moe.c), grown on the
+     * calling thread. */
+    void *moe_buf;
+    size_t moe_cap;
     /* Test-only fault injection (PETREL_FAULT_OP=name:N, read at creation):
      * the N-th op of kind fault_kind (counting from 1) fails instead of
      * running.  fault_kind -1: off. */
@@ -80,6 +84,17 @@ void pt_cpu_kv_store(pt_backend *be, const pt_kv_view *kv, const pt_batch_view *
                      const float *v);
 void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
                       const pt_batch_view *b, int n_heads, float scale);
+void pt_cpu_attention_ext(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
+                          const pt_batch_view *b, int n_heads, const pt_attn_params *p);
+void pt_cpu_geglu(pt_backend *be, float *y, const float *gate, const float *up, size_t count);
+void pt_cpu_scale(pt_backend *be, float *x, float s, size_t count);
+void pt_cpu_softcap(pt_backend *be, float *x, float cap, size_t count);
+void pt_cpu_moe_route(pt_backend *be, int32_t *ids, float *weights, const float *logits, int n,
+                      int n_experts, int k, bool renorm);
+void pt_cpu_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight *w,
+                      const int32_t *ids, int n, int k, int x_slots);
+void pt_cpu_moe_combine(pt_backend *be, float *y, const float *x, const float *weights, int n,
+                        int k, int d);
 double pt_cpu_read_bandwidth(pt_backend *be);
 double pt_cpu_compute_peak(pt_backend *be, pt_dtype wt, char *note, size_t note_len);
 

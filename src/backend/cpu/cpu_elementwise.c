@@ -1,6 +1,7 @@
 /*
  * cpu_elementwise.c - the row-wise and element-wise ops: rmsnorm, add,
- * add_bias, swiglu, rope and gather_rows.
+ * add_bias, swiglu, rope and gather_rows; and Gemma's geglu, scale and
+ * softcap (plain loops: they run once per layer or once per output).
  *
  * Each op splits its rows (or elements, in cache-line multiples) across the
  * pool and calls one kernel per piece.  All are memory- or latency-bound, so
@@ -17,7 +18,7 @@ typedef struct ew_job {
     const float *a, *b;
     size_t count; /* elements, or rows */
     int d;
-    float eps;
+    float eps; /* rmsnorm's epsilon; the factor of scale, the cap of softcap */
 } ew_job;
 
 /* ---- rmsnorm ------------------------------------------------------------------ */
@@ -63,6 +64,54 @@ void pt_cpu_swiglu(pt_backend *be, float *y, const float *gate, const float *up,
     ew_job j = {.k = cb->k, .y = y, .a = gate, .b = up, .count = count};
     /* exp makes each element ~10x an add, so parallelize sooner. */
     pt_cpu_run(cb, swiglu_task, &j, 8.0 * (double)count);
+}
+
+/* ---- geglu, scale, softcap: plain loops over element ranges -------------------- */
+
+/* gelu with the tanh approximation, as transformers' gelu_pytorch_tanh:
+ * 0.5 x (1 + tanh z) written as x / (1 + e^-2z), which is the same value
+ * without the cancellation of 1 + tanh z for negative x. */
+static inline float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    float z = c * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * z));
+}
+
+static void geglu_task(void *ctx, int ith, int nth) {
+    const ew_job *j = ctx;
+    int64_t lo, hi;
+    pt_cpu_split((int64_t)j->count, ith, nth, 16, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) j->y[i] = gelu_tanh(j->a[i]) * j->b[i];
+}
+
+void pt_cpu_geglu(pt_backend *be, float *y, const float *gate, const float *up, size_t count) {
+    pt_cpu_backend *cb = pt_cpu(be);
+    ew_job j = {.y = y, .a = gate, .b = up, .count = count};
+    pt_cpu_run(cb, geglu_task, &j, 16.0 * (double)count);
+}
+
+static void scale_task(void *ctx, int ith, int nth) {
+    const ew_job *j = ctx;
+    int64_t lo, hi;
+    pt_cpu_split((int64_t)j->count, ith, nth, 16, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) j->y[i] *= j->eps;
+}
+
+void pt_cpu_scale(pt_backend *be, float *x, float s, size_t count) {
+    ew_job j = {.y = x, .count = count, .eps = s};
+    pt_cpu_run(pt_cpu(be), scale_task, &j, (double)count);
+}
+
+static void softcap_task(void *ctx, int ith, int nth) {
+    const ew_job *j = ctx;
+    int64_t lo, hi;
+    pt_cpu_split((int64_t)j->count, ith, nth, 16, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) j->y[i] = j->eps * tanhf(j->y[i] / j->eps);
+}
+
+void pt_cpu_softcap(pt_backend *be, float *x, float cap, size_t count) {
+    ew_job j = {.y = x, .count = count, .eps = cap};
+    pt_cpu_run(pt_cpu(be), softcap_task, &j, 16.0 * (double)count);
 }
 
 /* ---- add_bias: every row gets the same vector --------------------------------- */

@@ -472,6 +472,14 @@ static void cuda_destroy(pt_backend *be) {
     free(cb);
 }
 
+/* The kinds exec_op launches: the core ops, none of the model-family ones
+ * yet (experts, windowed attention, GeGLU), so the loader refuses models
+ * that need those, naming the op, instead of failing mid-forward. */
+static bool cuda_has_op(pt_backend *be, int kind) {
+    (void)be;
+    return kind >= 0 && kind <= PT_OP_GATHER_ROWS;
+}
+
 static const pt_backend_ops cuda_ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -480,6 +488,7 @@ static const pt_backend_ops cuda_ops = {
     .copy = cuda_copy,
     .sync = cuda_sync,
     .run = cuda_run,
+    .has_op = cuda_has_op,
     .kv_quant_check = cuda_kv_quant_check,
     .free_memory = cuda_free_memory,
     .read_bandwidth = cuda_read_bandwidth,

@@ -1,0 +1,201 @@
+/*
+ * gemma.c - Gemma 2 and Gemma 3 text models, as transformers computes them.
+ *
+ *     x = embed(tokens) · sqrt(dim)
+ *     per layer:  x += norm(attention(rope(qkv(norm(x)))))·Wo)      post-norm
+ *                 x += norm(Wdown·(gelu_tanh(h·Wgate) * h·Wup))      with h = norm(x)
+ *     logits = norm(x)·Eᵀ  (tied), then cap · tanh(logits / cap) (Gemma 2)
+ *
+ * Every norm is RMSNorm times (1 + w): the files store w, and finish()
+ * turns each gain into 1 + w once at load, so the forward runs the plain
+ * RMSNorm op.  Attention scores are scaled by query_pre_attn_scalar^-½
+ * instead of head_dim^-½; Gemma 2 soft-caps them (attn_logit_softcapping)
+ * and the logits (final_logit_softcapping); Gemma 3 instead normalizes q
+ * and k per head.  Layers alternate sliding-window and global attention
+ * (config layer_types, or the family's default pattern); Gemma 3's window
+ * layers have their own rope base (rope_local_base_freq, or
+ * rope_parameters.sliding_attention) and the global layers alone take the
+ * rope scaling.  The window is applied by the attention op; the KV cache
+ * still holds every position of window layers (one cache group).
+ */
+#include <math.h>
+
+#include "model/model_int.h"
+
+/* clang-format off */
+static const pt_arch gemma_archs[] = {
+    /* name          GGUF name  config.json     GGUF rope     qkv_bias qk_norm */
+    {"gemma2",      NULL,      "gemma2",       PT_ROPE_NEOX, false,   false},
+    {"gemma3_text", NULL,      "gemma3_text",  PT_ROPE_NEOX, false,   true},
+};
+/* clang-format on */
+
+/* ---- Config -------------------------------------------------------------- */
+
+/* Which layers slide: layer_types when present, else Gemma 2's even
+ * layers, or Gemma 3's all but every sliding_window_pattern-th. */
+static int read_layer_types(json_t *j, pt_model_config *c, bool gemma3, pt_err *err) {
+    int given = pt_config_json_layer_types(j, c, err);
+    if (given) return given < 0 ? -1 : 0;
+    c->swa_per_layer = true; /* even if the pattern slides no layer */
+    int pattern = 6;
+    if (!pt_json_int(j, "sliding_window_pattern", &pattern))
+        pt_json_int(j, "_sliding_window_pattern", &pattern);
+    for (int l = 0; l < c->n_layers; l++)
+        if (gemma3 ? pattern <= 0 || (l + 1) % pattern != 0 : l % 2 == 0) pt_config_set_swa(c, l);
+    return 0;
+}
+
+/* Rope bases: transformers 5 writes rope_parameters per layer type
+ * ({"full_attention": {...}, "sliding_attention": {...}}); older configs
+ * rope_theta, rope_scaling and rope_local_base_freq. */
+static int read_rope(json_t *j, pt_model_config *c, bool gemma3, pt_err *err) {
+    json_t *rp = json_object_get(j, "rope_parameters");
+    json_t *full = json_object_get(rp, "full_attention"), *local = json_object_get(rp, "sliding_attention");
+    if (json_is_object(full)) {
+        if (!pt_json_float(full, "rope_theta", &c->rope_theta))
+            return pt_fail(err, "config.json: rope_parameters.full_attention has no rope_theta");
+        c->rope_scaling = PT_ROPE_SCALING_NONE;
+        if (pt_rope_scaling_json(full, c, err)) return -1;
+    }
+    if (json_is_object(local)) {
+        const char *type = json_string_value(json_object_get(local, "rope_type"));
+        if (type && strcmp(type, "default") != 0)
+            return pt_fail(err, "config.json: rope scaling '%s' on sliding layers is not "
+                                "supported",
+                           type);
+        pt_json_float(local, "rope_theta", &c->rope_theta_swa);
+    } else if (gemma3 && !pt_json_float(j, "rope_local_base_freq", &c->rope_theta_swa)) {
+        c->rope_theta_swa = 10000.0f; /* Gemma3TextConfig's default */
+    }
+    c->rope_scaling_global_only = gemma3;
+    return 0;
+}
+
+/* A JSON number, or 0 for null / absent (no soft-capping). */
+static float cap_of(json_t *j, const char *key) {
+    float v = 0;
+    return pt_json_float(j, key, &v) && v > 0 ? v : 0;
+}
+
+static int gemma_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+    bool gemma3 = strcmp(c->arch, "gemma3_text") == 0;
+    if (pt_config_json_common(j, c, err) || pt_config_json_act(j, c, err)) return -1;
+    if (c->act != PT_ACT_GELU_TANH)
+        return pt_fail(err, "config.json: %s with a non-GELU-tanh activation is not supported",
+                       c->arch);
+    if (json_is_true(json_object_get(j, "attention_bias")))
+        return pt_fail(err, "config.json: %s with attention_bias is not supported", c->arch);
+    if (json_is_true(json_object_get(j, "use_bidirectional_attention")))
+        return pt_fail(err, "config.json: bidirectional attention (EmbeddingGemma) is not "
+                            "supported");
+    /* Gemma ties the output head to the embeddings unless told otherwise. */
+    if (!json_is_false(json_object_get(j, "tie_word_embeddings"))) c->tied_embeddings = true;
+    c->norm = PT_NORM_RMS_1PW;
+    c->embed_scale = sqrtf((float)c->dim);
+    float qpas = (float)c->head_dim;
+    pt_json_float(j, "query_pre_attn_scalar", &qpas);
+    if (!(qpas > 0)) return pt_fail(err, "config.json: query_pre_attn_scalar must be positive");
+    c->attn_scale = 1.0f / sqrtf(qpas);
+    c->attn_softcap = cap_of(j, "attn_logit_softcapping");
+    c->final_softcap = cap_of(j, "final_logit_softcapping");
+    if (pt_json_int(j, "sliding_window", &c->sliding_window) && c->sliding_window > 0 &&
+        read_layer_types(j, c, gemma3, err))
+        return -1;
+    return read_rope(j, c, gemma3, err);
+}
+
+static int gemma_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                           pt_model_config *c, pt_err *err) {
+    return pt_fail(err, "%s: GGUF Gemma files are not supported yet", mf->path);
+}
+
+/* ---- Weights ------------------------------------------------------------- */
+
+/* clang-format off */
+#define L(f) offsetof(pt_layer, f)
+#define M(f) offsetof(pt_model, f)
+static const pt_weight_spec gemma_weights[] = {
+    {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
+    {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
+    {"output.weight", "lm_head.weight", D_NONE, D_VOCAB, D_DIM, M(output), false, NEED_UNTIED},
+    {"blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", D_NONE, D_DIM, D_NONE, L(attn_norm), true, NEED_ALWAYS},
+    {"blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", D_NONE, D_Q, D_DIM, L(wq), true, NEED_ALWAYS},
+    {"blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", D_NONE, D_KV, D_DIM, L(wk), true, NEED_ALWAYS},
+    {"blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", D_NONE, D_KV, D_DIM, L(wv), true, NEED_ALWAYS},
+    {"blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", D_NONE, D_DIM, D_Q, L(wo), true, NEED_ALWAYS},
+    {"blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", D_NONE, D_HEAD, D_NONE, L(q_norm), true, NEED_QK_NORM},
+    {"blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", D_NONE, D_HEAD, D_NONE, L(k_norm), true, NEED_QK_NORM},
+    {"blk.%d.post_attention_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_attn_norm), true, NEED_ALWAYS},
+    {"blk.%d.ffn_norm.weight", "model.layers.%d.pre_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
+    {"blk.%d.post_ffw_norm.weight", "model.layers.%d.post_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm), true, NEED_ALWAYS},
+    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_ALWAYS},
+    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_up), true, NEED_ALWAYS},
+    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_ALWAYS},
+};
+#undef L
+#undef M
+/* clang-format on */
+
+/* gain = 1 + w for one norm vector of n in backend memory (NULL: absent). */
+static void one_plus(pt_model *m, const float *gain, int n, float *host) {
+    if (!gain) return;
+    m->be->ops->download(m->be, host, gain, sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++) host[i] += 1.0f;
+    m->be->ops->upload(m->be, (float *)gain, host, sizeof(float) * (size_t)n);
+}
+
+/* The files store each norm's w of x̂ · (1 + w); the RMSNorm op multiplies
+ * by its gain, so every gain becomes 1 + w (in f32, as transformers adds). */
+static int gemma_finish(pt_model *m, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    float *host = pt_xmalloc(sizeof(float) * (size_t)PT_MAX(c->dim, c->head_dim));
+    one_plus(m, m->output_norm, c->dim, host);
+    for (int l = 0; l < c->n_layers; l++) {
+        pt_layer *L = &m->layers[l];
+        const float *dims[] = {L->attn_norm, L->post_attn_norm, L->ffn_norm, L->post_ffn_norm};
+        for (size_t i = 0; i < PT_ARRAY_LEN(dims); i++) one_plus(m, dims[i], c->dim, host);
+        one_plus(m, L->q_norm, c->head_dim, host);
+        one_plus(m, L->k_norm, c->head_dim, host);
+    }
+    free(host);
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
+    return 0;
+}
+
+/* ---- Forward ------------------------------------------------------------- */
+
+static void gemma_layer(pt_model *m, int l, const pt_step *s) {
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+
+    pt_block_norm(m, s, ws->h, ws->x, L->attn_norm);
+    pt_block_qkv(m, l, s);
+    pt_block_attention(m, l, s);
+    pt_block_norm(m, s, ws->h, ws->h, L->post_attn_norm);
+    pt_block_residual(m, s);
+
+    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
+    pt_block_ffn(m, l, s);
+    pt_block_norm(m, s, ws->h, ws->h, L->post_ffn_norm);
+    pt_block_residual(m, s);
+}
+
+static void gemma_forward(pt_model *m, const pt_step *s) {
+    pt_block_embed(m, s);
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        gemma_layer(m, l, s);
+    pt_block_output(m, s);
+}
+
+const pt_family pt_family_gemma = {
+    .name = "gemma",
+    .archs = gemma_archs,
+    .n_archs = PT_ARRAY_LEN(gemma_archs),
+    .read_json = gemma_read_json,
+    .read_gguf = gemma_read_gguf,
+    .weights = gemma_weights,
+    .n_weights = PT_ARRAY_LEN(gemma_weights),
+    .finish = gemma_finish,
+    .forward = gemma_forward,
+};
