@@ -190,14 +190,15 @@ if has core; then
     P="Once upon a time, there was a little girl named Lily. She loved to play outside in the sun."
     for kq in none turbo:k8v3:anydim; do
         rm -rf /tmp/kvd-core
-        for arm in plain spec disk1 disk2; do
+        for arm in plain spec draft disk1 disk2; do
             extra=; [ $arm = spec ] && extra="--spec ngram --spec-k 4"
+            [ $arm = draft ] && extra="--draft-model $PETREL_SOURCE_DIR/models/stories260K.gguf --spec-k 4"
             [ ${arm#disk} != $arm ] && extra="--kv-disk /tmp/kvd-core"
             "$BIN/petrel" generate --device cuda --temp 0 -n 160 --kv-quant $kq $extra "$P" \
                 >"/tmp/core-$arm.txt" 2>"/tmp/core-$arm.err"
             tail -2 "/tmp/core-$arm.err"
         done
-        for arm in spec disk1 disk2; do
+        for arm in spec draft disk1 disk2; do
             if cmp -s /tmp/core-plain.txt "/tmp/core-$arm.txt"; then echo "core $kq $arm: identical";
             else echo "core $kq $arm: DIFFERS"; diff /tmp/core-plain.txt "/tmp/core-$arm.txt" | head -5; fi
         done
@@ -208,6 +209,13 @@ if has core; then
         -p 512 -d 0,8192 -g 32 -r 2 -P ${CORE_PAR:-1,8,32,64} \
         --prefix-reuse ${CORE_REUSE:-4096} --kv-disk /tmp/kvd-$m -o "$OUT/core-$m.json"
     echo "petrel bench core $m: exit $?"
+    # A 1B-shape draft for the 8B target: with random weights it is almost
+    # never right, so this times a draft + verify cycle (break-even below).
+    stamp "petrel bench dummy:$m --draft-model dummy:${CORE_DRAFT:-llama-1b}"
+    timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
+        --draft-model "dummy:${CORE_DRAFT:-llama-1b}" --spec-k 4 -p 16 -d 0 -g 128 -r 1 \
+        -o "$OUT/draft-$m.json"
+    echo "petrel bench draft: exit $?"
     for a in ${CORE_ORACLE:-0.5 0.8 0.95}; do
         stamp "petrel bench dummy:$m --spec oracle:$a --spec-k 4"
         timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \

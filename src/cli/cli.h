@@ -62,9 +62,10 @@ void cli_model_defaults(void);
 int cli_open_engine(pt_engine **e);
 
 /* Speculative decoding flags (generate, serve, bench): --spec, --spec-k,
- * --ngram-min, --ngram-max. */
+ * --ngram-min, --ngram-max, --draft-model (which cli_open_engine opens
+ * beside the model and attaches as its drafter). */
 typedef struct cli_spec_args {
-    const char *spec;
+    const char *spec, *draft_model;
     int k, ngram_min, ngram_max;
 } cli_spec_args;
 extern cli_spec_args cli_sargs;

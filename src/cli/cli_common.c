@@ -71,7 +71,8 @@ const cli_opt cli_model_opts[] = {
 cli_spec_args cli_sargs;
 
 const cli_opt cli_spec_opts[] = {
-    {"spec", 0, CLI_STR, &cli_sargs.spec, "KIND", "speculative decoding: off (default) or ngram (prompt lookup: drafts copied from earlier in the text, verified in one forward)"},
+    {"spec", 0, CLI_STR, &cli_sargs.spec, "KIND", "speculative decoding: off (default), ngram (prompt lookup: drafts copied from earlier in the text, verified in one forward) or draft (a smaller model with the same tokenizer drafts: --draft-model)"},
+    {"draft-model", 0, CLI_STR, &cli_sargs.draft_model, "PATH", "the draft model of --spec draft (implies it): GGUF, Hugging Face directory or dummy:PRESET, with the model's vocabulary"},
     {"spec-k", 0, CLI_INT, &cli_sargs.k, "N", "drafted tokens per step at most (default 4; adapted per sequence to its acceptance)"},
     {"ngram-min", 0, CLI_INT, &cli_sargs.ngram_min, "N", "shortest suffix the n-gram drafter matches (default 2)"},
     {"ngram-max", 0, CLI_INT, &cli_sargs.ngram_max, "N", "longest suffix it tries first (default 4)"},
@@ -88,6 +89,19 @@ int cli_spec_params(pt_spec_params *out, bool allow_oracle, float *oracle_accept
         fprintf(stderr, "petrel: --spec-k takes 1..16, and --ngram-min <= --ngram-max\n");
         return -1;
     }
+    if (a->draft_model && (!a->spec || strcmp(a->spec, "draft") == 0)) {
+        out->kind = PT_SPEC_DRAFT;
+        return 0;
+    }
+    if (a->draft_model) {
+        fprintf(stderr, "petrel: --draft-model drafts for --spec draft, not --spec %s\n", a->spec);
+        return -1;
+    }
+    if (a->spec && strcmp(a->spec, "draft") == 0) {
+        fprintf(stderr, "petrel: --spec draft needs --draft-model PATH (a smaller model with the "
+                        "same tokenizer)\n");
+        return -1;
+    }
     if (!a->spec || strcmp(a->spec, "off") == 0) return 0;
     if (strcmp(a->spec, "ngram") == 0) {
         out->kind = PT_SPEC_NGRAM;
@@ -102,7 +116,7 @@ int cli_spec_params(pt_spec_params *out, bool allow_oracle, float *oracle_accept
             return 0;
         }
     }
-    fprintf(stderr, "petrel: --spec %s: expected off or ngram%s\n", a->spec,
+    fprintf(stderr, "petrel: --spec %s: expected off, ngram or draft%s\n", a->spec,
             allow_oracle ? ", or oracle:A with A in [0, 1]" : "");
     return -1;
 }
@@ -258,6 +272,30 @@ int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *ta
     return 0;
 }
 
+/* --draft-model: a second engine on the same device, its context as long
+ * as the model's; its KV pool is sized by the core (a private pool, never
+ * cached or spilled to disk). */
+static int open_draft(pt_engine *e, const pt_engine_opts *target) {
+    pt_engine_opts o = *target;
+    o.model_path = cli_sargs.draft_model;
+    o.n_ctx = e->n_ctx;
+    o.kv_budget = NULL, o.kv_disk = NULL, o.kv_disk_size = NULL;
+    o.no_prefix_cache = true;
+    o.no_tokenizer = true; /* pt_engine_attach_draft loads it to compare */
+    pt_engine *d;
+    pt_err err = {{0}};
+    if (pt_engine_open(&d, &o, &err)) {
+        fprintf(stderr, "petrel: --draft-model %s: %s\n", cli_sargs.draft_model, err.msg);
+        return -1;
+    }
+    if (pt_engine_attach_draft(e, d, &err)) {
+        fprintf(stderr, "petrel: %s\n", err.msg);
+        pt_engine_close(d);
+        return -1;
+    }
+    return 0;
+}
+
 /* --device, or what llama.cpp's -ngl N means here: the whole model on the
  * GPU or none of it.  Both given and disagreeing is an error, not a guess. */
 static const char *device_of(const cli_model_args *a) {
@@ -304,6 +342,11 @@ int cli_open_engine(pt_engine **e) {
     pt_err err = {{0}};
     if (pt_engine_open(e, &o, &err)) {
         fprintf(stderr, "petrel: %s\n", err.msg);
+        return -1;
+    }
+    if (cli_sargs.draft_model && open_draft(*e, &o)) {
+        pt_engine_close(*e);
+        *e = NULL;
         return -1;
     }
     return 0;

@@ -14,7 +14,7 @@ static struct {
     int top_k, logprobs;
     uint64_t seed;
     bool seed_set, no_bos, ignore_eos, special, no_echo;
-    const char *json_schema, *grammar, *regex;
+    const char *json_schema, *grammar, *regex, *prediction;
     const char *prompt;
 } g;
 
@@ -41,8 +41,51 @@ static const cli_opt gen_opts[] = {
     {"json-schema", 0, CLI_STR, &g.json_schema, "FILE", "constrain the output to JSON valid against the schema in FILE"},
     {"grammar", 0, CLI_STR, &g.grammar, "FILE", "constrain the output to the GBNF grammar in FILE"},
     {"regex", 0, CLI_STR, &g.regex, "RE", "constrain the output to match the regular expression RE"},
+    {"prediction", 0, CLI_STR, &g.prediction, "FILE", "Predicted Output: text the output is expected to repeat (as in code edits), drafted from first (implies --spec ngram unless --spec is given)"},
     {NULL, 0, 0, NULL, NULL, NULL},
 };
+
+/* The whole of a file, or NULL after printing why not. */
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "petrel: cannot open %s\n", path);
+        return NULL;
+    }
+    size_t cap = 1 << 16, n;
+    char *buf = pt_xmalloc(cap);
+    *len = 0;
+    while ((n = fread(buf + *len, 1, cap - *len, f)) > 0)
+        if ((*len += n) == cap) buf = pt_xrealloc(buf, cap *= 2);
+    fclose(f);
+    return buf;
+}
+
+/* --prediction FILE: its tokens as the request's Predicted Output (*ids
+ * owns them).  Nonzero after printing why not. */
+static int prediction_load(const pt_tokenizer *tok, pt_spec_params *sp, int32_t **ids) {
+    if (!g.prediction) return 0;
+    size_t len, n = 0;
+    char *text = slurp(g.prediction, &len);
+    if (!text) return 1;
+    if (sp->kind == PT_SPEC_DRAFT) {
+        fprintf(stderr, "petrel: --prediction drafts by n-gram lookup; it does not go with --spec "
+                        "draft\n");
+        free(text);
+        return 1;
+    }
+    pt_err err = {{0}};
+    int rc = pt_tokenize(tok, text, len, false, false, ids, &n, &err);
+    free(text);
+    if (rc) {
+        fprintf(stderr, "petrel: --prediction %s: %s\n", g.prediction, err.msg);
+        return 1;
+    }
+    if (sp->kind == PT_SPEC_OFF && !cli_sargs.spec) sp->kind = PT_SPEC_NGRAM;
+    sp->prediction = *ids;
+    sp->n_prediction = (int)n;
+    return 0;
+}
 
 /* --json-schema / --grammar / --regex: the grammar the output must follow
  * (*out stays NULL when none is given).  Nonzero after printing why not. */
@@ -60,16 +103,9 @@ static int structured_load(const pt_tokenizer *tok, pt_structured **out) {
         rc = pt_grammar_from_regex(&gr, g.regex, &err);
     } else {
         const char *path = g.json_schema ? g.json_schema : g.grammar;
-        FILE *f = fopen(path, "rb");
-        if (!f) {
-            fprintf(stderr, "petrel: cannot open %s\n", path);
-            return 1;
-        }
-        size_t cap = 1 << 16, len = 0, n;
-        char *buf = pt_xmalloc(cap);
-        while ((n = fread(buf + len, 1, cap - len, f)) > 0)
-            if ((len += n) == cap) buf = pt_xrealloc(buf, cap *= 2);
-        fclose(f);
+        size_t len;
+        char *buf = slurp(path, &len);
+        if (!buf) return 1;
         if (g.json_schema) {
             json_error_t je;
             json_t *js = json_loadb(buf, len, 0, &je);
@@ -181,7 +217,7 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     pt_err err = {{0}};
-    int32_t *ids = NULL;
+    int32_t *ids = NULL, *pred = NULL;
     size_t n_ids = 0;
     pt_structured *so = NULL;
     rc = 1;
@@ -194,6 +230,7 @@ int cmd_generate(int argc, char **argv) {
         rc = 2;
         goto out;
     }
+    if (prediction_load(e->tok, &p.spec, &pred)) goto out;
     p.sampling = pt_sampling_default();
     p.sampling.temperature = g.temp;
     p.sampling.top_k = g.top_k;
@@ -229,6 +266,7 @@ int cmd_generate(int argc, char **argv) {
 out:
     pt_structured_free(so);
     free(ids);
+    free(pred);
     free(prompt);
     pt_engine_close(e);
     return rc;

@@ -71,7 +71,7 @@ int cmd_serve(int argc, char **argv) {
     memset(&g, 0, sizeof g);
     g.port = 8080, g.shutdown_timeout = 10, g.max_body = 8u << 20;
     g.min_body_rate = INT_MIN; /* not given: 0 there means "no minimum" */
-    const cli_opt *tables[] = {serve_opts, cli_model_opts, NULL};
+    const cli_opt *tables[] = {serve_opts, cli_spec_opts, cli_model_opts, NULL};
     const char *pos[1];
     int n_pos;
     int rc =
@@ -124,6 +124,9 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
 
+    pt_spec_params spec;
+    if (cli_spec_params(&spec, false, NULL)) return 2;
+
     char model_id[256];
     pt_server_model_id(cli_margs.model, model_id, sizeof model_id);
     pt_server_opts o = {.host = g.host,
@@ -146,7 +149,8 @@ int cmd_serve(int argc, char **argv) {
                         .cors_origins = g.cors_origin,
                         .shutdown_timeout = g.shutdown_timeout,
                         .port_file = g.port_file,
-                        .quiet = g.quiet};
+                        .quiet = g.quiet,
+                        .spec = spec};
     pt_err err = {{0}};
     pt_engine *e = NULL;
     rc = pt_server_run_loading(load_engine, NULL, &o, &e, &err);

@@ -36,7 +36,9 @@ int pt_bench_prompt(pt_engine *e, const int32_t *prompt, int n, int n_gen, doubl
  * drafter gets the plain run's tokens as its truth. */
 typedef struct pt_bench_spec_run {
     double tok_s_plain, tok_s_spec;
+    double cpu_tok_s_plain, cpu_tok_s_spec; /* per second of process CPU time */
     int n_drafted, n_accepted;
+    int n_generated; /* by each run: n_gen, or less where the context ends */
     long steps_spec;
 } pt_bench_spec_run;
 int pt_bench_spec(pt_engine *e, int n_prompt, int n_gen, const pt_spec_params *spec,

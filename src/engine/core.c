@@ -15,7 +15,8 @@
 #include "engine/runner.h"
 #include "engine/sched_policy.h"
 
-#define SPEC_MAX 16 /* drafts per step at most */
+#define SPEC_MAX 16  /* drafts per step at most */
+#define PAUSE_MAX 32 /* decode steps without drafts at most, after rejections */
 
 typedef struct req {
     uint64_t id;
@@ -37,8 +38,15 @@ typedef struct req {
     int n_draft;   /* drafts proposed for this step */
     int n_in_seq;  /* of them, appended to seq.tokens for the runner */
     int k_cur;     /* adaptive draft length */
+    int pause, pause_len; /* steps left without drafts, and the last pause's length */
     int n_drafted, n_accepted;
     pt_rng rng;    /* the oracle's corruption */
+    /* --spec draft: the draft model's copy of the sequence, in its own KV
+     * pool; its tokens [0, d_real) are known to equal seq's */
+    pt_seq dseq;
+    bool d_started, d_broken; /* broken: its draft model failed; no more drafts */
+    int d_real;
+    int n_pre, k_want; /* drafts the draft model made for the coming step, of k_want */
     double t_submit, t_admit, t_first, t_last;
 } req;
 
@@ -58,6 +66,11 @@ struct pt_core {
     req **item_req;
     pt_runner runner;
     pt_core_timing timing;
+    /* --spec draft: the draft model's runner and step scratch (NULL: none) */
+    pt_engine *draft;
+    pt_runner drunner;
+    pt_run_item *ditems;
+    req **dreq;
 };
 
 static int room_for(const pt_core *c);
@@ -82,6 +95,8 @@ static void grow(pt_core *c, int need) {
     c->plan.gone = pt_xrealloc(c->plan.gone, sizeof(bool) * n);
     c->items = pt_xrealloc(c->items, sizeof *c->items * n);
     c->item_req = pt_xrealloc(c->item_req, sizeof(req *) * n);
+    c->ditems = pt_xrealloc(c->ditems, sizeof *c->ditems * n);
+    c->dreq = pt_xrealloc(c->dreq, sizeof(req *) * n);
 }
 
 static void list_remove(req **list, int *n, const req *r) {
@@ -135,7 +150,8 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
     }
     if (error) snprintf(st.error, sizeof st.error, "%s", error);
     if (r->started) pt_seq_free(&r->seq, c->e);
-    r->started = false;
+    if (r->d_started) pt_seq_free(&r->dseq, c->draft);
+    r->started = r->d_started = false;
     r->state = PT_REQ_FINISHED;
     if (r->d.on_done) r->d.on_done(r->d.user, &st);
 }
@@ -144,6 +160,7 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
  * of the queue. */
 static void preempt(pt_core *c, req *r) {
     pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, 0); /* its keyed pages stay cached */
+    if (r->d_started) pt_kv_seq_truncate(&c->draft->kv, &r->dseq.kv, 0);
     r->n_published = 0;
     r->state = PT_REQ_PREEMPTED;
     r->n_preempted++;
@@ -276,17 +293,22 @@ static void on_sampled(pt_core *c, req *r, const pt_sample_result *s) {
 
 /* ---- the step ------------------------------------------------------------------ */
 
+/* How many tokens r may draft this step (0: none), never more than may still be emitted, nor past the context. */
+static int draft_room(pt_core *c, req *r) {
+    if (!r->started || r->seq.kv.n_tokens != r->seq.n_tokens - 1 || r->pause > 0) return 0;
+    int k = PT_MIN(r->k_cur, r->max_new - r->n_generated - 1);
+    return PT_MIN(k, room_for(c) - r->seq.n_tokens);
+}
+
 /* Drafts for r's next step, if it speculates and is one token behind. */
 static int draft(pt_core *c, req *r) {
     const pt_spec_params *sp = &r->d.params.spec;
+    int k = sp->kind == PT_SPEC_OFF ? 0 : draft_room(c, r);
     r->n_draft = 0;
-    if (sp->kind == PT_SPEC_OFF || !r->started || r->seq.kv.n_tokens != r->seq.n_tokens - 1)
-        return 0;
-    /* never more than may still be emitted, nor past the context */
-    int k = PT_MIN(r->k_cur, r->max_new - r->n_generated - 1);
-    k = PT_MIN(k, room_for(c) - r->seq.n_tokens);
     if (k <= 0) return 0;
-    if (sp->kind == PT_SPEC_NGRAM)
+    if (sp->kind == PT_SPEC_DRAFT) /* made before the plan (draft_model_pass) */
+        r->n_draft = PT_MIN(r->n_pre, k);
+    else if (sp->kind == PT_SPEC_NGRAM)
         r->n_draft = pt_draft_ngram(r->seq.tokens, r->seq.n_tokens, r->prediction,
                                     sp->n_prediction, r->seq.n_tokens - r->d.n_prompt,
                                     sp->ngram_min, sp->ngram_max, k, r->draft);
@@ -295,6 +317,90 @@ static int draft(pt_core *c, req *r) {
                                      sp->oracle_accept, c->e->model->cfg.vocab_size, k, &r->rng,
                                      r->draft);
     return r->n_draft;
+}
+
+/* ---- the draft model (--spec draft) ------------------------------------------------ */
+
+/* Brings r's draft sequence in step with its target: the draft model's
+ * positions past the first token that differs from the target's real
+ * tokens (rejected drafts) are rolled back, and the real tokens become the
+ * draft's input.  Returns the rows the draft model must compute before it
+ * can propose (the catch-up, at least the last real token). */
+static int draft_sync(pt_core *c, req *r) {
+    pt_seq *d = &r->dseq, *t = &r->seq;
+    if (!r->d_started) {
+        pt_sampling greedy = pt_sampling_default();
+        greedy.temperature = 0;
+        pt_seq_init(d, c->draft, &greedy);
+        r->d_started = true;
+    }
+    int same = PT_MIN(r->d_real, d->n_tokens);
+    while (same < d->n_tokens && same < t->n_tokens && d->tokens[same] == t->tokens[same]) same++;
+    if (d->kv.n_tokens > same) pt_kv_seq_truncate(&c->draft->kv, &d->kv, same);
+    d->n_tokens = PT_MIN(d->n_tokens, same);
+    for (int i = d->n_tokens; i < t->n_tokens; i++) pt_seq_push(d, t->tokens[i]);
+    r->d_real = t->n_tokens;
+    return d->n_tokens - d->kv.n_tokens;
+}
+
+/* The draft model's proposals for every running request of --spec draft,
+ * made before the plan: one batched forward per drafted position, each
+ * taking the draft's greedy token.  A request whose draft sequence is far
+ * behind (a new prompt) first catches up in chunks, proposing nothing
+ * until it has.  Correctness never depends on this: a failure here only
+ * means fewer drafts. */
+static void draft_model_pass(pt_core *c) {
+    int n = 0, k_max = 0, budget = c->draft->model->max_batch;
+    for (int i = 0; i < c->n_run; i++) {
+        req *r = c->run[i];
+        r->n_pre = 0;
+        if (r->d.params.spec.kind != PT_SPEC_DRAFT || r->d_broken) continue;
+        int k = draft_room(c, r);
+        if (k <= 0) continue;
+        int behind = draft_sync(c, r);
+        if (behind > budget) { /* catch up now, draft in a later step */
+            if (budget > 0) {
+                c->ditems[n] = (pt_run_item){&r->dseq, budget, 0};
+                c->dreq[n++] = r;
+                budget = 0;
+            }
+            continue;
+        }
+        if (behind <= 0) continue;
+        budget -= behind;
+        r->k_want = k;
+        k_max = PT_MAX(k_max, k);
+        c->ditems[n] = (pt_run_item){&r->dseq, behind, 1};
+        c->dreq[n++] = r;
+    }
+    size_t vocab = (size_t)c->draft->model->cfg.vocab_size;
+    for (int step = 0; step < PT_MAX(k_max, 1) && n > 0; step++) {
+        pt_err err = {{0}};
+        int failed;
+        if (pt_runner_run(&c->drunner, c->ditems, n, &failed, &err)) {
+            pt_warn("engine: the draft model failed (%s); %s", err.msg,
+                    failed >= 0 ? "that request drafts no more" : "no drafts this step");
+            if (failed >= 0) c->dreq[failed]->d_broken = true;
+            for (int i = 0; i < n; i++) c->dreq[i]->n_pre = 0;
+            return;
+        }
+        const float *logits = c->drunner.logits;
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            req *r = c->dreq[i];
+            if (c->ditems[i].n_logits == 0) continue; /* catching up */
+            int32_t best = 0;
+            for (size_t v = 1; v < vocab; v++)
+                if (logits[v] > logits[best]) best = (int32_t)v;
+            logits += vocab;
+            r->draft[r->n_pre++] = best;
+            if (r->n_pre >= r->k_want) continue;
+            pt_seq_push(&r->dseq, best); /* the next draft row */
+            c->ditems[m] = (pt_run_item){&r->dseq, 1, 1};
+            c->dreq[m++] = r;
+        }
+        n = m;
+    }
 }
 
 static void describe(pt_core *c, pt_policy_req *p, req *r) {
@@ -377,6 +483,13 @@ static void verify(pt_core *c, req *r, float *logits, int n_rows) {
     r->n_accepted += accepted;
     if (n_drafts > 0) {
         int k = r->d.params.spec.k;
+        /* a draft of one token rejected: pause drafting, for twice as
+         * many steps each time it happens again, so that a drafter that is
+         * always wrong costs almost nothing; anything accepted ends that */
+        if (accepted == 0 && r->k_cur == 1)
+            r->pause = r->pause_len = PT_MIN(PAUSE_MAX, PT_MAX(1, 2 * r->pause_len));
+        else if (accepted > 0)
+            r->pause_len = 0;
         r->k_cur = accepted == n_drafts ? PT_MIN(k, r->k_cur + 1)
                    : 2 * accepted < n_drafts ? PT_MAX(1, r->k_cur / 2) : r->k_cur;
     }
@@ -397,6 +510,7 @@ static void sample_outputs(pt_core *c, int n_items) {
             pt_sample_result s;
             pt_sampler_sample(r->seq.sampler, logits + (size_t)(k - 1) * vocab, &s);
             on_sampled(c, r, &s);
+            if (r->pause > 0 && k == 1) r->pause--; /* a decode step without drafts */
         }
         logits += (size_t)k * vocab;
     }
@@ -405,6 +519,7 @@ static void sample_outputs(pt_core *c, int n_items) {
 int pt_core_step(pt_core *c) {
     if (c->n_run + c->n_wait == 0) return 0;
     double t0 = pt_now(), t1 = t0, t2 = t0;
+    if (c->draft) draft_model_pass(c);
     make_plan(c);
     pt_step_plan *p = &c->plan;
     for (int i = 0; i < p->n_preempt; i++) preempt(c, c->idx_req[p->preempt[i]]);
@@ -445,6 +560,22 @@ int pt_core_step(pt_core *c) {
 
 /* ---- the public side ------------------------------------------------------------ */
 
+/* The draft model's pool holds what the target's does, plus each running
+ * request's drafts in flight; grown here, when no core runs on it. */
+static void draft_init(pt_core *c) {
+    pt_engine *d = c->e->draft;
+    const pt_kv_config *kc = &c->e->kv.cfg;
+    int need = kc->n_pages * kc->page_size + c->o.max_seqs * (SPEC_MAX + kc->page_size);
+    pt_err err = {{0}};
+    if (d->kv.cfg.n_pages * d->kv.cfg.page_size < need && pt_engine_kv_init(d, need, &err)) {
+        pt_warn("engine: no KV pool for the draft model (%s); --spec draft drafts nothing", err.msg);
+        return;
+    }
+    d->prefix_cache = false; /* its pages are private and short-lived */
+    c->draft = d;
+    pt_runner_init(&c->drunner, d);
+}
+
 pt_core *pt_core_new(pt_engine *e, const pt_core_opts *o) {
     pt_core *c = pt_xcalloc(1, sizeof *c);
     c->e = e;
@@ -456,6 +587,7 @@ pt_core *pt_core_new(pt_engine *e, const pt_core_opts *o) {
     if (c->o.max_prefill <= 0) c->o.max_prefill = c->max_rows;
     grow(c, 16);
     pt_runner_init(&c->runner, e);
+    if (e->draft) draft_init(c);
     return c;
 }
 
@@ -473,6 +605,8 @@ void pt_core_free(pt_core *c) {
     free(c->plan.order), free(c->plan.gone);
     free(c->items), free(c->item_req);
     pt_runner_free(&c->runner);
+    if (c->draft) pt_runner_free(&c->drunner);
+    free(c->ditems), free(c->dreq);
     free(c);
 }
 

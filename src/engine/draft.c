@@ -1,5 +1,8 @@
 /*
- * draft.c - the n-gram and oracle drafters (see draft.h).
+ * draft.c - the n-gram and oracle drafters (see draft.h), and the check
+ * that a draft model shares the target's vocabulary (pt_engine_attach_draft,
+ * engine.h).  The draft model's own drafting runs in the core (core.c:
+ * draft_model_pass), beside the requests whose sequences it mirrors.
  *
  * The n-gram search is a plain backward scan: O(length x n) per call,
  * a few microseconds for contexts of a few thousand tokens, far below a
@@ -59,4 +62,34 @@ int pt_draft_oracle(const int32_t *truth, int n_truth, int at, float accept, int
             out[i] = (int32_t)((out[i] + 1 + pt_rng_next(rng) % (uint64_t)(n_vocab - 1)) % n_vocab);
     }
     return m;
+}
+
+/* ---- the draft model's vocabulary ---------------------------------------------- */
+
+int pt_engine_attach_draft(pt_engine *e, pt_engine *d, pt_err *err) {
+    int nt = e->model->cfg.vocab_size, nd = d->model->cfg.vocab_size;
+    if (nt != nd)
+        return pt_fail(err, "--draft-model has a vocabulary of %d tokens, the model %d: a draft "
+                            "model must use the target's tokenizer", nd, nt);
+    /* opened without one (the size is checked first, so a model with none
+     * still hears why it does not fit); the texts need it */
+    if (e->tok && !d->tok && d->model->file && pt_tokenizer_load(&d->tok, d->model->file, err))
+        return pt_failp(err, "--draft-model: its tokenizer is needed to compare vocabularies");
+    if (!e->tok != !d->tok)
+        return pt_fail(err, "--draft-model: only one of the two models has a tokenizer, so "
+                            "their vocabularies cannot be compared");
+    if (e->tok && pt_tokenizer_n_vocab(e->tok) != pt_tokenizer_n_vocab(d->tok))
+        return pt_fail(err, "--draft-model's tokenizer has %d tokens, the model's %d: a draft "
+                            "model must use the target's tokenizer",
+                       pt_tokenizer_n_vocab(d->tok), pt_tokenizer_n_vocab(e->tok));
+    for (int id = 0; e->tok && id < pt_tokenizer_n_vocab(e->tok); id++) {
+        size_t lt, ld;
+        const char *t = pt_token_bytes(e->tok, id, &lt), *x = pt_token_bytes(d->tok, id, &ld);
+        if (lt != ld || memcmp(t, x, lt) != 0)
+            return pt_fail(err, "--draft-model's token %d is '%.*s', the model's is '%.*s': a "
+                                "draft model must use the target's tokenizer",
+                           id, (int)PT_MIN(ld, 40), x, (int)PT_MIN(lt, 40), t);
+    }
+    e->draft = d;
+    return 0;
 }

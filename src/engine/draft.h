@@ -10,7 +10,7 @@
 #ifndef PETREL_DRAFT_H
 #define PETREL_DRAFT_H
 
-#include "base/base.h"
+#include "engine/engine.h"
 
 /* Prompt lookup: for n from n_max down to n_min, finds the last n tokens
  * of hist in `extra` (a Predicted Output, searched first: the occurrence

@@ -172,6 +172,7 @@ fail:
 
 void pt_engine_close(pt_engine *e) {
     if (!e) return;
+    pt_engine_close(e->draft);
     if (e->kv.k) {
         pt_kv_flush_to_disk(&e->kv); /* the hot pages survive a restart too */
         pt_kv_cache_free(&e->kv);

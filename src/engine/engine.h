@@ -47,6 +47,7 @@ typedef struct pt_engine {
     pt_disk *disk;       /* --kv-disk, or NULL */
     uint64_t cache_salt; /* everything besides tokens that decides a page's bytes */
     struct pt_runner *runner; /* for pt_seq_prefill / pt_seq_decode */
+    struct pt_engine *draft; /* --draft-model (pt_engine_attach_draft), or NULL; owned */
     double load_seconds;
 } pt_engine;
 
@@ -67,10 +68,12 @@ void pt_seq_push(pt_seq *s, int32_t id);
 
 enum pt_finish { PT_FINISH_NONE, PT_FINISH_STOP, PT_FINISH_LENGTH, PT_FINISH_CANCEL };
 
-enum pt_spec_kind { PT_SPEC_OFF, PT_SPEC_NGRAM, PT_SPEC_ORACLE };
+enum pt_spec_kind { PT_SPEC_OFF, PT_SPEC_NGRAM, PT_SPEC_ORACLE, PT_SPEC_DRAFT };
 
 /* Speculative decoding (draft.h): who proposes tokens for the target to
- * verify in one forward, and how many. */
+ * verify in one forward, and how many.  PT_SPEC_DRAFT needs the engine's
+ * draft model (pt_engine_attach_draft); a Predicted Output, when given, is
+ * searched first whatever the kind. */
 typedef struct pt_spec_params {
     int kind;              /* enum pt_spec_kind */
     int k;                 /* drafts per step at most (adapted per sequence) */
@@ -116,6 +119,12 @@ int pt_generate(pt_engine *e, const int32_t *prompt, int n_prompt, const pt_gen_
 int pt_seq_prefill(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
 /* Feeds the last token of s and samples the next into *r. */
 int pt_seq_decode(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err);
+
+/* Makes draft the drafter of `--spec draft` for e, which then owns it
+ * (pt_engine_close closes both).  Refused, with the first difference
+ * named, unless both models have the same vocabulary: the same size and,
+ * where both have tokenizers, the same text for every token id. */
+int pt_engine_attach_draft(pt_engine *e, pt_engine *draft, pt_err *err);
 
 pt_dtype pt_parse_kv_dtype(const char *s); /* -1 if unknown */
 

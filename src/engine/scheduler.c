@@ -16,7 +16,7 @@ typedef struct pending {
     struct pending *next;
     uint64_t id;
     pt_sched_job d; /* prompt and bias point into our copies below */
-    int32_t *prompt, *bias_ids;
+    int32_t *prompt, *bias_ids, *prediction, *oracle;
     float *bias_vals;
 } pending;
 
@@ -55,6 +55,7 @@ int pt_sched_pages_for(const pt_engine *e, int n_positions) {
 
 static void pending_free(pending *p) {
     free(p->prompt), free(p->bias_ids), free(p->bias_vals);
+    free(p->prediction), free(p->oracle);
     free(p);
 }
 
@@ -179,6 +180,12 @@ uint64_t pt_sched_submit(pt_sched *s, const pt_sched_job *d, pt_err *err) {
     p->bias_ids = dup_array(d->bias_ids, (size_t)PT_MAX(d->n_bias, 0), sizeof(int32_t));
     p->bias_vals = dup_array(d->bias_vals, (size_t)PT_MAX(d->n_bias, 0), sizeof(float));
     p->d.prompt = p->prompt, p->d.bias_ids = p->bias_ids, p->d.bias_vals = p->bias_vals;
+    /* the drafters' sources too: the caller's arrays are gone when the job starts */
+    p->prediction = dup_array(d->params.spec.prediction,
+                              (size_t)PT_MAX(d->params.spec.n_prediction, 0), sizeof(int32_t));
+    p->oracle = dup_array(d->params.spec.oracle, (size_t)PT_MAX(d->params.spec.n_oracle, 0),
+                          sizeof(int32_t));
+    p->d.params.spec.prediction = p->prediction, p->d.params.spec.oracle = p->oracle;
     done_hook *h = pt_xmalloc(sizeof *h);
     *h = (done_hook){s, d->on_done, d->on_token, d->user};
     p->d.on_done = hook_done, p->d.on_token = hook_token, p->d.user = h;

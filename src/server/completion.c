@@ -71,6 +71,7 @@ typedef struct pt_group {
     bool began;      /* the stream's head is sent */
     json_t *choices; /* non-streamed: the finished choices, by index */
     int n_completion;
+    int n_drafted, n_accepted; /* speculation, summed over the choices like n_completion */
     pt_sched_stats st0; /* choice 0's, for usage and timings */
     int sibling_cached; /* the fewest prompt tokens a choice 1..n-1 reused */
     /* written by choice 0's prompt worker before its job is submitted */
@@ -78,6 +79,7 @@ typedef struct pt_group {
     int32_t *prompt;
     int32_t *bias_ids;
     float *bias_vals;
+    int32_t *prediction; /* the Predicted Output's tokens, or NULL */
     bool seed_given;
     pt_structured *structured; /* the grammar every choice's processor reads */
     bool siblings_out;         /* choices 1..n-1 were submitted (or freed) */
@@ -399,6 +401,7 @@ static void group_free(pt_group *g) {
     free(g->prompt);
     free(g->bias_ids);
     free(g->bias_vals);
+    free(g->prediction);
     pt_structured_free(g->structured);
     free(g->choice);
     free(g);
@@ -511,13 +514,17 @@ static void job_error(pt_req *q) {
 /* Usage of the whole request: the prompt once, the choices' completions
  * summed, the prompt's cache hits as choice 0 saw them. */
 static json_t *group_usage(const pt_group *g) {
-    return pt_oai_usage(g->st0.n_prompt, g->n_completion, g->st0.n_cached);
+    json_t *u = pt_oai_usage(g->st0.n_prompt, g->n_completion, g->st0.n_cached);
+    pt_oai_usage_spec(u, g->n_drafted, g->n_accepted);
+    return u;
 }
 
 /* A choice's answer is complete; true when it was the last. */
 static bool settle(pt_req *q) {
     pt_group *g = q->grp;
     g->n_completion += q->st.n_generated;
+    g->n_drafted += q->st.n_drafted;
+    g->n_accepted += q->st.n_accepted;
     if (q->index == 0) g->st0 = q->st;
     else if (q->st.n_cached < g->sibling_cached)
         g->sibling_cached = q->st.n_cached;
@@ -921,6 +928,24 @@ static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) 
     return 0;
 }
 
+/* The request's speculation: the server's (--spec), or with a Predicted
+ * Output that text as the first draft source, whatever --spec says (the
+ * client asked for it).  *pred holds the prediction's tokens until the
+ * job is submitted (the scheduler copies them). */
+static int speculation(pt_server *s, const pt_oai_request *r, pt_spec_params *sp, int32_t **pred,
+                       pt_err *err) {
+    *sp = s->o.spec;
+    if (!r->prediction) return 0;
+    size_t n = 0;
+    if (pt_tokenize(s->e->tok, r->prediction, r->prediction_len, false, false, pred, &n, err))
+        return -1;
+    sp->kind = PT_SPEC_NGRAM; /* with --spec draft too: the prediction is the better guess */
+    /* tokens past the context can never be emitted, so never drafted */
+    sp->prediction = *pred;
+    sp->n_prediction = (int)PT_MIN(n, (size_t)s->o.n_ctx);
+    return 0;
+}
+
 /* Choice 0's job, kept for choices 1..n-1 (submitted by the loop). */
 static void keep_for_siblings(pt_req *q, const pt_sched_job *job, const pt_oai_request *r) {
     pt_group *g = q->grp;
@@ -935,6 +960,12 @@ static void keep_for_siblings(pt_req *q, const pt_sched_job *job, const pt_oai_r
         memcpy(g->bias_vals, job->bias_vals, sizeof(float) * (size_t)job->n_bias);
     }
     g->job.bias_ids = g->bias_ids, g->job.bias_vals = g->bias_vals;
+    const pt_spec_params *sp = &job->params.spec;
+    if (sp->n_prediction > 0) { /* the caller frees its copy once choice 0 is submitted */
+        g->prediction = pt_xmalloc(sizeof(int32_t) * (size_t)sp->n_prediction);
+        memcpy(g->prediction, sp->prediction, sizeof(int32_t) * (size_t)sp->n_prediction);
+    }
+    g->job.params.spec.prediction = g->prediction;
     g->seed_given = r->seed_given;
     g->structured = q->structured; /* the group's now: it outlives every choice's job */
     q->structured = NULL;
@@ -1019,14 +1050,21 @@ static int front_submit(pt_server *s, pt_req *q) {
         q->split = true;
     }
     pt_err err = {{0}};
+    int32_t *pred = NULL;
+    if (speculation(s, r, &job.params.spec, &pred, &err)) {
+        free(ids);
+        return refuse(q, 400, "invalid_value", "prediction", err.msg);
+    }
     if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */
         free(ids);
+        free(pred);
         return refuse(q, 400, "context_length_exceeded",
                       r->kind == PT_OAI_CHAT ? "messages" : "prompt", err.msg);
     }
     if (q->grp->n > 1) keep_for_siblings(q, &job, r);
     uint64_t id = pt_sched_submit(s->sched, &job, &err);
     free(ids);
+    free(pred);
     if (!id) return refuse(q, 503, "server_busy", NULL, err.msg);
     /* q->front_busy keeps q alive even if the job is already done */
     pthread_mutex_lock(&s->mu);

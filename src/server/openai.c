@@ -303,6 +303,53 @@ static int f_logit_bias(pt_oai_request *r, json_t *v, const field *f, const pt_o
     return 0;
 }
 
+/* Predicted Outputs: {"type": "content", "content": "..." | [text parts]}.
+ * The parts are joined as they are (no separator): the prediction is the
+ * literal text the answer is expected to contain. */
+static int f_prediction(pt_oai_request *r, json_t *v, const field *f, const pt_oai_limits *lim,
+                        pt_oai_error *e) {
+    (void)lim;
+    if (!json_is_object(v))
+        return wrong_type(e, f->name, "an object ({\"type\": \"content\", \"content\": ...})");
+    const char *t = json_string_value(json_object_get(v, "type"));
+    if (!t || strcmp(t, "content"))
+        return fail(e, 400, "invalid_value", "prediction.type",
+                    "prediction.type must be \"content\" (got %s%.40s%s)", t ? "'" : "",
+                    t ? t : "none", t ? "'" : "");
+    json_t *c = json_object_get(v, "content");
+    if (json_is_string(c)) {
+        r->prediction_len = json_string_length(c);
+        r->prediction = pt_xmalloc(r->prediction_len + 1);
+        memcpy(r->prediction, json_string_value(c), r->prediction_len + 1);
+        return 0;
+    }
+    if (!json_is_array(c))
+        return c ? wrong_type(e, "prediction.content", "a string or an array of text parts")
+                 : fail(e, 400, "missing_required_parameter", "prediction.content",
+                        "'prediction.content' is required");
+    size_t i, len = 0;
+    json_t *part;
+    json_array_foreach(c, i, part) {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !type || strcmp(type, "text") || !json_is_string(text)) {
+            char pp[64];
+            snprintf(pp, sizeof pp, "prediction.content[%zu]", i);
+            return fail(e, 400, "invalid_value", pp,
+                        "'%s' must be a text part ({\"type\": \"text\", \"text\": \"...\"})", pp);
+        }
+        len += json_string_length(text);
+    }
+    r->prediction = pt_xmalloc(len + 1);
+    json_array_foreach(c, i, part) {
+        json_t *text = json_object_get(part, "text");
+        memcpy(r->prediction + r->prediction_len, json_string_value(text), json_string_length(text));
+        r->prediction_len += json_string_length(text);
+    }
+    r->prediction[len] = 0;
+    return 0;
+}
+
 /* The shape is checked here; the schema is compiled when the request is
  * submitted (server/structured.c), where an unsupported feature is a 400
  * that names it. */
@@ -495,6 +542,7 @@ static const field k_fields[] = {
     {"echo", PT_OAI_COMPLETION, f_echo, NULL, 0},
     {"suffix", PT_OAI_COMPLETION, f_suffix, NULL, 0},
     {"user", BOTH, f_user, NULL, 0},
+    {"prediction", BOTH, f_prediction, NULL, 0},
     {"logit_bias", BOTH, f_logit_bias, NULL, 0},
     {"ignore_eos", BOTH, f_ignore_eos, NULL, 0},
     {"response_format", BOTH, f_response_format, NULL, 0},
@@ -562,6 +610,7 @@ void pt_oai_request_free(pt_oai_request *r) {
     free(r->prompt_ids);
     free(r->bias_ids);
     free(r->bias_vals);
+    free(r->prediction);
     pt_stop_free(&r->stop);
     memset(r, 0, sizeof *r);
 }
@@ -611,16 +660,27 @@ json_t *pt_oai_usage(int n_prompt, int n_completion, int n_cached) {
                      "cached_tokens", n_cached);
 }
 
+void pt_oai_usage_spec(json_t *usage, int n_drafted, int n_accepted) {
+    json_t *d = json_object_get(usage, "completion_tokens_details");
+    if (!d) json_object_set_new(usage, "completion_tokens_details", d = json_object());
+    json_object_set_new(d, "accepted_prediction_tokens", json_integer(n_accepted));
+    json_object_set_new(d, "rejected_prediction_tokens", json_integer(n_drafted - n_accepted));
+}
+
 json_t *pt_oai_timings(const pt_sched_stats *st) {
     int n_dec = st->n_generated > 1 ? st->n_generated - 1 : 0;
     /* the prefill computed only what the prefix cache did not hold */
     double pre = st->t_prefill > 0 ? (st->n_prompt - st->n_cached) / st->t_prefill : 0;
     double dec = st->t_decode > 0 ? n_dec / st->t_decode : 0;
-    return json_pack("{s:f, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:i}", "queue_ms", st->t_queue * 1e3,
+    json_t *t = json_pack("{s:f, s:f, s:i, s:f, s:f, s:i, s:f, s:f, s:i}", "queue_ms", st->t_queue * 1e3,
                      "ttft_ms", st->ttft * 1e3, "prompt_tokens", st->n_prompt, "prefill_ms",
                      st->t_prefill * 1e3, "prefill_tokens_per_second", pre, "completion_tokens",
                      st->n_generated, "decode_ms", st->t_decode * 1e3, "decode_tokens_per_second",
                      dec, "preemptions", st->n_preempted);
+    /* speculative decoding: tokens drafted, and those the model confirmed */
+    json_object_set_new(t, "drafted_tokens", json_integer(st->n_drafted));
+    json_object_set_new(t, "accepted_tokens", json_integer(st->n_accepted));
+    return t;
 }
 
 const char *pt_oai_finish_reason(int finish) {

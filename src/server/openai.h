@@ -63,6 +63,10 @@ typedef struct pt_oai_request {
     const char *user;
     json_t *response_format; /* borrowed from root; compiled at submit
                                 (server/structured.c), or NULL */
+    /* Predicted Outputs: the text the answer is expected to repeat (its
+     * parts joined), drafted from when the request runs (owned; NULL: none) */
+    char *prediction;
+    size_t prediction_len;
 } pt_oai_request;
 
 /* Parses body[0..len) as a request of the given kind.  On error returns -1
@@ -82,6 +86,10 @@ json_t *pt_oai_string_lossy(const char *s, size_t len);
 json_t *pt_oai_bytes(const char *s, size_t len);
 
 json_t *pt_oai_usage(int n_prompt, int n_completion, int n_cached);
+/* Adds OpenAI's completion_tokens_details.accepted_prediction_tokens and
+ * rejected_prediction_tokens to a usage object: the drafted tokens the
+ * model confirmed, and the rest (so accepted + rejected = drafted). */
+void pt_oai_usage_spec(json_t *usage, int n_drafted, int n_accepted);
 /* Petrel's extra "timings" object. */
 json_t *pt_oai_timings(const pt_sched_stats *st);
 const char *pt_oai_finish_reason(int finish); /* "stop", "length", ... */

@@ -32,6 +32,7 @@ typedef struct pt_server_opts {
     int shutdown_timeout;      /* seconds in-flight requests get on SIGTERM; default 10 */
     const char *port_file;     /* write the bound port here once listening */
     bool quiet;                /* no per-request log lines */
+    pt_spec_params spec;       /* --spec: every request's drafter (prediction aside) */
 } pt_server_opts;
 
 /* Serves until SIGINT/SIGTERM; returns 0 after a clean shutdown, or -1 with

@@ -4,8 +4,10 @@
  * q6_k and MLX affine at 4 and 8 bits (groups 32/64/128, f16 and bf16
  * scales) plus 3 and 6 bits (the plain decoder).
  *
- * matmul: up to PETREL_CUDA_QGEMV_MAX token rows (default 4; the test runs
- * with 16) take the GEMV, more dequantize to f16 and run cuBLAS.
+ * matmul: up to PETREL_CUDA_QGEMV_MAX token rows (default 16) take the
+ * GEMV, more dequantize to f16 and run cuBLAS.  The GEMV's rows are
+ * batch-invariant: test_qbatch_invariance compares each row of 2..16-row
+ * calls with the row alone, bit for bit.
  * Tolerances, per output, from the arithmetic (S = sum_k |w_k x_k|,
  * W = sum_k |w_k|), against a double-precision product of the dequantized
  * weights and against the CPU backend alike: the activations' rounding to
@@ -208,6 +210,53 @@ static void test_qmatmul(void **state) {
     }
 }
 
+/* Batch invariance (speculative verification): each row of an n-row
+ * matmul on the GPU is the same bits as that row alone, for every format
+ * and every n up to 16. */
+static void invariant_qmatmul(const fmt *f, const qmat *m, int n) {
+    int rows = (int)m->w[0].rows, cols = (int)m->w[0].cols;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
+    float *x = malloc(sizeof(float) * nx), *yn = malloc(sizeof(float) * ny),
+          *y1 = malloc(sizeof(float) * rows);
+    for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1) * (1 + (float)(i % 5));
+    void *dx = to_backend(GPU, x, sizeof(float) * nx), *dy = to_backend(GPU, yn, sizeof(float) * ny);
+    pt_be_matmul(be[GPU], dy, dx, &m->w[GPU], n);
+    be[GPU]->ops->download(be[GPU], yn, dy, sizeof(float) * ny);
+    char fb[48];
+    for (int i = 0; i < n; i++) {
+        void *dxi = to_backend(GPU, x + (size_t)i * cols, sizeof(float) * cols);
+        void *dyi = to_backend(GPU, y1, sizeof(float) * rows);
+        pt_be_matmul(be[GPU], dyi, dxi, &m->w[GPU], 1);
+        be[GPU]->ops->download(be[GPU], y1, dyi, sizeof(float) * rows);
+        if (memcmp(y1, yn + (size_t)i * rows, sizeof(float) * rows)) {
+            int r = 0;
+            while (y1[r] == yn[(size_t)i * rows + r]) r++;
+            fail_msg("matmul %s %dx%d: row %d of %d differs from the row alone at [%d]: %.9g vs %.9g",
+                     fname(f, fb, sizeof fb), rows, cols, i, n, r, yn[(size_t)i * rows + r], y1[r]);
+        }
+        be[GPU]->ops->free(be[GPU], dxi, sizeof(float) * cols);
+        be[GPU]->ops->free(be[GPU], dyi, sizeof(float) * rows);
+    }
+    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * nx);
+    be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
+    free(x), free(yn), free(y1);
+}
+
+static void test_qbatch_invariance(void **state) {
+    (void)state;
+    static const int shapes[][2] = {{301, 4096}, {67, 4608}, {40, 96}};
+    static const int ns[] = {2, 5, 9, 16};
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
+        const fmt *f = &formats[fi];
+        for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++) {
+            if (shapes[si][1] % fmt_block(f)) continue;
+            qmat m = qmat_new(f, shapes[si][0], shapes[si][1]);
+            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) invariant_qmatmul(f, &m, ns[ni]);
+            qmat_free(&m);
+        }
+    }
+}
+
 static void test_qembed(void **state) {
     (void)state;
     char fb[48];
@@ -244,9 +293,7 @@ static void test_qembed(void **state) {
 
 int main(void) {
     pt_err err = {{0}};
-    setenv("PETREL_CUDA_QGEMV_MAX", "16", 1); /* every GEMV width */
-    be[GPU] = pt_backend_cuda_new(0, &err);
-    unsetenv("PETREL_CUDA_QGEMV_MAX");
+    be[GPU] = pt_backend_cuda_new(0, &err); /* GEMV up to 16 rows: the default */
     if (!be[GPU]) {
         printf("test_cuda_qmatmul: skipped: %s\n", err.msg);
         fflush(stdout);
@@ -263,6 +310,7 @@ int main(void) {
     pt_rng_seed(&rng, 4242);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qmatmul),
+        cmocka_unit_test(test_qbatch_invariance),
         cmocka_unit_test(test_qembed),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -284,6 +284,43 @@ static void test_pieces(void **state) {
     json_decref(j);
 }
 
+/* Predicted Outputs: the text, its parts joined as they are; bad shapes
+ * name the field; the usage and timings fields of speculation. */
+static void test_prediction(void **state) {
+    (void)state;
+    pt_oai_request r;
+    pt_oai_error e;
+    assert_int_equal(parse(&r, CHAT, "{" MSG ",\"prediction\":{\"type\":\"content\",\"content\":\"a b\"}}", &e), 0);
+    assert_int_equal(r.prediction_len, 3);
+    assert_string_equal(r.prediction, "a b");
+    pt_oai_request_free(&r);
+    assert_int_equal(parse(&r, CHAT, "{" MSG ",\"prediction\":{\"type\":\"content\",\"content\":"
+                                      "[{\"type\":\"text\",\"text\":\"ab\"},{\"type\":\"text\",\"text\":\"c\"}]}}", &e), 0);
+    assert_string_equal(r.prediction, "abc");
+    pt_oai_request_free(&r);
+    assert_int_equal(parse(&r, COMP, "{\"prompt\":\"x\",\"prediction\":null}", &e), 0);
+    assert_null(r.prediction);
+    pt_oai_request_free(&r);
+    bad(CHAT, "{" MSG ",\"prediction\":\"text\"}", 400, "invalid_type", "prediction");
+    bad(CHAT, "{" MSG ",\"prediction\":{\"content\":\"x\"}}", 400, "invalid_value", "prediction.type");
+    bad(CHAT, "{" MSG ",\"prediction\":{\"type\":\"text\",\"content\":\"x\"}}", 400, "invalid_value", "prediction.type");
+    bad(CHAT, "{" MSG ",\"prediction\":{\"type\":\"content\"}}", 400, "missing_required_parameter", "prediction.content");
+    bad(CHAT, "{" MSG ",\"prediction\":{\"type\":\"content\",\"content\":1}}", 400, "invalid_type", "prediction.content");
+    bad(CHAT, "{" MSG ",\"prediction\":{\"type\":\"content\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image_url\"}]}}",
+        400, "invalid_value", "prediction.content[1]");
+    json_t *u = pt_oai_usage(5, 7, 0);
+    pt_oai_usage_spec(u, 6, 4);
+    json_t *d = json_object_get(u, "completion_tokens_details");
+    assert_int_equal(json_integer_value(json_object_get(d, "accepted_prediction_tokens")), 4);
+    assert_int_equal(json_integer_value(json_object_get(d, "rejected_prediction_tokens")), 2);
+    json_decref(u);
+    pt_sched_stats st = {.n_prompt = 3, .n_generated = 9, .n_drafted = 6, .n_accepted = 4};
+    json_t *t = pt_oai_timings(&st);
+    assert_int_equal(json_integer_value(json_object_get(t, "drafted_tokens")), 6);
+    assert_int_equal(json_integer_value(json_object_get(t, "accepted_tokens")), 4);
+    json_decref(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_malformed), cmocka_unit_test(test_wrong_types),
@@ -292,6 +329,7 @@ int main(void) {
         cmocka_unit_test(test_pieces),
         cmocka_unit_test(test_messages_point_right),
         cmocka_unit_test(test_ranges_from_shared_table),
+        cmocka_unit_test(test_prediction),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

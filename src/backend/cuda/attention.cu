@@ -11,8 +11,17 @@
  * updates a running max and sum per query (online softmax, base 2) and
  * accumulates P·V (lane = 1/32 of head_dim).  The 4 warps' states are merged
  * at the end; with several splits each split writes its unnormalized sum and
- * (max, sum) and a second kernel merges the splits.  Splits are chosen so a
- * single long sequence still fills the GPU.
+ * (max, sum) and a second kernel merges the splits.  A split is a fixed
+ * ATT_SPLIT_KEYS keys (doubled per power of two of the context past
+ * ATT_SPLIT_MAX splits), so a long sequence fills the GPU.
+ *
+ * Batch invariance (decode vs speculative verification, up to 16 rows and
+ * contexts of ATT_SPLIT_KEYS * ATT_SPLIT_MAX keys): a row's result is the
+ * same bits whether it comes alone or with other rows.  Its splits do not
+ * depend on the batch, each query vector's arithmetic is the same in every
+ * NQ instance (explicit fmaf throughout), and keys past a row's position
+ * that another row of the pass needs are masked to exact no-ops (p = 0,
+ * alpha = 1).
  *
  * Rows of one block that belong to different sequences are handled in
  * passes, one per sequence, so any batch is correct; the scheduler's common
@@ -30,6 +39,8 @@
 #define ATT_KT 32 /* keys per warp per tile */
 #define ATT_BLOCK_KEYS (ATT_WARPS * ATT_KT)
 #define ATT_LOG2E 1.4426950408889634f
+#define ATT_SPLIT_KEYS 256 /* keys per split of the tiled kernel */
+#define ATT_SPLIT_MAX 128  /* splits before the split size grows */
 
 typedef struct att_plan {
     int mma; /* 1: the tensor-core kernel (prefill-sized batches) */
@@ -178,7 +189,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                 float s = (kk < kend && kk <= qpos[qv]) ? sc[qv] : -INFINITY;
                 float mnew = fmaxf(m[qv], cu_warp_max(s));
                 float pj = exp2f(s - mnew), alpha = exp2f(m[qv] - mnew);
-                l[qv] = l[qv] * alpha + cu_warp_sum(pj);
+                l[qv] = fmaf(l[qv], alpha, cu_warp_sum(pj));
                 m[qv] = mnew;
 #pragma unroll
                 for (int i = 0; i < DPL; i++) acc[qv][i] *= alpha;
@@ -245,8 +256,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             float Lsum = 0.f, A = 0.f;
             for (int w = 0; w < ATT_WARPS; w++) {
                 float f = exp2f(Cm[w * NQ + qv] - M);
-                Lsum += Cl[w * NQ + qv] * f;
-                A += Ca[(w * NQ + qv) * HD + d] * f;
+                Lsum = fmaf(Cl[w * NQ + qv], f, Lsum);
+                A = fmaf(Ca[(w * NQ + qv) * HD + d], f, A);
             }
             int t = t0 + r, head = head0 + h;
             if (p.n_splits == 1) {
@@ -278,8 +289,8 @@ __global__ void attn_merge_kernel(cu_attn_args a, att_plan p) {
         for (int s = 0; s < nvalid; s++) {
             size_t pi = ((size_t)s * a.n + t) * a.n_heads + h;
             float f = exp2f(p.part_ml[2 * pi] - M);
-            Lsum += p.part_ml[2 * pi + 1] * f;
-            A += p.part_acc[pi * hd + d] * f;
+            Lsum = fmaf(p.part_ml[2 * pi + 1], f, Lsum);
+            A = fmaf(p.part_acc[pi * hd + d], f, A);
         }
         a.out[((size_t)t * a.n_heads + h) * hd + d] = A / Lsum;
     }
@@ -633,14 +644,21 @@ static int make_plan(const cu_attn_args *a, int n_sm, att_plan *p) {
     long rowgroups = CU_DIV_UP(a->n, p->qr);
     long base = (long)a->n_kv_heads * (G / gq) * rowgroups;
     long max_ctx = (long)a->max_pages * a->page_size;
-    /* Enough blocks for three per multiprocessor (what fits in shared
-     * memory), each split at least one tile of keys. */
-    long unit = p->mma ? MMA_KT : ATT_KT;
-    long tiles = CU_DIV_UP(max_ctx, p->mma ? MMA_KT : ATT_BLOCK_KEYS);
-    long splits = CU_DIV_UP(3L * n_sm, base);
-    if (splits > tiles) splits = tiles;
-    if (splits < 1) splits = 1;
-    long chunk = CU_DIV_UP(CU_DIV_UP(max_ctx, splits), unit) * unit;
+    long chunk;
+    if (p->mma) {
+        /* Enough blocks for three per multiprocessor (what fits in shared
+         * memory), each split at least one tile of keys. */
+        long tiles = CU_DIV_UP(max_ctx, MMA_KT);
+        long splits = CU_DIV_UP(3L * n_sm, base);
+        if (splits > tiles) splits = tiles;
+        if (splits < 1) splits = 1;
+        chunk = CU_DIV_UP(CU_DIV_UP(max_ctx, splits), MMA_KT) * MMA_KT;
+    } else {
+        /* A fixed split, not one sized from the batch: a row's splits (and
+         * so its bits) must not depend on the other rows (file comment). */
+        chunk = ATT_SPLIT_KEYS;
+        while (max_ctx > chunk * ATT_SPLIT_MAX) chunk *= 2;
+    }
     p->chunk = (int)chunk;
     p->n_splits = (int)CU_DIV_UP(max_ctx, chunk);
     p->part_acc = p->part_ml = NULL;

@@ -19,7 +19,7 @@
  * PETREL_CUDA_SYNC=1 runs every op at once and synchronizes after it,
  * which names the op that failed.
  *
- * Matmul: up to gemv_max token rows (PETREL_CUDA_GEMV_MAX, default 4) run
+ * Matmul: up to gemv_max token rows (PETREL_CUDA_GEMV_MAX, default 16) run
  * the weight-streaming GEMV kernels with f32 activations; more rows go to
  * cuBLAS: f32 weights by cublasSgemm (no TF32), f16/bf16 weights by
  * cublasGemmEx after the activations are rounded to the weights' type, with
@@ -27,7 +27,7 @@
  *
  * Quantized weights (GGUF q8_0/q4_0/q4_k/q5_k/q6_k, MLX affine) stay as the
  * file stores them: up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
- * default 4) run the quantized GEMV of qmatmul.cu, more rows dequantize
+ * default 16) run the quantized GEMV of qmatmul.cu, more rows dequantize
  * the weight to f16 in a scratch buffer and run cublasGemmEx; quantized
  * embedding tables are dequantized row by row.
  *
@@ -553,7 +553,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_kvq_init(&cb->ctx);
     cu_gemv_init(&cb->ctx);
     cu_qgemv_init(&cb->ctx);
-    cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", 4);
+    cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", CU_GEMV_DEFAULT_ROWS);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;

@@ -25,8 +25,11 @@ extern "C" {
 enum { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2 };
 
 /* Largest row count the GEMV kernels take (they keep one accumulator per
- * row per thread). */
-#define CU_GEMV_MAX_ROWS 8
+ * row per thread), and the default of PETREL_CUDA_GEMV_MAX: every row count
+ * up to 16 takes the GEMV, whose rows are batch-invariant (cuBLAS is
+ * faster from ~8 rows but rounds differently from the GEMV). */
+#define CU_GEMV_MAX_ROWS 16
+#define CU_GEMV_DEFAULT_ROWS 16
 /* Quantized weight formats (CU_Q8_0 .. CU_AFFN below). */
 #define CU_QFMT_COUNT 8
 
@@ -76,9 +79,9 @@ typedef struct cu_qweight {
 /* Token rows up to which the quantized GEMV runs (it keeps one accumulator
  * per weight row and token row per thread). */
 #define CU_QGEMV_MAX_ROWS 16
-/* Default of PETREL_CUDA_QGEMV_MAX: beyond it dequantize + cuBLAS is
- * faster (bench_cuda_ops, docs/cuda-notes.md). */
-#define CU_QGEMV_DEFAULT_ROWS 4
+/* Default of PETREL_CUDA_QGEMV_MAX: all of them, so a token row gets the
+ * same bits at every row count up to 16 (speculative verification). */
+#define CU_QGEMV_DEFAULT_ROWS 16
 
 /* Sets the GEMV's shared-memory limits and sizes its persistent grids;
  * once per device, before any capture. */

@@ -3,9 +3,15 @@
  * (no repacking at load): GGUF q8_0, q4_0, q4_k, q5_k, q6_k and MLX affine
  * (codes of 2..8 bits, groups of 32/64/128, f16/bf16/f32 scales).
  *
- * Three kernels share one decoder per format:
+ * The kernels share the activation rounding and the integer dot product:
  *
- *  - qgemv (decode, n <= CU_QGEMV_MAX_ROWS token rows): a persistent grid
+ *  - qgemv_reg (decode, n <= CU_QGEMV_MAX_ROWS token rows; q4_0, q8_0,
+ *    q4_k, q5_k, affine 4/8 with rows of whole 256-element units): lane
+ *    = weight row, units read with 16-byte loads into registers and
+ *    decoded there, no shared-memory staging of weights (its comment
+ *    below).  It is the decode path of every format but q6_k.
+ *  - qgemv (the staged kernel: q6_k, and affine rows that are not whole
+ *    units): a persistent grid
  *    (as many blocks of 128 threads as fit at once) whose blocks walk
  *    groups of QM_ROWS weight rows.  A block copies the rows' bytes into
  *    shared memory with 16-byte cp.async, one tile of 4096 columns per
@@ -30,7 +36,12 @@
  * = -32 mul).  Bytes become floats without the slow integer conversion:
  * the float with bits 0x4B000000 | u is exactly 2^23 + u.
  *
- * Accuracy: the staged GEMV computes the CPU's integer sums, so the two
+ * Batch invariance: which kernel runs depends on the weight and x's
+ * alignment, never on n, and each kernel's per-row order of operations
+ * is the same at every n (explicit fmaf, warp-ordered sums), so a token
+ * row gets the same bits alone or among 16 (speculative verification).
+ *
+ * Accuracy: the GEMVs compute the CPU's integer sums, so the two
  * agree to f32 rounding (~1e-6); both differ from an f32 product by the
  * activation rounding, at most max|x| / 65534 per element.  The plain
  * kernel and the embeddings are f32 on the dequantized weights; prefill
@@ -276,6 +287,27 @@ __device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uin
     dx = d;
 }
 
+/* A chunk's product with one token's int16 codes, before the activation
+ * scale dx: exact integer sums of code products per half (dp2a: two int16
+ * codes times two int8 weight codes), then (mul, add) in f32.  Every
+ * operation is written out (no contraction left to the compiler), so
+ * every kernel and every token count computes a row the same way. */
+__device__ __forceinline__ float qdot_chunk(const qchunk &q, const uint32_t xw[16], int s0,
+                                            int s1) {
+    int h0 = 0, h1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        h0 = __dp2a_lo((int)xw[2 * i], (int)q.u[i], h0);
+        h0 = __dp2a_hi((int)xw[2 * i + 1], (int)q.u[i], h0);
+        h1 = __dp2a_lo((int)xw[2 * i + 8], (int)q.u[i + 4], h1);
+        h1 = __dp2a_hi((int)xw[2 * i + 9], (int)q.u[i + 4], h1);
+    }
+    float v = __fmul_rn(q.mul[0], (float)h0);
+    v = fmaf(q.add[0], (float)s0, v);
+    v = fmaf(q.mul[1], (float)h1, v);
+    return fmaf(q.add[1], (float)s1, v);
+}
+
 /* Persistent: the grid is what fits on the GPU at once; each block walks
  * its row groups (blockIdx.x, + gridDim.x, ...) tile by tile with
  * QM_STAGES - 1 items in flight ahead of the one it multiplies, across
@@ -346,17 +378,7 @@ __global__ void __launch_bounds__(QM_THREADS)
             for (int r = 0; r < QM_ROWS; r++) {
                 /* exact integer sums of code products per half (dp2a: two
                  * int16 activations times two int8 weight codes) */
-                int h0 = 0, h1 = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    h0 = __dp2a_lo((int)xw[2 * i], (int)q[r].u[i], h0);
-                    h0 = __dp2a_hi((int)xw[2 * i + 1], (int)q[r].u[i], h0);
-                    h1 = __dp2a_lo((int)xw[2 * i + 8], (int)q[r].u[i + 4], h1);
-                    h1 = __dp2a_hi((int)xw[2 * i + 9], (int)q[r].u[i + 4], h1);
-                }
-                float v = q[r].mul[0] * (float)h0 + q[r].add[0] * (float)s0 +
-                          q[r].mul[1] * (float)h1 + q[r].add[1] * (float)s1;
-                acc[r][tk] = fmaf(dx, v, acc[r][tk]);
+                acc[r][tk] = fmaf(dx, qdot_chunk(q[r], xw, s0, s1), acc[r][tk]);
             }
         }
         if (t == n_tiles - 1) {
@@ -382,6 +404,241 @@ __global__ void __launch_bounds__(QM_THREADS)
             }
         }
         __syncthreads(); /* everyone is done with this slot before it is refilled */
+    }
+}
+
+/* ---- register GEMV: q4_0, q8_0, affine 4/8 ------------------------------------ */
+
+/* A unit is 256 elements of a row (8 chunks): whole blocks that start at a
+ * 16-byte boundary in every format here (q4_0: 8 x 18 bytes = 9 words of
+ * 16 bytes, q8_0: 8 x 34 = 17, q4_k: one block of 144 = 9, q5_k: 176 = 11,
+ * affine 4: 8, affine 8: 16).  q6_k (210-byte blocks, 2-byte aligned)
+ * stays on the staged kernel. */
+#define QR_WARPS 8
+#define QR_UNIT 256
+
+template <int F> struct qr_unit {
+    static const int n16 = F == CU_Q4_0 || F == CU_Q4_K ? 9 : F == CU_Q8_0 ? 17 : F == CU_Q5_K ? 11
+                         : F == CU_AFF4 ? 8 : 16;
+};
+
+/* An affine scale or bias as loaded (f32 bits, or f16/bf16 in the low 16). */
+__device__ __forceinline__ float scale_raw(uint32_t v, int st) {
+    return st == CU_F32 ? __uint_as_float(v) : st == CU_BF16 ? __uint_as_float(v << 16) : h2f(v);
+}
+
+/* The 32 bits at byte o of a unit held in registers (o even and known at
+ * compile time once the loops are unrolled, so this is one byte_perm or
+ * nothing). */
+template <int NW>
+__device__ __forceinline__ uint32_t qr_word(const uint32_t (&W)[NW], int o) {
+    return (o & 3) ? __byte_perm(W[o >> 2], W[(o >> 2) + 1], 0x5432) : W[o >> 2];
+}
+
+/* Chunk c of a unit as the dp2a kernels take it: int8 codes in element
+ * order (q8_0 and affine 8 as signed bytes, the offset moved into add) and
+ * (mul, add) per half; rs, rb: affine scale and bias as loaded (qr_load). */
+template <int F, int NW>
+__device__ __forceinline__ void qr_chunk(qchunk &q, const uint32_t (&W)[NW], int c,
+                                         const cu_qweight &w, uint32_t rs, uint32_t rb) {
+    if (F == CU_Q4_0) {
+        const int o = 18 * c;
+        float d = h2f(qr_word(W, o) & 0xffffu);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t v = qr_word(W, o + 2 + 4 * i);
+            q.u[i] = v & 0x0F0F0F0Fu, q.u[i + 4] = (v >> 4) & 0x0F0F0F0Fu;
+        }
+        q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -8.f * d;
+    } else if (F == CU_Q8_0) {
+        const int o = 34 * c;
+        float d = h2f(qr_word(W, o) & 0xffffu);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q.u[i] = qr_word(W, o + 2 + 4 * i);
+        q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = 0.f;
+    } else if (F == CU_Q4_K || F == CU_Q5_K) {
+        /* one block: d, dmin (word 0), 12 scale bytes (words 1-3), q5_k's
+         * high bits (words 4-11), then the nibbles; chunk c = sub-block c */
+        const int QS = F == CU_Q4_K ? 4 : 12, shift = (c & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t v = (W[QS + 8 * (c >> 1) + i] >> shift) & 0x0F0F0F0Fu;
+            if (F == CU_Q5_K) v |= ((W[4 + i] >> c) & 0x01010101u) << 4;
+            q.u[i] = v;
+        }
+#define QR_SB(k) ((W[1 + ((k) >> 2)] >> (8 * ((k) & 3))) & 0xffu)
+        int sc, m;
+        if (c < 4) {
+            sc = QR_SB(c) & 63, m = QR_SB(c + 4) & 63;
+        } else {
+            sc = (QR_SB(c + 4) & 15) | ((QR_SB(c - 4) >> 6) << 4);
+            m = (QR_SB(c + 4) >> 4) | ((QR_SB(c) >> 6) << 4);
+        }
+#undef QR_SB
+        float mul = h2f(W[0] & 0xffffu) * (float)sc, add = -(h2f(W[0] >> 16) * (float)m);
+        q.mul[0] = q.mul[1] = mul, q.add[0] = q.add[1] = add;
+    } else {
+        if (F == CU_AFF4) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* nibbles lo, hi of each byte: elements 2k, 2k+1 */
+                uint32_t v = W[4 * c + i];
+                uint32_t lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+                q.u[2 * i] = __byte_perm(lo, hi, 0x5140);
+                q.u[2 * i + 1] = __byte_perm(lo, hi, 0x7362);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) q.u[i] = W[8 * c + i] ^ 0x80808080u;
+        }
+        float s = scale_raw(rs, w.scale_type), a = scale_raw(rb, w.scale_type);
+        if (F == CU_AFF8) a = fmaf(128.f, s, a); /* codes u - 128 */
+        q.mul[0] = q.mul[1] = s, q.add[0] = q.add[1] = a;
+    }
+}
+
+/* Units in flight per warp: three for the 9-word units (q4_0, q4_k,
+ * affine 4), two for the larger ones (registers). */
+template <int F> struct qr_depth {
+    static const int n = qr_unit<F>::n16 <= 9 ? 3 : 2;
+};
+
+/* Loads unit u of row rr into b and, for affine weights (NS = 8), each
+ * chunk's scale and bias as raw words: issued together, waited for only
+ * where the unit is decoded (a conversion here would wait at once). */
+template <int N16, int NS>
+__device__ __forceinline__ void qr_load(uint4 (&b)[N16], uint32_t (&rs)[NS], uint32_t (&rb)[NS],
+                                        const uint4 *wp, int u, const cu_qweight &w, int64_t rr) {
+#pragma unroll
+    for (int i = 0; i < N16; i++) b[i] = __ldg(wp + (size_t)u * N16 + i);
+    if (NS == 8) {
+        const int64_t ng = w.cols / w.group;
+#pragma unroll
+        for (int c = 0; c < NS; c++) {
+            int64_t gi = rr * ng + ((int64_t)u * 8 + c) * 32 / w.group;
+            if (w.scale_type == CU_F32) {
+                rs[c] = __ldg((const uint32_t *)w.scales + gi), rb[c] = __ldg((const uint32_t *)w.biases + gi);
+            } else {
+                rs[c] = __ldg((const unsigned short *)w.scales + gi);
+                rb[c] = __ldg((const unsigned short *)w.biases + gi);
+            }
+        }
+    }
+}
+
+/* Unit u of this lane's row (its words in b) times the n token rows:
+ * the unit's activations are rounded to int16 codes first, once per warp
+ * (lane = token x chunk), into the warp's shared memory (xs, xm). */
+template <int F, int NT, int N16, int NS>
+__device__ __forceinline__ void qr_unit_dot(float (&acc)[NT], const uint4 (&b)[N16],
+                                            const uint32_t (&rs)[NS], const uint32_t (&rb)[NS],
+                                            const float *x, const cu_qweight &w, uint4 *xs,
+                                            float4 *xm, int u, int G, int n) {
+    const int lane = threadIdx.x & 31;
+    const int64_t cols = w.cols;
+    __syncwarp(); /* every lane is done reading the last unit's codes */
+#pragma unroll
+    for (int p0 = 0; p0 < 8 * NT; p0 += 32) {
+        const int p = p0 + lane, t = p >> 3, c = p & 7;
+        const bool valid = t < n;
+        uint32_t xw[16];
+        float dx;
+        int s0, s1;
+        qx_chunk(x + (size_t)(valid ? t : 0) * cols + ((int64_t)u * 8 + c) * 32, valid, G, xw, dx,
+                 s0, s1);
+        if (p < 8 * NT) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                xs[4 * p + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+            xm[p] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+        }
+    }
+    __syncwarp();
+    uint32_t W[4 * N16];
+#pragma unroll
+    for (int i = 0; i < N16; i++)
+        W[4 * i] = b[i].x, W[4 * i + 1] = b[i].y, W[4 * i + 2] = b[i].z, W[4 * i + 3] = b[i].w;
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        qchunk q;
+        qr_chunk<F>(q, W, c, w, rs[c % NS], rb[c % NS]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            const uint4 *cp = xs + 4 * (t * 8 + c);
+            uint4 a0 = cp[0], a1 = cp[1], a2 = cp[2], a3 = cp[3];
+            const uint32_t xw[16] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w,
+                                     a2.x, a2.y, a2.z, a2.w, a3.x, a3.y, a3.z, a3.w};
+            float4 m = xm[t * 8 + c];
+            acc[t] = fmaf(m.x, qdot_chunk(q, xw, __float_as_int(m.y), __float_as_int(m.z)), acc[t]);
+        }
+    }
+}
+
+/* One block owns 32 weight rows, lane l of every warp the row 32 b + l:
+ * each lane reads its row's units with 16-byte loads (every weight byte
+ * read once), the next units' loads in flight while one is decoded in
+ * registers (qr_depth); no shared-memory staging of weights and no
+ * barrier until the end.  Warp w takes units w, w + QR_WARPS, ...; the
+ * activations of a unit are rounded to int16 codes once per warp (lane =
+ * token x chunk, as the CPU rounds them) into the warp's shared memory,
+ * which every lane then reads as a broadcast.  At the end the warps' sums
+ * are added in warp order.  Which lane, warp and order a row's terms take
+ * depends on the weight's shape only, never on n: a token row's result is
+ * the same bits whatever the other rows of the batch are. */
+template <int F, int NT>
+__global__ void __launch_bounds__(QR_WARPS * 32)
+    qgemv_reg_kernel(float *y, const float *x, cu_qweight w, int n) {
+    cu_grid_trigger();
+    const int N16 = qr_unit<F>::n16;
+    extern __shared__ uint4 qr_smem[];
+    __shared__ float red[QR_WARPS][NT][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t cols = w.cols, row = (int64_t)blockIdx.x * 32 + lane;
+    const int64_t rr = row < w.rows ? row : w.rows - 1; /* clamped rows compute, never store */
+    const int n_units = (int)(cols / QR_UNIT);
+    const uint4 *wp = (const uint4 *)w.data + (size_t)rr * (size_t)n_units * N16;
+    const int G = F == CU_AFF4 || F == CU_AFF8 ? w.group / 32 : 1;
+    /* this warp's activation codes: [NT][8] chunks of 4 uint4, then [NT][8] metas */
+    uint4 *xs = qr_smem + (size_t)warp * NT * 40;
+    float4 *xm = (float4 *)(xs + NT * 32);
+
+    /* a ring of QR_DEPTH units in registers: while one is decoded the
+     * next ones are in flight, and a buffer is refilled as soon as it has
+     * been used, so a load is waited for only where its unit is needed */
+    const int D = qr_depth<F>::n, NS = F == CU_AFF4 || F == CU_AFF8 ? 8 : 1;
+    uint4 buf[D][N16];
+    uint32_t rs[D][NS], rb[D][NS];
+#pragma unroll
+    for (int d = 0; d < D; d++)
+        if (warp + d * QR_WARPS < n_units)
+            qr_load(buf[d], rs[d], rb[d], wp, warp + d * QR_WARPS, w, rr);
+    cu_grid_wait();
+
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int u0 = warp; u0 < n_units; u0 += D * QR_WARPS) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int u = u0 + d * QR_WARPS;
+            if (u < n_units) {
+                qr_unit_dot<F, NT>(acc, buf[d], rs[d], rb[d], x, w, xs, xm, u, G, n);
+                if (u + D * QR_WARPS < n_units)
+                    qr_load(buf[d], rs[d], rb[d], wp, u + D * QR_WARPS, w, rr);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) red[warp][t][lane] = acc[t];
+    __syncthreads();
+    for (int i = threadIdx.x; i < NT * 32; i += QR_WARPS * 32) {
+        const int t = i >> 5, l = i & 31;
+        const int64_t r = (int64_t)blockIdx.x * 32 + l;
+        if (t >= n || r >= w.rows) continue;
+        float v = red[0][t][l];
+#pragma unroll
+        for (int k = 1; k < QR_WARPS; k++) v += red[k][t][l];
+        y[(size_t)t * w.rows + r] = v;
     }
 }
 
@@ -464,13 +721,10 @@ __global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
 /* ---- launchers ------------------------------------------------------------------- */
 
 /* CALL(F) with F the weight's format constant (QF_DISPATCH_TUNED: the
- * formats of the staged GEMV, which leaves out CU_AFFN). */
+ * formats of the staged GEMV: not CU_AFFN, and not q4_0/q8_0/q4_k/q5_k,
+ * whose 16-byte aligned rows are whole units of the register GEMV). */
 #define QF_DISPATCH_TUNED(fmt, CALL)                                                               \
     switch (fmt) {                                                                                 \
-    case CU_Q8_0: CALL(CU_Q8_0); break;                                                            \
-    case CU_Q4_0: CALL(CU_Q4_0); break;                                                            \
-    case CU_Q4_K: CALL(CU_Q4_K); break;                                                            \
-    case CU_Q5_K: CALL(CU_Q5_K); break;                                                            \
     case CU_Q6_K: CALL(CU_Q6_K); break;                                                            \
     case CU_AFF4: CALL(CU_AFF4); break;                                                            \
     case CU_AFF8: CALL(CU_AFF8); break;                                                            \
@@ -534,9 +788,24 @@ template <int F> static void qgemv_init_fmt(cu_ctx *c) {
     qgemv_init_one<F, 8>(c), qgemv_init_one<F, 16>(c);
 }
 
+/* Dynamic shared memory of the register GEMV: activation codes and their
+ * scales, [NT][8 chunks] per warp. */
+static size_t qr_smem_bytes(int nt) {
+    return (size_t)QR_WARPS * nt * 40 * 16;
+}
+
+template <int F> static void qr_init_fmt() {
+    cudaFuncSetAttribute(qgemv_reg_kernel<F, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qr_smem_bytes(1));
+    cudaFuncSetAttribute(qgemv_reg_kernel<F, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qr_smem_bytes(2));
+    cudaFuncSetAttribute(qgemv_reg_kernel<F, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qr_smem_bytes(4));
+    cudaFuncSetAttribute(qgemv_reg_kernel<F, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qr_smem_bytes(8));
+    cudaFuncSetAttribute(qgemv_reg_kernel<F, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qr_smem_bytes(16));
+}
+
 extern "C" void cu_qgemv_init(cu_ctx *c) {
-    qgemv_init_fmt<CU_Q8_0>(c), qgemv_init_fmt<CU_Q4_0>(c), qgemv_init_fmt<CU_Q4_K>(c);
-    qgemv_init_fmt<CU_Q5_K>(c), qgemv_init_fmt<CU_Q6_K>(c), qgemv_init_fmt<CU_AFF4>(c);
+    qr_init_fmt<CU_Q4_0>(), qr_init_fmt<CU_Q8_0>(), qr_init_fmt<CU_Q4_K>(), qr_init_fmt<CU_Q5_K>();
+    qr_init_fmt<CU_AFF4>(), qr_init_fmt<CU_AFF8>();
+    qgemv_init_fmt<CU_Q6_K>(c), qgemv_init_fmt<CU_AFF4>(c);
     qgemv_init_fmt<CU_AFF8>(c);
     cudaGetLastError(); /* an attribute the device refuses shows up as a launch error later */
 }
@@ -562,9 +831,39 @@ static void qgemv_fmt(const cu_ctx *c, float *y, const float *x, const cu_qweigh
     else launch_qgemv<F, 16>(c, y, x, w, n);
 }
 
+template <int F, int NT>
+static void launch_qr(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    unsigned grid = (unsigned)CU_DIV_UP(w.rows, (int64_t)32);
+    CU_LAUNCH((qgemv_reg_kernel<F, NT>), grid, QR_WARPS * 32, qr_smem_bytes(NT), c, y, x, w, n);
+}
+
+template <int F>
+static void qr_fmt(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    if (n == 1) launch_qr<F, 1>(c, y, x, w, n);
+    else if (n == 2) launch_qr<F, 2>(c, y, x, w, n);
+    else if (n <= 4) launch_qr<F, 4>(c, y, x, w, n);
+    else if (n <= 8) launch_qr<F, 8>(c, y, x, w, n);
+    else launch_qr<F, 16>(c, y, x, w, n);
+}
+
+/* The kernel is chosen by the weight's format and shape and x's alignment,
+ * never by n, so a token row gets the same bits at every n (batch
+ * invariance: speculative verification equals decoding row by row). */
 extern "C" int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n) {
     if (n < 1 || n > CU_QGEMV_MAX_ROWS || !cu_qweight_ok(w)) return -1;
     const cu_qweight ww = *w;
+    const bool reg = w->fmt != CU_Q6_K && w->fmt != CU_AFFN;
+    if (reg && w->cols % QR_UNIT == 0 && w->rows <= 0x7fffffffLL * 32 && cu_aligned16(x)) {
+        switch (w->fmt) {
+        case CU_Q4_0: qr_fmt<CU_Q4_0>(c, y, x, ww, n); break;
+        case CU_Q8_0: qr_fmt<CU_Q8_0>(c, y, x, ww, n); break;
+        case CU_Q4_K: qr_fmt<CU_Q4_K>(c, y, x, ww, n); break;
+        case CU_Q5_K: qr_fmt<CU_Q5_K>(c, y, x, ww, n); break;
+        case CU_AFF4: qr_fmt<CU_AFF4>(c, y, x, ww, n); break;
+        default: qr_fmt<CU_AFF8>(c, y, x, ww, n); break;
+        }
+        return 0;
+    }
     if (staged_ok(w) && w->cols % 32 == 0 && cu_aligned16(x)) {
 #define QF_STAGED(F) qgemv_fmt<F>(c, y, x, ww, n)
         QF_DISPATCH_TUNED(w->fmt, QF_STAGED)
