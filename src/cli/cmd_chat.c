@@ -23,6 +23,7 @@
  * interrupt an answer deterministically however fast the model is.
  */
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,20 +217,78 @@ static bool command(chat *c, const char *line, bool *quit) {
     return true;
 }
 
-/* Reads a line into buf without its newline.  0: a line; 1: interrupted
- * (Ctrl-C at the prompt); -1: end of input. */
+/* Typed input not yet returned as a line.  stdin is read with read(2), not
+ * stdio, so that read_line knows whether a line is already here before it
+ * waits. */
+static struct {
+    char buf[1 << 16];
+    size_t len;
+    bool dropping; /* inside a line longer than buf: skip to its newline */
+} g_in;
+
+/* Reads a line into buf (cap bytes) without its newline.  0: a line; 1:
+ * interrupted (Ctrl-C at the prompt; the half-typed line is dropped); -1:
+ * end of input.
+ *
+ * SIGINT stays blocked here except inside ppoll, which unblocks it
+ * atomically for the wait: a Ctrl-C that lands before the wait (a fast
+ * typist, a slow machine) is seen by the flag check instead of being lost
+ * while read() blocks on an input queue the terminal has just flushed. */
 static int read_line(char *buf, size_t cap) {
-    errno = 0;
-    if (fgets(buf, (int)cap, stdin)) {
-        buf[strcspn(buf, "\r\n")] = 0;
-        return 0;
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    int r;
+    for (;;) {
+        char *nl = memchr(g_in.buf, '\n', g_in.len);
+        if (nl || (g_in.len && g_in.len == sizeof g_in.buf)) {
+            size_t n = nl ? (size_t)(nl - g_in.buf) : g_in.len;
+            size_t used = nl ? n + 1 : n;
+            bool drop = g_in.dropping;
+            g_in.dropping = !nl;
+            if (!drop && nl) {
+                if (n && g_in.buf[n - 1] == '\r') n--;
+                n = PT_MIN(n, cap - 1);
+                memcpy(buf, g_in.buf, n);
+                buf[n] = 0;
+            }
+            memmove(g_in.buf, g_in.buf + used, g_in.len - used);
+            g_in.len -= used;
+            if (!drop && nl) { r = 0; break; }
+            if (!drop) fprintf(stderr, "petrel chat: a line longer than %zu bytes is dropped\n", sizeof g_in.buf);
+            continue;
+        }
+        if (g_interrupted) {
+            g_interrupted = 0;
+            g_in.len = 0;
+            g_in.dropping = false;
+            r = 1;
+            break;
+        }
+        struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
+        if (ppoll(&pfd, 1, NULL, &old) < 0) {
+            if (errno == EINTR) continue;
+            r = -1;
+            break;
+        }
+        ssize_t k = read(STDIN_FILENO, g_in.buf + g_in.len, sizeof g_in.buf - g_in.len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) { /* end of input: a last line without its newline still counts */
+            r = -1;
+            if (k == 0 && g_in.len && !g_in.dropping) {
+                size_t n = PT_MIN(g_in.len, cap - 1);
+                memcpy(buf, g_in.buf, n);
+                buf[n] = 0;
+                g_in.len = 0;
+                r = 0;
+            }
+            break;
+        }
+        g_in.len += (size_t)k;
     }
-    if (errno == EINTR || g_interrupted) {
-        clearerr(stdin);
-        g_interrupted = 0;
-        return 1;
-    }
-    return -1;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return r;
 }
 
 static void loop(chat *c) {
