@@ -67,6 +67,7 @@ int cli_open_engine(pt_engine **e);
 typedef struct cli_spec_args {
     const char *spec, *draft_model;
     int k, ngram_min, ngram_max;
+    bool jump_forward;
 } cli_spec_args;
 extern cli_spec_args cli_sargs;
 extern const cli_opt cli_spec_opts[];

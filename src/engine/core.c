@@ -40,6 +40,8 @@ typedef struct req {
     int k_cur;     /* adaptive draft length */
     int pause, pause_len; /* steps left without drafts, and the last pause's length */
     int n_drafted, n_accepted;
+    bool jf;       /* this step's drafts are the grammar's forced tokens */
+    int n_forced;  /* forced tokens emitted (jump-forward) */
     pt_rng rng;    /* the oracle's corruption */
     /* --spec draft: the draft model's copy of the sequence, in its own KV
      * pool; its tokens [0, d_real) are known to equal seq's */
@@ -141,6 +143,7 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
     st.n_cached = r->n_cached;
     st.n_drafted = r->n_drafted;
     st.n_accepted = r->n_accepted;
+    st.n_forced = r->n_forced;
     st.finish = reason;
     st.t_queue = (r->t_admit > 0 ? r->t_admit : pt_now()) - r->t_submit;
     if (r->n_generated > 0) {
@@ -300,11 +303,28 @@ static int draft_room(pt_core *c, req *r) {
     return PT_MIN(k, room_for(c) - r->seq.n_tokens);
 }
 
+/* Jump-forward: the tokens r's grammar forces next, as drafts.  They skip
+ * the per-token forwards (all are computed in one) and are verified like
+ * any draft, so the output is what plain decoding gives.  Not bound by the
+ * adaptive k nor the pause: they are almost always accepted. */
+static int draft_forced(pt_core *c, req *r) {
+    r->jf = false;
+    if (!r->d.params.spec.jump_forward || !r->started || r->seq.kv.n_tokens != r->seq.n_tokens - 1)
+        return 0;
+    int k = PT_MIN(SPEC_MAX, r->max_new - r->n_generated - 1);
+    k = PT_MIN(k, room_for(c) - r->seq.n_tokens);
+    if (k <= 0) return 0;
+    r->n_draft = pt_sampler_forced(r->seq.sampler, r->draft, k);
+    r->jf = r->n_draft > 0;
+    return r->n_draft;
+}
+
 /* Drafts for r's next step, if it speculates and is one token behind. */
 static int draft(pt_core *c, req *r) {
     const pt_spec_params *sp = &r->d.params.spec;
-    int k = sp->kind == PT_SPEC_OFF ? 0 : draft_room(c, r);
     r->n_draft = 0;
+    if (draft_forced(c, r) > 0) return r->n_draft;
+    int k = sp->kind == PT_SPEC_OFF ? 0 : draft_room(c, r);
     if (k <= 0) return 0;
     if (sp->kind == PT_SPEC_DRAFT) /* made before the plan (draft_model_pass) */
         r->n_draft = PT_MIN(r->n_pre, k);
@@ -478,6 +498,11 @@ static void verify(pt_core *c, req *r, float *logits, int n_rows) {
         accepted += ok;
         on_sampled(c, r, &s);
         if (r->state == PT_REQ_FINISHED || !ok) break;
+    }
+    if (r->jf) { /* forced tokens: not speculation, and k does not adapt to them */
+        r->n_forced += accepted;
+        r->jf = false;
+        n_drafts = accepted = 0;
     }
     r->n_drafted += n_drafts;
     r->n_accepted += accepted;

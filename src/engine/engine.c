@@ -295,6 +295,7 @@ int pt_generate(pt_engine *e, const int32_t *prompt, int n_prompt, const pt_gen_
     st->n_cached = g.st.n_cached;
     st->n_drafted = g.st.n_drafted;
     st->n_accepted = g.st.n_accepted;
+    st->n_forced = g.st.n_forced;
     st->t_prefill = st->ttft = g.st.t_prefill;
     st->t_decode = g.st.t_decode;
     st->finish = g.st.finish;

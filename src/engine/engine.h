@@ -85,6 +85,10 @@ typedef struct pt_spec_params {
     const int32_t *oracle;
     int n_oracle;
     float oracle_accept;
+    /* Jump-forward: where the grammar (a logits processor) admits one
+     * continuation, its tokens go in as drafts, all computed in one
+     * forward instead of one forward each.  Whatever the kind. */
+    bool jump_forward;
 } pt_spec_params;
 
 typedef struct pt_gen_params {
@@ -101,6 +105,7 @@ typedef struct pt_gen_stats {
     int n_prompt, n_generated;
     int n_cached; /* prompt positions reused from the prefix cache */
     int n_drafted, n_accepted; /* speculative tokens proposed / accepted */
+    int n_forced;               /* tokens the grammar forced (jump-forward) */
     double t_prefill, t_decode; /* seconds */
     double ttft;                /* prompt in -> first token out, seconds */
     int finish;                 /* enum pt_finish */

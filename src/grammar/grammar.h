@@ -56,6 +56,9 @@ pt_gvocab *pt_gvocab_from_tokenizer(const struct pt_tokenizer *tok);
 pt_gvocab *pt_gvocab_from_bytes(int n_vocab, const char *const *bytes, const size_t *lens);
 void pt_gvocab_free(pt_gvocab *v);
 int pt_gvocab_n_vocab(const pt_gvocab *v);
+/* The longest token whose bytes start s[0..len) (the lowest id of equal
+ * ones), its length in *n; -1 if none. */
+int32_t pt_gvocab_longest_prefix(const pt_gvocab *v, const char *s, size_t len, size_t *n);
 
 /* A matcher owns its state and caches; g and v must outlive it. */
 pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v);

@@ -1469,8 +1469,8 @@ static int gen(sc *c, const json_t *s, int *rule) {
         else rc = pt_fail(c->err, "schema must be an object or a boolean");
         goto out;
     }
-    static const char *const refused[] = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef",
-                                          "multipleOf", NULL};
+    /* then/else without if apply to nothing: not refused */
+    static const char *const refused[] = {"not", "if", "$dynamicRef", "$recursiveRef", "multipleOf", NULL};
     for (int i = 0; refused[i]; i++)
         if (json_object_get(s, refused[i])) {
             json_t *m = json_object_get(s, "multipleOf"), *ty = json_object_get(s, "type");

@@ -219,14 +219,22 @@ static void test_schema_refusals_name_keyword_and_path(void **state) {
         if (!strstr(err.msg, bad[i][2])) fail_msg("%s: error \"%s\" does not say %s", bad[i][0], err.msg, bad[i][2]);
     }
     /* what the spec makes a no-op stays accepted: annotations, a disjoint
-     * oneOf, additionalItems without tuple items, uniqueItems false */
+     * oneOf, additionalItems without tuple items, uniqueItems false,
+     * then/else without if */
     const char *good[] = {
         "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}],\"title\":\"t\",\"x-extra\":1}",
         "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"additionalItems\":false,\"uniqueItems\":false}",
+        "{\"type\":\"string\",\"then\":{\"maxLength\":1},\"else\":false}",
         "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"}},\"required\":[\"k\"]},"
         "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"b\"}},\"required\":[\"k\"]}]}",
     };
     for (size_t i = 0; i < sizeof good / sizeof *good; i++) pt_grammar_free(schema(good[i]));
+    pt_grammar *g = schema(good[1]);
+    assert_true(accepts(g, "[1,2,3]")); /* additionalItems applies to no item here */
+    pt_grammar_free(g);
+    g = schema(good[2]);
+    assert_true(accepts(g, "\"abc\"")); /* then/else without if: no constraint */
+    pt_grammar_free(g);
 }
 
 static void test_regex_and_gbnf(void **state) {
