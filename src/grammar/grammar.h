@@ -45,6 +45,11 @@ int pt_grammar_from_schema(pt_grammar **out, const json_t *schema, pt_err *err);
  * tokens (pt_grammar_from_schema: 20).  1 keeps a small model from
  * spending its tokens on whitespace. */
 int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err);
+/* Several values of schema written in markup, as Hermes writes tool calls:
+ * one value (its opening markup is the prompt's), then optionally `close`
+ * followed by any number of `open` value `close`. */
+int pt_grammar_from_schema_calls(pt_grammar **out, const json_t *schema, int ws_max, const char *open,
+                                 const char *close, pt_err *err);
 int pt_grammar_from_schema_text(pt_grammar **out, const char *text, size_t len, pt_err *err);
 void pt_grammar_free(pt_grammar *g);
 /* Counts for tests and logs. */

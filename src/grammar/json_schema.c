@@ -1595,16 +1595,17 @@ int pt_grammar_from_schema(pt_grammar **out, const json_t *schema, pt_err *err) 
     return pt_grammar_from_schema_ws(out, schema, 20, err);
 }
 
-int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err) {
+/* The grammar of one value of schema, or with open/close (not NULL) of
+ * value (close (open value close)*)?: the first value's opening markup is
+ * the prompt's; after a close comes the end or another opening. */
+static int compile(pt_grammar **out, const json_t *schema, int ws_max, const char *open, const char *close,
+                   pt_err *err) {
+    if (json_is_false(schema)) return pt_fail(err, "schema false allows no value");
     gbuild b;
     gb_init(&b);
     sc c = {.b = &b, .root = schema, .err = err, .ws_max = ws_max < 0 ? 0 : ws_max};
     c.ws = c.value = c.string = c.str_char = c.str_body = c.number = c.integer = c.boolean = c.null = -1;
     c.any_obj = c.any_arr = -1;
-    if (json_is_false(schema)) {
-        gb_free(&b);
-        return pt_fail(err, "schema false allows no value");
-    }
     int body, rc = gen(&c, schema, &body);
     if (rc == 0) {
         gseq s = {0};
@@ -1612,6 +1613,16 @@ int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max
          * value leaves only the end of generation */
         seq_ref(&s, ws_rule(&c));
         seq_ref(&s, body);
+        if (open) {
+            gseq more = {0}, tail = {0};
+            seq_lit(&b, &more, open, strlen(open));
+            seq_ref(&more, ws_rule(&c));
+            seq_ref(&more, body);
+            seq_lit(&b, &more, close, strlen(close));
+            seq_lit(&b, &tail, close, strlen(close));
+            seq_ref(&tail, gb_star(&b, gb_rule_of(&b, &more)));
+            seq_ref(&s, gb_opt(&b, gb_rule_of(&b, &tail)));
+        }
         rc = gb_finish(&b, gb_rule_of(&b, &s), out, err);
     } else if (err && c.err_at) {
         size_t n = strlen(err->msg);
@@ -1620,6 +1631,15 @@ int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max
     free(c.refs);
     gb_free(&b);
     return rc;
+}
+
+int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err) {
+    return compile(out, schema, ws_max, NULL, NULL, err);
+}
+
+int pt_grammar_from_schema_calls(pt_grammar **out, const json_t *schema, int ws_max, const char *open,
+                                 const char *close, pt_err *err) {
+    return compile(out, schema, ws_max, open, close, err);
 }
 
 int pt_grammar_from_schema_text(pt_grammar **out, const char *text, size_t len, pt_err *err) {
