@@ -160,7 +160,9 @@ static int check_pool(const model_list *l, size_t *pool_memory) {
     if (g.pool_memory) {
         pt_err err = {{0}};
         if (pt_parse_budget(g.pool_memory, pt_mem_available(), pool_memory, &err)) {
-            fprintf(stderr, "petrel serve: --pool-memory: %s\n", err.msg);
+            const char *why = strstr(err.msg, ": "); /* after the "--kv-budget VALUE" it names */
+            fprintf(stderr, "petrel serve: --pool-memory %s%s\n", g.pool_memory,
+                    why ? why : err.msg);
             return -1;
         }
     }

@@ -11,13 +11,17 @@
 // model is a 404 naming the served ones; and under a --pool-memory that
 // holds one model, a request for the other evicts the first only after
 // its requests in flight have finished, and every answer is still right.
+// A model whose load blocks (dummy weights whose config.json is a FIFO
+// the test writes last) shows that a load does not stall the server, that
+// a request waits at most --pool-wait, and that a failed load answers the
+// requests waiting for it.
 // The eviction is made certain, not likely: PETREL_SCHED_HOLD=3 keeps the
 // first model's two requests queued (in flight) until the test cancels
 // one of them, after the other model's request has marked it "evicting".
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, copyFileSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startServer, PETREL, SOURCE_DIR } from './lib.mjs';
@@ -201,6 +205,38 @@ describe('model pool', () => {
       // and back: the idle tweaked goes at once for stories260K
       assert.equal((await client.completions.create(completion(A, 3))).choices[0].text, ref[A].completion[3]);
       assert.deepEqual(await models(srv), { [A]: 'loaded', [B]: 'unloaded' });
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  test('a load off the loop: others answer meanwhile; --pool-wait bounds the wait; a failed load is a 500', async () => {
+    const fifo = path.join(dir, 'config.json');
+    execFileSync('mkfifo', [fifo]);
+    const srv = await startServer(['--threads', '1', '--pool-wait', '1', '-m', GGUF, '-m', `slow=dummy:${fifo}`]);
+    try {
+      const client = srv.client();
+      await assert.rejects(client.completions.create(completion('slow', 0)), (e) => {
+        assert.equal(e.status, 503);
+        assert.equal(e.code, 'model_loading');
+        assert.match(e.message, /'slow' did not load within 1 s \(--pool-wait\)/);
+        return true;
+      });
+      // the loader is still blocked on the FIFO; the server is not
+      assert.deepEqual(await models(srv), { [A]: 'loaded', slow: 'loading' });
+      assert.equal((await fetch(`${srv.url}/health`)).status, 200);
+      assert.equal((await client.completions.create(completion(A, 0))).choices[0].text, ref[A].completion[0]);
+      const waiting = client.completions.create(completion('slow', 1), { timeout: 60000 }).catch((e) => e);
+      await until('the request waiting', async () => (await (await fetch(`${srv.url}/health`)).json()).waiting === 1);
+      const fd = openSync(fifo, 'w'); // now the load goes on, and fails: dummy weights have no tokenizer
+      writeSync(fd, readFileSync(path.join(SOURCE_DIR, 'tests/cuda/tiny-llama.json')));
+      closeSync(fd);
+      const e = await waiting;
+      assert.equal(e.status, 500);
+      assert.equal(e.code, 'model_load_failed');
+      assert.match(e.message, /the model 'slow' did not load: this model has no tokenizer/);
+      assert.deepEqual(await models(srv), { [A]: 'loaded', slow: 'unloaded' });
+      assert.equal((await client.completions.create(completion(A, 1))).choices[0].text, ref[A].completion[1]);
     } finally {
       await srv.stop();
     }
