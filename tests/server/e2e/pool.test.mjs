@@ -175,6 +175,8 @@ describe('model pool', () => {
         assert.match(metrics, new RegExp(`petrel:request_success_total\\{model_name="${m}",finished_reason="length"\\} ${n}\\n`));
         assert.match(metrics, new RegExp(`petrel:model_loaded\\{model_name="${m}"\\} 1\\n`));
       }
+      const { code } = await srv.stop(); // unloads, evictions and all: a clean exit (no leak under ASan)
+      assert.equal(code, 0, srv.log());
     } finally {
       await srv.stop();
     }
@@ -205,6 +207,8 @@ describe('model pool', () => {
       // and back: the idle tweaked goes at once for stories260K
       assert.equal((await client.completions.create(completion(A, 3))).choices[0].text, ref[A].completion[3]);
       assert.deepEqual(await models(srv), { [A]: 'loaded', [B]: 'unloaded' });
+      const { code } = await srv.stop(); // unloads, evictions and all: a clean exit (no leak under ASan)
+      assert.equal(code, 0, srv.log());
     } finally {
       await srv.stop();
     }
@@ -237,6 +241,8 @@ describe('model pool', () => {
       assert.match(e.message, /the model 'slow' did not load: this model has no tokenizer/);
       assert.deepEqual(await models(srv), { [A]: 'loaded', slow: 'unloaded' });
       assert.equal((await client.completions.create(completion(A, 1))).choices[0].text, ref[A].completion[1]);
+      const { code } = await srv.stop(); // unloads, evictions and all: a clean exit (no leak under ASan)
+      assert.equal(code, 0, srv.log());
     } finally {
       await srv.stop();
     }
