@@ -42,6 +42,7 @@ void gb_free(gbuild *b) {
     free(b->n_alts);
     free(b->cap_alts);
     free(b->sets);
+    free(b->counts);
     memset(b, 0, sizeof *b);
 }
 
@@ -153,6 +154,17 @@ int gb_repeat(gbuild *b, int x, long lo, long hi, pt_err *err) {
         seq_ref(&s, o);
     }
     return gb_rule_of(b, &s);
+}
+
+int gb_repeat_counted(gbuild *b, int x, long lo, long hi, int star, pt_err *err) {
+    int r = gb_repeat(b, x, lo, hi, err);
+    if (r < 0 || hi < 0) return r; /* unbounded: one state already */
+    if (b->n_counts == b->cap_counts) {
+        b->cap_counts = b->cap_counts ? 2 * b->cap_counts : 8;
+        b->counts = pt_xrealloc(b->counts, (size_t)b->cap_counts * sizeof *b->counts);
+    }
+    b->counts[b->n_counts++] = (struct gcount){r, x, star, lo, hi};
+    return r;
 }
 
 /* --- UTF-8 ranges ------------------------------------------------------ */
@@ -287,6 +299,58 @@ static bool left_cycle(const gbuild *b, const bool *null, int r, uint8_t *color)
     return false;
 }
 
+static bool is_ref(const pt_grammar *g, int32_t pos, int rule) {
+    return GE_KIND(g->code[pos]) == GE_RULE && GE_ARG(g->code[pos]) == rule;
+}
+
+static void set_count(pt_grammar *g, int32_t pos, long lo, long hi, int32_t loop) {
+    if (!g->cnt_hi) {
+        g->cnt_lo = pt_xmalloc(((size_t)g->n_code + 1) * sizeof *g->cnt_lo);
+        g->cnt_hi = pt_xmalloc(((size_t)g->n_code + 1) * sizeof *g->cnt_hi);
+        g->cnt_loop = pt_xmalloc(((size_t)g->n_code + 1) * sizeof *g->cnt_loop);
+        for (int i = 0; i <= g->n_code; i++) g->cnt_lo[i] = g->cnt_hi[i] = g->cnt_loop[i] = -1;
+    }
+    g->cnt_lo[pos] = (int32_t)(lo > 0 ? lo : 0);
+    g->cnt_hi[pos] = (int32_t)hi;
+    g->cnt_loop[pos] = loop;
+}
+
+/* Marks the points where counted repeat c resumes after a character,
+ * with the characters left there (gb_repeat's shape: R ::= x^lo O_(hi-lo),
+ * O_k ::= x O_(k-1) | e, O_1 ::= x | e).  Anything not of that shape (an
+ * alternative pruned, x not flat bytes) is left unmarked: its masks are
+ * then computed the slow way, which is always right. */
+static void mark_count(pt_grammar *g, const struct gcount *c) {
+    int32_t s0 = g->rule_alt[c->star];
+    if (g->rule_alt[c->star + 1] - s0 != 2 || !is_ref(g, g->alt_start[s0], c->x) ||
+        !is_ref(g, g->alt_start[s0] + 1, c->star))
+        return;
+    int32_t loop = g->alt_start[s0] + 1;
+    for (int a = g->rule_alt[c->x]; a < g->rule_alt[c->x + 1]; a++) {
+        int32_t p = g->alt_start[a];
+        if (GE_KIND(g->code[p]) == GE_END) return; /* x matches the empty text */
+        for (; GE_KIND(g->code[p]) != GE_END; p++)
+            if (GE_KIND(g->code[p]) != GE_BYTES) return;
+    }
+    if (g->rule_alt[c->rule + 1] - g->rule_alt[c->rule] != 1) return;
+    int32_t a0 = g->alt_start[g->rule_alt[c->rule]];
+    for (long i = 0; i < c->lo; i++)
+        if (!is_ref(g, a0 + (int32_t)i, c->x)) return;
+    int32_t tail = a0 + (int32_t)c->lo; /* O_(hi-lo), or the end */
+    if (c->hi > c->lo ? GE_KIND(g->code[tail]) != GE_RULE : GE_KIND(g->code[tail]) != GE_END) return;
+    for (long i = 1; i <= c->lo; i++) set_count(g, a0 + (int32_t)i, c->lo - i, c->hi - i, loop);
+    if (c->hi == c->lo) return;
+    int o = GE_ARG(g->code[tail]);
+    for (long k = c->hi - c->lo; k >= 1; k--) {
+        if (g->rule_alt[o + 1] - g->rule_alt[o] != 2) return;
+        int32_t s = g->alt_start[g->rule_alt[o]];
+        if (!is_ref(g, s, c->x)) return;
+        if (k == 1 ? GE_KIND(g->code[s + 1]) != GE_END : GE_KIND(g->code[s + 1]) != GE_RULE) return;
+        set_count(g, s + 1, 0, k - 1, loop);
+        if (k > 1) o = GE_ARG(g->code[s + 1]);
+    }
+}
+
 int gb_finish(gbuild *b, int root, pt_grammar **out, pt_err *err) {
     *out = NULL;
     int n = b->n_rules;
@@ -346,6 +410,7 @@ int gb_finish(gbuild *b, int root, pt_grammar **out, pt_err *err) {
     g->n_sets = b->n_sets;
     g->sets = pt_xmalloc(((size_t)b->n_sets + 1) * sizeof *g->sets);
     if (b->n_sets) memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof *g->sets);
+    for (int i = 0; i < b->n_counts; i++) mark_count(g, &b->counts[i]);
     *out = g;
 done:
     free(prod);
@@ -360,6 +425,9 @@ void pt_grammar_free(pt_grammar *g) {
     free(g->code);
     free(g->alt_start);
     free(g->rule_alt);
+    free(g->cnt_lo);
+    free(g->cnt_hi);
+    free(g->cnt_loop);
     free(g);
 }
 

@@ -38,6 +38,12 @@ struct pt_grammar {
     int32_t *rule_alt;  /* [n_rules + 1] offsets into alt_start */
     int n_rules;
     int root;
+    /* Counted repeats (gb_repeat_counted), NULL when there are none.  For a
+     * code position p where a repeat resumes after one of its characters:
+     * cnt_hi[p] >= 0 characters at most are left (cnt_lo[p] at least), and
+     * cnt_loop[p] is the same point in the unbounded repeat x*, whose
+     * classification the counted one is derived from (matcher.c). */
+    int32_t *cnt_lo, *cnt_hi, *cnt_loop;
 };
 
 /* --- builder ----------------------------------------------------------- */
@@ -56,6 +62,8 @@ typedef struct gbuild {
     int n_sets, cap_sets;
     int byte_set[256]; /* set index of each single byte, -1 if none yet */
     int depth;         /* recursion guard for front ends */
+    struct gcount { int rule, x, star; long lo, hi; } *counts; /* gb_repeat_counted */
+    int n_counts, cap_counts;
 } gbuild;
 
 void gb_init(gbuild *b);
@@ -80,6 +88,13 @@ int gb_opt(gbuild *b, int x);              /* R ::= x | empty */
 /* x repeated between lo and hi times (hi < 0: unbounded); -1 with err set
  * if the expansion would be too large. */
 int gb_repeat(gbuild *b, int x, long lo, long hi, pt_err *err);
+/* The same for x one character of a JSON string's contents (each
+ * alternative a flat byte sequence encoding one character, none starting
+ * with '"'), the repeat followed by the closing quote: marked so that the
+ * matcher derives the masks of every count from the classification of
+ * star ::= x star | empty (which must be gb_star(b, x)) instead of walking
+ * the vocabulary once per count. */
+int gb_repeat_counted(gbuild *b, int x, long lo, long hi, int star, pt_err *err);
 
 /* Checks (undefined rules, left recursion, nothing derivable), prunes
  * alternatives that derive nothing, and flattens into a grammar. */

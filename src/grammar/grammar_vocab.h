@@ -18,7 +18,12 @@ typedef struct pc_entry {
     int n_acc_ls;
     int32_t *unc;    /* tokens that depend on it */
     int n_unc;
+    bool acc_borrowed; /* acc belongs to a counted table (matcher.c) */
+    struct ctab *cnt;  /* counted strings' table, built on first use under
+                        * the vocabulary's mutex (matcher.c) */
 } pc_entry;
+
+void pc_entry_free(pc_entry *e);
 
 typedef struct pc_slot {
     uint64_t hash;
@@ -58,5 +63,9 @@ bool pt_gvocab_cache_put(pt_gvocab *v, uint64_t h, const uint8_t *sig, size_t le
 /* Trie nodes the matcher's walks have visited (for tests: memoized walks
  * must not walk a subtree twice from one set). */
 long pt_gmatcher_nodes_walked(const pt_gmatcher *m);
+/* Off: masks of counted strings are classified by walking the trie like
+ * any other state (for tests: both ways must give the same masks).
+ * Returns how many classifications were derived from a counted table. */
+long pt_gmatcher_counted(pt_gmatcher *m, bool on);
 
 #endif

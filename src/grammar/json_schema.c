@@ -408,7 +408,8 @@ static int gen_string_len(sc *c, const json_t *mn, const json_t *mx, int *rule) 
         *rule = no_value(c);
         return 0;
     }
-    int body = gb_repeat(c->b, str_char_rule(c), lo, hi, c->err);
+    string_rule(c); /* the unbounded body the counted one's masks derive from */
+    int body = gb_repeat_counted(c->b, str_char_rule(c), lo, hi, c->str_body, c->err);
     if (body < 0) return -1;
     *rule = quoted(c, body);
     return 0;

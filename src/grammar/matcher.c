@@ -54,6 +54,18 @@ static inline void iv_push(ivec *v, int32_t x) {
 }
 
 
+/* A counted string's tokens by character count (see "counted strings"). */
+struct ctab {
+    int32_t c0;         /* bytes left of the current character at the leaf */
+    int maxk;           /* most characters a token adds */
+    int32_t *body;      /* tokens that stay in the string, by k */
+    int32_t *body_off;  /* [maxk + 2] */
+    uint32_t **cum;     /* [maxk + 1] bitmaps of body tokens of <= k, or NULL */
+    int32_t *q, *q_k;   /* tokens reaching the quote, with their k */
+    uint8_t *q_unc;     /* uncertain in the unbounded classification */
+    int n_q;
+};
+
 struct pt_gmatcher {
     const pt_grammar *g;
     const pt_gvocab *v;
@@ -101,11 +113,13 @@ struct pt_gmatcher {
     int memo_n;
     ivec memo_pool, walk_acc;
     long n_walked; /* trie nodes visited, for tests */
+    bool no_counts; /* counted strings classified by walks (tests) */
+    long n_counted;
 };
 
 #define MC_MAX 512
 
-static void free_pc(pc_entry *pc);
+static void ctab_free(struct ctab *c);
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -293,7 +307,7 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     free(m->clo_pool.a);
     free(m->hist.a);
     free(m->hist_off.a);
-    for (int i = 0; i < m->n_own; i++) free_pc(m->own[i]); /* those the shared cache did not take */
+    for (int i = 0; i < m->n_own; i++) pc_entry_free(m->own[i]); /* those the shared cache did not take */
     free(m->own);
     free(m->pc);
     free(m->canon);
@@ -659,8 +673,10 @@ static uint64_t sig_hash(const uint8_t *p, size_t n) {
  * per leaf into every mask cost more than the rest of the mask. */
 #define ACC_LIST_MAX 2048
 
-static void free_pc(pc_entry *pc) {
-    free(pc->acc);
+void pc_entry_free(pc_entry *pc) {
+    if (pc->cnt) ctab_free(pc->cnt);
+    free(pc->cnt);
+    if (!pc->acc_borrowed) free(pc->acc);
     free(pc->acc_ls);
     free(pc->unc);
     free(pc);
@@ -689,6 +705,178 @@ static pc_entry *classify(pt_gmatcher *m, int32_t t) {
     return pc;
 }
 
+/* --- counted strings -------------------------------------------------
+ * A string with maxLength (or a pattern of one repeated class with length
+ * bounds) is x{lo,hi}: every count left is a different grammar state, and
+ * classifying each by a trie walk cost 5 to 10 ms per position.  But the
+ * counted repeat accepts a token exactly when the unbounded x* does and
+ * the characters the token puts in the string fit the count: with the
+ * stack [leaf in x, return into the repeat with lo..hi left, closing
+ * quote r], a token is (the rest of the current character) then k
+ * characters then, maybe, the quote and what follows it; it is accepted iff
+ * [leaf, return into x*, r] accepts it and k <= hi, and, when it reaches
+ * the quote, k >= lo.  So the leaf's unbounded classification (shared
+ * through the vocabulary like any string's) is split once by k into a
+ * table, and the classification for each count is cut from it.  Counting
+ * needs the characters' boundaries: x's alternatives are JSON string
+ * characters (the schema compiler marks only those), so a character is a
+ * UTF-8 sequence or an escape, and the string ends at a bare quote. */
+
+
+static void ctab_free(struct ctab *c) {
+    free(c->body);
+    free(c->body_off);
+    if (c->cum)
+        for (int k = 0; k <= c->maxk; k++) free(c->cum[k]);
+    free(c->cum);
+    free(c->q);
+    free(c->q_k);
+    free(c->q_unc);
+}
+
+/* Characters token t starts after its first c0 bytes; *quote: it reaches
+ * the string's closing quote (k counts the characters before it). */
+static int token_chars(const pt_gvocab *v, int32_t t, int32_t c0, bool *quote) {
+    const uint8_t *p = (const uint8_t *)v->blob + v->off[t];
+    uint32_t n = v->len[t], i = (uint32_t)c0;
+    int k = 0;
+    *quote = false;
+    while (i < n) {
+        uint8_t b = p[i];
+        if (b == '"') {
+            *quote = true;
+            break;
+        }
+        k++;
+        if (b == '\\') i += i + 1 < n && p[i + 1] == 'u' ? 6 : 2;
+        else i += b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    }
+    return k;
+}
+
+static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf);
+
+static void ctab_add_q(struct ctab *c, int32_t t, int k, bool unc) {
+    if ((c->n_q & (c->n_q - 1)) == 0) {
+        size_t cap = c->n_q ? 2 * (size_t)c->n_q : 1;
+        c->q = pt_xrealloc(c->q, cap * sizeof *c->q);
+        c->q_k = pt_xrealloc(c->q_k, cap * sizeof *c->q_k);
+        c->q_unc = pt_xrealloc(c->q_unc, cap);
+    }
+    c->q[c->n_q] = t;
+    c->q_k[c->n_q] = k;
+    c->q_unc[c->n_q++] = unc;
+}
+
+/* The table of classification e, whose leaf has c0 bytes of its
+ * character left. */
+static struct ctab *ctab_build(const pt_gvocab *v, const pc_entry *e, int32_t c0) {
+    ivec toks = {0}, ks = {0};
+    if (e->acc) {
+        for (int w = 0; w < v->n_words; w++)
+            for (uint32_t bits = e->acc[w]; bits; bits &= bits - 1) iv_push(&toks, w * 32 + __builtin_ctz(bits));
+    }
+    for (int i = 0; i < e->n_acc_ls; i++) iv_push(&toks, e->acc_ls[i]);
+    struct ctab *c = pt_xcalloc(1, sizeof *c);
+    int nb = 0;
+    for (int i = 0; i < toks.n; i++) {
+        bool quote;
+        int k = token_chars(v, toks.a[i], c0, &quote);
+        if (quote) {
+            ctab_add_q(c, toks.a[i], k, false);
+            k = -1;
+        } else {
+            if (k > c->maxk) c->maxk = k;
+            nb++;
+        }
+        iv_push(&ks, k);
+    }
+    for (int i = 0; i < e->n_unc; i++) {
+        bool quote;
+        int k = token_chars(v, e->unc[i], c0, &quote);
+        ctab_add_q(c, e->unc[i], k, true);
+    }
+    /* body tokens by k (counting sort) */
+    c->body_off = pt_xcalloc((size_t)c->maxk + 2, sizeof *c->body_off);
+    for (int i = 0; i < toks.n; i++)
+        if (ks.a[i] >= 0) c->body_off[ks.a[i] + 1]++;
+    for (int k = 0; k <= c->maxk; k++) c->body_off[k + 1] += c->body_off[k];
+    c->body = pt_xmalloc(((size_t)nb + 1) * sizeof *c->body);
+    int32_t *fill = pt_xmalloc(((size_t)c->maxk + 1) * sizeof *fill);
+    memcpy(fill, c->body_off, ((size_t)c->maxk + 1) * sizeof *fill);
+    for (int i = 0; i < toks.n; i++)
+        if (ks.a[i] >= 0) c->body[fill[ks.a[i]]++] = toks.a[i];
+    free(fill);
+    if (nb > ACC_LIST_MAX) { /* cumulative bitmaps: one OR per mask */
+        c->cum = pt_xmalloc(((size_t)c->maxk + 1) * sizeof *c->cum);
+        for (int k = 0; k <= c->maxk; k++) {
+            c->cum[k] = k ? pt_xmalloc((size_t)v->n_words * sizeof **c->cum)
+                          : pt_xcalloc((size_t)v->n_words, sizeof **c->cum);
+            if (k) memcpy(c->cum[k], c->cum[k - 1], (size_t)v->n_words * sizeof **c->cum);
+            for (int j = c->body_off[k]; j < c->body_off[k + 1]; j++)
+                c->cum[k][c->body[j] >> 5] |= 1u << (c->body[j] & 31);
+        }
+    }
+    free(toks.a);
+    free(ks.a);
+    return c;
+}
+
+/* The table of unbounded stack u, built once per classification: the
+ * unbounded string's is shared through the vocabulary, so is its table. */
+static struct ctab *ctab_get(pt_gmatcher *m, int32_t u, int32_t c0) {
+    pc_entry *e = pc_get(m, u);
+    pt_gvocab *v = (pt_gvocab *)m->v;
+    pthread_mutex_lock(&v->mu);
+    if (!e->cnt) e->cnt = ctab_build(v, e, c0);
+    struct ctab *c = e->cnt;
+    pthread_mutex_unlock(&v->mu);
+    return c;
+}
+
+/* The classification of truncated stack t = [leaf, p, r] when p resumes a
+ * counted repeat and r is the closing quote; NULL otherwise. */
+static pc_entry *counted_classify(pt_gmatcher *m, int32_t t) {
+    const pt_grammar *g = m->g;
+    if (m->no_counts || !g->cnt_hi || t <= N_SENT) return NULL;
+    int32_t p = m->npar[t];
+    if (p <= N_SENT || g->cnt_hi[m->npos[p]] < 0) return NULL;
+    int32_t r = m->npar[p];
+    if (r <= N_SENT || GE_KIND(g->code[m->npos[r]]) != GE_BYTES) return NULL;
+    const pt_byteset *rs = &g->sets[GE_ARG(g->code[m->npos[r]])];
+    for (int w = 0; w < 8; w++)
+        if (rs->w[w] != (w == ('"' >> 5) ? 1u << ('"' & 31) : 0)) return NULL;
+    int32_t pp = m->npos[p], lo = g->cnt_lo[pp], hi = g->cnt_hi[pp];
+    int32_t c0 = 0;
+    for (int32_t q = m->npos[t]; GE_KIND(g->code[q]) != GE_END; q++) c0++;
+    int32_t u = node_get(m, m->npos[t], node_get(m, g->cnt_loop[pp], r));
+    struct ctab *c = ctab_get(m, u, c0);
+    pc_entry *pc = pt_xcalloc(1, sizeof *pc);
+    int hk = hi < c->maxk ? hi : c->maxk;
+    ivec acc = {0}, unc = {0};
+    if (c->cum) {
+        pc->acc = c->cum[hk];
+        pc->acc_borrowed = true;
+    } else {
+        for (int j = 0; j < c->body_off[hk + 1]; j++) iv_push(&acc, c->body[j]);
+    }
+    for (int i = 0; i < c->n_q; i++) {
+        if (c->q_k[i] < lo || c->q_k[i] > hi) continue;
+        iv_push(c->q_unc[i] ? &unc : &acc, c->q[i]);
+    }
+    pc->acc_ls = acc.a;
+    pc->n_acc_ls = acc.n;
+    pc->unc = unc.a;
+    pc->n_unc = unc.n;
+    m->n_counted++;
+    return pc;
+}
+
+long pt_gmatcher_counted(pt_gmatcher *m, bool on) {
+    m->no_counts = !on;
+    return m->n_counted;
+}
+
 static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf) {
     int32_t t = truncate_stack(m, leaf, PC_DEPTH);
     if (t >= m->n_pc) {
@@ -698,6 +886,21 @@ static pc_entry *pc_get(pt_gmatcher *m, int32_t leaf) {
         m->n_pc = n;
     }
     if (m->pc[t]) return m->pc[t];
+    pc_entry *cpc = counted_classify(m, t);
+    if (cpc) { /* cut from a table: cheap, and only this matcher's */
+        if (m->n_own == m->cap_own) {
+            m->cap_own = m->cap_own ? 2 * m->cap_own : 16;
+            m->own = pt_xrealloc(m->own, (size_t)m->cap_own * sizeof *m->own);
+        }
+        m->own[m->n_own++] = cpc;
+        if (t >= m->n_pc) { /* node_get above may have added nodes */
+            int n = m->n_nodes + 1024;
+            m->pc = pt_xrealloc(m->pc, (size_t)n * sizeof *m->pc);
+            memset(m->pc + m->n_pc, 0, (size_t)(n - m->n_pc) * sizeof *m->pc);
+            m->n_pc = n;
+        }
+        return m->pc[t] = cpc;
+    }
     bool shared = signature(m, t);
     pt_gvocab *v = (pt_gvocab *)m->v; /* the cache is the one mutable part */
     uint64_t h = shared ? sig_hash(m->sig, m->sig_len) : 0;

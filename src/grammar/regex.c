@@ -420,7 +420,9 @@ int pt_regex_rule_len(gbuild *b, const char *re, bool json, bool force_anchored,
         long qlo = r.item_lo > min_len ? r.item_lo : min_len, qhi = r.item_hi;
         if (max_len >= 0 && (qhi < 0 || max_len < qhi)) qhi = max_len;
         if (qhi >= 0 && qhi < qlo) return pt_fail(err, "no string matches \"pattern\" within minLength/maxLength");
-        body = gb_repeat(b, r.item_atom, qlo, qhi, err);
+        /* in a JSON string the repeat ends at the closing quote: counted */
+        body = json ? gb_repeat_counted(b, r.item_atom, qlo, qhi, gb_star(b, r.item_atom), err)
+                    : gb_repeat(b, r.item_atom, qlo, qhi, err);
         if (body < 0) return -1;
     }
     gseq s = {0};

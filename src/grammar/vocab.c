@@ -142,10 +142,7 @@ void pt_gvocab_free(pt_gvocab *v) {
         pc_slot *sl = &v->slots[i];
         if (!sl->e) continue;
         free(sl->sig);
-        free(sl->e->acc);
-        free(sl->e->acc_ls);
-        free(sl->e->unc);
-        free(sl->e);
+        pc_entry_free(sl->e);
     }
     free(v->slots);
     pthread_mutex_destroy(&v->mu);

@@ -489,6 +489,126 @@ static void test_masks_memoized_walks(void **state) {
     pt_grammar_free(g);
 }
 
+/* Tokens for counted strings: every string of up to 5 of "abnu0" (more
+ * than ACC_LIST_MAX stay in a string, so the bitmap tables are used), up
+ * to 3 of those and '"', '\\', ',', '}' (tokens ending the string with the
+ * quote, spanning it into what follows, escapes cut anywhere), and
+ * multi-byte characters whole, cut and escaped; and the object's syntax. */
+static pt_gvocab *count_vocab(int *n_out, char ***toks) {
+    static const char *const extra[] = {"\xc3\xa9", "\xc3", "\xa9", "\xc3\xa9\"", "a\xc3", "\\u00e9",
+                                        "\\u00", "e9\"", "\\n", "\\\"", "aaaaaaaa", "aaaaaaaaaaaa\"",
+                                        "ab\"}", "\"}", "\",\"", "abnu0abnu0abnu0\"", "\xe2\x82\xac", "\xe2\x82",
+                                        "{\"s\":\"", "\":\"", "\",\"t\":\"", "\"]", "[\"", "{", ":", "s", "t", "[", "]"};
+    int ne = (int)(sizeof extra / sizeof *extra), n = 0;
+    char **t = calloc(8000, sizeof *t);
+    size_t *l = calloc(8000, sizeof *l);
+    const char *alpha[2] = {"abnu0", "a\"\\,}n"};
+    int maxl[2] = {5, 3};
+    for (int a = 0; a < 2; a++) {
+        int na = (int)strlen(alpha[a]);
+        for (int len = 1, total = na; len <= maxl[a]; len++, total *= na)
+            for (int x = 0; x < total; x++, n++) {
+                t[n] = calloc(8, 1);
+                for (int i = 0, y = x; i < len; i++, y /= na) t[n][i] = alpha[a][y % na];
+                l[n] = (size_t)len;
+            }
+    }
+    for (int i = 0; i < ne; i++, n++) {
+        t[n] = strdup(extra[i]);
+        l[n] = strlen(extra[i]);
+    }
+    pt_gvocab *v = pt_gvocab_from_bytes(n, (const char *const *)t, l);
+    free(l);
+    *n_out = n;
+    *toks = t;
+    return v;
+}
+
+/* Masks of counted strings (maxLength, a repeated class with length
+ * bounds), cut from the unbounded string's classification by character
+ * count, equal accept-then-rollback for every token and the masks of a
+ * matcher that classifies every count by walking the trie, along random
+ * walks through every count; and positions after the first walk no trie
+ * nodes (each count was a new 5 to 10 ms walk on MaskBench before). */
+static void test_counted_strings(void **state) {
+    (void)state;
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":%d,\"maxLength\":%d},"
+        "\"t\":{\"type\":\"string\",\"maxLength\":2}},\"required\":[\"s\"]}",
+        "{\"type\":\"string\",\"minLength\":%d,\"maxLength\":%d}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^[a-b\\\"\\\\\\\\]*$\","
+        "\"minLength\":%d,\"maxLength\":%d}}",
+        "{\"type\":\"string\",\"pattern\":\"^[^\\\"]*$\",\"minLength\":%d,\"maxLength\":%d}",
+    };
+    static const int bounds[][2] = {{0, 0}, {0, 1}, {2, 3}, {3, 3}, {1, 6}, {5, 9}, {0, 14}, {13, 13}};
+    int n;
+    char **toks;
+    pt_gvocab *v = count_vocab(&n, &toks);
+    int words = (n + 31) / 32;
+    uint32_t *mask = calloc((size_t)words, 4), *slow_mask = calloc((size_t)words, 4);
+    int32_t *allowed = calloc((size_t)n, sizeof *allowed);
+    pt_rng rng;
+    pt_rng_seed(&rng, 11);
+    for (size_t si = 0; si < sizeof schemas / sizeof *schemas; si++) {
+        for (size_t bi = 0; bi < sizeof bounds / sizeof *bounds; bi++) {
+            char text[512];
+            snprintf(text, sizeof text, schemas[si], bounds[bi][0], bounds[bi][1]);
+            pt_grammar *g = schema(text);
+            pt_gmatcher *m = pt_gmatcher_new(g, v), *slow = pt_gmatcher_new(g, v);
+            pt_gmatcher_counted(slow, false);
+            for (int walk = 0; walk < 4; walk++) {
+                pt_gmatcher_reset(m);
+                pt_gmatcher_reset(slow);
+                for (int stepno = 0; stepno < 24; stepno++) {
+                    pt_gmatcher_mask(m, mask);
+                    pt_gmatcher_mask(slow, slow_mask);
+                    int na = 0;
+                    for (int t = 0; t < n; t++) {
+                        bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+                        bool acc = pt_gmatcher_accept(m, t);
+                        if (acc) pt_gmatcher_rollback(m, 1);
+                        if (bit != acc || bit != ((slow_mask[t >> 5] >> (t & 31)) & 1))
+                            fail_msg("%s, step %d, token \"%s\": mask %d, walked mask %d, accept %d", text,
+                                     stepno, toks[t], bit, (slow_mask[t >> 5] >> (t & 31)) & 1, acc);
+                        if (acc) allowed[na++] = t;
+                    }
+                    if (!na) break;
+                    int pick = allowed[pt_rng_next(&rng) % (uint64_t)na];
+                    assert_true(pt_gmatcher_accept(m, pick));
+                    assert_true(pt_gmatcher_accept(slow, pick));
+                }
+            }
+            /* the last character is a tail call: at most one left is no count */
+            if (bounds[bi][1] > 1 && pt_gmatcher_counted(m, true) == 0) fail_msg("no count: %s", text);
+            if (bounds[bi][1] > 1) assert_true(pt_gmatcher_counted(m, true) > 0);
+            assert_int_equal(pt_gmatcher_counted(slow, false), 0);
+            pt_gmatcher_free(m);
+            pt_gmatcher_free(slow);
+            pt_grammar_free(g);
+        }
+    }
+    /* one walk serves every count: after the first position of a
+     * maxLength string, the next ones walk no trie node */
+    pt_grammar *g = schema("{\"type\":\"string\",\"maxLength\":40}");
+    pt_gmatcher *m = pt_gmatcher_new(g, v);
+    assert_true(pt_gmatcher_accept_bytes(m, "\"a", 2));
+    pt_gmatcher_mask(m, mask);
+    long walked = pt_gmatcher_nodes_walked(m);
+    for (int i = 0; i < 30; i++) {
+        assert_true(pt_gmatcher_accept_bytes(m, "b", 1));
+        pt_gmatcher_mask(m, mask);
+    }
+    assert_int_equal(pt_gmatcher_nodes_walked(m), walked);
+    pt_gmatcher_free(m);
+    pt_grammar_free(g);
+    for (int i = 0; i < n; i++) free(toks[i]);
+    free(toks);
+    free(allowed);
+    free(mask);
+    free(slow_mask);
+    pt_gvocab_free(v);
+}
+
 /* A subschema no value satisfies rules out its property instead of
  * failing the whole schema; needed everywhere, it is still an error. */
 static void test_unsatisfiable_subschemas(void **state) {
@@ -584,6 +704,7 @@ int main(void) {
         cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
         cmocka_unit_test(test_pattern_length_and_all_keys), cmocka_unit_test(test_untyped_keywords_and_order),
         cmocka_unit_test(test_shared_cache_keeps_long_walks), cmocka_unit_test(test_unsatisfiable_subschemas),
+        cmocka_unit_test(test_counted_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
