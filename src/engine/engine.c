@@ -71,7 +71,9 @@ int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
         pt_kv_flush_to_disk(&e->kv); /* what the old pool cached stays reusable */
         pt_kv_cache_free(&e->kv);
     }
-    if (pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, &e->kv_quant, err)) return -1;
+    if (pt_model_kv_init_seqs(e->model, &e->kv, n_positions, e->max_seqs, e->kv_slack,
+                              e->kv_dtype, &e->kv_quant, err))
+        return -1;
     pt_kv_attach_disk(&e->kv, e->disk);
     return 0;
 }
@@ -80,6 +82,9 @@ int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
 static int open_disk(pt_engine *e, const pt_engine_opts *o, pt_err *err) {
     if (!e->prefix_cache)
         return pt_fail(err, "--kv-disk keeps the prefix cache's pages: it needs --prefix-cache on");
+    if (e->kv.grouped) /* disk pages hold group 0's layers only (kvcache.h) */
+        return pt_fail(err, "--kv-disk with a sliding-window model (its window layers keep "
+                            "their own pages) is not implemented yet");
     struct statvfs vfs;
     int64_t cap = (int64_t)8 << 30;
     if (statvfs(o->kv_disk, &vfs) == 0)
@@ -152,6 +157,7 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
                 e->model->cfg.vocab_size);
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : PT_MIN(e->model->cfg.max_ctx, 4096);
     e->kv_dtype = o->kv_dtype;
+    e->max_seqs = o->max_seqs;
     if (pt_kvq_parse(o->kv_quant, &e->kv_quant, err)) goto fail;
     int positions = e->n_ctx;
     if (o->kv_budget && budget_positions(e, o->kv_budget, &positions, err)) goto fail;

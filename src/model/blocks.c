@@ -75,14 +75,16 @@ void pt_block_attention(pt_model *m, int l, const pt_step *s) {
     const pt_layer *L = &m->layers[l];
     pt_workspace *ws = m->ws;
     pt_kv_view kv = pt_kv_layer(s->kv, l);
+    /* a layer of the cache's window group has its own pages (kvcache.h) */
+    const pt_batch_view *b = pt_kv_layer_windowed(s->kv, l) ? s->bw : s->b;
 
-    pt_be_kv_store(be, &kv, s->b, ws->k, ws->v);
+    pt_be_kv_store(be, &kv, b, ws->k, ws->v);
     if (attn_ext(p)) {
         pt_attn_params ap = {.scale = p->attn_scale, .window = p->window,
                              .softcap = p->attn_softcap};
-        pt_be_attention_ext(be, ws->att, ws->q, &kv, s->b, c->n_heads, &ap);
+        pt_be_attention_ext(be, ws->att, ws->q, &kv, b, c->n_heads, &ap);
     } else {
-        pt_be_attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, p->attn_scale);
+        pt_be_attention(be, ws->att, ws->q, &kv, b, c->n_heads, p->attn_scale);
     }
     project(be, ws->h, ws->att, &L->wo, L->bo, s->n);
 }

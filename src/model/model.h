@@ -159,6 +159,13 @@ int pt_model_run(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits,
  * PT_KVQ_NONE: plain). */
 int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
                      const pt_kvq_spec *quant, pt_err *err);
+/* The same for at most max_seqs sequences at once: a model with
+ * sliding-window and full layers gets a window group (kvcache.h) whose pool
+ * holds max_seqs windows instead of n_positions (0: n_positions, nothing
+ * saved but pages still recycled), each with slack positions more for
+ * rollbacks across steps (window_slack). */
+int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, int max_seqs,
+                          int slack, pt_dtype dtype, const pt_kvq_spec *quant, pt_err *err);
 
 /* The plan of every layer of c into plan[c->n_layers] (rope inv_freq left
  * NULL: the loader uploads it).  Fails, naming the layer, when a layer needs

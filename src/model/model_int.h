@@ -70,6 +70,8 @@ typedef struct pt_arch {
 typedef struct pt_step {
     pt_kv_cache *kv;
     const pt_batch_view *b; /* rows in backend memory */
+    const pt_batch_view *bw; /* the same rows with the window group's block tables
+                              * (= b's when the cache has one group) */
     int n;                  /* rows */
     int n_out;              /* rows whose logits are wanted (ws->out_idx) */
     float *logits;          /* host, [n_out][vocab_size] */

@@ -9,10 +9,11 @@
  * load.  A block that adds a kind removes its refusal here.
  *
  * Runs now: full and sliding-window attention (window applied by the
- * attention op; the cache still keeps every position), dense SiLU / GELU-tanh
- * FFNs, routed experts (no shared ones) in families that route them, plain
- * and (1 + w) RMSNorm.  Refused: recurrent mixers, shared experts, scaled
- * residuals, more than one cache group.
+ * attention op; in a model with both, the window layers are cache group 1,
+ * whose pages are given back as the window slides: kvcache.h), dense
+ * SiLU / GELU-tanh FFNs, routed experts (no shared ones) in families that
+ * route them, plain and (1 + w) RMSNorm.  Refused: recurrent mixers, shared
+ * experts, scaled residuals, a cache group other than those two.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +21,9 @@
 #include "model/model_int.h"
 
 int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
+    int n_swa = 0;
+    for (int l = 0; l < c->n_layers; l++) n_swa += pt_config_layer_swa(c, l);
+    bool groups = n_swa > 0 && n_swa < c->n_layers; /* window layers get their own */
     for (int l = 0; l < c->n_layers; l++) {
         bool swa = pt_config_layer_swa(c, l);
         plan[l] = (pt_layer_plan){
@@ -37,7 +41,7 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .n_shared = c->n_shared_experts,
             .norm = c->norm,
             .residual_scale = 1.0f,
-            .cache_group = 0, /* one group: window layers keep every position too */
+            .cache_group = swa && groups, /* all-window models keep one group */
         };
     }
     /* Experts need a family whose forward routes them (and whose weight
@@ -72,8 +76,9 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
         snprintf(why, cap, "norm kind %d", p->norm);
     else if (p->residual_scale != 1.0f)
         snprintf(why, cap, "a residual scaled by %g", (double)p->residual_scale);
-    else if (p->cache_group != 0)
-        snprintf(why, cap, "cache group %d (one group only so far)", p->cache_group);
+    else if (p->cache_group != 0 && !(p->cache_group == 1 && p->mixer == PT_MIX_ATTN_SWA))
+        snprintf(why, cap, "cache group %d (only sliding-window layers have group 1)",
+                 p->cache_group);
     else
         return false;
     return true;
