@@ -277,10 +277,12 @@ int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, i
     const pt_model_config *c = &m->cfg;
     if (quant && quant->kind != PT_KVQ_NONE)
         for (int l = 0; l < c->n_layers; l++)
-            if (m->plan[l].mixer == PT_MIX_ATTN_SWA || m->plan[l].attn_softcap > 0)
+            if (m->plan[l].mixer == PT_MIX_ATTN_SWA || m->plan[l].attn_softcap > 0 ||
+                m->plan[l].attn_sinks)
                 return pt_fail(err, "a quantized KV cache with %s layers (layer %d) is not "
                                     "implemented yet; use a plain cache",
                                m->plan[l].mixer == PT_MIX_ATTN_SWA ? "sliding-window"
+                               : m->plan[l].attn_sinks             ? "attention-sink"
                                                                    : "soft-capped attention",
                                l);
     pt_kv_config kc = {.n_layers = c->n_layers,

@@ -31,9 +31,14 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .window = swa ? c->sliding_window : 0,
             .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
             .rope_scaled = !(swa && c->rope_scaling_global_only),
-            .rope = {.style = c->rope_style, .n_rot = c->n_rot, .mscale = 1.0f},
+            .rope = {.style = c->rope_style, .n_rot = c->n_rot,
+                     .mscale = c->rope_scaling == PT_ROPE_SCALING_YARN &&
+                                       !(swa && c->rope_scaling_global_only)
+                                   ? c->rope_mscale
+                                   : 1.0f},
             .attn_scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim),
             .attn_softcap = c->attn_softcap,
+            .attn_sinks = c->attn_sinks,
             .ffn = c->n_experts > 0 ? PT_FFN_MOE : PT_FFN_DENSE,
             .act = c->act,
             .n_experts = c->n_experts,
@@ -68,10 +73,12 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
                  p->top_k);
     else if (p->ffn != PT_FFN_DENSE && p->ffn != PT_FFN_MOE)
         snprintf(why, cap, "FFN kind %d", p->ffn);
-    else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH)
+    else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH && p->act != PT_ACT_SWIGLU_OAI)
         snprintf(why, cap, "activation kind %d", p->act);
-    else if (p->ffn == PT_FFN_MOE && p->act != PT_ACT_SILU)
-        snprintf(why, cap, "experts with a non-SiLU activation");
+    else if (p->ffn == PT_FFN_MOE && p->act == PT_ACT_GELU_TANH)
+        snprintf(why, cap, "experts with a GELU activation");
+    else if (p->ffn != PT_FFN_MOE && p->act == PT_ACT_SWIGLU_OAI)
+        snprintf(why, cap, "a dense FFN with gpt-oss's clamped SwiGLU");
     else if (p->norm != PT_NORM_RMS && p->norm != PT_NORM_RMS_1PW)
         snprintf(why, cap, "norm kind %d", p->norm);
     else if (p->residual_scale != 1.0f)
