@@ -188,11 +188,73 @@ static const float *bias_part(pt_model *m, const pt_tensor_info *t, int64_t part
     return dev;
 }
 
-/* MXFP4 experts (_blocks / _scales): not yet. */
+/* One MXFP4 block of the checkpoint (scale e, 16 bytes: element 2j in the
+ * low nibble of byte j, 2j + 1 in the high) as ggml's block_mxfp4 (scale,
+ * then element i in the low nibble of byte i, i + 16 in the high). */
+static void mxfp4_block(uint8_t out[17], uint8_t e, const uint8_t in[16]) {
+    uint8_t el[32];
+    for (int j = 0; j < 16; j++) el[2 * j] = in[j] & 15, el[2 * j + 1] = in[j] >> 4;
+    out[0] = e;
+    for (int i = 0; i < 16; i++) out[1 + i] = (uint8_t)(el[i] | el[i + 16] << 4);
+}
+
+/* A stack [E][rows][cols] of MXFP4 rows from blocks [E][src_rows][cols/32][16]
+ * and scales [E][src_rows][cols/32]: our row r is the file's row
+ * r * stride + first (gate/up de-interleaved with stride 2). */
+static int mxfp4_stack(pt_model *m, const pt_tensor_info *bl, const pt_tensor_info *sc,
+                       int64_t rows, int64_t cols, int stride, int first, pt_weight *w,
+                       pt_err *err) {
+    int64_t E = bl->shape[0], src_rows = bl->shape[1], nb = cols / 32;
+    size_t row_bytes = (size_t)nb * 17, n = (size_t)(E * rows) * row_bytes;
+    uint8_t *host = pt_xmalloc(n);
+    const uint8_t *b = bl->data, *s = sc->data;
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t fr = e * src_rows + r * stride + first;
+            for (int64_t g = 0; g < nb; g++)
+                mxfp4_block(host + (size_t)(e * rows + r) * row_bytes + (size_t)g * 17,
+                            s[fr * nb + g], b + (size_t)(fr * nb + g) * 16);
+        }
+    *w = (pt_weight){.dtype = PT_MXFP4, .rows = rows, .cols = cols, .nbytes = n,
+                     .n_experts = (int)E, .expert_stride = (size_t)rows * row_bytes};
+    w->data = upload(m, host, n, err);
+    free(host);
+    if (!w->data) return -1;
+    m->weight_bytes += n;
+    return 0;
+}
+
+/* MXFP4 experts (the released checkpoints): gate_up_proj_blocks
+ * [E][2F][dim/32][16] with _scales [E][2F][dim/32], gate and up rows
+ * interleaved; down_proj_blocks [E][dim][F/32][16].  Output-major already:
+ * only repacked into ggml's block layout and de-interleaved. */
 static int bind_mxfp4(pt_model *m, int l, pt_err *err) {
-    (void)m;
-    return pt_fail(err, "gpt_oss layer %d: MXFP4 experts (gate_up_proj_blocks) are not "
-                        "implemented yet; use an unquantized checkpoint", l);
+    const pt_model_config *c = &m->cfg;
+    pt_layer *L = &m->layers[l];
+    int64_t E = c->n_experts, D = c->dim, F = c->expert_ffn_dim;
+    const pt_tensor_info *gb = layer_tensor(m, l, "gate_up_proj_blocks");
+    const pt_tensor_info *gs = layer_tensor(m, l, "gate_up_proj_scales");
+    const pt_tensor_info *db = layer_tensor(m, l, "down_proj_blocks");
+    const pt_tensor_info *ds = layer_tensor(m, l, "down_proj_scales");
+    if (!gb && !db)
+        return pt_fail(err, "gpt_oss layer %d: no mlp.experts.gate_up_proj (nor its MXFP4 "
+                            "_blocks)", l);
+    if (D % 32 || F % 32 || !shape_is(gb, 4, E, 2 * F, D / 32, 16) ||
+        !shape_is(gs, 3, E, 2 * F, D / 32, 0) || !shape_is(db, 4, E, D, F / 32, 16) ||
+        !shape_is(ds, 3, E, D, F / 32, 0) || gb->dtype != PT_U8 || gs->dtype != PT_U8 ||
+        db->dtype != PT_U8 || ds->dtype != PT_U8)
+        return pt_fail(err, "gpt_oss layer %d: expected u8 MXFP4 experts gate_up_proj_blocks "
+                            "%lldx%lldx%lldx16, _scales %lldx%lldx%lld, down_proj_blocks "
+                            "%lldx%lldx%lldx16, _scales %lldx%lldx%lld",
+                       l, (long long)E, (long long)(2 * F), (long long)(D / 32), (long long)E,
+                       (long long)(2 * F), (long long)(D / 32), (long long)E, (long long)D,
+                       (long long)(F / 32), (long long)E, (long long)D, (long long)(F / 32));
+    if (mxfp4_stack(m, gb, gs, F, D, 2, 0, &L->w_gate, err) ||
+        mxfp4_stack(m, gb, gs, F, D, 2, 1, &L->w_up, err) ||
+        mxfp4_stack(m, db, ds, D, F, 1, 0, &L->w_down, err))
+        return -1;
+    if (m->progress) pt_progress_add(m->progress, gb->nbytes + gs->nbytes + db->nbytes + ds->nbytes);
+    return 0;
 }
 
 static int bind_experts(pt_model *m, int l, pt_err *err) {

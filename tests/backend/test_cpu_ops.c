@@ -921,6 +921,55 @@ static void test_matmul_id(void **state) {
             }
 }
 
+/* MXFP4 stacks (gpt-oss's experts): random codes and scales, decoded by
+ * matmul_id on the fly, against a reference that dequantizes each block
+ * in double from the OCP definition (e2m1 value x 2^(e - 127)). */
+static double mxfp4_elem(const uint8_t *row, int64_t c) {
+    static const double fp4[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6};
+    const uint8_t *b = row + (c / 32) * 17;
+    int i = (int)(c % 32), code = i < 16 ? b[1 + i] & 15 : b[1 + i - 16] >> 4;
+    return fp4[code] * ldexp(1.0, b[0] - 127);
+}
+
+static void test_matmul_id_mxfp4(void **state) {
+    (void)state;
+    static const int ns[] = {1, 3, 33, 200};
+    const int E = 5, k = 2;
+    const int64_t rows = 40, cols = 96, row_bytes = cols / 32 * 17;
+    for (int bi = 0; bi < n_backends; bi++)
+        for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+            pt_backend *be = backends[bi];
+            int n = ns[ni];
+            size_t nbytes = (size_t)(E * rows * row_bytes);
+            uint8_t *host = malloc(nbytes);
+            for (size_t i = 0; i < nbytes; i++) host[i] = (uint8_t)rnd_int(256);
+            for (size_t i = 0; i < nbytes; i += 17) host[i] = (uint8_t)(120 + rnd_int(14)); /* scales */
+            pt_weight w = {.dtype = PT_MXFP4, .rows = rows, .cols = cols, .data = host,
+                           .nbytes = nbytes, .n_experts = E, .expert_stride = (size_t)(rows * row_bytes)};
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+            for (int t = 0; t < n; t++) ids[t * k] = rnd_int(E), ids[t * k + 1] = (ids[t * k] + 1 + rnd_int(E - 1)) % E;
+            float *x = rnd_floats((size_t)n * cols, 1.0f), *y = poisoned((size_t)n * k * rows);
+            pt_be_matmul_id(be, y, x, &w, ids, n, k, 1);
+            check_written(y, (size_t)n * k * rows, "matmul_id mxfp4", be);
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < k; j++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        const uint8_t *row = host + (size_t)ids[t * k + j] * w.expert_stride + (size_t)(r * row_bytes);
+                        double ref = 0, mag = 0;
+                        for (int64_t c = 0; c < cols; c++) {
+                            double term = x[(size_t)t * cols + c] * mxfp4_elem(row, c);
+                            ref += term, mag += fabs(term);
+                        }
+                        double got = y[((size_t)t * k + j) * rows + r];
+                        /* the quantized path rounds activations to int16 per block */
+                        if (!(fabs(got - ref) <= 1e-4 * mag + 1e-6))
+                            fail_msg("matmul_id mxfp4 n=%d [%s]: y[%d][%d][%lld] = %.8g, reference %.8g",
+                                     n, be->detail, t, j, (long long)r, got, ref);
+                    }
+            free(host), free(ids), free(x), free(y);
+        }
+}
+
 static void test_moe_combine(void **state) {
     (void)state;
     static const int shapes[][3] = {{1, 2, 64}, {7, 3, 17}, {200, 8, 33}}; /* n, k, d */
@@ -1017,6 +1066,7 @@ int main(void) {
         cmocka_unit_test(test_geglu_scale_softcap),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_matmul_id),
+        cmocka_unit_test(test_matmul_id_mxfp4),
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_read_bandwidth),
     };
