@@ -127,6 +127,8 @@ int cmd_serve(int argc, char **argv) {
     pt_spec_params spec;
     if (cli_spec_params(&spec, false, NULL)) return 2;
 
+    /* a sliding-window model's window pages are sized for --parallel (kvcache.h) */
+    cli_margs.max_seqs = g.parallel > 0 ? g.parallel : 8;
     char model_id[256];
     pt_server_model_id(cli_margs.model, model_id, sizeof model_id);
     pt_server_opts o = {.host = g.host,

@@ -44,16 +44,27 @@ int pt_parse_budget(const char *s, size_t free_bytes, size_t *out, pt_err *err) 
     return 0;
 }
 
-/* Positions the --kv-budget buys in the engine's KV format. */
+/* Positions the --kv-budget buys in the engine's KV format.  A model with
+ * a window group sized for max_seqs sequences pays for their windows
+ * first; each position then costs its full-attention layers only. */
 static int budget_positions(pt_engine *e, const char *budget, int *positions, pt_err *err) {
     pt_kv_cache probe;
-    if (pt_model_kv_init(e->model, &probe, 1, e->kv_dtype, &e->kv_quant, err)) return -1;
-    size_t per_token = pt_kv_bytes_per_token(&probe.cfg);
+    if (pt_model_kv_init_seqs(e->model, &probe, 1, e->max_seqs, e->kv_slack, e->kv_dtype,
+                              &e->kv_quant, err))
+        return -1;
+    size_t per_token = pt_kv_bytes_per_token(&probe.cfg), fixed = 0;
     int page = probe.cfg.page_size;
+    if (probe.grouped && e->max_seqs > 0) {
+        size_t win = pt_kv_window_bytes_per_token(&probe);
+        per_token -= win;
+        fixed = win * (size_t)page * (size_t)e->max_seqs *
+                (size_t)pt_kv_window_pages_per_seq(&probe.cfg);
+    }
     pt_kv_cache_free(&probe);
     size_t free_b = e->be->ops->free_memory ? e->be->ops->free_memory(e->be) : pt_mem_available();
     size_t bytes;
     if (pt_parse_budget(budget, free_b, &bytes, err)) return -1;
+    bytes = bytes > fixed ? bytes - fixed : 0;
     size_t pages = bytes / (per_token * (size_t)page);
     if (pages < 1)
         return pt_fail(err, "--kv-budget %s holds no KV page (one is %zu bytes)", budget,

@@ -363,14 +363,22 @@ int pt_kv_seq_group_pages(const pt_kv_cache *kv, const pt_kv_seq *seq, int g) {
 
 /* Window pages one sequence holds at most: those of window - 1 + slack
  * positions below a write of window_rows rows, plus one for alignment. */
-static int window_pages_per_seq(const pt_kv_cache *kv) {
-    const pt_kv_config *c = &kv->cfg;
-    return pages_for(kv, c->window - 1 + c->window_slack + c->window_rows) + 1;
+int pt_kv_window_pages_per_seq(const pt_kv_config *c) {
+    int rows = c->window_rows > 0 ? c->window_rows : 512;
+    return (c->window - 1 + c->window_slack + rows + c->page_size - 1) / c->page_size + 1;
+}
+
+size_t pt_kv_window_bytes_per_token(const pt_kv_cache *kv) {
+    if (!kv->grouped) return 0;
+    size_t n = 0;
+    for (int l = 0; l < kv->cfg.n_layers; l++)
+        if (pt_kv_layer_windowed(kv, l)) n += (kv->k_page + kv->v_page) / (size_t)kv->cfg.page_size;
+    return n;
 }
 
 int pt_kv_max_seqs(const pt_kv_cache *kv) {
     if (!kv->grouped || kv->cfg.window_pages >= kv->cfg.n_pages) return INT32_MAX;
-    return kv->cfg.window_pages / window_pages_per_seq(kv);
+    return kv->cfg.window_pages / pt_kv_window_pages_per_seq(&kv->cfg);
 }
 
 /* ---- the prefix cache ---------------------------------------------------------- */

@@ -145,6 +145,13 @@ int pt_kv_seq_group_pages(const pt_kv_cache *kv, const pt_kv_seq *seq, int g);
  * cfg.window_rows rows a call; INT32_MAX without a window group or with a
  * pool as large as group 0's. */
 int pt_kv_max_seqs(const pt_kv_cache *kv);
+/* Window-group pages one sequence can hold at once (the pool holds that
+ * many per sequence it is sized for). */
+int pt_kv_window_pages_per_seq(const pt_kv_config *cfg);
+/* Bytes per position of the window group's layers (0 with one group):
+ * pt_kv_bytes_per_token less this is what each position of context costs
+ * once the window pool is paid for. */
+size_t pt_kv_window_bytes_per_token(const pt_kv_cache *kv);
 
 /* The prefix cache.  Content keys are set on both groups' page i at once
  * (pt_kv_seq_set_key); pt_kv_prefix_window shortens a run of n leading

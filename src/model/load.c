@@ -266,10 +266,9 @@ static void kv_window_group(const pt_model *m, pt_kv_config *kc, int max_seqs, i
     }
     kc->window_rows = m->max_batch;
     kc->window_slack = slack;
-    if (max_seqs > 0 && kc->window > 0) {
-        int per_seq = (kc->window - 1 + slack + kc->window_rows + kc->page_size - 1) / kc->page_size + 1;
-        kc->window_pages = (int)PT_MIN((int64_t)kc->n_pages, (int64_t)max_seqs * per_seq);
-    }
+    if (max_seqs > 0 && kc->window > 0)
+        kc->window_pages = (int)PT_MIN((int64_t)kc->n_pages,
+                                       (int64_t)max_seqs * pt_kv_window_pages_per_seq(kc));
 }
 
 int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, int max_seqs,

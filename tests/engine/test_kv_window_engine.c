@@ -11,7 +11,8 @@
  * prefix cache; speculative decoding (oracle drafts with rejections, and a
  * draft model with its own windowed cache) gives the plain output; the
  * core runs at most the sequences the window pool holds; every page of
- * both pools is back at the end.
+ * both pools is back at the end; --kv-budget pays for the windows once and
+ * then counts only the full-attention layers per position.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -172,11 +173,37 @@ static void test_max_seqs_clamped(void **state) {
     pt_engine_close(e);
 }
 
+/* --kv-budget with a window group: the windows are paid for once, then
+ * each position costs only the full-attention layers, so the budget buys
+ * about twice the positions of an all-global count here (2 of 4 layers
+ * slide), and what is allocated stays within it. */
+static void test_budget(void **state) {
+    (void)state;
+    pt_engine_opts o = {.model_path = MODEL, .n_threads = 1, .kernels = "auto", .n_ctx = 256,
+                        .kv_dtype = PT_F32, .no_tokenizer = true, .max_batch = 32,
+                        .max_seqs = 1, .kv_budget = "1M"};
+    pt_engine *e = NULL;
+    pt_err err = {{0}};
+    if (pt_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
+    const pt_kv_cache *kv = &e->kv;
+    size_t all = pt_kv_bytes_per_token(&kv->cfg), total = 0;
+    for (int l = 0; l < kv->cfg.n_layers; l++)
+        total += pt_kv_layer_windowed(kv, l) ? kv->wk_bytes + kv->wv_bytes : kv->k_bytes + kv->v_bytes;
+    int positions = kv->cfg.n_pages * kv->cfg.page_size;
+    print_message("1 MiB buys %d positions (%zu bytes allocated); all-global: %zu\n", positions,
+                  total, ((size_t)1 << 20) / all);
+    assert_true(kv->grouped);
+    assert_true(total <= (size_t)1 << 20);
+    assert_true(positions > (int)(((size_t)1 << 20) / all * 3 / 2));
+    pt_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_prefix),
         cmocka_unit_test(test_spec),
         cmocka_unit_test(test_max_seqs_clamped),
+        cmocka_unit_test(test_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
