@@ -60,6 +60,7 @@ typedef struct cli_model_args {
     uint64_t dummy_seed;
     bool verbose;
     bool no_tokenizer; /* set by commands that read token ids, not a flag */
+    int max_seqs;      /* set by commands that run one sequence (pt_engine_opts.max_seqs) */
 } cli_model_args;
 
 /* The values behind cli_model_opts; cli_model_defaults() resets them. */

@@ -345,6 +345,7 @@ int cli_open_engine_at(const char *path, pt_engine **e) {
                         .kv_disk_size = a->kv_disk_size,
                         .no_prefix_cache = a->prefix_cache && strcmp(a->prefix_cache, "off") == 0,
                         .no_tokenizer = a->no_tokenizer,
+                        .max_seqs = a->max_seqs,
                         .dummy_dtype = a->dummy_dtype,
                         .dummy_seed = a->dummy_seed};
     int kt = pt_parse_kv_dtype(a->kv_type);

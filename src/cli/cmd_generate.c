@@ -206,6 +206,7 @@ int cmd_generate(int argc, char **argv) {
     }
 
     pt_engine *e;
+    cli_margs.max_seqs = 1; /* pt_generate runs one sequence */
     if (cli_open_engine(&e)) {
         free(prompt);
         return 1;
