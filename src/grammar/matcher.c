@@ -88,6 +88,9 @@ struct pt_gmatcher {
     ivec dpool;               /* members of set k: dpool[doff[k] .. doff[k+1]) */
     ivec doff;
     uint8_t *dsent;           /* [k] DS_SENT | DS_LIVE */
+    pt_byteset *dfirst;       /* [k] the bytes some member accepts: a walk
+                               * skips the others without building their
+                               * (dead) transitions */
     int32_t **dtrans;         /* [k] 256 successors; -2 unknown, -1 dead */
     int32_t *dhash;           /* open addressing: set index + 1 */
     uint32_t dhcap;
@@ -317,6 +320,7 @@ void pt_gmatcher_free(pt_gmatcher *m) {
     for (int k = 0; k < m->n_dsets; k++) free(m->dtrans[k]);
     free(m->dtrans);
     free(m->dsent);
+    free(m->dfirst);
     free(m->dhash);
     free(m->dpool.a);
     free(m->doff.a);
@@ -452,6 +456,14 @@ static int32_t dset(pt_gmatcher *m, int32_t *a, int n) {
         size_t c = k ? 2 * (size_t)k : 1;
         m->dsent = pt_xrealloc(m->dsent, c);
         m->dtrans = pt_xrealloc(m->dtrans, c * sizeof *m->dtrans);
+        m->dfirst = pt_xrealloc(m->dfirst, c * sizeof *m->dfirst);
+    }
+    pt_byteset *first = &m->dfirst[k];
+    memset(first, 0, sizeof *first);
+    for (int i = 0; i < n; i++) {
+        if (a[i] <= N_SENT) continue;
+        const pt_byteset *bs = &m->g->sets[GE_ARG(m->g->code[m->npos[a[i]]])];
+        for (int w = 0; w < 8; w++) first->w[w] |= bs->w[w];
     }
     m->dsent[k] = (uint8_t)((sent ? DS_SENT : 0) | (n > (int)sent ? DS_LIVE : 0));
     m->dtrans[k] = NULL;
@@ -571,7 +583,8 @@ static void walk(pt_gmatcher *m, ivec *acc, ivec *unc, int ti, int32_t k, bool p
     const int32_t *tend = v->tend, *ttok = v->ttok;
     const uint8_t *tbyte = v->tbyte;
     for (int c = ti + 1, end = tend[ti]; c < end; c = tend[c]) {
-        int32_t t = dstep(m, k, tbyte[c]);
+        /* (dfirst re-read: dstep may grow it) */
+        int32_t t = bs_has(&m->dfirst[k], tbyte[c]) ? dstep(m, k, tbyte[c]) : -1;
         unsigned f = t >= 0 ? m->dsent[t] : 0;
         bool sent = f & DS_SENT, live = f & DS_LIVE;
         int32_t tok = ttok[c];
@@ -1010,7 +1023,8 @@ static void mask_compute(pt_gmatcher *m, const int32_t *s, int n, uint32_t *mask
             m->tok_mark[t] = m->tok_gen;
             const uint8_t *p = (const uint8_t *)v->blob + v->off[t];
             int32_t k = k0;
-            for (uint32_t j = 0; j < v->len[t] && k >= 0; j++) k = dstep(m, k, p[j]);
+            for (uint32_t j = 0; j < v->len[t] && k >= 0; j++)
+                k = bs_has(&m->dfirst[k], p[j]) ? dstep(m, k, p[j]) : -1;
             if (k >= 0) set_tok_all(v, mask, t);
         }
     }
