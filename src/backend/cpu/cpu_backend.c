@@ -248,11 +248,16 @@ pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err) 
     cb->scratch = pt_xcalloc((size_t)n_threads, sizeof *cb->scratch);
     read_fault(cb);
     cb->quant.avx2 = k == pt_cpu_kernels_avx2();
-    /* PETREL_CPU_INT8=0 keeps quantized prefill on the int16 kernels (A/B runs). */
+    /* PETREL_CPU_INT8=0 keeps quantized matmuls on the int16 kernels,
+     * =prefill keeps only decode there (A/B runs, docs/quantization.md). */
     const char *i8 = getenv("PETREL_CPU_INT8");
     cb->quant.i8 = cb->quant.avx2 && !(i8 && strcmp(i8, "0") == 0);
+    cb->quant.i8_decode = cb->quant.i8 && !(i8 && strcmp(i8, "prefill") == 0);
     snprintf(cb->detail, sizeof cb->detail, "%s%s, %d thread%s", k->name,
-             cb->quant.i8 ? " + int8 gemm for quantized prefill" : "", n_threads,
+             cb->quant.i8_decode ? " + int8 quantized matmuls"
+             : cb->quant.i8      ? " + int8 gemm for quantized prefill"
+                                 : "",
+             n_threads,
              n_threads == 1 ? "" : "s");
     cb->base = (pt_backend){
         .ops = &cpu_ops, .name = "cpu", .detail = cb->detail, .n_threads = n_threads,

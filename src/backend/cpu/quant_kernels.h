@@ -87,6 +87,7 @@ typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, 
 typedef struct pt_qk_ctx {
     bool avx2;     /* use the AVX2 kernels (the caller checked the CPU) */
     bool i8;       /* with avx2: the int8 GEMM for n >= PT_QK_I8_MIN_TOKENS where one exists */
+    bool i8_decode; /* with i8: int8 rows below that too (q4_0, q8_0) */
     void *scratch; /* activation codes and scales, grown on demand */
     size_t cap;
 } pt_qk_ctx;
@@ -119,9 +120,14 @@ int pt_qk_avx2_perm(const pt_weight *w);
 /* The int8-activation GEMM for w (q8_0, q4_0, q4_k, q5_k, q6_k, affine
  * 4-bit), or NULL. */
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w);
+/* The int8-activation decode kernel for w (q8_0, q4_0): rows in their file
+ * layout, any n (meant for n < PT_QK_I8_MIN_TOKENS), or NULL. */
+pt_qk_rows8_fn pt_qk_avx2_vec8(const pt_weight *w);
 size_t pt_qk_act8_bytes(int n, int64_t cols);
 void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols);
 void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
+/* The same codes and scales, bit for bit, 8 lanes at a time. */
+void pt_qk_avx2_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
 /* The kernels pt_qk_matmul would run for w with n tokens: "int8 gemm",
  * "avx2 int16" or "portable int16" (bench and tests report it). */
 const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n);
