@@ -16,6 +16,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#ifndef DECODE_SCALE
+#define DECODE_SCALE 8
+#endif
+
 #include "backend/cpu/quant_kernels.h"
 #include "quant/quant.h"
 
@@ -45,7 +49,7 @@ int main(int argc, char **argv) {
     for (size_t s = 0; s < 2; s++) {
         /* decode (n below the GEMM's minimum) streams 8x the rows, 46-104 MB:
          * past the L3, as a model's weights are */
-        int64_t rows = shapes[s][0] * (n < PT_QK_I8_MIN_TOKENS ? 8 : 1), cols = shapes[s][1];
+        int64_t rows = shapes[s][0] * (n < PT_QK_I8_MIN_TOKENS ? DECODE_SCALE : 1), cols = shapes[s][1];
         float *src = malloc(sizeof(float) * (size_t)cols), *x = malloc(sizeof(float) * (size_t)(n * cols));
         float *y = malloc(sizeof(float) * (size_t)(n * rows));
         for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(pt_rng_uniform(&rng) * 2 - 1);

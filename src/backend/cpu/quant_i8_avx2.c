@@ -389,7 +389,19 @@ AI float hsum_max(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* y[t][r + j] for j < NR_ (rows r.. of w, rb bytes apart) and every token. */
+/* lane j (and j + 4) of the result: the sum of the 8 lanes of s[j]'s block
+ * sums' halves: 4 rows' integer sums side by side in 9 shuffles and adds,
+ * so one convert, one scale vector and one FMA serve the 4 rows. */
+AI __m256i rows4(const __m256i s[4]) {
+    __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(s[0], s[1]), _mm256_unpackhi_epi32(s[0], s[1]));
+    __m256i b = _mm256_add_epi32(_mm256_unpacklo_epi32(s[2], s[3]), _mm256_unpackhi_epi32(s[2], s[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+
+/* y[t][r + j] for j < NR_ (rows r.. of w, rb bytes apart) and every token.
+ * The 4 rows' f16 scales of a block are gathered into one 64-bit word by
+ * integer ops (which leave the vector pipes to the dot products) and
+ * widened once; rows j >= NR_ are read as zero. */
 AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, size_t rb,
                  const int NR_, const int F, bool prefetch) {
     const int bb = F == F_Q8_0 ? 34 : 18;
@@ -398,9 +410,7 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
     for (int t = 0; t < a->n; t++) {
         const int8_t *xq = a->q + (size_t)t * (size_t)a->cols;
         const float *dx = a->d + (size_t)t * (size_t)a->n_chunks;
-        __m256 acc[VR];
-#pragma GCC unroll 4
-        for (int j = 0; j < NR_; j++) acc[j] = _mm256_setzero_ps();
+        __m256 acc = _mm256_setzero_ps();
         for (int64_t c = 0; c < a->n_chunks; c++) {
             const uint8_t *blk = row0 + (size_t)bb * (size_t)c;
             if (prefetch && t == 0 && (c & 1) == 0) /* 2 blocks >= 36 bytes: every line of the next group */
@@ -408,22 +418,34 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
                 for (int j = 0; j < NR_; j++) __builtin_prefetch(blk + (size_t)(VR + j) * rb);
             __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * c)), off = ones;
             if (F == F_Q4_0) off = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, x), ones);
+            __m256i s[VR];
+            uint64_t h = 0;
 #pragma GCC unroll 4
-            for (int j = 0; j < NR_; j++) {
+            for (int j = 0; j < VR; j++) {
                 const uint8_t *b = blk + (size_t)j * rb;
-                __m256i s;
+                if (j >= NR_) {
+                    s[j] = _mm256_setzero_si256();
+                    continue;
+                }
+                uint16_t hj;
+                memcpy(&hj, b, 2);
+                h |= (uint64_t)hj << (16 * j);
                 if (F == F_Q4_0) {
-                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(q4_codes(b), x), ones);
-                    s = _mm256_sub_epi32(s, off);
+                    s[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(q4_codes(b), x), ones);
+                    s[j] = _mm256_sub_epi32(s[j], off);
                 } else {
                     __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
-                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), ones);
+                    s[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), ones);
                 }
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(f16(b) * dx[c]), acc[j]);
             }
+            __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi64x((long long)h)), _mm256_broadcast_ss(dx + c));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4(s)), sc, acc);
         }
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        float out[4];
+        _mm_storeu_ps(out, v);
 #pragma GCC unroll 4
-        for (int j = 0; j < NR_; j++) y[(size_t)t * (size_t)w->rows + (size_t)(r + j)] = hsum_ps(acc[j]);
+        for (int j = 0; j < NR_; j++) y[(size_t)t * (size_t)w->rows + (size_t)(r + j)] = out[j];
     }
 }
 

@@ -56,6 +56,9 @@ static void rows_part(void *ctx, int ith, int nth) {
     else j->rows(j->w, &j->a, j->y, r0, r1);
 }
 
+/* Activations up to this many elements are quantized on the calling thread. */
+#define ACT_INLINE_MAX (16 * 1024)
+
 static void run(pt_pool *pool, pt_pool_fn fn, job *j) {
     if (pool) pt_pool_run(pool, fn, j);
     else fn(j, 0, 1);
@@ -95,7 +98,10 @@ void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const
     else
         pt_qk_act_init(&j.a, ctx->scratch, n, w->cols, pt_qk_act_block(w),
                        ctx->avx2 ? pt_qk_avx2_perm(w) : PT_QK_PERM_NONE);
-    run(pool, act_part, &j);
+    /* A decode step's activations (a few thousand floats, about a
+     * microsecond) are quantized on this thread: a pool dispatch costs more
+     * than the work, twice per matmul, ~150 matmuls per token. */
+    run((int64_t)n * w->cols <= ACT_INLINE_MAX ? NULL : pool, act_part, &j);
     run(pool, rows_part, &j);
 }
 
