@@ -353,20 +353,22 @@ pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
  *
  * Below PT_QK_I8_MIN_TOKENS tokens the panel repack costs more than it
  * saves, and decode streams every weight byte once, so these kernels read
- * the rows where they lie: R rows side by side (R streams in flight, one
- * load of each token's block shared by the R rows), each block's exact
- * integer sum scaled once in f32 (by d_w * d_x), one horizontal sum per row
- * and token at the end.  Per 32 weights of q4_0 that is a broadcast load,
- * a shift, a mask, vpmaddubsw, vpmaddwd, a subtract, a convert and an FMA,
- * against the int16 kernel's two widenings and two vpmaddwd.
+ * the rows where they lie, VR = 4 rows side by side (4 streams in flight,
+ * one load of each token's block shared by the 4 rows).  Per block of 32
+ * columns and row: a broadcast load, a shift and a mask (q4_0), vpmaddubsw
+ * and vpmaddwd give the block's exact integer sum in 8 lanes; then, once
+ * for the 4 rows, 9 shuffles and adds put their sums side by side, and one
+ * convert and one FMA scale them by (the rows' 4 f16 scales, gathered into
+ * one word by integer ops and widened at once) x d_x.  That is ~9 vector
+ * ops per 32 weights and row, against ~13.5 with a scalar scale, a
+ * convert and an FMA per row, and ~15 in the int16 kernel.
  *   q4_0: the unsigned nibbles c meet the signed activation codes; the
  *     offset -8 comes off as madd(maddubs(8, x), 1), computed once per
- *     block and token for all R rows: the block's integer sum is exact;
+ *     block and token for all rows: the block's integer sum is exact;
  *   q8_0: the sign trick of the GEMM above.
- * The R rows' next group is prefetched one cache line per block: R
- * interleaved streams rb bytes apart are more than the hardware
- * prefetcher follows on Zen 3 (measured in bench/quant_gemm.c's decode
- * mode). */
+ * The next group of 4 rows is prefetched once per cache line while this
+ * one is read, as the f16 matvec and the int16 rows do: 4 streams rb bytes
+ * apart, and the next group starts cold otherwise. */
 #define VR 4 /* rows per pass */
 
 AI __m256i q4_codes(const uint8_t *blk) {
@@ -413,7 +415,7 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
         __m256 acc = _mm256_setzero_ps();
         for (int64_t c = 0; c < a->n_chunks; c++) {
             const uint8_t *blk = row0 + (size_t)bb * (size_t)c;
-            if (prefetch && t == 0 && (c & 1) == 0) /* 2 blocks >= 36 bytes: every line of the next group */
+            if (prefetch && t == 0 && ((size_t)c * (size_t)bb) % 64 < (size_t)bb) /* once per line */
 #pragma GCC unroll 4
                 for (int j = 0; j < NR_; j++) __builtin_prefetch(blk + (size_t)(VR + j) * rb);
             __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * c)), off = ones;

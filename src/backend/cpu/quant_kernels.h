@@ -4,9 +4,9 @@
  * q4_k, q5_k, q6_k.  Matrix-vector and matrix-matrix products, threaded, in
  * an AVX2 and a portable flavour, and row dequantization for embeddings.
  *
- * Numerics (docs/quantization.md): decode (and any call of fewer than
- * PT_QK_I8_MIN_TOKENS tokens, and every call without AVX2) quantizes
- * activations to int16 in blocks of 32 elements, or of the group size for
+ * Numerics (docs/quantization.md): calls of fewer than
+ * PT_QK_I8_MIN_TOKENS tokens (decode) of formats other than q4_0 and q8_0,
+ * and every call without AVX2, quantize activations to int16 in blocks of 32 elements, or of the group size for
  * affine weights (d = max|x| / 32767, q = rint(x / d)).  Every
  * product of a weight code and an activation code is then an exact integer
  * dot product over a block (vpmaddwd on AVX2); each block's sum is scaled
@@ -27,8 +27,11 @@
  * coarser rounding, 2-4x the speed.  Measured cost: 0.6-0.9% of the logit
  * range on test_convert's 4-bit models (int16: < 0.1%), KL 5e-4 nats
  * against int16 on a random TinyLlama-shape Q8_0 model, half what Q8_0
- * weights cost against F16 there (docs/benchmarks.md).  PETREL_CPU_INT8=0
- * (read when the backend is created) keeps prefill on int16.
+ * weights cost against F16 there (docs/benchmarks.md).  Decode of q4_0
+ * and q8_0 on AVX2 takes int8 activations too (the rows kernels at the end
+ * of quant_i8_avx2.c), as llama.cpp does for these formats.
+ * PETREL_CPU_INT8 (read when the backend is created): 0 keeps every call
+ * on int16, "prefill" keeps decode there.
  *
  * Use: keep a pt_qk_ctx per backend (it owns the activation scratch) and
  * call pt_qk_matmul for any weight whose dtype pt_qk_handles().
