@@ -134,10 +134,13 @@ void cli_model_defaults(void) {
     a->dummy_seed = 1;
 }
 
+static const cli_opt *find_opt(const cli_opt *const *tables, const char *name, char short_name);
+
 static void print_help(const char *usage, const cli_opt *const *tables) {
     printf("usage: %s\n\noptions:\n", usage);
     for (int t = 0; tables[t]; t++)
         for (const cli_opt *o = tables[t]; o->name; o++) {
+            if (find_opt(tables, o->name, 0) != o) continue; /* shadowed by an earlier table */
             char left[64];
             snprintf(left, sizeof left, "%s%c%s--%s %s", o->short_name ? "-" : "",
                      o->short_name ? o->short_name : ' ', o->short_name ? ", " : "  ", o->name,
@@ -208,6 +211,15 @@ static int set_value(const cli_opt *o, const char *v) {
         return 0;
     }
     case CLI_STR: *(const char **)o->dst = v; return 0;
+    case CLI_LIST: {
+        cli_list *l = o->dst;
+        if (l->n == CLI_LIST_MAX) {
+            fprintf(stderr, "petrel: %s: given more than %d times\n", flag, CLI_LIST_MAX);
+            return -1;
+        }
+        l->v[l->n++] = v;
+        return 0;
+    }
     }
     fprintf(stderr, "petrel: %s: '%s' is not a valid %s\n", flag, v,
             o->kind == CLI_FLOAT ? "number" : "integer");
@@ -311,11 +323,15 @@ static const char *device_of(const cli_model_args *a) {
 }
 
 int cli_open_engine(pt_engine **e) {
+    return cli_open_engine_at(cli_margs.model, e);
+}
+
+int cli_open_engine_at(const char *path, pt_engine **e) {
     const cli_model_args *a = &cli_margs;
     if (a->verbose) pt_log_level = PT_LOG_DEBUG;
     const char *device = device_of(a);
     if (!device) return -1;
-    pt_engine_opts o = {.model_path = a->model,
+    pt_engine_opts o = {.model_path = path,
                         .device = device,
                         .n_threads = a->threads,
                         .kernels = a->kernels,
