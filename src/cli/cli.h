@@ -60,6 +60,7 @@ typedef struct cli_model_args {
     uint64_t dummy_seed;
     bool verbose;
     bool no_tokenizer; /* set by commands that read token ids, not a flag */
+    int max_seqs;      /* set by commands that run one sequence (pt_engine_opts.max_seqs) */
 } cli_model_args;
 
 /* The values behind cli_model_opts; cli_model_defaults() resets them. */
@@ -77,6 +78,7 @@ int cli_open_engine_at(const char *path, pt_engine **e);
 typedef struct cli_spec_args {
     const char *spec, *draft_model;
     int k, ngram_min, ngram_max;
+    bool jump_forward;
 } cli_spec_args;
 extern cli_spec_args cli_sargs;
 extern const cli_opt cli_spec_opts[];

@@ -250,6 +250,8 @@ int cmd_serve(int argc, char **argv) {
     pt_spec_params spec;
     if (cli_spec_params(&spec, false, NULL)) return 2;
 
+    /* a sliding-window model's window pages are sized for --parallel (kvcache.h) */
+    cli_margs.max_seqs = g.parallel > 0 ? g.parallel : 8;
     model_list models = {0};
     size_t pool_memory = 0;
     rc = 0;

@@ -16,9 +16,36 @@
  * the same format, and pt_kv_format_name() names it for anything that keys
  * pages across caches (prefix and disk caches).
  *
+ * Cache groups.  A model whose layers mix sliding-window and full attention
+ * (Gemma 2/3, gpt-oss) gets two groups: group 0, the full-attention layers,
+ * and the window group, the layers that see only the last `window`
+ * positions.  Each group has its own pool of page ids and its own buffer
+ * size (a window layer's buffer holds window_pages pages, a full layer's
+ * n_pages), and a sequence has one block table per group, indexed alike
+ * (page i holds positions [i*page_size, (i+1)*page_size) in both).  As a
+ * sequence's writes move on, window-group pages wholly below every window
+ * it can still need go back to their pool and their table entry becomes -1
+ * (recycling, in pt_kv_seq_own), so a long context costs what its full
+ * layers need plus about one window per sequence.  Everything that counts
+ * pages for admission (pt_kv_seq_pages_needed, pt_kv_free_pages, the
+ * prefix cache's pool) is group 0's: the window pool is sized for
+ * pt_kv_max_seqs sequences and cannot run out while no more run at once.
+ *
+ * Rollback (pt_kv_seq_truncate) across the window: writing position n
+ * needs the window pages of [n - window + 1, n).  Recycling before a write
+ * at `from` keeps positions >= from - window + 1 - window_slack, so a
+ * rollback to n >= from - window_slack always finds its window; the
+ * engine's verify step only rolls back positions written in that same
+ * step (n > from), so its slack is 0, and a draft model's cache, which
+ * rolls back up to k drafted steps, keeps k positions of slack.  A deeper
+ * rollback drops the whole sequence (n_tokens 0): the caller recomputes,
+ * which is always correct.
+ *
  * Invariants: a page id is either on the free list (refcount 0) or owned by
  * at least one sequence; a sequence with n_tokens positions stored owns
- * ceil(n_tokens / page_size) pages or more (reserve may run ahead).
+ * ceil(n_tokens / page_size) group-0 pages or more (reserve may run ahead),
+ * and window-group pages for every index from the first one a write at
+ * n_tokens - window_slack can need up to its group-0 table's end.
  */
 #ifndef PETREL_KVCACHE_H
 #define PETREL_KVCACHE_H
@@ -36,18 +63,29 @@ typedef struct pt_kv_config {
     int n_pages;   /* pool size */
     pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16: the elements when not quantized */
     pt_kvq_spec quant; /* kind PT_KVQ_NONE (zero) for plain elements */
+    /* The window group: layers whose bit is set in window_layers see only
+     * the last `window` positions.  window 0, or no layer set, or every
+     * layer set: one group, every page kept. */
+    int window;
+    int window_pages; /* pool of the window group; 0: n_pages */
+    int window_slack; /* positions kept below the window for deeper rollbacks */
+    int window_rows;  /* rows a sequence writes in one call at most (pt_kv_max_seqs) */
+    uint64_t window_layers[16]; /* bit l % 64 of word l / 64: layer l is in it */
 } pt_kv_config;
 
 typedef struct pt_kv_cache {
     pt_backend *be;
     pt_kv_config cfg;
     pt_kv_codec codec;       /* valid when cfg.quant.kind != PT_KVQ_NONE */
-    size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer */
+    size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer (group 0) */
+    size_t wk_bytes, wv_bytes; /* the same for a window-group layer */
+    bool grouped;            /* the window group exists */
     void **k, **v;           /* [n_layers] backend buffers */
     float *tables;           /* backend copy of the codec's tables, or NULL */
     size_t tables_bytes;
     size_t k_page, v_page;   /* bytes of one page of one layer's K / V */
     pt_block_pool pool;      /* page ids: owners, free queue, content hashes */
+    pt_block_pool wpool;     /* the window group's page ids (grouped only) */
     pt_disk *disk;           /* the cold tier, or NULL (pt_kv_attach_disk) */
     void *disk_buf;          /* [pt_kv_page_bytes] staging for disk reads */
 } pt_kv_cache;
@@ -56,7 +94,14 @@ typedef struct pt_kv_seq {
     int32_t *pages; /* block table */
     int n_pages, cap;
     int n_tokens; /* positions whose K/V are stored */
+    int32_t *wpages; /* grouped: the window group's table, [n_pages], -1 where recycled */
+    int wlo;         /* wpages[i] < 0 for every i < wlo */
 } pt_kv_seq;
+
+/* Whether layer l of the cache is in the window group. */
+static inline bool pt_kv_layer_windowed(const pt_kv_cache *kv, int l) {
+    return kv->grouped && (kv->cfg.window_layers[l / 64] >> (l % 64) & 1);
+}
 
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err);
 void pt_kv_cache_free(pt_kv_cache *kv);
@@ -77,9 +122,11 @@ int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from
 int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err);
 /* dst (empty) shares every page and position of src. */
 void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src);
-/* Copies page src's bytes, every layer, K and V, to page dst. */
+/* Copies group-0 page src's bytes, every layer of group 0, K and V, to page dst. */
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src);
-/* Bytes of one page over every layer, K and V: what a host copy holds. */
+/* Bytes of one group-0 page over its layers, K and V: what a host copy
+ * holds.  The disk tier keeps group-0 pages only, so it refuses grouped
+ * caches (engine.c). */
 size_t pt_kv_page_bytes(const pt_kv_cache *kv);
 /* A page's bytes to host memory (layer by layer, K then V) and back: for
  * swapping and the disk tier.  pt_kv_page_load restores exactly what
@@ -92,6 +139,29 @@ void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
  * end go back to the pool (exactly ceil(n / page_size) stay). */
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
 int pt_kv_free_pages(const pt_kv_cache *kv);
+/* Pages the sequence holds in group g (0, or 1: the window group). */
+int pt_kv_seq_group_pages(const pt_kv_cache *kv, const pt_kv_seq *seq, int g);
+/* Sequences the window pool holds at once, each writing up to
+ * cfg.window_rows rows a call; INT32_MAX without a window group or with a
+ * pool as large as group 0's. */
+int pt_kv_max_seqs(const pt_kv_cache *kv);
+/* Window-group pages one sequence can hold at once (the pool holds that
+ * many per sequence it is sized for). */
+int pt_kv_window_pages_per_seq(const pt_kv_config *cfg);
+/* Bytes per position of the window group's layers (0 with one group):
+ * pt_kv_bytes_per_token less this is what each position of context costs
+ * once the window pool is paid for. */
+size_t pt_kv_window_bytes_per_token(const pt_kv_cache *kv);
+
+/* The prefix cache.  Content keys are set on both groups' page i at once
+ * (pt_kv_seq_set_key); pt_kv_prefix_window shortens a run of n leading
+ * group-0 hits to the longest whose window pages are also still cached;
+ * pt_kv_seq_adopt gives an empty sequence the first n pages by key (group 0
+ * from the pool or the disk tier, then the window pages it needs) and
+ * returns how many it took (positions = that x page_size). */
+void pt_kv_seq_set_key(pt_kv_cache *kv, pt_kv_seq *seq, int i, uint64_t key);
+int pt_kv_prefix_window(const pt_kv_cache *kv, const uint64_t *keys, int n);
+int pt_kv_seq_adopt(pt_kv_cache *kv, pt_kv_seq *seq, const uint64_t *keys, int n);
 
 /* The disk tier: cached pages evicted from the pool are written to disk
  * (off the hot path), and pt_kv_restore_page brings one back.  disk is the

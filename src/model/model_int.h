@@ -17,6 +17,7 @@
  *   llama.c     the Llama family (llama, mistral, qwen2, qwen3);
  *   qwen3moe.c  Qwen3-MoE (qwen3_moe);
  *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
+ *   gptoss.c    gpt-oss (gpt_oss);
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
@@ -30,7 +31,7 @@
 /* ---- Weight specs ------------------------------------------------------------ */
 
 /* A dimension of a weight, in terms of the config. */
-enum pt_dim { D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS, D_EFFN };
+enum pt_dim { D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS, D_EFFN, D_HEADS };
 /* Which config setting makes a weight present. */
 enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED };
 
@@ -70,6 +71,8 @@ typedef struct pt_arch {
 typedef struct pt_step {
     pt_kv_cache *kv;
     const pt_batch_view *b; /* rows in backend memory */
+    const pt_batch_view *bw; /* the same rows with the window group's block tables
+                              * (= b's when the cache has one group) */
     int n;                  /* rows */
     int n_out;              /* rows whose logits are wanted (ws->out_idx) */
     float *logits;          /* host, [n_out][vocab_size] */
@@ -95,7 +98,7 @@ struct pt_family {
     void (*forward)(pt_model *m, const pt_step *s);
 };
 
-extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma;
+extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */

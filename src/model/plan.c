@@ -9,10 +9,11 @@
  * load.  A block that adds a kind removes its refusal here.
  *
  * Runs now: full and sliding-window attention (window applied by the
- * attention op; the cache still keeps every position), dense SiLU / GELU-tanh
- * FFNs, routed experts (no shared ones) in families that route them, plain
- * and (1 + w) RMSNorm.  Refused: recurrent mixers, shared experts, scaled
- * residuals, more than one cache group.
+ * attention op; in a model with both, the window layers are cache group 1,
+ * whose pages are given back as the window slides: kvcache.h), dense
+ * SiLU / GELU-tanh FFNs, routed experts (no shared ones) in families that
+ * route them, plain and (1 + w) RMSNorm.  Refused: recurrent mixers, shared
+ * experts, scaled residuals, a cache group other than those two.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +21,9 @@
 #include "model/model_int.h"
 
 int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
+    int n_swa = 0;
+    for (int l = 0; l < c->n_layers; l++) n_swa += pt_config_layer_swa(c, l);
+    bool groups = n_swa > 0 && n_swa < c->n_layers; /* window layers get their own */
     for (int l = 0; l < c->n_layers; l++) {
         bool swa = pt_config_layer_swa(c, l);
         plan[l] = (pt_layer_plan){
@@ -27,9 +31,14 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .window = swa ? c->sliding_window : 0,
             .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
             .rope_scaled = !(swa && c->rope_scaling_global_only),
-            .rope = {.style = c->rope_style, .n_rot = c->n_rot, .mscale = 1.0f},
+            .rope = {.style = c->rope_style, .n_rot = c->n_rot,
+                     .mscale = c->rope_scaling == PT_ROPE_SCALING_YARN &&
+                                       !(swa && c->rope_scaling_global_only)
+                                   ? c->rope_mscale
+                                   : 1.0f},
             .attn_scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim),
             .attn_softcap = c->attn_softcap,
+            .attn_sinks = c->attn_sinks,
             .ffn = c->n_experts > 0 ? PT_FFN_MOE : PT_FFN_DENSE,
             .act = c->act,
             .n_experts = c->n_experts,
@@ -37,7 +46,7 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .n_shared = c->n_shared_experts,
             .norm = c->norm,
             .residual_scale = 1.0f,
-            .cache_group = 0, /* one group: window layers keep every position too */
+            .cache_group = swa && groups, /* all-window models keep one group */
         };
     }
     /* Experts need a family whose forward routes them (and whose weight
@@ -64,16 +73,19 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
                  p->top_k);
     else if (p->ffn != PT_FFN_DENSE && p->ffn != PT_FFN_MOE)
         snprintf(why, cap, "FFN kind %d", p->ffn);
-    else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH)
+    else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH && p->act != PT_ACT_SWIGLU_OAI)
         snprintf(why, cap, "activation kind %d", p->act);
-    else if (p->ffn == PT_FFN_MOE && p->act != PT_ACT_SILU)
-        snprintf(why, cap, "experts with a non-SiLU activation");
+    else if (p->ffn == PT_FFN_MOE && p->act == PT_ACT_GELU_TANH)
+        snprintf(why, cap, "experts with a GELU activation");
+    else if (p->ffn != PT_FFN_MOE && p->act == PT_ACT_SWIGLU_OAI)
+        snprintf(why, cap, "a dense FFN with gpt-oss's clamped SwiGLU");
     else if (p->norm != PT_NORM_RMS && p->norm != PT_NORM_RMS_1PW)
         snprintf(why, cap, "norm kind %d", p->norm);
     else if (p->residual_scale != 1.0f)
         snprintf(why, cap, "a residual scaled by %g", (double)p->residual_scale);
-    else if (p->cache_group != 0)
-        snprintf(why, cap, "cache group %d (one group only so far)", p->cache_group);
+    else if (p->cache_group != 0 && !(p->cache_group == 1 && p->mixer == PT_MIX_ATTN_SWA))
+        snprintf(why, cap, "cache group %d (only sliding-window layers have group 1)",
+                 p->cache_group);
     else
         return false;
     return true;

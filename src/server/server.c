@@ -251,9 +251,14 @@ static void engine_defaults(pt_slot *m, const pt_server_opts *o) {
  * With it, the pool is what the budget buys and the scheduler grows
  * sequences lazily, preempting when it runs out. */
 static int size_kv_pool(pt_engine *e, const pt_slot *o, pt_err *err) {
-    if (e->kv_budgeted) return 0; /* --kv-budget sized it; the scheduler preempts within it */
+    /* a sliding-window model's window pool holds --parallel windows (kvcache.h) */
+    bool window = e->kv.grouped && e->max_seqs != o->parallel;
+    e->max_seqs = o->parallel;
+    if (e->kv_budgeted) /* --kv-budget sized it; the scheduler preempts within it */
+        return window ? pt_engine_kv_init(e, e->kv.cfg.n_pages * e->kv.cfg.page_size, err) : 0;
     int need = pt_sched_pages_for(e, o->n_ctx) * o->parallel;
-    if (e->kv.cfg.n_pages >= need) return 0;
+    if (e->kv.cfg.n_pages >= need && !window) return 0;
+    need = PT_MAX(need, e->kv.cfg.n_pages);
     int positions = need * e->kv.cfg.page_size;
     /* with overcommit a too-big pool would "succeed" and be killed later */
     double gib = (double)pt_kv_bytes_per_token(&e->kv.cfg) * positions / (1 << 30);

@@ -447,6 +447,8 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
         if (dtype_code(kv->dtype) < 0)
             return cuda_fail(cb, name, "cache type not supported by the CUDA backend");
         if (kv->head_dim > 512) return cuda_fail(cb, name, "head_dim over 512 is not supported");
+        if (o->attention_ext.p.sinks) /* gpt-oss; its models are refused at load (swiglu_oai) */
+            return cuda_fail(cb, name, "attention sinks are not implemented on the CUDA backend");
     }
     if (o->kind == PT_OP_KV_STORE || o->kind == PT_OP_ATTENTION) {
         const pt_kv_view *kv = o->kind == PT_OP_KV_STORE ? &o->kv_store.kv : &o->attention.kv;
