@@ -198,14 +198,15 @@ static void test_quantized_weights(void **state) {
 /* The model families beyond Llama (the transformers fixtures, whose CPU
  * logits test_hf_reference checks against transformers): Qwen3-MoE
  * (moe_route, matmul_id, moe_combine), Gemma 2 (windows of 8, soft-capped
- * scores and logits, GeGLU) and Gemma 3 (windows of 12, two rope bases).
+ * scores and logits, GeGLU), Gemma 3 (windows of 12, two rope bases) and
+ * gpt-oss (sinks, swiglu_oai, add_id, windows of 8, YaRN).
  * An 8-token prompt runs every matmul as a GEMV in f32, so the GPU must
  * give the CPU's greedy tokens past several windows; a 40-token prompt
  * rounds the dense matmuls' activations to bf16/f16 for cuBLAS, checked
  * with the CPU's tokens fed to both. */
 static void test_families(void **state) {
     (void)state;
-    static const char *const cases[] = {"qwen3_moe", "gemma2", "gemma3_text"};
+    static const char *const cases[] = {"qwen3_moe", "gemma2", "gemma3_text", "gpt_oss"};
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         char path[1200];
         snprintf(path, sizeof path, "%s/%s", HF_DIR, cases[i]);
