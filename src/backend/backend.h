@@ -110,6 +110,10 @@ typedef struct pt_batch_view {
     const int32_t *pos;         /* [n_tokens] position of each row */
     const int32_t *seq;         /* [n_tokens] sequence index of each row */
     const int32_t *block_table; /* [n_seqs][max_pages] page ids */
+    /* [n_seqs] each sequence's slot in the recurrent-state buffers
+     * (kvcache.h, the state group); NULL for models without recurrent
+     * layers. */
+    const int32_t *state_slot;
     int n_tokens, max_pages, n_seqs;
     int pad_;
 } pt_batch_view;
@@ -157,6 +161,12 @@ typedef enum pt_op_kind {
     PT_OP_MOE_ROUTE,
     PT_OP_MATMUL_ID,
     PT_OP_MOE_COMBINE,
+    /* Hybrid recurrent layers (issue 17, Gated DeltaNet): optional. */
+    PT_OP_GATHER_COLS,
+    PT_OP_SIGMOID_MUL,
+    PT_OP_CONV1D_SILU,
+    PT_OP_GATED_DELTA,
+    PT_OP_RMSNORM_GATED,
     /* Reserved, not implemented: PT_OP_ALL_REDUCE (tensor parallel), a sum of
      * a buffer over the devices of a group after a row-sharded matmul. */
     PT_OP_COUNT
@@ -300,6 +310,66 @@ typedef struct pt_op_moe_combine {
     int n, k, d;
 } pt_op_moe_combine;
 
+/* dst[t][j] = src[t][idx[j]] for n rows: src rows of d_src floats, dst
+ * rows of d_dst; idx [d_dst] in backend memory.  Splits a fused
+ * projection into its parts.  dst must not alias src. */
+typedef struct pt_op_gather_cols {
+    float *dst;
+    const float *src;
+    const int32_t *idx;
+    int n, d_src, d_dst;
+} pt_op_gather_cols;
+
+/* y[t][i] = x[t][i] * sigmoid(g[t][g_d == 1 ? 0 : i]) for n rows of d;
+ * g has rows of g_d floats (d, or 1: one gate per row).  y may alias x. */
+typedef struct pt_op_sigmoid_mul {
+    float *y;
+    const float *x, *g;
+    int n, d, g_d;
+} pt_op_sigmoid_mul;
+
+/* Causal depthwise convolution over each sequence's positions, then SiLU:
+ * y[t][c] = silu(sum_j w[c][j] * u[t-K+1+j][c]) with u the channel's
+ * inputs, where inputs before the batch's first row of a sequence come
+ * from its conv state (state + slot * (K-1) * C: the last K-1 input rows,
+ * oldest first) and the state is left holding the last K-1 inputs.  A row
+ * at position 0 starts from a zero state.  Rows of one sequence must come
+ * in position order.  x, y [n][C]; w [C][K]. */
+typedef struct pt_op_conv1d_silu {
+    float *y;
+    const float *x, *w;
+    float *state;
+    pt_batch_view b;
+    int C, K;
+} pt_op_conv1d_silu;
+
+/* The gated delta rule (Gated DeltaNet), one token at a time per sequence.
+ * Row t reads q [n_k_heads][dk] at qkv + t*stride, k right after it and v
+ * [n_v_heads][dv] after k; ba + t*2*n_v_heads holds b then a per v head.
+ * Value head h uses key head h / (n_v_heads / n_k_heads).  With S the
+ * head's state [dk][dv] (state + (slot * n_v_heads + h) * dk * dv, zero at
+ * position 0):
+ *     q, k = l2norm(q), l2norm(k);  q /= sqrt(dk)
+ *     g = -exp(A_log[h]) * softplus(a + dt_bias[h]);  beta = sigmoid(b)
+ *     S = exp(g) S;  S += k (beta (v - Sᵀk))ᵀ;  out[t][h] = Sᵀq
+ * Rows of one sequence must come in position order. */
+typedef struct pt_op_gated_delta {
+    float *out;
+    const float *qkv, *ba, *A_log, *dt_bias;
+    float *state;
+    pt_batch_view b;
+    int n_k_heads, n_v_heads, dk, dv, stride;
+} pt_op_gated_delta;
+
+/* y = x / rms(x) * w * silu(z) for n rows of d (the gated output norm of
+ * Gated DeltaNet: w is a plain gain, not 1 + w).  y may alias x. */
+typedef struct pt_op_rmsnorm_gated {
+    float *y;
+    const float *x, *z, *w;
+    int n, d;
+    float eps;
+} pt_op_rmsnorm_gated;
+
 typedef struct pt_op {
     pt_op_kind kind;
     union {
@@ -319,6 +389,11 @@ typedef struct pt_op {
         pt_op_moe_route moe_route;
         pt_op_matmul_id matmul_id;
         pt_op_moe_combine moe_combine;
+        pt_op_gather_cols gather_cols;
+        pt_op_sigmoid_mul sigmoid_mul;
+        pt_op_conv1d_silu conv1d_silu;
+        pt_op_gated_delta gated_delta;
+        pt_op_rmsnorm_gated rmsnorm_gated;
     };
 } pt_op;
 
@@ -558,6 +633,59 @@ static inline void pt_be_moe_combine(pt_backend *be, float *y, const float *x,
     o.kind = PT_OP_MOE_COMBINE;
     o.moe_combine.y = y, o.moe_combine.x = x, o.moe_combine.weights = weights;
     o.moe_combine.n = n, o.moe_combine.k = k, o.moe_combine.d = d;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_gather_cols(pt_backend *be, float *dst, const float *src,
+                                     const int32_t *idx, int n, int d_src, int d_dst) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_GATHER_COLS;
+    o.gather_cols.dst = dst, o.gather_cols.src = src, o.gather_cols.idx = idx;
+    o.gather_cols.n = n, o.gather_cols.d_src = d_src, o.gather_cols.d_dst = d_dst;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_sigmoid_mul(pt_backend *be, float *y, const float *x, const float *g,
+                                     int n, int d, int g_d) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_SIGMOID_MUL;
+    o.sigmoid_mul.y = y, o.sigmoid_mul.x = x, o.sigmoid_mul.g = g;
+    o.sigmoid_mul.n = n, o.sigmoid_mul.d = d, o.sigmoid_mul.g_d = g_d;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_conv1d_silu(pt_backend *be, float *y, const float *x, const float *w,
+                                     float *state, const pt_batch_view *b, int C, int K) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_CONV1D_SILU;
+    o.conv1d_silu.y = y, o.conv1d_silu.x = x, o.conv1d_silu.w = w, o.conv1d_silu.state = state;
+    o.conv1d_silu.b = *b;
+    o.conv1d_silu.C = C, o.conv1d_silu.K = K;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_gated_delta(pt_backend *be, const pt_op_gated_delta *a) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_GATED_DELTA;
+    pt_op_gated_delta *d = &o.gated_delta;
+    d->out = a->out, d->qkv = a->qkv, d->ba = a->ba, d->A_log = a->A_log;
+    d->dt_bias = a->dt_bias, d->state = a->state, d->b = a->b;
+    d->n_k_heads = a->n_k_heads, d->n_v_heads = a->n_v_heads, d->dk = a->dk, d->dv = a->dv;
+    d->stride = a->stride;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_rmsnorm_gated(pt_backend *be, float *y, const float *x, const float *z,
+                                       const float *w, int n, int d, float eps) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_RMSNORM_GATED;
+    o.rmsnorm_gated.y = y, o.rmsnorm_gated.x = x, o.rmsnorm_gated.z = z, o.rmsnorm_gated.w = w;
+    o.rmsnorm_gated.n = n, o.rmsnorm_gated.d = d, o.rmsnorm_gated.eps = eps;
     pt_be_run(be, &o);
 }
 
