@@ -1,5 +1,6 @@
 /*
- * kvcache.c - page pool and block tables, sized by the cache's format.
+ * kvcache.c - page pool and block tables, sized by the cache's format;
+ * and the recurrent-state slots of hybrid models (see kvcache.h).
  */
 #include "kv/kvcache.h"
 
@@ -27,10 +28,23 @@ static int slot_bytes(const pt_kv_config *c, size_t *k, size_t *v, pt_err *err) 
     return 0;
 }
 
+/* Layers that keep K/V pages (all but the recurrent ones). */
+static int kv_layers(const pt_kv_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += !pt_kv_layer_recurrent(c, l);
+    return n;
+}
+
 size_t pt_kv_bytes_per_token(const pt_kv_config *c) {
     size_t k, v;
     if (slot_bytes(c, &k, &v, NULL)) return 0;
-    return (size_t)c->n_layers * (k + v);
+    return (size_t)kv_layers(c) * (k + v);
+}
+
+size_t pt_kv_state_bytes(const pt_kv_config *c) {
+    if (c->n_state_slots <= 0) return 0;
+    return (size_t)(c->n_layers - kv_layers(c)) * (size_t)(c->conv_floats + c->rec_floats) *
+           sizeof(float);
 }
 
 const char *pt_kv_format_name(const pt_kv_config *c, char *buf, size_t cap) {
@@ -86,6 +100,32 @@ static int plan(pt_kv_cache *kv, pt_err *err) {
     return 0;
 }
 
+/* The recurrent-state group: per recurrent layer one conv and one state
+ * buffer of n_state_slots slots, and the free-slot stack. */
+static int state_init(pt_kv_cache *kv, pt_err *err) {
+    const pt_kv_config *c = &kv->cfg;
+    if (c->n_state_slots <= 0) return 0;
+    if (c->conv_floats < 0 || c->rec_floats <= 0 || c->n_state_slots > 1 << 20)
+        return pt_fail(err, "KV cache: bad recurrent-state geometry");
+    kv->conv = pt_xcalloc((size_t)c->n_layers, sizeof(float *));
+    kv->rec = pt_xcalloc((size_t)c->n_layers, sizeof(float *));
+    size_t slots = (size_t)c->n_state_slots;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!pt_kv_layer_recurrent(c, l)) continue;
+        kv->conv[l] = kv->be->ops->alloc(kv->be, sizeof(float) * slots * (size_t)PT_MAX(c->conv_floats, 1));
+        kv->rec[l] = kv->be->ops->alloc(kv->be, sizeof(float) * slots * (size_t)c->rec_floats);
+        if (!kv->conv[l] || !kv->rec[l])
+            return pt_fail(err, "KV cache: cannot allocate %.2f GiB of recurrent state for %d "
+                                "sequences",
+                           (double)pt_kv_state_bytes(c) * (double)slots / (1 << 30),
+                           c->n_state_slots);
+    }
+    kv->free_slots = pt_xmalloc(sizeof(int32_t) * slots);
+    for (int i = 0; i < c->n_state_slots; i++) kv->free_slots[i] = c->n_state_slots - 1 - i;
+    kv->n_free_slots = c->n_state_slots;
+    return 0;
+}
+
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err) {
     memset(kv, 0, sizeof *kv);
     kv->be = be;
@@ -93,7 +133,12 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
     if (plan(kv, err)) return -1;
     kv->k = pt_xcalloc((size_t)cfg->n_layers, sizeof(void *));
     kv->v = pt_xcalloc((size_t)cfg->n_layers, sizeof(void *));
+    if (state_init(kv, err)) {
+        pt_kv_cache_free(kv);
+        return -1;
+    }
     for (int l = 0; l < cfg->n_layers; l++) {
+        if (pt_kv_layer_recurrent(cfg, l)) continue;
         kv->k[l] = be->ops->alloc(be, kv->k_bytes);
         kv->v[l] = be->ops->alloc(be, kv->v_bytes);
         if (!kv->k[l] || !kv->v[l]) {
@@ -121,6 +166,17 @@ void pt_kv_cache_free(pt_kv_cache *kv) {
             if (kv->v[l]) kv->be->ops->free(kv->be, kv->v[l], kv->v_bytes);
         }
     if (kv->tables) kv->be->ops->free(kv->be, kv->tables, kv->tables_bytes);
+    size_t slots = (size_t)PT_MAX(kv->cfg.n_state_slots, 0);
+    for (int l = 0; kv->conv && l < kv->cfg.n_layers; l++) {
+        if (kv->conv[l])
+            kv->be->ops->free(kv->be, kv->conv[l],
+                              sizeof(float) * slots * (size_t)PT_MAX(kv->cfg.conv_floats, 1));
+        if (kv->rec[l])
+            kv->be->ops->free(kv->be, kv->rec[l], sizeof(float) * slots * (size_t)kv->cfg.rec_floats);
+    }
+    free(kv->conv);
+    free(kv->rec);
+    free(kv->free_slots);
     free(kv->k);
     free(kv->v);
     pt_block_pool_free(&kv->pool);
@@ -132,7 +188,26 @@ static int pages_for(const pt_kv_cache *kv, int n_positions) {
     return (n_positions + kv->cfg.page_size - 1) / kv->cfg.page_size;
 }
 
+/* A state slot for seq if the cache has the group and seq holds none. */
+static int take_state(pt_kv_cache *kv, pt_kv_seq *seq, pt_err *err) {
+    if (kv->cfg.n_state_slots <= 0 || seq->state) return 0;
+    if (kv->n_free_slots == 0)
+        return pt_fail(err, "KV cache full: all %d recurrent-state slots are held (one per "
+                            "running sequence of a hybrid model)",
+                       kv->cfg.n_state_slots);
+    seq->state = kv->free_slots[--kv->n_free_slots] + 1;
+    seq->state_pos = 0; /* its content is stale until a row at position 0 */
+    return 0;
+}
+
+static void give_state(pt_kv_cache *kv, pt_kv_seq *seq) {
+    if (seq->state) kv->free_slots[kv->n_free_slots++] = seq->state - 1;
+    seq->state = 0;
+    seq->state_pos = 0;
+}
+
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err) {
+    if (n_positions > 0 && take_state(kv, seq, err)) return -1;
     int need = pages_for(kv, n_positions);
     if (need <= seq->n_pages) return 0;
     if (need - seq->n_pages > kv->pool.n_free)
@@ -181,11 +256,29 @@ void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src) {
     }
     dst->n_pages = src->n_pages;
     dst->n_tokens = src->n_tokens;
+    dst->state = 0;
+    dst->state_pos = 0;
+    if (!src->state) return;
+    if (take_state(kv, dst, NULL)) {
+        dst->state_pos = -1; /* no slot: it restarts at position 0 */
+        return;
+    }
+    const pt_kv_config *c = &kv->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!pt_kv_layer_recurrent(c, l)) continue;
+        size_t cb = sizeof(float) * (size_t)c->conv_floats, rb = sizeof(float) * (size_t)c->rec_floats;
+        kv->be->ops->copy(kv->be, (char *)kv->conv[l] + (size_t)(dst->state - 1) * cb,
+                          (char *)kv->conv[l] + (size_t)(src->state - 1) * cb, cb);
+        kv->be->ops->copy(kv->be, (char *)kv->rec[l] + (size_t)(dst->state - 1) * rb,
+                          (char *)kv->rec[l] + (size_t)(src->state - 1) * rb, rb);
+    }
+    dst->state_pos = src->state_pos;
 }
 
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src) {
     pt_backend *be = kv->be;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
+        if (!kv->k[l]) continue; /* a recurrent layer */
         char *k = kv->k[l], *v = kv->v[l];
         be->ops->copy(be, k + (size_t)dst * kv->k_page, k + (size_t)src * kv->k_page, kv->k_page);
         be->ops->copy(be, v + (size_t)dst * kv->v_page, v + (size_t)src * kv->v_page, kv->v_page);
@@ -193,13 +286,14 @@ void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src) {
 }
 
 size_t pt_kv_page_bytes(const pt_kv_cache *kv) {
-    return (size_t)kv->cfg.n_layers * (kv->k_page + kv->v_page);
+    return (size_t)kv_layers(&kv->cfg) * (kv->k_page + kv->v_page);
 }
 
 void pt_kv_page_save(pt_kv_cache *kv, int32_t page, void *host) {
     pt_backend *be = kv->be;
     char *h = host;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
+        if (!kv->k[l]) continue;
         be->ops->download(be, h, (char *)kv->k[l] + (size_t)page * kv->k_page, kv->k_page);
         h += kv->k_page;
         be->ops->download(be, h, (char *)kv->v[l] + (size_t)page * kv->v_page, kv->v_page);
@@ -211,6 +305,7 @@ void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host) {
     pt_backend *be = kv->be;
     const char *h = host;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
+        if (!kv->k[l]) continue;
         be->ops->upload(be, (char *)kv->k[l] + (size_t)page * kv->k_page, h, kv->k_page);
         h += kv->k_page;
         be->ops->upload(be, (char *)kv->v[l] + (size_t)page * kv->v_page, h, kv->v_page);
@@ -222,6 +317,10 @@ void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n) {
     int keep = pages_for(kv, n);
     while (seq->n_pages > keep) pt_block_unref(&kv->pool, seq->pages[--seq->n_pages]);
     if (seq->n_tokens > n) seq->n_tokens = n;
+    if (n == 0)
+        give_state(kv, seq);
+    else if (seq->state && n < seq->state_pos)
+        seq->state_pos = -1;
 }
 
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq) {

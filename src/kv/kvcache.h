@@ -16,9 +16,21 @@
  * the same format, and pt_kv_format_name() names it for anything that keys
  * pages across caches (prefix and disk caches).
  *
+ * Hybrid recurrent models (Gated DeltaNet) add a second cache group, the
+ * recurrent state: layers marked in cfg.recurrent keep no K/V pages but,
+ * per sequence, a fixed-size f32 state (the conv tail and the delta rule's
+ * matrices), never paged.  A sequence takes one of cfg.n_state_slots slots
+ * when it first reserves, and gives it back when truncated to 0 or
+ * released.  The state covers positions [0, state_pos); it cannot be
+ * rolled back (no per-step snapshots yet), so truncating below state_pos
+ * marks it invalid (-1) and the forward refuses to continue such a
+ * sequence anywhere but at position 0.  The engine therefore refuses
+ * speculative decoding and turns the prefix cache off for these models.
+ *
  * Invariants: a page id is either on the free list (refcount 0) or owned by
  * at least one sequence; a sequence with n_tokens positions stored owns
- * ceil(n_tokens / page_size) pages or more (reserve may run ahead).
+ * ceil(n_tokens / page_size) pages or more (reserve may run ahead); a state
+ * slot is either free or held by exactly one sequence.
  */
 #ifndef PETREL_KVCACHE_H
 #define PETREL_KVCACHE_H
@@ -36,14 +48,27 @@ typedef struct pt_kv_config {
     int n_pages;   /* pool size */
     pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16: the elements when not quantized */
     pt_kvq_spec quant; /* kind PT_KVQ_NONE (zero) for plain elements */
+    /* The recurrent-state group; all zero for models without one.  A layer
+     * whose bit is set in recurrent (bit l % 64 of word l / 64) has no K/V
+     * and, per slot, conv_floats of conv tail and rec_floats of state. */
+    int n_state_slots;
+    int64_t conv_floats, rec_floats;
+    uint64_t recurrent[16];
 } pt_kv_config;
+
+static inline bool pt_kv_layer_recurrent(const pt_kv_config *c, int l) {
+    return c->n_state_slots > 0 && (c->recurrent[l / 64] >> (l % 64) & 1);
+}
 
 typedef struct pt_kv_cache {
     pt_backend *be;
     pt_kv_config cfg;
     pt_kv_codec codec;       /* valid when cfg.quant.kind != PT_KVQ_NONE */
     size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer */
-    void **k, **v;           /* [n_layers] backend buffers */
+    void **k, **v;           /* [n_layers] backend buffers; NULL for recurrent layers */
+    float **conv, **rec;     /* [n_layers] state buffers [n_state_slots][...]; NULL: none */
+    int32_t *free_slots;     /* the state slots no sequence holds (a stack) */
+    int n_free_slots;
     float *tables;           /* backend copy of the codec's tables, or NULL */
     size_t tables_bytes;
     size_t k_page, v_page;   /* bytes of one page of one layer's K / V */
@@ -56,7 +81,16 @@ typedef struct pt_kv_seq {
     int32_t *pages; /* block table */
     int n_pages, cap;
     int n_tokens; /* positions whose K/V are stored */
+    int state;     /* recurrent-state slot + 1; 0: none */
+    int state_pos; /* positions folded into the state; -1: rolled back past it */
 } pt_kv_seq;
+
+/* Counts positions [0, n) of seq as computed (after a forward): its K/V
+ * and, where it has one, its recurrent state. */
+static inline void pt_kv_seq_computed(pt_kv_seq *seq, int n) {
+    if (n > seq->n_tokens) seq->n_tokens = n;
+    if (seq->state && n > seq->state_pos) seq->state_pos = n;
+}
 
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err);
 void pt_kv_cache_free(pt_kv_cache *kv);
@@ -66,7 +100,10 @@ size_t pt_kv_bytes_per_token(const pt_kv_config *cfg);
 /* The cache's element format: the dtype name ("f16") or the codec's
  * ("turbo-k8v3", "affine8").  Part of any key that shares pages. */
 const char *pt_kv_format_name(const pt_kv_config *cfg, char *buf, size_t cap);
-/* Ensures the sequence has pages for positions [0, n_positions). */
+/* Bytes of recurrent state one sequence holds (0 without the group). */
+size_t pt_kv_state_bytes(const pt_kv_config *cfg);
+/* Ensures the sequence has pages for positions [0, n_positions), and a
+ * recurrent-state slot if the cache has the group. */
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err);
 /* Pages a sequence needs taken from the pool to write positions
  * [from, to): new pages past its table plus copies of shared ones. */
@@ -75,7 +112,9 @@ int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from
  * own, copying any page it shares (copy on write), so writing those
  * positions cannot change another sequence's view. */
 int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err);
-/* dst (empty) shares every page and position of src. */
+/* dst (empty) shares every page and position of src, and gets a copy of
+ * its recurrent state (if no slot is free, dst has none and must restart
+ * at position 0). */
 void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src);
 /* Copies page src's bytes, every layer, K and V, to page dst. */
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src);
@@ -89,7 +128,9 @@ void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host);
 /* Returns all pages of the sequence to the pool and empties it. */
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
 /* Rolls back to n positions: drops positions >= n, and pages past the new
- * end go back to the pool (exactly ceil(n / page_size) stay). */
+ * end go back to the pool (exactly ceil(n / page_size) stay).  At 0 the
+ * state slot goes back too; above 0 but below state_pos the state is
+ * marked invalid (state_pos -1): it cannot be rolled back. */
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
 int pt_kv_free_pages(const pt_kv_cache *kv);
 

@@ -231,7 +231,7 @@ static void test_hand_built_plans_checked(void **state) {
         {offsetof(pt_layer_plan, mixer), PT_MIX_RECURRENT, "recurrent"},
         {offsetof(pt_layer_plan, norm), 9, "norm kind 9"},
         {offsetof(pt_layer_plan, mixer), 7, "mixer kind 7"},
-        {offsetof(pt_layer_plan, n_shared), 1, "1 shared experts"},
+        {offsetof(pt_layer_plan, n_shared), 2, "2 shared experts"},
         {offsetof(pt_layer_plan, cache_group), 1, "cache group 1"},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(bad); i++) {
