@@ -66,6 +66,9 @@ struct pt_core {
     req **item_req;
     pt_runner runner;
     pt_core_timing timing;
+    /* the model keeps recurrent state (hybrid): no prefix reuse, no
+     * speculation (kvcache.h: the state cannot be rolled back yet) */
+    bool recurrent;
     /* --spec draft: the draft model's runner and step scratch (NULL: none) */
     pt_engine *draft;
     pt_runner drunner;
@@ -196,7 +199,7 @@ static int probe_prefix(pt_core *c, req *r, int *n_revive) {
     int n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
     int ps = kv->cfg.page_size, max_pages = (n_tokens - 1) / ps, b = 0;
     *n_revive = 0;
-    if (!c->e->prefix_cache || (r->started && r->seq.kv.n_pages > 0)) return 0;
+    if (!c->e->prefix_cache || c->recurrent || (r->started && r->seq.kv.n_pages > 0)) return 0;
     for (; b < max_pages; b++) {
         uint64_t key = page_key(c, r, b);
         int32_t id = pt_block_lookup(&kv->pool, key);
@@ -241,7 +244,7 @@ static void publish_pages(pt_core *c, req *r) {
     pt_kv_cache *kv = &c->e->kv;
     int ps = kv->cfg.page_size;
     int limit = PT_MIN(r->seq.kv.n_tokens, r->seq.n_tokens - r->n_in_seq);
-    if (!c->e->prefix_cache) return;
+    if (!c->e->prefix_cache || c->recurrent) return;
     for (; (r->n_published + 1) * ps <= limit; r->n_published++)
         pt_block_set_hash(&kv->pool, r->seq.kv.pages[r->n_published], page_key(c, r, r->n_published));
 }
@@ -565,6 +568,11 @@ int pt_core_step(pt_core *c) {
 static void draft_init(pt_core *c) {
     pt_engine *d = c->e->draft;
     const pt_kv_config *kc = &c->e->kv.cfg;
+    if (c->recurrent || pt_model_recurrent(d->model)) {
+        pt_warn("engine: --spec draft with a hybrid recurrent model is not supported (its state "
+                "cannot be rolled back yet); no drafts");
+        return;
+    }
     int need = kc->n_pages * kc->page_size + c->o.max_seqs * (SPEC_MAX + kc->page_size);
     pt_err err = {{0}};
     if (d->kv.cfg.n_pages * d->kv.cfg.page_size < need && pt_engine_kv_init(d, need, &err)) {
@@ -585,6 +593,10 @@ pt_core *pt_core_new(pt_engine *e, const pt_core_opts *o) {
     if (c->o.max_seqs > c->max_rows) c->o.max_seqs = c->max_rows;
     if (c->o.n_ctx <= 0 || c->o.n_ctx > e->n_ctx) c->o.n_ctx = e->n_ctx;
     if (c->o.max_prefill <= 0) c->o.max_prefill = c->max_rows;
+    c->recurrent = pt_model_recurrent(e->model);
+    /* one recurrent-state slot per running sequence */
+    if (c->recurrent && c->o.max_seqs > e->kv.cfg.n_state_slots)
+        c->o.max_seqs = PT_MAX(1, e->kv.cfg.n_state_slots);
     grow(c, 16);
     pt_runner_init(&c->runner, e);
     if (e->draft) draft_init(c);
@@ -621,6 +633,11 @@ static int room_for(const pt_core *c) {
 int pt_core_check(const pt_core *c, const pt_sched_job *d, pt_err *err) {
     int vocab = c->e->model->cfg.vocab_size, room = room_for(c);
     if (d->n_prompt <= 0) return pt_fail(err, "empty prompt");
+    if (c->recurrent && d->params.spec.kind != PT_SPEC_OFF)
+        return pt_fail(err, "speculative decoding is not supported for %s: a hybrid recurrent "
+                            "model's state cannot be rolled back to a rejected draft yet; "
+                            "request without speculation",
+                       c->e->model->cfg.arch);
     if (d->n_prompt >= c->o.n_ctx)
         return pt_fail(err, "prompt of %d tokens does not fit the context of %d", d->n_prompt,
                        c->o.n_ctx);
