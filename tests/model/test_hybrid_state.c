@@ -13,6 +13,7 @@
  *     prefix it never computed, is refused with a message, never run on
  *     the wrong state; restarted at position 0 it gives the first logits
  *     again, bit for bit;
+ *   - a fork copies the state (both continue with the same logits);
  *   - with every slot held the next sequence is refused, and a released
  *     slot serves it.
  */
@@ -190,6 +191,27 @@ static void test_rollback_refused(void **state) {
     pt_kv_cache_free(&kv);
 }
 
+/* A fork copies the state: both continue identically from the same point. */
+static void test_fork_copies_state(void **state) {
+    (void)state;
+    pt_kv_cache kv;
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
+    float *a = malloc(sizeof(float) * N * vocab), *b = malloc(sizeof(float) * vocab);
+    pt_kv_seq s = {0}, f = {0};
+    if (run(&kv, &s, prompt, 0, N - 1, a, &err)) fail_msg("%s", err.msg);
+    pt_kv_seq_fork(&kv, &f, &s);
+    assert_int_not_equal(f.state, s.state);
+    assert_int_equal(f.state_pos, N - 1);
+    if (run(&kv, &s, prompt, N - 1, 1, a, &err) || run(&kv, &f, prompt, N - 1, 1, b, &err))
+        fail_msg("%s", err.msg);
+    assert_memory_equal(a, b, sizeof(float) * vocab);
+    pt_kv_seq_release(&kv, &s), pt_kv_seq_release(&kv, &f);
+    assert_int_equal(kv.n_free_slots, kv.cfg.n_state_slots);
+    free(a), free(b);
+    pt_kv_cache_free(&kv);
+}
+
 static void test_slots_held_and_freed(void **state) {
     (void)state;
     pt_kv_cache kv;
@@ -223,6 +245,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_equals_decode),
         cmocka_unit_test(test_interleaved_sequences),
         cmocka_unit_test(test_rollback_refused),
+        cmocka_unit_test(test_fork_copies_state),
         cmocka_unit_test(test_slots_held_and_freed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
