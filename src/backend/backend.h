@@ -352,13 +352,16 @@ typedef struct pt_op_conv1d_silu {
  *     q, k = l2norm(q), l2norm(k);  q /= sqrt(dk)
  *     g = -exp(A_log[h]) * softplus(a + dt_bias[h]);  beta = sigmoid(b)
  *     S = exp(g) S;  S += k (beta (v - Sᵀk))ᵀ;  out[t][h] = Sᵀq
- * Rows of one sequence must come in position order. */
+ * Rows of one sequence must come in position order.  With chunk > 1, a
+ * run of consecutive rows of one sequence (a prefill) goes chunk rows at a
+ * time through the chunkwise form (the same function, to f32 rounding);
+ * 0 or 1: token by token. */
 typedef struct pt_op_gated_delta {
     float *out;
     const float *qkv, *ba, *A_log, *dt_bias;
     float *state;
     pt_batch_view b;
-    int n_k_heads, n_v_heads, dk, dv, stride;
+    int n_k_heads, n_v_heads, dk, dv, stride, chunk;
 } pt_op_gated_delta;
 
 /* y = x / rms(x) * w * silu(z) for n rows of d (the gated output norm of
@@ -675,7 +678,7 @@ static inline void pt_be_gated_delta(pt_backend *be, const pt_op_gated_delta *a)
     d->out = a->out, d->qkv = a->qkv, d->ba = a->ba, d->A_log = a->A_log;
     d->dt_bias = a->dt_bias, d->state = a->state, d->b = a->b;
     d->n_k_heads = a->n_k_heads, d->n_v_heads = a->n_v_heads, d->dk = a->dk, d->dv = a->dv;
-    d->stride = a->stride;
+    d->stride = a->stride, d->chunk = a->chunk;
     pt_be_run(be, &o);
 }
 

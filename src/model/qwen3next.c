@@ -19,8 +19,8 @@
  *
  * The recurrent layers' state (conv tail and delta-rule matrices, f32)
  * lives in the KV cache's state group (kvcache.h), one slot per sequence;
- * the ops (cpu_recurrent.c) read and update it row by row, so prefill and
- * decode are one path.  The fused projections are split into their parts
+ * the ops (cpu_recurrent.c) read and update it: decode rows one token at a
+ * time, a prefill's rows in chunks of GDN_CHUNK (the chunkwise form).  The fused projections are split into their parts
  * with gather_cols, by index tables built here at load.  Only Hugging Face
  * checkpoints load (GGUF qwen3next is not read yet); dense layers among
  * the sparse ones and attention biases are refused.
@@ -278,6 +278,10 @@ static int qwen3next_workspace(pt_model *m, int cap, pt_err *err) {
 
 /* ---- Forward -------------------------------------------------------------------- */
 
+/* Prefill rows of a sequence go through the delta rule this many at a time
+ * in the chunkwise form (transformers' chunk size); decode rows one by one. */
+#define GDN_CHUNK 64
+
 /* h -> h: gated full attention with q/k norms and partial rope. */
 static void gated_attention(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
@@ -324,7 +328,7 @@ static void gated_deltanet(pt_model *m, int l, const pt_step *s) {
     pt_op_gated_delta d = {.out = ws->lin, .qkv = ws->conv, .ba = ws->ba, .A_log = L->A_log,
                            .dt_bias = L->dt_bias, .state = s->kv->rec[l], .b = *s->b,
                            .n_k_heads = c->lin_k_heads, .n_v_heads = nv, .dk = c->lin_k_dim,
-                           .dv = c->lin_v_dim, .stride = conv};
+                           .dv = c->lin_v_dim, .stride = conv, .chunk = GDN_CHUNK};
     pt_be_gated_delta(be, &d);
     pt_be_rmsnorm_gated(be, ws->lin, ws->lin, ws->z, L->lin_norm, n * nv, c->lin_v_dim, c->norm_eps);
     pt_be_matmul(be, ws->h, ws->lin, &L->w_lin_out, n);

@@ -7,7 +7,9 @@
  *                 zero before position 0 (no tail state at all);
  *   gated_delta   the state update in matrix form,
  *                 S' = (I - beta k kᵀ) (e^g S) + beta k vᵀ,  out = S'ᵀ q,
- *                 over the whole history (the kernel's order differs);
+ *                 over the whole history (the kernel's order differs),
+ *                 token by token and in the chunkwise form (chunks of 4,
+ *                 16 and 64 rows, a chunk continuing an earlier state);
  *   rmsnorm_gated, gather_cols, sigmoid_mul element by element.
  *
  * State ops are run the way the engine runs them: a prefill of several rows
@@ -142,8 +144,7 @@ static void delta_ref_step(delta_ref *r, const float *row, const float *ba, cons
     }
 }
 
-static void test_gated_delta(void **state) {
-    (void)state;
+static void check_gated_delta(int chunk) {
     for (int threads = 1; threads <= 3; threads += 2) {
         pt_err err;
         pt_backend *be = pt_backend_cpu_new(threads, "auto", &err);
@@ -180,7 +181,7 @@ static void test_gated_delta(void **state) {
         pt_op_gated_delta op = {.out = &out[0][0], .qkv = &xin[0][0], .ba = &bin[0][0],
                                 .A_log = A_log, .dt_bias = dt_bias, .state = st, .b = b,
                                 .n_k_heads = NK, .n_v_heads = NV, .dk = DK, .dv = DV,
-                                .stride = QKV};
+                                .stride = QKV, .chunk = chunk};
         pt_be_gated_delta(be, &op);
         for (int r = 0; r < n; r++) {
             delta_ref_step(&ref[seq[r]], xin[r], bin[r], A_log, dt_bias, want);
@@ -207,6 +208,67 @@ static void test_gated_delta(void **state) {
         free(st);
         be->ops->destroy(be);
     }
+}
+
+/* Token by token, and chunked (runs of 2 rows in the interleaved prefill). */
+static void test_gated_delta(void **state) {
+    (void)state;
+    check_gated_delta(0);
+    check_gated_delta(4);
+}
+
+/* A long prefill of one sequence in the chunkwise form, chunks of 16 and
+ * 64 rows (40 rows: 16 + 16 + 8, and one chunk), continuing a state left
+ * by an earlier call, against the matrix-form reference. */
+static void test_gated_delta_chunked(void **state) {
+    (void)state;
+    enum { LEN = 40, PRE = 3 };
+    static float qkv[PRE + LEN][QKV], ba[PRE + LEN][2 * NV], out[LEN][NV * DV];
+    float A_log[NV], dt_bias[NV];
+    for (int h = 0; h < NV; h++) A_log[h] = rnd(1.5), dt_bias[h] = rnd(1);
+    for (int t = 0; t < PRE + LEN; t++) {
+        for (int i = 0; i < QKV; i++) qkv[t][i] = rnd(1);
+        for (int i = 0; i < 2 * NV; i++) ba[t][i] = rnd(3) - 1.0f; /* slower decays too */
+    }
+    static const int chunks[] = {16, 64};
+    for (size_t ci = 0; ci < PT_ARRAY_LEN(chunks); ci++)
+        for (int threads = 1; threads <= 3; threads += 2) {
+            pt_err err;
+            pt_backend *be = pt_backend_cpu_new(threads, "auto", &err);
+            assert_non_null(be);
+            float *st = calloc(NV * DK * DV, sizeof(float));
+            int32_t slot = 0, pos[PRE + LEN], seq[PRE + LEN] = {0};
+            for (int t = 0; t < PRE + LEN; t++) pos[t] = t;
+            delta_ref ref;
+            memset(&ref, 0, sizeof ref);
+            double want[NV][DV];
+            /* the first PRE rows token by token, then the prefill */
+            pt_op_gated_delta op = {.A_log = A_log, .dt_bias = dt_bias, .state = st,
+                                    .n_k_heads = NK, .n_v_heads = NV, .dk = DK, .dv = DV,
+                                    .stride = QKV, .chunk = chunks[ci]};
+            for (int t = 0; t < PRE; t++) {
+                op.out = out[0], op.qkv = qkv[t], op.ba = ba[t];
+                op.b = (pt_batch_view){.pos = pos + t, .seq = seq, .state_slot = &slot, .n_tokens = 1, .n_seqs = 1};
+                pt_be_gated_delta(be, &op);
+                delta_ref_step(&ref, qkv[t], ba[t], A_log, dt_bias, want);
+            }
+            op.out = out[0], op.qkv = qkv[PRE], op.ba = ba[PRE];
+            op.b = (pt_batch_view){.pos = pos + PRE, .seq = seq, .state_slot = &slot, .n_tokens = LEN, .n_seqs = 1};
+            pt_be_gated_delta(be, &op);
+            for (int t = 0; t < LEN; t++) {
+                delta_ref_step(&ref, qkv[PRE + t], ba[PRE + t], A_log, dt_bias, want);
+                check_close(out[t], &want[0][0], NV * DV, 5e-5, "gated_delta chunked");
+            }
+            for (int h = 0; h < NV; h++) /* the state it leaves */
+                for (int i = 0; i < DK; i++)
+                    for (int e = 0; e < DV; e++) {
+                        double w = ref.S[h][i][e], g = st[(h * DK + i) * DV + e];
+                        if (!(fabs(g - w) <= 5e-5 * (1 + fabs(w))))
+                            fail_msg("chunk %d: state [%d][%d][%d] %.8g, reference %.8g", chunks[ci], h, i, e, g, w);
+                    }
+            free(st);
+            be->ops->destroy(be);
+        }
 }
 
 /* ---- rmsnorm_gated, gather_cols, sigmoid_mul -------------------------------------- */
@@ -254,6 +316,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv1d),
         cmocka_unit_test(test_gated_delta),
+        cmocka_unit_test(test_gated_delta_chunked),
         cmocka_unit_test(test_elementwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

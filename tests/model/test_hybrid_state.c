@@ -4,9 +4,9 @@
  *
  *   - the cache keeps no K/V for recurrent layers and one state slot per
  *     sequence, taken at the first reserve and given back on release;
- *   - a prompt prefilled in one batch and the same prompt fed one token
- *     per forward give the same logits (f32 rounding: the matmul kernels
- *     differ between one row and many);
+ *   - a prompt prefilled in one batch (the delta rule's chunkwise form) and
+ *     the same prompt fed one token per forward (its recurrent form) give
+ *     the same logits to f32 rounding; so does a prefill split in two;
  *   - two sequences interleaved in one batch each get exactly the logits
  *     they get alone (their states do not mix);
  *   - a sequence rolled back below its state's end, or continued past a

@@ -11,9 +11,11 @@
  * A row at position 0 starts its sequence from a zero state, which is how
  * a state slot is (re)initialized: no separate clear is needed.
  *
- * The delta rule here is the recurrent form for every row, prefill too
- * (transformers' torch_recurrent_gated_delta_rule order of operations);
- * the chunked form for long prefills is not written yet.
+ * The delta rule runs a decode row in the recurrent form (transformers'
+ * torch_recurrent_gated_delta_rule order of operations) and a run of a
+ * sequence's consecutive rows (prefill) in the chunkwise form, chunk rows
+ * at a time: the deltas of a chunk solve one triangular system against the
+ * state at its start, and the state is updated once per chunk.
  */
 #include <math.h>
 
@@ -168,28 +170,117 @@ static void delta_step(float *S, float *out, const float *q, const float *k, con
     }
 }
 
+/* Row t's inputs for value head h: q (l2-normed, / sqrt dk) and k
+ * (l2-normed) into q and k; its log-decay g and its beta. */
+static const float *head_inputs(const pt_op_gated_delta *a, int t, int h, float *q, float *k,
+                                float *g, float *beta) {
+    int dk = a->dk, nk = a->n_k_heads, nv = a->n_v_heads, kh = h / (nv / nk);
+    const float *row = a->qkv + (size_t)t * a->stride, *ba = a->ba + (size_t)t * 2 * nv;
+    l2norm_scaled(q, row + (size_t)kh * dk, dk, 1.0f / sqrtf((float)dk));
+    l2norm_scaled(k, row + (size_t)(nk + kh) * dk, dk, 1.0f);
+    *g = -expf(a->A_log[h]) * softplusf(ba[nv + h] + a->dt_bias[h]);
+    *beta = sigmoidf(ba[h]);
+    return row + (size_t)2 * nk * dk + (size_t)h * a->dv; /* v */
+}
+
+static float dot(const float *x, const float *y, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += x[i] * y[i];
+    return s;
+}
+
+/* y[dv] = scale * Sᵀx for S [dk][dv]. */
+static void state_t_mul(float *y, const float *S, const float *x, int dk, int dv, float scale) {
+    for (int j = 0; j < dv; j++) y[j] = 0;
+    for (int i = 0; i < dk; i++) {
+        const float *row = S + (size_t)i * dv;
+        for (int j = 0; j < dv; j++) y[j] += row[j] * x[i];
+    }
+    for (int j = 0; j < dv; j++) y[j] *= scale;
+}
+
+/* Rows t0 .. t0+c-1 of one sequence, value head h, from state S, in the
+ * chunkwise form.  With G_i the decays' running sum over the chunk, the
+ * deltas u_i = beta_i (v_i - (e^g_i S_{i-1})ᵀ k_i) solve the unit lower-
+ * triangular system
+ *     u_i + beta_i sum_{j<i} e^{G_i - G_j} (k_i·k_j) u_j = beta_i (v_i - e^{G_i} S0ᵀ k_i),
+ * then o_i = e^{G_i} S0ᵀ q_i + sum_{j<=i} e^{G_i - G_j} (q_i·k_j) u_j and
+ * S = e^{G_last} S0 + sum_j e^{G_last - G_j} k_j u_jᵀ.  Every exponent is
+ * <= 0 (the decays are): nothing overflows. */
+static void delta_chunk(const pt_op_gated_delta *a, int t0, int c, int h, float *S, float *ws) {
+    int dk = a->dk, dv = a->dv, nv = a->n_v_heads;
+    float *Q = ws, *K = Q + (size_t)c * dk, *U = K + (size_t)c * dk, *G = U + (size_t)c * dv;
+    float *B = G + c, *tmp = B + c, acc = 0;
+    for (int i = 0; i < c; i++) {
+        float g;
+        const float *v = head_inputs(a, t0 + i, h, Q + (size_t)i * dk, K + (size_t)i * dk, &g, &B[i]);
+        G[i] = acc += g;
+        float *u = U + (size_t)i * dv;
+        state_t_mul(u, S, K + (size_t)i * dk, dk, dv, expf(G[i]));
+        for (int j = 0; j < dv; j++) u[j] = B[i] * (v[j] - u[j]);
+    }
+    for (int i = 1; i < c; i++) { /* forward substitution */
+        float *u = U + (size_t)i * dv;
+        for (int j = 0; j < i; j++) {
+            float coef = B[i] * expf(G[i] - G[j]) * dot(K + (size_t)i * dk, K + (size_t)j * dk, dk);
+            const float *uj = U + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) u[e] -= coef * uj[e];
+        }
+    }
+    for (int i = 0; i < c; i++) {
+        float *o = a->out + ((size_t)(t0 + i) * nv + (size_t)h) * dv;
+        state_t_mul(o, S, Q + (size_t)i * dk, dk, dv, expf(G[i]));
+        for (int j = 0; j <= i; j++) {
+            float coef = expf(G[i] - G[j]) * dot(Q + (size_t)i * dk, K + (size_t)j * dk, dk);
+            const float *uj = U + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) o[e] += coef * uj[e];
+        }
+    }
+    float last = G[c - 1], keep = expf(last);
+    for (int j = 0; j < c; j++) tmp[j] = expf(last - G[j]);
+    for (int m = 0; m < dk; m++) {
+        float *row = S + (size_t)m * dv;
+        for (int e = 0; e < dv; e++) row[e] *= keep;
+        for (int j = 0; j < c; j++) {
+            float km = tmp[j] * K[(size_t)j * dk + m];
+            const float *uj = U + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) row[e] += km * uj[e];
+        }
+    }
+}
+
+/* Rows from t on that continue t's sequence (next position, no restart),
+ * at most max. */
+static int run_length(const pt_batch_view *b, int t, int max) {
+    int n = 1;
+    while (n < max && t + n < b->n_tokens && b->seq[t + n] == b->seq[t] &&
+           b->pos[t + n] == b->pos[t + n - 1] + 1)
+        n++;
+    return n;
+}
+
 static void delta_task(void *ctx, int ith, int nth) {
     const delta_job *j = ctx;
     const pt_op_gated_delta *a = j->a;
-    int dk = a->dk, dv = a->dv, nk = a->n_k_heads, nv = a->n_v_heads, ratio = nv / nk;
-    float *q = j->scratch[ith], *k = q + dk, *mem = k + dk;
-    float qscale = 1.0f / sqrtf((float)dk);
+    int dk = a->dk, dv = a->dv, nv = a->n_v_heads, chunk = PT_MAX(a->chunk, 1);
+    float *q = j->scratch[ith], *k = q + dk, *mem = k + dk, *cw = mem + dv;
     int64_t lo, hi;
     pt_cpu_split(nv, ith, nth, 1, &lo, &hi);
-    for (int t = 0; t < a->b.n_tokens; t++) {
-        int slot = row_slot(&a->b, t, "gated_delta");
-        const float *row = a->qkv + (size_t)t * a->stride, *ba = a->ba + (size_t)t * 2 * nv;
+    for (int t = 0; t < a->b.n_tokens;) {
+        int slot = row_slot(&a->b, t, "gated_delta"), c = run_length(&a->b, t, chunk);
         for (int64_t h = lo; h < hi; h++) {
-            int kh = (int)h / ratio;
             float *S = a->state + ((size_t)slot * nv + (size_t)h) * dk * dv;
             if (a->b.pos[t] == 0) memset(S, 0, sizeof(float) * (size_t)dk * dv);
-            l2norm_scaled(q, row + (size_t)kh * dk, dk, qscale);
-            l2norm_scaled(k, row + (size_t)(nk + kh) * dk, dk, 1.0f);
-            const float *v = row + (size_t)2 * nk * dk + (size_t)h * dv;
-            float g = -expf(a->A_log[h]) * softplusf(ba[nv + h] + a->dt_bias[h]);
-            delta_step(S, a->out + ((size_t)t * nv + (size_t)h) * dv, q, k, v, expf(g),
-                       sigmoidf(ba[h]), dk, dv, mem);
+            if (c > 1) {
+                delta_chunk(a, t, c, (int)h, S, cw);
+                continue;
+            }
+            float g, beta;
+            const float *v = head_inputs(a, t, (int)h, q, k, &g, &beta);
+            delta_step(S, a->out + ((size_t)t * nv + (size_t)h) * dv, q, k, v, expf(g), beta, dk,
+                       dv, mem);
         }
+        t += c;
     }
 }
 
@@ -197,7 +288,9 @@ void pt_cpu_gated_delta(pt_backend *be, const pt_op_gated_delta *a) {
     pt_cpu_backend *cb = pt_cpu(be);
     if (a->n_k_heads < 1 || a->n_v_heads % a->n_k_heads)
         pt_cpu_die("gated_delta: %d value heads over %d key heads", a->n_v_heads, a->n_k_heads);
-    if (pt_cpu_scratch_reserve(cb, (size_t)2 * a->dk + (size_t)a->dv + 16, "gated_delta")) return;
+    size_t c = (size_t)PT_MAX(a->chunk, 1);
+    size_t floats = (size_t)2 * a->dk + (size_t)a->dv + c * ((size_t)2 * a->dk + a->dv + 3) + 16;
+    if (pt_cpu_scratch_reserve(cb, floats, "gated_delta")) return;
     delta_job j = {a, cb->scratch};
     pt_cpu_run(cb, delta_task, &j, 4.0 * a->b.n_tokens * a->n_v_heads * a->dk * a->dv);
 }
