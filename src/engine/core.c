@@ -66,8 +66,8 @@ struct pt_core {
     req **item_req;
     pt_runner runner;
     pt_core_timing timing;
-    /* the model keeps recurrent state (hybrid): no prefix reuse, no
-     * speculation (kvcache.h: the state cannot be rolled back yet) */
+    /* the model keeps recurrent state (hybrid): no prefix reuse, and
+     * speculation rolls back through a checkpoint of the state (kvcache.h) */
     bool recurrent;
     /* --spec draft: the draft model's runner and step scratch (NULL: none) */
     pt_engine *draft;
@@ -309,6 +309,9 @@ static int draft(pt_core *c, req *r) {
     int k = sp->kind == PT_SPEC_OFF ? 0 : draft_room(c, r);
     r->n_draft = 0;
     if (k <= 0) return 0;
+    /* a hybrid model rolls a rejected draft back to a checkpoint of its
+     * state: no slot for one, no drafts */
+    if (c->recurrent && !pt_kv_seq_ckpt_reserve(&c->e->kv, &r->seq.kv)) return 0;
     if (sp->kind == PT_SPEC_DRAFT) /* made before the plan (draft_model_pass) */
         r->n_draft = PT_MIN(r->n_pre, k);
     else if (sp->kind == PT_SPEC_NGRAM)
@@ -531,8 +534,10 @@ int pt_core_step(pt_core *c) {
         req *r = c->idx_req[it->req];
         int end = c->pr[it->req].n_computed + it->n_rows; /* as planned */
         if (r->state != PT_REQ_RUNNING) admit(c, r, c->cached_pages[it->req]);
-        if (c->pr[it->req].n_spec > 0 && it->n_rows > 1)
+        if (c->pr[it->req].n_spec > 0 && it->n_rows > 1) {
             append_drafts(r, it->n_rows - 1);
+            if (c->recurrent) pt_kv_seq_checkpoint(&c->e->kv, &r->seq.kv); /* for verify */
+        }
         c->item_req[i] = r;
         c->items[i] = (pt_run_item){&r->seq, end - r->seq.kv.n_tokens, it->n_logits};
     }
@@ -568,9 +573,9 @@ int pt_core_step(pt_core *c) {
 static void draft_init(pt_core *c) {
     pt_engine *d = c->e->draft;
     const pt_kv_config *kc = &c->e->kv.cfg;
-    if (c->recurrent || pt_model_recurrent(d->model)) {
-        pt_warn("engine: --spec draft with a hybrid recurrent model is not supported (its state "
-                "cannot be rolled back yet); no drafts");
+    if (pt_model_recurrent(d->model)) {
+        pt_warn("engine: a hybrid recurrent draft model is not supported (its drafts' state is "
+                "not checkpointed); no drafts");
         return;
     }
     int need = kc->n_pages * kc->page_size + c->o.max_seqs * (SPEC_MAX + kc->page_size);
@@ -633,11 +638,6 @@ static int room_for(const pt_core *c) {
 int pt_core_check(const pt_core *c, const pt_sched_job *d, pt_err *err) {
     int vocab = c->e->model->cfg.vocab_size, room = room_for(c);
     if (d->n_prompt <= 0) return pt_fail(err, "empty prompt");
-    if (c->recurrent && d->params.spec.kind != PT_SPEC_OFF)
-        return pt_fail(err, "speculative decoding is not supported for %s: a hybrid recurrent "
-                            "model's state cannot be rolled back to a rejected draft yet; "
-                            "request without speculation",
-                       c->e->model->cfg.arch);
     if (d->n_prompt >= c->o.n_ctx)
         return pt_fail(err, "prompt of %d tokens does not fit the context of %d", d->n_prompt,
                        c->o.n_ctx);

@@ -202,8 +202,38 @@ static int take_state(pt_kv_cache *kv, pt_kv_seq *seq, pt_err *err) {
 
 static void give_state(pt_kv_cache *kv, pt_kv_seq *seq) {
     if (seq->state) kv->free_slots[kv->n_free_slots++] = seq->state - 1;
-    seq->state = 0;
-    seq->state_pos = 0;
+    if (seq->ckpt) kv->free_slots[kv->n_free_slots++] = seq->ckpt - 1;
+    seq->state = seq->ckpt = 0;
+    seq->state_pos = seq->ckpt_pos = 0;
+}
+
+/* Copies state slot src to slot dst (1-based, as seqs hold them), every
+ * recurrent layer. */
+static void copy_state(pt_kv_cache *kv, int dst, int src) {
+    const pt_kv_config *c = &kv->cfg;
+    size_t cb = sizeof(float) * (size_t)c->conv_floats, rb = sizeof(float) * (size_t)c->rec_floats;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!pt_kv_layer_recurrent(c, l)) continue;
+        kv->be->ops->copy(kv->be, (char *)kv->conv[l] + (size_t)(dst - 1) * cb,
+                          (char *)kv->conv[l] + (size_t)(src - 1) * cb, cb);
+        kv->be->ops->copy(kv->be, (char *)kv->rec[l] + (size_t)(dst - 1) * rb,
+                          (char *)kv->rec[l] + (size_t)(src - 1) * rb, rb);
+    }
+}
+
+bool pt_kv_seq_ckpt_reserve(pt_kv_cache *kv, pt_kv_seq *seq) {
+    if (!seq->state) return false;
+    if (seq->ckpt) return true;
+    if (kv->n_free_slots == 0) return false;
+    seq->ckpt = kv->free_slots[--kv->n_free_slots] + 1;
+    seq->ckpt_pos = -1; /* nothing in it yet */
+    return true;
+}
+
+void pt_kv_seq_checkpoint(pt_kv_cache *kv, pt_kv_seq *seq) {
+    if (!seq->state || !seq->ckpt) return;
+    copy_state(kv, seq->ckpt, seq->state);
+    seq->ckpt_pos = seq->state_pos;
 }
 
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err) {
@@ -256,22 +286,14 @@ void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src) {
     }
     dst->n_pages = src->n_pages;
     dst->n_tokens = src->n_tokens;
-    dst->state = 0;
-    dst->state_pos = 0;
+    dst->state = dst->ckpt = 0;
+    dst->state_pos = dst->ckpt_pos = 0;
     if (!src->state) return;
     if (take_state(kv, dst, NULL)) {
         dst->state_pos = -1; /* no slot: it restarts at position 0 */
         return;
     }
-    const pt_kv_config *c = &kv->cfg;
-    for (int l = 0; l < c->n_layers; l++) {
-        if (!pt_kv_layer_recurrent(c, l)) continue;
-        size_t cb = sizeof(float) * (size_t)c->conv_floats, rb = sizeof(float) * (size_t)c->rec_floats;
-        kv->be->ops->copy(kv->be, (char *)kv->conv[l] + (size_t)(dst->state - 1) * cb,
-                          (char *)kv->conv[l] + (size_t)(src->state - 1) * cb, cb);
-        kv->be->ops->copy(kv->be, (char *)kv->rec[l] + (size_t)(dst->state - 1) * rb,
-                          (char *)kv->rec[l] + (size_t)(src->state - 1) * rb, rb);
-    }
+    copy_state(kv, dst->state, src->state);
     dst->state_pos = src->state_pos;
 }
 
@@ -317,10 +339,17 @@ void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n) {
     int keep = pages_for(kv, n);
     while (seq->n_pages > keep) pt_block_unref(&kv->pool, seq->pages[--seq->n_pages]);
     if (seq->n_tokens > n) seq->n_tokens = n;
-    if (n == 0)
+    if (n == 0) {
         give_state(kv, seq);
-    else if (seq->state && n < seq->state_pos)
-        seq->state_pos = -1;
+    } else if (seq->state && n < seq->state_pos) {
+        if (seq->ckpt && seq->ckpt_pos >= 0 && seq->ckpt_pos <= n) {
+            copy_state(kv, seq->state, seq->ckpt);
+            seq->state_pos = seq->ckpt_pos;
+            if (seq->n_tokens > seq->ckpt_pos) seq->n_tokens = seq->ckpt_pos;
+        } else {
+            seq->state_pos = -1;
+        }
+    }
 }
 
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq) {

@@ -21,11 +21,16 @@
  * per sequence, a fixed-size f32 state (the conv tail and the delta rule's
  * matrices), never paged.  A sequence takes one of cfg.n_state_slots slots
  * when it first reserves, and gives it back when truncated to 0 or
- * released.  The state covers positions [0, state_pos); it cannot be
- * rolled back (no per-step snapshots yet), so truncating below state_pos
- * marks it invalid (-1) and the forward refuses to continue such a
- * sequence anywhere but at position 0.  The engine therefore refuses
- * speculative decoding and turns the prefix cache off for these models.
+ * released.  The state covers positions [0, state_pos) and only moves
+ * forward.  Rollback (speculative decoding) goes through a checkpoint: a
+ * second slot, reserved once and held until release, into which the
+ * state is copied before a verify step; truncating below state_pos then
+ * restores the checkpoint and drops the positions after it (n_tokens
+ * falls back to ckpt_pos: they are recomputed, K/V and state together).
+ * Without a usable checkpoint truncating below state_pos marks the state
+ * invalid (-1), and the forward refuses to continue such a sequence
+ * anywhere but at position 0.  The prefix cache is off for these models
+ * (states are not kept per page).
  *
  * Invariants: a page id is either on the free list (refcount 0) or owned by
  * at least one sequence; a sequence with n_tokens positions stored owns
@@ -83,6 +88,8 @@ typedef struct pt_kv_seq {
     int n_tokens; /* positions whose K/V are stored */
     int state;     /* recurrent-state slot + 1; 0: none */
     int state_pos; /* positions folded into the state; -1: rolled back past it */
+    int ckpt;      /* checkpoint slot + 1; 0: none */
+    int ckpt_pos;  /* positions the checkpoint covers */
 } pt_kv_seq;
 
 /* Counts positions [0, n) of seq as computed (after a forward): its K/V
@@ -112,6 +119,11 @@ int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from
  * own, copying any page it shares (copy on write), so writing those
  * positions cannot change another sequence's view. */
 int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err);
+/* Hybrid models: reserves seq's checkpoint slot (once; held until
+ * release).  false if it has no state or no slot is free. */
+bool pt_kv_seq_ckpt_reserve(pt_kv_cache *kv, pt_kv_seq *seq);
+/* Copies seq's state into its reserved checkpoint, as of state_pos. */
+void pt_kv_seq_checkpoint(pt_kv_cache *kv, pt_kv_seq *seq);
 /* dst (empty) shares every page and position of src, and gets a copy of
  * its recurrent state (if no slot is free, dst has none and must restart
  * at position 0). */
@@ -129,8 +141,9 @@ void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host);
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
 /* Rolls back to n positions: drops positions >= n, and pages past the new
  * end go back to the pool (exactly ceil(n / page_size) stay).  At 0 the
- * state slot goes back too; above 0 but below state_pos the state is
- * marked invalid (state_pos -1): it cannot be rolled back. */
+ * state slots go back too.  Above 0 but below state_pos, the checkpoint is
+ * restored if it covers at most n positions (n_tokens drops to ckpt_pos:
+ * the rest is recomputed), else the state is marked invalid (-1). */
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
 int pt_kv_free_pages(const pt_kv_cache *kv);
 

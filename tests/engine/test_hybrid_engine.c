@@ -7,8 +7,8 @@
  *   - the prefix cache is off for such a model (its pages would come
  *     without the recurrent state at their end), so a repeated prompt
  *     reuses nothing and gives the same tokens;
- *   - speculative decoding is refused with a message (the state cannot be
- *     rolled back to a rejected draft yet);
+ *   - speculative decoding gives the same tokens: a rejected draft rolls
+ *     the recurrent state back to its checkpoint and recomputes;
  *   - the core runs at most one sequence per recurrent-state slot.
  */
 #include <setjmp.h>
@@ -87,18 +87,45 @@ static void test_greedy_matches_transformers(void **state) {
     pt_engine_close(e);
 }
 
-static void test_speculation_refused(void **state) {
+/* Speculative decoding: drafts from an oracle that is right half the time
+ * (the reference's own greedy tokens, corrupted), so steps accept some and
+ * reject some; every rejection rolls the recurrent state back to its
+ * checkpoint.  The tokens must still be transformers' greedy ones. */
+static void test_speculation_rolls_back(void **state) {
     (void)state;
     pt_engine *e = open_engine();
-    int32_t toks[8] = {1, 5, 9, 5, 9, 5, 9, 5};
-    pt_gen_params gp = greedy(8);
-    gp.spec.kind = PT_SPEC_NGRAM;
-    gp.spec.k = 4;
-    out_tokens o = {.n = 0};
-    pt_gen_stats st;
-    pt_err err = {{0}};
-    assert_int_equal(pt_generate(e, toks, 8, &gp, collect, &o, &st, &err), -1);
-    assert_non_null(strstr(err.msg, "speculative decoding is not supported for qwen3_next"));
+    json_error_t je;
+    json_t *r = json_load_file(FIXTURE "/reference.json", 0, &je);
+    assert_non_null(r);
+    json_t *p;
+    size_t k;
+    int drafted = 0, accepted = 0;
+    json_array_foreach(json_object_get(r, "prompts"), k, p) {
+        json_t *jt = json_object_get(p, "tokens"), *jg = json_object_get(p, "greedy");
+        int n = (int)json_array_size(jt), ng = (int)json_array_size(jg);
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n), *truth = malloc(sizeof(int32_t) * (size_t)ng);
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jt, (size_t)i));
+        for (int i = 0; i < ng; i++) truth[i] = (int32_t)json_integer_value(json_array_get(jg, (size_t)i));
+        pt_gen_params gp = greedy(ng);
+        gp.spec = (pt_spec_params){.kind = PT_SPEC_ORACLE, .k = 4, .oracle = truth, .n_oracle = ng,
+                                   .oracle_accept = 0.6f};
+        gp.sampling.seed = 7 + k;
+        out_tokens o = {.n = 0};
+        pt_gen_stats st;
+        pt_err err = {{0}};
+        if (pt_generate(e, toks, n, &gp, collect, &o, &st, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(o.n, ng);
+        for (int i = 0; i < ng; i++)
+            if (o.ids[i] != truth[i])
+                fail_msg("prompt %zu: token %d is %d, transformers %d (drafted %d, accepted %d)", k,
+                         i, o.ids[i], truth[i], st.n_drafted, st.n_accepted);
+        drafted += st.n_drafted, accepted += st.n_accepted;
+        free(toks), free(truth);
+    }
+    print_message("drafted %d, accepted %d\n", drafted, accepted);
+    assert_true(accepted > 0 && accepted < drafted); /* both paths ran */
+    json_decref(r);
+    assert_int_equal(e->kv.n_free_slots, e->kv.cfg.n_state_slots); /* checkpoints freed too */
     pt_engine_close(e);
 }
 
@@ -116,7 +143,7 @@ static void test_max_seqs_follows_slots(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_transformers),
-        cmocka_unit_test(test_speculation_refused),
+        cmocka_unit_test(test_speculation_rolls_back),
         cmocka_unit_test(test_max_seqs_follows_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

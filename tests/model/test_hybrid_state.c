@@ -9,10 +9,12 @@
  *     the same logits to f32 rounding; so does a prefill split in two;
  *   - two sequences interleaved in one batch each get exactly the logits
  *     they get alone (their states do not mix);
- *   - a sequence rolled back below its state's end, or continued past a
- *     prefix it never computed, is refused with a message, never run on
- *     the wrong state; restarted at position 0 it gives the first logits
- *     again, bit for bit;
+ *   - a sequence rolled back below its state's end without a checkpoint,
+ *     or continued past a prefix it never computed, is refused with a
+ *     message, never run on the wrong state; restarted at position 0 it
+ *     gives the first logits again, bit for bit;
+ *   - rolled back with a checkpoint (speculative decoding), the state and
+ *     n_tokens return to it and recomputing gives the straight run's logits;
  *   - a fork copies the state (both continue with the same logits);
  *   - with every slot held the next sequence is refused, and a released
  *     slot serves it.
@@ -191,6 +193,42 @@ static void test_rollback_refused(void **state) {
     pt_kv_cache_free(&kv);
 }
 
+/* Speculative rollback through a checkpoint: state saved at position 20,
+ * rows 20..23 run (a verify of 3 drafts), rolled back to 22: the state
+ * returns to 20 and n_tokens with it, and recomputing 20..23 gives the
+ * first run's logits. */
+static void test_rollback_to_checkpoint(void **state) {
+    (void)state;
+    pt_kv_cache kv;
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
+    float *first = malloc(sizeof(float) * N * vocab), *again = malloc(sizeof(float) * N * vocab);
+    pt_kv_seq s = {0}, ref = {0};
+    if (run(&kv, &ref, prompt, 0, N, first, &err)) fail_msg("%s", err.msg);
+    if (run(&kv, &s, prompt, 0, 20, again, &err)) fail_msg("%s", err.msg);
+    assert_true(pt_kv_seq_ckpt_reserve(&kv, &s));
+    pt_kv_seq_checkpoint(&kv, &s);
+    assert_int_equal(s.ckpt_pos, 20);
+    int32_t wrong[N];
+    memcpy(wrong, prompt, sizeof wrong);
+    wrong[21] = (wrong[21] + 1) % vocab, wrong[22] = (wrong[22] + 7) % vocab; /* rejected drafts */
+    if (run(&kv, &s, wrong, 20, 4, again, &err)) fail_msg("%s", err.msg);
+    pt_kv_seq_truncate(&kv, &s, 22);
+    assert_int_equal(s.state_pos, 20);
+    assert_int_equal(s.n_tokens, 20);
+    if (run(&kv, &s, prompt, 20, 4, again + 20 * (size_t)vocab, &err)) fail_msg("%s", err.msg);
+    double d = max_diff(again + 20 * (size_t)vocab, first + 20 * (size_t)vocab, 4 * (size_t)vocab);
+    print_message("after rollback vs straight: max |logit diff| %.3g\n", d);
+    assert_true(d < 1e-4); /* 4 rows from a state vs 24 rows in one chunk: f32 rounding */
+    /* a rollback past the checkpoint cannot be served */
+    pt_kv_seq_truncate(&kv, &s, 10);
+    assert_int_equal(s.state_pos, -1);
+    pt_kv_seq_release(&kv, &s), pt_kv_seq_release(&kv, &ref);
+    assert_int_equal(kv.n_free_slots, kv.cfg.n_state_slots);
+    free(first), free(again);
+    pt_kv_cache_free(&kv);
+}
+
 /* A fork copies the state: both continue identically from the same point. */
 static void test_fork_copies_state(void **state) {
     (void)state;
@@ -245,6 +283,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_equals_decode),
         cmocka_unit_test(test_interleaved_sequences),
         cmocka_unit_test(test_rollback_refused),
+        cmocka_unit_test(test_rollback_to_checkpoint),
         cmocka_unit_test(test_fork_copies_state),
         cmocka_unit_test(test_slots_held_and_freed),
     };
