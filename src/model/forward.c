@@ -63,7 +63,7 @@ static int state_rows(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, pt_
                                     "rolled back; a hybrid model restarts it at position 0", i, p);
             return pt_fail(err, "row %d: position %d, but the sequence's recurrent state holds "
                                 "positions 0..%d; a hybrid model continues a sequence only where "
-                                "its state ends (no rollback or prefix reuse)",
+                                "its state ends (no prefix reuse; rollback needs a checkpoint)",
                            i, p, ws->h_state_next[s] - 1);
         }
         ws->h_state_next[s] = p + 1;
