@@ -183,10 +183,15 @@ static const float *head_inputs(const pt_op_gated_delta *a, int t, int h, float 
     return row + (size_t)2 * nk * dk + (size_t)h * a->dv; /* v */
 }
 
-static float dot(const float *x, const float *y, int n) {
-    float s = 0;
-    for (int i = 0; i < n; i++) s += x[i] * y[i];
-    return s;
+/* dots[j] = x·k_j for j < n, with the chunk's keys transposed (KT
+ * [dk][c]): the inner loop runs along j, so it vectorizes (a plain dot
+ * product's sum would not, without reassociation). */
+static void kt_dots(float *dots, const float *x, const float *KT, int dk, int c, int n) {
+    for (int j = 0; j < n; j++) dots[j] = 0;
+    for (int m = 0; m < dk; m++) {
+        const float *kt = KT + (size_t)m * c;
+        for (int j = 0; j < n; j++) dots[j] += x[m] * kt[j];
+    }
 }
 
 /* y[dv] = scale * Sᵀx for S [dk][dv]. */
@@ -210,7 +215,7 @@ static void state_t_mul(float *y, const float *S, const float *x, int dk, int dv
 static void delta_chunk(const pt_op_gated_delta *a, int t0, int c, int h, float *S, float *ws) {
     int dk = a->dk, dv = a->dv, nv = a->n_v_heads;
     float *Q = ws, *K = Q + (size_t)c * dk, *U = K + (size_t)c * dk, *G = U + (size_t)c * dv;
-    float *B = G + c, *tmp = B + c, acc = 0;
+    float *B = G + c, *tmp = B + c, *KT = tmp + c, *dots = KT + (size_t)c * dk, acc = 0;
     for (int i = 0; i < c; i++) {
         float g;
         const float *v = head_inputs(a, t0 + i, h, Q + (size_t)i * dk, K + (size_t)i * dk, &g, &B[i]);
@@ -218,11 +223,13 @@ static void delta_chunk(const pt_op_gated_delta *a, int t0, int c, int h, float 
         float *u = U + (size_t)i * dv;
         state_t_mul(u, S, K + (size_t)i * dk, dk, dv, expf(G[i]));
         for (int j = 0; j < dv; j++) u[j] = B[i] * (v[j] - u[j]);
+        for (int m = 0; m < dk; m++) KT[(size_t)m * c + i] = K[(size_t)i * dk + m];
     }
     for (int i = 1; i < c; i++) { /* forward substitution */
+        kt_dots(dots, K + (size_t)i * dk, KT, dk, c, i);
         float *u = U + (size_t)i * dv;
         for (int j = 0; j < i; j++) {
-            float coef = B[i] * expf(G[i] - G[j]) * dot(K + (size_t)i * dk, K + (size_t)j * dk, dk);
+            float coef = B[i] * expf(G[i] - G[j]) * dots[j];
             const float *uj = U + (size_t)j * dv;
             for (int e = 0; e < dv; e++) u[e] -= coef * uj[e];
         }
@@ -230,8 +237,9 @@ static void delta_chunk(const pt_op_gated_delta *a, int t0, int c, int h, float 
     for (int i = 0; i < c; i++) {
         float *o = a->out + ((size_t)(t0 + i) * nv + (size_t)h) * dv;
         state_t_mul(o, S, Q + (size_t)i * dk, dk, dv, expf(G[i]));
+        kt_dots(dots, Q + (size_t)i * dk, KT, dk, c, i + 1);
         for (int j = 0; j <= i; j++) {
-            float coef = expf(G[i] - G[j]) * dot(Q + (size_t)i * dk, K + (size_t)j * dk, dk);
+            float coef = expf(G[i] - G[j]) * dots[j];
             const float *uj = U + (size_t)j * dv;
             for (int e = 0; e < dv; e++) o[e] += coef * uj[e];
         }
@@ -289,7 +297,7 @@ void pt_cpu_gated_delta(pt_backend *be, const pt_op_gated_delta *a) {
     if (a->n_k_heads < 1 || a->n_v_heads % a->n_k_heads)
         pt_cpu_die("gated_delta: %d value heads over %d key heads", a->n_v_heads, a->n_k_heads);
     size_t c = (size_t)PT_MAX(a->chunk, 1);
-    size_t floats = (size_t)2 * a->dk + (size_t)a->dv + c * ((size_t)2 * a->dk + a->dv + 3) + 16;
+    size_t floats = (size_t)2 * a->dk + (size_t)a->dv + c * ((size_t)3 * a->dk + a->dv + 4) + 16;
     if (pt_cpu_scratch_reserve(cb, floats, "gated_delta")) return;
     delta_job j = {a, cb->scratch};
     pt_cpu_run(cb, delta_task, &j, 4.0 * a->b.n_tokens * a->n_v_heads * a->dk * a->dv);
