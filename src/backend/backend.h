@@ -122,11 +122,15 @@ typedef struct pt_batch_view {
 
 /* How attention_ext scores: scores are q·k · scale, then, with softcap > 0,
  * softcap · tanh(score / softcap) (Gemma 2); with window > 0 row t sees
- * only positions pos[t] - window + 1 .. pos[t] (sliding window). */
+ * only positions pos[t] - window + 1 .. pos[t] (sliding window); with
+ * sinks, head h's softmax denominator has one more term, exp(sinks[h]),
+ * a logit no value goes with (gpt-oss's attention sinks). */
 typedef struct pt_attn_params {
     float scale;
     int window;    /* 0: every position up to pos[t] */
     float softcap; /* 0: none */
+    int pad_;
+    const float *sinks; /* [n_heads] backend memory, or NULL */
 } pt_attn_params;
 
 /* ---- Op records ------------------------------------------------------------
@@ -161,6 +165,8 @@ typedef enum pt_op_kind {
     PT_OP_MOE_ROUTE,
     PT_OP_MATMUL_ID,
     PT_OP_MOE_COMBINE,
+    PT_OP_SWIGLU_OAI,
+    PT_OP_ADD_ID,
     /* Hybrid recurrent layers (issue 17, Gated DeltaNet): optional. */
     PT_OP_GATHER_COLS,
     PT_OP_SIGMOID_MUL,
@@ -310,6 +316,25 @@ typedef struct pt_op_moe_combine {
     int n, k, d;
 } pt_op_moe_combine;
 
+/* gpt-oss's clamped SwiGLU over count floats: with g = min(gate, limit)
+ * and u = clamp(up, -limit, limit), y = (u + 1) · g · sigmoid(alpha · g);
+ * y may alias gate or up. */
+typedef struct pt_op_swiglu_oai {
+    float *y;
+    const float *gate, *up;
+    size_t count;
+    float alpha, limit;
+} pt_op_swiglu_oai;
+
+/* Bias by expert id (ggml's add_id): y[t][j] += bias[ids[t][j]] for rows
+ * of d; y [n][k][d], bias [n_experts][d], ids [n][k]. */
+typedef struct pt_op_add_id {
+    float *y;
+    const float *bias;
+    const int32_t *ids;
+    int n, k, d;
+    int pad_;
+} pt_op_add_id;
 /* dst[t][j] = src[t][idx[j]] for n rows: src rows of d_src floats, dst
  * rows of d_dst; idx [d_dst] in backend memory.  Splits a fused
  * projection into its parts.  dst must not alias src. */
@@ -392,6 +417,8 @@ typedef struct pt_op {
         pt_op_moe_route moe_route;
         pt_op_matmul_id matmul_id;
         pt_op_moe_combine moe_combine;
+        pt_op_swiglu_oai swiglu_oai;
+        pt_op_add_id add_id;
         pt_op_gather_cols gather_cols;
         pt_op_sigmoid_mul sigmoid_mul;
         pt_op_conv1d_silu conv1d_silu;
@@ -579,7 +606,9 @@ static inline void pt_be_attention_ext(pt_backend *be, float *out, const float *
     memset(&o, 0, sizeof o);
     o.kind = PT_OP_ATTENTION_EXT;
     o.attention_ext.out = out, o.attention_ext.q = q, o.attention_ext.kv = *kv;
-    o.attention_ext.b = *b, o.attention_ext.n_heads = n_heads, o.attention_ext.p = *p;
+    o.attention_ext.b = *b, o.attention_ext.n_heads = n_heads;
+    o.attention_ext.p.scale = p->scale, o.attention_ext.p.window = p->window;
+    o.attention_ext.p.softcap = p->softcap, o.attention_ext.p.sinks = p->sinks;
     pt_be_run(be, &o);
 }
 
@@ -636,6 +665,26 @@ static inline void pt_be_moe_combine(pt_backend *be, float *y, const float *x,
     o.kind = PT_OP_MOE_COMBINE;
     o.moe_combine.y = y, o.moe_combine.x = x, o.moe_combine.weights = weights;
     o.moe_combine.n = n, o.moe_combine.k = k, o.moe_combine.d = d;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_swiglu_oai(pt_backend *be, float *y, const float *gate,
+                                    const float *up, size_t count, float alpha, float limit) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_SWIGLU_OAI;
+    o.swiglu_oai.y = y, o.swiglu_oai.gate = gate, o.swiglu_oai.up = up;
+    o.swiglu_oai.count = count, o.swiglu_oai.alpha = alpha, o.swiglu_oai.limit = limit;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_add_id(pt_backend *be, float *y, const float *bias, const int32_t *ids,
+                                int n, int k, int d) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ADD_ID;
+    o.add_id.y = y, o.add_id.bias = bias, o.add_id.ids = ids;
+    o.add_id.n = n, o.add_id.k = k, o.add_id.d = d;
     pt_be_run(be, &o);
 }
 

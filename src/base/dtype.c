@@ -24,6 +24,7 @@ static const pt_dtype_info infos[PT_DTYPE_COUNT] = {
     [PT_Q6_K] = {"q6_k", 256, 210, 14, NULL},
     /* bits and group size vary per tensor: sizes come from src/quant/ */
     [PT_AFFINE] = {"affine", 0, 0, -1, NULL},
+    [PT_MXFP4] = {"mxfp4", 32, 17, 39, NULL},
 };
 
 const pt_dtype_info *pt_dtype_get(pt_dtype t) {

@@ -29,6 +29,8 @@ typedef enum pt_dtype {
     PT_Q5_K,
     PT_Q6_K,
     PT_AFFINE, /* MLX affine group quantization: see pt_weight bits/group_size */
+    PT_MXFP4,  /* OCP MXFP4 as ggml's block_mxfp4: e8m0 scale byte, then 16 bytes of
+                * e2m1 codes (element i low nibble of byte i, i + 16 high) */
     PT_DTYPE_COUNT
 } pt_dtype;
 

@@ -18,19 +18,27 @@
 #include "engine/engine.h"
 #include "engine/gen_limits.h"
 
-enum cli_kind { CLI_FLAG, CLI_INT, CLI_FLOAT, CLI_STR, CLI_U64 };
+enum cli_kind { CLI_FLAG, CLI_INT, CLI_FLOAT, CLI_STR, CLI_U64, CLI_LIST };
+
+/* A flag given several times (CLI_LIST): every value, in order. */
+#define CLI_LIST_MAX 64
+typedef struct cli_list {
+    const char *v[CLI_LIST_MAX];
+    int n;
+} cli_list;
 
 typedef struct cli_opt {
     const char *name; /* long name without dashes */
     char short_name;  /* 0 if none */
     int kind;         /* enum cli_kind */
-    void *dst;        /* bool, int, float, const char *, uint64_t */
+    void *dst;        /* bool, int, float, const char *, uint64_t, cli_list */
     const char *arg;  /* value name in help, e.g. "N" */
     const char *help;
 } cli_opt;
 
 /* Parses argv[1..argc) against the tables (NULL-terminated list of tables
- * each ended by a row with name NULL).  Positional arguments are collected
+ * each ended by a row with name NULL; a row shadows later ones of the same
+ * name, in parsing and in --help).  Positional arguments are collected
  * in order into pos (at most max_pos).  Returns -1 and prints a message on
  * a bad flag; 1 if --help was given (after printing it). */
 int cli_parse(int argc, char **argv, const char *usage, const cli_opt *const *tables,
@@ -52,6 +60,7 @@ typedef struct cli_model_args {
     uint64_t dummy_seed;
     bool verbose;
     bool no_tokenizer; /* set by commands that read token ids, not a flag */
+    int max_seqs;      /* set by commands that run one sequence (pt_engine_opts.max_seqs) */
 } cli_model_args;
 
 /* The values behind cli_model_opts; cli_model_defaults() resets them. */
@@ -60,6 +69,8 @@ extern const cli_opt cli_model_opts[];
 void cli_model_defaults(void);
 /* Opens the engine the flags describe; prints the error and returns -1. */
 int cli_open_engine(pt_engine **e);
+/* The same with the model at path instead of --model. */
+int cli_open_engine_at(const char *path, pt_engine **e);
 
 /* Speculative decoding flags (generate, serve, bench): --spec, --spec-k,
  * --ngram-min, --ngram-max, --draft-model (which cli_open_engine opens
@@ -67,6 +78,7 @@ int cli_open_engine(pt_engine **e);
 typedef struct cli_spec_args {
     const char *spec, *draft_model;
     int k, ngram_min, ngram_max;
+    bool jump_forward;
 } cli_spec_args;
 extern cli_spec_args cli_sargs;
 extern const cli_opt cli_spec_opts[];

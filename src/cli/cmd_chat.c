@@ -328,6 +328,7 @@ int cmd_chat(int argc, char **argv) {
     if (g.seed == UINT64_MAX) g.seed = (uint64_t)time(NULL);
     chat c = {.hold = getenv("PETREL_CHAT_HOLD") && strcmp(getenv("PETREL_CHAT_HOLD"), "1") == 0,
               .tty = isatty(STDIN_FILENO)};
+    cli_margs.max_seqs = 1; /* one conversation */
     if (cli_open_engine(&c.e)) return 1;
     pt_err err = {{0}};
     if (!c.e->tok) {

@@ -206,6 +206,7 @@ int cmd_generate(int argc, char **argv) {
     }
 
     pt_engine *e;
+    cli_margs.max_seqs = 1; /* pt_generate runs one sequence */
     if (cli_open_engine(&e)) {
         free(prompt);
         return 1;
@@ -259,6 +260,8 @@ int cmd_generate(int argc, char **argv) {
             st.n_prompt, st.t_prefill, st.n_prompt / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
             st.n_generated, n_dec > 0 && st.t_decode > 0 ? n_dec / st.t_decode : 0.0,
             st.finish == PT_FINISH_STOP ? "stopped at end of text" : "length limit");
+    if (st.n_forced)
+        fprintf(stderr, "petrel: jump-forward: %d tokens forced by the grammar\n", st.n_forced);
     if (st.n_drafted)
         fprintf(stderr, "petrel: speculative: %d of %d drafted tokens accepted (%.0f%%)\n",
                 st.n_accepted, st.n_drafted, 100.0 * st.n_accepted / st.n_drafted);

@@ -40,6 +40,8 @@ typedef struct req {
     int k_cur;     /* adaptive draft length */
     int pause, pause_len; /* steps left without drafts, and the last pause's length */
     int n_drafted, n_accepted;
+    bool jf;       /* this step's drafts are the grammar's forced tokens */
+    int n_forced;  /* forced tokens emitted (jump-forward) */
     pt_rng rng;    /* the oracle's corruption */
     /* --spec draft: the draft model's copy of the sequence, in its own KV
      * pool; its tokens [0, d_real) are known to equal seq's */
@@ -144,6 +146,7 @@ static void finish(pt_core *c, req *r, int reason, const char *error) {
     st.n_cached = r->n_cached;
     st.n_drafted = r->n_drafted;
     st.n_accepted = r->n_accepted;
+    st.n_forced = r->n_forced;
     st.finish = reason;
     st.t_queue = (r->t_admit > 0 ? r->t_admit : pt_now()) - r->t_submit;
     if (r->n_generated > 0) {
@@ -193,7 +196,9 @@ static uint64_t page_key(pt_core *c, req *r, int b) {
 /* How many of r's leading full pages the pool holds (never the page of
  * its last token: at least one row is computed, so the step has logits),
  * and how many of those are free (reviving them takes from the free
- * count).  Looks only; a request with pages of its own probes nothing. */
+ * count).  With sliding-window layers the run ends where the window
+ * pages its last page needs are gone (pt_kv_prefix_window).  Looks only; a
+ * request with pages of its own probes nothing. */
 static int probe_prefix(pt_core *c, req *r, int *n_revive) {
     pt_kv_cache *kv = &c->e->kv;
     int n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
@@ -203,12 +208,12 @@ static int probe_prefix(pt_core *c, req *r, int *n_revive) {
     for (; b < max_pages; b++) {
         uint64_t key = page_key(c, r, b);
         int32_t id = pt_block_lookup(&kv->pool, key);
-        if (id >= 0)
-            *n_revive += pt_block_refs(&kv->pool, id) == 0;
-        else if (kv->disk && pt_disk_has(kv->disk, key))
-            (*n_revive)++; /* read back into a free page */
-        else
-            break;
+        if (id < 0 && !(kv->disk && pt_disk_has(kv->disk, key))) break;
+    }
+    b = pt_kv_prefix_window(kv, r->hashes, b);
+    for (int i = 0; i < b; i++) {
+        int32_t id = pt_block_lookup(&kv->pool, r->hashes[i]);
+        *n_revive += id < 0 || pt_block_refs(&kv->pool, id) == 0; /* < 0: read back from disk */
     }
     return b;
 }
@@ -219,23 +224,7 @@ static int probe_prefix(pt_core *c, req *r, int *n_revive) {
  * checksum ends the run early; the step then computes those positions,
  * which costs the same free pages. */
 static void reuse_prefix(pt_core *c, req *r, int n_pages) {
-    pt_kv_cache *kv = &c->e->kv;
-    pt_kv_seq *s = &r->seq.kv;
-    if (n_pages > s->cap) {
-        s->cap = n_pages;
-        s->pages = pt_xrealloc(s->pages, sizeof(int32_t) * (size_t)s->cap);
-    }
-    int b = 0;
-    for (; b < n_pages; b++) {
-        int32_t id = pt_block_lookup(&kv->pool, r->hashes[b]);
-        if (id >= 0)
-            pt_block_ref(&kv->pool, id);
-        else if ((id = pt_kv_restore_page(kv, r->hashes[b])) < 0)
-            break;
-        s->pages[s->n_pages++] = id;
-    }
-    s->n_tokens = b * kv->cfg.page_size;
-    r->n_published = b;
+    r->n_published = pt_kv_seq_adopt(&c->e->kv, &r->seq.kv, r->hashes, n_pages);
 }
 
 /* Gives r's newly full pages their keys, so later requests find them;
@@ -246,7 +235,7 @@ static void publish_pages(pt_core *c, req *r) {
     int limit = PT_MIN(r->seq.kv.n_tokens, r->seq.n_tokens - r->n_in_seq);
     if (!c->e->prefix_cache || c->recurrent) return;
     for (; (r->n_published + 1) * ps <= limit; r->n_published++)
-        pt_block_set_hash(&kv->pool, r->seq.kv.pages[r->n_published], page_key(c, r, r->n_published));
+        pt_kv_seq_set_key(kv, &r->seq.kv, r->n_published, page_key(c, r, r->n_published));
 }
 
 /* WAITING / PREEMPTED -> RUNNING, starting past the n_cached_pages the
@@ -303,11 +292,28 @@ static int draft_room(pt_core *c, req *r) {
     return PT_MIN(k, room_for(c) - r->seq.n_tokens);
 }
 
+/* Jump-forward: the tokens r's grammar forces next, as drafts.  They skip
+ * the per-token forwards (all are computed in one) and are verified like
+ * any draft, so the output is what plain decoding gives.  Not bound by the
+ * adaptive k nor the pause: they are almost always accepted. */
+static int draft_forced(pt_core *c, req *r) {
+    r->jf = false;
+    if (!r->d.params.spec.jump_forward || !r->started || r->seq.kv.n_tokens != r->seq.n_tokens - 1)
+        return 0;
+    int k = PT_MIN(SPEC_MAX, r->max_new - r->n_generated - 1);
+    k = PT_MIN(k, room_for(c) - r->seq.n_tokens);
+    if (k <= 0) return 0;
+    r->n_draft = pt_sampler_forced(r->seq.sampler, r->draft, k);
+    r->jf = r->n_draft > 0;
+    return r->n_draft;
+}
+
 /* Drafts for r's next step, if it speculates and is one token behind. */
 static int draft(pt_core *c, req *r) {
     const pt_spec_params *sp = &r->d.params.spec;
-    int k = sp->kind == PT_SPEC_OFF ? 0 : draft_room(c, r);
     r->n_draft = 0;
+    if (draft_forced(c, r) > 0) return r->n_draft;
+    int k = sp->kind == PT_SPEC_OFF ? 0 : draft_room(c, r);
     if (k <= 0) return 0;
     /* a hybrid model rolls a rejected draft back to a checkpoint of its
      * state: no slot for one, no drafts */
@@ -485,6 +491,11 @@ static void verify(pt_core *c, req *r, float *logits, int n_rows) {
         on_sampled(c, r, &s);
         if (r->state == PT_REQ_FINISHED || !ok) break;
     }
+    if (r->jf) { /* forced tokens: not speculation, and k does not adapt to them */
+        r->n_forced += accepted;
+        r->jf = false;
+        n_drafts = accepted = 0;
+    }
     r->n_drafted += n_drafts;
     r->n_accepted += accepted;
     if (n_drafts > 0) {
@@ -598,6 +609,13 @@ pt_core *pt_core_new(pt_engine *e, const pt_core_opts *o) {
     if (c->o.max_seqs > c->max_rows) c->o.max_seqs = c->max_rows;
     if (c->o.n_ctx <= 0 || c->o.n_ctx > e->n_ctx) c->o.n_ctx = e->n_ctx;
     if (c->o.max_prefill <= 0) c->o.max_prefill = c->max_rows;
+    /* a window group is sized for so many sequences at once (kvcache.h) */
+    int fit = PT_MIN(pt_kv_max_seqs(&e->kv), e->draft ? pt_kv_max_seqs(&e->draft->kv) : INT32_MAX);
+    if (c->o.max_seqs > fit) {
+        pt_warn("engine: the KV cache's sliding-window pages hold %d sequence(s) at once; "
+                "running %d instead of %d", fit, PT_MAX(fit, 1), c->o.max_seqs);
+        c->o.max_seqs = PT_MAX(fit, 1);
+    }
     c->recurrent = pt_model_recurrent(e->model);
     /* one recurrent-state slot per running sequence */
     if (c->recurrent && c->o.max_seqs > e->kv.cfg.n_state_slots)

@@ -42,6 +42,7 @@ typedef struct pt_sched_stats {
     int n_cached;     /* prompt tokens whose KV was reused (no prefix cache yet: 0) */
     int n_preempted;  /* times the request was preempted and recomputed */
     int n_drafted, n_accepted; /* speculative tokens proposed / accepted */
+    int n_forced;     /* tokens the grammar forced (jump-forward), emitted */
     int finish;       /* enum pt_finish; PT_FINISH_NONE if failed (see error) */
     double t_queue;   /* submit -> admitted, seconds */
     double ttft;      /* submit -> first token sampled */

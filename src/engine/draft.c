@@ -90,6 +90,13 @@ int pt_engine_attach_draft(pt_engine *e, pt_engine *d, pt_err *err) {
                                 "draft model must use the target's tokenizer",
                            id, (int)PT_MIN(ld, 40), x, (int)PT_MIN(lt, 40), t);
     }
+    /* the draft's own rollbacks reach back over its k drafted steps
+     * (core.c draft_sync): its window pages keep that many positions */
+    if (d->kv.grouped) {
+        d->kv_slack = 16; /* core.c's SPEC_MAX */
+        if (pt_engine_kv_init(d, d->kv.cfg.n_pages * d->kv.cfg.page_size, err))
+            return pt_failp(err, "--draft-model's KV cache");
+    }
     e->draft = d;
     return 0;
 }

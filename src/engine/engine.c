@@ -44,16 +44,27 @@ int pt_parse_budget(const char *s, size_t free_bytes, size_t *out, pt_err *err) 
     return 0;
 }
 
-/* Positions the --kv-budget buys in the engine's KV format. */
+/* Positions the --kv-budget buys in the engine's KV format.  A model with
+ * a window group sized for max_seqs sequences pays for their windows
+ * first; each position then costs its full-attention layers only. */
 static int budget_positions(pt_engine *e, const char *budget, int *positions, pt_err *err) {
     pt_kv_cache probe;
-    if (pt_model_kv_init(e->model, &probe, 1, e->kv_dtype, &e->kv_quant, err)) return -1;
-    size_t per_token = pt_kv_bytes_per_token(&probe.cfg);
+    if (pt_model_kv_init_seqs(e->model, &probe, 1, e->max_seqs, e->kv_slack, e->kv_dtype,
+                              &e->kv_quant, err))
+        return -1;
+    size_t per_token = pt_kv_bytes_per_token(&probe.cfg), fixed = 0;
     int page = probe.cfg.page_size;
+    if (probe.grouped && e->max_seqs > 0) {
+        size_t win = pt_kv_window_bytes_per_token(&probe);
+        per_token -= win;
+        fixed = win * (size_t)page * (size_t)e->max_seqs *
+                (size_t)pt_kv_window_pages_per_seq(&probe.cfg);
+    }
     pt_kv_cache_free(&probe);
     size_t free_b = e->be->ops->free_memory ? e->be->ops->free_memory(e->be) : pt_mem_available();
     size_t bytes;
     if (pt_parse_budget(budget, free_b, &bytes, err)) return -1;
+    bytes = bytes > fixed ? bytes - fixed : 0;
     size_t pages = bytes / (per_token * (size_t)page);
     if (pages < 1)
         return pt_fail(err, "--kv-budget %s holds no KV page (one is %zu bytes)", budget,
@@ -71,7 +82,9 @@ int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
         pt_kv_flush_to_disk(&e->kv); /* what the old pool cached stays reusable */
         pt_kv_cache_free(&e->kv);
     }
-    if (pt_model_kv_init(e->model, &e->kv, n_positions, e->kv_dtype, &e->kv_quant, err)) return -1;
+    if (pt_model_kv_init_seqs(e->model, &e->kv, n_positions, e->max_seqs, e->kv_slack,
+                              e->kv_dtype, &e->kv_quant, err))
+        return -1;
     pt_kv_attach_disk(&e->kv, e->disk);
     return 0;
 }
@@ -81,6 +94,9 @@ static int open_disk(pt_engine *e, const pt_engine_opts *o, pt_err *err) {
     if (!e->prefix_cache)
         return pt_fail(err, "--kv-disk keeps the prefix cache's pages: it needs --prefix-cache on%s",
                        pt_model_recurrent(e->model) ? " (off for hybrid recurrent models)" : "");
+    if (e->kv.grouped) /* disk pages hold group 0's layers only (kvcache.h) */
+        return pt_fail(err, "--kv-disk with a sliding-window model (its window layers keep "
+                            "their own pages) is not implemented yet");
     struct statvfs vfs;
     int64_t cap = (int64_t)8 << 30;
     if (statvfs(o->kv_disk, &vfs) == 0)
@@ -153,6 +169,7 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
                 e->model->cfg.vocab_size);
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : PT_MIN(e->model->cfg.max_ctx, 4096);
     e->kv_dtype = o->kv_dtype;
+    e->max_seqs = o->max_seqs;
     if (pt_kvq_parse(o->kv_quant, &e->kv_quant, err)) goto fail;
     int positions = e->n_ctx;
     if (o->kv_budget && budget_positions(e, o->kv_budget, &positions, err)) goto fail;
@@ -304,6 +321,7 @@ int pt_generate(pt_engine *e, const int32_t *prompt, int n_prompt, const pt_gen_
     st->n_cached = g.st.n_cached;
     st->n_drafted = g.st.n_drafted;
     st->n_accepted = g.st.n_accepted;
+    st->n_forced = g.st.n_forced;
     st->t_prefill = st->ttft = g.st.t_prefill;
     st->t_decode = g.st.t_decode;
     st->finish = g.st.finish;

@@ -30,6 +30,8 @@ typedef struct pt_engine_opts {
     const char *kv_disk;      /* --kv-disk DIR: the prefix cache's disk tier, or NULL */
     const char *kv_disk_size; /* --kv-disk-size SIZE (default: 8G or half the free space) */
     int max_batch;       /* rows per forward; 0: 512 */
+    int max_seqs;        /* sequences at once, for a sliding-window model's KV window
+                          * pool (kvcache.h); 0: unknown, the pool holds n_ctx */
     const char *dummy_dtype;
     uint64_t dummy_seed;
 } pt_engine_opts;
@@ -42,6 +44,8 @@ typedef struct pt_engine {
     pt_dtype kv_dtype;     /* the pool's format, kept for pt_engine_kv_init */
     pt_kvq_spec kv_quant;
     int n_ctx;
+    int max_seqs;     /* pt_engine_opts.max_seqs, kept for pt_engine_kv_init */
+    int kv_slack;     /* window positions kept for rollbacks across steps (a draft model's) */
     bool kv_budgeted; /* the pool was sized by --kv-budget, not by n_ctx */
     bool prefix_cache;   /* reuse full KV pages by content (core.c) */
     pt_disk *disk;       /* --kv-disk, or NULL */
@@ -85,6 +89,10 @@ typedef struct pt_spec_params {
     const int32_t *oracle;
     int n_oracle;
     float oracle_accept;
+    /* Jump-forward: where the grammar (a logits processor) admits one
+     * continuation, its tokens go in as drafts, all computed in one
+     * forward instead of one forward each.  Whatever the kind. */
+    bool jump_forward;
 } pt_spec_params;
 
 typedef struct pt_gen_params {
@@ -101,6 +109,7 @@ typedef struct pt_gen_stats {
     int n_prompt, n_generated;
     int n_cached; /* prompt positions reused from the prefix cache */
     int n_drafted, n_accepted; /* speculative tokens proposed / accepted */
+    int n_forced;               /* tokens the grammar forced (jump-forward) */
     double t_prefill, t_decode; /* seconds */
     double ttft;                /* prompt in -> first token out, seconds */
     int finish;                 /* enum pt_finish */

@@ -45,6 +45,11 @@ int pt_grammar_from_schema(pt_grammar **out, const json_t *schema, pt_err *err);
  * tokens (pt_grammar_from_schema: 20).  1 keeps a small model from
  * spending its tokens on whitespace. */
 int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err);
+/* Several values of schema written in markup, as Hermes writes tool calls:
+ * one value (its opening markup is the prompt's), then optionally `close`
+ * followed by any number of `open` value `close`. */
+int pt_grammar_from_schema_calls(pt_grammar **out, const json_t *schema, int ws_max, const char *open,
+                                 const char *close, pt_err *err);
 int pt_grammar_from_schema_text(pt_grammar **out, const char *text, size_t len, pt_err *err);
 void pt_grammar_free(pt_grammar *g);
 /* Counts for tests and logs. */
@@ -56,6 +61,9 @@ pt_gvocab *pt_gvocab_from_tokenizer(const struct pt_tokenizer *tok);
 pt_gvocab *pt_gvocab_from_bytes(int n_vocab, const char *const *bytes, const size_t *lens);
 void pt_gvocab_free(pt_gvocab *v);
 int pt_gvocab_n_vocab(const pt_gvocab *v);
+/* The longest token whose bytes start s[0..len) (the lowest id of equal
+ * ones), its length in *n; -1 if none. */
+int32_t pt_gvocab_longest_prefix(const pt_gvocab *v, const char *s, size_t len, size_t *n);
 
 /* A matcher owns its state and caches; g and v must outlive it. */
 pt_gmatcher *pt_gmatcher_new(const pt_grammar *g, const pt_gvocab *v);

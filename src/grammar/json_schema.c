@@ -18,6 +18,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -30,10 +31,63 @@ typedef struct sc {
     int n_refs, cap_refs;
     int depth;
     int ws_max; /* whitespace characters allowed between two tokens */
+    /* Where gen is in the schema, as a JSON Pointer ("" is the root), and
+     * where the first error happened: errors name the keyword and this. */
+    char path[512];
+    size_t path_len;
+    char err_path[512];
+    bool err_at;
 } sc;
 
 static int gen(sc *c, const json_t *s, int *rule);
 static bool has_validation(const json_t *s);
+
+/* Appends "/seg" (a keyword, an index or a property name, escaped as JSON
+ * Pointer escapes it) to the path; returns the old length for path_pop.
+ * A path too long for the buffer keeps its head, ending in "...". */
+static size_t path_push(sc *c, const char *fmt, ...) {
+    size_t old = c->path_len;
+    char seg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(seg, sizeof seg, fmt, ap);
+    va_end(ap);
+    size_t n = old, cap = sizeof c->path - 4;
+    if (n < cap) c->path[n++] = '/';
+    for (const char *p = seg; *p && n < cap; p++) {
+        if (*p == '~' || *p == '/') {
+            c->path[n++] = '~';
+            if (n < cap) c->path[n++] = *p == '~' ? '0' : '1';
+        } else {
+            c->path[n++] = *p;
+        }
+    }
+    if (n >= cap) memcpy(c->path + n, "...", 3), n += 3;
+    c->path[n] = 0;
+    c->path_len = n;
+    return old;
+}
+
+static void path_pop(sc *c, size_t old) {
+    c->path_len = old;
+    c->path[old] = 0;
+}
+
+/* gen for the sub-schema at path + "/kw" (+ "/sub"): its errors say where
+ * it is. */
+static int gen_at(sc *c, const json_t *s, int *rule, const char *kw, const char *sub) {
+    size_t old = path_push(c, "%s", kw);
+    if (sub) path_push(c, "%s", sub);
+    int rc = gen(c, s, rule);
+    path_pop(c, old);
+    return rc;
+}
+
+static int gen_at_i(sc *c, const json_t *s, int *rule, const char *kw, size_t i) {
+    char ix[24];
+    snprintf(ix, sizeof ix, "%zu", i);
+    return gen_at(c, s, rule, kw, ix);
+}
 
 /* --- shared rules ---------------------------------------------------------- */
 
@@ -729,9 +783,11 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
         pprops = NULL;
     }
     if (json_object_get(s, "propertyNames")) return pt_fail(c->err, "\"propertyNames\" is not supported");
-    if (json_object_get(s, "dependencies") || json_object_get(s, "dependentRequired") ||
-        json_object_get(s, "dependentSchemas"))
-        return pt_fail(c->err, "\"dependencies\"/\"dependentRequired\"/\"dependentSchemas\" are not supported");
+    static const char *const deps[] = {"dependencies", "dependentRequired", "dependentSchemas", NULL};
+    for (int j = 0; deps[j]; j++)
+        if (json_object_get(s, deps[j]))
+            return pt_fail(c->err, "\"%s\" is not supported (a property that requires others: list "
+                                   "them all in \"required\", or use anyOf of the two shapes)", deps[j]);
     if (json_object_get(s, "unevaluatedProperties"))
         return pt_fail(c->err, "\"unevaluatedProperties\" is not supported");
     /* A required name not listed in properties is an additional property
@@ -772,15 +828,12 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
         int val;
         if (all_keys && !json_is_true(all_keys) && has_validation(all_keys)) { /* both apply */
             json_t *both = json_pack("{s:[O,O]}", "allOf", v, all_keys);
-            rc = gen(c, both, &val);
+            rc = gen_at(c, both, &val, "properties", k);
             json_decref(both);
         } else {
-            rc = gen(c, v, &val);
+            rc = gen_at(c, v, &val, "properties", k);
         }
-        if (rc < 0) {
-            pt_failp(c->err, "property \"%s\"", k);
-            goto out;
-        }
+        if (rc < 0) goto out;
         char *q = json_quote(k);
         gseq ks = {0};
         seq_lit(b, &ks, q, strlen(q));
@@ -799,10 +852,11 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
         json_t *pv;
         json_object_foreach(pprops, pk, pv) {
             int key, val;
-            if ((rc = pt_regex_rule(b, pk, true, false, &key, c->err)) < 0 || (rc = gen(c, pv, &val)) < 0) {
-                pt_failp(c->err, "patternProperties \"%.40s\"", pk);
+            if ((rc = pt_regex_rule(b, pk, true, false, &key, c->err)) < 0) {
+                pt_failp(c->err, "patternProperties key \"%.40s\"", pk);
                 goto out;
             }
+            if ((rc = gen_at(c, pv, &val, "patternProperties", pk)) < 0) goto out;
             gseq q = {0};
             seq_ref(&q, kv_rule(c, quoted(c, key), val));
             gb_alt(b, extra, &q);
@@ -811,10 +865,8 @@ static int gen_object(sc *c, const json_t *s, int *rule) {
     if (!json_is_false(addl)) {
         int val;
         if (!addl || json_is_true(addl)) val = value_rule(c);
-        else if ((rc = gen(c, addl, &val)) < 0) {
-            pt_failp(c->err, "additionalProperties");
+        else if ((rc = gen_at(c, addl, &val, "additionalProperties", NULL)) < 0)
             goto out;
-        }
         extra = kv_rule(c, key_except(c, names, np), val);
     }
     int ws = ws_rule(c);
@@ -919,9 +971,11 @@ static int gen_array(sc *c, const json_t *s, int *rule) {
         return pt_fail(c->err, "\"uniqueItems\" is not supported");
     if (json_object_get(s, "contains")) return pt_fail(c->err, "\"contains\" is not supported");
     if (json_object_get(s, "unevaluatedItems")) return pt_fail(c->err, "\"unevaluatedItems\" is not supported");
+    const char *prefix_kw = "prefixItems", *items_kw = "items";
     if (json_is_array(items)) { /* draft 4 tuples */
         prefix = items;
         items = addi;
+        prefix_kw = "items", items_kw = "additionalItems";
     }
     json_t *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
     if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)))
@@ -930,9 +984,9 @@ static int gen_array(sc *c, const json_t *s, int *rule) {
     int n_pre = prefix ? (int)json_array_size(prefix) : 0;
     int *pre = pt_xcalloc((size_t)n_pre + 1, sizeof *pre);
     for (int i = 0; i < n_pre; i++)
-        if (gen(c, json_array_get(prefix, (size_t)i), &pre[i]) < 0) {
+        if (gen_at_i(c, json_array_get(prefix, (size_t)i), &pre[i], prefix_kw, (size_t)i) < 0) {
             free(pre);
-            return pt_failp(c->err, "prefixItems[%d]", i);
+            return -1;
         }
     int item;
     if (json_is_false(items)) {
@@ -944,9 +998,9 @@ static int gen_array(sc *c, const json_t *s, int *rule) {
         }
     } else if (!items || json_is_true(items)) {
         item = value_rule(c);
-    } else if (gen(c, items, &item) < 0) {
+    } else if (gen_at(c, items, &item, items_kw, NULL) < 0) {
         free(pre);
-        return pt_failp(c->err, "items");
+        return -1;
     }
     if (hi >= 0 && lo > hi) {
         free(pre);
@@ -1003,8 +1057,22 @@ static int gen_ref(sc *c, const char *ref, int *rule) {
     int r = gb_rule(c->b); /* registered first: recursion refers to it */
     c->refs[c->n_refs].ref = ref;
     c->refs[c->n_refs++].rule = r;
-    int body;
-    if (gen(c, t, &body) < 0) return pt_failp(c->err, "$ref \"%s\"", ref);
+    /* errors inside the target name the target's path */
+    int body, rc;
+    char saved[sizeof c->path];
+    size_t saved_len = c->path_len;
+    memcpy(saved, c->path, sizeof saved);
+    c->path_len = 0;
+    c->path[0] = 0;
+    const char *p = ref + 1; /* "#/$defs/a" -> "/$defs/a", kept as written */
+    size_t n = strlen(p) < sizeof c->path - 1 ? strlen(p) : sizeof c->path - 1;
+    memcpy(c->path, p, n);
+    c->path[n] = 0;
+    c->path_len = n;
+    rc = gen(c, t, &body);
+    memcpy(c->path, saved, sizeof saved);
+    c->path_len = saved_len;
+    if (rc < 0) return -1;
     gseq s = {0};
     seq_ref(&s, body);
     gb_alt(c->b, r, &s);
@@ -1198,7 +1266,10 @@ static int gen_enum(sc *c, const json_t *s, const json_t *vals, int *rule) {
     static const char *const refuse[] = {"pattern", "format", "properties", "required", "items",
                                          "prefixItems", "minItems", "maxItems", "additionalProperties",
                                          "patternProperties", "multipleOf", "allOf", "anyOf", "oneOf",
-                                         "not", "$ref", "uniqueItems", "contains", NULL};
+                                         "not", "$ref", "uniqueItems", "contains", "minProperties",
+                                         "maxProperties", "propertyNames", "dependencies",
+                                         "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+                                         "unevaluatedItems", NULL};
     for (int j = 0; refuse[j]; j++)
         if (json_object_get(s, refuse[j]))
             return pt_fail(c->err, "\"%s\" beside \"enum\"/\"const\" is not supported", refuse[j]);
@@ -1398,8 +1469,8 @@ static int gen(sc *c, const json_t *s, int *rule) {
         else rc = pt_fail(c->err, "schema must be an object or a boolean");
         goto out;
     }
-    static const char *const refused[] = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef",
-                                          "multipleOf", NULL};
+    /* then/else without if apply to nothing: not refused */
+    static const char *const refused[] = {"not", "if", "$dynamicRef", "$recursiveRef", "multipleOf", NULL};
     for (int i = 0; refused[i]; i++)
         if (json_object_get(s, refused[i])) {
             json_t *m = json_object_get(s, "multipleOf"), *ty = json_object_get(s, "type");
@@ -1480,18 +1551,16 @@ static int gen(sc *c, const json_t *s, int *rule) {
         json_t *x;
         json_array_foreach(alts, i, x) {
             int xr;
+            const char *kw = json_is_array(any) ? "anyOf" : "oneOf";
             if (plain) {
-                rc = gen(c, x, &xr);
+                rc = gen_at_i(c, x, &xr, kw, i);
             } else {
                 json_t *m = json_deep_copy(rest);
                 rc = merge_into(c, m, x);
-                if (rc == 0) rc = gen(c, m, &xr);
+                if (rc == 0) rc = gen_at_i(c, m, &xr, kw, i);
                 json_decref(m);
             }
-            if (rc < 0) {
-                pt_failp(c->err, "%s[%zu]", json_is_array(any) ? "anyOf" : "oneOf", i);
-                break;
-            }
+            if (rc < 0) break;
             gseq q = {0};
             seq_ref(&q, xr);
             gb_alt(c->b, r, &q);
@@ -1514,6 +1583,10 @@ static int gen(sc *c, const json_t *s, int *rule) {
     }
     rc = gen_typed(c, s, rule);
 out:
+    if (rc < 0 && !c->err_at) { /* the innermost schema that failed */
+        memcpy(c->err_path, c->path, sizeof c->err_path);
+        c->err_at = true;
+    }
     c->depth--;
     return rc;
 }
@@ -1522,16 +1595,17 @@ int pt_grammar_from_schema(pt_grammar **out, const json_t *schema, pt_err *err) 
     return pt_grammar_from_schema_ws(out, schema, 20, err);
 }
 
-int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err) {
+/* The grammar of one value of schema, or with open/close (not NULL) of
+ * value (close (open value close)*)?: the first value's opening markup is
+ * the prompt's; after a close comes the end or another opening. */
+static int compile(pt_grammar **out, const json_t *schema, int ws_max, const char *open, const char *close,
+                   pt_err *err) {
+    if (json_is_false(schema)) return pt_fail(err, "schema false allows no value");
     gbuild b;
     gb_init(&b);
     sc c = {.b = &b, .root = schema, .err = err, .ws_max = ws_max < 0 ? 0 : ws_max};
     c.ws = c.value = c.string = c.str_char = c.str_body = c.number = c.integer = c.boolean = c.null = -1;
     c.any_obj = c.any_arr = -1;
-    if (json_is_false(schema)) {
-        gb_free(&b);
-        return pt_fail(err, "schema false allows no value");
-    }
     int body, rc = gen(&c, schema, &body);
     if (rc == 0) {
         gseq s = {0};
@@ -1539,11 +1613,33 @@ int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max
          * value leaves only the end of generation */
         seq_ref(&s, ws_rule(&c));
         seq_ref(&s, body);
+        if (open) {
+            gseq more = {0}, tail = {0};
+            seq_lit(&b, &more, open, strlen(open));
+            seq_ref(&more, ws_rule(&c));
+            seq_ref(&more, body);
+            seq_lit(&b, &more, close, strlen(close));
+            seq_lit(&b, &tail, close, strlen(close));
+            seq_ref(&tail, gb_star(&b, gb_rule_of(&b, &more)));
+            seq_ref(&s, gb_opt(&b, gb_rule_of(&b, &tail)));
+        }
         rc = gb_finish(&b, gb_rule_of(&b, &s), out, err);
+    } else if (err && c.err_at) {
+        size_t n = strlen(err->msg);
+        snprintf(err->msg + n, sizeof err->msg - n, " (at #%s)", c.err_path);
     }
     free(c.refs);
     gb_free(&b);
     return rc;
+}
+
+int pt_grammar_from_schema_ws(pt_grammar **out, const json_t *schema, int ws_max, pt_err *err) {
+    return compile(out, schema, ws_max, NULL, NULL, err);
+}
+
+int pt_grammar_from_schema_calls(pt_grammar **out, const json_t *schema, int ws_max, const char *open,
+                                 const char *close, pt_err *err) {
+    return compile(out, schema, ws_max, open, close, err);
 }
 
 int pt_grammar_from_schema_text(pt_grammar **out, const char *text, size_t len, pt_err *err) {

@@ -15,6 +15,26 @@
 
 #include "tokenizer/tokenizer.h"
 
+int32_t pt_gvocab_longest_prefix(const pt_gvocab *v, const char *s, size_t len, size_t *n) {
+    int32_t node = 0, best = -1;
+    *n = 0;
+    for (size_t d = 0; d < len; d++) {
+        int32_t next = -1;
+        for (int32_t c = node + 1; c < v->tend[node]; c = v->tend[c])
+            if (v->tbyte[c] == (uint8_t)s[d]) {
+                next = c;
+                break;
+            }
+        if (next < 0) break;
+        node = next;
+        if (v->ttok[node] >= 0) {
+            best = v->ttok[node] & ~TTOK_DUP;
+            *n = d + 1;
+        }
+    }
+    return best;
+}
+
 static const pt_gvocab *sort_vocab;
 
 static int cmp_tok(const void *a, const void *b) {

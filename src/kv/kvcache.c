@@ -1,6 +1,7 @@
 /*
- * kvcache.c - page pool and block tables, sized by the cache's format;
- * and the recurrent-state slots of hybrid models (see kvcache.h).
+ * kvcache.c - page pools and block tables, sized by the cache's format;
+ * the window group's recycling (see kvcache.h, "Cache groups"); and the
+ * recurrent-state slots of hybrid models (kvcache.h).
  */
 #include "kv/kvcache.h"
 
@@ -70,6 +71,41 @@ static int upload_tables(pt_kv_cache *kv, pt_err *err) {
     return kv->tables ? 0 : pt_fail(err, "KV cache: cannot allocate the codec's tables");
 }
 
+/* Two groups when the window layers are some but not all of the layers;
+ * the window pool defaults to group 0's size (as many pages as it can
+ * ever need). */
+static int plan_groups(pt_kv_cache *kv, pt_err *err) {
+    pt_kv_config *cfg = &kv->cfg;
+    int n_win = 0;
+    if (cfg->window > 0) {
+        if (cfg->n_layers > 64 * (int)PT_ARRAY_LEN(cfg->window_layers))
+            return pt_fail(err, "KV cache: %d layers, a window group takes at most %d",
+                           cfg->n_layers, 64 * (int)PT_ARRAY_LEN(cfg->window_layers));
+        for (int l = 0; l < cfg->n_layers; l++) n_win += cfg->window_layers[l / 64] >> (l % 64) & 1;
+    }
+    kv->grouped = n_win > 0 && n_win < cfg->n_layers;
+    if (!kv->grouped || cfg->window_pages <= 0 || cfg->window_pages > cfg->n_pages)
+        cfg->window_pages = cfg->n_pages;
+    if (cfg->window_slack < 0) cfg->window_slack = 0;
+    if (cfg->window_rows <= 0) cfg->window_rows = 512;
+    return 0;
+}
+
+static int buffer_bytes(const pt_kv_cache *kv, int n_pages, size_t k, size_t v, size_t pad,
+                        size_t *kb, size_t *vb) {
+    size_t slots = (size_t)kv->cfg.page_size * (size_t)n_pages;
+    return !pt_mul_ok(slots, k, kb) || !pt_mul_ok(slots, v, vb) || !pt_add_ok(*kb, pad, kb) ||
+           !pt_add_ok(*vb, pad, vb);
+}
+
+static size_t layer_k_bytes(const pt_kv_cache *kv, int l) {
+    return pt_kv_layer_windowed(kv, l) ? kv->wk_bytes : kv->k_bytes;
+}
+
+static size_t layer_v_bytes(const pt_kv_cache *kv, int l) {
+    return pt_kv_layer_windowed(kv, l) ? kv->wv_bytes : kv->v_bytes;
+}
+
 /* Checks the format and sets the codec and per-layer buffer sizes. */
 static int plan(pt_kv_cache *kv, pt_err *err) {
     const pt_kv_config *cfg = &kv->cfg;
@@ -91,11 +127,12 @@ static int plan(pt_kv_cache *kv, pt_err *err) {
     }
     size_t k, v;
     if (slot_bytes(cfg, &k, &v, err)) return -1;
-    size_t slots = (size_t)cfg->page_size * (size_t)cfg->n_pages, pad = quantized(cfg) ? QUANT_PAD : 0;
+    if (plan_groups(kv, err)) return -1;
+    size_t pad = quantized(cfg) ? QUANT_PAD : 0;
     kv->k_page = (size_t)cfg->page_size * k;
     kv->v_page = (size_t)cfg->page_size * v;
-    if (!pt_mul_ok(slots, k, &kv->k_bytes) || !pt_mul_ok(slots, v, &kv->v_bytes) ||
-        !pt_add_ok(kv->k_bytes, pad, &kv->k_bytes) || !pt_add_ok(kv->v_bytes, pad, &kv->v_bytes))
+    if (buffer_bytes(kv, cfg->n_pages, k, v, pad, &kv->k_bytes, &kv->v_bytes) ||
+        buffer_bytes(kv, cfg->window_pages, k, v, pad, &kv->wk_bytes, &kv->wv_bytes))
         return pt_fail(err, "KV cache: size overflows");
     return 0;
 }
@@ -137,12 +174,15 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
         pt_kv_cache_free(kv);
         return -1;
     }
+    double total = 0;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (!pt_kv_layer_recurrent(cfg, l)) total += (double)(layer_k_bytes(kv, l) + layer_v_bytes(kv, l));
     for (int l = 0; l < cfg->n_layers; l++) {
-        if (pt_kv_layer_recurrent(cfg, l)) continue;
-        kv->k[l] = be->ops->alloc(be, kv->k_bytes);
-        kv->v[l] = be->ops->alloc(be, kv->v_bytes);
+        if (pt_kv_layer_recurrent(cfg, l)) continue; /* no K/V: its state is in the state group */
+        kv->k[l] = be->ops->alloc(be, layer_k_bytes(kv, l));
+        kv->v[l] = be->ops->alloc(be, layer_v_bytes(kv, l));
         if (!kv->k[l] || !kv->v[l]) {
-            double gib = (double)(kv->k_bytes + kv->v_bytes) * cfg->n_layers / (1 << 30);
+            double gib = total / (1 << 30);
             pt_kv_cache_free(kv);
             return pt_fail(err, "KV cache: cannot allocate %.2f GiB for %d pages; lower --ctx",
                            gib, cfg->n_pages);
@@ -152,7 +192,8 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
         pt_kv_cache_free(kv);
         return -1;
     }
-    if (pt_block_pool_init(&kv->pool, cfg->n_pages, err)) {
+    if (pt_block_pool_init(&kv->pool, cfg->n_pages, err) ||
+        (kv->grouped && pt_block_pool_init(&kv->wpool, kv->cfg.window_pages, err))) {
         pt_kv_cache_free(kv);
         return -1;
     }
@@ -162,8 +203,8 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
 void pt_kv_cache_free(pt_kv_cache *kv) {
     if (kv->k)
         for (int l = 0; l < kv->cfg.n_layers; l++) {
-            if (kv->k[l]) kv->be->ops->free(kv->be, kv->k[l], kv->k_bytes);
-            if (kv->v[l]) kv->be->ops->free(kv->be, kv->v[l], kv->v_bytes);
+            if (kv->k[l]) kv->be->ops->free(kv->be, kv->k[l], layer_k_bytes(kv, l));
+            if (kv->v[l]) kv->be->ops->free(kv->be, kv->v[l], layer_v_bytes(kv, l));
         }
     if (kv->tables) kv->be->ops->free(kv->be, kv->tables, kv->tables_bytes);
     size_t slots = (size_t)PT_MAX(kv->cfg.n_state_slots, 0);
@@ -180,6 +221,7 @@ void pt_kv_cache_free(pt_kv_cache *kv) {
     free(kv->k);
     free(kv->v);
     pt_block_pool_free(&kv->pool);
+    if (kv->grouped) pt_block_pool_free(&kv->wpool);
     free(kv->disk_buf);
     memset(kv, 0, sizeof *kv);
 }
@@ -236,6 +278,14 @@ void pt_kv_seq_checkpoint(pt_kv_cache *kv, pt_kv_seq *seq) {
     seq->ckpt_pos = seq->state_pos;
 }
 
+/* Makes room for cap entries in both tables. */
+static void table_grow(pt_kv_cache *kv, pt_kv_seq *seq, int need) {
+    if (need <= seq->cap) return;
+    seq->cap = PT_MAX(need, seq->cap * 2);
+    seq->pages = pt_xrealloc(seq->pages, sizeof(int32_t) * (size_t)seq->cap);
+    if (kv->grouped) seq->wpages = pt_xrealloc(seq->wpages, sizeof(int32_t) * (size_t)seq->cap);
+}
+
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err) {
     if (n_positions > 0 && take_state(kv, seq, err)) return -1;
     int need = pages_for(kv, n_positions);
@@ -243,11 +293,15 @@ int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *
     if (need - seq->n_pages > kv->pool.n_free)
         return pt_fail(err, "KV cache full: %d positions need %d more pages, %d free", n_positions,
                        need - seq->n_pages, kv->pool.n_free);
-    if (need > seq->cap) {
-        seq->cap = PT_MAX(need, seq->cap * 2);
-        seq->pages = pt_xrealloc(seq->pages, sizeof(int32_t) * (size_t)seq->cap);
+    if (kv->grouped && need - seq->n_pages > kv->wpool.n_free)
+        return pt_fail(err, "KV cache window group full: %d positions need %d more pages, %d "
+                            "free (more sequences at once than it was sized for)",
+                       n_positions, need - seq->n_pages, kv->wpool.n_free);
+    table_grow(kv, seq, need);
+    for (; seq->n_pages < need; seq->n_pages++) {
+        seq->pages[seq->n_pages] = pt_block_alloc(&kv->pool);
+        if (kv->grouped) seq->wpages[seq->n_pages] = pt_block_alloc(&kv->wpool);
     }
-    while (seq->n_pages < need) seq->pages[seq->n_pages++] = pt_block_alloc(&kv->pool);
     return 0;
 }
 
@@ -259,35 +313,87 @@ int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from
     return n + PT_MAX(0, end - seq->n_pages);
 }
 
+/* Copies page src of group g (its layers only, K and V) to page dst. */
+static void copy_group_page(pt_kv_cache *kv, int g, int32_t dst, int32_t src) {
+    pt_backend *be = kv->be;
+    for (int l = 0; l < kv->cfg.n_layers; l++) {
+        if (!kv->k[l] || pt_kv_layer_windowed(kv, l) != (g == 1)) continue; /* NULL: recurrent */
+        char *k = kv->k[l], *v = kv->v[l];
+        be->ops->copy(be, k + (size_t)dst * kv->k_page, k + (size_t)src * kv->k_page, kv->k_page);
+        be->ops->copy(be, v + (size_t)dst * kv->v_page, v + (size_t)src * kv->v_page, kv->v_page);
+    }
+}
+
+/* Entry *slot of group g's pool becomes a page of the sequence's own:
+ * a fresh one where it was recycled, a copy where it is shared. */
+static int own_page(pt_kv_cache *kv, int g, int32_t *slot) {
+    pt_block_pool *pool = g ? &kv->wpool : &kv->pool;
+    int32_t old = *slot;
+    if (old >= 0 && pt_block_refs(pool, old) == 1) return 0;
+    int32_t fresh = pt_block_alloc(pool);
+    if (fresh < 0) return -1;
+    if (old >= 0) {
+        copy_group_page(kv, g, fresh, old);
+        pt_block_unref(pool, old);
+    }
+    *slot = fresh;
+    return 0;
+}
+
+/* Gives back the window pages no write from `from` on can need, nor a
+ * rollback to from - window_slack. */
+static void recycle(pt_kv_cache *kv, pt_kv_seq *seq, int from) {
+    int keep = from - (kv->cfg.window - 1) - kv->cfg.window_slack; /* first position kept */
+    int end = PT_MIN(seq->n_pages, keep / kv->cfg.page_size); /* pages wholly below it */
+    for (; seq->wlo < end; seq->wlo++) {
+        int32_t *w = &seq->wpages[seq->wlo];
+        if (*w >= 0) pt_block_unref(&kv->wpool, *w);
+        *w = -1;
+    }
+}
+
+/* Whether a write at position n finds the window pages of [n - window + 1, n). */
+static bool window_whole(const pt_kv_cache *kv, const pt_kv_seq *seq, int n) {
+    if (!kv->grouped || n == 0) return true;
+    int lo = PT_MAX(0, n - kv->cfg.window + 1) / kv->cfg.page_size;
+    return lo >= seq->wlo;
+}
+
 int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err) {
     if (to <= from) return 0;
     int n_old = seq->n_pages;
     if (pt_kv_seq_pages_needed(kv, seq, from, to) > kv->pool.n_free)
         return pt_fail(err, "KV cache full: writing positions %d..%d needs %d pages, %d free",
                        from, to - 1, pt_kv_seq_pages_needed(kv, seq, from, to), kv->pool.n_free);
+    if (!window_whole(kv, seq, from))
+        return pt_fail(err, "KV cache: writing position %d needs window positions already "
+                            "given back (roll back to 0 and recompute)", from);
+    /* recycling first lets its pages serve this write; again after the
+     * reserve for pages a write far ahead left below its window */
+    if (kv->grouped) recycle(kv, seq, from);
     if (pt_kv_seq_reserve(kv, seq, to, err)) return -1;
-    for (int i = from / kv->cfg.page_size; i < PT_MIN(pages_for(kv, to), n_old); i++) {
-        int32_t old = seq->pages[i];
-        if (pt_block_refs(&kv->pool, old) == 1) continue;
-        int32_t fresh = pt_block_alloc(&kv->pool);
-        pt_kv_copy_page(kv, fresh, old);
-        pt_block_unref(&kv->pool, old);
-        seq->pages[i] = fresh;
-    }
+    if (kv->grouped) recycle(kv, seq, from);
+    int first = from / kv->cfg.page_size, end = pages_for(kv, to);
+    for (int i = first; i < PT_MIN(end, n_old); i++) own_page(kv, 0, &seq->pages[i]);
+    for (int i = first; kv->grouped && i < end; i++)
+        if (own_page(kv, 1, &seq->wpages[i]))
+            return pt_fail(err, "KV cache window group full writing positions %d..%d", from, to - 1);
     return 0;
 }
 
 void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src) {
-    dst->cap = PT_MAX(src->n_pages, 1);
-    dst->pages = pt_xmalloc(sizeof(int32_t) * (size_t)dst->cap);
+    memset(dst, 0, sizeof *dst);
+    table_grow(kv, dst, PT_MAX(src->n_pages, 1));
     for (int i = 0; i < src->n_pages; i++) {
         pt_block_ref(&kv->pool, src->pages[i]);
         dst->pages[i] = src->pages[i];
+        if (!kv->grouped) continue;
+        if (src->wpages[i] >= 0) pt_block_ref(&kv->wpool, src->wpages[i]);
+        dst->wpages[i] = src->wpages[i];
     }
     dst->n_pages = src->n_pages;
     dst->n_tokens = src->n_tokens;
-    dst->state = dst->ckpt = 0;
-    dst->state_pos = dst->ckpt_pos = 0;
+    dst->wlo = src->wlo;
     if (!src->state) return;
     if (take_state(kv, dst, NULL)) {
         dst->state_pos = -1; /* no slot: it restarts at position 0 */
@@ -298,24 +404,21 @@ void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src) {
 }
 
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src) {
-    pt_backend *be = kv->be;
-    for (int l = 0; l < kv->cfg.n_layers; l++) {
-        if (!kv->k[l]) continue; /* a recurrent layer */
-        char *k = kv->k[l], *v = kv->v[l];
-        be->ops->copy(be, k + (size_t)dst * kv->k_page, k + (size_t)src * kv->k_page, kv->k_page);
-        be->ops->copy(be, v + (size_t)dst * kv->v_page, v + (size_t)src * kv->v_page, kv->v_page);
-    }
+    copy_group_page(kv, 0, dst, src);
 }
 
 size_t pt_kv_page_bytes(const pt_kv_cache *kv) {
-    return (size_t)kv_layers(&kv->cfg) * (kv->k_page + kv->v_page);
+    size_t n = 0;
+    for (int l = 0; l < kv->cfg.n_layers; l++)
+        if (kv->k[l] && !pt_kv_layer_windowed(kv, l)) n += kv->k_page + kv->v_page;
+    return n;
 }
 
 void pt_kv_page_save(pt_kv_cache *kv, int32_t page, void *host) {
     pt_backend *be = kv->be;
     char *h = host;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
-        if (!kv->k[l]) continue;
+        if (!kv->k[l] || pt_kv_layer_windowed(kv, l)) continue;
         be->ops->download(be, h, (char *)kv->k[l] + (size_t)page * kv->k_page, kv->k_page);
         h += kv->k_page;
         be->ops->download(be, h, (char *)kv->v[l] + (size_t)page * kv->v_page, kv->v_page);
@@ -327,7 +430,7 @@ void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host) {
     pt_backend *be = kv->be;
     const char *h = host;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
-        if (!kv->k[l]) continue;
+        if (!kv->k[l] || pt_kv_layer_windowed(kv, l)) continue;
         be->ops->upload(be, (char *)kv->k[l] + (size_t)page * kv->k_page, h, kv->k_page);
         h += kv->k_page;
         be->ops->upload(be, (char *)kv->v[l] + (size_t)page * kv->v_page, h, kv->v_page);
@@ -335,9 +438,21 @@ void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host) {
     }
 }
 
+static void drop_pages(pt_kv_cache *kv, pt_kv_seq *seq, int keep) {
+    while (seq->n_pages > keep) {
+        int i = --seq->n_pages;
+        pt_block_unref(&kv->pool, seq->pages[i]);
+        if (kv->grouped && seq->wpages[i] >= 0) pt_block_unref(&kv->wpool, seq->wpages[i]);
+    }
+    if (seq->wlo > seq->n_pages) seq->wlo = seq->n_pages;
+}
+
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n) {
-    int keep = pages_for(kv, n);
-    while (seq->n_pages > keep) pt_block_unref(&kv->pool, seq->pages[--seq->n_pages]);
+    /* a rollback below the window pages kept: nothing short of recomputing
+     * from the start restores them (kvcache.h) */
+    if (n > 0 && !window_whole(kv, seq, n)) n = 0;
+    drop_pages(kv, seq, pages_for(kv, n));
+    if (n == 0) seq->wlo = 0;
     if (seq->n_tokens > n) seq->n_tokens = n;
     if (n == 0) {
         give_state(kv, seq);
@@ -355,11 +470,86 @@ void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n) {
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq) {
     pt_kv_seq_truncate(kv, seq, 0);
     free(seq->pages);
+    free(seq->wpages);
     memset(seq, 0, sizeof *seq);
 }
 
 int pt_kv_free_pages(const pt_kv_cache *kv) {
     return kv->pool.n_free;
+}
+
+int pt_kv_seq_group_pages(const pt_kv_cache *kv, const pt_kv_seq *seq, int g) {
+    if (g == 0) return seq->n_pages;
+    int n = 0;
+    for (int i = seq->wlo; kv->grouped && i < seq->n_pages; i++) n += seq->wpages[i] >= 0;
+    return n;
+}
+
+/* Window pages one sequence holds at most: those of window - 1 + slack
+ * positions below a write of window_rows rows, plus one for alignment. */
+int pt_kv_window_pages_per_seq(const pt_kv_config *c) {
+    int rows = c->window_rows > 0 ? c->window_rows : 512;
+    return (c->window - 1 + c->window_slack + rows + c->page_size - 1) / c->page_size + 1;
+}
+
+size_t pt_kv_window_bytes_per_token(const pt_kv_cache *kv) {
+    if (!kv->grouped) return 0;
+    size_t n = 0;
+    for (int l = 0; l < kv->cfg.n_layers; l++)
+        if (pt_kv_layer_windowed(kv, l)) n += (kv->k_page + kv->v_page) / (size_t)kv->cfg.page_size;
+    return n;
+}
+
+int pt_kv_max_seqs(const pt_kv_cache *kv) {
+    if (!kv->grouped || kv->cfg.window_pages >= kv->cfg.n_pages) return INT32_MAX;
+    return kv->cfg.window_pages / pt_kv_window_pages_per_seq(&kv->cfg);
+}
+
+/* ---- the prefix cache ---------------------------------------------------------- */
+
+void pt_kv_seq_set_key(pt_kv_cache *kv, pt_kv_seq *seq, int i, uint64_t key) {
+    pt_block_set_hash(&kv->pool, seq->pages[i], key);
+    if (kv->grouped && seq->wpages[i] >= 0) pt_block_set_hash(&kv->wpool, seq->wpages[i], key);
+}
+
+/* First window page a sequence of n pages needs to go on from there. */
+static int window_lo(const pt_kv_cache *kv, int n) {
+    return PT_MAX(0, n * kv->cfg.page_size - kv->cfg.window + 1) / kv->cfg.page_size;
+}
+
+int pt_kv_prefix_window(const pt_kv_cache *kv, const uint64_t *keys, int n) {
+    if (!kv->grouped) return n;
+    for (;; n--) {
+        int i = window_lo(kv, n);
+        while (i < n && pt_block_lookup(&kv->wpool, keys[i]) >= 0) i++;
+        if (i == n) return n;
+    }
+}
+
+int pt_kv_seq_adopt(pt_kv_cache *kv, pt_kv_seq *seq, const uint64_t *keys, int n) {
+    table_grow(kv, seq, n);
+    int b = 0;
+    for (; b < n; b++) {
+        int32_t id = pt_block_lookup(&kv->pool, keys[b]);
+        if (id >= 0)
+            pt_block_ref(&kv->pool, id);
+        else if ((id = pt_kv_restore_page(kv, keys[b])) < 0)
+            break;
+        seq->pages[b] = id;
+        if (kv->grouped) seq->wpages[b] = -1;
+        seq->n_pages = b + 1;
+    }
+    if (kv->grouped) { /* the window pages the last ones need */
+        b = pt_kv_prefix_window(kv, keys, b);
+        drop_pages(kv, seq, b);
+        seq->wlo = window_lo(kv, b);
+        for (int i = seq->wlo; i < b; i++) {
+            seq->wpages[i] = pt_block_lookup(&kv->wpool, keys[i]);
+            pt_block_ref(&kv->wpool, seq->wpages[i]);
+        }
+    }
+    seq->n_tokens = b * kv->cfg.page_size;
+    return b;
 }
 
 /* The pool is about to reuse cached page id: save it if the disk lacks it.

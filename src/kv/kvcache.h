@@ -16,7 +16,32 @@
  * the same format, and pt_kv_format_name() names it for anything that keys
  * pages across caches (prefix and disk caches).
  *
- * Hybrid recurrent models (Gated DeltaNet) add a second cache group, the
+ * Cache groups.  A model whose layers mix sliding-window and full attention
+ * (Gemma 2/3, gpt-oss) gets two groups: group 0, the full-attention layers,
+ * and the window group, the layers that see only the last `window`
+ * positions.  Each group has its own pool of page ids and its own buffer
+ * size (a window layer's buffer holds window_pages pages, a full layer's
+ * n_pages), and a sequence has one block table per group, indexed alike
+ * (page i holds positions [i*page_size, (i+1)*page_size) in both).  As a
+ * sequence's writes move on, window-group pages wholly below every window
+ * it can still need go back to their pool and their table entry becomes -1
+ * (recycling, in pt_kv_seq_own), so a long context costs what its full
+ * layers need plus about one window per sequence.  Everything that counts
+ * pages for admission (pt_kv_seq_pages_needed, pt_kv_free_pages, the
+ * prefix cache's pool) is group 0's: the window pool is sized for
+ * pt_kv_max_seqs sequences and cannot run out while no more run at once.
+ *
+ * Rollback (pt_kv_seq_truncate) across the window: writing position n
+ * needs the window pages of [n - window + 1, n).  Recycling before a write
+ * at `from` keeps positions >= from - window + 1 - window_slack, so a
+ * rollback to n >= from - window_slack always finds its window; the
+ * engine's verify step only rolls back positions written in that same
+ * step (n > from), so its slack is 0, and a draft model's cache, which
+ * rolls back up to k drafted steps, keeps k positions of slack.  A deeper
+ * rollback drops the whole sequence (n_tokens 0): the caller recomputes,
+ * which is always correct.
+ *
+ * Hybrid recurrent models (Gated DeltaNet) add another cache group (plan group 2), the
  * recurrent state: layers marked in cfg.recurrent keep no K/V pages but,
  * per sequence, a fixed-size f32 state (the conv tail and the delta rule's
  * matrices), never paged.  A sequence takes one of cfg.n_state_slots slots
@@ -34,7 +59,9 @@
  *
  * Invariants: a page id is either on the free list (refcount 0) or owned by
  * at least one sequence; a sequence with n_tokens positions stored owns
- * ceil(n_tokens / page_size) pages or more (reserve may run ahead); a state
+ * ceil(n_tokens / page_size) group-0 pages or more (reserve may run ahead),
+ * and window-group pages for every index from the first one a write at
+ * n_tokens - window_slack can need up to its group-0 table's end; a state
  * slot is either free or held by exactly one sequence.
  */
 #ifndef PETREL_KVCACHE_H
@@ -59,6 +86,14 @@ typedef struct pt_kv_config {
     int n_state_slots;
     int64_t conv_floats, rec_floats;
     uint64_t recurrent[16];
+    /* The window group: layers whose bit is set in window_layers see only
+     * the last `window` positions.  window 0, or no layer set, or every
+     * layer set: one group, every page kept. */
+    int window;
+    int window_pages; /* pool of the window group; 0: n_pages */
+    int window_slack; /* positions kept below the window for deeper rollbacks */
+    int window_rows;  /* rows a sequence writes in one call at most (pt_kv_max_seqs) */
+    uint64_t window_layers[16]; /* bit l % 64 of word l / 64: layer l is in it */
 } pt_kv_config;
 
 static inline bool pt_kv_layer_recurrent(const pt_kv_config *c, int l) {
@@ -69,7 +104,9 @@ typedef struct pt_kv_cache {
     pt_backend *be;
     pt_kv_config cfg;
     pt_kv_codec codec;       /* valid when cfg.quant.kind != PT_KVQ_NONE */
-    size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer */
+    size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer (group 0) */
+    size_t wk_bytes, wv_bytes; /* the same for a window-group layer */
+    bool grouped;            /* the window group exists */
     void **k, **v;           /* [n_layers] backend buffers; NULL for recurrent layers */
     float **conv, **rec;     /* [n_layers] state buffers [n_state_slots][...]; NULL: none */
     int32_t *free_slots;     /* the state slots no sequence holds (a stack) */
@@ -78,6 +115,7 @@ typedef struct pt_kv_cache {
     size_t tables_bytes;
     size_t k_page, v_page;   /* bytes of one page of one layer's K / V */
     pt_block_pool pool;      /* page ids: owners, free queue, content hashes */
+    pt_block_pool wpool;     /* the window group's page ids (grouped only) */
     pt_disk *disk;           /* the cold tier, or NULL (pt_kv_attach_disk) */
     void *disk_buf;          /* [pt_kv_page_bytes] staging for disk reads */
 } pt_kv_cache;
@@ -86,6 +124,8 @@ typedef struct pt_kv_seq {
     int32_t *pages; /* block table */
     int n_pages, cap;
     int n_tokens; /* positions whose K/V are stored */
+    int32_t *wpages; /* grouped: the window group's table, [n_pages], -1 where recycled */
+    int wlo;         /* wpages[i] < 0 for every i < wlo */
     int state;     /* recurrent-state slot + 1; 0: none */
     int state_pos; /* positions folded into the state; -1: rolled back past it */
     int ckpt;      /* checkpoint slot + 1; 0: none */
@@ -97,6 +137,12 @@ typedef struct pt_kv_seq {
 static inline void pt_kv_seq_computed(pt_kv_seq *seq, int n) {
     if (n > seq->n_tokens) seq->n_tokens = n;
     if (seq->state && n > seq->state_pos) seq->state_pos = n;
+}
+
+
+/* Whether layer l of the cache is in the window group. */
+static inline bool pt_kv_layer_windowed(const pt_kv_cache *kv, int l) {
+    return kv->grouped && (kv->cfg.window_layers[l / 64] >> (l % 64) & 1);
 }
 
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err);
@@ -128,9 +174,11 @@ void pt_kv_seq_checkpoint(pt_kv_cache *kv, pt_kv_seq *seq);
  * its recurrent state (if no slot is free, dst has none and must restart
  * at position 0). */
 void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src);
-/* Copies page src's bytes, every layer, K and V, to page dst. */
+/* Copies group-0 page src's bytes, every layer of group 0, K and V, to page dst. */
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src);
-/* Bytes of one page over every layer, K and V: what a host copy holds. */
+/* Bytes of one group-0 page over its layers, K and V: what a host copy
+ * holds.  The disk tier keeps group-0 pages only, so it refuses grouped
+ * caches (engine.c). */
 size_t pt_kv_page_bytes(const pt_kv_cache *kv);
 /* A page's bytes to host memory (layer by layer, K then V) and back: for
  * swapping and the disk tier.  pt_kv_page_load restores exactly what
@@ -146,6 +194,29 @@ void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
  * the rest is recomputed), else the state is marked invalid (-1). */
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
 int pt_kv_free_pages(const pt_kv_cache *kv);
+/* Pages the sequence holds in group g (0, or 1: the window group). */
+int pt_kv_seq_group_pages(const pt_kv_cache *kv, const pt_kv_seq *seq, int g);
+/* Sequences the window pool holds at once, each writing up to
+ * cfg.window_rows rows a call; INT32_MAX without a window group or with a
+ * pool as large as group 0's. */
+int pt_kv_max_seqs(const pt_kv_cache *kv);
+/* Window-group pages one sequence can hold at once (the pool holds that
+ * many per sequence it is sized for). */
+int pt_kv_window_pages_per_seq(const pt_kv_config *cfg);
+/* Bytes per position of the window group's layers (0 with one group):
+ * pt_kv_bytes_per_token less this is what each position of context costs
+ * once the window pool is paid for. */
+size_t pt_kv_window_bytes_per_token(const pt_kv_cache *kv);
+
+/* The prefix cache.  Content keys are set on both groups' page i at once
+ * (pt_kv_seq_set_key); pt_kv_prefix_window shortens a run of n leading
+ * group-0 hits to the longest whose window pages are also still cached;
+ * pt_kv_seq_adopt gives an empty sequence the first n pages by key (group 0
+ * from the pool or the disk tier, then the window pages it needs) and
+ * returns how many it took (positions = that x page_size). */
+void pt_kv_seq_set_key(pt_kv_cache *kv, pt_kv_seq *seq, int i, uint64_t key);
+int pt_kv_prefix_window(const pt_kv_cache *kv, const uint64_t *keys, int n);
+int pt_kv_seq_adopt(pt_kv_cache *kv, pt_kv_seq *seq, const uint64_t *keys, int n);
 
 /* The disk tier: cached pages evicted from the pool are written to disk
  * (off the hot path), and pt_kv_restore_page brings one back.  disk is the

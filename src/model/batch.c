@@ -5,12 +5,18 @@
  */
 #include "model/model.h"
 
+/* Each sequence's rows are owned as one span [lowest, highest + 1): a
+ * window group recycles below the span's start (kvcache.h), so owning row
+ * by row would give back pages the batch's earlier rows still read. */
 int pt_batch_reserve(pt_kv_cache *kv, const pt_batch *b, pt_err *err) {
-    for (int i = 0; i < b->n_tokens; i++) {
+    for (int i = 0; i < b->n_tokens; i++)
         if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
             return pt_fail(err, "row %d: sequence index %d out of range", i, b->seq[i]);
-        pt_kv_seq *s = b->seqs[b->seq[i]];
-        if (b->pos[i] >= 0 && pt_kv_seq_own(kv, s, b->pos[i], b->pos[i] + 1, err)) return -1;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int lo = INT32_MAX, hi = -1;
+        for (int i = 0; i < b->n_tokens; i++)
+            if (b->seq[i] == s && b->pos[i] >= 0) lo = PT_MIN(lo, b->pos[i]), hi = PT_MAX(hi, b->pos[i]);
+        if (hi >= 0 && pt_kv_seq_own(kv, b->seqs[s], lo, hi + 1, err)) return -1;
     }
     return 0;
 }

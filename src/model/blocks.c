@@ -62,7 +62,7 @@ void pt_block_qkv(pt_model *m, int l, const pt_step *s) {
 
 /* Whether layer p's attention needs attention_ext (a window or a cap). */
 static bool attn_ext(const pt_layer_plan *p) {
-    return p->mixer == PT_MIX_ATTN_SWA || p->attn_softcap > 0;
+    return p->mixer == PT_MIX_ATTN_SWA || p->attn_softcap > 0 || p->attn_sinks;
 }
 
 /* Stores the rows' k and v in the layer's cache, then h = attention of q
@@ -75,14 +75,16 @@ void pt_block_attention(pt_model *m, int l, const pt_step *s) {
     const pt_layer *L = &m->layers[l];
     pt_workspace *ws = m->ws;
     pt_kv_view kv = pt_kv_layer(s->kv, l);
+    /* a layer of the cache's window group has its own pages (kvcache.h) */
+    const pt_batch_view *b = pt_kv_layer_windowed(s->kv, l) ? s->bw : s->b;
 
-    pt_be_kv_store(be, &kv, s->b, ws->k, ws->v);
+    pt_be_kv_store(be, &kv, b, ws->k, ws->v);
     if (attn_ext(p)) {
         pt_attn_params ap = {.scale = p->attn_scale, .window = p->window,
-                             .softcap = p->attn_softcap};
-        pt_be_attention_ext(be, ws->att, ws->q, &kv, s->b, c->n_heads, &ap);
+                             .softcap = p->attn_softcap, .sinks = p->attn_sinks ? L->sinks : NULL};
+        pt_be_attention_ext(be, ws->att, ws->q, &kv, b, c->n_heads, &ap);
     } else {
-        pt_be_attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, p->attn_scale);
+        pt_be_attention(be, ws->att, ws->q, &kv, b, c->n_heads, p->attn_scale);
     }
     project(be, ws->h, ws->att, &L->wo, L->bo, s->n);
 }
@@ -96,23 +98,33 @@ static void gated(pt_backend *be, int act, float *y, const float *up, size_t cou
 }
 
 /* Routed experts (PT_FFN_MOE): the router picks top_k experts per row and
- * weighs them; each row runs through its experts' SwiGLU FFNs and h is the
- * weighted sum.  Only the chosen experts' weights are read. */
+ * weighs them; each row runs through its experts' gated FFNs and h is the
+ * weighted sum.  Only the chosen experts' weights are read.  gpt-oss adds
+ * biases (router and each expert's projections, by expert id) and its
+ * clamped SwiGLU; its top-k-then-softmax router is moe_route with renorm
+ * (a softmax over all experts renormalized over the k is the same). */
 static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
     const pt_layer_plan *p = &m->plan[l];
     const pt_layer *L = &m->layers[l];
     pt_workspace *ws = m->ws;
-    int n = s->n, k = p->top_k;
+    int n = s->n, k = p->top_k, f = c->expert_ffn_dim;
 
-    pt_be_matmul(be, ws->router, ws->h, &L->w_router, n);
+    project(be, ws->router, ws->h, &L->w_router, L->b_router, n);
     pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
                        c->expert_renorm);
     pt_be_matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
     pt_be_matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
-    gated(be, p->act, ws->gate, ws->up, (size_t)n * k * c->expert_ffn_dim);
+    if (L->b_gate_exps) pt_be_add_id(be, ws->gate, L->b_gate_exps, ws->moe_ids, n, k, f);
+    if (L->b_up_exps) pt_be_add_id(be, ws->up, L->b_up_exps, ws->moe_ids, n, k, f);
+    if (p->act == PT_ACT_SWIGLU_OAI)
+        pt_be_swiglu_oai(be, ws->gate, ws->gate, ws->up, (size_t)n * k * f, c->act_alpha,
+                         c->act_limit);
+    else
+        gated(be, p->act, ws->gate, ws->up, (size_t)n * k * f);
     pt_be_matmul_id(be, ws->moe_out, ws->gate, &L->w_down, ws->moe_ids, n, k, k);
+    if (L->b_down_exps) pt_be_add_id(be, ws->moe_out, L->b_down_exps, ws->moe_ids, n, k, c->dim);
     pt_be_moe_combine(be, ws->h, ws->moe_out, ws->moe_w, n, k, c->dim);
 }
 
@@ -184,12 +196,17 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
         *layer = l;
         if (attn_ext(p) && !pt_be_has_op(be, PT_OP_ATTENTION_EXT))
             return *why = p->mixer == PT_MIX_ATTN_SWA ? "sliding-window attention"
-                                                       : "soft-capped attention",
+                          : p->attn_sinks               ? "attention sinks"
+                                                        : "soft-capped attention",
                    PT_OP_ATTENTION_EXT;
         if (p->act == PT_ACT_GELU_TANH && !pt_be_has_op(be, PT_OP_GEGLU))
             return *why = "a GELU-tanh FFN", PT_OP_GEGLU;
         for (size_t i = 0; p->ffn == PT_FFN_MOE && i < PT_ARRAY_LEN(moe_ops); i++)
             if (!pt_be_has_op(be, moe_ops[i])) return *why = "a mixture-of-experts FFN", moe_ops[i];
+        if (p->act == PT_ACT_SWIGLU_OAI && !pt_be_has_op(be, PT_OP_SWIGLU_OAI))
+            return *why = "gpt-oss's clamped SwiGLU", PT_OP_SWIGLU_OAI;
+        if (c->expert_bias && p->ffn == PT_FFN_MOE && !pt_be_has_op(be, PT_OP_ADD_ID))
+            return *why = "biased experts", PT_OP_ADD_ID;
         for (size_t i = 0; p->mixer == PT_MIX_RECURRENT && i < PT_ARRAY_LEN(rec_ops); i++)
             if (!pt_be_has_op(be, rec_ops[i])) return *why = "a Gated DeltaNet layer", rec_ops[i];
         if (p->n_shared > 0 && !pt_be_has_op(be, PT_OP_SIGMOID_MUL))

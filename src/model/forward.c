@@ -21,7 +21,9 @@ static int check_rows(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, int
         if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
             return pt_fail(err, "row %d: sequence index %d out of range", i, b->seq[i]);
         if (b->pos[i] < 0) return pt_fail(err, "row %d: negative position", i);
-        if (b->pos[i] >= b->seqs[b->seq[i]]->n_pages * kv->cfg.page_size)
+        const pt_kv_seq *sq = b->seqs[b->seq[i]];
+        if (b->pos[i] >= sq->n_pages * kv->cfg.page_size ||
+            (kv->grouped && sq->wpages[b->pos[i] / kv->cfg.page_size] < 0))
             return pt_fail(err, "row %d: position %d has no KV page (the caller reserves them)", i,
                            b->pos[i]);
     }
@@ -72,25 +74,28 @@ static int state_rows(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, pt_
     return 0;
 }
 
-/* Uploads rows [first, first+n) and the block tables; fills the view and
- * the indices of the rows whose logits are wanted. */
-static int upload_batch(pt_model *m, const pt_batch *b, int first, int n, pt_batch_view *v,
-                        int *n_out, pt_err *err) {
+/* Uploads rows [first, first+n) and the block tables (a grouped cache's
+ * window tables after group 0's); fills the views (v[1]: the window
+ * group's) and the indices of the rows whose logits are wanted. */
+static int upload_batch(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, int first, int n,
+                        pt_batch_view v[2], int *n_out, pt_err *err) {
     pt_backend *be = m->be;
     pt_workspace *ws = m->ws;
-    int max_pages = 1;
+    int max_pages = 1, n_groups = kv->grouped ? 2 : 1;
     for (int s = 0; s < b->n_seqs; s++)
         max_pages = PT_MAX(max_pages, b->seqs[s]->n_pages);
-    if (pt_workspace_block_table(m, (size_t)max_pages * b->n_seqs, err)) return -1;
-    for (int s = 0; s < b->n_seqs; s++) {
-        const pt_kv_seq *sq = b->seqs[s];
-        int32_t *row = ws->h_block_table + (size_t)s * max_pages;
-        memcpy(row, sq->pages, sizeof(int32_t) * (size_t)sq->n_pages);
-        for (int p = sq->n_pages; p < max_pages; p++)
-            row[p] = -1;
-    }
+    size_t per_group = (size_t)max_pages * b->n_seqs;
+    if (pt_workspace_block_table(m, per_group * n_groups, err)) return -1;
+    for (int g = 0; g < n_groups; g++)
+        for (int s = 0; s < b->n_seqs; s++) {
+            const pt_kv_seq *sq = b->seqs[s];
+            int32_t *row = ws->h_block_table + per_group * g + (size_t)s * max_pages;
+            memcpy(row, g ? sq->wpages : sq->pages, sizeof(int32_t) * (size_t)sq->n_pages);
+            for (int p = sq->n_pages; p < max_pages; p++)
+                row[p] = -1;
+        }
     be->ops->upload(be, ws->block_table, ws->h_block_table,
-                    sizeof(int32_t) * (size_t)max_pages * b->n_seqs);
+                    sizeof(int32_t) * per_group * n_groups);
     be->ops->upload(be, ws->tokens, b->tokens + first, sizeof(int32_t) * (size_t)n);
     be->ops->upload(be, ws->pos, b->pos + first, sizeof(int32_t) * (size_t)n);
     be->ops->upload(be, ws->seq, b->seq + first, sizeof(int32_t) * (size_t)n);
@@ -98,7 +103,9 @@ static int upload_batch(pt_model *m, const pt_batch *b, int first, int n, pt_bat
     for (int i = 0; i < n; i++)
         if (b->logits && b->logits[first + i]) ws->h_out_idx[(*n_out)++] = i;
     be->ops->upload(be, ws->out_idx, ws->h_out_idx, sizeof(int32_t) * (size_t)*n_out);
-    *v = (pt_batch_view){.n_tokens = n, .pos = ws->pos, .seq = ws->seq, .block_table = ws->block_table, .max_pages = max_pages, .n_seqs = b->n_seqs, .state_slot = ws->state_slot};
+    v[0] = (pt_batch_view){.n_tokens = n, .pos = ws->pos, .seq = ws->seq, .block_table = ws->block_table, .max_pages = max_pages, .n_seqs = b->n_seqs, .state_slot = ws->state_slot};
+    v[1] = v[0];
+    v[1].block_table = ws->block_table + per_group * (n_groups - 1);
     return 0;
 }
 
@@ -109,9 +116,9 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
     if (pt_model_recurrent(m) && state_rows(m, kv, b, err)) return -1;
     for (int first = 0; first < b->n_tokens; first += m->max_batch) {
         int n = PT_MIN(m->max_batch, b->n_tokens - first), n_out;
-        pt_batch_view v;
-        if (upload_batch(m, b, first, n, &v, &n_out, err)) return -1;
-        pt_step s = {.kv = kv, .b = &v, .n = n, .n_out = n_out, .logits = logits};
+        pt_batch_view v[2];
+        if (upload_batch(m, kv, b, first, n, v, &n_out, err)) return -1;
+        pt_step s = {.kv = kv, .b = &v[0], .bw = &v[1], .n = n, .n_out = n_out, .logits = logits};
         m->family->forward(m, &s);
         if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
     }

@@ -15,8 +15,8 @@
  * (config layer_types, or the family's default pattern); Gemma 3's window
  * layers have their own rope base (rope_local_base_freq, or
  * rope_parameters.sliding_attention) and the global layers alone take the
- * rope scaling.  The window is applied by the attention op; the KV cache
- * still holds every position of window layers (one cache group).
+ * rope scaling.  The window is applied by the attention op; window layers
+ * are the KV cache's window group, which keeps only the window (kvcache.h).
  */
 #include <math.h>
 

@@ -254,13 +254,38 @@ void pt_model_free(pt_model *m) {
 
 int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
                      const pt_kvq_spec *quant, pt_err *err) {
+    return pt_model_kv_init_seqs(m, kv, n_positions, 0, 0, dtype, quant, err);
+}
+
+/* The window group (kvcache.h): the plan's sliding-window layers, when
+ * some layers are not; its pool holds max_seqs sequences' windows and
+ * slack positions each. */
+static void kv_window_group(const pt_model *m, pt_kv_config *kc, int max_seqs, int slack) {
+    const pt_model_config *c = &m->cfg;
+    if (c->n_layers > 64 * (int)PT_ARRAY_LEN(kc->window_layers)) return;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (m->plan[l].cache_group != 1) continue;
+        kc->window = PT_MAX(kc->window, m->plan[l].window);
+        kc->window_layers[l / 64] |= 1ull << (l % 64);
+    }
+    kc->window_rows = m->max_batch;
+    kc->window_slack = slack;
+    if (max_seqs > 0 && kc->window > 0)
+        kc->window_pages = (int)PT_MIN((int64_t)kc->n_pages,
+                                       (int64_t)max_seqs * pt_kv_window_pages_per_seq(kc));
+}
+
+int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, int max_seqs,
+                          int slack, pt_dtype dtype, const pt_kvq_spec *quant, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     if (quant && quant->kind != PT_KVQ_NONE)
         for (int l = 0; l < c->n_layers; l++)
-            if (m->plan[l].mixer == PT_MIX_ATTN_SWA || m->plan[l].attn_softcap > 0)
+            if (m->plan[l].mixer == PT_MIX_ATTN_SWA || m->plan[l].attn_softcap > 0 ||
+                m->plan[l].attn_sinks)
                 return pt_fail(err, "a quantized KV cache with %s layers (layer %d) is not "
                                     "implemented yet; use a plain cache",
                                m->plan[l].mixer == PT_MIX_ATTN_SWA ? "sliding-window"
+                               : m->plan[l].attn_sinks             ? "attention-sink"
                                                                    : "soft-capped attention",
                                l);
     pt_kv_config kc = {.n_layers = c->n_layers,
@@ -270,7 +295,8 @@ int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dty
                        .dtype = dtype};
     if (quant) kc.quant = *quant;
     kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
-    if (pt_model_recurrent(m)) { /* group 1: the recurrent state, per sequence */
+    kv_window_group(m, &kc, max_seqs, slack);
+    if (pt_model_recurrent(m)) { /* group 2: the recurrent state, per sequence */
         int64_t conv_dim = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim +
                            (int64_t)c->lin_v_heads * c->lin_v_dim;
         kc.n_state_slots = PT_MIN(kc.n_pages, PT_MODEL_STATE_SLOTS);

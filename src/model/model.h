@@ -19,10 +19,17 @@
 #include "io/model_file.h"
 #include "kv/kvcache.h"
 
-enum pt_rope_scaling { PT_ROPE_SCALING_NONE, PT_ROPE_SCALING_LINEAR, PT_ROPE_SCALING_LLAMA3 };
+enum pt_rope_scaling {
+    PT_ROPE_SCALING_NONE,
+    PT_ROPE_SCALING_LINEAR,
+    PT_ROPE_SCALING_LLAMA3,
+    PT_ROPE_SCALING_YARN,
+};
 
-/* FFN activations (the gate's nonlinearity in act(x·Wgate) * x·Wup). */
-enum pt_act { PT_ACT_SILU, PT_ACT_GELU_TANH };
+/* FFN activations (the gate's nonlinearity in act(x·Wgate) * x·Wup);
+ * PT_ACT_SWIGLU_OAI is gpt-oss's clamped form, (clamp(up) + 1) ·
+ * g·sigmoid(alpha·g) with g = min(gate, limit) (act_alpha, act_limit). */
+enum pt_act { PT_ACT_SILU, PT_ACT_GELU_TANH, PT_ACT_SWIGLU_OAI };
 
 typedef struct pt_family pt_family; /* model_int.h */
 
@@ -38,6 +45,12 @@ typedef struct pt_model_config {
     int rope_scaling; /* enum pt_rope_scaling */
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_orig_ctx;
+    float rope_beta_fast, rope_beta_slow; /* YaRN's correction range, in rotations */
+    float rope_mscale;      /* YaRN's attention factor: multiplies cos and sin */
+    bool rope_yarn_truncate; /* YaRN: the correction range rounded outwards */
+    bool attn_sinks;        /* a learned logit per head in the softmax (gpt-oss) */
+    bool expert_bias;       /* experts' gate, up and down and the router have biases */
+    float act_alpha, act_limit; /* PT_ACT_SWIGLU_OAI */
     bool qkv_bias, o_bias, qk_norm, tied_embeddings;
     int act;            /* enum pt_act of the gated FFN */
     int sliding_window; /* tokens each query sees; 0: all (full attention) */
@@ -87,6 +100,7 @@ typedef struct pt_layer_plan {
     bool rope_scaled;  /* the config's rope_scaling applies to this layer */
     float attn_scale;  /* score scale (1 / sqrt(head_dim) unless the config says) */
     float attn_softcap; /* > 0: scores soft-capped (Gemma 2) */
+    bool attn_sinks;   /* a sink logit per head (pt_layer.sinks) */
     pt_rope rope;      /* style, n_rot; inv_freq filled at load (backend memory) */
     int ffn;           /* enum pt_ffn_kind */
     int act;           /* enum pt_act */
@@ -103,6 +117,10 @@ typedef struct pt_layer {
     const float *bq, *bk, *bv, *bo;    /* biases, NULL if absent */
     pt_weight wq, wk, wv, wo, w_gate, w_up, w_down; /* MoE: gate/up/down are expert stacks */
     pt_weight w_router; /* MoE: [n_experts][dim] */
+    const float *sinks; /* [n_heads] attention sinks (gpt-oss), or NULL */
+    const float *b_router; /* [n_experts], expert_bias only */
+    const float *b_gate_exps, *b_up_exps; /* [n_experts][expert_ffn_dim] */
+    const float *b_down_exps;             /* [n_experts][dim] */
     /* the shared expert beside the routed ones, and its gate [1][dim] */
     pt_weight w_sh_gate, w_sh_up, w_sh_down, w_sh_router;
     /* Gated DeltaNet (recurrent layers): the fused in-projections, the
@@ -176,6 +194,13 @@ int pt_model_run(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits,
  * PT_KVQ_NONE: plain). */
 int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dtype dtype,
                      const pt_kvq_spec *quant, pt_err *err);
+/* The same for at most max_seqs sequences at once: a model with
+ * sliding-window and full layers gets a window group (kvcache.h) whose pool
+ * holds max_seqs windows instead of n_positions (0: n_positions, nothing
+ * saved but pages still recycled), each with slack positions more for
+ * rollbacks across steps (window_slack). */
+int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, int max_seqs,
+                          int slack, pt_dtype dtype, const pt_kvq_spec *quant, pt_err *err);
 /* Recurrent-state slots pt_model_kv_init gives a hybrid model's cache (at
  * most one per page): the sequences that can run at once. */
 #define PT_MODEL_STATE_SLOTS 16

@@ -17,6 +17,7 @@
  *   llama.c     the Llama family (llama, mistral, qwen2, qwen3);
  *   qwen3moe.c  Qwen3-MoE (qwen3_moe);
  *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
+ *   gptoss.c    gpt-oss (gpt_oss);
  *   qwen3next.c Qwen3-Next (qwen3_next): Gated DeltaNet + gated attention;
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
@@ -32,7 +33,7 @@
 
 /* A dimension of a weight, in terms of the config. */
 enum pt_dim {
-    D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS, D_EFFN,
+    D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS, D_EFFN, D_HEADS,
     /* hybrid recurrent models */
     D_Q2,      /* 2 * n_heads * head_dim: queries and their output gates */
     D_SFFN,    /* the shared expert's intermediate size */
@@ -85,6 +86,8 @@ typedef struct pt_arch {
 typedef struct pt_step {
     pt_kv_cache *kv;
     const pt_batch_view *b; /* rows in backend memory */
+    const pt_batch_view *bw; /* the same rows with the window group's block tables
+                              * (= b's when the cache has one group) */
     int n;                  /* rows */
     int n_out;              /* rows whose logits are wanted (ws->out_idx) */
     float *logits;          /* host, [n_out][vocab_size] */
@@ -113,7 +116,8 @@ struct pt_family {
     void (*forward)(pt_model *m, const pt_step *s);
 };
 
-extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_qwen3next;
+extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss,
+    pt_family_qwen3next;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */

@@ -9,10 +9,11 @@
  * load.  A block that adds a kind removes its refusal here.
  *
  * Runs now: full and sliding-window attention (window applied by the
- * attention op; the cache still keeps every position), Gated DeltaNet
- * recurrent mixers (cache group 1, the recurrent state) and one gated
- * shared expert in hybrid families, dense SiLU / GELU-tanh FFNs, routed
- * experts in families that route them, plain and (1 + w) RMSNorm.
+ * attention op; in a model with both, the window layers are cache group 1,
+ * whose pages are given back as the window slides: kvcache.h), Gated
+ * DeltaNet recurrent mixers (cache group 2, the recurrent state) and one
+ * gated shared expert in hybrid families, dense SiLU / GELU-tanh FFNs,
+ * routed experts in families that route them, plain and (1 + w) RMSNorm.
  * Refused: more than one shared expert, scaled residuals, other groups.
  */
 #include <math.h>
@@ -21,6 +22,9 @@
 #include "model/model_int.h"
 
 int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
+    int n_swa = 0;
+    for (int l = 0; l < c->n_layers; l++) n_swa += pt_config_layer_swa(c, l);
+    bool groups = n_swa > 0 && n_swa < c->n_layers; /* window layers get their own */
     for (int l = 0; l < c->n_layers; l++) {
         bool swa = pt_config_layer_swa(c, l), rec = pt_config_layer_recurrent(c, l);
         plan[l] = (pt_layer_plan){
@@ -28,9 +32,14 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .window = swa ? c->sliding_window : 0,
             .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
             .rope_scaled = !(swa && c->rope_scaling_global_only),
-            .rope = {.style = c->rope_style, .n_rot = c->n_rot, .mscale = 1.0f},
+            .rope = {.style = c->rope_style, .n_rot = c->n_rot,
+                     .mscale = c->rope_scaling == PT_ROPE_SCALING_YARN &&
+                                       !(swa && c->rope_scaling_global_only)
+                                   ? c->rope_mscale
+                                   : 1.0f},
             .attn_scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim),
             .attn_softcap = c->attn_softcap,
+            .attn_sinks = c->attn_sinks,
             .ffn = c->n_experts > 0 ? PT_FFN_MOE : PT_FFN_DENSE,
             .act = c->act,
             .n_experts = c->n_experts,
@@ -38,9 +47,9 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .n_shared = c->n_shared_experts,
             .norm = c->norm,
             .residual_scale = 1.0f,
-            /* group 0 the paged KV (window layers keep every position
-             * too), group 1 the recurrent state (kvcache.h) */
-            .cache_group = rec ? 1 : 0,
+            /* group 0 the paged KV, 1 the window layers' (kvcache.h), 2 the
+             * recurrent state */
+            .cache_group = rec ? 2 : swa && groups, /* all-window models keep one group */
         };
     }
     /* Experts need a family whose forward routes them (and whose weight
@@ -66,9 +75,9 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
 static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
     if (p->mixer == PT_MIX_ATTN_SWA && p->window <= 0)
         snprintf(why, cap, "sliding-window attention without a window (%d)", p->window);
-    else if (p->mixer == PT_MIX_RECURRENT && p->cache_group != 1)
+    else if (p->mixer == PT_MIX_RECURRENT && p->cache_group != 2)
         snprintf(why, cap, "a recurrent (linear-attention) mixer in cache group %d (its state "
-                           "is group 1)", p->cache_group);
+                           "is group 2)", p->cache_group);
     else if (p->mixer != PT_MIX_ATTN && p->mixer != PT_MIX_ATTN_SWA && p->mixer != PT_MIX_RECURRENT)
         snprintf(why, cap, "mixer kind %d", p->mixer);
     else if (p->ffn == PT_FFN_MOE && (p->n_shared > 1 || p->top_k <= 0))
@@ -76,17 +85,20 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
                  p->top_k);
     else if (p->ffn != PT_FFN_DENSE && p->ffn != PT_FFN_MOE)
         snprintf(why, cap, "FFN kind %d", p->ffn);
-    else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH)
+    else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH && p->act != PT_ACT_SWIGLU_OAI)
         snprintf(why, cap, "activation kind %d", p->act);
-    else if (p->ffn == PT_FFN_MOE && p->act != PT_ACT_SILU)
-        snprintf(why, cap, "experts with a non-SiLU activation");
+    else if (p->ffn == PT_FFN_MOE && p->act == PT_ACT_GELU_TANH)
+        snprintf(why, cap, "experts with a GELU activation");
+    else if (p->ffn != PT_FFN_MOE && p->act == PT_ACT_SWIGLU_OAI)
+        snprintf(why, cap, "a dense FFN with gpt-oss's clamped SwiGLU");
     else if (p->norm != PT_NORM_RMS && p->norm != PT_NORM_RMS_1PW)
         snprintf(why, cap, "norm kind %d", p->norm);
     else if (p->residual_scale != 1.0f)
         snprintf(why, cap, "a residual scaled by %g", (double)p->residual_scale);
-    else if (p->cache_group != (p->mixer == PT_MIX_RECURRENT))
-        snprintf(why, cap, "cache group %d for a%s layer", p->cache_group,
-                 p->mixer == PT_MIX_RECURRENT ? " recurrent" : "n attention");
+    else if (p->mixer != PT_MIX_RECURRENT && p->cache_group != 0 &&
+             !(p->cache_group == 1 && p->mixer == PT_MIX_ATTN_SWA))
+        snprintf(why, cap, "cache group %d (only sliding-window layers have group 1)",
+                 p->cache_group);
     else if (p->n_shared > 0 && p->ffn != PT_FFN_MOE)
         snprintf(why, cap, "%d shared experts without routed ones", p->n_shared);
     else

@@ -17,7 +17,7 @@
 #include "quant/mlx_config.h"
 
 const pt_family *const pt_families[] = {&pt_family_llama, &pt_family_qwen3moe, &pt_family_gemma,
-                                       &pt_family_qwen3next};
+                                         &pt_family_gptoss, &pt_family_qwen3next};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table, so adding a row
@@ -199,6 +199,36 @@ bool pt_json_float(json_t *o, const char *key, float *out) {
     return true;
 }
 
+/* YaRN's get_mscale. */
+static double yarn_mscale(double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+/* YaRN as transformers' _compute_yarn_parameters reads it: the attention
+ * factor is given, or from mscale / mscale_all_dim, or 0.1 ln(factor) + 1. */
+static int yarn_json(json_t *rs, pt_model_config *c, pt_err *err) {
+    c->rope_scaling = PT_ROPE_SCALING_YARN;
+    if (!pt_json_int(rs, "original_max_position_embeddings", &c->rope_orig_ctx) ||
+        c->rope_orig_ctx <= 0 || !(c->rope_factor > 0))
+        return pt_fail(err, "config.json: yarn rope_scaling needs a factor and "
+                            "original_max_position_embeddings");
+    if (!pt_json_float(rs, "beta_fast", &c->rope_beta_fast) || c->rope_beta_fast == 0)
+        c->rope_beta_fast = 32;
+    if (!pt_json_float(rs, "beta_slow", &c->rope_beta_slow) || c->rope_beta_slow == 0)
+        c->rope_beta_slow = 1;
+    c->rope_yarn_truncate = !json_is_false(json_object_get(rs, "truncate"));
+    float af, ms = 0, ms_all = 0;
+    pt_json_float(rs, "mscale", &ms);
+    pt_json_float(rs, "mscale_all_dim", &ms_all);
+    if (pt_json_float(rs, "attention_factor", &af))
+        c->rope_mscale = af;
+    else if (ms != 0 && ms_all != 0)
+        c->rope_mscale = (float)(yarn_mscale(c->rope_factor, ms) / yarn_mscale(c->rope_factor, ms_all));
+    else
+        c->rope_mscale = (float)yarn_mscale(c->rope_factor, 1.0);
+    return 0;
+}
+
 int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err) {
     if (!rs || json_is_null(rs)) return 0;
     if (!json_is_object(rs)) return pt_fail(err, "config.json: rope_scaling is not an object");
@@ -222,8 +252,9 @@ int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err) {
             return pt_fail(err, "config.json: llama3 rope_scaling factors out of range");
         return 0;
     }
+    if (strcmp(type, "yarn") == 0) return yarn_json(rs, c, err);
     return pt_fail(err, "config.json: rope scaling '%s' is not supported (supported: linear, "
-                        "llama3)",
+                        "llama3, yarn)",
                    type);
 }
 
@@ -379,8 +410,34 @@ void pt_config_describe(const pt_model_config *c, char *buf, size_t cap) {
              c->vocab_size);
 }
 
+/* YaRN's correction dimension: where num_rot rotations fit in ctx positions. */
+static double yarn_dim(double num_rot, int dim, double base, int ctx) {
+    const double pi = 3.14159265358979323846;
+    return dim * log(ctx / (num_rot * 2 * pi)) / (2 * log(base));
+}
+
+/* YaRN: each frequency interpolated (divided by factor) or extrapolated
+ * (kept), with a linear ramp between the correction range's ends. */
+static void yarn_inv_freq(const pt_model_config *c, float theta, float *out) {
+    int dim = c->n_rot;
+    double low = yarn_dim(c->rope_beta_fast, dim, theta, c->rope_orig_ctx);
+    double high = yarn_dim(c->rope_beta_slow, dim, theta, c->rope_orig_ctx);
+    if (c->rope_yarn_truncate) low = floor(low), high = ceil(high);
+    low = PT_MAX(low, 0.0), high = PT_MIN(high, (double)(dim - 1));
+    if (low == high) high += 0.001; /* no singularity */
+    for (int i = 0; i < dim / 2; i++) {
+        double f = 1.0 / pow((double)theta, (2.0 * i) / dim);
+        double ramp = PT_MIN(1.0, PT_MAX(0.0, (i - low) / (high - low)));
+        out[i] = (float)(f / c->rope_factor * ramp + f * (1 - ramp));
+    }
+}
+
 void pt_rope_inv_freq(const pt_model_config *c, float theta, float *out) {
     const double pi = 3.14159265358979323846;
+    if (c->rope_scaling == PT_ROPE_SCALING_YARN) {
+        yarn_inv_freq(c, theta, out);
+        return;
+    }
     for (int i = 0; i < c->n_rot / 2; i++) {
         double f = 1.0 / pow((double)theta, (2.0 * i) / c->n_rot);
         if (c->rope_scaling == PT_ROPE_SCALING_LINEAR) {

@@ -38,6 +38,7 @@ int64_t pt_spec_dim(const pt_model_config *c, int d) {
     case D_HEAD: return c->head_dim;
     case D_EXPERTS: return c->n_experts;
     case D_EFFN: return c->expert_ffn_dim;
+    case D_HEADS: return c->n_heads;
     case D_Q2: return 2 * (int64_t)c->n_heads * c->head_dim;
     case D_SFFN: return c->shared_ffn_dim;
     case D_ONE: return 1;

@@ -56,7 +56,7 @@ static void bias_free(void *self) {
 }
 
 static const pt_logits_proc_ops bias_ops = {"logit_bias", bias_max_writes, bias_apply,
-                                            stateless_accept, stateless_rollback, bias_free};
+                                            stateless_accept, stateless_rollback, bias_free, NULL};
 
 pt_logits_proc pt_bias_proc_new(const int32_t *ids, const float *values, int n, int n_vocab) {
     bias *b = pt_xcalloc(1, sizeof *b);
@@ -142,7 +142,7 @@ static void penalty_free(void *self) {
 }
 
 static const pt_logits_proc_ops penalty_ops = {"penalties", penalty_max_writes, penalty_apply,
-                                               penalty_accept, penalty_rollback, penalty_free};
+                                               penalty_accept, penalty_rollback, penalty_free, NULL};
 
 pt_logits_proc pt_penalty_proc_new(const pt_sampling *s, int n_vocab) {
     penalty *p = pt_xcalloc(1, sizeof *p);

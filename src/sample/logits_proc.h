@@ -11,7 +11,10 @@
  *     accept(id)    id is now part of the sequence;
  *     rollback(n)   forget the last n accepted tokens (n may exceed what
  *                   was accepted: then forget everything);
- *     free()        release the processor.
+ *     free()        release the processor;
+ *     forced(out)   optional (NULL: none): the tokens that must come next
+ *                   whatever the model says (a grammar with one way on),
+ *                   for jump-forward; they are verified like drafts.
  *
  * Edits go through pt_logits_set, which remembers the raw value of each
  * entry it overwrites so the sampler can report logprobs of the model's own
@@ -55,6 +58,7 @@ typedef struct pt_logits_proc_ops {
     void (*accept)(void *self, int32_t id);
     void (*rollback)(void *self, int n);
     void (*free)(void *self);
+    int (*forced)(void *self, int32_t *out, int cap);
 } pt_logits_proc_ops;
 
 typedef struct pt_logits_proc {

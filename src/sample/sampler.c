@@ -140,6 +140,15 @@ void pt_sampler_accept(pt_sampler *s, int32_t id) {
     ensure_record(s);
 }
 
+int pt_sampler_forced(pt_sampler *s, int32_t *out, int cap) {
+    for (int i = 0; i < s->n_procs; i++) {
+        if (!s->procs[i].ops->forced) continue;
+        int n = s->procs[i].ops->forced(s->procs[i].self, out, cap);
+        if (n > 0) return n;
+    }
+    return 0;
+}
+
 void pt_sampler_rollback(pt_sampler *s, int n) {
     for (int i = 0; i < s->n_procs; i++) s->procs[i].ops->rollback(s->procs[i].self, n);
 }

@@ -68,6 +68,9 @@ void pt_sampler_set_bias(pt_sampler *s, const int32_t *ids, const float *values,
  * the penalties; the sampler owns it from now on. */
 struct pt_logits_proc;
 void pt_sampler_add_proc(pt_sampler *s, struct pt_logits_proc p);
+/* Jump-forward: tokens the processors say must come next (the first
+ * processor that forces any), at most cap; 0 if none is forced. */
+int pt_sampler_forced(pt_sampler *s, int32_t *out, int cap);
 /* Picks the next token.  logits [n_vocab] are modified in place (penalties
  * and bias are applied there; temperature is not).  Never allocates. */
 void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out);

@@ -87,6 +87,7 @@ typedef struct pt_group {
 
 struct pt_req {
     pt_server *srv;
+    pt_slot *m;    /* the model it runs on; its n_active counts this request */
     pt_conn *conn; /* NULL once the client is gone or the answer is out */
     pt_group *grp;
     int index; /* of this choice */
@@ -162,7 +163,7 @@ static void enlist(pt_req *q) {
 static int on_token(void *user, const pt_sample_result *r) {
     pt_req *q = user;
     pt_server *s = q->srv;
-    pt_metrics_token(&s->metrics, &q->clock); /* q->clock is this thread's while the job runs */
+    pt_metrics_token(&q->m->metrics, &q->clock); /* q->clock is this thread's while the job runs */
     pthread_mutex_lock(&s->mu);
     if (q->n_toks == q->cap_toks) {
         q->cap_toks = q->cap_toks ? 2 * q->cap_toks : 16;
@@ -232,7 +233,7 @@ static void hold_reserve(pt_req *q, size_t extra) {
  * asks the scheduler to end the job. */
 static void filter_token(pt_req *q, const pt_sample_result *r) {
     if (q->matched) return; /* computed after the stop: not part of the answer */
-    const pt_tokenizer *tok = q->srv->e->tok;
+    const pt_tokenizer *tok = q->m->e->tok;
     size_t start = q->released + q->hold_len;
     q->n_used++;
     if (r->id < pt_tokenizer_n_vocab(tok)) {
@@ -262,7 +263,7 @@ static void filter_token(pt_req *q, const pt_sample_result *r) {
     pthread_mutex_lock(&q->srv->mu);
     q->stop_seen = true; /* on_token answers "stop" from now on */
     pthread_mutex_unlock(&q->srv->mu);
-    pt_sched_cancel(q->srv->sched, q->job); /* and a step that samples nothing ends it too */
+    pt_sched_cancel(q->m->sched, q->job); /* and a step that samples nothing ends it too */
 }
 
 /* The job ended: settle what was held back, and make the stats describe
@@ -335,7 +336,7 @@ static json_t *completion_logprobs(json_t *lp, const pt_tokenizer *tok, const ge
 }
 
 static json_t *logprobs_of(pt_req *q, const gen_tok *t, int n) {
-    const pt_tokenizer *tok = q->srv->e->tok;
+    const pt_tokenizer *tok = q->m->e->tok;
     if (!q->chat) return completion_logprobs(NULL, tok, t, n);
     json_t *content = json_array();
     for (int i = 0; i < n; i++)
@@ -345,7 +346,7 @@ static json_t *logprobs_of(pt_req *q, const gen_tok *t, int n) {
 
 static json_t *envelope(pt_req *q, const char *object) {
     return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", q->id, "object", object, "created",
-                     (json_int_t)q->created, "model", q->srv->model_id, "system_fingerprint",
+                     (json_int_t)q->created, "model", q->m->id, "system_fingerprint",
                      "petrel");
 }
 
@@ -422,9 +423,12 @@ static void req_free(pt_req *q) {
     pt_structured_free(q->structured);
     g->choice[q->index] = NULL;
     if (--g->n_alive == 0) group_free(g);
+    pt_slot *m = q->m;
     free(q);
     s->n_reqs--;
+    m->n_active--;
     pt_server_req_done(s);
+    pt_models_release(s, m);
 }
 
 static void note_stats(pt_req *q, const pt_sched_stats *st) {
@@ -484,7 +488,7 @@ static void group_close(pt_group *g) {
         c->gone = true;
         uint64_t job = c->job;
         pthread_mutex_unlock(&c->srv->mu);
-        if (job && !c->drain_done) pt_sched_cancel(c->srv->sched, job);
+        if (job && !c->drain_done) pt_sched_cancel(c->m->sched, job);
     }
 }
 
@@ -563,7 +567,7 @@ static void stream_end(pt_req *q) {
 static json_t *final_logprobs(pt_req *q) {
     if (!q->logprobs) return json_null();
     if (q->chat) return json_pack("{s:o}", "content", q->lp ? json_incref(q->lp) : json_array());
-    return q->lp ? json_incref(q->lp) : completion_logprobs(NULL, q->srv->e->tok, NULL, 0);
+    return q->lp ? json_incref(q->lp) : completion_logprobs(NULL, q->m->e->tok, NULL, 0);
 }
 
 static json_t *whole_choice(pt_req *q) {
@@ -612,12 +616,12 @@ static void accumulate(pt_req *q, const piece *p) {
         evbuffer_add(q->text, p->text, p->len);
     if (!q->logprobs || p->n_toks == 0) return;
     if (!q->chat) {
-        q->lp = completion_logprobs(q->lp, q->srv->e->tok, p->toks, p->n_toks);
+        q->lp = completion_logprobs(q->lp, q->m->e->tok, p->toks, p->n_toks);
         return;
     }
     if (!q->lp) q->lp = json_array();
     for (int i = 0; i < p->n_toks; i++)
-        json_array_append_new(q->lp, chat_logprob(q->srv->e->tok, &p->toks[i].r));
+        json_array_append_new(q->lp, chat_logprob(q->m->e->tok, &p->toks[i].r));
 }
 
 /* A split answer's text as reasoning, content and tool-call deltas; the
@@ -681,7 +685,7 @@ static void deliver_one(pt_req *q) {
     q->n_drain = 0;
     if (done) {
         filter_done(q);
-        pt_metrics_done(&q->srv->metrics, &q->clock, &q->st, q->index == 0);
+        pt_metrics_done(&q->m->metrics, &q->clock, &q->st, q->index == 0);
     }
     piece *p = q->rel_head;
     q->rel_head = q->rel_tail = NULL;
@@ -784,9 +788,9 @@ static void append(char **text, size_t *len, const char *s) {
  * is then content, not reasoning. */
 static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **text, size_t *len) {
     pt_msgsplit_opts *o = &q->msg_opts;
-    o->think = pt_chat_tmpl_thinks(s->tmpl);
+    o->think = pt_chat_tmpl_thinks(q->m->tmpl);
     o->think_inside = o->think && pt_reason_prompt_open(*text, *len);
-    o->tool_family = pt_chat_tmpl_tool_family(s->tmpl);
+    o->tool_family = pt_chat_tmpl_tool_family(q->m->tmpl);
     o->tools = q->tools.mode != PT_TOOL_NONE;
     o->tool_forced = q->tools.mode == PT_TOOL_REQUIRED || q->tools.mode == PT_TOOL_NAMED;
     o->id_seed = random_seed();
@@ -801,7 +805,7 @@ static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **te
 static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32_t **ids,
                          size_t *n) {
     pt_err err = {{0}};
-    const pt_tokenizer *tok = s->e->tok;
+    const pt_tokenizer *tok = q->m->e->tok;
     if (r->prompt_ids) {
         *n = (size_t)r->n_prompt_ids;
         *ids = pt_xmalloc(sizeof(int32_t) * *n);
@@ -815,7 +819,7 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     char *text;
     size_t len;
     pt_tools_prepare_messages(r->messages);
-    if (pt_chat_tmpl_render(s->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
+    if (pt_chat_tmpl_render(q->m->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
                             &err))
         return refuse(q, 400, "invalid_messages", "messages", err.msg);
     chat_prompt_end(q, s, r->response_format != NULL, &text, &len);
@@ -835,9 +839,12 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
 
 /* Choice index of group g; choice 0 takes r's stop strings, the others
  * copy them, and all answer under choice 0's id. */
-static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r, pt_group *g, int index) {
+static pt_req *req_new(pt_server *s, pt_slot *m, pt_conn *c, pt_oai_request *r, pt_group *g,
+                       int index) {
     pt_req *q = pt_xcalloc(1, sizeof *q);
     q->srv = s;
+    q->m = m;
+    m->n_active++;
     q->conn = c;
     q->grp = g;
     q->index = index;
@@ -860,7 +867,7 @@ static pt_req *req_new(pt_server *s, pt_conn *c, pt_oai_request *r, pt_group *g,
         for (int i = 0; i < q0->stop.n; i++)
             pt_stop_add(&q->stop, q0->stop.str[i], q0->stop.len[i], NULL); /* checked already */
     }
-    pt_detok_init(&q->dt, s->e->tok);
+    pt_detok_init(&q->dt, m->e->tok);
     q->dt.at_start = q->chat; /* a reply is a text of its own; a completion continues the prompt */
     if (!q->stream) q->text = evbuffer_new();
     s->n_reqs++;
@@ -876,9 +883,19 @@ static void handle(pt_conn *c, const char *body, size_t len, int kind) {
         pt_http_error(c, 503, NULL, "server_shutting_down", NULL, "the server is shutting down");
         return;
     }
+    pt_slot *m = pt_models_route(c, body, len, kind);
+    if (m) pt_handle_on(c, m, body, len, kind);
+}
+
+void pt_handle_on(pt_conn *c, pt_slot *m, const char *body, size_t len, int kind) {
+    pt_server *s = pt_conn_server(c);
+    if (s->state != SRV_RUNNING) {
+        pt_http_error(c, 503, NULL, "server_shutting_down", NULL, "the server is shutting down");
+        return;
+    }
     pt_oai_request r;
     pt_oai_error e;
-    if (pt_oai_parse(&r, kind, body, len, &s->lim, &e)) {
+    if (pt_oai_parse(&r, kind, body, len, &m->lim, &e)) {
         pt_http_error(c, e.status, e.type, e.code, e.param[0] ? e.param : NULL, "%s", e.message);
         return;
     }
@@ -900,8 +917,8 @@ static void handle(pt_conn *c, const char *body, size_t len, int kind) {
     for (int i = 0; i < r.n; i++) json_array_append_new(g->choices, json_null());
     g->siblings_out = r.n == 1;
     g->sibling_cached = INT_MAX;
-    pt_req *q = req_new(s, c, &r, g, 0);
-    for (int i = 1; i < r.n; i++) req_new(s, c, &r, g, i);
+    pt_req *q = req_new(s, m, c, &r, g, 0);
+    for (int i = 1; i < r.n; i++) req_new(s, m, c, &r, g, i);
     q->tools = tools;
     q->oai = r; /* q owns the parsed request now */
     q->front_busy = true;
@@ -917,12 +934,12 @@ static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) 
         pt_grammar *g;
         if (pt_tools_forced_grammar(r->tools, &q->tools, q->msg_opts.tool_family, &g, &err))
             return refuse(q, 400, "invalid_value", "tools", err.msg);
-        q->structured = pt_structured_new(g, s->e->tok);
+        q->structured = pt_structured_new(g, q->m->e->tok);
         return 0;
     }
     if (!r->response_format) return 0;
     const char *param = "response_format";
-    if (pt_structured_from_response_format(&q->structured, r->response_format, s->e->tok, &param,
+    if (pt_structured_from_response_format(&q->structured, r->response_format, q->m->e->tok, &param,
                                            &err))
         return refuse(q, 400, "invalid_value", param, err.msg);
     return 0;
@@ -932,17 +949,17 @@ static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) 
  * Output that text as the first draft source, whatever --spec says (the
  * client asked for it).  *pred holds the prediction's tokens until the
  * job is submitted (the scheduler copies them). */
-static int speculation(pt_server *s, const pt_oai_request *r, pt_spec_params *sp, int32_t **pred,
-                       pt_err *err) {
+static int speculation(pt_server *s, const pt_slot *m, const pt_oai_request *r,
+                       pt_spec_params *sp, int32_t **pred, pt_err *err) {
     *sp = s->o.spec;
     if (!r->prediction) return 0;
     size_t n = 0;
-    if (pt_tokenize(s->e->tok, r->prediction, r->prediction_len, false, false, pred, &n, err))
+    if (pt_tokenize(m->e->tok, r->prediction, r->prediction_len, false, false, pred, &n, err))
         return -1;
     sp->kind = PT_SPEC_NGRAM; /* with --spec draft too: the prediction is the better guess */
     /* tokens past the context can never be emitted, so never drafted */
     sp->prediction = *pred;
-    sp->n_prediction = (int)PT_MIN(n, (size_t)s->o.n_ctx);
+    sp->n_prediction = (int)PT_MIN(n, (size_t)m->n_ctx);
     return 0;
 }
 
@@ -997,7 +1014,7 @@ static void submit_siblings(pt_group *g) {
         job.params.sampling.seed = g->seed_given ? g->job.params.sampling.seed + (uint64_t)i
                                                  : random_seed();
         pt_err err = {{0}};
-        uint64_t id = pt_sched_submit(s->sched, &job, &err);
+        uint64_t id = pt_sched_submit(q->m->sched, &job, &err);
         pthread_mutex_lock(&s->mu);
         q->job = id;
         if (!id) {
@@ -1016,7 +1033,7 @@ static int front_submit(pt_server *s, pt_req *q) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (prompt_tokens(q, s, r, &ids, &n)) return -1;
-    int n_ctx = s->o.n_ctx;
+    int n_ctx = q->m->n_ctx;
     if ((int64_t)n >= n_ctx) {
         char msg[256];
         snprintf(msg, sizeof msg,
@@ -1051,18 +1068,18 @@ static int front_submit(pt_server *s, pt_req *q) {
     }
     pt_err err = {{0}};
     int32_t *pred = NULL;
-    if (speculation(s, r, &job.params.spec, &pred, &err)) {
+    if (speculation(s, q->m, r, &job.params.spec, &pred, &err)) {
         free(ids);
         return refuse(q, 400, "invalid_value", "prediction", err.msg);
     }
-    if (pt_sched_check(s->sched, &job, &err)) { /* never runnable here: the client's to fix */
+    if (pt_sched_check(q->m->sched, &job, &err)) { /* never runnable here: the client's to fix */
         free(ids);
         free(pred);
         return refuse(q, 400, "context_length_exceeded",
                       r->kind == PT_OAI_CHAT ? "messages" : "prompt", err.msg);
     }
     if (q->grp->n > 1) keep_for_siblings(q, &job, r);
-    uint64_t id = pt_sched_submit(s->sched, &job, &err);
+    uint64_t id = pt_sched_submit(q->m->sched, &job, &err);
     free(ids);
     free(pred);
     if (!id) return refuse(q, 503, "server_busy", NULL, err.msg);
@@ -1071,7 +1088,7 @@ static int front_submit(pt_server *s, pt_req *q) {
     q->job = id;
     bool gone = q->gone;
     pthread_mutex_unlock(&s->mu);
-    if (gone) pt_sched_cancel(s->sched, id); /* it left while we tokenized */
+    if (gone) pt_sched_cancel(q->m->sched, id); /* it left while we tokenized */
     return 0;
 }
 

@@ -7,6 +7,9 @@
  * carries model_name.  Histograms are cumulative on output (_bucket{le}),
  * kept per bucket here so that an observation is one increment.
  *
+ * With a model pool every model has its own counters and series; a model
+ * not loaded shows zero gauges and model_loaded 0.
+ *
  * The counters count what the client was told: tokens are the usage
  * numbers of the response, finished reasons its finish_reason (a client
  * that left or a shutdown is "abort").  Requests refused before they
@@ -14,6 +17,7 @@
  */
 #include "server/metrics.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,19 +119,8 @@ static void sample_u(FILE *f, const char *name, const char *labels, uint64_t v) 
     fprintf(f, "petrel:%s{%s} %llu\n", name, labels, (unsigned long long)v);
 }
 
-static void counter(FILE *f, const char *name, const char *help, const char *labels, uint64_t v) {
-    head(f, name, "counter", help);
-    sample_u(f, name, labels, v);
-}
-
-static void gauge(FILE *f, const char *name, const char *help, const char *labels, double v) {
-    head(f, name, "gauge", help);
-    fprintf(f, "petrel:%s{%s} %.17g\n", name, labels, v);
-}
-
-static void histogram(FILE *f, const char *name, const char *help, const char *labels,
-                      const pt_hist *h) {
-    head(f, name, "histogram", help);
+/* One histogram's samples (its head written by the caller). */
+static void histogram(FILE *f, const char *name, const char *labels, const pt_hist *h) {
     uint64_t cum = 0;
     for (int i = 0; i <= h->n_le; i++) {
         cum += h->count[i];
@@ -157,55 +150,98 @@ static void model_label(char *out, size_t cap, const char *model) {
     out[k] = 0;
 }
 
-char *pt_metrics_render(pt_metrics *m, const pt_metrics_gauges *g, const char *model,
-                        size_t *len) {
+/* The families, each with one series per model.  Gauges and counters
+ * are read through offsets into pt_metrics_model (gauges) and pt_metrics
+ * (counters), so that a family is one loop over the models. */
+typedef struct family {
+    const char *name, *help;
+    size_t off; /* into pt_metrics_gauges (gauges) or pt_metrics (counters) */
+} family;
+
+#define G(name, field, help) {name, help, offsetof(pt_metrics_gauges, field)}
+static const family k_gauges[] = {
+    G("num_requests_running", running, "Requests in the running batch."),
+    G("num_requests_waiting", waiting,
+      "Requests queued or preempted, waiting for a slot (or for their model to load)."),
+    G("kv_blocks_total", kv_blocks, "KV cache blocks (pages) in the pool."),
+    G("kv_blocks_used", kv_used, "KV cache blocks held by requests."),
+    G("kv_blocks_cached", kv_cached, "Free KV cache blocks that still hold a cached prefix."),
+    G("model_loaded", loaded, "1 if the model is loaded (in the model pool), else 0."),
+};
+#undef G
+#define C(name, field, help) {name, help, offsetof(pt_metrics, field)}
+static const family k_counters[] = {
+    C("prompt_tokens_total", prompt_tokens, "Prompt tokens of finished requests."),
+    C("generation_tokens_total", generation_tokens,
+      "Generated tokens of finished requests (usage)."),
+    C("prefix_cache_queries_total", prefix_queries, "Prompt tokens looked up in the prefix cache."),
+    C("prefix_cache_hits_total", prefix_hits, "Prompt tokens whose KV came from the prefix cache."),
+    C("spec_decode_num_draft_tokens_total", drafted, "Speculative tokens drafted."),
+    C("spec_decode_num_accepted_tokens_total", accepted, "Speculative tokens accepted."),
+    C("num_preemptions_total", preemptions, "Times a request was preempted and recomputed."),
+    C("model_loads_total", loads, "Times the model was loaded (the model pool)."),
+};
+#undef C
+static const struct {
+    const char *name, *help;
+    size_t off;
+} k_hists[] = {
+    {"time_to_first_token_seconds", "Request queued to first token sampled.",
+     offsetof(pt_metrics, ttft)},
+    {"inter_token_latency_seconds", "Time between two sampled tokens of a request.",
+     offsetof(pt_metrics, itl)},
+    {"e2e_request_latency_seconds", "Request parsed to its last token.", offsetof(pt_metrics, e2e)},
+    {"request_queue_time_seconds", "Request queued to admitted into the batch.",
+     offsetof(pt_metrics, queue)},
+};
+
+char *pt_metrics_render(const pt_metrics_model *models, int n, size_t *len) {
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
     if (!f) return NULL;
-    char lab[600], lr[700];
-    model_label(lab, sizeof lab, model);
-    gauge(f, "num_requests_running", "Requests in the running batch.", lab, g->running);
-    gauge(f, "num_requests_waiting", "Requests queued or preempted, waiting for a slot.", lab,
-          g->waiting);
-    gauge(f, "kv_blocks_total", "KV cache blocks (pages) in the pool.", lab, g->kv_blocks);
-    gauge(f, "kv_blocks_used", "KV cache blocks held by requests.", lab, g->kv_used);
-    gauge(f, "kv_blocks_free", "KV cache blocks not held by a request (cached ones included).",
-          lab, g->kv_blocks - g->kv_used);
-    gauge(f, "kv_blocks_cached", "Free KV cache blocks that still hold a cached prefix.", lab,
-          g->kv_cached);
-    gauge(f, "kv_cache_usage_perc", "Fraction of the KV cache blocks in use (1 = full).", lab,
-          g->kv_blocks > 0 ? (double)g->kv_used / g->kv_blocks : 0.0);
-
-    pthread_mutex_lock(&m->mu);
+    char(*lab)[600] = pt_xmalloc(sizeof *lab * (size_t)n);
+    char lr[700];
+    for (int k = 0; k < n; k++)
+        model_label(lab[k], sizeof lab[k], models[k].name);
+    for (size_t i = 0; i < PT_ARRAY_LEN(k_gauges); i++) {
+        head(f, k_gauges[i].name, "gauge", k_gauges[i].help);
+        for (int k = 0; k < n; k++)
+            fprintf(f, "petrel:%s{%s} %d\n", k_gauges[i].name, lab[k],
+                    *(const int *)((const char *)&models[k].g + k_gauges[i].off));
+    }
+    head(f, "kv_blocks_free", "gauge", "KV cache blocks not held by a request (cached ones included).");
+    for (int k = 0; k < n; k++)
+        fprintf(f, "petrel:kv_blocks_free{%s} %d\n", lab[k], models[k].g.kv_blocks - models[k].g.kv_used);
+    head(f, "kv_cache_usage_perc", "gauge", "Fraction of the KV cache blocks in use (1 = full).");
+    for (int k = 0; k < n; k++) {
+        const pt_metrics_gauges *g = &models[k].g;
+        fprintf(f, "petrel:kv_cache_usage_perc{%s} %.17g\n", lab[k],
+                g->kv_blocks > 0 ? (double)g->kv_used / g->kv_blocks : 0.0);
+    }
+    for (int k = 0; k < n; k++) /* in index order: nothing else takes two */
+        pthread_mutex_lock(&models[k].m->mu);
     static const char *const reasons[PT_MR_N] = {"stop", "length", "abort", "error"};
     head(f, "request_success_total", "counter", "Finished requests, by finish reason.");
-    for (int r = 0; r < PT_MR_N; r++) {
-        snprintf(lr, sizeof lr, "%s,finished_reason=\"%s\"", lab, reasons[r]);
-        sample_u(f, "request_success_total", lr, m->finished[r]);
+    for (int k = 0; k < n; k++)
+        for (int r = 0; r < PT_MR_N; r++) {
+            snprintf(lr, sizeof lr, "%s,finished_reason=\"%s\"", lab[k], reasons[r]);
+            sample_u(f, "request_success_total", lr, models[k].m->finished[r]);
+        }
+    for (size_t i = 0; i < PT_ARRAY_LEN(k_counters); i++) {
+        head(f, k_counters[i].name, "counter", k_counters[i].help);
+        for (int k = 0; k < n; k++)
+            sample_u(f, k_counters[i].name, lab[k],
+                     *(const uint64_t *)((const char *)models[k].m + k_counters[i].off));
     }
-    counter(f, "prompt_tokens_total", "Prompt tokens of finished requests.", lab,
-            m->prompt_tokens);
-    counter(f, "generation_tokens_total", "Generated tokens of finished requests (usage).", lab,
-            m->generation_tokens);
-    counter(f, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", lab,
-            m->prefix_queries);
-    counter(f, "prefix_cache_hits_total", "Prompt tokens whose KV came from the prefix cache.",
-            lab, m->prefix_hits);
-    counter(f, "spec_decode_num_draft_tokens_total", "Speculative tokens drafted.", lab,
-            m->drafted);
-    counter(f, "spec_decode_num_accepted_tokens_total", "Speculative tokens accepted.", lab,
-            m->accepted);
-    counter(f, "num_preemptions_total", "Times a request was preempted and recomputed.", lab,
-            m->preemptions);
-    histogram(f, "time_to_first_token_seconds", "Request queued to first token sampled.", lab,
-              &m->ttft);
-    histogram(f, "inter_token_latency_seconds", "Time between two sampled tokens of a request.",
-              lab, &m->itl);
-    histogram(f, "e2e_request_latency_seconds", "Request parsed to its last token.", lab,
-              &m->e2e);
-    histogram(f, "request_queue_time_seconds", "Request queued to admitted into the batch.", lab,
-              &m->queue);
-    pthread_mutex_unlock(&m->mu);
+    for (size_t i = 0; i < PT_ARRAY_LEN(k_hists); i++) {
+        head(f, k_hists[i].name, "histogram", k_hists[i].help);
+        for (int k = 0; k < n; k++)
+            histogram(f, k_hists[i].name, lab[k],
+                      (const pt_hist *)((const char *)models[k].m + k_hists[i].off));
+    }
+    for (int k = n - 1; k >= 0; k--)
+        pthread_mutex_unlock(&models[k].m->mu);
+    free(lab);
     if (fclose(f)) {
         free(buf);
         return NULL;
@@ -218,14 +254,25 @@ char *pt_metrics_render(pt_metrics *m, const pt_metrics_gauges *g, const char *m
 void pt_handle_metrics(pt_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
     pt_server *s = pt_conn_server(c);
-    pt_metrics_gauges g = {0};
-    if (s->sched) {
-        pt_sched_load(s->sched, &g.waiting, &g.running, &g.kv_used);
-        g.kv_cached = pt_sched_cached_pages(s->sched);
+    pt_metrics_model *mm = pt_xcalloc((size_t)s->n_slots, sizeof *mm);
+    for (int k = 0; k < s->n_slots; k++) {
+        pt_slot *m = &s->slots[k];
+        pt_metrics_gauges *g = &mm[k].g;
+        mm[k].name = m->id;
+        mm[k].m = &m->metrics;
+        g->loaded = m->state == SLOT_LOADED || m->state == SLOT_EVICTING;
+        g->waiting = pt_models_n_waiting(m);
+        if (m->sched) {
+            int waiting;
+            pt_sched_load(m->sched, &waiting, &g->running, &g->kv_used);
+            g->waiting += waiting;
+            g->kv_cached = pt_sched_cached_pages(m->sched);
+        }
+        if (m->e) g->kv_blocks = m->e->kv.cfg.n_pages;
     }
-    if (s->e) g.kv_blocks = s->e->kv.cfg.n_pages;
     size_t n = 0;
-    char *text = pt_metrics_render(&s->metrics, &g, s->model_id, &n);
+    char *text = pt_metrics_render(mm, s->n_slots, &n);
+    free(mm);
     if (!text) {
         pt_http_error(c, 500, NULL, "out_of_memory", NULL, "cannot render the metrics");
         return;

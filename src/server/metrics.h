@@ -37,6 +37,7 @@ typedef struct pt_metrics {
     uint64_t prefix_queries, prefix_hits; /* prompt tokens looked up / found cached */
     uint64_t drafted, accepted;           /* speculative tokens */
     uint64_t preemptions;
+    uint64_t loads; /* times the model was loaded (the pool) */
     pt_hist ttft, itl, e2e, queue;
 } pt_metrics;
 
@@ -64,11 +65,18 @@ void pt_metrics_done(pt_metrics *m, const pt_req_clock *c, const pt_sched_stats 
 typedef struct pt_metrics_gauges {
     int running, waiting;
     int kv_blocks, kv_used, kv_cached; /* pages in the pool, held by requests, free but cached */
+    int loaded;                        /* 1: the model is loaded */
 } pt_metrics_gauges;
 
-/* The exposition text, every series labelled model_name="model";
- * malloc'd, its length in *len; NULL if out of memory. */
-char *pt_metrics_render(pt_metrics *m, const pt_metrics_gauges *g, const char *model,
-                        size_t *len);
+/* One model's part of a scrape. */
+typedef struct pt_metrics_model {
+    const char *name;
+    pt_metrics *m;
+    pt_metrics_gauges g;
+} pt_metrics_model;
+
+/* The exposition text: each family once, with a series per model labelled
+ * model_name="name"; malloc'd, its length in *len; NULL if out of memory. */
+char *pt_metrics_render(const pt_metrics_model *models, int n, size_t *len);
 
 #endif

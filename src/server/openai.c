@@ -680,6 +680,8 @@ json_t *pt_oai_timings(const pt_sched_stats *st) {
     /* speculative decoding: tokens drafted, and those the model confirmed */
     json_object_set_new(t, "drafted_tokens", json_integer(st->n_drafted));
     json_object_set_new(t, "accepted_tokens", json_integer(st->n_accepted));
+    /* jump-forward: tokens the grammar forced, computed without a forward each */
+    json_object_set_new(t, "forced_tokens", json_integer(st->n_forced));
     return t;
 }
 

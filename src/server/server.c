@@ -1,17 +1,17 @@
 /*
- * server.c - `petrel serve` as a whole: start-up (KV pool sized for the
- * parallel sequences, chat template, scheduler thread, listener), the small
- * routes (/health, /v1/models), the wakeup from the scheduler thread, and
- * shutdown.
+ * server.c - `petrel serve` as a whole: start-up (listener, prompt worker,
+ * and for each model as it loads: KV pool sized for the parallel
+ * sequences, chat template, scheduler thread), the small routes (/health,
+ * /v1/models), the wakeup from the scheduler threads, and shutdown.
+ * pool.c decides which models are loaded.
  *
- * Loading (pt_server_run_loading, what `petrel serve` uses): the listener
- * opens first and the model loads on a thread of its own; meanwhile
- * /health answers 503 "loading" (a load balancer or an orchestrator can
- * tell a server that is coming up from one that is down) and the
- * generation routes 503 model_loading.  When the loader posts the engine,
- * the loop finishes start-up (KV pool, chat template, scheduler) and the
- * state becomes running.  A signal while loading ends the server once the
- * load returns.
+ * Loading: the listener opens first and the first model loads on a thread
+ * of its own (pool.c); meanwhile /health answers 503 "loading" (a load
+ * balancer or an orchestrator can tell a server that is coming up from one
+ * that is down) and the generation routes 503 model_loading.  When the
+ * loader posts the engine, the loop finishes that model's start-up
+ * (pt_slot_start) and the state becomes running.  A signal while loading
+ * ends the server once the load returns.
  *
  * Shutdown: the first SIGINT/SIGTERM stops accepting and closes idle
  * connections; requests in flight get --shutdown-timeout seconds to finish
@@ -84,7 +84,8 @@ static void cancel_all(pt_server *s, const char *why) {
     if (s->state == SRV_CANCELLING) return;
     s->state = SRV_CANCELLING;
     if (s->n_reqs) pt_server_log(s, "%s: cancelling %d request(s)", why, s->n_reqs);
-    pt_sched_cancel_all(s->sched);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].sched) pt_sched_cancel_all(s->slots[i].sched);
 }
 
 static void grace_cb(evutil_socket_t fd, short what, void *arg) {
@@ -111,6 +112,7 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg) {
         return;
     }
     s->state = SRV_DRAINING;
+    pt_models_drain(s); /* no model loads any more */
     pt_server_log(s,
                   "%s: not accepting connections; finishing %d request(s) (up to %d s, "
                   "signal again to cancel)",
@@ -123,20 +125,29 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg) {
 
 /* ---- small routes ----------------------------------------------------------------- */
 
-static json_t *model_object(pt_server *s) {
-    const pt_model_config *c = &s->e->model->cfg;
-    json_t *meta = json_pack("{s:s, s:i, s:i, s:i, s:s}", "arch", c->arch, "n_ctx", s->o.n_ctx,
-                             "n_ctx_train", c->max_ctx, "n_vocab", c->vocab_size, "chat_template",
-                             pt_chat_tmpl_source(s->tmpl));
-    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", s->model_id, "object", "model", "created",
-                     (json_int_t)s->created, "owned_by", "petrel", "meta", meta);
+static json_t *model_object(pt_slot *m) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", m->id, "object", "model", "created",
+                          (json_int_t)m->created, "owned_by", "petrel", "state",
+                          pt_slot_state(m));
+    if (m->state == SLOT_LOADED || m->state == SLOT_EVICTING) {
+        const pt_model_config *c = &m->e->model->cfg;
+        json_object_set_new(o, "meta",
+                            json_pack("{s:s, s:i, s:i, s:i, s:s}", "arch", c->arch, "n_ctx",
+                                      m->n_ctx, "n_ctx_train", c->max_ctx, "n_vocab",
+                                      c->vocab_size, "chat_template",
+                                      pt_chat_tmpl_source(m->tmpl)));
+    }
+    return o;
 }
 
 void pt_handle_models(pt_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
     if (pt_server_loading(c)) return;
-    json_t *r =
-        json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(pt_conn_server(c)));
+    pt_server *s = pt_conn_server(c);
+    json_t *data = json_array();
+    for (int i = 0; i < s->n_slots; i++)
+        json_array_append_new(data, model_object(&s->slots[i]));
+    json_t *r = json_pack("{s:s, s:o}", "object", "list", "data", data);
     pt_http_reply_json(c, 200, r);
     json_decref(r);
 }
@@ -146,37 +157,58 @@ void pt_handle_model(pt_conn *c, const char *body, size_t len) {
     pt_server *s = pt_conn_server(c);
     if (pt_server_loading(c)) return;
     const char *id = pt_conn_head(c)->path + strlen("/v1/models/");
-    if (strcmp(id, s->model_id) != 0) {
+    pt_slot *m = pt_models_find(s, id);
+    if (!m) {
+        char names[1024];
+        pt_models_names(s, names, sizeof names);
         pt_http_error(c, 404, NULL, "model_not_found", "model",
-                      "The model '%.200s' does not exist; this server serves '%s'", id,
-                      s->model_id);
+                      "The model '%.200s' does not exist; this server serves %s", id, names);
         return;
     }
-    json_t *r = model_object(s);
+    json_t *r = model_object(m);
     pt_http_reply_json(c, 200, r);
     json_decref(r);
 }
 
+/* Ready once the first model is loaded (others load on demand).  The
+ * request and KV figures are summed over the loaded models. */
 void pt_handle_health(pt_conn *c, const char *body, size_t len) {
     (void)body, (void)len;
     pt_server *s = pt_conn_server(c);
-    if (s->state == SRV_LOADING || !s->sched) {
-        json_t *r = json_pack("{s:s, s:s}", "status", "loading", "model", s->model_id);
+    if (s->state == SRV_LOADING) {
+        json_t *r = json_pack("{s:s, s:s}", "status", "loading", "model", s->slots[0].id);
         pt_http_reply_json(c, 503, r);
         json_decref(r);
         return;
     }
-    int waiting, running, reserved;
-    pt_sched_load(s->sched, &waiting, &running, &reserved);
+    int waiting = 0, running = 0, reserved = 0, pages = 0, cached = 0;
+    size_t page_bytes = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        pt_slot *m = &s->slots[i];
+        if (!m->sched) continue;
+        int w, r, k;
+        pt_sched_load(m->sched, &w, &r, &k);
+        waiting += w, running += r, reserved += k;
+        pages += m->e->kv.cfg.n_pages;
+        cached += pt_sched_cached_pages(m->sched);
+        if (!page_bytes) page_bytes = pt_kv_page_bytes(&m->e->kv);
+    }
     bool ok = s->state == SRV_RUNNING;
     json_t *r =
         json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I}", "status", ok ? "ok" : "shutting_down",
-                  "model", s->model_id, "parallel", s->o.parallel, "running", running, "waiting",
-                  waiting, "kv_pages_reserved", reserved, "kv_pages", s->e->kv.cfg.n_pages,
-                  "requests_served", (json_int_t)s->n_served);
+                  "model", s->slots[0].id, "parallel",
+                  s->slots[0].sched ? s->slots[0].parallel : s->o.parallel, "running", running,
+                  "waiting", waiting + s->n_pending, "kv_pages_reserved", reserved, "kv_pages",
+                  pages, "requests_served", (json_int_t)s->n_served);
     /* the pool's pages: held by running requests, free but cached, free */
-    json_object_set_new(r, "kv_pages_cached", json_integer(pt_sched_cached_pages(s->sched)));
-    json_object_set_new(r, "kv_page_bytes", json_integer((json_int_t)pt_kv_page_bytes(&s->e->kv)));
+    json_object_set_new(r, "kv_pages_cached", json_integer(cached));
+    json_object_set_new(r, "kv_page_bytes", json_integer((json_int_t)page_bytes));
+    if (s->n_slots > 1) {
+        json_t *models = json_object();
+        for (int i = 0; i < s->n_slots; i++)
+            json_object_set_new(models, s->slots[i].id, json_string(pt_slot_state(&s->slots[i])));
+        json_object_set_new(r, "models", models);
+    }
     pt_http_reply_json(c, ok ? 200 : 503, r);
     json_decref(r);
 }
@@ -206,21 +238,27 @@ static void defaults(pt_server_opts *o) {
     if (o->min_body_rate == 0) o->min_body_rate = 1024;
     if (o->min_body_rate < 0) o->min_body_rate = 0; /* pt_http_opts: 0 is none */
     if (o->shutdown_timeout < 0) o->shutdown_timeout = 0;
+    if (o->pool_wait <= 0) o->pool_wait = 120;
 }
 
-static void engine_defaults(pt_server_opts *o, const pt_engine *e) {
-    if (o->parallel > e->model->max_batch) o->parallel = e->model->max_batch;
-    if (o->n_ctx <= 0) o->n_ctx = e->n_ctx;
+static void engine_defaults(pt_slot *m, const pt_server_opts *o) {
+    m->parallel = PT_MIN(o->parallel, m->e->model->max_batch);
+    m->n_ctx = o->n_ctx > 0 ? o->n_ctx : m->e->n_ctx;
 }
 
 /* Without --kv-budget, every sequence can reach the full context at once:
  * the pool holds parallel x ctx positions (the engine opened it for one).
  * With it, the pool is what the budget buys and the scheduler grows
  * sequences lazily, preempting when it runs out. */
-static int size_kv_pool(pt_engine *e, const pt_server_opts *o, pt_err *err) {
-    if (e->kv_budgeted) return 0; /* --kv-budget sized it; the scheduler preempts within it */
+static int size_kv_pool(pt_engine *e, const pt_slot *o, pt_err *err) {
+    /* a sliding-window model's window pool holds --parallel windows (kvcache.h) */
+    bool window = e->kv.grouped && e->max_seqs != o->parallel;
+    e->max_seqs = o->parallel;
+    if (e->kv_budgeted) /* --kv-budget sized it; the scheduler preempts within it */
+        return window ? pt_engine_kv_init(e, e->kv.cfg.n_pages * e->kv.cfg.page_size, err) : 0;
     int need = pt_sched_pages_for(e, o->n_ctx) * o->parallel;
-    if (e->kv.cfg.n_pages >= need) return 0;
+    if (e->kv.cfg.n_pages >= need && !window) return 0;
+    need = PT_MAX(need, e->kv.cfg.n_pages);
     int positions = need * e->kv.cfg.page_size;
     /* with overcommit a too-big pool would "succeed" and be killed later */
     double gib = (double)pt_kv_bytes_per_token(&e->kv.cfg) * positions / (1 << 30);
@@ -333,25 +371,35 @@ static void write_port_file(const char *path, int port) {
     fclose(f);
 }
 
-/* The engine's part of start-up: KV pool, template, scheduler, prompt
- * worker. */
-static int start_engine(pt_server *s, pt_err *err) {
-    engine_defaults(&s->o, s->e);
-    s->lim = (pt_oai_limits){.model_id = s->model_id, .n_vocab = s->e->model->cfg.vocab_size};
-    if (!s->e->tok)
+/* A loaded model's part of start-up: KV pool, template, scheduler.  On
+ * failure the caller undoes it with pt_slot_stop. */
+int pt_slot_start(pt_server *s, pt_slot *m, pt_err *err) {
+    engine_defaults(m, &s->o);
+    m->lim = (pt_oai_limits){.model_id = m->id, .n_vocab = m->e->model->cfg.vocab_size};
+    if (!m->e->tok)
         return pt_fail(err, "this model has no tokenizer (dummy weights): nothing to serve");
-    if (size_kv_pool(s->e, &s->o, err)) return -1;
-    if (pt_chat_tmpl_open(&s->tmpl, s->e, s->o.chat_template, err)) return -1;
-    pt_sched_opts so = {.max_seqs = s->o.parallel,
-                        .n_ctx = s->o.n_ctx,
+    if (size_kv_pool(m->e, m, err)) return -1;
+    m->kv_bytes = (size_t)m->e->kv.cfg.n_pages * pt_kv_page_bytes(&m->e->kv);
+    if (pt_chat_tmpl_open(&m->tmpl, m->e, s->o.chat_template, err)) return -1;
+    pt_sched_opts so = {.max_seqs = m->parallel,
+                        .n_ctx = m->n_ctx,
                         .max_prefill = s->o.max_prefill,
                         .max_queue = s->o.max_queue};
-    /* PETREL_SCHED_HOLD=N (tests): the first step waits for N requests, so
-     * a test of batching or preemption does not hang on arrival timing */
+    /* PETREL_SCHED_HOLD=N (tests): the first model's first step waits for N
+     * requests (or a cancel), so a test of batching, preemption or eviction
+     * does not hang on arrival timing; models loaded later do not wait */
     const char *hold = getenv("PETREL_SCHED_HOLD");
-    if (hold) so.hold = atoi(hold);
-    if (pt_sched_start(&s->sched, s->e, &so, err)) return -1;
-    return pt_front_start(s, err);
+    if (hold && s->state == SRV_LOADING) so.hold = atoi(hold);
+    return pt_sched_start(&m->sched, m->e, &so, err);
+}
+
+void pt_slot_stop(pt_slot *m) {
+    pt_sched_stop(m->sched); /* every on_done has run when it returns */
+    m->sched = NULL;
+    pt_chat_tmpl_free(m->tmpl);
+    m->tmpl = NULL;
+    if (m->e) pt_engine_close(m->e);
+    m->e = NULL;
 }
 
 static int check_opts(const pt_server_opts *o, pt_err *err) {
@@ -387,71 +435,26 @@ static int start_http(pt_server *s, pt_err *err) {
     return pt_http_listen(&s->http, s->base, s, &ho, err);
 }
 
-/* ---- the loading thread -------------------------------------------------------------- */
-
-struct pt_loader {
-    pt_server_load_fn fn;
-    void *arg;
-    pthread_t thread;
-    bool started;
-    struct event *done; /* made active by the thread when the load returned */
-    int rc;
-    pt_engine *e; /* the loaded engine: the caller's to close */
-    pt_err err;
-};
-
-static void loader_free(pt_loader *l) {
-    if (l->done) event_free(l->done);
-    l->done = NULL;
-}
-
-static void *load_main(void *arg) {
-    pt_loader *l = arg;
-    l->rc = l->fn(l->arg, &l->e, &l->err);
-    event_active(l->done, EV_READ, 0); /* thread-safe: evthread_use_pthreads() */
-    return NULL;
-}
-
-static void announce(pt_server *s);
-
-/* On the loop: the load returned; finish start-up, or end the server. */
-static void loaded_cb(evutil_socket_t fd, short what, void *arg) {
-    (void)fd, (void)what;
-    pt_server *s = arg;
-    pt_loader *l = s->loader;
-    if (s->state != SRV_LOADING) return; /* a signal ended it meanwhile */
-    if (l->rc == 0) {
-        s->e = l->e;
-        if (start_engine(s, &l->err) == 0) {
-            s->state = SRV_RUNNING;
-            s->created = (long)time(NULL);
-            announce(s);
-            /* tools wait for the port file to send requests: only now */
-            if (s->o.port_file) write_port_file(s->o.port_file, pt_http_port(s->http));
-            return;
-        }
-        l->rc = -1;
-    }
-    event_base_loopexit(s->base, NULL);
-}
-
 /* ---- start and stop ------------------------------------------------------------------ */
 
 static void stop(pt_server *s) {
     pt_http_free(s->http); /* drops what is left; their requests are cancelled */
     pt_front_stop(s);      /* nothing is submitted after this */
-    if (s->sched) pt_sched_cancel_all(s->sched);
-    pt_sched_stop(s->sched);           /* every on_done has run when it returns */
+    s->state = SRV_CANCELLING; /* the pool loads nothing more */
+    for (int i = 0; i < s->n_slots; i++) {
+        pt_slot *m = &s->slots[i];
+        if (m->sched) pt_sched_cancel_all(m->sched);
+        pt_sched_stop(m->sched); /* every on_done has run when it returns */
+        m->sched = NULL;
+    }
     if (s->base) pt_server_deliver(s); /* frees the requests those posted */
+    pt_models_free(s);                   /* joins a load, closes the engines */
     if (s->wake) event_free(s->wake);
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);
     if (s->grace) event_free(s->grace);
-    if (s->loader) loader_free(s->loader);
     if (s->base) event_base_free(s->base);
-    pt_chat_tmpl_free(s->tmpl);
     pthread_mutex_destroy(&s->mu);
-    pt_metrics_free(&s->metrics);
 }
 
 static int init(pt_server *s, const pt_server_opts *o, pt_err *err) {
@@ -460,10 +463,7 @@ static int init(pt_server *s, const pt_server_opts *o, pt_err *err) {
     s->o = *o;
     defaults(&s->o);
     pthread_mutex_init(&s->mu, NULL);
-    pt_metrics_init(&s->metrics);
-    snprintf(s->model_id, sizeof s->model_id, "%s",
-             o->model_id && *o->model_id ? o->model_id : "petrel");
-    s->created = (long)time(NULL);
+    pt_models_init(s);
     return 0;
 }
 
@@ -471,67 +471,51 @@ static int init(pt_server *s, const pt_server_opts *o, pt_err *err) {
 static void announce(pt_server *s) {
     int port = pt_http_port(s->http);
     bool v6 = strchr(s->o.host, ':') != NULL;
+    const pt_slot *m = &s->slots[0];
+    char pool[160] = "";
+    if (s->n_slots > 1)
+        snprintf(pool, sizeof pool, " (first of %d; the others load on demand, pool memory %s)",
+                 s->n_slots, s->o.pool_memory ? "limited by --pool-memory" : "unlimited");
     fprintf(stderr,
-            "petrel serve: model %s, %d parallel x %d positions, chat template: %s\n"
+            "petrel serve: model %s%s, %d parallel x %d positions, chat template: %s\n"
             "petrel serve: listening on http://%s%s%s:%d, up to %d connections, %s\n",
-            s->model_id, s->o.parallel, s->o.n_ctx, pt_chat_tmpl_source(s->tmpl), v6 ? "[" : "",
+            m->id, pool, m->parallel, m->n_ctx, pt_chat_tmpl_source(m->tmpl), v6 ? "[" : "",
             s->o.host, v6 ? "]" : "", port, s->o.max_conns,
             s->o.api_key ? "API key required"
                          : "no API key (anyone who can connect may use it; --api-key or "
                            "$PETREL_API_KEY sets one)");
 }
 
-int pt_server_run(pt_engine *e, const pt_server_opts *o, pt_err *err) {
-    pt_server s = {0};
-    if (init(&s, o, err)) return -1;
-    s.e = e;
-    if (check_opts(&s.o, err) || start_engine(&s, err) || start_http(&s, err)) {
-        stop(&s);
-        return -1;
-    }
-    announce(&s);
-    if (s.o.port_file) write_port_file(s.o.port_file, pt_http_port(s.http));
-    event_base_dispatch(s.base);
-    pt_server_log(&s, "stopped after %llu request(s)", (unsigned long long)s.n_served);
-    stop(&s);
-    return 0;
+void pt_server_ready(pt_server *s) {
+    s->state = SRV_RUNNING;
+    announce(s);
+    /* tools wait for the port file to send requests: only now */
+    if (s->o.port_file) write_port_file(s->o.port_file, pt_http_port(s->http));
 }
 
 int pt_server_run_loading(pt_server_load_fn load, void *arg, const pt_server_opts *o,
-                          pt_engine **e, pt_err *err) {
-    *e = NULL;
+                          pt_err *err) {
     pt_server s = {0};
-    pt_loader l = {.fn = load, .arg = arg};
+    if (o->n_models < 1) return pt_fail(err, "no model to serve");
     if (init(&s, o, err)) return -1;
     s.state = SRV_LOADING;
-    s.loader = &l;
+    s.load = load, s.load_arg = arg;
     int rc = -1;
-    if (check_opts(&s.o, err) || start_http(&s, err)) goto out;
-    l.done = event_new(s.base, -1, 0, loaded_cb, &s);
-    if (!l.done) {
-        pt_fail(err, "cannot create the server's events");
-        goto out;
-    }
+    if (check_opts(&s.o, err) || start_http(&s, err) || pt_front_start(&s, err)) goto out;
     int port = pt_http_port(s.http);
     bool v6 = strchr(s.o.host, ':') != NULL;
     fprintf(stderr, "petrel serve: loading the model; http://%s%s%s:%d/health says \"loading\" until it is ready\n",
             v6 ? "[" : "", s.o.host, v6 ? "]" : "", port);
-    if (pthread_create(&l.thread, NULL, load_main, &l)) {
-        pt_fail(err, "cannot start the model's loading thread");
-        goto out;
-    }
-    l.started = true;
+    if (pt_models_load(&s, &s.slots[0], err)) goto out;
     event_base_dispatch(s.base);
     rc = 0;
 out:
-    if (l.started) pthread_join(l.thread, NULL); /* a load cannot be cut short */
-    if (l.started && l.rc) {
-        snprintf(err->msg, sizeof err->msg, "%s", l.err.msg);
+    if (s.load_failed) {
+        snprintf(err->msg, sizeof err->msg, "%s", s.load_err.msg);
         rc = -1;
     } else if (rc == 0) {
         pt_server_log(&s, "stopped after %llu request(s)", (unsigned long long)s.n_served);
     }
     stop(&s);
-    *e = l.e;
     return rc;
 }

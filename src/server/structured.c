@@ -143,6 +143,53 @@ static void gp_rollback(void *self, int n) {
     pt_gmatcher_rollback(p->m, n);
 }
 
+/* Jump-forward: the bytes the grammar forces next, as tokens.  The
+ * tokenizer spells them (the model's own tokenization) when its tokens
+ * spell exactly those bytes; else (a SentencePiece space prefix, a
+ * normalizer) the longest vocabulary token at each point does.  Tokenized
+ * alone, the bytes may be cut differently than in context, where the text
+ * before and after can merge with them (SGLang retokenizes the whole
+ * output for this); here nothing already output is changed.  Instead the
+ * last token is left out, since what follows may merge with it (`"` then
+ * `:` may be the one token `":`), and what is proposed is verified by the
+ * model like a speculative draft: a token the model would cut differently
+ * costs a wasted row, never a different output. */
+static int gp_forced(void *self, int32_t *out, int cap) {
+    gproc *p = self;
+    char buf[256];
+    size_t n = pt_gmatcher_forced_bytes(p->m, buf, sizeof buf);
+    if (n == 0 || cap <= 0) return 0;
+    int32_t ids[sizeof buf + 1], *t = NULL;
+    size_t n_t = 0, at = 0;
+    int k = 0;
+    pt_err err = {{0}};
+    if (pt_tokenize(p->s->tok, buf, n, false, false, &t, &n_t, &err) == 0) {
+        for (size_t i = 0; i < n_t && k < (int)sizeof buf; i++) {
+            size_t len;
+            const char *b = pt_token_bytes(p->s->tok, t[i], &len);
+            if (!len || at + len > n || memcmp(b, buf + at, len)) break;
+            ids[k++] = t[i];
+            at += len;
+        }
+    }
+    free(t);
+    if (at < n) { /* not all spelled: the longest tokens, from the start */
+        k = 0, at = 0;
+        while (at < n) {
+            size_t len;
+            int32_t id = pt_gvocab_longest_prefix(p->s->v, buf + at, n - at, &len);
+            if (id < 0) break;
+            ids[k++] = id;
+            at += len;
+        }
+    }
+    k = k - 1 < cap ? k - 1 : cap; /* the last may merge with what follows */
+    int ok = 0;
+    while (ok < k && pt_gmatcher_accept(p->m, ids[ok])) out[ok] = ids[ok], ok++;
+    pt_gmatcher_rollback(p->m, ok);
+    return ok;
+}
+
 static void gp_free(void *self) {
     gproc *p = self;
     pt_gmatcher_free(p->m);
@@ -157,6 +204,7 @@ static const pt_logits_proc_ops grammar_ops = {
     .accept = gp_accept,
     .rollback = gp_rollback,
     .free = gp_free,
+    .forced = gp_forced,
 };
 
 pt_logits_proc pt_grammar_proc_new(const pt_structured *s) {

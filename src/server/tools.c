@@ -92,7 +92,7 @@ int pt_tools_check(const json_t *tools, const json_t *choice, const json_t *para
         *param = "parallel_tool_calls";
         if (!json_is_boolean(parallel))
             return pt_fail(err, "'parallel_tool_calls' must be a boolean");
-        out->parallel = json_is_true(parallel);
+        out->parallel = out->parallel_asked = json_is_true(parallel);
     }
     if (tools && check_tools(tools, param, err)) return -1;
     *param = "tool_choice";
@@ -201,8 +201,22 @@ int pt_tools_forced_grammar(const json_t *tools, const pt_tool_choice *c, int fa
         json_object_update(root, one);
         json_decref(one);
     }
-    /* one whitespace character at most, as response_format's grammar */
-    int rc = pt_grammar_from_schema_ws(out, root, 1, err);
+    /* one whitespace character at most, as response_format's grammar.
+     * Hermes with parallel_tool_calls: true in the request: after the
+     * first call's closing tag, the end or another <tool_call> block, each
+     * call in its own tags as the template writes them.  Only when asked:
+     * a grammar cannot make a weak model stop, and given the choice a
+     * small one opens call after call until max_tokens (the bundled model
+     * did, in the SDK tests), so by default a forced call is one call. */
+    int rc;
+    if (f->close && c->parallel_asked && c->mode == PT_TOOL_REQUIRED) {
+        char open[64], close[64];
+        snprintf(open, sizeof open, "\n%s", f->prefix); /* "\n<tool_call>\n" */
+        snprintf(close, sizeof close, "\n%s", f->close);
+        rc = pt_grammar_from_schema_calls(out, root, 1, open, close, err);
+    } else {
+        rc = pt_grammar_from_schema_ws(out, root, 1, err);
+    }
     json_decref(root);
     return rc ? blame_tool(tools, err) : 0;
 }
@@ -412,16 +426,31 @@ static bool step_text(pt_toolparse *p) {
     return true;
 }
 
+/* The closing tag that ends the call in buf: the first one; for a forced
+ * call the first after whole JSON (the grammar saw to that), since a tag
+ * inside one of its strings is not the close.  NULL if none yet. */
+static const char *call_close(const pt_toolparse *p) {
+    const family *f = &k_families[p->family];
+    const char *c = find(p->buf, p->len, f->close);
+    while (c && p->forced) {
+        json_t *v = json_loadb(p->buf, (size_t)(c - p->buf), 0, NULL);
+        json_decref(v);
+        if (v) break;
+        c = find(c + 1, p->len - (size_t)(c + 1 - p->buf), f->close);
+    }
+    return c;
+}
+
 static bool step_call(pt_toolparse *p) {
     const family *f = &k_families[p->family];
-    if (!f->close || p->forced) return false; /* runs to the end of the output */
-    const char *c = find(p->buf, p->len, f->close);
+    if (!f->close) return false; /* runs to the end of the output */
+    const char *c = call_close(p);
     if (!c) return false;
     size_t at = (size_t)(c - p->buf);
     char *body = pt_xmalloc(at + 1);
     memcpy(body, p->buf, at);
     buf_drop(p, at + strlen(f->close));
-    settle_call(p, body, at, true, true);
+    settle_call(p, body, at, p->marked, true); /* a forced first call's marker is the prompt's */
     free(body);
     p->state = S_TEXT;
     return true;
@@ -446,7 +475,7 @@ void pt_toolparse_flush(pt_toolparse *p) {
         size_t n = p->len;
         /* a forced Hermes call may still close its tag */
         if (p->forced && f->close && n >= strlen(f->close)) {
-            const char *c = find(p->buf, n, f->close);
+            const char *c = call_close(p);
             if (c) n = (size_t)(c - p->buf);
         }
         settle_call(p, p->buf, n, p->marked, false);

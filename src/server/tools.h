@@ -39,6 +39,7 @@ typedef struct pt_tool_choice {
     int mode;         /* PT_TOOL_*; NONE when no tools are given */
     const char *name; /* PT_TOOL_NAMED: the function (borrowed) */
     bool parallel;    /* parallel_tool_calls (default true) */
+    bool parallel_asked; /* given as true in the request (not the default) */
 } pt_tool_choice;
 
 /* Checks tools (an array of {"type":"function","function":{"name",...}}, or

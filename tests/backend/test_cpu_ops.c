@@ -577,7 +577,8 @@ static void test_kv_store(void **state) {
 }
 
 /* The reference: softmax over positions p0..pos in double (p0 > 0 under a
- * window), scores soft-capped when softcap > 0. */
+ * window), scores soft-capped when softcap > 0, and with sinks one more
+ * term exp(sinks[h]) in the denominator (gpt-oss). */
 static void attention_ref(const kv_fixture *f, const float *q, int s, int pos, int h, int group,
                           const pt_attn_params *ap, double *out, double *mag) {
     const pt_kv_view *kv = &f->kv;
@@ -591,7 +592,9 @@ static void attention_ref(const kv_fixture *f, const float *q, int s, int pos, i
         if (ap->softcap > 0) w[p] = ap->softcap * tanh(w[p] / ap->softcap);
         mx = fmax(mx, w[p]);
     }
+    if (ap->sinks) mx = fmax(mx, ap->sinks[h]);
     for (int p = p0; p <= pos; p++) sum += w[p] = exp(w[p] - mx);
+    if (ap->sinks) sum += exp(ap->sinks[h] - mx);
     for (int i = 0; i < hd; i++) {
         out[i] = mag[i] = 0;
         for (int p = p0; p <= pos; p++) {
@@ -602,6 +605,9 @@ static void attention_ref(const kv_fixture *f, const float *q, int s, int pos, i
     }
     free(w);
 }
+
+/* > 0: check_attention_p gives every head a sink logit of about this size. */
+static float sink_scale;
 
 /* Rows: for each sequence, its last `tail` positions (a prefill chunk when
  * tail > 1, a decode row when 1). */
@@ -616,14 +622,17 @@ static void check_attention_p(pt_backend *be, pt_dtype dt, int page_size, int n_
     /* Larger queries make the softmax far from flat. */
     float *q = rnd_floats((size_t)(n * n_heads * hd), 4.0f), *out = poisoned((size_t)(n * n_heads * hd));
     pt_attn_params ap = {.scale = 1.0f / sqrtf((float)hd), .window = window, .softcap = softcap};
+    float *sinks = sink_scale > 0 ? rnd_floats((size_t)n_heads, sink_scale) : NULL;
+    ap.sinks = sinks; /* host memory is the CPU backend's */
     pt_batch_view bv = {.n_tokens = n, .pos = pos, .seq = seq, .block_table = f.block_table, .max_pages = f.max_pages, .n_seqs = n_seqs};
-    if (window || softcap > 0)
+    if (window || softcap > 0 || sinks)
         pt_be_attention_ext(be, out, q, &f.kv, &bv, n_heads, &ap);
     else
         pt_be_attention(be, out, q, &f.kv, &bv, n_heads, ap.scale);
     char what[160];
-    snprintf(what, sizeof what, "attention %s page %d kv %d group %d hd %d window %d softcap %g",
-             pt_dtype_name(dt), page_size, n_kv, group, hd, window, (double)softcap);
+    snprintf(what, sizeof what, "attention %s page %d kv %d group %d hd %d window %d softcap %g%s",
+             pt_dtype_name(dt), page_size, n_kv, group, hd, window, (double)softcap,
+             sinks ? " sinks" : "");
     check_written(out, (size_t)(n * n_heads * hd), what, be);
     double *ref = malloc(sizeof(double) * (size_t)hd), *mag = malloc(sizeof(double) * (size_t)hd);
     for (int t = 0; t < n; t++)
@@ -637,7 +646,7 @@ static void check_attention_p(pt_backend *be, pt_dtype dt, int page_size, int n_
                              be->detail, t, seq[t], pos[t], h, i, got, ref[i]);
             }
         }
-    free(ref), free(mag), free(q), free(out);
+    free(ref), free(mag), free(q), free(out), free(sinks);
     kv_fixture_free(&f);
 }
 
@@ -666,6 +675,66 @@ static void test_attention_ext(void **state) {
                     check_attention_p(backends[b], float_types[d], 16, 1, 4, 32, long_lens,
                                       long_tails, 3, windows[wi], caps[ci]);
                 }
+}
+
+/* Attention sinks (gpt-oss): alone, under windows, in long decode rows
+ * split across threads (the merge adds the sink once), and sinks larger
+ * than every score (the sink dominates the denominator). */
+static void test_attention_sinks(void **state) {
+    (void)state;
+    static const int windows[] = {0, 4, 17};
+    static const float scales[] = {1.0f, 40.0f};
+    static const int lens[] = {37, 1, 90, 13}, tails[] = {6, 1, 1, 13};
+    int long_lens[3] = {1500, 37, 701}, long_tails[3] = {1, 3, 1};
+    for (int b = 0; b < n_backends; b++)
+        for (size_t si = 0; si < PT_ARRAY_LEN(scales); si++)
+            for (size_t wi = 0; wi < PT_ARRAY_LEN(windows); wi++) {
+                sink_scale = scales[si];
+                check_attention_p(backends[b], PT_BF16, 5, 2, 2, 64, lens, tails, 4, windows[wi], 0);
+                check_attention_p(backends[b], PT_F32, 16, 1, 4, 32, long_lens, long_tails, 3,
+                                  windows[wi], 0);
+            }
+    sink_scale = 0;
+}
+
+/* gpt-oss's clamped SwiGLU against double precision, over values well
+ * past the limit on both sides; and add_id, a bias by expert id. */
+static void test_swiglu_oai_add_id(void **state) {
+    (void)state;
+    static const size_t ns[] = {1, 17, 1000, 70001};
+    const double alpha = 1.702, limit = 7.0;
+    for (int b = 0; b < n_backends; b++) {
+        pt_backend *be = backends[b];
+        for (size_t c = 0; c < PT_ARRAY_LEN(ns); c++) {
+            size_t n = ns[c];
+            float *g = rnd_floats(n, 20.0f), *u = rnd_floats(n, 20.0f), *y = poisoned(n);
+            pt_be_swiglu_oai(be, y, g, u, n, (float)alpha, (float)limit);
+            check_written(y, n, "swiglu_oai", be);
+            int clamped = 0;
+            for (size_t i = 0; i < n; i++) {
+                double gg = fmin(g[i], limit), uu = fmax(-limit, fmin(u[i], limit));
+                double ref = (uu + 1) * gg / (1 + exp(-alpha * gg));
+                clamped += g[i] > limit || fabs(u[i]) > limit;
+                if (!(fabs(y[i] - ref) <= 4e-6 * fabs(ref) + 1e-6))
+                    fail_msg("swiglu_oai [%s]: [%zu] gate %g up %g: %.9g vs %.9g", be->detail, i,
+                             (double)g[i], (double)u[i], y[i], ref);
+            }
+            if (n >= 1000) assert_true(clamped > 0);
+            free(g), free(u), free(y);
+        }
+        int n = 13, k = 3, d = 33, E = 5;
+        float *x = rnd_floats((size_t)n * k * d, 1.0f), *bias = rnd_floats((size_t)E * d, 1.0f);
+        float *y = malloc(sizeof(float) * (size_t)n * k * d);
+        int32_t ids[13 * 3];
+        for (int i = 0; i < n * k; i++) ids[i] = rnd_int(E);
+        memcpy(y, x, sizeof(float) * (size_t)n * k * d);
+        pt_be_add_id(be, y, bias, ids, n, k, d);
+        for (int i = 0; i < n * k; i++)
+            for (int c = 0; c < d; c++)
+                if (y[i * d + c] != x[i * d + c] + bias[ids[i] * d + c])
+                    fail_msg("add_id [%s]: [%d][%d]", be->detail, i, c);
+        free(x), free(bias), free(y);
+    }
 }
 
 static void test_attention(void **state) {
@@ -760,8 +829,16 @@ static void test_moe_route(void **state) {
                                                  be->detail, t, j, e, above);
                         kept += exp(r[e] - mx) / sum;
                     }
+                    /* renormalized, it is gpt-oss's router: top k of the logits, then a
+                     * softmax over those k alone */
+                    double mk = r[ids[t * k]], sk = 0;
+                    for (int j = 0; j < k; j++) sk += exp(r[ids[t * k + j]] - mk);
                     for (int j = 0; j < k; j++) {
                         double ref = exp(r[ids[t * k + j]] - mx) / sum / (renorm ? kept : 1);
+                        double oai = exp(r[ids[t * k + j]] - mk) / sk;
+                        if (renorm && !(fabs(w[t * k + j] - oai) <= 2e-6 * oai))
+                            fail_msg("moe_route [%s]: row %d slot %d weight %.8g, top-k softmax %.8g",
+                                     be->detail, t, j, w[t * k + j], oai);
                         if (!(fabs(w[t * k + j] - ref) <= 2e-6 * ref))
                             fail_msg("moe_route [%s]: row %d slot %d weight %.8g vs %.8g", be->detail, t,
                                      j, w[t * k + j], ref);
@@ -842,6 +919,55 @@ static void test_matmul_id(void **state) {
                 check_matmul_id(backends[b], float_types[d], 9, 40, 64, ns[i], 1, 1);
                 check_matmul_id(backends[b], float_types[d], 9, 64, 40, ns[i], 3, 3);
             }
+}
+
+/* MXFP4 stacks (gpt-oss's experts): random codes and scales, decoded by
+ * matmul_id on the fly, against a reference that dequantizes each block
+ * in double from the OCP definition (e2m1 value x 2^(e - 127)). */
+static double mxfp4_elem(const uint8_t *row, int64_t c) {
+    static const double fp4[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6};
+    const uint8_t *b = row + (c / 32) * 17;
+    int i = (int)(c % 32), code = i < 16 ? b[1 + i] & 15 : b[1 + i - 16] >> 4;
+    return fp4[code] * ldexp(1.0, b[0] - 127);
+}
+
+static void test_matmul_id_mxfp4(void **state) {
+    (void)state;
+    static const int ns[] = {1, 3, 33, 200};
+    const int E = 5, k = 2;
+    const int64_t rows = 40, cols = 96, row_bytes = cols / 32 * 17;
+    for (int bi = 0; bi < n_backends; bi++)
+        for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+            pt_backend *be = backends[bi];
+            int n = ns[ni];
+            size_t nbytes = (size_t)(E * rows * row_bytes);
+            uint8_t *host = malloc(nbytes);
+            for (size_t i = 0; i < nbytes; i++) host[i] = (uint8_t)rnd_int(256);
+            for (size_t i = 0; i < nbytes; i += 17) host[i] = (uint8_t)(120 + rnd_int(14)); /* scales */
+            pt_weight w = {.dtype = PT_MXFP4, .rows = rows, .cols = cols, .data = host,
+                           .nbytes = nbytes, .n_experts = E, .expert_stride = (size_t)(rows * row_bytes)};
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+            for (int t = 0; t < n; t++) ids[t * k] = rnd_int(E), ids[t * k + 1] = (ids[t * k] + 1 + rnd_int(E - 1)) % E;
+            float *x = rnd_floats((size_t)n * cols, 1.0f), *y = poisoned((size_t)n * k * rows);
+            pt_be_matmul_id(be, y, x, &w, ids, n, k, 1);
+            check_written(y, (size_t)n * k * rows, "matmul_id mxfp4", be);
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < k; j++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        const uint8_t *row = host + (size_t)ids[t * k + j] * w.expert_stride + (size_t)(r * row_bytes);
+                        double ref = 0, mag = 0;
+                        for (int64_t c = 0; c < cols; c++) {
+                            double term = x[(size_t)t * cols + c] * mxfp4_elem(row, c);
+                            ref += term, mag += fabs(term);
+                        }
+                        double got = y[((size_t)t * k + j) * rows + r];
+                        /* the quantized path rounds activations to int16 per block */
+                        if (!(fabs(got - ref) <= 1e-4 * mag + 1e-6))
+                            fail_msg("matmul_id mxfp4 n=%d [%s]: y[%d][%d][%lld] = %.8g, reference %.8g",
+                                     n, be->detail, t, j, (long long)r, got, ref);
+                    }
+            free(host), free(ids), free(x), free(y);
+        }
 }
 
 static void test_moe_combine(void **state) {
@@ -935,9 +1061,12 @@ int main(void) {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_long_decode),
         cmocka_unit_test(test_attention_ext),
+        cmocka_unit_test(test_attention_sinks),
+        cmocka_unit_test(test_swiglu_oai_add_id),
         cmocka_unit_test(test_geglu_scale_softcap),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_matmul_id),
+        cmocka_unit_test(test_matmul_id_mxfp4),
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_read_bandwidth),
     };

@@ -3,7 +3,8 @@
  * CPU backend: the real stories260K model (f32 weights: the same greedy
  * tokens, logits within 1e-4), small dummy models that reach the tiled
  * attention and qk-norm paths, several sequences in one batch, and the
- * 1B-shaped dummy model in bf16; and quantized KV caches (--kv-quant).
+ * 1B-shaped dummy model in bf16; quantized KV caches (--kv-quant); and
+ * the Qwen3-MoE and Gemma 2/3 transformers fixtures (test_families).
  *
  * bf16 models: prefill matmuls round activations to bf16 for the tensor
  * cores, so logits differ from the CPU's by about 1e-2 relative.  There the
@@ -28,7 +29,7 @@
 
 /* Files under the source tree; PETREL_SOURCE_DIR in the environment wins
  * (the GPU machine runs binaries built elsewhere). */
-static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_LLAMA_Q[1024];
+static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_LLAMA_Q[1024], HF_DIR[1024];
 
 static void set_paths(void) {
     const char *dir = getenv("PETREL_SOURCE_DIR") ? getenv("PETREL_SOURCE_DIR") : PETREL_SOURCE_DIR;
@@ -36,6 +37,7 @@ static void set_paths(void) {
     snprintf(TINY_LLAMA, sizeof TINY_LLAMA, "dummy:%s/tests/cuda/tiny-llama.json", dir);
     snprintf(TINY_QWEN3, sizeof TINY_QWEN3, "dummy:%s/tests/cuda/tiny-qwen3.json", dir);
     snprintf(TINY_LLAMA_Q, sizeof TINY_LLAMA_Q, "dummy:%s/tests/cuda/tiny-llama-q.json", dir);
+    snprintf(HF_DIR, sizeof HF_DIR, "%s/tests/fixtures/hf", dir);
 }
 
 enum { CPU, GPU, N_BE };
@@ -193,6 +195,26 @@ static void test_quantized_weights(void **state) {
     }
 }
 
+/* The model families beyond Llama (the transformers fixtures, whose CPU
+ * logits test_hf_reference checks against transformers): Qwen3-MoE
+ * (moe_route, matmul_id, moe_combine), Gemma 2 (windows of 8, soft-capped
+ * scores and logits, GeGLU) and Gemma 3 (windows of 12, two rope bases).
+ * An 8-token prompt runs every matmul as a GEMV in f32, so the GPU must
+ * give the CPU's greedy tokens past several windows; a 40-token prompt
+ * rounds the dense matmuls' activations to bf16/f16 for cuBLAS, checked
+ * with the CPU's tokens fed to both. */
+static void test_families(void **state) {
+    (void)state;
+    static const char *const cases[] = {"qwen3_moe", "gemma2", "gemma3_text"};
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", HF_DIR, cases[i]);
+        greedy(path, NULL, PT_F32, NULL, 0, 8, 40, 2e-4, true);
+        greedy(path, NULL, PT_F16, NULL, 0, 8, 24, 2e-3, true);
+        greedy(path, NULL, PT_F32, NULL, 0, 40, 16, 3e-2, false);
+    }
+}
+
 /* Three sequences in one batch: two prefills then decode rows of all. */
 /* Quantized KV caches (--kv-quant) through whole forward passes: the GPU
  * stores the bytes the CPU would for the same rows, but the rows it
@@ -280,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_stories_greedy),
         cmocka_unit_test(test_tiny_dummies),
         cmocka_unit_test(test_quantized_weights),
+        cmocka_unit_test(test_families),
         cmocka_unit_test(test_kv_quant),
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),

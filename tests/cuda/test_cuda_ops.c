@@ -14,6 +14,10 @@
  * environment knobs: PETREL_CUDA_GEMV_MAX=0 (cuBLAS for every matmul) and
  * PETREL_CUDA_ATTN=simple (the plain attention kernel).
  *
+ * The model-family ops (attention_ext with windows and soft-caps, geglu,
+ * scale, softcap, moe_route, matmul_id, moe_combine) are checked the same
+ * way; routing must pick the CPU's experts in the CPU's order.
+ *
  * Batch invariance (test_batch_invariance): matmul and attention rows of
  * a 2..16-row call are compared bit for bit with each row computed alone,
  * as speculative verification needs.
@@ -377,6 +381,10 @@ typedef struct seq_setup {
     int len; /* positions stored */
 } seq_setup;
 
+/* When set, one_attention runs attention_ext with these window and
+ * soft-cap settings (its own scale) instead of attention. */
+static const pt_attn_params *g_ext;
+
 /* Builds a paged cache holding n_seqs sequences of the given lengths, pages
  * handed out in shuffled order, K/V stored through kv_store (itself
  * checked), then runs attention for a batch of query rows (seq, pos) and
@@ -449,11 +457,17 @@ static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int
     float scale = 1.0f / sqrtf((float)hd) * 2.0f; /* sharper than usual: softmax must be exact */
     for (int b = 0; b < N_BE; b++) {
         pt_batch_view bv = {.n_tokens = nq, .pos = qpa.d[b], .seq = qsa.d[b], .block_table = bta.d[b], .max_pages = max_pages, .n_seqs = n_seqs};
-        pt_be_attention(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, scale);
+        if (g_ext) {
+            pt_attn_params p = *g_ext;
+            p.scale = scale;
+            pt_be_attention_ext(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, &p);
+        } else {
+            pt_be_attention(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, scale);
+        }
     }
     /* 16-bit caches with 64+ rows take the tensor cores, queries and
      * probabilities split in two 16-bit parts: ~1e-5 instead of ~1e-6 */
-    double tol = kt == PT_F32 ? 2e-5 : 6e-5;
+    double tol = kt == PT_F32 || g_ext ? 2e-5 : 6e-5;
     check_out(&out, GPU, tol, "attention %s ps=%d heads %d/%d hd=%d rows=%d", tname(kt), page_size,
               n_heads, n_kv, hd, nq);
     check_out(&out, GPU_ALT, 2e-5, "attention %s ps=%d heads %d/%d hd=%d rows=%d", tname(kt),
@@ -654,6 +668,126 @@ static void test_batch_invariance(void **state) {
         }
 }
 
+/* ---- model-family ops (cuda_family.h) ---------------------------------------------- */
+
+/* attention_ext: windows shorter than, equal to and longer than the
+ * sequences, with and without Gemma 2's soft-cap (4: it bites at this
+ * scale), through the same batches as attention. */
+static void test_attention_ext(void **state) {
+    (void)state;
+    static const pt_attn_params ps[] = {{0, 8, 0}, {0, 1, 0}, {0, 300, 0}, {0, 0, 4.0f}, {0, 12, 4.0f}};
+    static const pt_dtype types[] = {PT_F16, PT_BF16, PT_F32};
+    int lens_a[] = {37, 1, 200, 16};
+    int lens_b[] = {1500, 130};
+    for (size_t pi = 0; pi < PT_ARRAY_LEN(ps); pi++) {
+        g_ext = &ps[pi];
+        for (int ti = 0; ti < 3; ti++) {
+            attention_batches(types[ti], 16, 8, 4, 64, lens_a, 4);
+            attention_batches(types[ti], 5, 6, 2, 96, lens_a, 4);
+        }
+        attention_batches(PT_BF16, 16, 16, 8, 256, lens_b, 2);
+    }
+    g_ext = NULL;
+}
+
+static void test_family_elementwise(void **state) {
+    (void)state;
+    static const size_t counts[] = {1, 1001, 100003};
+    for (size_t i = 0; i < PT_ARRAY_LEN(counts); i++) {
+        size_t n = counts[i];
+        arr a = arr_rand(n, -6, 6), c = arr_rand(n, -3, 3);
+        arr y = arr_poison(sizeof(float) * n);
+        for (int b = 0; b < N_BE; b++) pt_be_geglu(be[b], y.d[b], a.d[b], c.d[b], n);
+        check_out(&y, GPU, 1e-6, "geglu %zu", n);
+        for (int b = 0; b < N_BE; b++) pt_be_scale(be[b], a.d[b], 0.37f, n);
+        check_out(&a, GPU, 0, "scale %zu", n);
+        for (int b = 0; b < N_BE; b++) pt_be_softcap(be[b], c.d[b], 1.5f, n);
+        check_out(&c, GPU, 1e-6, "softcap %zu", n);
+        arr_free(&a), arr_free(&c), arr_free(&y);
+    }
+}
+
+/* Routing: the same experts in the same order as the CPU (logits are
+ * random floats, so no ties), weights within 1e-6. */
+static void one_route(int n, int E, int k, bool renorm) {
+    arr lg = arr_rand((size_t)n * E, -4, 4);
+    arr ids = arr_poison(sizeof(int32_t) * (size_t)n * k), w = arr_poison(sizeof(float) * (size_t)n * k);
+    for (int b = 0; b < N_BE; b++) pt_be_moe_route(be[b], ids.d[b], w.d[b], lg.d[b], n, E, k, renorm);
+    int32_t *ic = (int32_t *)arr_get(&ids, CPU), *ig = (int32_t *)arr_get(&ids, GPU);
+    for (int i = 0; i < n * k; i++)
+        if (ic[i] != ig[i])
+            fail_msg("moe_route n=%d E=%d k=%d: row %d slot %d: expert %d on cuda, %d on cpu", n, E, k,
+                     i / k, i % k, ig[i], ic[i]);
+    check_out(&w, GPU, 1e-6, "moe_route weights n=%d E=%d k=%d renorm=%d", n, E, k, renorm);
+    free(ic), free(ig);
+    arr_free(&lg), arr_free(&ids), arr_free(&w);
+}
+
+/* Random ids: k distinct experts per row (as routing gives). */
+static arr rand_ids(int n, int k, int E) {
+    int32_t *h = malloc(sizeof(int32_t) * (size_t)n * k);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(pt_rng_next(&rng) % (uint64_t)E);
+                dup = false;
+                for (int i = 0; i < j; i++) dup |= h[t * k + i] == e;
+            } while (dup);
+            h[t * k + j] = e;
+        }
+    arr a = arr_from(h, sizeof(int32_t) * (size_t)n * k);
+    free(h);
+    return a;
+}
+
+/* matmul_id with f32/f16/bf16 experts: both sides compute in f32 from the
+ * same weights, so 2e-5 relative; every (row, slot) output is written
+ * (poisoned first). */
+static void one_matmul_id(pt_dtype t, int E, int rows, int cols, int n, int k, int x_slots) {
+    size_t es = t == PT_F32 ? 4 : 2, stride = (size_t)rows * cols * es;
+    arr w = arr_rand_typed(t, (size_t)E * rows * cols, -1, 1);
+    arr x = arr_rand((size_t)n * x_slots * cols, -1, 1);
+    arr ids = rand_ids(n, k, E);
+    arr y = arr_poison(sizeof(float) * (size_t)n * k * rows);
+    for (int b = 0; b < N_BE; b++) {
+        pt_weight wt = {.dtype = t, .rows = rows, .cols = cols, .data = w.d[b], .nbytes = w.nbytes,
+                        .n_experts = E, .expert_stride = stride};
+        pt_be_matmul_id(be[b], y.d[b], x.d[b], &wt, ids.d[b], n, k, x_slots);
+    }
+    check_out(&y, GPU, 2e-5, "matmul_id %s E=%d %dx%d n=%d k=%d slots=%d", tname(t), E, rows, cols, n,
+              k, x_slots);
+    arr_free(&w), arr_free(&x), arr_free(&ids), arr_free(&y);
+}
+
+static void test_moe(void **state) {
+    (void)state;
+    static const int routes[][3] = {{1, 6, 2}, {37, 6, 2}, {5, 128, 8}, {300, 128, 8},
+                                    {3, 512, 10}, {9, 64, 1}, {2, 1000, 32}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(routes); i++) {
+        one_route(routes[i][0], routes[i][1], routes[i][2], true);
+        one_route(routes[i][0], routes[i][1], routes[i][2], false);
+    }
+    static const pt_dtype types[] = {PT_F32, PT_F16, PT_BF16};
+    for (int ti = 0; ti < 3; ti++) {
+        one_matmul_id(types[ti], 6, 37, 64, 1, 2, 1);    /* decode, shared input */
+        one_matmul_id(types[ti], 6, 64, 37, 1, 2, 2);    /* decode, an input per slot */
+        one_matmul_id(types[ti], 6, 37, 64, 40, 2, 1);   /* prefill: > 8 pairs per expert */
+        one_matmul_id(types[ti], 128, 96, 256, 3, 8, 8); /* most experts unused */
+        one_matmul_id(types[ti], 20, 130, 1000, 17, 4, 1);
+    }
+    static const int combos[][3] = {{1, 2, 64}, {33, 8, 130}, {7, 1, 5}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(combos); i++) {
+        int n = combos[i][0], k = combos[i][1], d = combos[i][2];
+        arr x = arr_rand((size_t)n * k * d, -2, 2), w = arr_rand((size_t)n * k, 0, 1);
+        arr y = arr_poison(sizeof(float) * (size_t)n * d);
+        for (int b = 0; b < N_BE; b++) pt_be_moe_combine(be[b], y.d[b], x.d[b], w.d[b], n, k, d);
+        check_out(&y, GPU, 1e-6, "moe_combine n=%d k=%d d=%d", n, k, d);
+        arr_free(&x), arr_free(&w), arr_free(&y);
+    }
+}
+
 static void test_read_bandwidth(void **state) {
     (void)state;
     double bw = be[GPU]->ops->read_bandwidth(be[GPU]);
@@ -685,7 +819,8 @@ int main(void) {
         cmocka_unit_test(test_gather_rows), cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_read_bandwidth),
+        cmocka_unit_test(test_attention_ext), cmocka_unit_test(test_family_elementwise),
+        cmocka_unit_test(test_moe), cmocka_unit_test(test_read_bandwidth),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);

@@ -18,6 +18,9 @@
  * are not whole 16-byte chunks (the plain kernel), row counts that are not
  * a multiple of the rows per block.
  *
+ * matmul_id (mixture of experts): stacks of experts of every format, the
+ * same bounds as matmul's GEMV.
+ *
  * embed: rows of each format against the CPU's dequantization, 1e-6
  * relative (the same products; the GPU fuses one multiply-add).
  *
@@ -291,6 +294,71 @@ static void test_qembed(void **state) {
     }
 }
 
+/* matmul_id over a stack of quantized experts (a tall matrix of E * R
+ * rows cut into E experts of R), against the double-precision product of
+ * the dequantized experts and the CPU backend, with one_matmul's bounds
+ * (the GPU decodes to f32 and sums in f32: u = 1e-5). */
+static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, int x_slots) {
+    qmat m = qmat_new(f, E * R, cols);
+    size_t nx = (size_t)n * x_slots * cols, ny = (size_t)n * k * R;
+    float *x = malloc(sizeof(float) * nx), *poison = malloc(sizeof(float) * ny);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
+    memset(poison, 0xff, sizeof(float) * ny);
+    for (int t = 0; t < n; t++) /* k distinct experts per row, the last one always chosen once */
+        for (int j = 0; j < k; j++) ids[t * k + j] = (int32_t)((t + 2 * j + (t == 0 && j == 0 ? E - 1 : 0)) % E);
+    void *dx[N_BE], *dy[N_BE], *di[N_BE];
+    for (int b = 0; b < N_BE; b++) {
+        pt_weight w = m.w[b];
+        w.rows = R, w.n_experts = E, w.expert_stride = m.nb[0] / (size_t)E;
+        dx[b] = to_backend(b, x, sizeof(float) * nx);
+        dy[b] = to_backend(b, poison, sizeof(float) * ny);
+        di[b] = to_backend(b, ids, sizeof(int32_t) * (size_t)n * k);
+        pt_be_matmul_id(be[b], dy[b], dx[b], &w, di[b], n, k, x_slots);
+    }
+    float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
+    char fb[48];
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            const float *xr = x + ((size_t)t * x_slots + (x_slots > 1 ? j : 0)) * cols;
+            float xmax = 0;
+            for (int c = 0; c < cols; c++) xmax = fmaxf(xmax, fabsf(xr[c]));
+            for (int r = 0; r < R; r++) {
+                const float *wr = m.deq + ((size_t)ids[t * k + j] * R + r) * cols;
+                double ref = 0, S = 0, W = 0;
+                for (int c = 0; c < cols; c++) {
+                    ref += (double)wr[c] * xr[c];
+                    S += fabs((double)wr[c] * xr[c]);
+                    W += fabs(wr[c]);
+                }
+                size_t o = ((size_t)t * k + j) * R + r;
+                double tol = 1e-5 * S + 1e-6 + 1.01 * xmax / 65534 * W;
+                if (!(fabs(yg[o] - ref) <= tol) || !(fabs((double)yg[o] - yc[o]) <= tol))
+                    fail_msg("matmul_id %s E=%d %dx%d n=%d k=%d: y[%d][%d][%d] = %.9g, exact %.9g, "
+                             "cpu %.9g (bound %.3g)", fname(f, fb, sizeof fb), E, R, cols, n, k, t,
+                             j, r, yg[o], ref, yc[o], tol);
+            }
+        }
+    for (int b = 0; b < N_BE; b++) {
+        be[b]->ops->free(be[b], dx[b], sizeof(float) * nx);
+        be[b]->ops->free(be[b], dy[b], sizeof(float) * ny);
+        be[b]->ops->free(be[b], di[b], sizeof(int32_t) * (size_t)n * k);
+    }
+    free(x), free(poison), free(ids), free(yc), free(yg);
+    qmat_free(&m);
+}
+
+static void test_qmatmul_id(void **state) {
+    (void)state;
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
+        const fmt *f = &formats[fi];
+        one_qmatmul_id(f, 5, 37, 512, 1, 2, 1);  /* decode */
+        one_qmatmul_id(f, 5, 37, 512, 1, 2, 2);  /* an input per slot (down projection) */
+        one_qmatmul_id(f, 6, 20, 256, 30, 3, 1); /* prefill: many pairs per expert */
+        if (96 % fmt_block(f) == 0) one_qmatmul_id(f, 4, 9, 96, 3, 2, 1); /* 2-byte aligned experts */
+    }
+}
+
 int main(void) {
     pt_err err = {{0}};
     be[GPU] = pt_backend_cuda_new(0, &err); /* GEMV up to 16 rows: the default */
@@ -312,6 +380,7 @@ int main(void) {
         cmocka_unit_test(test_qmatmul),
         cmocka_unit_test(test_qbatch_invariance),
         cmocka_unit_test(test_qembed),
+        cmocka_unit_test(test_qmatmul_id),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);

@@ -173,6 +173,70 @@ static void test_schema_errors(void **state) {
     }
 }
 
+/* Every keyword the engine cannot enforce is refused, never ignored, and
+ * the error names the keyword and where in the schema it is (a JSON
+ * Pointer), so a 400 tells the user what to change. */
+static void test_schema_refusals_name_keyword_and_path(void **state) {
+    (void)state;
+    const char *bad[][3] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{\"type\":\"string\"}}}}", "\"not\"",
+         "#/properties/a)"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\","
+         "\"maxLength\":3}]}}}", "oneOf", "#/properties/a)"},
+        {"{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"object\",\"patternProperties\":{\"^x\":{}}}}}",
+         "patternProperties", "#/properties/m)"},
+        {"{\"if\":{\"type\":\"string\"},\"then\":{\"minLength\":2}}", "\"if\"", "(at #)"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"dependentRequired\":{\"a\":[\"b\"]}}",
+         "dependentRequired", "(at #)"},
+        {"{\"type\":\"object\",\"dependencies\":{\"a\":[\"b\"]}}", "\"dependencies\"", "(at #)"},
+        {"{\"type\":\"object\",\"dependentSchemas\":{\"a\":{}}}", "dependentSchemas", "(at #)"},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"array\",\"uniqueItems\":true}}", "uniqueItems",
+         "#/items)"},
+        {"{\"type\":\"array\",\"prefixItems\":[{},{\"type\":\"array\",\"contains\":{}}]}", "contains",
+         "#/prefixItems/1)"},
+        {"{\"type\":\"object\",\"propertyNames\":{\"maxLength\":3}}", "propertyNames", "(at #)"},
+        {"{\"type\":\"object\",\"unevaluatedProperties\":false}", "unevaluatedProperties", "(at #)"},
+        {"{\"type\":\"array\",\"unevaluatedItems\":false}", "unevaluatedItems", "(at #)"},
+        {"{\"type\":\"number\",\"multipleOf\":0.5}", "multipleOf", "(at #)"},
+        {"{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/$defs/a~1b\"}],\"$defs\":{\"a/b\":{\"type\":\"object\","
+         "\"additionalProperties\":{\"not\":{}}}}}", "\"not\"", "#/$defs/a~1b/additionalProperties)"},
+        {"{\"type\":\"object\",\"properties\":{\"a/b\":{\"$dynamicRef\":\"#x\"}}}", "$dynamicRef",
+         "#/properties/a~1b)"},
+        {"{\"enum\":[{},{\"a\":1}],\"minProperties\":1}", "minProperties", "(at #)"},
+        {"{\"const\":[1,1],\"uniqueItems\":true}", "uniqueItems", "(at #)"},
+        {"{\"type\":\"array\",\"items\":[{\"type\":\"string\"}],\"additionalItems\":{\"not\":{}}}", "\"not\"",
+         "#/additionalItems)"},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"a(?=b)\"}}}", "pattern",
+         "#/properties/s)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        pt_grammar *g = NULL;
+        pt_err err = {{0}};
+        if (pt_grammar_from_schema_text(&g, bad[i][0], strlen(bad[i][0]), &err) != -1)
+            fail_msg("%s: compiled; it must be refused", bad[i][0]);
+        assert_null(g);
+        if (!strstr(err.msg, bad[i][1])) fail_msg("%s: error \"%s\" does not name %s", bad[i][0], err.msg, bad[i][1]);
+        if (!strstr(err.msg, bad[i][2])) fail_msg("%s: error \"%s\" does not say %s", bad[i][0], err.msg, bad[i][2]);
+    }
+    /* what the spec makes a no-op stays accepted: annotations, a disjoint
+     * oneOf, additionalItems without tuple items, uniqueItems false,
+     * then/else without if */
+    const char *good[] = {
+        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}],\"title\":\"t\",\"x-extra\":1}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"additionalItems\":false,\"uniqueItems\":false}",
+        "{\"type\":\"string\",\"then\":{\"maxLength\":1},\"else\":false}",
+        "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"}},\"required\":[\"k\"]},"
+        "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"b\"}},\"required\":[\"k\"]}]}",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) pt_grammar_free(schema(good[i]));
+    pt_grammar *g = schema(good[1]);
+    assert_true(accepts(g, "[1,2,3]")); /* additionalItems applies to no item here */
+    pt_grammar_free(g);
+    g = schema(good[2]);
+    assert_true(accepts(g, "\"abc\"")); /* then/else without if: no constraint */
+    pt_grammar_free(g);
+}
+
 static void test_regex_and_gbnf(void **state) {
     (void)state;
     pt_grammar *g;
@@ -515,6 +579,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schema_object),    cmocka_unit_test(test_schema_features),
         cmocka_unit_test(test_schema_errors),    cmocka_unit_test(test_regex_and_gbnf),
+        cmocka_unit_test(test_schema_refusals_name_keyword_and_path),
         cmocka_unit_test(test_masks_brute_force), cmocka_unit_test(test_rollback_and_finish),
         cmocka_unit_test(test_forced_bytes),     cmocka_unit_test(test_masks_memoized_walks),
         cmocka_unit_test(test_pattern_length_and_all_keys), cmocka_unit_test(test_untyped_keywords_and_order),

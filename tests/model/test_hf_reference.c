@@ -164,6 +164,7 @@ CASE(llama_sharded)
 CASE(qwen3_moe)
 CASE(gemma2)
 CASE(gemma3_text)
+CASE(gpt_oss)
 CASE(qwen3_next)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
@@ -471,8 +472,8 @@ int main(void) {
         cmocka_unit_test(test_mistral), cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen3),   cmocka_unit_test(test_llama_sharded),
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gemma2),
-        cmocka_unit_test(test_qwen3_next),
-        cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_qwen3moe_gguf),
+        cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };

@@ -89,7 +89,7 @@ static void test_geometry(void **state) {
     assert_int_equal(kv.cfg.n_state_slots, 8); /* one per page, at most 16 */
     for (int l = 0; l < 4; l++) {
         assert_int_equal(m->plan[l].mixer, l < 3 ? PT_MIX_RECURRENT : PT_MIX_ATTN);
-        assert_int_equal(m->plan[l].cache_group, l < 3);
+        assert_int_equal(m->plan[l].cache_group, l < 3 ? 2 : 0);
         assert_true((kv.k[l] == NULL) == (l < 3));
         assert_true((kv.rec[l] != NULL) == (l < 3));
     }

@@ -14,6 +14,7 @@
  * errors comes from the registry table.  A weight spec may be a 3-D stack
  * of experts; dummy weights lay one out with the right stride.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -294,7 +295,7 @@ static void test_qwen3_next_plan(void **state) {
     assert_int_equal(pt_model_plan(&c, plan, &err), 0);
     for (int l = 0; l < 3; l++) {
         assert_int_equal(plan[l].mixer, l < 2 ? PT_MIX_RECURRENT : PT_MIX_ATTN);
-        assert_int_equal(plan[l].cache_group, l < 2);
+        assert_int_equal(plan[l].cache_group, l < 2 ? 2 : 0);
         assert_int_equal(plan[l].ffn, PT_FFN_MOE);
         assert_int_equal(plan[l].n_shared, 1);
         assert_int_equal(plan[l].rope.n_rot, 4);
@@ -314,13 +315,42 @@ static void test_qwen3_next_plan(void **state) {
 /* The list of supported architectures comes from the registry's rows. */
 static void test_supported_list_from_table(void **state) {
     (void)state;
-    json_t *j = json_loads("{\"model_type\":\"gpt_oss\"}", 0, NULL);
+    json_t *j = json_loads("{\"model_type\":\"deepseek_v3\"}", 0, NULL);
     pt_model_config c;
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "'gpt_oss' is not supported (supported: llama, mistral, "
-                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, qwen3_next)"));
+    assert_non_null(strstr(err.msg, "'deepseek_v3' is not supported (supported: llama, mistral, "
+                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss, qwen3_next)"));
     json_decref(j);
+}
+
+/* gpt-oss: even layers slide and are cache group 1 (the window group),
+ * every layer has sinks and routed experts with the clamped SwiGLU, and
+ * YaRN's attention factor scales the rope. */
+static void test_gptoss_plan(void **state) {
+    (void)state;
+    pt_model_config c;
+    config_of("{\"model_type\":\"gpt_oss\"," BASE ",\"num_local_experts\":4,"
+              "\"num_experts_per_tok\":2,\"sliding_window\":128,"
+              "\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":32.0,"
+              "\"original_max_position_embeddings\":4096,\"beta_fast\":32.0,\"beta_slow\":1.0}}",
+              &c);
+    pt_layer_plan plan[3];
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(plan[l].mixer, l % 2 == 0 ? PT_MIX_ATTN_SWA : PT_MIX_ATTN);
+        assert_int_equal(plan[l].cache_group, l % 2 == 0);
+        assert_true(plan[l].attn_sinks);
+        assert_int_equal(plan[l].ffn, PT_FFN_MOE);
+        assert_int_equal(plan[l].act, PT_ACT_SWIGLU_OAI);
+        assert_true(fabsf(plan[l].rope.mscale - (float)(0.1 * log(32.0) + 1)) < 1e-6f);
+    }
+    assert_true(c.qkv_bias && c.o_bias && c.expert_bias && c.expert_renorm);
+    /* a dense FFN with the clamped SwiGLU has no block */
+    plan[1].ffn = PT_FFN_DENSE;
+    assert_int_equal(pt_layer_plan_check(plan, 3, &err), -1);
+    assert_non_null(strstr(err.msg, "layer 1: a dense FFN with gpt-oss's clamped SwiGLU"));
 }
 
 /* An impossible mixture is a bad config, not a plan to refuse later. */
@@ -441,6 +471,7 @@ int main(void) {
         cmocka_unit_test(test_hand_built_plans_checked),
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
+        cmocka_unit_test(test_gptoss_plan),
         cmocka_unit_test(test_qwen3_next_plan),
         cmocka_unit_test(test_bad_mixture),
         cmocka_unit_test(test_expert_stack_dummy),

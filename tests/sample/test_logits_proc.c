@@ -79,7 +79,7 @@ static int zero_writes(const void *self) { (void)self; return 0; }
 static void no_accept(void *self, int32_t id) { (void)self, (void)id; }
 static void no_rollback(void *self, int n) { (void)self, (void)n; }
 static void no_free(void *self) { (void)self; }
-static const pt_logits_proc_ops even_ops = {"even", zero_writes, even_apply, no_accept, no_rollback, no_free};
+static const pt_logits_proc_ops even_ops = {"even", zero_writes, even_apply, no_accept, no_rollback, no_free, NULL};
 
 static void test_added_mask(void **state) {
     (void)state;

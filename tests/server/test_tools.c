@@ -178,6 +178,14 @@ static void test_forced(void **state) {
     check(PT_TOOLS_LLAMA3, true, "{\"name\":\"a\",\"parameters\":{}}", "", "a:{}");
     /* cut short by max_tokens: the text, not a crash */
     check(PT_TOOLS_HERMES, true, "{\"name\":\"a\",\"argu", "{\"name\":\"a\",\"argu", "");
+    /* several forced Hermes calls, each closed and the next opened as the
+     * grammar writes them; a closing tag inside a string is not the close */
+    check(PT_TOOLS_HERMES, true,
+          "{\"name\":\"a\",\"arguments\":{\"n\":1}}\n</tool_call>\n<tool_call>\n"
+          "{\"name\":\"b\",\"arguments\":{\"s\":\"</tool_call>\"}}\n</tool_call>",
+          "", "a:{\"n\":1}|b:{\"s\":\"</tool_call>\"}");
+    check(PT_TOOLS_HERMES, true, "{\"name\":\"b\",\"arguments\":{\"s\":\"x</tool_call>\"}}", "",
+          "b:{\"s\":\"x</tool_call>\"}");
 }
 
 static const char *k_tools =
@@ -239,6 +247,34 @@ static void test_choice_and_grammar(void **state) {
         g, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\",\"unit\":\"c\"}}"));
     assert_false(grammar_accepts(g, "{\"name\":\"get_weather\",\"arguments\":{}}"));
     assert_false(grammar_accepts(g, "{\"name\":\"nope\",\"arguments\":{}}"));
+    pt_grammar_free(g);
+    json_t *par = json_true();
+    assert_int_equal(pt_tools_check(tools, req, par, &c, &param, &err), 0);
+    assert_true(c.parallel_asked);
+    json_decref(par);
+    assert_int_equal(pt_tools_forced_grammar(tools, &c, PT_TOOLS_HERMES, &g, &err), 0);
+    /* parallel_tool_calls: true: after a call's closing tag, the end or
+     * another tagged call */
+    const char *a1 = "{\"name\":\"add\",\"arguments\":{\"a\":5}}";
+    const char *two = "{\"name\":\"add\",\"arguments\":{\"a\":5}}\n</tool_call>\n<tool_call>\n"
+                      "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\"}}\n</tool_call>";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s\n</tool_call>", a1);
+    assert_true(grammar_accepts(g, buf));
+    assert_true(grammar_accepts(g, two));
+    snprintf(buf, sizeof buf, "%s\n</tool_call>\n<tool_call>\n", a1);
+    assert_false(grammar_accepts(g, buf)); /* an opened call must come */
+    snprintf(buf, sizeof buf, "%s%s", a1, a1);
+    assert_false(grammar_accepts(g, buf)); /* calls only inside their tags */
+    pt_grammar_free(g);
+    /* parallel_tool_calls absent (default): one call */
+    assert_int_equal(pt_tools_check(tools, req, NULL, &c, &param, &err), 0);
+    assert_false(c.parallel_asked);
+    assert_int_equal(pt_tools_forced_grammar(tools, &c, PT_TOOLS_HERMES, &g, &err), 0);
+    assert_true(grammar_accepts(g, a1));
+    assert_false(grammar_accepts(g, two));
+    snprintf(buf, sizeof buf, "%s\n</tool_call>", a1);
+    assert_false(grammar_accepts(g, buf));
     pt_grammar_free(g);
     /* Mistral: an array of calls; Llama: "parameters" */
     assert_int_equal(pt_tools_forced_grammar(tools, &c, PT_TOOLS_MISTRAL, &g, &err), 0);

@@ -8,7 +8,9 @@
 # openai with structured output, tools, n > 1 and reasoning, outputs
 # validated with zod and ajv; metrics: /metrics parsed by a Prometheus text
 # parser, its counters equal to the usage the clients got, and /health while
-# the model loads), with the load test at 64 concurrent
+# the model loads; pool: several models from one endpoint, interleaved
+# requests equal to each model alone, eviction with requests in flight,
+# a bounded wait for a load), with the load test at 64 concurrent
 # streaming clients, or 8 in the sanitizer build where each is much slower.
 if(PETREL_SANITIZE)
   set(e2e_clients 8)

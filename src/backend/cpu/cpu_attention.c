@@ -27,7 +27,9 @@
  * (max, sum, accumulator) are merged afterwards, the flash-decoding way.
  *
  * attention_ext is the same walk over a window's positions only (a
- * sliding-window layer), with scores optionally soft-capped (Gemma 2).
+ * sliding-window layer), with scores optionally soft-capped (Gemma 2), and
+ * optionally a sink logit per head added to the softmax's denominator at
+ * the end (gpt-oss): o = acc / (l + exp(sink - m)).
  *
  * Quantized caches (kv->codec set) have their own fused kernels in
  * attn_kvq.c; the two ops here only hand them over.
@@ -131,6 +133,7 @@ typedef struct attn_job {
     float scale;
     float softcap; /* > 0: scores become softcap * tanh(score / softcap) */
     int window;    /* > 0: row t sees positions pos[t] - window + 1 .. pos[t] */
+    const float *sinks; /* [n_heads] one more logit in each head's denominator, or NULL */
     size_t esize;
     const attn_item *items;
     int n_items;
@@ -246,7 +249,8 @@ static void attend_item(const attn_job *j, attn_state *st, const attn_item *it) 
     if (it->part < 0) {
         for (int h = 0; h < j->n_heads; h++) {
             float *o = j->out + ((size_t)it->t * j->n_heads + h) * hd;
-            for (int i = 0; i < hd; i++) o[i] = st->acc[h * hd + i] / st->l[h];
+            float l = st->l[h] + (j->sinks ? expf(j->sinks[h] - st->m[h]) : 0.0f);
+            for (int i = 0; i < hd; i++) o[i] = st->acc[h * hd + i] / l;
         }
         return;
     }
@@ -297,6 +301,7 @@ static void merge_task(void *ctx, int ith, int nth) {
                 sum += w * part[hd + 1];
                 for (int d = 0; d < hd; d++) o[d] += w * part[d];
             }
+            if (j->sinks) sum += expf(j->sinks[h] - mx);
             for (int d = 0; d < hd; d++) o[d] /= sum;
         }
     }
@@ -390,6 +395,7 @@ void pt_cpu_attention_ext(pt_backend *be, float *out, const float *q, const pt_k
         .scale = prm->scale,
         .softcap = prm->softcap,
         .window = prm->window,
+        .sinks = prm->sinks,
         .esize = pt_dtype_bytes(kv->dtype, 1),
         .scratch = cb->scratch,
     };

@@ -135,6 +135,16 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
         pt_cpu_moe_combine(be, a->y, a->x, a->weights, a->n, a->k, a->d);
         return true;
     }
+    case PT_OP_SWIGLU_OAI: {
+        const pt_op_swiglu_oai *a = &o->swiglu_oai;
+        pt_cpu_swiglu_oai(be, a->y, a->gate, a->up, a->count, a->alpha, a->limit);
+        return true;
+    }
+    case PT_OP_ADD_ID: {
+        const pt_op_add_id *a = &o->add_id;
+        pt_cpu_add_id(be, a->y, a->bias, a->ids, a->n, a->k, a->d);
+        return true;
+    }
     case PT_OP_GATHER_COLS: {
         const pt_op_gather_cols *a = &o->gather_cols;
         pt_cpu_gather_cols(be, a->dst, a->src, a->idx, a->n, a->d_src, a->d_dst);

@@ -87,6 +87,10 @@ void pt_cpu_attention(pt_backend *be, float *out, const float *q, const pt_kv_vi
 void pt_cpu_attention_ext(pt_backend *be, float *out, const float *q, const pt_kv_view *kv,
                           const pt_batch_view *b, int n_heads, const pt_attn_params *p);
 void pt_cpu_geglu(pt_backend *be, float *y, const float *gate, const float *up, size_t count);
+void pt_cpu_swiglu_oai(pt_backend *be, float *y, const float *gate, const float *up, size_t count,
+                       float alpha, float limit);
+void pt_cpu_add_id(pt_backend *be, float *y, const float *bias, const int32_t *ids, int n, int k,
+                   int d);
 void pt_cpu_scale(pt_backend *be, float *x, float s, size_t count);
 void pt_cpu_softcap(pt_backend *be, float *x, float cap, size_t count);
 void pt_cpu_moe_route(pt_backend *be, int32_t *ids, float *weights, const float *logits, int n,

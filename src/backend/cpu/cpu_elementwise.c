@@ -114,6 +114,50 @@ void pt_cpu_softcap(pt_backend *be, float *x, float cap, size_t count) {
     pt_cpu_run(pt_cpu(be), softcap_task, &j, 16.0 * (double)count);
 }
 
+/* ---- gpt-oss: the clamped SwiGLU, and biases by expert id ------------------------- */
+
+typedef struct oai_job {
+    float *y;
+    const float *gate, *up, *bias;
+    const int32_t *ids;
+    size_t count;
+    int k, d;
+    float alpha, limit;
+} oai_job;
+
+static void swiglu_oai_task(void *ctx, int ith, int nth) {
+    const oai_job *j = ctx;
+    int64_t lo, hi;
+    pt_cpu_split((int64_t)j->count, ith, nth, 16, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        float g = PT_MIN(j->gate[i], j->limit), u = PT_MAX(-j->limit, PT_MIN(j->up[i], j->limit));
+        j->y[i] = (u + 1.0f) * (g / (1.0f + expf(-j->alpha * g)));
+    }
+}
+
+void pt_cpu_swiglu_oai(pt_backend *be, float *y, const float *gate, const float *up, size_t count,
+                       float alpha, float limit) {
+    oai_job j = {.y = y, .gate = gate, .up = up, .count = count, .alpha = alpha, .limit = limit};
+    pt_cpu_run(pt_cpu(be), swiglu_oai_task, &j, 16.0 * (double)count);
+}
+
+static void add_id_task(void *ctx, int ith, int nth) {
+    const oai_job *j = ctx;
+    int64_t lo, hi;
+    pt_cpu_split((int64_t)j->count, ith, nth, 1, &lo, &hi); /* (row, slot) pairs */
+    for (int64_t i = lo; i < hi; i++) {
+        float *y = j->y + i * j->d;
+        const float *b = j->bias + (size_t)j->ids[i] * j->d;
+        for (int c = 0; c < j->d; c++) y[c] += b[c];
+    }
+}
+
+void pt_cpu_add_id(pt_backend *be, float *y, const float *bias, const int32_t *ids, int n, int k,
+                   int d) {
+    oai_job j = {.y = y, .bias = bias, .ids = ids, .count = (size_t)PT_MAX(n, 0) * k, .d = d};
+    pt_cpu_run(pt_cpu(be), add_id_task, &j, (double)n * k * d);
+}
+
 /* ---- add_bias: every row gets the same vector --------------------------------- */
 
 static void add_bias_task(void *ctx, int ith, int nth) {

@@ -72,7 +72,8 @@ const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n) {
 void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const pt_weight *w,
                   int n) {
     job j = {.x = x, .w = w, .y = y};
-    j.rows = ctx->avx2 ? pt_qk_avx2_rows(w) : pt_qk_portable_rows(w);
+    j.rows = ctx->avx2 ? pt_qk_avx2_rows(w) : NULL;
+    if (!j.rows) j.rows = pt_qk_portable_rows(w); /* formats without AVX2 rows (MXFP4) */
     if (!j.rows || n <= 0) return;
     j.rows8 = rows8_for(ctx, w, n);
     size_t need = j.rows8 ? pt_qk_act8_bytes(n, w->cols) : pt_qk_act_bytes(n, w->cols);

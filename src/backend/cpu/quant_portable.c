@@ -211,6 +211,21 @@ static void chunk_q6_k(const pt_weight *w, qrow row, int64_t c, int32_t out[32],
     *add = 0;
 }
 
+/* MXFP4: e2m1 codes as twice their value ({0, 1, 2, 3, 4, 6, 8, 12} and
+ * negatives, all integers), so mul = 2^(e - 127) / 2. */
+static void chunk_mxfp4(const pt_weight *w, qrow row, int64_t c, int32_t out[32], float *mul,
+                        float *add) {
+    static const int8_t twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const uint8_t *b = row.p + 17 * c;
+    for (int i = 0; i < 16; i++) {
+        out[i] = twice[b[1 + i] & 15];
+        out[i + 16] = twice[b[1 + i] >> 4];
+    }
+    *mul = ldexpf(1.0f, (int)b[0] - 128);
+    *add = 0;
+    (void)w;
+}
+
 static const struct {
     pt_dtype t;
     int block, block_bytes;
@@ -219,6 +234,7 @@ static const struct {
     {PT_AFFINE, 0, 0, chunk_affine}, {PT_Q8_0, 32, 34, chunk_q8_0},
     {PT_Q4_0, 32, 18, chunk_q4_0},   {PT_Q4_K, 256, 144, chunk_q4_k},
     {PT_Q5_K, 256, 176, chunk_q5_k}, {PT_Q6_K, 256, 210, chunk_q6_k},
+    {PT_MXFP4, 32, 17, chunk_mxfp4},
 };
 
 static int find_format(pt_dtype t) {

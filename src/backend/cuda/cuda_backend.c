@@ -5,7 +5,13 @@
  * (cuda_graph.c replays decode-sized bursts as CUDA graphs) or, with graphs
  * off, launches it at once.  cuda_exec_op is the one switch from a record
  * to its launcher in the .cu file of its family (ops.cu, matmul.cu,
- * qmatmul.cu, attention.cu, attn_kvq.cu) or to cuBLAS.
+ * qmatmul.cu, attention.cu, attn_kvq.cu, family_ops.cu) or to cuBLAS.
+ *
+ * The model-family ops (attention_ext, geglu, scale, softcap, moe_route,
+ * matmul_id, moe_combine; cuda_family.h) have first, plain kernels:
+ * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
+ * never come to the host, so a decode step stays one graph) and reads
+ * only the experts some row chose.
  *
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
@@ -41,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cuda/cuda_family.h"
 #include "backend/cuda/cuda_host.h"
 
 #define CUBLAS_WORKSPACE ((size_t)32 << 20)
@@ -307,6 +314,37 @@ static void exec_attention(cuda_backend *cb, const pt_op_attention *a) {
     else cu_attention(&cb->ctx, &r, cb->ctx.n_sm, cb->attn_scratch);
 }
 
+static void exec_attention_ext(cuda_backend *cb, const pt_op_attention_ext *a) {
+    pt_op_attention plain = {a->out, a->q, a->kv, a->b, a->n_heads, a->p.scale};
+    cu_attn_args r = attn_args(cb, &plain);
+    cu_attention_ext(&cb->ctx, &r, a->p.window, a->p.softcap);
+}
+
+static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
+    const pt_weight *w = &a->w;
+    int pairs = a->n * a->k, rc;
+    if (cu_moe_sort(&cb->ctx, cb->moe_scratch, a->ids, pairs, w->n_experts)) {
+        cuda_fail(cb, "matmul_id", "too many experts for the CUDA kernels");
+        return;
+    }
+    if (is_quantized(w->dtype)) {
+        pt_weight e0 = pt_weight_expert(w, 0);
+        cu_qweight q = qweight_of(&e0);
+        rc = cu_qmatmul_id(&cb->ctx, a->y, a->x, &q, w->expert_stride, w->n_experts,
+                           cb->moe_scratch, pairs, a->k, a->x_slots);
+    } else {
+        rc = cu_matmul_id(&cb->ctx, a->y, a->x, w->data, dtype_code(w->dtype), w->expert_stride,
+                          (int)w->rows, (int)w->cols, w->n_experts, cb->moe_scratch, pairs, a->k,
+                          a->x_slots);
+    }
+    if (rc) cuda_fail(cb, "matmul_id", "no kernel for this stack of experts");
+}
+
+static void exec_moe_route(cuda_backend *cb, const pt_op_moe_route *a) {
+    if (cu_moe_route(&cb->ctx, a->ids, a->weights, a->logits, a->n, a->n_experts, a->k, a->renorm))
+        pt_be_fail(&cb->base, "moe_route", "no kernel for top %d of %d experts", a->k, a->n_experts);
+}
+
 /* Enqueues one recorded op on the stream: the one switch from a record to
  * its launcher. */
 void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
@@ -338,6 +376,17 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
         cu_gather_rows(c, a->dst, a->src, a->idx, a->n, a->d);
         break;
     }
+    case PT_OP_ATTENTION_EXT: exec_attention_ext(cb, &o->attention_ext); break;
+    case PT_OP_GEGLU: cu_geglu(c, o->geglu.y, o->geglu.gate, o->geglu.up, o->geglu.count); break;
+    case PT_OP_SCALE: cu_scale(c, o->scale.x, o->scale.s, o->scale.count, 0); break;
+    case PT_OP_SOFTCAP: cu_scale(c, o->scale.x, o->scale.s, o->scale.count, 1); break;
+    case PT_OP_MOE_ROUTE: exec_moe_route(cb, &o->moe_route); break;
+    case PT_OP_MATMUL_ID: exec_matmul_id(cb, &o->matmul_id); break;
+    case PT_OP_MOE_COMBINE: {
+        const pt_op_moe_combine *a = &o->moe_combine;
+        cu_moe_combine(c, a->y, a->x, a->weights, a->n, a->k, a->d);
+        break;
+    }
     default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
@@ -354,6 +403,8 @@ static int op_rows(const pt_op *o) {
     case PT_OP_KV_STORE: return o->kv_store.b.n_tokens;
     case PT_OP_ATTENTION: return o->attention.b.n_tokens;
     case PT_OP_GATHER_ROWS: return o->gather_rows.n;
+    case PT_OP_ATTENTION_EXT: return o->attention_ext.b.n_tokens;
+    case PT_OP_MATMUL_ID: return o->matmul_id.n;
     default: return 0;
     }
 }
@@ -367,6 +418,37 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
         if (is_quantized(w->dtype)) return check_qweight(cb, w, name);
         if (dtype_code(w->dtype) < 0)
             return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
+    }
+    if (o->kind == PT_OP_MATMUL_ID) {
+        const pt_op_matmul_id *a = &o->matmul_id;
+        const pt_weight *w = &a->w;
+        if (w->n_experts < 1 || w->n_experts > CU_MOE_MAX_EXPERTS)
+            return pt_be_fail(&cb->base, name, "a stack of %d experts is not supported", w->n_experts);
+        if (a->k < 1 || (a->x_slots != 1 && a->x_slots != a->k))
+            return pt_be_fail(&cb->base, name, "%d input slots for top %d", a->x_slots, a->k);
+        if (is_quantized(w->dtype)) {
+            pt_weight e0 = pt_weight_expert(w, 0);
+            if (check_qweight(cb, &e0, name)) return -1;
+            if (w->expert_stride % 2)
+                return cuda_fail(cb, name, "quantized experts at odd byte offsets");
+        } else if (dtype_code(w->dtype) < 0) {
+            return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
+        }
+    }
+    if (o->kind == PT_OP_MOE_ROUTE) {
+        const pt_op_moe_route *a = &o->moe_route;
+        if (a->n_experts > CU_MOE_MAX_EXPERTS || a->k < 1 || a->k > 32 || a->k > a->n_experts)
+            return pt_be_fail(&cb->base, name, "top %d of %d experts is not supported", a->k, a->n_experts);
+    }
+    if (o->kind == PT_OP_ATTENTION_EXT) {
+        const pt_kv_view *kv = &o->attention_ext.kv;
+        if (kv->codec)
+            return cuda_fail(cb, name, "a quantized KV cache takes no window or soft-cap");
+        if (dtype_code(kv->dtype) < 0)
+            return cuda_fail(cb, name, "cache type not supported by the CUDA backend");
+        if (kv->head_dim > 512) return cuda_fail(cb, name, "head_dim over 512 is not supported");
+        if (o->attention_ext.p.sinks) /* gpt-oss; its models are refused at load (swiglu_oai) */
+            return cuda_fail(cb, name, "attention sinks are not implemented on the CUDA backend");
     }
     if (o->kind == PT_OP_KV_STORE || o->kind == PT_OP_ATTENTION) {
         const pt_kv_view *kv = o->kind == PT_OP_KV_STORE ? &o->kv_store.kv : &o->attention.kv;
@@ -410,6 +492,10 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         }
         if (a->w.dtype != PT_F32 && a->n > cb->gemv_max)
             return grow(cb, &cb->act16, &cb->act16_cap, act, name);
+    } else if (o->kind == PT_OP_MATMUL_ID) {
+        const pt_op_matmul_id *a = &o->matmul_id;
+        size_t need = cu_moe_sort_scratch(a->n * a->k, a->w.n_experts);
+        return grow(cb, &cb->moe_scratch, &cb->moe_cap, need, name);
     } else if (o->kind == PT_OP_ATTENTION) {
         size_t need;
         if (o->attention.kv.codec) {
@@ -466,6 +552,7 @@ static void cuda_destroy(pt_backend *be) {
     if (cb->cublas_ws) cudaFree(cb->cublas_ws);
     if (cb->act16) cudaFree(cb->act16);
     if (cb->attn_scratch) cudaFree(cb->attn_scratch);
+    if (cb->moe_scratch) cudaFree(cb->moe_scratch);
     if (cb->wdeq) cudaFree(cb->wdeq);
     if (cb->cublas) cublasDestroy(cb->cublas);
     if (cb->ctx.s) cudaStreamDestroy(cb->ctx.s);
@@ -477,7 +564,7 @@ static void cuda_destroy(pt_backend *be) {
  * that need those, naming the op, instead of failing mid-forward. */
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
-    return kind >= 0 && kind <= PT_OP_GATHER_ROWS;
+    return kind >= 0 && kind <= PT_OP_MOE_COMBINE; /* the kinds cuda_exec_op launches */
 }
 
 static const pt_backend_ops cuda_ops = {

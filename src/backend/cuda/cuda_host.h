@@ -43,6 +43,8 @@ typedef struct cuda_backend {
     size_t wdeq_cap;
     void *attn_scratch; /* split-context partial results */
     size_t attn_cap;
+    void *moe_scratch; /* matmul_id: pairs sorted by expert */
+    size_t moe_cap;
     int gemv_max;     /* token rows up to which matmul uses the GEMV kernels */
     int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
     bool simple_attn; /* PETREL_CUDA_ATTN=simple: the plain kernel only */

@@ -48,6 +48,7 @@
  * rounds weights and activations to f16 (~2^-10 relative).
  */
 #include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cuda_family.h"
 
 #define QM_THREADS 128
 #define QM_TILE (QM_THREADS * 32) /* columns per stage: one chunk per thread */
@@ -893,5 +894,80 @@ extern "C" int cu_qembed(const cu_ctx *c, float *y, const cu_qweight *w, const i
 #define QF_EMB(F) CU_LAUNCH((qdequant_kernel<F, float>), (unsigned)n, 128, 0, c, y, ww, ids)
     QF_DISPATCH(w->fmt, QF_EMB)
 #undef QF_EMB
+    return 0;
+}
+
+/* ---- matmul by expert id (cuda_family.h) ------------------------------------------ */
+
+#define QID_WARPS 4 /* weight rows per block, a warp each */
+#define QID_PAIRS 8 /* pairs per pass over a weight row */
+
+/* Block (tile, expert): a warp per weight row of expert blockIdx.y, lanes
+ * over its 32-element chunks decoded from global memory, up to QID_PAIRS
+ * pairs per pass; an expert no pair chose exits before reading anything. */
+template <int F>
+__global__ void __launch_bounds__(QID_WARPS * 32)
+    qmatmul_id_kernel(float *y, const float *x, cu_qweight w, size_t expert_stride,
+                      const int32_t *order, const int32_t *first, int k, int x_slots) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int e = blockIdx.y, lo = first[e], hi = first[e + 1], lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * QID_WARPS + (threadIdx.x >> 5), cols = w.cols;
+    if (lo == hi || r >= w.rows) return;
+    if (F >= CU_AFF4) { /* this expert's scales and biases */
+        size_t sb = (size_t)w.rows * (size_t)(cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
+        w.scales = (const char *)w.scales + (size_t)e * sb;
+        w.biases = (const char *)w.biases + (size_t)e * sb;
+    }
+    const uint8_t *rp = (const uint8_t *)w.data + (size_t)e * expert_stride +
+                        (size_t)r * qf_bytes(F, w.bits, cols);
+    for (int p0 = lo; p0 < hi; p0 += QID_PAIRS) {
+        const int np = min(QID_PAIRS, hi - p0);
+        const float *xr[QID_PAIRS];
+        int pair[QID_PAIRS];
+        float acc[QID_PAIRS];
+#pragma unroll
+        for (int i = 0; i < QID_PAIRS; i++) {
+            pair[i] = order[p0 + (i < np ? i : 0)];
+            int t = pair[i] / k, slot = pair[i] % k;
+            xr[i] = x + ((size_t)t * x_slots + (x_slots > 1 ? slot : 0)) * cols;
+            acc[i] = 0.f;
+        }
+        for (int64_t c = lane; c * 32 < cols; c += 32) {
+            qchunk q;
+            qf_chunk<F>(q, rp, (int)c, c, w, r);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                float wf[8];
+                qf_get8(q, g, wf);
+#pragma unroll
+                for (int i = 0; i < QID_PAIRS; i++)
+                    if (i < np)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[i] = fmaf(wf[j], xr[i][c * 32 + 8 * g + j], acc[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < QID_PAIRS; i++) {
+            float v = cu_warp_sum(acc[i]);
+            if (i < np && lane == 0) y[(size_t)pair[i] * w.rows + r] = v;
+        }
+    }
+}
+
+extern "C" int cu_qmatmul_id(const cu_ctx *c, float *y, const float *x, const cu_qweight *w,
+                             size_t expert_stride, int n_experts, const void *sorted, int pairs,
+                             int k, int x_slots) {
+    /* the 16-byte loads of these formats need every expert 16-byte aligned */
+    bool wide = w->fmt == CU_Q4_K || w->fmt == CU_Q5_K || w->fmt == CU_AFF4 || w->fmt == CU_AFF8;
+    if (!cu_qweight_ok(w) || n_experts < 1 || n_experts > 65535 || expert_stride % (wide ? 16 : 2))
+        return -1;
+    if (pairs <= 0) return 0;
+    const int32_t *order = (const int32_t *)sorted, *first = order + pairs;
+    const cu_qweight ww = *w;
+    dim3 grid((unsigned)CU_DIV_UP(w->rows, (int64_t)QID_WARPS), (unsigned)n_experts);
+#define QF_ID(F) CU_LAUNCH((qmatmul_id_kernel<F>), grid, QID_WARPS * 32, 0, c, y, x, ww, expert_stride, order, first, k, x_slots)
+    QF_DISPATCH(w->fmt, QF_ID)
+#undef QF_ID
     return 0;
 }

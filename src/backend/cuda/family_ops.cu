@@ -1,0 +1,299 @@
+/*
+ * family_ops.cu - kernels of the ops the model families beyond Llama add:
+ * GeGLU, scale and soft-cap (Gemma), attention with a window and
+ * soft-capped scores (Gemma's sliding and global layers), and the
+ * mixture-of-experts ops (routing, the sort of (row, slot) pairs by
+ * expert, the matmul by expert id for f32/f16/bf16 experts, the weighted
+ * combine).  Declared in cuda_family.h.
+ *
+ * These are the first CUDA versions: each is written to be right and to
+ * read only what it must (an unselected expert is never read), not yet to
+ * be fast (element loads, not 16-byte ones; the attention is the one-warp
+ * plain kernel).  Every kernel follows the PDL rule of cu_common.cuh.
+ */
+#include <float.h>
+
+#include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cuda_family.h"
+
+/* ---- elementwise -------------------------------------------------------------- */
+
+/* transformers' gelu_pytorch_tanh, written as the CPU backend writes it
+ * (x / (1 + e^-2z) = 0.5 x (1 + tanh z) without the cancellation). */
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    float z = c * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * z));
+}
+
+__global__ void geglu_kernel(float *y, const float *gate, const float *up, size_t count) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) y[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+extern "C" void cu_geglu(const cu_ctx *c, float *y, const float *gate, const float *up,
+                         size_t count) {
+    if (count) CU_LAUNCH(geglu_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, y, gate, up, count);
+}
+
+__global__ void scale_kernel(float *x, float s, size_t count, int softcap) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) x[i] = softcap ? s * tanhf(x[i] / s) : x[i] * s;
+}
+
+extern "C" void cu_scale(const cu_ctx *c, float *x, float s, size_t count, int softcap) {
+    if (count) CU_LAUNCH(scale_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, x, s, count, softcap);
+}
+
+/* ---- attention with a window and soft-capped scores ---------------------------- */
+
+#define EXT_MAX_DPL 16 /* head_dim <= 512 */
+
+/* One warp per (row, query head), lanes over head_dim, an online softmax
+ * over the positions the row sees. */
+template <int T>
+__global__ void attn_ext_kernel(cu_attn_args a, int window, float softcap) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (wid >= a.n * a.n_heads) return;
+    const int t = wid / a.n_heads, h = wid % a.n_heads, hd = a.head_dim;
+    const int kvh = h / (a.n_heads / a.n_kv_heads), p = a.pos[t];
+    const int j0 = window > 0 ? max(0, p + 1 - window) : 0;
+    const int32_t *btrow = a.block_table + (size_t)a.seq[t] * a.max_pages;
+    const float *qr = a.q + ((size_t)t * a.n_heads + h) * hd;
+    float qv[EXT_MAX_DPL], acc[EXT_MAX_DPL];
+#pragma unroll
+    for (int i = 0; i < EXT_MAX_DPL; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < hd ? qr[d] : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = -FLT_MAX, l = 0.f;
+    for (int j = j0; j <= p; j++) {
+        int page = btrow[j / a.page_size];
+        size_t base = (((size_t)page * a.page_size + j % a.page_size) * a.n_kv_heads + kvh) * hd;
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < EXT_MAX_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) dot = fmaf(qv[i], cu_load_elem<T>(a.k, base + d), dot);
+        }
+        float s = cu_warp_sum(dot) * a.scale;
+        if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+        float mnew = fmaxf(m, s), alpha = expf(m - mnew), pj = expf(s - mnew);
+        l = l * alpha + pj;
+        m = mnew;
+#pragma unroll
+        for (int i = 0; i < EXT_MAX_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) acc[i] = acc[i] * alpha + pj * cu_load_elem<T>(a.v, base + d);
+        }
+    }
+    float *o = a.out + ((size_t)t * a.n_heads + h) * hd;
+#pragma unroll
+    for (int i = 0; i < EXT_MAX_DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) o[d] = acc[i] / l;
+    }
+}
+
+extern "C" void cu_attention_ext(const cu_ctx *c, const cu_attn_args *a, int window,
+                                 float softcap) {
+    int warps = a->n * a->n_heads;
+    if (warps <= 0) return;
+    int blocks = CU_DIV_UP(warps, 4);
+    if (a->dtype == CU_F32) CU_LAUNCH((attn_ext_kernel<CU_F32>), blocks, 128, 0, c, *a, window, softcap);
+    else if (a->dtype == CU_F16) CU_LAUNCH((attn_ext_kernel<CU_F16>), blocks, 128, 0, c, *a, window, softcap);
+    else CU_LAUNCH((attn_ext_kernel<CU_BF16>), blocks, 128, 0, c, *a, window, softcap);
+}
+
+/* ---- routing ---------------------------------------------------------------------- */
+
+#define ROUTE_PER_LANE (CU_MOE_MAX_EXPERTS / 32)
+
+/* One warp per row.  Lane l owns experts l, l + 32, ...; a bit per owned
+ * expert marks it taken.  Each of the k rounds finds the largest untaken
+ * logit, the lower expert among equals (as the CPU backend's strict >). */
+__global__ void moe_route_kernel(int32_t *ids, float *weights, const float *logits, int n, int E,
+                                 int k, int renorm) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int t = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (t >= n) return;
+    const float *l = logits + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    mx = cu_warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+    sum = cu_warp_sum(sum);
+    uint32_t taken = 0;
+    float kept = 0.f, w_mine = 0.f; /* lane s keeps slot s's weight (k <= 32) */
+    int id_mine = -1;
+    for (int s = 0; s < k; s++) {
+        float bv = -INFINITY;
+        int be = -1;
+        for (int i = 0, e = lane; e < E; i++, e += 32)
+            if (!(taken >> i & 1) && (be < 0 || l[e] > bv)) bv = l[e], be = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
+        }
+        if (be >= 0 && (be & 31) == lane) taken |= 1u << (be >> 5);
+        float w = be >= 0 ? expf(l[be] - mx) / sum : 0.f;
+        kept += w;
+        if (lane == s) w_mine = w, id_mine = be;
+    }
+    if (lane < k) {
+        ids[(size_t)t * k + lane] = id_mine;
+        weights[(size_t)t * k + lane] = renorm ? w_mine / kept : w_mine;
+    }
+}
+
+extern "C" int cu_moe_route(const cu_ctx *c, int32_t *ids, float *weights, const float *logits,
+                            int n, int n_experts, int k, int renorm) {
+    if (n_experts < 1 || n_experts > CU_MOE_MAX_EXPERTS || k < 1 || k > 32 || k > n_experts)
+        return -1;
+    if (n > 0)
+        CU_LAUNCH(moe_route_kernel, (unsigned)CU_DIV_UP(n, 4), 128, 0, c, ids, weights, logits, n,
+                  n_experts, k, renorm);
+    return 0;
+}
+
+/* ---- combine ---------------------------------------------------------------------- */
+
+__global__ void moe_combine_kernel(float *y, const float *x, const float *w, int n, int k, int d) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * d) return;
+    size_t t = i / d, c = i % d;
+    float acc = 0.f;
+    for (int s = 0; s < k; s++) acc += w[t * k + s] * x[(t * k + s) * d + c];
+    y[i] = acc;
+}
+
+extern "C" void cu_moe_combine(const cu_ctx *c, float *y, const float *x, const float *weights,
+                               int n, int k, int d) {
+    size_t count = (size_t)n * d;
+    if (count)
+        CU_LAUNCH(moe_combine_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, y, x, weights, n,
+                  k, d);
+}
+
+/* ---- the sort of pairs by expert ------------------------------------------------- */
+
+extern "C" size_t cu_moe_sort_scratch(int pairs, int n_experts) {
+    return sizeof(int32_t) * ((size_t)pairs + (size_t)n_experts + 1);
+}
+
+/* One block: counts per expert in shared memory, a scan by one thread (a
+ * few hundred experts), then each pair placed at its expert's cursor.  The
+ * order within an expert depends on the atomics; no result does, since
+ * every pair is computed on its own. */
+__global__ void __launch_bounds__(1024)
+    moe_sort_kernel(int32_t *order, int32_t *first, const int32_t *ids, int pairs, int E) {
+    extern __shared__ int32_t cnt[]; /* [E] counts, then [E] cursors */
+    cu_grid_trigger();
+    cu_grid_wait();
+    int32_t *cur = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        int e = ids[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t run = 0;
+        for (int e = 0; e < E; e++) {
+            first[e] = run, cur[e] = run;
+            run += cnt[e];
+        }
+        first[E] = run;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        int e = ids[i];
+        if (e >= 0 && e < E) order[atomicAdd(&cur[e], 1)] = i;
+    }
+}
+
+extern "C" int cu_moe_sort(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs,
+                           int n_experts) {
+    if (n_experts < 1 || n_experts > CU_MOE_MAX_EXPERTS) return -1;
+    int32_t *order = (int32_t *)scratch, *first = order + pairs;
+    CU_LAUNCH(moe_sort_kernel, 1, 1024, sizeof(int32_t) * 2 * (size_t)n_experts, c, order, first,
+              ids, pairs, n_experts);
+    return 0;
+}
+
+/* ---- matmul by expert id (f32 / f16 / bf16 experts) ------------------------------- */
+
+#define MID_WARPS 4 /* weight rows per block, a warp each */
+#define MID_PAIRS 8 /* pairs per pass over a weight row */
+
+template <int T>
+__global__ void __launch_bounds__(MID_WARPS * 32)
+    matmul_id_kernel(float *y, const float *x, const void *w, size_t expert_stride, int rows,
+                     int cols, const int32_t *order, const int32_t *first, int k, int x_slots) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int e = blockIdx.y, lo = first[e], hi = first[e + 1];
+    const int r = blockIdx.x * MID_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (lo == hi || r >= rows) return; /* an expert no pair chose is never read */
+    const size_t esz = T == CU_F32 ? 4 : 2;
+    const void *wr = (const char *)w + (size_t)e * expert_stride + (size_t)r * cols * esz;
+    for (int p0 = lo; p0 < hi; p0 += MID_PAIRS) {
+        const int np = min(MID_PAIRS, hi - p0);
+        const float *xr[MID_PAIRS];
+        int pair[MID_PAIRS];
+        float acc[MID_PAIRS];
+#pragma unroll
+        for (int i = 0; i < MID_PAIRS; i++) {
+            pair[i] = order[p0 + (i < np ? i : 0)];
+            int t = pair[i] / k, slot = pair[i] % k;
+            xr[i] = x + ((size_t)t * x_slots + (x_slots > 1 ? slot : 0)) * cols;
+            acc[i] = 0.f;
+        }
+        for (int c = lane; c < cols; c += 32) {
+            float wv = cu_load_elem<T>(wr, c);
+#pragma unroll
+            for (int i = 0; i < MID_PAIRS; i++)
+                if (i < np) acc[i] = fmaf(wv, xr[i][c], acc[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < MID_PAIRS; i++) {
+            float v = cu_warp_sum(acc[i]);
+            if (i < np && lane == 0) y[(size_t)pair[i] * rows + r] = v;
+        }
+    }
+}
+
+extern "C" int cu_matmul_id(const cu_ctx *c, float *y, const float *x, const void *w, int wtype,
+                            size_t expert_stride, int rows, int cols, int n_experts,
+                            const void *sorted, int pairs, int k, int x_slots) {
+    if (n_experts < 1 || n_experts > 65535 || rows < 1 || cols < 1) return -1;
+    if (pairs <= 0) return 0;
+    const int32_t *order = (const int32_t *)sorted, *first = order + pairs;
+    dim3 grid(CU_DIV_UP(rows, MID_WARPS), n_experts);
+    if (wtype == CU_F32)
+        CU_LAUNCH((matmul_id_kernel<CU_F32>), grid, MID_WARPS * 32, 0, c, y, x, w, expert_stride,
+                  rows, cols, order, first, k, x_slots);
+    else if (wtype == CU_F16)
+        CU_LAUNCH((matmul_id_kernel<CU_F16>), grid, MID_WARPS * 32, 0, c, y, x, w, expert_stride,
+                  rows, cols, order, first, k, x_slots);
+    else if (wtype == CU_BF16)
+        CU_LAUNCH((matmul_id_kernel<CU_BF16>), grid, MID_WARPS * 32, 0, c, y, x, w, expert_stride,
+                  rows, cols, order, first, k, x_slots);
+    else
+        return -1;
+    return 0;
+}
