@@ -3,7 +3,7 @@
  * kernel set, per-thread scratch and dispatch onto the thread pool.
  *
  * The ops themselves live in cpu_matmul.c, cpu_elementwise.c,
- * cpu_attention.c, cpu_moe.c and cpu_bandwidth.c; this file only wires them up.  "Backend
+ * cpu_attention.c, cpu_moe.c, cpu_recurrent.c and cpu_bandwidth.c; this file only wires them up.  "Backend
  * memory" on the CPU is ordinary memory, so upload/download are memcpy and
  * sync has nothing to wait for (every op returns when its work is done).
  */
@@ -145,6 +145,23 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
         pt_cpu_add_id(be, a->y, a->bias, a->ids, a->n, a->k, a->d);
         return true;
     }
+    case PT_OP_GATHER_COLS: {
+        const pt_op_gather_cols *a = &o->gather_cols;
+        pt_cpu_gather_cols(be, a->dst, a->src, a->idx, a->n, a->d_src, a->d_dst);
+        return true;
+    }
+    case PT_OP_SIGMOID_MUL: {
+        const pt_op_sigmoid_mul *a = &o->sigmoid_mul;
+        pt_cpu_sigmoid_mul(be, a->y, a->x, a->g, a->n, a->d, a->g_d);
+        return true;
+    }
+    case PT_OP_CONV1D_SILU: {
+        const pt_op_conv1d_silu *a = &o->conv1d_silu;
+        pt_cpu_conv1d_silu(be, a->y, a->x, a->w, a->state, &a->b, a->C, a->K);
+        return true;
+    }
+    case PT_OP_GATED_DELTA: pt_cpu_gated_delta(be, &o->gated_delta); return true;
+    case PT_OP_RMSNORM_GATED: pt_cpu_rmsnorm_gated(be, &o->rmsnorm_gated); return true;
     default: return false;
     }
 }
