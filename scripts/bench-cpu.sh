@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-core}
-p=build/petrel
+p=${PETREL:-build/petrel} # PETREL=path: another petrel binary (e.g. a copy, while build/ rebuilds)
 [ -x $p ] || { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null; cmake --build build -j"$(nproc)" --target petrel; }
 
 core() {

@@ -110,6 +110,10 @@ typedef struct pt_batch_view {
     const int32_t *pos;         /* [n_tokens] position of each row */
     const int32_t *seq;         /* [n_tokens] sequence index of each row */
     const int32_t *block_table; /* [n_seqs][max_pages] page ids */
+    /* [n_seqs] each sequence's slot in the recurrent-state buffers
+     * (kvcache.h, the state group); NULL for models without recurrent
+     * layers. */
+    const int32_t *state_slot;
     int n_tokens, max_pages, n_seqs;
     int pad_;
 } pt_batch_view;
@@ -163,6 +167,12 @@ typedef enum pt_op_kind {
     PT_OP_MOE_COMBINE,
     PT_OP_SWIGLU_OAI,
     PT_OP_ADD_ID,
+    /* Hybrid recurrent layers (issue 17, Gated DeltaNet): optional. */
+    PT_OP_GATHER_COLS,
+    PT_OP_SIGMOID_MUL,
+    PT_OP_CONV1D_SILU,
+    PT_OP_GATED_DELTA,
+    PT_OP_RMSNORM_GATED,
     /* Reserved, not implemented: PT_OP_ALL_REDUCE (tensor parallel), a sum of
      * a buffer over the devices of a group after a row-sharded matmul. */
     PT_OP_COUNT
@@ -325,6 +335,68 @@ typedef struct pt_op_add_id {
     int n, k, d;
     int pad_;
 } pt_op_add_id;
+/* dst[t][j] = src[t][idx[j]] for n rows: src rows of d_src floats, dst
+ * rows of d_dst; idx [d_dst] in backend memory.  Splits a fused
+ * projection into its parts.  dst must not alias src. */
+typedef struct pt_op_gather_cols {
+    float *dst;
+    const float *src;
+    const int32_t *idx;
+    int n, d_src, d_dst;
+} pt_op_gather_cols;
+
+/* y[t][i] = x[t][i] * sigmoid(g[t][g_d == 1 ? 0 : i]) for n rows of d;
+ * g has rows of g_d floats (d, or 1: one gate per row).  y may alias x. */
+typedef struct pt_op_sigmoid_mul {
+    float *y;
+    const float *x, *g;
+    int n, d, g_d;
+} pt_op_sigmoid_mul;
+
+/* Causal depthwise convolution over each sequence's positions, then SiLU:
+ * y[t][c] = silu(sum_j w[c][j] * u[t-K+1+j][c]) with u the channel's
+ * inputs, where inputs before the batch's first row of a sequence come
+ * from its conv state (state + slot * (K-1) * C: the last K-1 input rows,
+ * oldest first) and the state is left holding the last K-1 inputs.  A row
+ * at position 0 starts from a zero state.  Rows of one sequence must come
+ * in position order.  x, y [n][C]; w [C][K]. */
+typedef struct pt_op_conv1d_silu {
+    float *y;
+    const float *x, *w;
+    float *state;
+    pt_batch_view b;
+    int C, K;
+} pt_op_conv1d_silu;
+
+/* The gated delta rule (Gated DeltaNet), one token at a time per sequence.
+ * Row t reads q [n_k_heads][dk] at qkv + t*stride, k right after it and v
+ * [n_v_heads][dv] after k; ba + t*2*n_v_heads holds b then a per v head.
+ * Value head h uses key head h / (n_v_heads / n_k_heads).  With S the
+ * head's state [dk][dv] (state + (slot * n_v_heads + h) * dk * dv, zero at
+ * position 0):
+ *     q, k = l2norm(q), l2norm(k);  q /= sqrt(dk)
+ *     g = -exp(A_log[h]) * softplus(a + dt_bias[h]);  beta = sigmoid(b)
+ *     S = exp(g) S;  S += k (beta (v - Sᵀk))ᵀ;  out[t][h] = Sᵀq
+ * Rows of one sequence must come in position order.  With chunk > 1, a
+ * run of consecutive rows of one sequence (a prefill) goes chunk rows at a
+ * time through the chunkwise form (the same function, to f32 rounding);
+ * 0 or 1: token by token. */
+typedef struct pt_op_gated_delta {
+    float *out;
+    const float *qkv, *ba, *A_log, *dt_bias;
+    float *state;
+    pt_batch_view b;
+    int n_k_heads, n_v_heads, dk, dv, stride, chunk;
+} pt_op_gated_delta;
+
+/* y = x / rms(x) * w * silu(z) for n rows of d (the gated output norm of
+ * Gated DeltaNet: w is a plain gain, not 1 + w).  y may alias x. */
+typedef struct pt_op_rmsnorm_gated {
+    float *y;
+    const float *x, *z, *w;
+    int n, d;
+    float eps;
+} pt_op_rmsnorm_gated;
 
 typedef struct pt_op {
     pt_op_kind kind;
@@ -347,6 +419,11 @@ typedef struct pt_op {
         pt_op_moe_combine moe_combine;
         pt_op_swiglu_oai swiglu_oai;
         pt_op_add_id add_id;
+        pt_op_gather_cols gather_cols;
+        pt_op_sigmoid_mul sigmoid_mul;
+        pt_op_conv1d_silu conv1d_silu;
+        pt_op_gated_delta gated_delta;
+        pt_op_rmsnorm_gated rmsnorm_gated;
     };
 } pt_op;
 
@@ -608,6 +685,59 @@ static inline void pt_be_add_id(pt_backend *be, float *y, const float *bias, con
     o.kind = PT_OP_ADD_ID;
     o.add_id.y = y, o.add_id.bias = bias, o.add_id.ids = ids;
     o.add_id.n = n, o.add_id.k = k, o.add_id.d = d;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_gather_cols(pt_backend *be, float *dst, const float *src,
+                                     const int32_t *idx, int n, int d_src, int d_dst) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_GATHER_COLS;
+    o.gather_cols.dst = dst, o.gather_cols.src = src, o.gather_cols.idx = idx;
+    o.gather_cols.n = n, o.gather_cols.d_src = d_src, o.gather_cols.d_dst = d_dst;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_sigmoid_mul(pt_backend *be, float *y, const float *x, const float *g,
+                                     int n, int d, int g_d) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_SIGMOID_MUL;
+    o.sigmoid_mul.y = y, o.sigmoid_mul.x = x, o.sigmoid_mul.g = g;
+    o.sigmoid_mul.n = n, o.sigmoid_mul.d = d, o.sigmoid_mul.g_d = g_d;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_conv1d_silu(pt_backend *be, float *y, const float *x, const float *w,
+                                     float *state, const pt_batch_view *b, int C, int K) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_CONV1D_SILU;
+    o.conv1d_silu.y = y, o.conv1d_silu.x = x, o.conv1d_silu.w = w, o.conv1d_silu.state = state;
+    o.conv1d_silu.b = *b;
+    o.conv1d_silu.C = C, o.conv1d_silu.K = K;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_gated_delta(pt_backend *be, const pt_op_gated_delta *a) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_GATED_DELTA;
+    pt_op_gated_delta *d = &o.gated_delta;
+    d->out = a->out, d->qkv = a->qkv, d->ba = a->ba, d->A_log = a->A_log;
+    d->dt_bias = a->dt_bias, d->state = a->state, d->b = a->b;
+    d->n_k_heads = a->n_k_heads, d->n_v_heads = a->n_v_heads, d->dk = a->dk, d->dv = a->dv;
+    d->stride = a->stride, d->chunk = a->chunk;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_rmsnorm_gated(pt_backend *be, float *y, const float *x, const float *z,
+                                       const float *w, int n, int d, float eps) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_RMSNORM_GATED;
+    o.rmsnorm_gated.y = y, o.rmsnorm_gated.x = x, o.rmsnorm_gated.z = z, o.rmsnorm_gated.w = w;
+    o.rmsnorm_gated.n = n, o.rmsnorm_gated.d = d, o.rmsnorm_gated.eps = eps;
     pt_be_run(be, &o);
 }
 

@@ -241,27 +241,36 @@ int cmd_bench(int argc, char **argv) {
     cli_margs.no_tokenizer = true;
     if (cli_open_engine(&e)) return 1;
     const pt_model *m = e->model;
+    /* a hybrid's layer 0 may be recurrent: its first matrix is another */
+    const pt_weight *w0 = m->layers[0].wq.data ? &m->layers[0].wq : &m->layers[0].w_qkvz;
     char desc[256];
     pt_config_describe(&m->cfg, desc, sizeof desc);
     fprintf(stderr, "petrel bench: %s\n  weights %.1f MiB (%s), %s backend: %s\n", desc,
-            m->weight_bytes / 1048576.0, pt_dtype_name(m->layers[0].wq.dtype), e->be->name,
+            m->weight_bytes / 1048576.0, pt_dtype_name(w0->dtype), e->be->name,
             e->be->detail ? e->be->detail : "");
     char kv_format[32];
     size_t kv_token = pt_kv_bytes_per_token(&e->kv.cfg);
+    int kv_layers = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) kv_layers += !pt_kv_layer_recurrent(&e->kv.cfg, l);
     pt_kv_format_name(&e->kv.cfg, kv_format, sizeof kv_format);
     fprintf(stderr, "  KV cache %s: %zu bytes per token (%.1f per token per layer and kv head)\n",
-            kv_format, kv_token, (double)kv_token / m->cfg.n_layers / m->cfg.n_kv_heads);
+            kv_format, kv_token, (double)kv_token / PT_MAX(kv_layers, 1) / m->cfg.n_kv_heads);
+    if (e->kv.cfg.n_state_slots > 0)
+        fprintf(stderr, "  recurrent state (f32): %.1f KiB per sequence over %d of %d layers, "
+                        "whatever the depth\n",
+                pt_kv_state_bytes(&e->kv.cfg) / 1024.0, m->cfg.n_layers - kv_layers,
+                m->cfg.n_layers);
     double bw = e->be->ops->read_bandwidth(e->be), cpeak = 0;
     char peak_note[256] = "";
     if (e->be->ops->compute_peak)
-        cpeak = e->be->ops->compute_peak(e->be, m->layers[0].wq.dtype, peak_note, sizeof peak_note);
+        cpeak = e->be->ops->compute_peak(e->be, w0->dtype, peak_note, sizeof peak_note);
     fprintf(stderr, "  measured read bandwidth: %.2f GB/s\n", bw / 1e9);
     if (cpeak > 0) fprintf(stderr, "  measured compute peak: %.1f GOP/s (%s)\n", cpeak / 1e9, peak_note);
     fputc('\n', stderr);
 
     pt_err err = {{0}};
     json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:s, s:s, s:s, s:i, s:f}", "model", cli_margs.model,
-                          "config", desc, "weight_dtype", pt_dtype_name(m->layers[0].wq.dtype),
+                          "config", desc, "weight_dtype", pt_dtype_name(w0->dtype),
                           "weight_bytes", (json_int_t)m->weight_bytes, "kv_type",
                           pt_dtype_name(e->kv.cfg.dtype), "backend", e->be->name,
                           "backend_detail", e->be->detail ? e->be->detail : "", "threads",

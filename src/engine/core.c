@@ -68,6 +68,9 @@ struct pt_core {
     req **item_req;
     pt_runner runner;
     pt_core_timing timing;
+    /* the model keeps recurrent state (hybrid): no prefix reuse, and
+     * speculation rolls back through a checkpoint of the state (kvcache.h) */
+    bool recurrent;
     /* --spec draft: the draft model's runner and step scratch (NULL: none) */
     pt_engine *draft;
     pt_runner drunner;
@@ -201,7 +204,7 @@ static int probe_prefix(pt_core *c, req *r, int *n_revive) {
     int n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
     int ps = kv->cfg.page_size, max_pages = (n_tokens - 1) / ps, b = 0;
     *n_revive = 0;
-    if (!c->e->prefix_cache || (r->started && r->seq.kv.n_pages > 0)) return 0;
+    if (!c->e->prefix_cache || c->recurrent || (r->started && r->seq.kv.n_pages > 0)) return 0;
     for (; b < max_pages; b++) {
         uint64_t key = page_key(c, r, b);
         int32_t id = pt_block_lookup(&kv->pool, key);
@@ -230,7 +233,7 @@ static void publish_pages(pt_core *c, req *r) {
     pt_kv_cache *kv = &c->e->kv;
     int ps = kv->cfg.page_size;
     int limit = PT_MIN(r->seq.kv.n_tokens, r->seq.n_tokens - r->n_in_seq);
-    if (!c->e->prefix_cache) return;
+    if (!c->e->prefix_cache || c->recurrent) return;
     for (; (r->n_published + 1) * ps <= limit; r->n_published++)
         pt_kv_seq_set_key(kv, &r->seq.kv, r->n_published, page_key(c, r, r->n_published));
 }
@@ -312,6 +315,9 @@ static int draft(pt_core *c, req *r) {
     if (draft_forced(c, r) > 0) return r->n_draft;
     int k = sp->kind == PT_SPEC_OFF ? 0 : draft_room(c, r);
     if (k <= 0) return 0;
+    /* a hybrid model rolls a rejected draft back to a checkpoint of its
+     * state: no slot for one, no drafts */
+    if (c->recurrent && !pt_kv_seq_ckpt_reserve(&c->e->kv, &r->seq.kv)) return 0;
     if (sp->kind == PT_SPEC_DRAFT) /* made before the plan (draft_model_pass) */
         r->n_draft = PT_MIN(r->n_pre, k);
     else if (sp->kind == PT_SPEC_NGRAM)
@@ -539,8 +545,10 @@ int pt_core_step(pt_core *c) {
         req *r = c->idx_req[it->req];
         int end = c->pr[it->req].n_computed + it->n_rows; /* as planned */
         if (r->state != PT_REQ_RUNNING) admit(c, r, c->cached_pages[it->req]);
-        if (c->pr[it->req].n_spec > 0 && it->n_rows > 1)
+        if (c->pr[it->req].n_spec > 0 && it->n_rows > 1) {
             append_drafts(r, it->n_rows - 1);
+            if (c->recurrent) pt_kv_seq_checkpoint(&c->e->kv, &r->seq.kv); /* for verify */
+        }
         c->item_req[i] = r;
         c->items[i] = (pt_run_item){&r->seq, end - r->seq.kv.n_tokens, it->n_logits};
     }
@@ -576,6 +584,11 @@ int pt_core_step(pt_core *c) {
 static void draft_init(pt_core *c) {
     pt_engine *d = c->e->draft;
     const pt_kv_config *kc = &c->e->kv.cfg;
+    if (pt_model_recurrent(d->model)) {
+        pt_warn("engine: a hybrid recurrent draft model is not supported (its drafts' state is "
+                "not checkpointed); no drafts");
+        return;
+    }
     int need = kc->n_pages * kc->page_size + c->o.max_seqs * (SPEC_MAX + kc->page_size);
     pt_err err = {{0}};
     if (d->kv.cfg.n_pages * d->kv.cfg.page_size < need && pt_engine_kv_init(d, need, &err)) {
@@ -603,6 +616,10 @@ pt_core *pt_core_new(pt_engine *e, const pt_core_opts *o) {
                 "running %d instead of %d", fit, PT_MAX(fit, 1), c->o.max_seqs);
         c->o.max_seqs = PT_MAX(fit, 1);
     }
+    c->recurrent = pt_model_recurrent(e->model);
+    /* one recurrent-state slot per running sequence */
+    if (c->recurrent && c->o.max_seqs > e->kv.cfg.n_state_slots)
+        c->o.max_seqs = PT_MAX(1, e->kv.cfg.n_state_slots);
     grow(c, 16);
     pt_runner_init(&c->runner, e);
     if (e->draft) draft_init(c);

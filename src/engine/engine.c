@@ -92,7 +92,8 @@ int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
 /* --kv-disk: opens the directory for pages of this engine's salt. */
 static int open_disk(pt_engine *e, const pt_engine_opts *o, pt_err *err) {
     if (!e->prefix_cache)
-        return pt_fail(err, "--kv-disk keeps the prefix cache's pages: it needs --prefix-cache on");
+        return pt_fail(err, "--kv-disk keeps the prefix cache's pages: it needs --prefix-cache on%s",
+                       pt_model_recurrent(e->model) ? " (off for hybrid recurrent models)" : "");
     if (e->kv.grouped) /* disk pages hold group 0's layers only (kvcache.h) */
         return pt_fail(err, "--kv-disk with a sliding-window model (its window layers keep "
                             "their own pages) is not implemented yet");
@@ -175,6 +176,14 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     e->kv_budgeted = o->kv_budget != NULL;
     if (pt_engine_kv_init(e, positions, err)) goto fail;
     e->prefix_cache = !o->no_prefix_cache;
+    if (e->prefix_cache && pt_model_recurrent(e->model)) {
+        /* a cached page without the recurrent state at its end is useless,
+         * and the state is not snapshotted per page yet */
+        pt_log(PT_LOG_INFO, "prefix cache off: %s keeps a recurrent state per sequence that is "
+                            "not snapshotted at page boundaries yet",
+               e->model->cfg.arch);
+        e->prefix_cache = false;
+    }
     e->cache_salt = pt_engine_cache_salt(e, o->dummy_dtype ? o->dummy_dtype : "", o->dummy_seed);
     if (o->kv_disk && open_disk(e, o, err)) goto fail;
     e->runner = pt_xmalloc(sizeof *e->runner);

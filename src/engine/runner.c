@@ -66,6 +66,7 @@ int pt_runner_run(pt_runner *r, const pt_run_item *items, int n_items, int *fail
     }
     pt_batch b = {rows, r->tok, r->pos, r->seq, r->want, n_items, r->kv};
     if (pt_model_forward(r->e->model, kv, &b, r->logits, err)) return -1;
-    for (int i = 0; i < n_items; i++) items[i].seq->kv.n_tokens += items[i].n_rows;
+    for (int i = 0; i < n_items; i++)
+        pt_kv_seq_computed(&items[i].seq->kv, items[i].seq->kv.n_tokens + items[i].n_rows);
     return 0;
 }

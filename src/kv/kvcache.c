@@ -1,6 +1,7 @@
 /*
  * kvcache.c - page pools and block tables, sized by the cache's format;
- * the window group's recycling (see kvcache.h, "Cache groups").
+ * the window group's recycling (see kvcache.h, "Cache groups"); and the
+ * recurrent-state slots of hybrid models (kvcache.h).
  */
 #include "kv/kvcache.h"
 
@@ -28,10 +29,23 @@ static int slot_bytes(const pt_kv_config *c, size_t *k, size_t *v, pt_err *err) 
     return 0;
 }
 
+/* Layers that keep K/V pages (all but the recurrent ones). */
+static int kv_layers(const pt_kv_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += !pt_kv_layer_recurrent(c, l);
+    return n;
+}
+
 size_t pt_kv_bytes_per_token(const pt_kv_config *c) {
     size_t k, v;
     if (slot_bytes(c, &k, &v, NULL)) return 0;
-    return (size_t)c->n_layers * (k + v);
+    return (size_t)kv_layers(c) * (k + v);
+}
+
+size_t pt_kv_state_bytes(const pt_kv_config *c) {
+    if (c->n_state_slots <= 0) return 0;
+    return (size_t)(c->n_layers - kv_layers(c)) * (size_t)(c->conv_floats + c->rec_floats) *
+           sizeof(float);
 }
 
 const char *pt_kv_format_name(const pt_kv_config *c, char *buf, size_t cap) {
@@ -123,6 +137,32 @@ static int plan(pt_kv_cache *kv, pt_err *err) {
     return 0;
 }
 
+/* The recurrent-state group: per recurrent layer one conv and one state
+ * buffer of n_state_slots slots, and the free-slot stack. */
+static int state_init(pt_kv_cache *kv, pt_err *err) {
+    const pt_kv_config *c = &kv->cfg;
+    if (c->n_state_slots <= 0) return 0;
+    if (c->conv_floats < 0 || c->rec_floats <= 0 || c->n_state_slots > 1 << 20)
+        return pt_fail(err, "KV cache: bad recurrent-state geometry");
+    kv->conv = pt_xcalloc((size_t)c->n_layers, sizeof(float *));
+    kv->rec = pt_xcalloc((size_t)c->n_layers, sizeof(float *));
+    size_t slots = (size_t)c->n_state_slots;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!pt_kv_layer_recurrent(c, l)) continue;
+        kv->conv[l] = kv->be->ops->alloc(kv->be, sizeof(float) * slots * (size_t)PT_MAX(c->conv_floats, 1));
+        kv->rec[l] = kv->be->ops->alloc(kv->be, sizeof(float) * slots * (size_t)c->rec_floats);
+        if (!kv->conv[l] || !kv->rec[l])
+            return pt_fail(err, "KV cache: cannot allocate %.2f GiB of recurrent state for %d "
+                                "sequences",
+                           (double)pt_kv_state_bytes(c) * (double)slots / (1 << 30),
+                           c->n_state_slots);
+    }
+    kv->free_slots = pt_xmalloc(sizeof(int32_t) * slots);
+    for (int i = 0; i < c->n_state_slots; i++) kv->free_slots[i] = c->n_state_slots - 1 - i;
+    kv->n_free_slots = c->n_state_slots;
+    return 0;
+}
+
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err) {
     memset(kv, 0, sizeof *kv);
     kv->be = be;
@@ -130,9 +170,15 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
     if (plan(kv, err)) return -1;
     kv->k = pt_xcalloc((size_t)cfg->n_layers, sizeof(void *));
     kv->v = pt_xcalloc((size_t)cfg->n_layers, sizeof(void *));
+    if (state_init(kv, err)) {
+        pt_kv_cache_free(kv);
+        return -1;
+    }
     double total = 0;
-    for (int l = 0; l < cfg->n_layers; l++) total += (double)(layer_k_bytes(kv, l) + layer_v_bytes(kv, l));
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (!pt_kv_layer_recurrent(cfg, l)) total += (double)(layer_k_bytes(kv, l) + layer_v_bytes(kv, l));
     for (int l = 0; l < cfg->n_layers; l++) {
+        if (pt_kv_layer_recurrent(cfg, l)) continue; /* no K/V: its state is in the state group */
         kv->k[l] = be->ops->alloc(be, layer_k_bytes(kv, l));
         kv->v[l] = be->ops->alloc(be, layer_v_bytes(kv, l));
         if (!kv->k[l] || !kv->v[l]) {
@@ -161,6 +207,17 @@ void pt_kv_cache_free(pt_kv_cache *kv) {
             if (kv->v[l]) kv->be->ops->free(kv->be, kv->v[l], layer_v_bytes(kv, l));
         }
     if (kv->tables) kv->be->ops->free(kv->be, kv->tables, kv->tables_bytes);
+    size_t slots = (size_t)PT_MAX(kv->cfg.n_state_slots, 0);
+    for (int l = 0; kv->conv && l < kv->cfg.n_layers; l++) {
+        if (kv->conv[l])
+            kv->be->ops->free(kv->be, kv->conv[l],
+                              sizeof(float) * slots * (size_t)PT_MAX(kv->cfg.conv_floats, 1));
+        if (kv->rec[l])
+            kv->be->ops->free(kv->be, kv->rec[l], sizeof(float) * slots * (size_t)kv->cfg.rec_floats);
+    }
+    free(kv->conv);
+    free(kv->rec);
+    free(kv->free_slots);
     free(kv->k);
     free(kv->v);
     pt_block_pool_free(&kv->pool);
@@ -173,6 +230,54 @@ static int pages_for(const pt_kv_cache *kv, int n_positions) {
     return (n_positions + kv->cfg.page_size - 1) / kv->cfg.page_size;
 }
 
+/* A state slot for seq if the cache has the group and seq holds none. */
+static int take_state(pt_kv_cache *kv, pt_kv_seq *seq, pt_err *err) {
+    if (kv->cfg.n_state_slots <= 0 || seq->state) return 0;
+    if (kv->n_free_slots == 0)
+        return pt_fail(err, "KV cache full: all %d recurrent-state slots are held (one per "
+                            "running sequence of a hybrid model)",
+                       kv->cfg.n_state_slots);
+    seq->state = kv->free_slots[--kv->n_free_slots] + 1;
+    seq->state_pos = 0; /* its content is stale until a row at position 0 */
+    return 0;
+}
+
+static void give_state(pt_kv_cache *kv, pt_kv_seq *seq) {
+    if (seq->state) kv->free_slots[kv->n_free_slots++] = seq->state - 1;
+    if (seq->ckpt) kv->free_slots[kv->n_free_slots++] = seq->ckpt - 1;
+    seq->state = seq->ckpt = 0;
+    seq->state_pos = seq->ckpt_pos = 0;
+}
+
+/* Copies state slot src to slot dst (1-based, as seqs hold them), every
+ * recurrent layer. */
+static void copy_state(pt_kv_cache *kv, int dst, int src) {
+    const pt_kv_config *c = &kv->cfg;
+    size_t cb = sizeof(float) * (size_t)c->conv_floats, rb = sizeof(float) * (size_t)c->rec_floats;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!pt_kv_layer_recurrent(c, l)) continue;
+        kv->be->ops->copy(kv->be, (char *)kv->conv[l] + (size_t)(dst - 1) * cb,
+                          (char *)kv->conv[l] + (size_t)(src - 1) * cb, cb);
+        kv->be->ops->copy(kv->be, (char *)kv->rec[l] + (size_t)(dst - 1) * rb,
+                          (char *)kv->rec[l] + (size_t)(src - 1) * rb, rb);
+    }
+}
+
+bool pt_kv_seq_ckpt_reserve(pt_kv_cache *kv, pt_kv_seq *seq) {
+    if (!seq->state) return false;
+    if (seq->ckpt) return true;
+    if (kv->n_free_slots == 0) return false;
+    seq->ckpt = kv->free_slots[--kv->n_free_slots] + 1;
+    seq->ckpt_pos = -1; /* nothing in it yet */
+    return true;
+}
+
+void pt_kv_seq_checkpoint(pt_kv_cache *kv, pt_kv_seq *seq) {
+    if (!seq->state || !seq->ckpt) return;
+    copy_state(kv, seq->ckpt, seq->state);
+    seq->ckpt_pos = seq->state_pos;
+}
+
 /* Makes room for cap entries in both tables. */
 static void table_grow(pt_kv_cache *kv, pt_kv_seq *seq, int need) {
     if (need <= seq->cap) return;
@@ -182,6 +287,7 @@ static void table_grow(pt_kv_cache *kv, pt_kv_seq *seq, int need) {
 }
 
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err) {
+    if (n_positions > 0 && take_state(kv, seq, err)) return -1;
     int need = pages_for(kv, n_positions);
     if (need <= seq->n_pages) return 0;
     if (need - seq->n_pages > kv->pool.n_free)
@@ -211,7 +317,7 @@ int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from
 static void copy_group_page(pt_kv_cache *kv, int g, int32_t dst, int32_t src) {
     pt_backend *be = kv->be;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
-        if (pt_kv_layer_windowed(kv, l) != (g == 1)) continue;
+        if (!kv->k[l] || pt_kv_layer_windowed(kv, l) != (g == 1)) continue; /* NULL: recurrent */
         char *k = kv->k[l], *v = kv->v[l];
         be->ops->copy(be, k + (size_t)dst * kv->k_page, k + (size_t)src * kv->k_page, kv->k_page);
         be->ops->copy(be, v + (size_t)dst * kv->v_page, v + (size_t)src * kv->v_page, kv->v_page);
@@ -288,6 +394,13 @@ void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src) {
     dst->n_pages = src->n_pages;
     dst->n_tokens = src->n_tokens;
     dst->wlo = src->wlo;
+    if (!src->state) return;
+    if (take_state(kv, dst, NULL)) {
+        dst->state_pos = -1; /* no slot: it restarts at position 0 */
+        return;
+    }
+    copy_state(kv, dst->state, src->state);
+    dst->state_pos = src->state_pos;
 }
 
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src) {
@@ -297,7 +410,7 @@ void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src) {
 size_t pt_kv_page_bytes(const pt_kv_cache *kv) {
     size_t n = 0;
     for (int l = 0; l < kv->cfg.n_layers; l++)
-        if (!pt_kv_layer_windowed(kv, l)) n += kv->k_page + kv->v_page;
+        if (kv->k[l] && !pt_kv_layer_windowed(kv, l)) n += kv->k_page + kv->v_page;
     return n;
 }
 
@@ -305,7 +418,7 @@ void pt_kv_page_save(pt_kv_cache *kv, int32_t page, void *host) {
     pt_backend *be = kv->be;
     char *h = host;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
-        if (pt_kv_layer_windowed(kv, l)) continue;
+        if (!kv->k[l] || pt_kv_layer_windowed(kv, l)) continue;
         be->ops->download(be, h, (char *)kv->k[l] + (size_t)page * kv->k_page, kv->k_page);
         h += kv->k_page;
         be->ops->download(be, h, (char *)kv->v[l] + (size_t)page * kv->v_page, kv->v_page);
@@ -317,7 +430,7 @@ void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host) {
     pt_backend *be = kv->be;
     const char *h = host;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
-        if (pt_kv_layer_windowed(kv, l)) continue;
+        if (!kv->k[l] || pt_kv_layer_windowed(kv, l)) continue;
         be->ops->upload(be, (char *)kv->k[l] + (size_t)page * kv->k_page, h, kv->k_page);
         h += kv->k_page;
         be->ops->upload(be, (char *)kv->v[l] + (size_t)page * kv->v_page, h, kv->v_page);
@@ -341,6 +454,17 @@ void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n) {
     drop_pages(kv, seq, pages_for(kv, n));
     if (n == 0) seq->wlo = 0;
     if (seq->n_tokens > n) seq->n_tokens = n;
+    if (n == 0) {
+        give_state(kv, seq);
+    } else if (seq->state && n < seq->state_pos) {
+        if (seq->ckpt && seq->ckpt_pos >= 0 && seq->ckpt_pos <= n) {
+            copy_state(kv, seq->state, seq->ckpt);
+            seq->state_pos = seq->ckpt_pos;
+            if (seq->n_tokens > seq->ckpt_pos) seq->n_tokens = seq->ckpt_pos;
+        } else {
+            seq->state_pos = -1;
+        }
+    }
 }
 
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq) {

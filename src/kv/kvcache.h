@@ -41,11 +41,28 @@
  * rollback drops the whole sequence (n_tokens 0): the caller recomputes,
  * which is always correct.
  *
+ * Hybrid recurrent models (Gated DeltaNet) add another cache group (plan group 2), the
+ * recurrent state: layers marked in cfg.recurrent keep no K/V pages but,
+ * per sequence, a fixed-size f32 state (the conv tail and the delta rule's
+ * matrices), never paged.  A sequence takes one of cfg.n_state_slots slots
+ * when it first reserves, and gives it back when truncated to 0 or
+ * released.  The state covers positions [0, state_pos) and only moves
+ * forward.  Rollback (speculative decoding) goes through a checkpoint: a
+ * second slot, reserved once and held until release, into which the
+ * state is copied before a verify step; truncating below state_pos then
+ * restores the checkpoint and drops the positions after it (n_tokens
+ * falls back to ckpt_pos: they are recomputed, K/V and state together).
+ * Without a usable checkpoint truncating below state_pos marks the state
+ * invalid (-1), and the forward refuses to continue such a sequence
+ * anywhere but at position 0.  The prefix cache is off for these models
+ * (states are not kept per page).
+ *
  * Invariants: a page id is either on the free list (refcount 0) or owned by
  * at least one sequence; a sequence with n_tokens positions stored owns
  * ceil(n_tokens / page_size) group-0 pages or more (reserve may run ahead),
  * and window-group pages for every index from the first one a write at
- * n_tokens - window_slack can need up to its group-0 table's end.
+ * n_tokens - window_slack can need up to its group-0 table's end; a state
+ * slot is either free or held by exactly one sequence.
  */
 #ifndef PETREL_KVCACHE_H
 #define PETREL_KVCACHE_H
@@ -63,6 +80,12 @@ typedef struct pt_kv_config {
     int n_pages;   /* pool size */
     pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16: the elements when not quantized */
     pt_kvq_spec quant; /* kind PT_KVQ_NONE (zero) for plain elements */
+    /* The recurrent-state group; all zero for models without one.  A layer
+     * whose bit is set in recurrent (bit l % 64 of word l / 64) has no K/V
+     * and, per slot, conv_floats of conv tail and rec_floats of state. */
+    int n_state_slots;
+    int64_t conv_floats, rec_floats;
+    uint64_t recurrent[16];
     /* The window group: layers whose bit is set in window_layers see only
      * the last `window` positions.  window 0, or no layer set, or every
      * layer set: one group, every page kept. */
@@ -73,6 +96,10 @@ typedef struct pt_kv_config {
     uint64_t window_layers[16]; /* bit l % 64 of word l / 64: layer l is in it */
 } pt_kv_config;
 
+static inline bool pt_kv_layer_recurrent(const pt_kv_config *c, int l) {
+    return c->n_state_slots > 0 && (c->recurrent[l / 64] >> (l % 64) & 1);
+}
+
 typedef struct pt_kv_cache {
     pt_backend *be;
     pt_kv_config cfg;
@@ -80,7 +107,10 @@ typedef struct pt_kv_cache {
     size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer (group 0) */
     size_t wk_bytes, wv_bytes; /* the same for a window-group layer */
     bool grouped;            /* the window group exists */
-    void **k, **v;           /* [n_layers] backend buffers */
+    void **k, **v;           /* [n_layers] backend buffers; NULL for recurrent layers */
+    float **conv, **rec;     /* [n_layers] state buffers [n_state_slots][...]; NULL: none */
+    int32_t *free_slots;     /* the state slots no sequence holds (a stack) */
+    int n_free_slots;
     float *tables;           /* backend copy of the codec's tables, or NULL */
     size_t tables_bytes;
     size_t k_page, v_page;   /* bytes of one page of one layer's K / V */
@@ -96,7 +126,19 @@ typedef struct pt_kv_seq {
     int n_tokens; /* positions whose K/V are stored */
     int32_t *wpages; /* grouped: the window group's table, [n_pages], -1 where recycled */
     int wlo;         /* wpages[i] < 0 for every i < wlo */
+    int state;     /* recurrent-state slot + 1; 0: none */
+    int state_pos; /* positions folded into the state; -1: rolled back past it */
+    int ckpt;      /* checkpoint slot + 1; 0: none */
+    int ckpt_pos;  /* positions the checkpoint covers */
 } pt_kv_seq;
+
+/* Counts positions [0, n) of seq as computed (after a forward): its K/V
+ * and, where it has one, its recurrent state. */
+static inline void pt_kv_seq_computed(pt_kv_seq *seq, int n) {
+    if (n > seq->n_tokens) seq->n_tokens = n;
+    if (seq->state && n > seq->state_pos) seq->state_pos = n;
+}
+
 
 /* Whether layer l of the cache is in the window group. */
 static inline bool pt_kv_layer_windowed(const pt_kv_cache *kv, int l) {
@@ -111,7 +153,10 @@ size_t pt_kv_bytes_per_token(const pt_kv_config *cfg);
 /* The cache's element format: the dtype name ("f16") or the codec's
  * ("turbo-k8v3", "affine8").  Part of any key that shares pages. */
 const char *pt_kv_format_name(const pt_kv_config *cfg, char *buf, size_t cap);
-/* Ensures the sequence has pages for positions [0, n_positions). */
+/* Bytes of recurrent state one sequence holds (0 without the group). */
+size_t pt_kv_state_bytes(const pt_kv_config *cfg);
+/* Ensures the sequence has pages for positions [0, n_positions), and a
+ * recurrent-state slot if the cache has the group. */
 int pt_kv_seq_reserve(pt_kv_cache *kv, pt_kv_seq *seq, int n_positions, pt_err *err);
 /* Pages a sequence needs taken from the pool to write positions
  * [from, to): new pages past its table plus copies of shared ones. */
@@ -120,7 +165,14 @@ int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from
  * own, copying any page it shares (copy on write), so writing those
  * positions cannot change another sequence's view. */
 int pt_kv_seq_own(pt_kv_cache *kv, pt_kv_seq *seq, int from, int to, pt_err *err);
-/* dst (empty) shares every page and position of src. */
+/* Hybrid models: reserves seq's checkpoint slot (once; held until
+ * release).  false if it has no state or no slot is free. */
+bool pt_kv_seq_ckpt_reserve(pt_kv_cache *kv, pt_kv_seq *seq);
+/* Copies seq's state into its reserved checkpoint, as of state_pos. */
+void pt_kv_seq_checkpoint(pt_kv_cache *kv, pt_kv_seq *seq);
+/* dst (empty) shares every page and position of src, and gets a copy of
+ * its recurrent state (if no slot is free, dst has none and must restart
+ * at position 0). */
 void pt_kv_seq_fork(pt_kv_cache *kv, pt_kv_seq *dst, const pt_kv_seq *src);
 /* Copies group-0 page src's bytes, every layer of group 0, K and V, to page dst. */
 void pt_kv_copy_page(pt_kv_cache *kv, int32_t dst, int32_t src);
@@ -136,7 +188,10 @@ void pt_kv_page_load(pt_kv_cache *kv, int32_t page, const void *host);
 /* Returns all pages of the sequence to the pool and empties it. */
 void pt_kv_seq_release(pt_kv_cache *kv, pt_kv_seq *seq);
 /* Rolls back to n positions: drops positions >= n, and pages past the new
- * end go back to the pool (exactly ceil(n / page_size) stay). */
+ * end go back to the pool (exactly ceil(n / page_size) stay).  At 0 the
+ * state slots go back too.  Above 0 but below state_pos, the checkpoint is
+ * restored if it covers at most n positions (n_tokens drops to ckpt_pos:
+ * the rest is recomputed), else the state is marked invalid (-1). */
 void pt_kv_seq_truncate(pt_kv_cache *kv, pt_kv_seq *seq, int n);
 int pt_kv_free_pages(const pt_kv_cache *kv);
 /* Pages the sequence holds in group g (0, or 1: the window group). */

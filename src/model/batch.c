@@ -23,8 +23,7 @@ int pt_batch_reserve(pt_kv_cache *kv, const pt_batch *b, pt_err *err) {
 
 void pt_batch_advance(const pt_batch *b) {
     for (int i = 0; i < b->n_tokens; i++) {
-        pt_kv_seq *s = b->seqs[b->seq[i]];
-        if (b->pos[i] + 1 > s->n_tokens) s->n_tokens = b->pos[i] + 1;
+        pt_kv_seq_computed(b->seqs[b->seq[i]], b->pos[i] + 1);
     }
 }
 

@@ -185,6 +185,12 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
     if (c->final_softcap > 0 && !pt_be_has_op(be, PT_OP_SOFTCAP))
         return *why = "soft-capped logits", PT_OP_SOFTCAP;
     static const int moe_ops[] = {PT_OP_MOE_ROUTE, PT_OP_MATMUL_ID, PT_OP_MOE_COMBINE};
+    static const int rec_ops[] = {PT_OP_GATHER_COLS, PT_OP_CONV1D_SILU, PT_OP_GATED_DELTA,
+                                  PT_OP_RMSNORM_GATED};
+    if (c->attn_output_gate && !pt_be_has_op(be, PT_OP_SIGMOID_MUL))
+        return *why = "gated attention output", PT_OP_SIGMOID_MUL;
+    if (c->attn_output_gate && !pt_be_has_op(be, PT_OP_GATHER_COLS))
+        return *why = "gated attention output", PT_OP_GATHER_COLS;
     for (int l = 0; l < c->n_layers; l++) {
         const pt_layer_plan *p = &m->plan[l];
         *layer = l;
@@ -201,6 +207,10 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
             return *why = "gpt-oss's clamped SwiGLU", PT_OP_SWIGLU_OAI;
         if (c->expert_bias && p->ffn == PT_FFN_MOE && !pt_be_has_op(be, PT_OP_ADD_ID))
             return *why = "biased experts", PT_OP_ADD_ID;
+        for (size_t i = 0; p->mixer == PT_MIX_RECURRENT && i < PT_ARRAY_LEN(rec_ops); i++)
+            if (!pt_be_has_op(be, rec_ops[i])) return *why = "a Gated DeltaNet layer", rec_ops[i];
+        if (p->n_shared > 0 && !pt_be_has_op(be, PT_OP_SIGMOID_MUL))
+            return *why = "a gated shared expert", PT_OP_SIGMOID_MUL;
     }
     return -1;
 }

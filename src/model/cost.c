@@ -8,6 +8,8 @@
  * every expert stack; a sliding-window layer reads at most `window`
  * positions of its KV cache.  A dense Llama counts as before: every matrix
  * but the embedding table (one row of it), and the whole cache so far.
+ * A recurrent (Gated DeltaNet) layer keeps no KV: it reads and writes its
+ * fixed state instead, whatever the depth (a hybrid's flat decode curve).
  */
 #include "model/model_int.h"
 
@@ -20,14 +22,27 @@ static double idle_expert_bytes(const pt_model *m, int l) {
     return stacks * (1.0 - (double)p->top_k / p->n_experts);
 }
 
+/* Floats of one recurrent layer's state per sequence: conv tail, matrices. */
+static double state_floats(const pt_model_config *c) {
+    double conv = 2.0 * c->lin_k_heads * c->lin_k_dim + (double)c->lin_v_heads * c->lin_v_dim;
+    return conv * (c->lin_conv_kernel - 1) + (double)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+}
+
 double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_token) {
     const pt_model_config *c = &m->cfg;
-    double w = (double)m->weight_bytes, kv_layer = (double)kv_bytes_per_token / c->n_layers, kv = 0;
+    int n_kv = 0;
+    for (int l = 0; l < c->n_layers; l++) n_kv += m->plan[l].mixer != PT_MIX_RECURRENT;
+    double w = (double)m->weight_bytes, kv = 0;
+    double kv_layer = n_kv ? (double)kv_bytes_per_token / n_kv : 0;
     if (!c->tied_embeddings) w -= (double)m->tok_embd.nbytes;
     for (int l = 0; l < c->n_layers; l++) {
         const pt_layer_plan *p = &m->plan[l];
-        int seen = p->mixer == PT_MIX_ATTN_SWA ? PT_MIN(depth, p->window) : depth;
         w -= idle_expert_bytes(m, l);
+        if (p->mixer == PT_MIX_RECURRENT) {
+            kv += 2.0 * 4.0 * state_floats(c); /* read and written back */
+            continue;
+        }
+        int seen = p->mixer == PT_MIX_ATTN_SWA ? PT_MIN(depth, p->window) : depth;
         kv += (double)seen * kv_layer;
     }
     return w + kv;
@@ -36,13 +51,18 @@ double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_tok
 double pt_model_token_flops(const pt_model *m) {
     const pt_model_config *c = &m->cfg;
     double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
-    double attn = c->dim * (q + 2 * kv) + q * c->dim, total = (double)c->vocab_size * c->dim;
+    double attn = c->dim * (q * (c->attn_output_gate ? 2 : 1) + 2 * kv) + q * c->dim;
+    double kd = (double)c->lin_k_heads * c->lin_k_dim, vd = (double)c->lin_v_heads * c->lin_v_dim;
+    double linear = c->dim * (2 * kd + 2 * vd + 2.0 * c->lin_v_heads) + vd * c->dim +
+                    (2 * kd + vd) * c->lin_conv_kernel + 3.0 * c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    double total = (double)c->vocab_size * c->dim;
     for (int l = 0; l < c->n_layers; l++) {
         const pt_layer_plan *p = &m->plan[l];
         double ffn = p->ffn == PT_FFN_MOE
                          ? (double)c->dim * p->n_experts + 3.0 * c->dim * c->expert_ffn_dim * p->top_k
                          : 3.0 * c->dim * c->ffn_dim;
-        total += attn + ffn;
+        if (p->n_shared > 0) ffn += 3.0 * c->dim * c->shared_ffn_dim + c->dim;
+        total += (p->mixer == PT_MIX_RECURRENT ? linear : attn) + ffn;
     }
     return 2.0 * total;
 }

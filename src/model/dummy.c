@@ -173,10 +173,11 @@ int pt_family_dummy_bytes(const pt_family *fam, const pt_model_config *c, const 
     *out = 0;
     for (size_t i = 0; i < fam->n_weights; i++) {
         const pt_weight_spec *s = &fam->weights[i];
-        if (s->cols == D_NONE || !pt_spec_needed(c, s->need)) continue;
+        if (s->cols == D_NONE) continue;
         size_t one = pt_weight_format_bytes(&f, pt_spec_dim(c, s->rows), pt_spec_dim(c, s->cols));
         one *= (size_t)PT_MAX(pt_spec_dim(c, s->experts), 1);
-        *out += one * (size_t)(s->per_layer ? c->n_layers : 1);
+        for (int l = 0; l < (s->per_layer ? c->n_layers : 1); l++)
+            if (pt_spec_needed(c, s->need, l)) *out += one;
     }
     return 0;
 }
@@ -195,9 +196,9 @@ int pt_model_make_dummy_weights(pt_model *m, const char *format, uint64_t seed, 
     int rc = 0;
     for (size_t i = 0; i < fam->n_weights && !rc; i++) {
         const pt_weight_spec *s = &fam->weights[i];
-        if (!pt_spec_needed(&m->cfg, s->need)) continue;
         for (int l = 0; l < (s->per_layer ? m->cfg.n_layers : 1) && !rc; l++)
-            rc = s->cols == D_NONE ? dummy_vector(m, s, l, &rng, err)
+            if (pt_spec_needed(&m->cfg, s->need, l))
+                rc = s->cols == D_NONE ? dummy_vector(m, s, l, &rng, err)
                                    : dummy_matrix(m, s, l, &f, &rng, err);
     }
     m->progress = NULL;

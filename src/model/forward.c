@@ -30,6 +30,50 @@ static int check_rows(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, int
     return 0;
 }
 
+/* Hybrid recurrent models: each sequence's rows must continue its state
+ * exactly, in order: from state_pos, or from position 0, which restarts
+ * it.  A state rolled back (-1) or behind a reused prefix is refused here,
+ * so it is never used for positions it does not hold.  Then uploads each
+ * sequence's state slot for the recurrent ops. */
+static int state_rows(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, pt_err *err) {
+    pt_workspace *ws = m->ws;
+    if (kv->cfg.n_state_slots <= 0)
+        return pt_fail(err, "a hybrid recurrent model needs a cache with its state group "
+                            "(pt_model_kv_init)");
+    size_t ns = (size_t)PT_MAX(b->n_seqs, 1);
+    if (ns > ws->ss_cap) {
+        if (ws->state_slot) m->be->ops->free(m->be, ws->state_slot, ws->ss_cap * 4);
+        ws->ss_cap = PT_MAX(ns, 2 * ws->ss_cap);
+        ws->state_slot = m->be->ops->alloc(m->be, ws->ss_cap * 4);
+        ws->h_state_slot = pt_xrealloc(ws->h_state_slot, ws->ss_cap * 4);
+        ws->h_state_next = pt_xrealloc(ws->h_state_next, ws->ss_cap * 4);
+        if (!ws->state_slot) return ws->ss_cap = 0, pt_fail(err, "out of backend memory");
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        ws->h_state_slot[s] = b->seqs[s]->state - 1;
+        ws->h_state_next[s] = b->seqs[s]->state_pos;
+    }
+    for (int i = 0; i < b->n_tokens; i++) {
+        int s = b->seq[i], p = b->pos[i];
+        if (s < 0 || s >= b->n_seqs) continue; /* check_rows says so */
+        if (ws->h_state_slot[s] < 0)
+            return pt_fail(err, "row %d: its sequence holds no recurrent-state slot (the caller "
+                                "reserves it)", i);
+        if (p != 0 && p != ws->h_state_next[s]) {
+            if (ws->h_state_next[s] < 0)
+                return pt_fail(err, "row %d: position %d, but the sequence's recurrent state was "
+                                    "rolled back; a hybrid model restarts it at position 0", i, p);
+            return pt_fail(err, "row %d: position %d, but the sequence's recurrent state holds "
+                                "positions 0..%d; a hybrid model continues a sequence only where "
+                                "its state ends (no prefix reuse; rollback needs a checkpoint)",
+                           i, p, ws->h_state_next[s] - 1);
+        }
+        ws->h_state_next[s] = p + 1;
+    }
+    m->be->ops->upload(m->be, ws->state_slot, ws->h_state_slot, 4 * (size_t)b->n_seqs);
+    return 0;
+}
+
 /* Uploads rows [first, first+n) and the block tables (a grouped cache's
  * window tables after group 0's); fills the views (v[1]: the window
  * group's) and the indices of the rows whose logits are wanted. */
@@ -59,17 +103,20 @@ static int upload_batch(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, i
     for (int i = 0; i < n; i++)
         if (b->logits && b->logits[first + i]) ws->h_out_idx[(*n_out)++] = i;
     be->ops->upload(be, ws->out_idx, ws->h_out_idx, sizeof(int32_t) * (size_t)*n_out);
-    v[0] = (pt_batch_view){.n_tokens = n, .pos = ws->pos, .seq = ws->seq, .block_table = ws->block_table, .max_pages = max_pages, .n_seqs = b->n_seqs};
+    v[0] = (pt_batch_view){.n_tokens = n, .pos = ws->pos, .seq = ws->seq, .block_table = ws->block_table, .max_pages = max_pages, .n_seqs = b->n_seqs, .state_slot = ws->state_slot};
     v[1] = v[0];
     v[1].block_table = ws->block_table + per_group * (n_groups - 1);
     return 0;
 }
 
 int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits, pt_err *err) {
+    /* every row is checked before any runs: a chunk must not fail after
+     * an earlier one has moved a recurrent state */
+    if (check_rows(m, kv, b, 0, b->n_tokens, err)) return -1;
+    if (pt_model_recurrent(m) && state_rows(m, kv, b, err)) return -1;
     for (int first = 0; first < b->n_tokens; first += m->max_batch) {
         int n = PT_MIN(m->max_batch, b->n_tokens - first), n_out;
         pt_batch_view v[2];
-        if (check_rows(m, kv, b, first, n, err)) return -1;
         if (upload_batch(m, kv, b, first, n, v, &n_out, err)) return -1;
         pt_step s = {.kv = kv, .b = &v[0], .bw = &v[1], .n = n, .n_out = n_out, .logits = logits};
         m->family->forward(m, &s);
@@ -78,6 +125,11 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
     /* The backend's sticky error (a device fault, memory, an injected
      * fault) surfaces here: this batch's K/V and logits are garbage, so the
      * caller fails the batch's sequences; the backend may run the next. */
-    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
+    if (m->be->ops->sync(m->be)) {
+        /* a recurrent state the failed ops half-updated must not be continued */
+        for (int i = 0; i < b->n_seqs && pt_model_recurrent(m); i++)
+            if (b->seqs[i]->state) b->seqs[i]->state_pos = -1;
+        return pt_be_take_error(m->be, err);
+    }
     return 0;
 }

@@ -84,7 +84,8 @@ static int workspace_init(pt_model *m, int cap, pt_err *err) {
         if (!(*bufs[i].p = pt_model_alloc(m, bufs[i].n)))
             return pt_fail(err, "cannot allocate %.1f MiB of activations", bufs[i].n / 1048576.0);
     ws->h_out_idx = pt_xmalloc(sizeof(int32_t) * (size_t)cap);
-    return c->n_experts > 0 ? moe_workspace(m, cap, err) : 0;
+    if (c->n_experts > 0 && moe_workspace(m, cap, err)) return -1;
+    return m->family->workspace ? m->family->workspace(m, cap, err) : 0;
 }
 
 /* The router's and the experts' buffers (MoE models only). */
@@ -114,6 +115,9 @@ static void workspace_free(pt_model *m) {
     if (ws->block_table) m->be->ops->free(m->be, ws->block_table, ws->bt_cap * 4);
     free(ws->h_block_table);
     free(ws->h_out_idx);
+    if (ws->state_slot) m->be->ops->free(m->be, ws->state_slot, ws->ss_cap * 4);
+    free(ws->h_state_slot);
+    free(ws->h_state_next);
     free(ws);
     m->ws = NULL;
 }
@@ -292,5 +296,19 @@ int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, i
     if (quant) kc.quant = *quant;
     kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
     kv_window_group(m, &kc, max_seqs, slack);
+    if (pt_model_recurrent(m)) { /* group 2: the recurrent state, per sequence */
+        int64_t conv_dim = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim +
+                           (int64_t)c->lin_v_heads * c->lin_v_dim;
+        kc.n_state_slots = PT_MIN(kc.n_pages, PT_MODEL_STATE_SLOTS);
+        kc.conv_floats = conv_dim * (c->lin_conv_kernel - 1);
+        kc.rec_floats = (int64_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+        memcpy(kc.recurrent, c->recurrent_layers, sizeof kc.recurrent);
+    }
     return pt_kv_cache_init(kv, m->be, &kc, err);
+}
+
+bool pt_model_recurrent(const pt_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (m->plan[l].mixer == PT_MIX_RECURRENT) return true;
+    return false;
 }

@@ -65,7 +65,17 @@ typedef struct pt_model_config {
     bool rope_scaling_global_only; /* rope_scaling applies to full-attention layers only */
     bool swa_per_layer;   /* swa_layers says which layers have the window; else all */
     uint64_t swa_layers[16]; /* bit l % 64 of word l / 64: layer l has the window */
+    /* Hybrid recurrent models (Qwen3-Next): layers with their bit set in
+     * recurrent_layers are Gated DeltaNet layers, of these shapes. */
+    uint64_t recurrent_layers[16];
+    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv_kernel;
+    int shared_ffn_dim;    /* the shared expert's intermediate size (n_shared_experts 1) */
+    bool attn_output_gate; /* q_proj also gives a gate per head: out *= sigmoid(gate) */
 } pt_model_config;
+
+static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
+    return c->recurrent_layers[l / 64] >> (l % 64) & 1;
+}
 
 /* Whether layer l of c attends through the sliding window. */
 static inline bool pt_config_layer_swa(const pt_model_config *c, int l) {
@@ -111,6 +121,13 @@ typedef struct pt_layer {
     const float *b_router; /* [n_experts], expert_bias only */
     const float *b_gate_exps, *b_up_exps; /* [n_experts][expert_ffn_dim] */
     const float *b_down_exps;             /* [n_experts][dim] */
+    /* the shared expert beside the routed ones, and its gate [1][dim] */
+    pt_weight w_sh_gate, w_sh_up, w_sh_down, w_sh_router;
+    /* Gated DeltaNet (recurrent layers): the fused in-projections, the
+     * output projection, the conv [conv channels][kernel], the decay's
+     * A_log and dt_bias [value heads], the gated norm's gain [value dim] */
+    pt_weight w_qkvz, w_ba, w_lin_out;
+    const float *conv_w, *A_log, *dt_bias, *lin_norm;
 } pt_layer;
 
 /* Per-token and per-sequence arrays of one forward call, host side. */
@@ -184,6 +201,12 @@ int pt_model_kv_init(const pt_model *m, pt_kv_cache *kv, int n_positions, pt_dty
  * rollbacks across steps (window_slack). */
 int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, int max_seqs,
                           int slack, pt_dtype dtype, const pt_kvq_spec *quant, pt_err *err);
+/* Recurrent-state slots pt_model_kv_init gives a hybrid model's cache (at
+ * most one per page): the sequences that can run at once. */
+#define PT_MODEL_STATE_SLOTS 16
+/* Whether some layer of m keeps recurrent state (a hybrid model): such a
+ * model cannot roll back a sequence or reuse a cached prefix. */
+bool pt_model_recurrent(const pt_model *m);
 
 /* The plan of every layer of c into plan[c->n_layers] (rope inv_freq left
  * NULL: the loader uploads it).  Fails, naming the layer, when a layer needs

@@ -18,6 +18,7 @@
  *   qwen3moe.c  Qwen3-MoE (qwen3_moe);
  *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
  *   gptoss.c    gpt-oss (gpt_oss);
+ *   qwen3next.c Qwen3-Next (qwen3_next): Gated DeltaNet + gated attention;
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
@@ -31,9 +32,23 @@
 /* ---- Weight specs ------------------------------------------------------------ */
 
 /* A dimension of a weight, in terms of the config. */
-enum pt_dim { D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS, D_EFFN, D_HEADS };
-/* Which config setting makes a weight present. */
-enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED };
+enum pt_dim {
+    D_NONE, D_DIM, D_Q, D_KV, D_FFN, D_VOCAB, D_HEAD, D_EXPERTS, D_EFFN, D_HEADS,
+    /* hybrid recurrent models */
+    D_Q2,      /* 2 * n_heads * head_dim: queries and their output gates */
+    D_SFFN,    /* the shared expert's intermediate size */
+    D_ONE,     /* 1 (the shared expert's gate) */
+    D_LQKVZ,   /* Gated DeltaNet's fused q, k, v, z projection */
+    D_LBA,     /* its b and a (2 per value head) */
+    D_LV,      /* value heads x value dim */
+    D_LVHEADS, /* value heads */
+    D_LVDIM,   /* value dim */
+    D_LCONV,   /* conv channels x kernel */
+};
+/* Which config setting makes a weight present.  NEED_ATTN / NEED_RECURRENT:
+ * only in layers of that mixer (hybrid models). */
+enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED, NEED_ATTN,
+               NEED_RECURRENT, NEED_SHARED };
 
 /* One weight of a family: its names (%d is the layer), its shape and where
  * it lands.  A Hugging Face name with a second %d is one tensor per expert
@@ -49,7 +64,7 @@ typedef struct pt_weight_spec {
 } pt_weight_spec;
 
 int64_t pt_spec_dim(const pt_model_config *c, int dim);
-bool pt_spec_needed(const pt_model_config *c, int need);
+bool pt_spec_needed(const pt_model_config *c, int need, int layer);
 void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap);
 /* Where spec s of layer lands in m (a pt_weight, or a const float *). */
 void *pt_spec_target(pt_model *m, const pt_weight_spec *s, int layer);
@@ -91,6 +106,9 @@ struct pt_family {
     const pt_weight_spec *weights;
     size_t n_weights;
     bool moe; /* its forward runs PT_FFN_MOE layers (else the plan refuses them) */
+    bool hybrid; /* its forward runs recurrent mixers and a shared expert */
+    /* Extra workspace its forward needs, after the shared one; NULL: none. */
+    int (*workspace)(pt_model *m, int cap, pt_err *err);
     /* After the weights are in place (file or dummy); NULL: nothing to do.
      * Gemma turns its stored norm offsets w into gains 1 + w here. */
     int (*finish)(pt_model *m, pt_err *err);
@@ -98,7 +116,8 @@ struct pt_family {
     void (*forward)(pt_model *m, const pt_step *s);
 };
 
-extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss;
+extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss,
+    pt_family_qwen3next;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -144,6 +163,14 @@ struct pt_workspace {
     size_t bt_cap; /* int32 entries in block_table */
     /* host staging */
     int32_t *h_block_table, *h_out_idx;
+    /* Hybrid recurrent models only (family workspace hook; NULL otherwise):
+     * each batch sequence's state slot (and host copies); a fused
+     * projection's output, the pieces gather_cols splits it into, and the
+     * column indices that do it; the shared expert's output and gate. */
+    int32_t *state_slot, *h_state_slot, *h_state_next;
+    size_t ss_cap;
+    float *fused, *mix, *conv, *z, *ba, *lin, *agate, *shared, *shared_g, *sh_gate, *sh_up;
+    int32_t *idx_q, *idx_gate, *idx_mix, *idx_z, *idx_ba;
 };
 
 /* Grows the block-table buffers to need entries (load.c). */

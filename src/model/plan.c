@@ -10,10 +10,11 @@
  *
  * Runs now: full and sliding-window attention (window applied by the
  * attention op; in a model with both, the window layers are cache group 1,
- * whose pages are given back as the window slides: kvcache.h), dense
- * SiLU / GELU-tanh FFNs, routed experts (no shared ones) in families that
- * route them, plain and (1 + w) RMSNorm.  Refused: recurrent mixers, shared
- * experts, scaled residuals, a cache group other than those two.
+ * whose pages are given back as the window slides: kvcache.h), Gated
+ * DeltaNet recurrent mixers (cache group 2, the recurrent state) and one
+ * gated shared expert in hybrid families, dense SiLU / GELU-tanh FFNs,
+ * routed experts in families that route them, plain and (1 + w) RMSNorm.
+ * Refused: more than one shared expert, scaled residuals, other groups.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,9 +26,9 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
     for (int l = 0; l < c->n_layers; l++) n_swa += pt_config_layer_swa(c, l);
     bool groups = n_swa > 0 && n_swa < c->n_layers; /* window layers get their own */
     for (int l = 0; l < c->n_layers; l++) {
-        bool swa = pt_config_layer_swa(c, l);
+        bool swa = pt_config_layer_swa(c, l), rec = pt_config_layer_recurrent(c, l);
         plan[l] = (pt_layer_plan){
-            .mixer = swa ? PT_MIX_ATTN_SWA : PT_MIX_ATTN,
+            .mixer = rec ? PT_MIX_RECURRENT : swa ? PT_MIX_ATTN_SWA : PT_MIX_ATTN,
             .window = swa ? c->sliding_window : 0,
             .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
             .rope_scaled = !(swa && c->rope_scaling_global_only),
@@ -46,7 +47,9 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .n_shared = c->n_shared_experts,
             .norm = c->norm,
             .residual_scale = 1.0f,
-            .cache_group = swa && groups, /* all-window models keep one group */
+            /* group 0 the paged KV, 1 the window layers' (kvcache.h), 2 the
+             * recurrent state */
+            .cache_group = rec ? 2 : swa && groups, /* all-window models keep one group */
         };
     }
     /* Experts need a family whose forward routes them (and whose weight
@@ -57,6 +60,14 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             return pt_fail(err, "layer %d: a mixture-of-experts FFN (%d experts, top %d) is not "
                                 "implemented yet for %s models",
                            l, plan[l].n_experts, plan[l].top_k, c->arch);
+    /* Recurrent mixers and shared experts likewise need a family that runs
+     * them (and names their weights). */
+    for (int l = 0; l < c->n_layers; l++)
+        if ((plan[l].mixer == PT_MIX_RECURRENT || plan[l].n_shared > 0) && f && !f->hybrid)
+            return pt_fail(err, "layer %d: %s is not implemented yet for %s models", l,
+                           plan[l].mixer == PT_MIX_RECURRENT ? "a recurrent (linear-attention) mixer"
+                                                             : "a shared expert",
+                           c->arch);
     return pt_layer_plan_check(plan, c->n_layers, err);
 }
 
@@ -64,11 +75,12 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
 static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
     if (p->mixer == PT_MIX_ATTN_SWA && p->window <= 0)
         snprintf(why, cap, "sliding-window attention without a window (%d)", p->window);
-    else if (p->mixer == PT_MIX_RECURRENT)
-        snprintf(why, cap, "a recurrent (linear-attention) mixer");
-    else if (p->mixer != PT_MIX_ATTN && p->mixer != PT_MIX_ATTN_SWA)
+    else if (p->mixer == PT_MIX_RECURRENT && p->cache_group != 2)
+        snprintf(why, cap, "a recurrent (linear-attention) mixer in cache group %d (its state "
+                           "is group 2)", p->cache_group);
+    else if (p->mixer != PT_MIX_ATTN && p->mixer != PT_MIX_ATTN_SWA && p->mixer != PT_MIX_RECURRENT)
         snprintf(why, cap, "mixer kind %d", p->mixer);
-    else if (p->ffn == PT_FFN_MOE && (p->n_shared > 0 || p->top_k <= 0))
+    else if (p->ffn == PT_FFN_MOE && (p->n_shared > 1 || p->top_k <= 0))
         snprintf(why, cap, "a mixture-of-experts FFN with %d shared experts, top %d", p->n_shared,
                  p->top_k);
     else if (p->ffn != PT_FFN_DENSE && p->ffn != PT_FFN_MOE)
@@ -83,9 +95,12 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
         snprintf(why, cap, "norm kind %d", p->norm);
     else if (p->residual_scale != 1.0f)
         snprintf(why, cap, "a residual scaled by %g", (double)p->residual_scale);
-    else if (p->cache_group != 0 && !(p->cache_group == 1 && p->mixer == PT_MIX_ATTN_SWA))
+    else if (p->mixer != PT_MIX_RECURRENT && p->cache_group != 0 &&
+             !(p->cache_group == 1 && p->mixer == PT_MIX_ATTN_SWA))
         snprintf(why, cap, "cache group %d (only sliding-window layers have group 1)",
                  p->cache_group);
+    else if (p->n_shared > 0 && p->ffn != PT_FFN_MOE)
+        snprintf(why, cap, "%d shared experts without routed ones", p->n_shared);
     else
         return false;
     return true;

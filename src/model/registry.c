@@ -17,7 +17,7 @@
 #include "quant/mlx_config.h"
 
 const pt_family *const pt_families[] = {&pt_family_llama, &pt_family_qwen3moe, &pt_family_gemma,
-                                         &pt_family_gptoss};
+                                         &pt_family_gptoss, &pt_family_qwen3next};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table, so adding a row

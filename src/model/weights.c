@@ -39,12 +39,27 @@ int64_t pt_spec_dim(const pt_model_config *c, int d) {
     case D_EXPERTS: return c->n_experts;
     case D_EFFN: return c->expert_ffn_dim;
     case D_HEADS: return c->n_heads;
+    case D_Q2: return 2 * (int64_t)c->n_heads * c->head_dim;
+    case D_SFFN: return c->shared_ffn_dim;
+    case D_ONE: return 1;
+    case D_LQKVZ:
+        return 2 * ((int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim);
+    case D_LBA: return 2 * (int64_t)c->lin_v_heads;
+    case D_LV: return (int64_t)c->lin_v_heads * c->lin_v_dim;
+    case D_LVHEADS: return c->lin_v_heads;
+    case D_LVDIM: return c->lin_v_dim;
+    case D_LCONV:
+        return (2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim) *
+               c->lin_conv_kernel;
     default: return 0;
     }
 }
 
-bool pt_spec_needed(const pt_model_config *c, int need) {
+bool pt_spec_needed(const pt_model_config *c, int need, int layer) {
     switch (need) {
+    case NEED_ATTN: return !pt_config_layer_recurrent(c, layer);
+    case NEED_RECURRENT: return pt_config_layer_recurrent(c, layer);
+    case NEED_SHARED: return c->shared_ffn_dim > 0;
     case NEED_QKV_BIAS: return c->qkv_bias;
     case NEED_O_BIAS: return c->o_bias;
     case NEED_QK_NORM: return c->qk_norm;
@@ -341,10 +356,10 @@ static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err
     pt_spec_name(s, gguf, layer, name, sizeof name);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
     if (!t) {
-        if (!pt_spec_needed(c, s->need)) return 0;
+        if (!pt_spec_needed(c, s->need, layer)) return 0;
         return pt_fail(err, "%s: missing tensor %s", m->file->path, name);
     }
-    if (!pt_spec_needed(c, s->need) && s->need != NEED_UNTIED) return 0; /* e.g. unused bias */
+    if (!pt_spec_needed(c, s->need, layer) && s->need != NEED_UNTIED) return 0; /* e.g. unused bias */
     int64_t rows = pt_spec_dim(c, s->rows), cols = pt_spec_dim(c, s->cols);
     int64_t n_experts = pt_spec_dim(c, s->experts);
     if (s->cols == D_NONE) return bind_vector(m, t, rows, pt_spec_target(m, s, layer), err);

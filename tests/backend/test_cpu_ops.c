@@ -222,7 +222,8 @@ static void test_quantized_handoff(void **state) {
     for (int b = 0; b < n_backends; b++) {
         pt_backend *be = backends[b];
         pt_qk_ctx ctx = {.avx2 = strstr(be->detail, "avx2") != NULL,
-                         .i8 = strstr(be->detail, "int8 gemm") != NULL};
+                         .i8 = strstr(be->detail, "int8") != NULL,
+                         .i8_decode = strstr(be->detail, "int8 quantized matmuls") != NULL};
         for (int n = 1; n <= 9; n += 4) {
             float *x = rnd_floats((size_t)(n * cols), 1.0f), *y = poisoned((size_t)(n * rows));
             float *want = malloc(sizeof(float) * (size_t)(n * rows));

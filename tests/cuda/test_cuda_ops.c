@@ -384,6 +384,7 @@ typedef struct seq_setup {
 /* When set, one_attention runs attention_ext with these window and
  * soft-cap settings (its own scale) instead of attention. */
 static const pt_attn_params *g_ext;
+static bool g_sinks; /* with g_ext: random sink logits per head (gpt-oss) */
 
 /* Builds a paged cache holding n_seqs sequences of the given lengths, pages
  * handed out in shuffled order, K/V stored through kv_store (itself
@@ -455,11 +456,13 @@ static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int
     arr q = arr_rand((size_t)nq * n_heads * hd, -1, 1);
     arr out = arr_poison(sizeof(float) * (size_t)nq * n_heads * hd);
     float scale = 1.0f / sqrtf((float)hd) * 2.0f; /* sharper than usual: softmax must be exact */
+    arr sinks = arr_rand(g_sinks ? (size_t)n_heads : 0, -2, 4);
     for (int b = 0; b < N_BE; b++) {
         pt_batch_view bv = {.n_tokens = nq, .pos = qpa.d[b], .seq = qsa.d[b], .block_table = bta.d[b], .max_pages = max_pages, .n_seqs = n_seqs};
         if (g_ext) {
             pt_attn_params p = *g_ext;
             p.scale = scale;
+            p.sinks = g_sinks ? sinks.d[b] : NULL;
             pt_be_attention_ext(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, &p);
         } else {
             pt_be_attention(be[b], out.d[b], q.d[b], &kv[b], &bv, n_heads, scale);
@@ -473,6 +476,7 @@ static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int
     check_out(&out, GPU_ALT, 2e-5, "attention %s ps=%d heads %d/%d hd=%d rows=%d", tname(kt),
               page_size, n_heads, n_kv, hd, nq);
 
+    arr_free(&sinks);
     arr_free(&kc), arr_free(&vc), arr_free(&bta), arr_free(&spa), arr_free(&ssa);
     arr_free(&k), arr_free(&v), arr_free(&qpa), arr_free(&qsa), arr_free(&q), arr_free(&out);
     free(perm), free(bt), free(sp), free(ss);
@@ -686,9 +690,15 @@ static void test_attention_ext(void **state) {
             attention_batches(types[ti], 5, 6, 2, 96, lens_a, 4);
         }
         attention_batches(PT_BF16, 16, 16, 8, 256, lens_b, 2);
+        g_sinks = true; /* sink logits up to 4: as large as the largest scores */
+        attention_batches(PT_F32, 16, 8, 4, 64, lens_a, 4);
+        attention_batches(PT_BF16, 5, 6, 2, 96, lens_a, 4);
+        g_sinks = false;
     }
     g_ext = NULL;
 }
+
+static arr rand_ids(int n, int k, int E);
 
 static void test_family_elementwise(void **state) {
     (void)state;
@@ -704,7 +714,20 @@ static void test_family_elementwise(void **state) {
         for (int b = 0; b < N_BE; b++) pt_be_softcap(be[b], c.d[b], 1.5f, n);
         check_out(&c, GPU, 1e-6, "softcap %zu", n);
         arr_free(&a), arr_free(&c), arr_free(&y);
+        /* gpt-oss's SwiGLU, inputs past its limit of 7 on both sides */
+        arr g = arr_rand(n, -12, 12), u = arr_rand(n, -12, 12);
+        arr z = arr_poison(sizeof(float) * n);
+        for (int b = 0; b < N_BE; b++) pt_be_swiglu_oai(be[b], z.d[b], g.d[b], u.d[b], n, 1.702f, 7.0f);
+        check_out(&z, GPU, 1e-6, "swiglu_oai %zu", n);
+        arr_free(&g), arr_free(&u), arr_free(&z);
     }
+    /* a bias by expert id */
+    int n = 9, k = 3, d = 130, E = 7;
+    arr y = arr_rand((size_t)n * k * d, -1, 1), bias = arr_rand((size_t)E * d, -1, 1);
+    arr ids = rand_ids(n, k, E);
+    for (int b = 0; b < N_BE; b++) pt_be_add_id(be[b], y.d[b], bias.d[b], ids.d[b], n, k, d);
+    check_out(&y, GPU, 0, "add_id");
+    arr_free(&y), arr_free(&bias), arr_free(&ids);
 }
 
 /* Routing: the same experts in the same order as the CPU (logits are

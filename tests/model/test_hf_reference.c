@@ -10,6 +10,12 @@
  * stored weights) and argmax, then generate greedily one token per step and
  * compare tokens and per-step logits — so prefill, decode and the paged KV
  * cache are all checked.
+ *
+ * The tolerance is 1e-4, or four times what transformers' own float32 run
+ * strays from its float64 reference when that is more (reference.json's
+ * crosscheck): a recurrent model (qwen3_next) amplifies rounding through
+ * its state, and transformers itself strays 1e-4 in prefill and 1.3e-3
+ * over a cached decode there; we cannot be held closer than that.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -52,7 +58,30 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name) {
+typedef struct tols {
+    double prompt, greedy;
+} tols;
+
+/* TOL, or four times the largest of the crosscheck's float32 deviations
+ * named in keys. */
+static double tol_of(json_t *r, const char *const *keys, int n) {
+    double t = TOL;
+    json_t *cc = json_object_get(r, "crosscheck");
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_object_get(cc, keys[i]);
+        if (json_is_number(v) && 4 * json_number_value(v) > t) t = 4 * json_number_value(v);
+    }
+    return t;
+}
+
+static tols tols_of(json_t *r) {
+    static const char *const prompt[] = {"float32_prompt_logits_max_abs_diff"};
+    static const char *const greedy[] = {"float32_greedy_logits_max_abs_diff",
+                                         "float32_kv_cache_greedy_logits_max_abs_diff"};
+    return (tols){tol_of(r, prompt, 1), tol_of(r, greedy, 2)};
+}
+
+static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name, tols tol) {
     int n, vocab = m->cfg.vocab_size;
     int32_t *tok = ids_of(json_object_get(p, "tokens"), &n);
     int n_greedy;
@@ -69,7 +98,8 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
     json_t *rows = json_object_get(p, "logits");
     for (int i = 0; i < n; i++) {
         double d = row_diff(logits + (size_t)i * vocab, json_array_get(rows, (size_t)i), vocab);
-        if (d > TOL) fail_msg("%s, %d-token prompt, position %d: max |logit diff| %.3g", name, n, i, d);
+        if (d > tol.prompt)
+            fail_msg("%s, %d-token prompt, position %d: max |logit diff| %.3g", name, n, i, d);
         int want_arg = (int)json_integer_value(json_array_get(json_object_get(p, "argmax"), (size_t)i));
         assert_int_equal(argmax(logits + (size_t)i * vocab, vocab), want_arg);
     }
@@ -86,7 +116,8 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
         pt_batch d = {1, &next, &p1, &s0, &w, 1, seqs};
         if (pt_model_run(m, kv, &d, logits, &err)) fail_msg("%s: %s", name, err.msg);
         double diff = row_diff(logits, json_array_get(glog, (size_t)step + 1), vocab);
-        if (diff > TOL) fail_msg("%s: decode step %d: max |logit diff| %.3g", name, step + 1, diff);
+        if (diff > tol.greedy)
+            fail_msg("%s: decode step %d: max |logit diff| %.3g", name, step + 1, diff);
         next = argmax(logits, vocab);
     }
     pt_kv_seq_release(kv, &s);
@@ -110,7 +141,7 @@ static void check_case(const char *name, const char *kernels, int threads) {
     if (!r) fail_msg("%s: %s", ref, je.text);
     json_t *p;
     size_t i;
-    json_array_foreach(json_object_get(r, "prompts"), i, p) run_prompt(m, &kv, p, name);
+    json_array_foreach(json_object_get(r, "prompts"), i, p) run_prompt(m, &kv, p, name, tols_of(r));
     assert_int_equal(pt_kv_free_pages(&kv), kv.cfg.n_pages);
     json_decref(r);
     pt_kv_cache_free(&kv);
@@ -134,6 +165,7 @@ CASE(qwen3_moe)
 CASE(gemma2)
 CASE(gemma3_text)
 CASE(gpt_oss)
+CASE(qwen3_next)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -312,7 +344,7 @@ static void test_qwen3moe_gguf(void **state) {
         size_t i;
         json_array_foreach(json_object_get(r, "prompts"), i, p) {
             if (!q8) {
-                run_prompt(m, &kv, p, "qwen3moe gguf");
+                run_prompt(m, &kv, p, "qwen3moe gguf", tols_of(r));
                 continue;
             }
             int n, vocab = m->cfg.vocab_size;
@@ -441,7 +473,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3),   cmocka_unit_test(test_llama_sharded),
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
-        cmocka_unit_test(test_qwen3moe_gguf),
+        cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };

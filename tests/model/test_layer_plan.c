@@ -232,7 +232,7 @@ static void test_hand_built_plans_checked(void **state) {
         {offsetof(pt_layer_plan, mixer), PT_MIX_RECURRENT, "recurrent"},
         {offsetof(pt_layer_plan, norm), 9, "norm kind 9"},
         {offsetof(pt_layer_plan, mixer), 7, "mixer kind 7"},
-        {offsetof(pt_layer_plan, n_shared), 1, "1 shared experts"},
+        {offsetof(pt_layer_plan, n_shared), 2, "2 shared experts"},
         {offsetof(pt_layer_plan, cache_group), 1, "cache group 1"},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(bad); i++) {
@@ -276,6 +276,42 @@ static void test_load_refuses_before_weights(void **state) {
     be->ops->destroy(be);
 }
 
+/* Qwen3-Next: without layer_types every full_attention_interval-th layer
+ * is full attention, the rest Gated DeltaNet in the state cache group;
+ * every FFN routes experts with one shared expert; partial rope. */
+#define QNEXT                                                                                      \
+    "{\"model_type\":\"qwen3_next\"," BASE ",\"head_dim\":16,\"partial_rotary_factor\":0.25,"    \
+    "\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":8,"                   \
+    "\"shared_expert_intermediate_size\":12,\"full_attention_interval\":3,"                       \
+    "\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,\"linear_key_head_dim\":8,"         \
+    "\"linear_value_head_dim\":8"
+
+static void test_qwen3_next_plan(void **state) {
+    (void)state;
+    pt_model_config c;
+    config_of(QNEXT ",\"linear_conv_kernel_dim\":4}", &c);
+    pt_layer_plan plan[3];
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(plan[l].mixer, l < 2 ? PT_MIX_RECURRENT : PT_MIX_ATTN);
+        assert_int_equal(plan[l].cache_group, l < 2 ? 2 : 0);
+        assert_int_equal(plan[l].ffn, PT_FFN_MOE);
+        assert_int_equal(plan[l].n_shared, 1);
+        assert_int_equal(plan[l].rope.n_rot, 4);
+        assert_int_equal(plan[l].norm, PT_NORM_RMS_1PW);
+    }
+    json_t *j = json_loads(QNEXT "}", 0, NULL); /* no conv kernel */
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "linear_conv_kernel_dim"));
+    json_decref(j);
+    j = json_loads(QNEXT ",\"linear_conv_kernel_dim\":4,\"layer_types\":[\"linear_attention\","
+                   "\"sliding_attention\",\"full_attention\"]}", 0, NULL);
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "layer_types[1] 'sliding_attention'"));
+    json_decref(j);
+}
+
 /* The list of supported architectures comes from the registry's rows. */
 static void test_supported_list_from_table(void **state) {
     (void)state;
@@ -284,7 +320,7 @@ static void test_supported_list_from_table(void **state) {
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "'deepseek_v3' is not supported (supported: llama, mistral, "
-                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss)"));
+                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss, qwen3_next)"));
     json_decref(j);
 }
 
@@ -436,6 +472,7 @@ int main(void) {
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
         cmocka_unit_test(test_gptoss_plan),
+        cmocka_unit_test(test_qwen3_next_plan),
         cmocka_unit_test(test_bad_mixture),
         cmocka_unit_test(test_expert_stack_dummy),
     };

@@ -183,11 +183,14 @@ static void test_gguf_all(void **state) {
  * rounding bound sum |w_i| * d_x / 2, d_x = max|x| / 127.  Shapes cover
  * every tile remainder (rows 1..5 and 37, tokens 8..11, 13 and 33), more rows
  * than one cache block (1000), and extreme codes (q8_0 -128, a zero block). */
-static void check_i8(fmt f) {
+static void check_i8(fmt f, bool decode) {
     pt_dtype t = f.t;
     int block = f.t == PT_AFFINE ? f.gs : pt_dtype_get(f.t)->block;
     static const int64_t row_counts[] = {1, 2, 3, 5, 37, 1000};
-    static const int ns[] = {PT_QK_I8_MIN_TOKENS, 9, 10, 11, 13, 33}; /* every tile remainder */
+    static const int gemm_ns[] = {PT_QK_I8_MIN_TOKENS, 9, 10, 11, 13, 33}; /* every tile remainder */
+    static const int decode_ns[] = {1, 2, 3, 5, PT_QK_I8_MIN_TOKENS - 1};
+    const int *ns = decode ? decode_ns : gemm_ns;
+    size_t n_ns = decode ? PT_ARRAY_LEN(decode_ns) : PT_ARRAY_LEN(gemm_ns);
     pt_rng rng;
     pt_rng_seed(&rng, 77 + (uint64_t)t * 10 + (uint64_t)f.gs + (uint64_t)f.st);
     pt_pool *pool = pt_pool_new(2);
@@ -200,7 +203,7 @@ static void check_i8(fmt f) {
             if (t == PT_Q8_0) ((int8_t *)q.data)[2] = -128; /* row 0, element 0: |w| = 128 */
             float *wref = malloc(sizeof(float) * (size_t)(rows * cols));
             for (int64_t r = 0; r < rows; r++) pt_weight_dequantize_row(&q.w, r, wref + r * cols);
-            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+            for (size_t ni = 0; ni < n_ns; ni++) {
                 int n = ns[ni];
                 size_t nx = (size_t)(n * cols);
                 float *x = malloc(sizeof(float) * nx), *xr = malloc(sizeof(float) * nx);
@@ -209,8 +212,8 @@ static void check_i8(fmt f) {
                 for (size_t i = 0; i < nx; i++) x[i] = (float)(pt_rng_uniform(&rng) * 2 - 1);
                 for (int i = 0; i < 32; i++) x[i] = 0; /* a zero block: d = 0 */
                 for (int k = 0; k < n; k++) round_acts(x + k * cols, xr + k * cols, dx + k * cols, cols, 32, 127);
-                pt_qk_ctx ctx = {.avx2 = true, .i8 = true};
-                assert_string_equal(pt_qk_path(&ctx, &q.w, n), "avx2 int8 gemm");
+                pt_qk_ctx ctx = {.avx2 = true, .i8 = true, .i8_decode = decode};
+                assert_string_equal(pt_qk_path(&ctx, &q.w, n), decode ? "avx2 int8 rows" : "avx2 int8 gemm");
                 pt_qk_matmul(&ctx, pool, y, x, &q.w, n);
                 pt_qk_matmul(&ctx, NULL, y1, x, &q.w, n);
                 for (int k = 0; k < n; k++)
@@ -249,16 +252,63 @@ static void test_i8_gemm(void **state) {
         return;
     }
     static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
-    for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16});
+    for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16}, false);
     static const int gss[] = {32, 64, 128};
     static const pt_dtype sts[] = {PT_F16, PT_BF16, PT_F32};
-    for (int g = 0; g < 3; g++) check_i8((fmt){PT_AFFINE, 4, gss[g], sts[g]});
+    for (int g = 0; g < 3; g++) check_i8((fmt){PT_AFFINE, 4, gss[g], sts[g]}, false);
     /* below the token threshold, and for other formats, the int16 kernels run */
     pt_qk_ctx ctx = {.avx2 = true, .i8 = true};
     pt_weight w = {.dtype = PT_Q8_0, .rows = 1, .cols = 32};
     assert_string_equal(pt_qk_path(&ctx, &w, PT_QK_I8_MIN_TOKENS - 1), "avx2 int16");
     w = (pt_weight){.dtype = PT_AFFINE, .rows = 1, .cols = 64, .bits = 8, .group_size = 64};
     assert_string_equal(pt_qk_path(&ctx, &w, 64), "avx2 int16");
+}
+
+/* The int8 decode rows (q8_0, q4_0, below PT_QK_I8_MIN_TOKENS tokens) by
+ * the same two bounds as the GEMM; every other format stays on int16 there. */
+static void test_i8_decode(void **state) {
+    (void)state;
+    if (!pt_qk_cpu_has_avx2()) {
+        print_message("note: no AVX2 on this CPU; int8 decode not tested\n");
+        return;
+    }
+    check_i8((fmt){PT_Q8_0, 0, 0, PT_F16}, true);
+    check_i8((fmt){PT_Q4_0, 0, 0, PT_F16}, true);
+    pt_qk_ctx ctx = {.avx2 = true, .i8 = true, .i8_decode = true};
+    pt_weight w = {.dtype = PT_Q4_K, .rows = 1, .cols = 256};
+    assert_string_equal(pt_qk_path(&ctx, &w, 1), "avx2 int16");
+    ctx.i8_decode = false;
+    w.dtype = PT_Q4_0;
+    assert_string_equal(pt_qk_path(&ctx, &w, 1), "avx2 int16");
+}
+
+/* The AVX2 activation quantizer gives the portable one's codes, scales and
+ * sums bit for bit: random rows, a zero block, halfway cases (x / d =
+ * k + 0.5 rounds to even) and negative zero. */
+static void test_i8_quantize_same(void **state) {
+    (void)state;
+    if (!pt_qk_cpu_has_avx2()) return;
+    enum { N = 3, COLS = 256 };
+    float x[N * COLS];
+    pt_rng rng;
+    pt_rng_seed(&rng, 5);
+    for (int i = 0; i < N * COLS; i++) x[i] = (float)(pt_rng_uniform(&rng) * 2 - 1) * (1 + i / 64);
+    for (int i = 32; i < 64; i++) x[i] = 0;
+    x[64] = 127; /* block 2: d = 1, so x / d is x itself */
+    for (int i = 65; i < 96; i++) x[i] = (float)(i - 80) + 0.5f;
+    x[95] = -0.0f;
+    static _Alignas(32) uint8_t s1[4096], s2[4096];
+    pt_qact8 a, b;
+    assert_true(pt_qk_act8_bytes(N, COLS) <= sizeof s1);
+    pt_qk_act8_init(&a, s1, N, COLS);
+    pt_qk_act8_init(&b, s2, N, COLS);
+    pt_qk_quantize_act8(&a, x, 0, N);
+    pt_qk_avx2_quantize_act8(&b, x, 0, N);
+    assert_memory_equal(a.q, b.q, N * COLS);
+    assert_memory_equal(a.d, b.d, sizeof(float) * N * COLS / 32);
+    assert_memory_equal(a.ds, b.ds, sizeof(float) * N * COLS / 32);
+    assert_int_equal(a.q[65], -14); /* -14.5 -> -14 */
+    assert_int_equal(a.q[66], -14); /* -13.5 -> -14 */
 }
 
 static void test_handles(void **state) {
@@ -274,6 +324,8 @@ int main(void) {
         cmocka_unit_test(test_affine_all),
         cmocka_unit_test(test_gguf_all),
         cmocka_unit_test(test_i8_gemm),
+        cmocka_unit_test(test_i8_decode),
+        cmocka_unit_test(test_i8_quantize_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

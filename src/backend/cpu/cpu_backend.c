@@ -3,7 +3,7 @@
  * kernel set, per-thread scratch and dispatch onto the thread pool.
  *
  * The ops themselves live in cpu_matmul.c, cpu_elementwise.c,
- * cpu_attention.c, cpu_moe.c and cpu_bandwidth.c; this file only wires them up.  "Backend
+ * cpu_attention.c, cpu_moe.c, cpu_recurrent.c and cpu_bandwidth.c; this file only wires them up.  "Backend
  * memory" on the CPU is ordinary memory, so upload/download are memcpy and
  * sync has nothing to wait for (every op returns when its work is done).
  */
@@ -145,6 +145,23 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
         pt_cpu_add_id(be, a->y, a->bias, a->ids, a->n, a->k, a->d);
         return true;
     }
+    case PT_OP_GATHER_COLS: {
+        const pt_op_gather_cols *a = &o->gather_cols;
+        pt_cpu_gather_cols(be, a->dst, a->src, a->idx, a->n, a->d_src, a->d_dst);
+        return true;
+    }
+    case PT_OP_SIGMOID_MUL: {
+        const pt_op_sigmoid_mul *a = &o->sigmoid_mul;
+        pt_cpu_sigmoid_mul(be, a->y, a->x, a->g, a->n, a->d, a->g_d);
+        return true;
+    }
+    case PT_OP_CONV1D_SILU: {
+        const pt_op_conv1d_silu *a = &o->conv1d_silu;
+        pt_cpu_conv1d_silu(be, a->y, a->x, a->w, a->state, &a->b, a->C, a->K);
+        return true;
+    }
+    case PT_OP_GATED_DELTA: pt_cpu_gated_delta(be, &o->gated_delta); return true;
+    case PT_OP_RMSNORM_GATED: pt_cpu_rmsnorm_gated(be, &o->rmsnorm_gated); return true;
     default: return false;
     }
 }
@@ -258,11 +275,16 @@ pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err) 
     cb->scratch = pt_xcalloc((size_t)n_threads, sizeof *cb->scratch);
     read_fault(cb);
     cb->quant.avx2 = k == pt_cpu_kernels_avx2();
-    /* PETREL_CPU_INT8=0 keeps quantized prefill on the int16 kernels (A/B runs). */
+    /* PETREL_CPU_INT8=0 keeps quantized matmuls on the int16 kernels,
+     * =prefill keeps only decode there (A/B runs, docs/quantization.md). */
     const char *i8 = getenv("PETREL_CPU_INT8");
     cb->quant.i8 = cb->quant.avx2 && !(i8 && strcmp(i8, "0") == 0);
+    cb->quant.i8_decode = cb->quant.i8 && !(i8 && strcmp(i8, "prefill") == 0);
     snprintf(cb->detail, sizeof cb->detail, "%s%s, %d thread%s", k->name,
-             cb->quant.i8 ? " + int8 gemm for quantized prefill" : "", n_threads,
+             cb->quant.i8_decode ? " + int8 quantized matmuls"
+             : cb->quant.i8      ? " + int8 gemm for quantized prefill"
+                                 : "",
+             n_threads,
              n_threads == 1 ? "" : "s");
     cb->base = (pt_backend){
         .ops = &cpu_ops, .name = "cpu", .detail = cb->detail, .n_threads = n_threads,

@@ -99,6 +99,15 @@ void pt_cpu_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight 
                       const int32_t *ids, int n, int k, int x_slots);
 void pt_cpu_moe_combine(pt_backend *be, float *y, const float *x, const float *weights, int n,
                         int k, int d);
+/* cpu_recurrent.c: hybrid recurrent layers (Gated DeltaNet) */
+void pt_cpu_gather_cols(pt_backend *be, float *dst, const float *src, const int32_t *idx, int n,
+                        int d_src, int d_dst);
+void pt_cpu_sigmoid_mul(pt_backend *be, float *y, const float *x, const float *g, int n, int d,
+                        int g_d);
+void pt_cpu_conv1d_silu(pt_backend *be, float *y, const float *x, const float *w, float *state,
+                        const pt_batch_view *b, int C, int K);
+void pt_cpu_gated_delta(pt_backend *be, const pt_op_gated_delta *a);
+void pt_cpu_rmsnorm_gated(pt_backend *be, const pt_op_rmsnorm_gated *a);
 double pt_cpu_read_bandwidth(pt_backend *be);
 double pt_cpu_compute_peak(pt_backend *be, pt_dtype wt, char *note, size_t note_len);
 

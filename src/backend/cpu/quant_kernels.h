@@ -4,9 +4,9 @@
  * q4_k, q5_k, q6_k.  Matrix-vector and matrix-matrix products, threaded, in
  * an AVX2 and a portable flavour, and row dequantization for embeddings.
  *
- * Numerics (docs/quantization.md): decode (and any call of fewer than
- * PT_QK_I8_MIN_TOKENS tokens, and every call without AVX2) quantizes
- * activations to int16 in blocks of 32 elements, or of the group size for
+ * Numerics (docs/quantization.md): calls of fewer than
+ * PT_QK_I8_MIN_TOKENS tokens (decode) of formats other than q4_0 and q8_0,
+ * and every call without AVX2, quantize activations to int16 in blocks of 32 elements, or of the group size for
  * affine weights (d = max|x| / 32767, q = rint(x / d)).  Every
  * product of a weight code and an activation code is then an exact integer
  * dot product over a block (vpmaddwd on AVX2); each block's sum is scaled
@@ -27,8 +27,11 @@
  * coarser rounding, 2-4x the speed.  Measured cost: 0.6-0.9% of the logit
  * range on test_convert's 4-bit models (int16: < 0.1%), KL 5e-4 nats
  * against int16 on a random TinyLlama-shape Q8_0 model, half what Q8_0
- * weights cost against F16 there (docs/benchmarks.md).  PETREL_CPU_INT8=0
- * (read when the backend is created) keeps prefill on int16.
+ * weights cost against F16 there (docs/benchmarks.md).  Decode of q4_0
+ * and q8_0 on AVX2 takes int8 activations too (the rows kernels at the end
+ * of quant_i8_avx2.c), as llama.cpp does for these formats.
+ * PETREL_CPU_INT8 (read when the backend is created): 0 keeps every call
+ * on int16, "prefill" keeps decode there.
  *
  * Use: keep a pt_qk_ctx per backend (it owns the activation scratch) and
  * call pt_qk_matmul for any weight whose dtype pt_qk_handles().
@@ -87,6 +90,7 @@ typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, 
 typedef struct pt_qk_ctx {
     bool avx2;     /* use the AVX2 kernels (the caller checked the CPU) */
     bool i8;       /* with avx2: the int8 GEMM for n >= PT_QK_I8_MIN_TOKENS where one exists */
+    bool i8_decode; /* with i8: int8 rows below that too (q4_0, q8_0) */
     void *scratch; /* activation codes and scales, grown on demand */
     size_t cap;
 } pt_qk_ctx;
@@ -119,9 +123,14 @@ int pt_qk_avx2_perm(const pt_weight *w);
 /* The int8-activation GEMM for w (q8_0, q4_0, q4_k, q5_k, q6_k, affine
  * 4-bit), or NULL. */
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w);
+/* The int8-activation decode kernel for w (q8_0, q4_0): rows in their file
+ * layout, any n (meant for n < PT_QK_I8_MIN_TOKENS), or NULL. */
+pt_qk_rows8_fn pt_qk_avx2_vec8(const pt_weight *w);
 size_t pt_qk_act8_bytes(int n, int64_t cols);
 void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols);
 void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
+/* The same codes and scales, bit for bit, 8 lanes at a time. */
+void pt_qk_avx2_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
 /* The kernels pt_qk_matmul would run for w with n tokens: "int8 gemm",
  * "avx2 int16" or "portable int16" (bench and tests report it). */
 const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n);

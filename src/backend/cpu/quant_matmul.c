@@ -34,13 +34,15 @@ typedef struct job {
     const pt_weight *w;
     float *y;
     pt_qk_rows_fn rows;
+    bool avx2;
 } job;
 
 static void act_part(void *ctx, int ith, int nth) {
     job *j = ctx;
     int n = j->rows8 ? j->a8.n : j->a.n, t0 = (int)((int64_t)n * ith / nth), t1 = (int)((int64_t)n * (ith + 1) / nth);
     if (t0 >= t1) return;
-    if (j->rows8) pt_qk_quantize_act8(&j->a8, j->x, t0, t1);
+    if (j->rows8 && j->avx2) pt_qk_avx2_quantize_act8(&j->a8, j->x, t0, t1);
+    else if (j->rows8) pt_qk_quantize_act8(&j->a8, j->x, t0, t1);
     else pt_qk_quantize_act(&j->a, j->x, t0, t1);
 }
 
@@ -54,24 +56,29 @@ static void rows_part(void *ctx, int ith, int nth) {
     else j->rows(j->w, &j->a, j->y, r0, r1);
 }
 
+/* Activations up to this many elements are quantized on the calling thread. */
+#define ACT_INLINE_MAX (16 * 1024)
+
 static void run(pt_pool *pool, pt_pool_fn fn, job *j) {
     if (pool) pt_pool_run(pool, fn, j);
     else fn(j, 0, 1);
 }
 
 static pt_qk_rows8_fn rows8_for(const pt_qk_ctx *ctx, const pt_weight *w, int n) {
-    return ctx->avx2 && ctx->i8 && n >= PT_QK_I8_MIN_TOKENS ? pt_qk_avx2_rows8(w) : NULL;
+    if (!ctx->avx2 || !ctx->i8) return NULL;
+    if (n >= PT_QK_I8_MIN_TOKENS) return pt_qk_avx2_rows8(w);
+    return ctx->i8_decode ? pt_qk_avx2_vec8(w) : NULL;
 }
 
 const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n) {
-    if (rows8_for(ctx, w, n)) return "avx2 int8 gemm";
+    if (rows8_for(ctx, w, n)) return n >= PT_QK_I8_MIN_TOKENS ? "avx2 int8 gemm" : "avx2 int8 rows";
     if (ctx->avx2 && pt_qk_avx2_rows(w)) return "avx2 int16";
     return pt_qk_portable_rows(w) ? "portable int16" : "none";
 }
 
 void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const pt_weight *w,
                   int n) {
-    job j = {.x = x, .w = w, .y = y};
+    job j = {.x = x, .w = w, .y = y, .avx2 = ctx->avx2};
     j.rows = ctx->avx2 ? pt_qk_avx2_rows(w) : NULL;
     if (!j.rows) j.rows = pt_qk_portable_rows(w); /* formats without AVX2 rows (MXFP4) */
     if (!j.rows || n <= 0) return;
@@ -92,7 +99,10 @@ void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const
     else
         pt_qk_act_init(&j.a, ctx->scratch, n, w->cols, pt_qk_act_block(w),
                        ctx->avx2 ? pt_qk_avx2_perm(w) : PT_QK_PERM_NONE);
-    run(pool, act_part, &j);
+    /* A decode step's activations (a few thousand floats, about a
+     * microsecond) are quantized on this thread: a pool dispatch costs more
+     * than the work, twice per matmul, ~150 matmuls per token. */
+    run((int64_t)n * w->cols <= ACT_INLINE_MAX ? NULL : pool, act_part, &j);
     run(pool, rows_part, &j);
 }
 

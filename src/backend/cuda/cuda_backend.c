@@ -8,7 +8,8 @@
  * qmatmul.cu, attention.cu, attn_kvq.cu, family_ops.cu) or to cuBLAS.
  *
  * The model-family ops (attention_ext, geglu, scale, softcap, moe_route,
- * matmul_id, moe_combine; cuda_family.h) have first, plain kernels:
+ * matmul_id, moe_combine, swiglu_oai, add_id; cuda_family.h) have first,
+ * plain kernels:
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
  * never come to the host, so a decode step stays one graph) and reads
  * only the experts some row chose.
@@ -317,7 +318,7 @@ static void exec_attention(cuda_backend *cb, const pt_op_attention *a) {
 static void exec_attention_ext(cuda_backend *cb, const pt_op_attention_ext *a) {
     pt_op_attention plain = {a->out, a->q, a->kv, a->b, a->n_heads, a->p.scale};
     cu_attn_args r = attn_args(cb, &plain);
-    cu_attention_ext(&cb->ctx, &r, a->p.window, a->p.softcap);
+    cu_attention_ext(&cb->ctx, &r, a->p.window, a->p.softcap, a->p.sinks);
 }
 
 static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
@@ -387,6 +388,16 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
         cu_moe_combine(c, a->y, a->x, a->weights, a->n, a->k, a->d);
         break;
     }
+    case PT_OP_SWIGLU_OAI: {
+        const pt_op_swiglu_oai *a = &o->swiglu_oai;
+        cu_swiglu_oai(c, a->y, a->gate, a->up, a->count, a->alpha, a->limit);
+        break;
+    }
+    case PT_OP_ADD_ID: {
+        const pt_op_add_id *a = &o->add_id;
+        cu_add_id(c, a->y, a->bias, a->ids, a->n, a->k, a->d);
+        break;
+    }
     default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
@@ -447,8 +458,6 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
         if (dtype_code(kv->dtype) < 0)
             return cuda_fail(cb, name, "cache type not supported by the CUDA backend");
         if (kv->head_dim > 512) return cuda_fail(cb, name, "head_dim over 512 is not supported");
-        if (o->attention_ext.p.sinks) /* gpt-oss; its models are refused at load (swiglu_oai) */
-            return cuda_fail(cb, name, "attention sinks are not implemented on the CUDA backend");
     }
     if (o->kind == PT_OP_KV_STORE || o->kind == PT_OP_ATTENTION) {
         const pt_kv_view *kv = o->kind == PT_OP_KV_STORE ? &o->kv_store.kv : &o->attention.kv;
@@ -564,7 +573,7 @@ static void cuda_destroy(pt_backend *be) {
  * that need those, naming the op, instead of failing mid-forward. */
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
-    return kind >= 0 && kind <= PT_OP_MOE_COMBINE; /* the kinds cuda_exec_op launches */
+    return kind >= 0 && kind <= PT_OP_ADD_ID; /* the kinds cuda_exec_op launches */
 }
 
 static const pt_backend_ops cuda_ops = {

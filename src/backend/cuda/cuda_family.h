@@ -27,10 +27,20 @@ void cu_geglu(const cu_ctx *c, float *y, const float *gate, const float *up, siz
 /* x *= s, or (softcap) x = s * tanh(x / s). */
 void cu_scale(const cu_ctx *c, float *x, float s, size_t count, int softcap);
 
+/* gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, ±limit),
+ * y = (u + 1) * g * sigmoid(alpha * g). */
+void cu_swiglu_oai(const cu_ctx *c, float *y, const float *gate, const float *up, size_t count,
+                   float alpha, float limit);
+/* y[t][j] += bias[ids[t][j]] for rows of d (a bias per expert). */
+void cu_add_id(const cu_ctx *c, float *y, const float *bias, const int32_t *ids, int n, int k,
+               int d);
+
 /* Attention as cu_attention_simple (one warp per row and query head), row
  * t seeing positions pos[t] - window + 1 .. pos[t] (window > 0) with
- * scores soft-capped to softcap * tanh(s / softcap) (softcap > 0). */
-void cu_attention_ext(const cu_ctx *c, const cu_attn_args *a, int window, float softcap);
+ * scores soft-capped to softcap * tanh(s / softcap) (softcap > 0) and, with
+ * sinks, exp(sinks[h]) one more term in head h's denominator (gpt-oss). */
+void cu_attention_ext(const cu_ctx *c, const cu_attn_args *a, int window, float softcap,
+                      const float *sinks);
 
 /* Per row of logits[n][n_experts]: softmax, the k largest (ties: lower
  * expert first) into ids[n][k] and weights[n][k], renormalized to sum 1

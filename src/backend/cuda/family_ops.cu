@@ -1,7 +1,8 @@
 /*
  * family_ops.cu - kernels of the ops the model families beyond Llama add:
- * GeGLU, scale and soft-cap (Gemma), attention with a window and
- * soft-capped scores (Gemma's sliding and global layers), and the
+ * GeGLU, scale and soft-cap (Gemma), attention with a window,
+ * soft-capped scores and sinks (Gemma's sliding and global layers,
+ * gpt-oss), gpt-oss's clamped SwiGLU and bias by expert id, and the
  * mixture-of-experts ops (routing, the sort of (row, slot) pairs by
  * expert, the matmul by expert id for f32/f16/bf16 experts, the weighted
  * combine).  Declared in cuda_family.h.
@@ -49,14 +50,47 @@ extern "C" void cu_scale(const cu_ctx *c, float *x, float s, size_t count, int s
     if (count) CU_LAUNCH(scale_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, x, s, count, softcap);
 }
 
-/* ---- attention with a window and soft-capped scores ---------------------------- */
+__global__ void swiglu_oai_kernel(float *y, const float *gate, const float *up, size_t count,
+                                  float alpha, float limit) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float g = fminf(gate[i], limit), u = fmaxf(-limit, fminf(up[i], limit));
+    y[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
+extern "C" void cu_swiglu_oai(const cu_ctx *c, float *y, const float *gate, const float *up,
+                              size_t count, float alpha, float limit) {
+    if (count)
+        CU_LAUNCH(swiglu_oai_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, y, gate, up, count,
+                  alpha, limit);
+}
+
+__global__ void add_id_kernel(float *y, const float *bias, const int32_t *ids, int pairs, int d) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)pairs * d) return;
+    size_t pr = i / d, col = i % d;
+    y[i] += bias[(size_t)ids[pr] * d + col];
+}
+
+extern "C" void cu_add_id(const cu_ctx *c, float *y, const float *bias, const int32_t *ids, int n,
+                          int k, int d) {
+    size_t count = (size_t)n * k * d;
+    if (count)
+        CU_LAUNCH(add_id_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, y, bias, ids, n * k, d);
+}
+
+/* ---- attention with a window, soft-capped scores and sinks ---------------------- */
 
 #define EXT_MAX_DPL 16 /* head_dim <= 512 */
 
 /* One warp per (row, query head), lanes over head_dim, an online softmax
  * over the positions the row sees. */
 template <int T>
-__global__ void attn_ext_kernel(cu_attn_args a, int window, float softcap) {
+__global__ void attn_ext_kernel(cu_attn_args a, int window, float softcap, const float *sinks) {
     cu_grid_trigger();
     cu_grid_wait();
     const int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
@@ -94,6 +128,7 @@ __global__ void attn_ext_kernel(cu_attn_args a, int window, float softcap) {
             if (d < hd) acc[i] = acc[i] * alpha + pj * cu_load_elem<T>(a.v, base + d);
         }
     }
+    if (sinks) l += expf(sinks[h] - m); /* a logit without a value */
     float *o = a.out + ((size_t)t * a.n_heads + h) * hd;
 #pragma unroll
     for (int i = 0; i < EXT_MAX_DPL; i++) {
@@ -103,13 +138,16 @@ __global__ void attn_ext_kernel(cu_attn_args a, int window, float softcap) {
 }
 
 extern "C" void cu_attention_ext(const cu_ctx *c, const cu_attn_args *a, int window,
-                                 float softcap) {
+                                 float softcap, const float *sinks) {
     int warps = a->n * a->n_heads;
     if (warps <= 0) return;
     int blocks = CU_DIV_UP(warps, 4);
-    if (a->dtype == CU_F32) CU_LAUNCH((attn_ext_kernel<CU_F32>), blocks, 128, 0, c, *a, window, softcap);
-    else if (a->dtype == CU_F16) CU_LAUNCH((attn_ext_kernel<CU_F16>), blocks, 128, 0, c, *a, window, softcap);
-    else CU_LAUNCH((attn_ext_kernel<CU_BF16>), blocks, 128, 0, c, *a, window, softcap);
+    if (a->dtype == CU_F32)
+        CU_LAUNCH((attn_ext_kernel<CU_F32>), blocks, 128, 0, c, *a, window, softcap, sinks);
+    else if (a->dtype == CU_F16)
+        CU_LAUNCH((attn_ext_kernel<CU_F16>), blocks, 128, 0, c, *a, window, softcap, sinks);
+    else
+        CU_LAUNCH((attn_ext_kernel<CU_BF16>), blocks, 128, 0, c, *a, window, softcap, sinks);
 }
 
 /* ---- routing ---------------------------------------------------------------------- */
