@@ -229,3 +229,26 @@ int pt_model_check_ops(const pt_model *m, pt_err *err) {
                         "on the cpu backend",
                    m->be->name, op, why, layer, m->cfg.arch);
 }
+
+/* ---- Whole layers and the stack ------------------------------------------ */
+
+void pt_block_prenorm_layer(pt_model *m, int l, const pt_step *s) {
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+
+    pt_block_norm(m, s, ws->h, ws->x, L->attn_norm);
+    pt_block_qkv(m, l, s);
+    pt_block_attention(m, l, s);
+    pt_block_residual(m, s);
+
+    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
+    pt_block_ffn(m, l, s);
+    pt_block_residual(m, s);
+}
+
+void pt_block_stack(pt_model *m, const pt_step *s, pt_layer_fn layer) {
+    pt_block_embed(m, s);
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        layer(m, l, s);
+    pt_block_output(m, s);
+}

@@ -182,10 +182,7 @@ static void gemma_layer(pt_model *m, int l, const pt_step *s) {
 }
 
 static void gemma_forward(pt_model *m, const pt_step *s) {
-    pt_block_embed(m, s);
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        gemma_layer(m, l, s);
-    pt_block_output(m, s);
+    pt_block_stack(m, s, gemma_layer);
 }
 
 const pt_family pt_family_gemma = {

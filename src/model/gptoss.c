@@ -316,10 +316,7 @@ static void gptoss_layer(pt_model *m, int l, const pt_step *s) {
 }
 
 static void gptoss_forward(pt_model *m, const pt_step *s) {
-    pt_block_embed(m, s);
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        gptoss_layer(m, l, s);
-    pt_block_output(m, s);
+    pt_block_stack(m, s, gptoss_layer);
 }
 
 const pt_family pt_family_gptoss = {

@@ -100,25 +100,8 @@ static const pt_weight_spec llama_weights[] = {
 
 /* ---- Forward ------------------------------------------------------------- */
 
-static void llama_layer(pt_model *m, int l, const pt_step *s) {
-    const pt_layer *L = &m->layers[l];
-    pt_workspace *ws = m->ws;
-
-    pt_block_norm(m, s, ws->h, ws->x, L->attn_norm);
-    pt_block_qkv(m, l, s);
-    pt_block_attention(m, l, s);
-    pt_block_residual(m, s);
-
-    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
-    pt_block_ffn(m, l, s);
-    pt_block_residual(m, s);
-}
-
 static void llama_forward(pt_model *m, const pt_step *s) {
-    pt_block_embed(m, s);
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        llama_layer(m, l, s);
-    pt_block_output(m, s);
+    pt_block_stack(m, s, pt_block_prenorm_layer);
 }
 
 const pt_family pt_family_llama = {

@@ -188,4 +188,12 @@ void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN
 void pt_block_residual(pt_model *m, const pt_step *s);         /* x += h */
 void pt_block_output(pt_model *m, const pt_step *s);           /* logits of wanted rows */
 
+/* One decoder layer of a family, and the forward every family's is: embed,
+ * each layer in turn, output. */
+typedef void (*pt_layer_fn)(pt_model *m, int l, const pt_step *s);
+void pt_block_stack(pt_model *m, const pt_step *s, pt_layer_fn layer);
+/* The pre-norm layer: x += attn(norm(x)), then x += ffn(norm(x)), the FFN
+ * dense or mixture-of-experts as the plan says (Llama, Qwen, Qwen3-MoE). */
+void pt_block_prenorm_layer(pt_model *m, int l, const pt_step *s);
+
 #endif

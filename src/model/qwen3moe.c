@@ -104,25 +104,9 @@ static const pt_weight_spec qwen3moe_weights[] = {
 #undef M
 /* clang-format on */
 
-static void qwen3moe_layer(pt_model *m, int l, const pt_step *s) {
-    const pt_layer *L = &m->layers[l];
-    pt_workspace *ws = m->ws;
-
-    pt_block_norm(m, s, ws->h, ws->x, L->attn_norm);
-    pt_block_qkv(m, l, s);
-    pt_block_attention(m, l, s);
-    pt_block_residual(m, s);
-
-    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
-    pt_block_ffn(m, l, s); /* the plan says PT_FFN_MOE: routed experts */
-    pt_block_residual(m, s);
-}
-
+/* The pre-norm layer; its FFN is the plan's PT_FFN_MOE (routed experts). */
 static void qwen3moe_forward(pt_model *m, const pt_step *s) {
-    pt_block_embed(m, s);
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        qwen3moe_layer(m, l, s);
-    pt_block_output(m, s);
+    pt_block_stack(m, s, pt_block_prenorm_layer);
 }
 
 const pt_family pt_family_qwen3moe = {
