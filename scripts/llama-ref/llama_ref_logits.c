@@ -6,7 +6,8 @@
  * build in ../shared/anchors: a peer nobody here wrote), this feeds each
  * prompt's token ids - no tokenizer involved - in one batch, records the
  * logits at every position, then decodes greedily one token at a time
- * through llama.cpp's KV cache and records each step's logits.  The JSON it
+ * through llama.cpp's KV cache and records the logits each greedy token
+ * was chosen from.  The JSON it
  * prints has the shape of tests/fixtures/hf/<case>/reference.json's
  * "prompts", so test_hf_reference-style tests read both.
  *
@@ -85,23 +86,24 @@ static void run_prompt(struct llama_context *ctx, int vocab, const llama_token *
     printf("],\"min_margin\":%.7g,\"greedy_logits\":[", min_margin);
     llama_batch_free(b);
 
-    /* greedy: the token after the prompt is the last row's argmax; each
-     * step feeds it back alone, through the cache */
-    int next = am[n - 1];
+    /* greedy, as reference.json has it: greedy_logits[s] are the logits
+     * greedy[s] is the argmax of - the prompt's last row for s = 0, then
+     * the row after feeding greedy[s - 1] alone, through the cache */
+    const float *l = llama_get_logits_ith(ctx, n - 1);
     double gmin = 1e30;
     for (int s = 0; s < n_greedy; s++) {
-        llama_token t = next;
-        struct llama_batch one = llama_batch_init(1, 0, 1);
-        one.token[0] = t, one.pos[0] = n + s, one.n_seq_id[0] = 1, one.seq_id[0][0] = 0, one.logits[0] = 1;
-        one.n_tokens = 1;
-        if (llama_decode(ctx, one)) die("decode failed");
-        const float *l = llama_get_logits_ith(ctx, 0);
-        if (s) putchar(',');
+        if (s) {
+            struct llama_batch one = llama_batch_init(1, 0, 1);
+            one.token[0] = am[n + s - 1], one.pos[0] = n + s - 1, one.n_seq_id[0] = 1;
+            one.seq_id[0][0] = 0, one.logits[0] = 1, one.n_tokens = 1;
+            if (llama_decode(ctx, one)) die("decode failed");
+            llama_batch_free(one);
+            l = llama_get_logits_ith(ctx, 0);
+            putchar(',');
+        }
         print_row(l, vocab);
-        am[n + s] = t;
-        next = argmax(l, vocab);
+        am[n + s] = argmax(l, vocab);
         if (margin(l, vocab) < gmin) gmin = margin(l, vocab);
-        llama_batch_free(one);
     }
     printf("],\"greedy\":[");
     for (int s = 0; s < n_greedy; s++) printf(s ? ",%d" : "%d", am[n + s]);
