@@ -15,6 +15,10 @@
  * reference.json taken from llama.cpp (scripts/llama-ref): for families and
  * layouts transformers cannot give us on the machines we have, llama.cpp is
  * the implementation nobody here wrote; the fixture states its tolerance.
+ * qwen35 and qwen35moe (scripts/llama-ref/qwen35.py) are Qwen3.5's hybrid
+ * of Gated DeltaNet and gated attention layers, dense and with experts;
+ * their 80-token prompt runs the delta rule's chunkwise prefill over more
+ * than one chunk, and the greedy steps its token-by-token form.
  *
  * The tolerance is 1e-4, or four times what transformers' own float32 run
  * strays from its float64 reference when that is more (reference.json's
@@ -200,6 +204,8 @@ CASE(gemma3_text)
 CASE(gpt_oss)
 CASE(qwen3_next)
 GGUF_CASE(stories260k)
+GGUF_CASE(qwen35)
+GGUF_CASE(qwen35moe)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -427,11 +433,13 @@ static void test_missing_op_refused(void **state) {
         int kind; /* the op the backend pretends to lack */
         const char *want;
     } cases[] = {
-        {"qwen3_moe", PT_OP_MATMUL_ID, "lacks op 'matmul_id' (a mixture-of-experts FFN, layer 0)"},
-        {"qwen3_moe", PT_OP_MOE_ROUTE, "lacks op 'moe_route'"},
-        {"gemma2", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
-        {"gemma3_text", PT_OP_GEGLU, "lacks op 'geglu'"},
-        {"gemma2", PT_OP_SOFTCAP, "lacks op 'softcap' (soft-capped logits)"},
+        {"hf/qwen3_moe", PT_OP_MATMUL_ID, "lacks op 'matmul_id' (a mixture-of-experts FFN, layer 0)"},
+        {"hf/qwen3_moe", PT_OP_MOE_ROUTE, "lacks op 'moe_route'"},
+        {"hf/gemma2", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
+        {"hf/gemma3_text", PT_OP_GEGLU, "lacks op 'geglu'"},
+        {"hf/gemma2", PT_OP_SOFTCAP, "lacks op 'softcap' (soft-capped logits)"},
+        {"gguf/qwen35/model.gguf", PT_OP_GATED_DELTA, "lacks op 'gated_delta' (a Gated DeltaNet layer, layer 0)"},
+        {"gguf/qwen35moe/model.gguf", PT_OP_SIGMOID_MUL, "lacks op 'sigmoid_mul' (gated attention output)"},
     };
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
@@ -443,7 +451,7 @@ static void test_missing_op_refused(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         removed_kind = cases[i].kind;
         char dir[512];
-        snprintf(dir, sizeof dir, HF_DIR "%s", cases[i].model);
+        snprintf(dir, sizeof dir, PETREL_SOURCE_DIR "/tests/fixtures/%s", cases[i].model);
         pt_model_opts o = {.backend = be};
         pt_model *m = NULL;
         assert_int_equal(pt_model_load(&m, dir, &o, &err), -1);
@@ -509,6 +517,8 @@ int main(void) {
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_gguf_stories260k),
+        cmocka_unit_test(test_gguf_qwen35),
+        cmocka_unit_test(test_gguf_qwen35moe),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
