@@ -23,9 +23,9 @@
  * time, a prefill's rows in chunks (the chunkwise form).  The layer, the
  * gated attention and the delta rule after the in-projections are blocks
  * shared with Qwen3.5 (blocks.c); the fused projections are split into
- * their parts with gather_cols, by index tables built here at load.  Only Hugging Face
- * checkpoints load (GGUF qwen3next is not read yet); dense layers among
- * the sparse ones and attention biases are refused.
+ * their parts with gather_cols, by index tables built here at load.  Only
+ * Hugging Face checkpoints load (GGUF qwen3next is not read yet); dense
+ * layers among the sparse ones and attention biases are refused.
  */
 #include <math.h>
 #include <stdio.h>
