@@ -28,7 +28,8 @@
  *     NEOX rope on those dims, provided no rotary pair falls to the fourth
  *     section (whose position is 0 for text): such files are refused;
  *   - the FFN is dense (qwen35) or experts with a shared one (qwen35moe).
- * Not read: the multi-token-prediction block (nextn), fused gate_up
+ * Not read: the multi-token-prediction blocks (nextn: left out of the
+ * layers, as llama.cpp's main pass leaves them), fused gate_up
  * expert stacks, attention.recurrent_layers arrays (full_attention_interval
  * only), and Hugging Face qwen3_5_text checkpoints (unverified here).
  */
@@ -163,6 +164,15 @@ static int read_experts(const pt_gguf *g, const pt_model_file *mf, const char *g
 static int qwen35_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                             pt_model_config *c, pt_err *err) {
     if (pt_config_gguf_common(g, mf, garch, c, err)) return -1;
+    /* block_count also counts the multi-token-prediction blocks after the
+     * trunk (llama.cpp's n_layer_all); they are not run here */
+    int nextn = 0;
+    if (pt_gguf_int(g, garch, "nextn_predict_layers", &nextn) && nextn != 0) {
+        if (nextn < 0 || nextn >= c->n_layers)
+            return pt_fail(err, "%s: %d prediction layers of %d blocks", mf->path, nextn,
+                           c->n_layers);
+        c->n_layers -= nextn;
+    }
     c->norm = PT_NORM_RMS; /* the converter stored 1 + w */
     c->act = PT_ACT_SILU;
     c->attn_output_gate = true;

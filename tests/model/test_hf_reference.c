@@ -423,7 +423,8 @@ static void test_qwen3moe_gguf(void **state) {
  * must be refused at the config, with a message naming it; undamaged, the
  * config passes and the load stops at the first missing weight (after
  * the embedding). */
-enum { Q35_OK, Q35_SECTIONS, Q35_NO_GROUPS, Q35_INNER, Q35_MOE_NO_EXPERTS, Q35_LAYER_LIST };
+enum { Q35_OK, Q35_SECTIONS, Q35_NO_GROUPS, Q35_INNER, Q35_MOE_NO_EXPERTS, Q35_LAYER_LIST,
+       Q35_NEXTN };
 
 static void kv_arr_i32(FILE *f, const char *k, const int32_t *v, int n) {
     put_str(f, k), put_u32(f, 9), put_u32(f, 5), put_u64(f, (uint64_t)n);
@@ -441,10 +442,12 @@ static void write_qwen35_meta(const char *path, int damage) {
     put(f, "GGUF", 4);
     put_u32(f, 3);
     put_u64(f, 1);
-    put_u64(f, 17 - (damage == Q35_NO_GROUPS) + (damage == Q35_LAYER_LIST));
+    put_u64(f, 17 - (damage == Q35_NO_GROUPS) + (damage == Q35_LAYER_LIST) +
+                   (damage == Q35_NEXTN)); /* key-value pairs */
     put_str(f, "general.architecture"), put_u32(f, 8), put_str(f, arch);
     kv_u32(f, KEY("embedding_length"), 32);
-    kv_u32(f, KEY("block_count"), 4);
+    kv_u32(f, KEY("block_count"), damage == Q35_NEXTN ? 5 : 4);
+    if (damage == Q35_NEXTN) kv_u32(f, KEY("nextn_predict_layers"), 1);
     kv_u32(f, KEY("attention.head_count"), 2);
     kv_u32(f, KEY("attention.head_count_kv"), 1);
     kv_u32(f, KEY("attention.key_length"), 16);
@@ -497,6 +500,15 @@ static void test_qwen35_config_refused(void **state) {
         if (!strstr(err.msg, cases[i].want))
             fail_msg("case %d: '%s' does not say '%s'", cases[i].damage, err.msg, cases[i].want);
     }
+    /* a multi-token-prediction block after the trunk is not a layer */
+    write_qwen35_meta(path, Q35_NEXTN);
+    pt_model_file *mf;
+    pt_model_config c;
+    if (pt_model_file_open(&mf, path, &err) || pt_config_from_file(mf, &c, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.n_layers, 4);
+    for (int l = 0; l < 4; l++) assert_int_equal(pt_config_layer_recurrent(&c, l), l % 2 == 0);
+    pt_model_file_close(mf);
     unlink(path);
     be->ops->destroy(be);
 }
