@@ -7,7 +7,10 @@ Usage (from the repository root, after scripts/llama-ref/make.sh env):
   PYTHONPATH=build-llama/llama.cpp/gguf-py /usr/bin/python3 scripts/llama-ref/qwen35.py
 
 Writes tests/fixtures/gguf/qwen35/model.gguf and tests/fixtures/gguf/qwen35moe/
-model.gguf (f32, numpy default_rng seeded per case) and records each one's
+model.gguf (f32, numpy default_rng seeded per case), the qwen35 one also as
+transformers' qwen3_5_text would save it (tests/fixtures/hf/qwen3_5_text:
+config.json, model.safetensors; converted here, not saved by transformers,
+which this machine lacks), and records each GGUF's
 reference.json with scripts/llama-ref/record.py: three prompts of 7, 23 and
 80 token ids (80 > 64: a prefill longer than one delta-rule chunk), 32
 greedy tokens.
@@ -32,7 +35,9 @@ epsilon at Qwen's 1e-6, an earlier draft of these files had Petrel stray
 from llama.cpp by 1e-3 at isolated positions, and by as much from its own
 token-by-token run.  These files use epsilon 1e-4, which caps that.
 """
+import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -176,12 +181,87 @@ def write(case, c, path):
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-    for name, a in tensors(c, rng):
+    ts = tensors(c, rng)
+    for name, a in ts:
         w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return ts
+
+
+def to_hf(c, ts, d):
+    """The same model as transformers' qwen3_5_text saves it, into d: the
+    value heads back in transformers' grouped order (GGUF head j * nk + kh
+    is head kh * r + j there), A_log = log(-ssm_a), norm gains w of
+    x * (1 + w) (the gated norm's excepted), Linear weights [out, in]."""
+    nk, nv, dv = K_HEADS, V_HEADS, STATE
+    r, kd = nv // nk, K_HEADS * STATE
+    perm = np.array([(h % r) * nk + h // r for h in range(nv)])  # HF head -> GGUF head
+    rows = np.concatenate([h * dv + np.arange(dv) for h in perm])  # per-head rows
+    names = {
+        "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight", "attn_norm.weight": "input_layernorm.weight",
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+        "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+        "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+        "attn_qkv.weight": "linear_attn.in_proj_qkv.weight", "attn_gate.weight": "linear_attn.in_proj_z.weight",
+        "ssm_beta.weight": "linear_attn.in_proj_b.weight", "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
+        "ssm_conv1d.weight": "linear_attn.conv1d.weight", "ssm_dt.bias": "linear_attn.dt_bias",
+        "ssm_a": "linear_attn.A_log", "ssm_norm.weight": "linear_attn.norm.weight",
+        "ssm_out.weight": "linear_attn.out_proj.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
+        "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight",
+    }
+    out = {}
+    for name, a in ts:
+        short = name.split(".", 2)[2] if name.startswith("blk.") else name
+        hf = names[short]
+        if name.startswith("blk."):
+            hf = "model.layers.%s.%s" % (name.split(".")[1], hf)
+        if short.endswith("norm.weight") and short != "ssm_norm.weight":
+            a = a - np.float32(1)
+        elif short in ("attn_qkv.weight", "ssm_conv1d.weight"):
+            a = np.concatenate([a[:2 * kd], a[2 * kd:][rows]])
+        elif short == "attn_gate.weight":
+            a = a[rows]
+        elif short in ("ssm_beta.weight", "ssm_alpha.weight", "ssm_dt.bias"):
+            a = a[perm]
+        elif short == "ssm_a":
+            a = np.log(-a[perm].astype(np.float64)).astype(np.float32)
+        elif short == "ssm_out.weight":
+            a = a[:, rows]
+        if short == "ssm_conv1d.weight":
+            a = a.reshape(a.shape[0], 1, a.shape[1])
+        out[hf] = np.ascontiguousarray(a, dtype=np.float32)
+    header, blobs, off = {}, [], 0
+    for k in sorted(out):
+        b = out[k].tobytes()
+        header[k] = {"dtype": "F32", "shape": list(out[k].shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    config = {
+        "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
+        "hidden_size": DIM, "num_hidden_layers": c["layers"], "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "intermediate_size": FFN,
+        "vocab_size": VOCAB, "rms_norm_eps": EPS, "max_position_embeddings": 256,
+        "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": c["tied"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": N_ROT / HEAD_DIM,
+                            "mrope_section": SECTIONS[:3], "mrope_interleaved": True},
+        "linear_conv_kernel_dim": CONV, "linear_key_head_dim": STATE, "linear_value_head_dim": STATE,
+        "linear_num_key_heads": K_HEADS, "linear_num_value_heads": V_HEADS,
+        "layer_types": ["full_attention" if (l + 1) % c["interval"] == 0 else "linear_attention"
+                        for l in range(c["layers"])],
+    }
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+        f.write("\n")
 
 
 def prompts(seed):
@@ -193,7 +273,11 @@ def main():
     for case, c in CASES.items():
         d = os.path.join(ROOT, "tests/fixtures/gguf", case)
         os.makedirs(d, exist_ok=True)
-        write(case, c, os.path.join(d, "model.gguf"))
+        ts = write(case, c, os.path.join(d, "model.gguf"))
+        if not c["moe"]:  # the same model from transformers' side (test_hf_reference)
+            hf = os.path.join(ROOT, "tests/fixtures/hf/qwen3_5_text")
+            os.makedirs(hf, exist_ok=True)
+            to_hf(c, ts, hf)
         subprocess.run([os.path.join(ROOT, "scripts/llama-ref/record.py"), d, "32", "3e-4", "3e-4"]
                        + prompts(c["seed"]), check=True)
 

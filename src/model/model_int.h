@@ -216,6 +216,11 @@ void pt_block_deltanet(pt_model *m, int l, const pt_step *s);
  * the plan says; then x += ffn(norm(x)), routed experts plus a gated
  * shared expert when the plan has one, else pt_block_ffn. */
 void pt_block_hybrid_layer(pt_model *m, int l, const pt_step *s, pt_layer_fn lin_in);
+/* config.json of a Qwen3-Next-like hybrid (qwen3next.c), all but the FFN:
+ * common shapes, SiLU, no attention bias, (1 + w) norms, the attention
+ * output gate, partial rope, which layers are linear (layer_types or
+ * full_attention_interval) and the Gated DeltaNet shapes. */
+int pt_hybrid_read_json(json_t *j, pt_model_config *c, pt_err *err);
 /* Every norm gain g of m (attention, FFN, Gemma's post-norms, q/k, output;
  * not the gated norm) becomes 1 + g: for files that store w of x̂·(1 + w)
  * (Gemma, Qwen3-Next and Qwen3.5 on the Hub; their GGUF files store 1 + w). */

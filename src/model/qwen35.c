@@ -28,10 +28,14 @@
  *     NEOX rope on those dims, provided no rotary pair falls to the fourth
  *     section (whose position is 0 for text): such files are refused;
  *   - the FFN is dense (qwen35) or experts with a shared one (qwen35moe).
+ * Hugging Face qwen3_5_text checkpoints (Qwen3_5ForCausalLM, dense) load
+ * too: transformers' names, value heads grouped (h / (n_v / n_k)), FLA's
+ * l2norm, w of (1 + w) norms and A_log, turned at load.
  * Not read: the multi-token-prediction blocks (nextn: left out of the
- * layers, as llama.cpp's main pass leaves them), fused gate_up
- * expert stacks, attention.recurrent_layers arrays (full_attention_interval
- * only), and Hugging Face qwen3_5_text checkpoints (unverified here).
+ * layers, as llama.cpp's main pass leaves them), fused gate_up expert
+ * stacks, attention.recurrent_layers arrays (full_attention_interval
+ * only), Hugging Face qwen3_5_moe_text and the vision-language wrappers
+ * (qwen3_5, qwen3_5_moe: model.language_model.*).
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,7 +46,7 @@
 /* clang-format off */
 static const pt_arch qwen35_archs[] = {
     /* name         GGUF name    config.json  GGUF rope     qkv_bias qk_norm */
-    {"qwen35",      "qwen35",    NULL,        PT_ROPE_NEOX, false,   true},
+    {"qwen35",      "qwen35",    "qwen3_5_text", PT_ROPE_NEOX, false, true},
     {"qwen35moe",   "qwen35moe", NULL,        PT_ROPE_NEOX, false,   true},
 };
 /* clang-format on */
@@ -182,9 +186,16 @@ static int qwen35_read_gguf(const pt_gguf *g, const pt_model_file *mf, const cha
     return read_experts(g, mf, garch, c, err);
 }
 
+/* transformers' qwen3_5_text (Qwen3_5ForCausalLM): Qwen3-Next's config
+ * with a dense FFN; value heads grouped over key heads, FLA's l2norm, w of
+ * (1 + w) norms and A_log stored (finish turns them).  mrope_section is
+ * not read: a text token has one position in every section. */
 static int qwen35_read_json(json_t *j, pt_model_config *c, pt_err *err) {
-    (void)j, (void)c;
-    return pt_fail(err, "config.json: Qwen3.5 checkpoints load from GGUF only");
+    if (pt_hybrid_read_json(j, c, err)) return -1;
+    if (json_is_integer(json_object_get(j, "num_experts")))
+        return pt_fail(err, "config.json: qwen3_5_text with num_experts (experts are "
+                            "qwen3_5_moe_text, not supported from Hugging Face yet)");
+    return 0;
 }
 
 /* ---- Weights ------------------------------------------------------------------ */
@@ -192,33 +203,36 @@ static int qwen35_read_json(json_t *j, pt_model_config *c, pt_err *err) {
 /* clang-format off */
 #define L(f) offsetof(pt_layer, f)
 #define M(f) offsetof(pt_model, f)
+#define SA "model.layers.%d.self_attn."
+#define LA "model.layers.%d.linear_attn."
+/* Hugging Face names: Qwen3_5ForCausalLM's; its experts are not read (NULL) */
 static const pt_weight_spec qwen35_weights[] = {
-    {"token_embd.weight", NULL, D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
-    {"output_norm.weight", NULL, D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
-    {"output.weight", NULL, D_NONE, D_VOCAB, D_DIM, M(output), false, NEED_UNTIED},
-    {"blk.%d.attn_norm.weight", NULL, D_NONE, D_DIM, D_NONE, L(attn_norm), true, NEED_ALWAYS},
-    {"blk.%d.post_attention_norm.weight", NULL, D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
+    {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
+    {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
+    {"output.weight", "lm_head.weight", D_NONE, D_VOCAB, D_DIM, M(output), false, NEED_UNTIED},
+    {"blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", D_NONE, D_DIM, D_NONE, L(attn_norm), true, NEED_ALWAYS},
+    {"blk.%d.post_attention_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
     /* gated full attention */
-    {"blk.%d.attn_q.weight", NULL, D_NONE, D_Q2, D_DIM, L(wq), true, NEED_ATTN},
-    {"blk.%d.attn_k.weight", NULL, D_NONE, D_KV, D_DIM, L(wk), true, NEED_ATTN},
-    {"blk.%d.attn_v.weight", NULL, D_NONE, D_KV, D_DIM, L(wv), true, NEED_ATTN},
-    {"blk.%d.attn_output.weight", NULL, D_NONE, D_DIM, D_Q, L(wo), true, NEED_ATTN},
-    {"blk.%d.attn_q_norm.weight", NULL, D_NONE, D_HEAD, D_NONE, L(q_norm), true, NEED_ATTN},
-    {"blk.%d.attn_k_norm.weight", NULL, D_NONE, D_HEAD, D_NONE, L(k_norm), true, NEED_ATTN},
+    {"blk.%d.attn_q.weight", SA "q_proj.weight", D_NONE, D_Q2, D_DIM, L(wq), true, NEED_ATTN},
+    {"blk.%d.attn_k.weight", SA "k_proj.weight", D_NONE, D_KV, D_DIM, L(wk), true, NEED_ATTN},
+    {"blk.%d.attn_v.weight", SA "v_proj.weight", D_NONE, D_KV, D_DIM, L(wv), true, NEED_ATTN},
+    {"blk.%d.attn_output.weight", SA "o_proj.weight", D_NONE, D_DIM, D_Q, L(wo), true, NEED_ATTN},
+    {"blk.%d.attn_q_norm.weight", SA "q_norm.weight", D_NONE, D_HEAD, D_NONE, L(q_norm), true, NEED_ATTN},
+    {"blk.%d.attn_k_norm.weight", SA "k_norm.weight", D_NONE, D_HEAD, D_NONE, L(k_norm), true, NEED_ATTN},
     /* Gated DeltaNet */
-    {"blk.%d.attn_qkv.weight", NULL, D_NONE, D_LQKV, D_DIM, L(w_lin_qkv), true, NEED_RECURRENT},
-    {"blk.%d.attn_gate.weight", NULL, D_NONE, D_LV, D_DIM, L(w_lin_z), true, NEED_RECURRENT},
-    {"blk.%d.ssm_beta.weight", NULL, D_NONE, D_LVHEADS, D_DIM, L(w_beta), true, NEED_RECURRENT},
-    {"blk.%d.ssm_alpha.weight", NULL, D_NONE, D_LVHEADS, D_DIM, L(w_alpha), true, NEED_RECURRENT},
-    {"blk.%d.ssm_conv1d.weight", NULL, D_NONE, D_LCONV, D_NONE, L(conv_w), true, NEED_RECURRENT},
-    {"blk.%d.ssm_dt.bias", NULL, D_NONE, D_LVHEADS, D_NONE, L(dt_bias), true, NEED_RECURRENT},
-    {"blk.%d.ssm_a", NULL, D_NONE, D_LVHEADS, D_NONE, L(ssm_a), true, NEED_RECURRENT},
-    {"blk.%d.ssm_norm.weight", NULL, D_NONE, D_LVDIM, D_NONE, L(lin_norm), true, NEED_RECURRENT},
-    {"blk.%d.ssm_out.weight", NULL, D_NONE, D_DIM, D_LV, L(w_lin_out), true, NEED_RECURRENT},
+    {"blk.%d.attn_qkv.weight", LA "in_proj_qkv.weight", D_NONE, D_LQKV, D_DIM, L(w_lin_qkv), true, NEED_RECURRENT},
+    {"blk.%d.attn_gate.weight", LA "in_proj_z.weight", D_NONE, D_LV, D_DIM, L(w_lin_z), true, NEED_RECURRENT},
+    {"blk.%d.ssm_beta.weight", LA "in_proj_b.weight", D_NONE, D_LVHEADS, D_DIM, L(w_beta), true, NEED_RECURRENT},
+    {"blk.%d.ssm_alpha.weight", LA "in_proj_a.weight", D_NONE, D_LVHEADS, D_DIM, L(w_alpha), true, NEED_RECURRENT},
+    {"blk.%d.ssm_conv1d.weight", LA "conv1d.weight", D_NONE, D_LCONV, D_NONE, L(conv_w), true, NEED_RECURRENT},
+    {"blk.%d.ssm_dt.bias", LA "dt_bias", D_NONE, D_LVHEADS, D_NONE, L(dt_bias), true, NEED_RECURRENT},
+    {"blk.%d.ssm_a", LA "A_log", D_NONE, D_LVHEADS, D_NONE, L(ssm_a), true, NEED_RECURRENT},
+    {"blk.%d.ssm_norm.weight", LA "norm.weight", D_NONE, D_LVDIM, D_NONE, L(lin_norm), true, NEED_RECURRENT},
+    {"blk.%d.ssm_out.weight", LA "out_proj.weight", D_NONE, D_DIM, D_LV, L(w_lin_out), true, NEED_RECURRENT},
     /* dense FFN (qwen35) */
-    {"blk.%d.ffn_gate.weight", NULL, D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_DENSE},
-    {"blk.%d.ffn_up.weight", NULL, D_NONE, D_FFN, D_DIM, L(w_up), true, NEED_DENSE},
-    {"blk.%d.ffn_down.weight", NULL, D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_DENSE},
+    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_DENSE},
+    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_up), true, NEED_DENSE},
+    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_DENSE},
     /* routed experts and the shared one (qwen35moe) */
     {"blk.%d.ffn_gate_inp.weight", NULL, D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_EXPERTS},
     {"blk.%d.ffn_gate_exps.weight", NULL, D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_EXPERTS},
@@ -229,6 +243,8 @@ static const pt_weight_spec qwen35_weights[] = {
     {"blk.%d.ffn_down_shexp.weight", NULL, D_NONE, D_DIM, D_SFFN, L(w_sh_down), true, NEED_SHARED},
     {"blk.%d.ffn_gate_inp_shexp.weight", NULL, D_NONE, D_ONE, D_DIM, L(w_sh_router), true, NEED_SHARED},
 };
+#undef SA
+#undef LA
 #undef L
 #undef M
 /* clang-format on */
@@ -259,6 +275,10 @@ static int join_ba(pt_model *m, pt_layer *L, pt_err *err) {
 }
 
 static int qwen35_finish(pt_model *m, pt_err *err) {
+    /* a Hugging Face checkpoint (read_json set the norm kind) stores w of
+     * x̂·(1 + w) and A_log; a GGUF file 1 + w and -exp(A_log) */
+    if (m->cfg.norm == PT_NORM_RMS_1PW && (pt_norms_one_plus(m, err) || pt_ssm_a_from_log(m, err)))
+        return -1;
     for (int l = 0; l < m->cfg.n_layers; l++)
         if (pt_config_layer_recurrent(&m->cfg, l) && join_ba(m, &m->layers[l], err)) return -1;
     if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);

@@ -84,7 +84,7 @@ static int read_linear(json_t *j, pt_model_config *c, pt_err *err) {
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++) {
         int *v = (int *)((char *)c + req[i].off);
         if (!pt_json_int(j, req[i].key, v) || *v < 1 || *v > 65536)
-            return pt_fail(err, "config.json: qwen3_next needs a positive %s", req[i].key);
+            return pt_fail(err, "config.json: %s needs a positive %s", c->arch, req[i].key);
     }
     if (c->lin_v_heads % c->lin_k_heads)
         return pt_fail(err, "config.json: linear_num_value_heads %d is not a multiple of "
@@ -114,12 +114,12 @@ static int read_experts(json_t *j, pt_model_config *c, pt_err *err) {
     return 0;
 }
 
-static int qwen3next_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+int pt_hybrid_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (pt_config_json_common(j, c, err) || pt_config_json_act(j, c, err)) return -1;
     if (c->act != PT_ACT_SILU)
-        return pt_fail(err, "config.json: qwen3_next with a non-SiLU activation");
+        return pt_fail(err, "config.json: %s with a non-SiLU activation", c->arch);
     if (json_is_true(json_object_get(j, "attention_bias")))
-        return pt_fail(err, "config.json: qwen3_next with attention_bias is not supported");
+        return pt_fail(err, "config.json: %s with attention_bias is not supported", c->arch);
     c->norm = PT_NORM_RMS_1PW;
     c->attn_output_gate = true;
     /* partial rope: top level (older configs) or in rope_parameters */
@@ -131,8 +131,11 @@ static int qwen3next_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (!(frac > 0 && frac <= 1) || c->n_rot % 2 || c->n_rot < 2)
         return pt_fail(err, "config.json: partial_rotary_factor %g of head_dim %d", (double)frac,
                        c->head_dim);
-    if (read_layer_kinds(j, c, err) || read_linear(j, c, err)) return -1;
-    return read_experts(j, c, err);
+    return read_layer_kinds(j, c, err) || read_linear(j, c, err) ? -1 : 0;
+}
+
+static int qwen3next_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+    return pt_hybrid_read_json(j, c, err) || read_experts(j, c, err) ? -1 : 0;
 }
 
 static int qwen3next_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,

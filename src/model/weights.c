@@ -79,7 +79,7 @@ void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size
 
 /* Whether s is one Hugging Face tensor per expert (two %d in its name). */
 static bool per_expert_names(const pt_weight_spec *s) {
-    const char *d = strstr(s->hf, "%d");
+    const char *d = s->hf ? strstr(s->hf, "%d") : NULL;
     return s->experts == D_EXPERTS && d && strstr(d + 2, "%d");
 }
 
@@ -358,6 +358,11 @@ static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err
     const pt_model_config *c = &m->cfg;
     bool gguf = m->file->kind == PT_FILE_GGUF;
     if (!gguf && per_expert_names(s)) return bind_experts(m, s, layer, err);
+    if (!(gguf ? s->gguf : s->hf)) { /* a weight files of this kind do not name */
+        if (!pt_spec_needed(c, s->need, layer)) return 0;
+        return pt_fail(err, "%s: %s needs a weight (%s) that %s files do not name", m->file->path,
+                       c->arch, s->gguf ? s->gguf : s->hf, gguf ? "GGUF" : "Hugging Face");
+    }
     char name[160];
     pt_spec_name(s, gguf, layer, name, sizeof name);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);

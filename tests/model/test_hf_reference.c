@@ -207,6 +207,17 @@ GGUF_CASE(stories260k)
 GGUF_CASE(qwen35)
 GGUF_CASE(qwen35moe)
 
+/* tests/fixtures/hf/qwen3_5_text is the qwen35 GGUF's model in
+ * transformers' layout (scripts/llama-ref/qwen35.py converts it: value
+ * heads regrouped, A_log, w of 1 + w), so llama.cpp's reference for the
+ * GGUF holds for it: the Hugging Face path's names, head order, l2norm and
+ * the conversions at load, against the same logits. */
+static void test_qwen3_5_text(void **state) {
+    (void)state;
+    check_model("qwen3_5_text", HF_DIR "qwen3_5_text", GGUF_DIR "qwen35/reference.json", "auto", 2);
+    check_model("qwen3_5_text", HF_DIR "qwen3_5_text", GGUF_DIR "qwen35/reference.json", "portable", 1);
+}
+
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
  * llama.cpp's converter lays it out: GGUF names, experts stacked into 3-D
@@ -614,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_stories260k),
         cmocka_unit_test(test_gguf_qwen35),
         cmocka_unit_test(test_gguf_qwen35moe),
+        cmocka_unit_test(test_qwen3_5_text),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_qwen35_config_refused),
         cmocka_unit_test(test_bad_config),
