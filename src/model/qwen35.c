@@ -1,8 +1,8 @@
 /*
  * qwen35.c - Qwen3.5 (GGUF qwen35, dense FFN) and Qwen3.5-MoE (GGUF
  * qwen35moe, routed experts plus a gated shared expert): the Qwen3-Next
- * hybrid of Gated DeltaNet and gated full-attention layers, as llama.cpp
- * lays its files out.
+ * hybrid of Gated DeltaNet and gated full-attention layers, from GGUF files
+ * in llama.cpp's layout (and dense Qwen3.5 from Hugging Face, below).
  *
  *     x = embed(tokens)
  *     per layer:  h = rmsnorm(x)
@@ -45,9 +45,9 @@
 
 /* clang-format off */
 static const pt_arch qwen35_archs[] = {
-    /* name         GGUF name    config.json  GGUF rope     qkv_bias qk_norm */
-    {"qwen35",      "qwen35",    "qwen3_5_text", PT_ROPE_NEOX, false, true},
-    {"qwen35moe",   "qwen35moe", NULL,        PT_ROPE_NEOX, false,   true},
+    /* name         GGUF name    config.json     GGUF rope     qkv_bias qk_norm */
+    {"qwen35",      "qwen35",    "qwen3_5_text", PT_ROPE_NEOX, false,   true},
+    {"qwen35moe",   "qwen35moe", NULL,           PT_ROPE_NEOX, false,   true},
 };
 /* clang-format on */
 

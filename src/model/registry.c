@@ -22,15 +22,17 @@ const pt_family *const pt_families[] = {&pt_family_llama,  &pt_family_qwen3moe,
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table that files of
- * that kind (GGUF or config.json) name, so adding a row is the only edit. */
+ * that kind (GGUF or config.json) name, as they name it, so adding a row
+ * is the only edit. */
 static const char *supported_list(char *buf, size_t cap, bool gguf) {
     buf[0] = 0;
     for (size_t f = 0; f < pt_n_families; f++)
         for (size_t a = 0; a < pt_families[f]->n_archs; a++) {
             const pt_arch *r = &pt_families[f]->archs[a];
-            if (!(gguf ? r->gguf_arch : r->hf_type)) continue;
+            const char *name = gguf ? r->gguf_arch : r->hf_type;
+            if (!name) continue;
             if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
-            strncat(buf, r->name, cap - strlen(buf) - 1);
+            strncat(buf, name, cap - strlen(buf) - 1);
         }
     return buf;
 }
