@@ -2,7 +2,8 @@
 """hf_to_gguf.py - a tiny Hugging Face fixture as GGUF, in llama.cpp's layout.
 
 Usage: PYTHONPATH=build-llama/llama.cpp/gguf-py scripts/llama-ref/hf_to_gguf.py \
-           HF_DIR OUT.gguf [--experts-f32]
+           HF_DIR OUT.gguf [--experts-f32] [--experts=mxfp4|mxfp4-values]
+           [--no-rope-scaling]
 
 Writes tests/fixtures/hf/<case> (gemma2, gemma3_text, gpt_oss, qwen3_moe)
 the way llama.cpp's convert_hf_to_gguf.py lays these families out, so that
@@ -30,9 +31,15 @@ Conventions, family by family:
                 de-interleaved from gate_up_proj; the checkpoint's MXFP4
                 blocks repacked into ggml's block_mxfp4 (scale byte, then
                 element i in the low nibble of byte i, i + 16 in the high),
-                or with --experts-f32 decoded to f32 (exact); yarn rope as
+                or with --experts-f32 decoded to f32 (exact).  Unquantized
+                experts (the bf16 fixture) stay f32, or --experts=mxfp4
+                quantizes them as ggml does, and --experts=mxfp4-values
+                writes those MXFP4 values decoded to f32: the exact model a
+                quantized file stands for, to judge kernels by; yarn rope as
                 rope.scaling.* (llama.cpp rounds the correction range
-                outwards whatever the config's "truncate" says).
+                outwards whatever the config's "truncate" says;
+                --no-rope-scaling leaves YaRN out: a model both engines
+                rope alike, for checks against llama.cpp alone).
   qwen3_moe     experts stacked into 3-D ffn_*_exps.
 """
 import json
@@ -220,7 +227,7 @@ def mxfp4_to_f32(blocks, scales):
     return v.reshape(blocks.shape[:-2] + (-1,)).astype(np.float32)
 
 
-def gpt_oss(w, cfg, t, experts_f32):
+def gpt_oss(w, cfg, t, experts_f32, requant):
     add_common(w, cfg, cfg["intermediate_size"])
     E, L = cfg["num_local_experts"], cfg["num_hidden_layers"]
     w.add_expert_count(E)
@@ -231,7 +238,7 @@ def gpt_oss(w, cfg, t, experts_f32):
         w.add_sliding_window_pattern(swa_period(cfg["layer_types"]))
     theta, rs = rope_params(cfg)
     w.add_rope_freq_base(theta)
-    if rs:
+    if rs and "--no-rope-scaling" not in sys.argv:
         if rs.get("rope_type") != "yarn" or rs.get("beta_fast", 32) != 32 or rs.get("beta_slow", 1) != 1:
             sys.exit(f"rope scaling {rs} not handled")
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -259,7 +266,12 @@ def gpt_oss(w, cfg, t, experts_f32):
             gate, up = gu[:, :, 0::2].transpose(0, 2, 1), gu[:, :, 1::2].transpose(0, 2, 1)
             dn = t[p + "down_proj"].astype(np.float32).transpose(0, 2, 1)
         for kind, x in (("gate", gate), ("up", up), ("down", dn)):
-            out[f"blk.{l}.ffn_{kind}_exps.weight"] = np.ascontiguousarray(x)
+            x = np.ascontiguousarray(x)
+            if requant and x.dtype == np.float32:  # ggml's MXFP4 (gguf-py's port of it)
+                x = gguf.quants.quantize(x, gguf.GGMLQuantizationType.MXFP4)
+                if requant == "mxfp4-values":  # the same values, decoded: exact in f32
+                    x = gguf.quants.dequantize(x, gguf.GGMLQuantizationType.MXFP4)
+            out[f"blk.{l}.ffn_{kind}_exps.weight"] = x
         gub = t[p + "gate_up_proj_bias"].astype(np.float32)
         out[f"blk.{l}.ffn_gate_exps.bias"] = np.ascontiguousarray(gub[:, 0::2])
         out[f"blk.{l}.ffn_up_exps.bias"] = np.ascontiguousarray(gub[:, 1::2])
@@ -307,7 +319,8 @@ def main():
     if mt in ("gemma2", "gemma3_text"):
         tensors = gemma(w, cfg, t, mt == "gemma3_text")
     elif mt == "gpt_oss":
-        tensors = gpt_oss(w, cfg, t, "--experts-f32" in sys.argv)
+        requant = next((a[len("--experts="):] for a in sys.argv if a.startswith("--experts=")), None)
+        tensors = gpt_oss(w, cfg, t, "--experts-f32" in sys.argv, requant)
     else:
         tensors = qwen3_moe(w, cfg, t)
     add_vocab(w, cfg["vocab_size"], cfg)

@@ -234,6 +234,9 @@ GGUF_CASE(stories260k)
 GGUF_HF_CASE(gemma2)
 GGUF_HF_CASE(gemma3_text)
 GGUF_HF_CASE(gpt_oss)
+/* gpt-oss with ggml's MXFP4 experts (and no YaRN, which llama.cpp rounds
+ * differently): against llama.cpp on the exact values the blocks decode to. */
+GGUF_CASE(gpt_oss_mxfp4)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -546,6 +549,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_gemma2), cmocka_unit_test(test_gguf_hf_gemma2),
         cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
         cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),
+        cmocka_unit_test(test_gguf_gpt_oss_mxfp4),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
