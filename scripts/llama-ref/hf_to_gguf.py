@@ -31,7 +31,8 @@ Conventions, family by family:
                 de-interleaved from gate_up_proj; the checkpoint's MXFP4
                 blocks repacked into ggml's block_mxfp4 (scale byte, then
                 element i in the low nibble of byte i, i + 16 in the high),
-                or with --experts-f32 decoded to f32 (exact).  Unquantized
+                or with --experts-f32 decoded to f32 (exact) - a path no
+                fixture exercises (theirs are bf16).  Unquantized
                 experts (the bf16 fixture) stay f32, or --experts=mxfp4
                 quantizes them as ggml does, and --experts=mxfp4-values
                 writes those MXFP4 values decoded to f32: the exact model a
