@@ -293,6 +293,14 @@ int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, i
                        .head_dim = c->head_dim,
                        .page_size = PT_KV_PAGE_SIZE,
                        .dtype = dtype};
+    if (c->kv_lora_rank > 0) { /* latent attention: one row, latent + rope key, is K and V */
+        if (quant && quant->kind != PT_KVQ_NONE)
+            return pt_fail(err, "a quantized KV cache with multi-head latent attention is not "
+                                "implemented yet; use a plain cache");
+        kc.n_kv_heads = 1;
+        kc.head_dim = c->kv_lora_rank + c->n_rot;
+        kc.v_is_k = true;
+    }
     if (quant) kc.quant = *quant;
     kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
     kv_window_group(m, &kc, max_seqs, slack);

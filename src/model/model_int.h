@@ -19,6 +19,7 @@
  *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
  *   gptoss.c    gpt-oss (gpt_oss);
  *   qwen3next.c Qwen3-Next (qwen3_next): Gated DeltaNet + gated attention;
+ *   deepseek.c  DeepSeek-V2/V3 (deepseek2, deepseek_v3): latent attention;
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
@@ -44,11 +45,21 @@ enum pt_dim {
     D_LVHEADS, /* value heads */
     D_LVDIM,   /* value dim */
     D_LCONV,   /* conv channels x kernel */
+    /* multi-head latent attention */
+    D_QLORA,   /* q_lora_rank */
+    D_KVLORA,  /* kv_lora_rank */
+    D_KVA,     /* kv_lora_rank + n_rot: the latent and the rope key */
+    D_NOPE,    /* head_dim - n_rot: a key head's part without rope */
+    D_VHEAD,   /* v_head_dim */
+    D_OV,      /* n_heads * v_head_dim: the attention output */
 };
 /* Which config setting makes a weight present.  NEED_ATTN / NEED_RECURRENT:
  * only in layers of that mixer (hybrid models). */
 enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED, NEED_ATTN,
-               NEED_RECURRENT, NEED_SHARED };
+               NEED_RECURRENT, NEED_SHARED,
+               /* DeepSeek: q through the bottleneck or direct; the layer's
+                * FFN dense (l < n_dense_lead) or routed; the selection bias */
+               NEED_Q_LORA, NEED_Q_DIRECT, NEED_DENSE, NEED_MOE, NEED_ROUTER_BIAS, NEED_MOE_SHARED };
 
 /* One weight of a family: its names (%d is the layer), its shape and where
  * it lands.  A Hugging Face name with a second %d is one tensor per expert
@@ -107,6 +118,7 @@ struct pt_family {
     size_t n_weights;
     bool moe; /* its forward runs PT_FFN_MOE layers (else the plan refuses them) */
     bool hybrid; /* its forward runs recurrent mixers and a shared expert */
+    bool mla;    /* its forward runs latent attention and ungated shared experts */
     /* Extra workspace its forward needs, after the shared one; NULL: none. */
     int (*workspace)(pt_model *m, int cap, pt_err *err);
     /* After the weights are in place (file or dummy); NULL: nothing to do.
@@ -117,7 +129,7 @@ struct pt_family {
 };
 
 extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss,
-    pt_family_qwen3next;
+    pt_family_qwen3next, pt_family_deepseek;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -171,6 +183,13 @@ struct pt_workspace {
     size_t ss_cap;
     float *fused, *mix, *conv, *z, *ba, *lin, *agate, *shared, *shared_g, *sh_gate, *sh_up;
     int32_t *idx_q, *idx_gate, *idx_mix, *idx_z, *idx_ba;
+    /* Multi-head latent attention only (deepseek.c's workspace hook):
+     * absorbed queries and the attention's output [cap][n_heads][kv_lora
+     * + n_rot], the cached rows [cap][kv_lora + n_rot], per-head latents
+     * [cap][n_heads][kv_lora], q's bottleneck, no-rope and rope parts, the
+     * value heads, and ids 0..n_heads-1 per row for the per-head stacks */
+    float *mla_q, *mla_att, *mla_kv, *mla_lat, *mla_qa, *mla_nope, *mla_pe, *mla_ov;
+    int32_t *head_ids;
 };
 
 /* Grows the block-table buffers to need entries (load.c). */

@@ -17,7 +17,8 @@
 #include "quant/mlx_config.h"
 
 const pt_family *const pt_families[] = {&pt_family_llama, &pt_family_qwen3moe, &pt_family_gemma,
-                                         &pt_family_gptoss, &pt_family_qwen3next};
+                                         &pt_family_gptoss, &pt_family_qwen3next,
+                                         &pt_family_deepseek};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table, so adding a row

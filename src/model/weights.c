@@ -51,6 +51,12 @@ int64_t pt_spec_dim(const pt_model_config *c, int d) {
     case D_LCONV:
         return (2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim) *
                c->lin_conv_kernel;
+    case D_QLORA: return c->q_lora_rank;
+    case D_KVLORA: return c->kv_lora_rank;
+    case D_KVA: return (int64_t)c->kv_lora_rank + c->n_rot;
+    case D_NOPE: return c->head_dim - c->n_rot;
+    case D_VHEAD: return c->v_head_dim;
+    case D_OV: return (int64_t)c->n_heads * c->v_head_dim;
     default: return 0;
     }
 }
@@ -64,6 +70,12 @@ bool pt_spec_needed(const pt_model_config *c, int need, int layer) {
     case NEED_O_BIAS: return c->o_bias;
     case NEED_QK_NORM: return c->qk_norm;
     case NEED_UNTIED: return !c->tied_embeddings;
+    case NEED_Q_LORA: return c->q_lora_rank > 0;
+    case NEED_Q_DIRECT: return c->q_lora_rank <= 0;
+    case NEED_DENSE: return layer < c->n_dense_lead || c->n_experts <= 0;
+    case NEED_MOE: return layer >= c->n_dense_lead && c->n_experts > 0;
+    case NEED_MOE_SHARED: return c->shared_ffn_dim > 0 && layer >= c->n_dense_lead && c->n_experts > 0;
+    case NEED_ROUTER_BIAS: return c->router_bias && layer >= c->n_dense_lead && c->n_experts > 0;
     default: return true;
     }
 }

@@ -200,6 +200,7 @@ CASE(gemma3_text)
 CASE(gpt_oss)
 CASE(qwen3_next)
 GGUF_CASE(stories260k)
+GGUF_CASE(deepseek2)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -508,7 +509,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
-        cmocka_unit_test(test_gguf_stories260k),
+        cmocka_unit_test(test_gguf_stories260k), cmocka_unit_test(test_gguf_deepseek2),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
