@@ -433,6 +433,10 @@ static void test_missing_op_refused(void **state) {
         {"gemma2", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
         {"gemma3_text", PT_OP_GEGLU, "lacks op 'geglu'"},
         {"gemma2", PT_OP_SOFTCAP, "lacks op 'softcap' (soft-capped logits)"},
+        {"gguf:deepseek2", PT_OP_COPY_COLS,
+         "lacks op 'copy_cols' (multi-head latent attention, layer 0)"},
+        {"gguf:deepseek2", PT_OP_MOE_ROUTE_GROUPED,
+         "lacks op 'moe_route_grouped' (DeepSeek expert routing, layer 1)"},
     };
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
@@ -444,7 +448,10 @@ static void test_missing_op_refused(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         removed_kind = cases[i].kind;
         char dir[512];
-        snprintf(dir, sizeof dir, HF_DIR "%s", cases[i].model);
+        if (strncmp(cases[i].model, "gguf:", 5) == 0)
+            snprintf(dir, sizeof dir, GGUF_DIR "%s/model.gguf", cases[i].model + 5);
+        else
+            snprintf(dir, sizeof dir, HF_DIR "%s", cases[i].model);
         pt_model_opts o = {.backend = be};
         pt_model *m = NULL;
         assert_int_equal(pt_model_load(&m, dir, &o, &err), -1);
@@ -460,6 +467,48 @@ static void test_missing_op_refused(void **state) {
     pt_kvq_spec q = {.kind = PT_KVQ_AFFINE, .k_bits = 8, .v_bits = 8};
     assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, &q, &err), -1);
     assert_non_null(strstr(err.msg, "quantized KV cache with sliding-window layers"));
+    pt_model_free(m);
+    /* Latent attention likewise (its cache row is both K and V). */
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, &q, &err), -1);
+    assert_non_null(strstr(err.msg, "quantized KV cache with multi-head latent attention"));
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* Multi-head latent attention caches one row per token and layer, the
+ * latent and the rope key (kv_lora 32 + 8 rope dims in the fixture), read
+ * as both K and V: 3 layers x 40 f32 = 480 bytes a token, where the same
+ * attention as MHA would cache 4 heads x (24 key + 12 value dims) a layer,
+ * 1728 bytes.  The cache allocates no V buffer. */
+static void test_deepseek_kv_bytes(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    const pt_model_config *c = &m->cfg;
+    assert_int_equal(c->kv_lora_rank, 32);
+    assert_int_equal(c->n_rot, 8);
+    assert_int_equal(c->head_dim, 24);
+    assert_int_equal(c->v_head_dim, 12);
+    assert_int_equal(m->plan[0].mixer, PT_MIX_MLA);
+    assert_int_equal(m->plan[0].ffn, PT_FFN_DENSE); /* leading dense layer */
+    assert_int_equal(m->plan[1].ffn, PT_FFN_MOE);
+    assert_int_equal(m->plan[1].n_shared, 1);
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, NULL, &err), 0);
+    size_t mla = pt_kv_bytes_per_token(&kv.cfg);
+    size_t mha = (size_t)c->n_layers * c->n_heads * (size_t)(c->head_dim + c->v_head_dim) * 4;
+    assert_int_equal(mla, (size_t)c->n_layers * (32 + 8) * 4);
+    assert_int_equal(mha, 1728);
+    assert_int_equal(kv.v_bytes, 0);
+    for (int l = 0; l < c->n_layers; l++) assert_ptr_equal(kv.v[l], kv.k[l]);
+    print_message("deepseek2 fixture: KV %zu bytes/token (latent + rope key), MHA-equivalent %zu\n",
+                  mla, mha);
+    pt_kv_cache_free(&kv);
     pt_model_free(m);
     be->ops->destroy(be);
 }
@@ -510,6 +559,7 @@ int main(void) {
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_gguf_stories260k), cmocka_unit_test(test_gguf_deepseek2),
+        cmocka_unit_test(test_deepseek_kv_bytes),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
