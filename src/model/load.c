@@ -192,7 +192,7 @@ static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_
         if (pt_read_file(spec, 1 << 20, &file_text, &len, err))
             return pt_failp(err,
                             "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b, "
-                            "qwen3-30b-a3b, gemma2-9b, gemma3-12b) "
+                            "qwen3-30b-a3b, deepseek-v2-lite, gemma2-9b, gemma3-12b) "
                             "nor a readable config.json",
                             spec);
         json_text = file_text;

@@ -242,7 +242,7 @@ int pt_layer_plan_check(const pt_layer_plan *plan, int n_layers, pt_err *err);
 int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err);
 int pt_config_from_json(json_t *config, pt_model_config *cfg, pt_err *err);
 /* Built-in shapes for dummy weights: "llama-1b", "llama-8b", "qwen3-8b",
- * "qwen3-30b-a3b", "gemma2-9b", "gemma3-12b". */
+ * "qwen3-30b-a3b", "deepseek-v2-lite", "gemma2-9b", "gemma3-12b". */
 const char *pt_config_preset(const char *name);
 /* One line describing the model ("llama 64d x 5 layers, ..."). */
 void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);

@@ -382,6 +382,18 @@ static const struct {
      "\"intermediate_size\":6144,\"moe_intermediate_size\":768,\"num_experts\":128,"
      "\"num_experts_per_tok\":8,\"norm_topk_prob\":true,\"vocab_size\":151936,"
      "\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0}"},
+    {"deepseek-v2-lite", /* DeepSeek-V2-Lite: latent attention, 64 experts + 2 shared */
+     "{\"model_type\":\"deepseek_v2\",\"hidden_size\":2048,\"num_hidden_layers\":27,"
+     "\"num_attention_heads\":16,\"num_key_value_heads\":16,\"intermediate_size\":10944,"
+     "\"q_lora_rank\":null,\"kv_lora_rank\":512,\"qk_nope_head_dim\":128,"
+     "\"qk_rope_head_dim\":64,\"v_head_dim\":128,\"moe_intermediate_size\":1408,"
+     "\"n_routed_experts\":64,\"n_shared_experts\":2,\"num_experts_per_tok\":6,"
+     "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":\"greedy\","
+     "\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,\"routed_scaling_factor\":1.0,"
+     "\"vocab_size\":102400,\"max_position_embeddings\":163840,\"rms_norm_eps\":1e-6,"
+     "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+     "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
+     "\"mscale\":0.707,\"mscale_all_dim\":0.707}}"},
     {"gemma2-9b", /* Gemma-2-9B: window 4096 on even layers, soft-capping */
      "{\"model_type\":\"gemma2\",\"hidden_size\":3584,\"num_hidden_layers\":42,"
      "\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":256,"

@@ -476,6 +476,59 @@ static void test_missing_op_refused(void **state) {
     be->ops->destroy(be);
 }
 
+/* Two sequences in one forward (rows of both prompts interleaved, as the
+ * scheduler mixes them): each row's logits are the reference's for its own
+ * prompt, so the latent attention keeps sequences apart. */
+static void test_deepseek_mixed_batch(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    json_error_t je;
+    json_t *r = json_load_file(GGUF_DIR "deepseek2/reference.json", 0, &je);
+    if (!r) fail_msg("%s", je.text);
+    json_t *pa = json_array_get(json_object_get(r, "prompts"), 0);
+    json_t *pb = json_array_get(json_object_get(r, "prompts"), 1);
+    int na, nb, vocab = m->cfg.vocab_size;
+    int32_t *ta = ids_of(json_object_get(pa, "tokens"), &na), *tb = ids_of(json_object_get(pb, "tokens"), &nb);
+    int n = na + nb;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n), *pos = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = malloc((size_t)n);
+    for (int i = 0, ia = 0, ib = 0; i < n; i++) { /* alternate while both last */
+        bool from_a = ia < na && (ib >= nb || i % 2 == 0);
+        tok[i] = from_a ? ta[ia] : tb[ib];
+        pos[i] = from_a ? ia++ : ib++;
+        seq[i] = from_a ? 0 : 1;
+        want[i] = true;
+    }
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
+    pt_kv_seq sa = {0}, sb = {0};
+    pt_kv_seq *seqs[2] = {&sa, &sb};
+    pt_batch b = {n, tok, pos, seq, want, 2, seqs};
+    float *logits = malloc(sizeof(float) * (size_t)n * vocab);
+    if (pt_model_run(m, &kv, &b, logits, &err)) fail_msg("%s", err.msg);
+    double worst = 0, tol = tols_of(r).prompt;
+    for (int i = 0; i < n; i++) {
+        json_t *rows = json_object_get(seq[i] ? pb : pa, "logits");
+        double d = row_diff(logits + (size_t)i * vocab, json_array_get(rows, (size_t)pos[i]), vocab);
+        if (d > tol) fail_msg("mixed batch row %d (sequence %d, position %d): max |logit diff| %.3g", i,
+                              seq[i], pos[i], d);
+        worst = d > worst ? d : worst;
+    }
+    print_message("deepseek2 mixed batch of %d + %d rows: max |logit diff| %.3g\n", na, nb, worst);
+    pt_kv_seq_release(&kv, &sa), pt_kv_seq_release(&kv, &sb);
+    pt_kv_cache_free(&kv);
+    free(ta), free(tb), free(tok), free(pos), free(seq), free(want), free(logits);
+    json_decref(r);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
 /* Multi-head latent attention caches one row per token and layer, the
  * latent and the rope key (kv_lora 32 + 8 rope dims in the fixture), read
  * as both K and V: 3 layers x 40 f32 = 480 bytes a token, where the same
@@ -559,7 +612,7 @@ int main(void) {
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_gguf_stories260k), cmocka_unit_test(test_gguf_deepseek2),
-        cmocka_unit_test(test_deepseek_kv_bytes),
+        cmocka_unit_test(test_deepseek_kv_bytes), cmocka_unit_test(test_deepseek_mixed_batch),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
