@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """deepseek2.py - a tiny random DeepSeek-V3-style GGUF (llama.cpp arch deepseek2).
 
-Usage: PYTHONPATH=build-llama/llama.cpp/gguf-py scripts/llama-ref/deepseek2.py OUT.gguf
+Usage: PYTHONPATH=build-llama/llama.cpp/gguf-py scripts/llama-ref/deepseek2.py [--yarn] OUT.gguf
 
 Multi-head latent attention in llama.cpp's MLA layout (attn_q_a / q_a_norm /
 q_b, attn_kv_a_mqa, kv_a_norm, per-head attn_k_b and attn_v_b), three layers:
@@ -12,6 +12,13 @@ shared expert.  The value head (12) differs from the no-rope key part (16).
 f32, tied embeddings, the 512-token vocabulary of the stories260k fixture
 (only ids matter: the reference is logits for token ids).  Deterministic:
 numpy seed 17.  scripts/llama-ref/record.py then writes its reference.
+
+--yarn adds V2-Lite's kind of YaRN rope scaling, shrunk to the fixture:
+factor 4 over an original context of 512 positions (the correction range,
+pairs 0.4 to 1.9 of the 4 rope pairs, is rounded outwards to 0 and 2, so
+the rounding shows), yarn_log_multiplier 0.0707 (the converter's 0.1 x
+mscale_all_dim 0.707): frequencies interpolated and scores scaled by
+YaRN's mscale^2.
 """
 import os
 import sys
@@ -26,7 +33,9 @@ GROUPS, GROUPS_USED, SCALE = 4, 2, 2.5
 
 
 def main():
-    if len(sys.argv) != 2:
+    yarn = "--yarn" in sys.argv[1:]
+    args = [a for a in sys.argv[1:] if a != "--yarn"]
+    if len(args) != 1:
         sys.exit(__doc__)
     rng = np.random.default_rng(17)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,7 +50,7 @@ def main():
     types = [int(t[0]) for t in field("tokenizer.ggml.token_type")]
     vocab = len(tokens)
 
-    w = gguf.GGUFWriter(sys.argv[1], "deepseek2")
+    w = gguf.GGUFWriter(args[0], "deepseek2")
     w.add_name("tiny-deepseek2")
     w.add_block_count(LAYERS)
     w.add_context_length(2048)
@@ -55,6 +64,11 @@ def main():
     w.add_value_length_mla(VHEAD)
     w.add_rope_dimension_count(ROPE)
     w.add_rope_freq_base(10000.0)
+    if yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_orig_ctx_len(512)
+        w.add_rope_scaling_yarn_log_mul(0.1 * 0.707)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_q_lora_rank(Q_LORA)
     w.add_kv_lora_rank(KV_LORA)

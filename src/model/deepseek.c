@@ -38,8 +38,9 @@
  * Loads: GGUF files in llama.cpp's MLA layout (attn_k_b / attn_v_b, written
  * since llama.cpp split attn_kv_b); dummy weights from a config.json or a
  * preset.  Not yet: older GGUFs with the fused attn_kv_b, Hugging Face
- * checkpoints (their kv_b_proj would be split the same way at load), YaRN
- * rope in GGUF files (V2-Lite's and V3's; the config.json mapping reads it).
+ * checkpoints (their kv_b_proj would be split the same way at load).
+ * YaRN rope (V2-Lite's, V3's) follows llama.cpp's deepseek2 in GGUF files
+ * and transformers' in config.json.
  */
 #include <math.h>
 #include <stdio.h>
@@ -87,12 +88,56 @@ static void set_shared(pt_model_config *c, int n_shared) {
     if (c->expert_scale <= 0) c->expert_scale = 1.0f;
 }
 
+/* YaRN's get_mscale, in llama.cpp's float arithmetic. */
+static float yarn_mscale_f(float factor, float m) {
+    return factor <= 1.0f ? 1.0f : 0.1f * m * logf(factor) + 1.0f;
+}
+
+/* YaRN as llama.cpp runs deepseek2 (llama-context.cpp and deepseek2.cpp):
+ * the frequencies ramp between the corrections for beta_fast 32 and
+ * beta_slow 1 (not read from files), rounded outwards; with
+ * yarn_log_multiplier (the converter writes 0.1 x mscale_all_dim) cos and
+ * sin are unscaled and the scores are scaled by mscale(factor,
+ * mscale_all_dim)^2, without it both follow mscale(factor, 1).  Read
+ * before the common keys, which then leave the scaling alone.  Returns the
+ * score multiplier (1 without YaRN), or -1. */
+static float read_yarn_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                            pt_model_config *c, pt_err *err) {
+    char key[128];
+    pt_gguf_str st;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", garch);
+    if (!pt_gguf_get_str(g, key, &st) || !(st.len == 4 && memcmp(st.s, "yarn", 4) == 0)) return 1;
+    float attn = 1, log_mul = 0;
+    if (pt_gguf_float(g, garch, "rope.scaling.attn_factor", &attn) && attn != 1.0f)
+        return (float)pt_fail(err, "%s: YaRN with rope.scaling.attn_factor %g is not supported",
+                              mf->path, (double)attn);
+    if (!pt_gguf_float(g, garch, "rope.scaling.factor", &c->rope_factor) || !(c->rope_factor > 0))
+        return (float)pt_fail(err, "%s: YaRN rope scaling without a factor", mf->path);
+    if (!pt_gguf_int(g, garch, "rope.scaling.original_context_length", &c->rope_orig_ctx) &&
+        !pt_gguf_int(g, garch, "context_length", &c->rope_orig_ctx))
+        c->rope_orig_ctx = 4096;
+    c->rope_scaling = PT_ROPE_SCALING_YARN;
+    c->rope_beta_fast = 32, c->rope_beta_slow = 1;
+    c->rope_yarn_truncate = true;
+    float f = c->rope_factor, rope_m;
+    if (pt_gguf_float(g, garch, "rope.scaling.yarn_log_multiplier", &log_mul))
+        log_mul /= 0.1f;
+    if (log_mul != 0.0f) /* llama.cpp takes mscale = mscale_all_dim for deepseek2: ratio 1 */
+        rope_m = yarn_mscale_f(f, log_mul != 1.0f ? log_mul : 1.0f) / yarn_mscale_f(f, log_mul);
+    else
+        rope_m = yarn_mscale_f(f, 1.0f);
+    c->rope_mscale = rope_m;
+    float m = rope_m * (1.0f + 0.1f * log_mul * logf(f));
+    return m * m;
+}
+
 /* llama.cpp's converter: attention.key_length_mla / value_length_mla are
  * the per-head sizes (key_length is the cached row, kv_lora + rope);
  * head_count_kv is 1.  Files without them keep the fused attn_kv_b. */
 static int deepseek_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                               pt_model_config *c, pt_err *err) {
-    if (pt_config_gguf_common(g, mf, garch, c, err)) return -1;
+    float score_mul = read_yarn_gguf(g, mf, garch, c, err);
+    if (score_mul < 0 || pt_config_gguf_common(g, mf, garch, c, err)) return -1;
     if (!pt_gguf_int(g, garch, "attention.kv_lora_rank", &c->kv_lora_rank))
         return pt_fail(err, "%s: GGUF deepseek2 needs %s.attention.kv_lora_rank", mf->path, garch);
     if (!pt_gguf_int(g, garch, "attention.key_length_mla", &c->head_dim) ||
@@ -107,6 +152,7 @@ static int deepseek_read_gguf(const pt_gguf *g, const pt_model_file *mf, const c
     pt_gguf_int(g, garch, "attention.q_lora_rank", &c->q_lora_rank);
     if (!pt_model_file_tensor(mf, "blk.0.attn_q_a.weight")) c->q_lora_rank = 0; /* direct q (Lite) */
     c->n_kv_heads = 1;
+    if (score_mul != 1.0f) c->attn_scale = score_mul / sqrtf((float)c->head_dim);
     pt_gguf_int(g, garch, "leading_dense_block_count", &c->n_dense_lead);
     int n_shared = 0, gating = 0;
     if (pt_gguf_int(g, garch, "expert_count", &c->n_experts) && c->n_experts > 0) {

@@ -139,7 +139,8 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
     pt_gguf_str st;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    if (pt_gguf_get_str(g, key, &st)) {
+    /* a family that read its own rope scaling (DeepSeek's YaRN) set it already */
+    if (c->rope_scaling == PT_ROPE_SCALING_NONE && pt_gguf_get_str(g, key, &st)) {
         float factor = 1;
         pt_gguf_float(g, arch, "rope.scaling.factor", &factor);
         if (st.len == 6 && memcmp(st.s, "linear", 6) == 0) {

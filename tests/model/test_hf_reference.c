@@ -201,6 +201,7 @@ CASE(gpt_oss)
 CASE(qwen3_next)
 GGUF_CASE(stories260k)
 GGUF_CASE(deepseek2)
+GGUF_CASE(deepseek2_yarn)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -612,6 +613,7 @@ int main(void) {
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_gguf_stories260k), cmocka_unit_test(test_gguf_deepseek2),
+        cmocka_unit_test(test_gguf_deepseek2_yarn),
         cmocka_unit_test(test_deepseek_kv_bytes), cmocka_unit_test(test_deepseek_mixed_batch),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
