@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """deepseek2.py - a tiny random DeepSeek-V3-style GGUF (llama.cpp arch deepseek2).
 
-Usage: PYTHONPATH=build-llama/llama.cpp/gguf-py scripts/llama-ref/deepseek2.py [--yarn] OUT.gguf
+Usage: PYTHONPATH=build-llama/llama.cpp/gguf-py scripts/llama-ref/deepseek2.py [--yarn] [--legacy] OUT.gguf
 
 Multi-head latent attention in llama.cpp's MLA layout (attn_q_a / q_a_norm /
 q_b, attn_kv_a_mqa, kv_a_norm, per-head attn_k_b and attn_v_b), three layers:
@@ -19,6 +19,12 @@ pairs 0.4 to 1.9 of the 4 rope pairs, is rounded outwards to 0 and 2, so
 the rounding shows), yarn_log_multiplier 0.0707 (the converter's 0.1 x
 mscale_all_dim 0.707): frequencies interpolated and scores scaled by
 YaRN's mscale^2.
+
+--legacy writes the layout from before llama.cpp split attn_kv_b: one
+attn_kv_b [heads x (16 + 12)][32] per layer, key/value_length the head
+sizes, head_count_kv 4 and no key_length_mla; llama.cpp then runs it as
+plain multi-head attention (its non-MLA path), Petrel splits kv_b at load
+and runs it absorbed.
 """
 import os
 import sys
@@ -34,7 +40,8 @@ GROUPS, GROUPS_USED, SCALE = 4, 2, 2.5
 
 def main():
     yarn = "--yarn" in sys.argv[1:]
-    args = [a for a in sys.argv[1:] if a != "--yarn"]
+    legacy = "--legacy" in sys.argv[1:]
+    args = [a for a in sys.argv[1:] if a not in ("--yarn", "--legacy")]
     if len(args) != 1:
         sys.exit(__doc__)
     rng = np.random.default_rng(17)
@@ -57,11 +64,16 @@ def main():
     w.add_embedding_length(DIM)
     w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
-    w.add_head_count_kv(1)
-    w.add_key_length(KV_LORA + ROPE)
-    w.add_value_length(KV_LORA)
-    w.add_key_length_mla(NOPE + ROPE)
-    w.add_value_length_mla(VHEAD)
+    if legacy:
+        w.add_head_count_kv(HEADS)
+        w.add_key_length(NOPE + ROPE)
+        w.add_value_length(VHEAD)
+    else:
+        w.add_head_count_kv(1)
+        w.add_key_length(KV_LORA + ROPE)
+        w.add_value_length(KV_LORA)
+        w.add_key_length_mla(NOPE + ROPE)
+        w.add_value_length_mla(VHEAD)
     w.add_rope_dimension_count(ROPE)
     w.add_rope_freq_base(10000.0)
     if yarn:
@@ -106,8 +118,11 @@ def main():
         w.add_tensor(b + "attn_q_b.weight", mat(HEADS * (NOPE + ROPE), Q_LORA) * 2)
         w.add_tensor(b + "attn_kv_a_mqa.weight", mat(KV_LORA + ROPE, DIM) * 2)
         w.add_tensor(b + "attn_kv_a_norm.weight", gain(KV_LORA))
-        w.add_tensor(b + "attn_k_b.weight", mat(HEADS, KV_LORA, NOPE))
-        w.add_tensor(b + "attn_v_b.weight", mat(HEADS, VHEAD, KV_LORA))
+        if legacy:
+            w.add_tensor(b + "attn_kv_b.weight", mat(HEADS * (NOPE + VHEAD), KV_LORA))
+        else:
+            w.add_tensor(b + "attn_k_b.weight", mat(HEADS, KV_LORA, NOPE))
+            w.add_tensor(b + "attn_v_b.weight", mat(HEADS, VHEAD, KV_LORA))
         w.add_tensor(b + "attn_output.weight", mat(DIM, HEADS * VHEAD))
         w.add_tensor(b + "ffn_norm.weight", gain(DIM))
         if l == 0:

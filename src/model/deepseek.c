@@ -36,9 +36,10 @@
  * are stored as one FFN of n x expert_ffn_dim and added ungated.
  *
  * Loads: GGUF files in llama.cpp's MLA layout (attn_k_b / attn_v_b, written
- * since llama.cpp split attn_kv_b); dummy weights from a config.json or a
- * preset.  Not yet: older GGUFs with the fused attn_kv_b, Hugging Face
- * checkpoints (their kv_b_proj would be split the same way at load).
+ * since llama.cpp split attn_kv_b) and older ones with the fused attn_kv_b
+ * (split into the same stacks at load, as f32: split_kv_b); dummy weights
+ * from a config.json or a preset.  Not yet: Hugging Face checkpoints
+ * (their kv_b_proj would be split the same way).
  * YaRN rope (V2-Lite's, V3's) follows llama.cpp's deepseek2 in GGUF files
  * and transformers' in config.json.
  */
@@ -47,6 +48,7 @@
 #include <stdlib.h>
 
 #include "model/model_int.h"
+#include "quant/quant.h"
 
 /* clang-format off */
 static const pt_arch deepseek_archs[] = {
@@ -141,11 +143,12 @@ static int deepseek_read_gguf(const pt_gguf *g, const pt_model_file *mf, const c
     if (!pt_gguf_int(g, garch, "attention.kv_lora_rank", &c->kv_lora_rank))
         return pt_fail(err, "%s: GGUF deepseek2 needs %s.attention.kv_lora_rank", mf->path, garch);
     if (!pt_gguf_int(g, garch, "attention.key_length_mla", &c->head_dim) ||
-        !pt_gguf_int(g, garch, "attention.value_length_mla", &c->v_head_dim))
-        return pt_fail(err, "%s: a deepseek2 GGUF with the fused attn_kv_b (no "
-                            "attention.key_length_mla) is not supported yet; convert it again "
-                            "with a current llama.cpp (attn_k_b / attn_v_b)",
-                       mf->path);
+        !pt_gguf_int(g, garch, "attention.value_length_mla", &c->v_head_dim)) {
+        /* written before llama.cpp split attn_kv_b: key_length is the head */
+        c->kv_b_fused = true;
+        if (!pt_gguf_int(g, garch, "attention.value_length", &c->v_head_dim))
+            c->v_head_dim = c->head_dim - c->n_rot;
+    }
     int nextn = 0;
     if (pt_gguf_int(g, garch, "nextn_predict_layers", &nextn) && nextn > 0)
         c->n_layers -= nextn; /* multi-token-prediction blocks: not run */
@@ -268,8 +271,8 @@ static const pt_weight_spec deepseek_weights[] = {
     {"blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", D_NONE, D_Q, D_DIM, L(wq), true, NEED_Q_DIRECT},
     {"blk.%d.attn_kv_a_mqa.weight", "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", D_NONE, D_KVA, D_DIM, L(wkv_a), true, NEED_ALWAYS},
     {"blk.%d.attn_kv_a_norm.weight", "model.layers.%d.self_attn.kv_a_layernorm.weight", D_NONE, D_KVLORA, D_NONE, L(kv_a_norm), true, NEED_ALWAYS},
-    {"blk.%d.attn_k_b.weight", "model.layers.%d.self_attn.k_b_proj.weight", D_HEADS, D_KVLORA, D_NOPE, L(wk_b), true, NEED_ALWAYS},
-    {"blk.%d.attn_v_b.weight", "model.layers.%d.self_attn.v_b_proj.weight", D_HEADS, D_VHEAD, D_KVLORA, L(wv_b), true, NEED_ALWAYS},
+    {"blk.%d.attn_k_b.weight", "model.layers.%d.self_attn.k_b_proj.weight", D_HEADS, D_KVLORA, D_NOPE, L(wk_b), true, NEED_KV_B_SPLIT},
+    {"blk.%d.attn_v_b.weight", "model.layers.%d.self_attn.v_b_proj.weight", D_HEADS, D_VHEAD, D_KVLORA, L(wv_b), true, NEED_KV_B_SPLIT},
     {"blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", D_NONE, D_DIM, D_OV, L(wo), true, NEED_ALWAYS},
     {"blk.%d.ffn_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
     {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_DENSE},
@@ -288,11 +291,67 @@ static const pt_weight_spec deepseek_weights[] = {
 #undef M
 /* clang-format on */
 
+/* An f32 stack [H][rows][cols] from host floats, on the model's list. */
+static int upload_stack(pt_model *m, const float *host, int H, int64_t rows, int64_t cols,
+                        pt_weight *w, pt_err *err) {
+    size_t per = (size_t)(rows * cols) * sizeof(float), bytes = per * (size_t)H;
+    void *dev = pt_model_alloc(m, bytes);
+    if (!dev) return pt_fail(err, "out of backend memory for the latent attention's stacks");
+    m->be->ops->upload(m->be, dev, host, bytes);
+    *w = (pt_weight){.dtype = PT_F32, .rows = rows, .cols = cols, .data = dev, .nbytes = bytes,
+                     .n_experts = H, .expert_stride = per};
+    m->weight_bytes += bytes;
+    return 0;
+}
+
+/* Older GGUFs store attn_kv_b [H * (nope + v_head)][kv_lora]: per head,
+ * nope rows that give the key's no-rope part, then v_head rows that give
+ * the value.  Split into the absorbed form's stacks, as f32 (any weight
+ * type in, dequantized once): k_b [H][kv_lora][nope] (transposed: it
+ * multiplies the query) and v_b [H][v_head][kv_lora]. */
+static int split_kv_b(pt_model *m, int l, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    int H = c->n_heads, r = c->kv_lora_rank, dn = c->head_dim - c->n_rot, dv = c->v_head_dim;
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.attn_kv_b.weight", l);
+    const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
+    if (!t || t->ndim != 2 || t->shape[0] != (int64_t)H * (dn + dv) || t->shape[1] != r)
+        return pt_fail(err, "%s: expected tensor %s %lldx%d", m->file->path, name,
+                       (long long)H * (dn + dv), r);
+    static const pt_dtype ok[] = {PT_F32, PT_F16, PT_BF16, PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
+    bool known = false;
+    for (size_t i = 0; i < PT_ARRAY_LEN(ok); i++) known |= t->dtype == ok[i];
+    if (!known || r % pt_dtype_get(t->dtype)->block)
+        return pt_fail(err, "tensor %s: type %s is not supported", name, pt_dtype_name(t->dtype));
+    pt_weight src = {.dtype = t->dtype, .rows = t->shape[0], .cols = r, .data = t->data,
+                     .nbytes = t->nbytes};
+    float *row = pt_xmalloc(sizeof(float) * (size_t)r);
+    float *kb = pt_xmalloc(sizeof(float) * (size_t)H * r * dn);
+    float *vb = pt_xmalloc(sizeof(float) * (size_t)H * dv * r);
+    for (int h = 0; h < H; h++) {
+        for (int i = 0; i < dn; i++) {
+            pt_weight_dequantize_row(&src, (int64_t)h * (dn + dv) + i, row);
+            for (int j = 0; j < r; j++) kb[((size_t)h * r + j) * dn + i] = row[j];
+        }
+        for (int i = 0; i < dv; i++)
+            pt_weight_dequantize_row(&src, (int64_t)h * (dn + dv) + dn + i,
+                                     vb + ((size_t)h * dv + i) * r);
+    }
+    pt_layer *L = &m->layers[l];
+    int rc = upload_stack(m, kb, H, r, dn, &L->wk_b, err) ||
+             upload_stack(m, vb, H, dv, r, &L->wv_b, err);
+    free(row), free(kb), free(vb);
+    return rc ? -1 : 0;
+}
+
 static int deepseek_finish(pt_model *m, pt_err *err) {
     if (m->file && m->file->kind != PT_FILE_GGUF)
         return pt_fail(err, "%s: DeepSeek from a Hugging Face checkpoint is not implemented yet "
                             "(kv_b_proj is not split at load); use a GGUF file",
                        m->file->path);
+    for (int l = 0; m->cfg.kv_b_fused && l < m->cfg.n_layers; l++)
+        if (split_kv_b(m, l, err)) return -1;
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
     return 0;
 }
 

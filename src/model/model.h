@@ -77,6 +77,7 @@ typedef struct pt_model_config {
      * rope key of n_rot dims.  head_dim is a query/key head (no-rope part
      * + n_rot), v_head_dim a value head; the cache holds latent + rope key. */
     int q_lora_rank, kv_lora_rank, v_head_dim;
+    bool kv_b_fused;      /* the file has attn_kv_b: split into k_b, v_b at load */
     int n_dense_lead;     /* the first n layers have a dense FFN (ffn_dim) */
     /* DeepSeek routing (moe_route_grouped) instead of softmax top-k:
      * gating enum pt_moe_gating, a selection bias per expert, groups,

@@ -59,7 +59,8 @@ enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIE
                NEED_RECURRENT, NEED_SHARED,
                /* DeepSeek: q through the bottleneck or direct; the layer's
                 * FFN dense (l < n_dense_lead) or routed; the selection bias */
-               NEED_Q_LORA, NEED_Q_DIRECT, NEED_DENSE, NEED_MOE, NEED_ROUTER_BIAS, NEED_MOE_SHARED };
+               NEED_Q_LORA, NEED_Q_DIRECT, NEED_DENSE, NEED_MOE, NEED_ROUTER_BIAS, NEED_MOE_SHARED,
+               NEED_KV_B_SPLIT /* per-head k_b, v_b stored (not the fused kv_b) */ };
 
 /* One weight of a family: its names (%d is the layer), its shape and where
  * it lands.  A Hugging Face name with a second %d is one tensor per expert

@@ -75,6 +75,7 @@ bool pt_spec_needed(const pt_model_config *c, int need, int layer) {
     case NEED_DENSE: return layer < c->n_dense_lead || c->n_experts <= 0;
     case NEED_MOE: return layer >= c->n_dense_lead && c->n_experts > 0;
     case NEED_MOE_SHARED: return c->shared_ffn_dim > 0 && layer >= c->n_dense_lead && c->n_experts > 0;
+    case NEED_KV_B_SPLIT: return !c->kv_b_fused;
     case NEED_ROUTER_BIAS: return c->router_bias && layer >= c->n_dense_lead && c->n_experts > 0;
     default: return true;
     }

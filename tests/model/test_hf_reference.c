@@ -202,6 +202,7 @@ CASE(qwen3_next)
 GGUF_CASE(stories260k)
 GGUF_CASE(deepseek2)
 GGUF_CASE(deepseek2_yarn)
+GGUF_CASE(deepseek2_legacy)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -614,6 +615,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_gguf_stories260k), cmocka_unit_test(test_gguf_deepseek2),
         cmocka_unit_test(test_gguf_deepseek2_yarn),
+        cmocka_unit_test(test_gguf_deepseek2_legacy),
         cmocka_unit_test(test_deepseek_kv_bytes), cmocka_unit_test(test_deepseek_mixed_batch),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
