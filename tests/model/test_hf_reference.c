@@ -531,6 +531,72 @@ static void test_deepseek_mixed_batch(void **state) {
     be->ops->destroy(be);
 }
 
+/* DeepSeek-V2-Lite's kind (q projected directly, softmax routing without
+ * groups or bias, two shared experts, YaRN) with dummy f32 weights from a
+ * config.json: no reference runs it, but a 20-token prefill and the same
+ * tokens one at a time must give the same logits (the cache rows written
+ * by one path are what the other reads). */
+static void test_deepseek_lite_dummy(void **state) {
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/petrel_dslite_%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"model_type\":\"deepseek_v2\",\"hidden_size\":64,\"num_hidden_layers\":3,"
+          "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
+          "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
+          "\"qk_rope_head_dim\":8,\"v_head_dim\":16,\"moe_intermediate_size\":16,"
+          "\"n_routed_experts\":8,\"n_shared_experts\":2,\"num_experts_per_tok\":2,"
+          "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":"
+          "\"greedy\",\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,"
+          "\"routed_scaling_factor\":1.0,\"vocab_size\":128,\"rms_norm_eps\":1e-6,"
+          "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+          "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
+          "\"mscale\":0.707,\"mscale_all_dim\":0.707}}",
+          f);
+    fclose(f);
+    char spec[80];
+    snprintf(spec, sizeof spec, "dummy:%s", path);
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be, .dummy_dtype = "f32", .dummy_seed = 7};
+    pt_model *m;
+    if (pt_model_load(&m, spec, &o, &err)) fail_msg("%s", err.msg);
+    remove(path);
+    assert_int_equal(m->cfg.q_lora_rank, 0);
+    assert_int_equal(m->cfg.shared_ffn_dim, 32);
+    enum { N = 20 };
+    int vocab = m->cfg.vocab_size;
+    int32_t tok[N], pos[N], seq[N] = {0};
+    bool want[N];
+    for (int i = 0; i < N; i++) tok[i] = (i * 37 + 5) % vocab, pos[i] = i, want[i] = true;
+    float *all = malloc(sizeof(float) * N * vocab), *one = malloc(sizeof(float) * vocab);
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, NULL, &err), 0);
+    pt_kv_seq a = {0}, b = {0};
+    pt_kv_seq *sa[1] = {&a}, *sb[1] = {&b};
+    pt_batch pb = {N, tok, pos, seq, want, 1, sa};
+    if (pt_model_run(m, &kv, &pb, all, &err)) fail_msg("%s", err.msg);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        pt_batch d = {1, &tok[i], &pos[i], seq, want, 1, sb};
+        if (pt_model_run(m, &kv, &d, one, &err)) fail_msg("%s", err.msg);
+        for (int v = 0; v < vocab; v++) {
+            double x = fabs(one[v] - all[(size_t)i * vocab + v]);
+            if (!(x <= 1e-4)) fail_msg("position %d logit %d: prefill %g, one by one %g", i, v,
+                                       all[(size_t)i * vocab + v], one[v]);
+            worst = x > worst ? x : worst;
+        }
+    }
+    print_message("deepseek-v2-lite-like dummy: prefill vs one by one, max |diff| %.3g\n", worst);
+    pt_kv_seq_release(&kv, &a), pt_kv_seq_release(&kv, &b);
+    pt_kv_cache_free(&kv);
+    free(all), free(one);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
 /* Multi-head latent attention caches one row per token and layer, the
  * latent and the rope key (kv_lora 32 + 8 rope dims in the fixture), read
  * as both K and V: 3 layers x 40 f32 = 480 bytes a token, where the same
@@ -617,6 +683,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_deepseek2_yarn),
         cmocka_unit_test(test_gguf_deepseek2_legacy),
         cmocka_unit_test(test_deepseek_kv_bytes), cmocka_unit_test(test_deepseek_mixed_batch),
+        cmocka_unit_test(test_deepseek_lite_dummy),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
