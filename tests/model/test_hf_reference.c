@@ -531,6 +531,31 @@ static void test_deepseek_mixed_batch(void **state) {
     be->ops->destroy(be);
 }
 
+/* The 80-token prompt through a model whose forward takes 16 rows at a
+ * time: five forward chunks, each caching its rows and attending over the
+ * earlier chunks' latents, then 32 greedy steps, against llama.cpp. */
+static void test_deepseek_chunked(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be, .max_batch = 16};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    json_error_t je;
+    json_t *r = json_load_file(GGUF_DIR "deepseek2/reference.json", 0, &je);
+    if (!r) fail_msg("%s", je.text);
+    json_t *p = json_array_get(json_object_get(r, "prompts"), 2);
+    assert_int_equal(json_array_size(json_object_get(p, "tokens")), 80);
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
+    run_prompt(m, &kv, p, "deepseek2, 16-row chunks", tols_of(r));
+    pt_kv_cache_free(&kv);
+    json_decref(r);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
 /* DeepSeek-V2-Lite's kind (q projected directly, softmax routing without
  * groups or bias, two shared experts, YaRN) with dummy f32 weights from a
  * config.json: no reference runs it, but a 20-token prefill and the same
@@ -684,6 +709,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_deepseek2_legacy),
         cmocka_unit_test(test_deepseek_kv_bytes), cmocka_unit_test(test_deepseek_mixed_batch),
         cmocka_unit_test(test_deepseek_lite_dummy),
+        cmocka_unit_test(test_deepseek_chunked),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
