@@ -36,10 +36,10 @@
  * are stored as one FFN of n x expert_ffn_dim and added ungated.
  *
  * Loads: GGUF files in llama.cpp's MLA layout (attn_k_b / attn_v_b, written
- * since llama.cpp split attn_kv_b) and older ones with the fused attn_kv_b
- * (split into the same stacks at load, as f32: split_kv_b); dummy weights
- * from a config.json or a preset.  Not yet: Hugging Face checkpoints
- * (their kv_b_proj would be split the same way).
+ * since llama.cpp split attn_kv_b), older ones with the fused attn_kv_b
+ * and Hugging Face checkpoints (kv_b_proj): the fused matrix is split into
+ * the same stacks at load, as f32 (split_kv_b); dummy weights from a
+ * config.json or a preset.
  * YaRN rope (V2-Lite's, V3's) follows llama.cpp's deepseek2 in GGUF files
  * and transformers' in config.json.
  */
@@ -259,7 +259,7 @@ static int deepseek_read_json(json_t *j, pt_model_config *c, pt_err *err) {
 #define L(f) offsetof(pt_layer, f)
 #define M(f) offsetof(pt_model, f)
 /* The Hugging Face names are transformers' except attention's k_b / v_b,
- * which checkpoints fuse as kv_b_proj (not loaded yet: see the top). */
+ * which checkpoints fuse as kv_b_proj (split_kv_b reads it). */
 static const pt_weight_spec deepseek_weights[] = {
     {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
     {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
@@ -304,7 +304,8 @@ static int upload_stack(pt_model *m, const float *host, int H, int64_t rows, int
     return 0;
 }
 
-/* Older GGUFs store attn_kv_b [H * (nope + v_head)][kv_lora]: per head,
+/* Older GGUFs store attn_kv_b [H * (nope + v_head)][kv_lora] (Hugging
+ * Face checkpoints the same as kv_b_proj): per head,
  * nope rows that give the key's no-rope part, then v_head rows that give
  * the value.  Split into the absorbed form's stacks, as f32 (any weight
  * type in, dequantized once): k_b [H][kv_lora][nope] (transposed: it
@@ -312,8 +313,11 @@ static int upload_stack(pt_model *m, const float *host, int H, int64_t rows, int
 static int split_kv_b(pt_model *m, int l, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     int H = c->n_heads, r = c->kv_lora_rank, dn = c->head_dim - c->n_rot, dv = c->v_head_dim;
-    char name[64];
-    snprintf(name, sizeof name, "blk.%d.attn_kv_b.weight", l);
+    char name[96];
+    if (m->file->kind == PT_FILE_GGUF)
+        snprintf(name, sizeof name, "blk.%d.attn_kv_b.weight", l);
+    else
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_b_proj.weight", l);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
     if (!t || t->ndim != 2 || t->shape[0] != (int64_t)H * (dn + dv) || t->shape[1] != r)
         return pt_fail(err, "%s: expected tensor %s %lldx%d", m->file->path, name,
@@ -344,11 +348,14 @@ static int split_kv_b(pt_model *m, int l, pt_err *err) {
     return rc ? -1 : 0;
 }
 
+/* Hugging Face checkpoints store kv_b_proj fused, as older GGUFs do. */
+static int deepseek_file_layout(pt_model *m, pt_err *err) {
+    (void)err;
+    if (m->file->kind != PT_FILE_GGUF) m->cfg.kv_b_fused = true;
+    return 0;
+}
+
 static int deepseek_finish(pt_model *m, pt_err *err) {
-    if (m->file && m->file->kind != PT_FILE_GGUF)
-        return pt_fail(err, "%s: DeepSeek from a Hugging Face checkpoint is not implemented yet "
-                            "(kv_b_proj is not split at load); use a GGUF file",
-                       m->file->path);
     for (int l = 0; m->cfg.kv_b_fused && l < m->cfg.n_layers; l++)
         if (split_kv_b(m, l, err)) return -1;
     if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
@@ -502,6 +509,7 @@ const pt_family pt_family_deepseek = {
     .n_weights = PT_ARRAY_LEN(deepseek_weights),
     .moe = true,
     .mla = true,
+    .file_layout = deepseek_file_layout,
     .finish = deepseek_finish,
     .workspace = deepseek_workspace,
     .forward = deepseek_forward,

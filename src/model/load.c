@@ -219,6 +219,7 @@ static int load_file(pt_model *m, const char *path, pt_err *err) {
     if (pt_model_file_open(&m->file, path, err)) return -1;
     if (pt_config_from_file(m->file, &m->cfg, err)) return -1;
     if (plan_layers(m, err)) return pt_failp(err, "%s", path);
+    if (m->family->file_layout && m->family->file_layout(m, err)) return -1;
     size_t need = pt_model_file_bytes(m->file), avail = pt_mem_available();
     if (avail && need > avail + avail / 4)
         return pt_fail(err, "%s: weights need %.1f GiB of memory, %.1f GiB available", path,

@@ -120,6 +120,10 @@ struct pt_family {
     bool moe; /* its forward runs PT_FFN_MOE layers (else the plan refuses them) */
     bool hybrid; /* its forward runs recurrent mixers and a shared expert */
     bool mla;    /* its forward runs latent attention and ungated shared experts */
+    /* Before a file's weights are bound: adjusts the config to the file's
+     * layout (DeepSeek: Hugging Face checkpoints fuse kv_b_proj); NULL:
+     * nothing to do. */
+    int (*file_layout)(pt_model *m, pt_err *err);
     /* Extra workspace its forward needs, after the shared one; NULL: none. */
     int (*workspace)(pt_model *m, int cap, pt_err *err);
     /* After the weights are in place (file or dummy); NULL: nothing to do.

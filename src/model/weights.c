@@ -364,7 +364,8 @@ static int bind_experts(pt_model *m, const pt_weight_spec *s, int layer, pt_err 
 static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     bool gguf = m->file->kind == PT_FILE_GGUF;
-    if (!gguf && per_expert_names(s)) return bind_experts(m, s, layer, err);
+    if (!gguf && per_expert_names(s)) /* a dense layer of a MoE model has none */
+        return pt_spec_needed(c, s->need, layer) ? bind_experts(m, s, layer, err) : 0;
     char name[160];
     pt_spec_name(s, gguf, layer, name, sizeof name);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);

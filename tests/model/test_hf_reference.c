@@ -531,6 +531,15 @@ static void test_deepseek_mixed_batch(void **state) {
     be->ops->destroy(be);
 }
 
+/* The deepseek2_legacy weights as a Hugging Face checkpoint (deepseek_v3,
+ * kv_b_proj fused, experts one tensor each: scripts/llama-ref/
+ * deepseek2_hf.py) give llama.cpp's logits for the GGUF. */
+static void test_deepseek_hf_checkpoint(void **state) {
+    (void)state;
+    check_model("deepseek_v3 checkpoint", GGUF_DIR "deepseek2_legacy/hf",
+                GGUF_DIR "deepseek2_legacy/reference.json", "auto", 2);
+}
+
 /* The 80-token prompt through a model whose forward takes 16 rows at a
  * time: five forward chunks, each caching its rows and attending over the
  * earlier chunks' latents, then 32 greedy steps, against llama.cpp. */
@@ -710,6 +719,7 @@ int main(void) {
         cmocka_unit_test(test_deepseek_kv_bytes), cmocka_unit_test(test_deepseek_mixed_batch),
         cmocka_unit_test(test_deepseek_lite_dummy),
         cmocka_unit_test(test_deepseek_chunked),
+        cmocka_unit_test(test_deepseek_hf_checkpoint),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };
