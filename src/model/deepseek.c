@@ -149,6 +149,11 @@ static int deepseek_read_gguf(const pt_gguf *g, const pt_model_file *mf, const c
         if (!pt_gguf_int(g, garch, "attention.value_length", &c->v_head_dim))
             c->v_head_dim = c->head_dim - c->n_rot;
     }
+    float temp = 0;
+    if (pt_gguf_float(g, garch, "attention.temperature_scale", &temp) && temp != 0.0f)
+        return pt_fail(err, "%s: deepseek2 with attention temperature scaling (%g, Mistral "
+                            "Large 3) is not supported yet",
+                       mf->path, (double)temp);
     int nextn = 0;
     if (pt_gguf_int(g, garch, "nextn_predict_layers", &nextn) && nextn > 0)
         c->n_layers -= nextn; /* multi-token-prediction blocks: not run */
