@@ -419,9 +419,15 @@ const char *pt_config_preset(const char *name) {
 }
 
 void pt_config_describe(const pt_model_config *c, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s: %d layers, dim %d, %d heads (%d kv, head dim %d), ffn %d, vocab %d",
-             c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
-             c->vocab_size);
+    if (c->kv_lora_rank > 0) /* latent attention: the cached row is the latent + rope key */
+        snprintf(buf, cap, "%s: %d layers, dim %d, %d heads (latent attention: kv rank %d + rope "
+                           "%d cached, q rank %d, head dim %d / value %d), ffn %d, vocab %d",
+                 c->arch, c->n_layers, c->dim, c->n_heads, c->kv_lora_rank, c->n_rot,
+                 c->q_lora_rank, c->head_dim, c->v_head_dim, c->ffn_dim, c->vocab_size);
+    else
+        snprintf(buf, cap, "%s: %d layers, dim %d, %d heads (%d kv, head dim %d), ffn %d, vocab %d",
+                 c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
+                 c->vocab_size);
 }
 
 /* YaRN's correction dimension: where num_rot rotations fit in ctx positions. */
