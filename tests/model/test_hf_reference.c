@@ -595,7 +595,7 @@ static void test_deepseek_chunked(void **state) {
     assert_int_equal(json_array_size(json_object_get(p, "tokens")), 80);
     pt_kv_cache kv;
     assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
-    run_prompt(m, &kv, p, "deepseek2, 16-row chunks", tols_of(r));
+    run_prompt(m, &kv, p, "deepseek2, 16-row chunks", tols_of(r), NULL);
     pt_kv_cache_free(&kv);
     json_decref(r);
     pt_model_free(m);
