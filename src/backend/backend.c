@@ -18,7 +18,8 @@ static const char *const op_names[PT_OP_COUNT] = {
     [PT_OP_SWIGLU_OAI] = "swiglu_oai", [PT_OP_ADD_ID] = "add_id",
     [PT_OP_GATHER_COLS] = "gather_cols", [PT_OP_SIGMOID_MUL] = "sigmoid_mul",
     [PT_OP_CONV1D_SILU] = "conv1d_silu", [PT_OP_GATED_DELTA] = "gated_delta",
-    [PT_OP_RMSNORM_GATED] = "rmsnorm_gated",
+    [PT_OP_RMSNORM_GATED] = "rmsnorm_gated", [PT_OP_COPY_COLS] = "copy_cols",
+    [PT_OP_MOE_ROUTE_GROUPED] = "moe_route_grouped",
 };
 
 const char *pt_op_name(int kind) {

@@ -173,6 +173,9 @@ typedef enum pt_op_kind {
     PT_OP_CONV1D_SILU,
     PT_OP_GATED_DELTA,
     PT_OP_RMSNORM_GATED,
+    /* Multi-head latent attention and DeepSeek routing (issue 17): optional. */
+    PT_OP_COPY_COLS,
+    PT_OP_MOE_ROUTE_GROUPED,
     /* Reserved, not implemented: PT_OP_ALL_REDUCE (tensor parallel), a sum of
      * a buffer over the devices of a group after a row-sharded matmul. */
     PT_OP_COUNT
@@ -403,6 +406,36 @@ typedef struct pt_op_rmsnorm_gated {
     float eps;
 } pt_op_rmsnorm_gated;
 
+/* dst[t][dst_off + j] = src[t][src_off + j] for j < width and n rows:
+ * src rows of d_src floats, dst rows of d_dst.  Splits fused projections
+ * and joins parts side by side (MLA's [latent | rope] keys and queries);
+ * columns of dst outside the range are left as they are.  dst must not
+ * alias src. */
+typedef struct pt_op_copy_cols {
+    float *dst;
+    const float *src;
+    int n, d_src, d_dst, src_off, dst_off, width;
+} pt_op_copy_cols;
+
+/* DeepSeek-V2/V3 routing, per row of logits[n][n_experts]: probabilities
+ * p = softmax (gating 0) or sigmoid (gating 1) of the logits; selection
+ * scores s = p + bias (bias [n_experts], NULL: s = p); with n_groups > 1
+ * the experts form n_groups equal groups, each scored by the sum of its
+ * two largest s, and only the groups_used best groups are eligible
+ * (ties: lower group first).  ids[n][k] = the k eligible experts with the
+ * largest s (ties: lower expert first); weights[n][k] = their p, divided
+ * by their sum when renorm, times scale. */
+typedef struct pt_op_moe_route_grouped {
+    int32_t *ids;
+    float *weights;
+    const float *logits, *bias;
+    int n, n_experts, k, n_groups, groups_used, gating;
+    float scale;
+    bool renorm;
+} pt_op_moe_route_grouped;
+
+enum pt_moe_gating { PT_MOE_SOFTMAX, PT_MOE_SIGMOID };
+
 typedef struct pt_op {
     pt_op_kind kind;
     union {
@@ -429,6 +462,8 @@ typedef struct pt_op {
         pt_op_conv1d_silu conv1d_silu;
         pt_op_gated_delta gated_delta;
         pt_op_rmsnorm_gated rmsnorm_gated;
+        pt_op_copy_cols copy_cols;
+        pt_op_moe_route_grouped moe_route_grouped;
     };
 } pt_op;
 
@@ -739,6 +774,29 @@ static inline void pt_be_rmsnorm_gated(pt_backend *be, float *y, const float *x,
     o.kind = PT_OP_RMSNORM_GATED;
     o.rmsnorm_gated.y = y, o.rmsnorm_gated.x = x, o.rmsnorm_gated.z = z, o.rmsnorm_gated.w = w;
     o.rmsnorm_gated.n = n, o.rmsnorm_gated.d = d, o.rmsnorm_gated.eps = eps;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_copy_cols(pt_backend *be, float *dst, int d_dst, int dst_off,
+                                   const float *src, int d_src, int src_off, int width, int n) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_COPY_COLS;
+    pt_op_copy_cols *c = &o.copy_cols;
+    c->dst = dst, c->src = src, c->n = n, c->d_src = d_src, c->d_dst = d_dst;
+    c->src_off = src_off, c->dst_off = dst_off, c->width = width;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_moe_route_grouped(pt_backend *be, const pt_op_moe_route_grouped *a) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MOE_ROUTE_GROUPED;
+    pt_op_moe_route_grouped *r = &o.moe_route_grouped;
+    r->ids = a->ids, r->weights = a->weights, r->logits = a->logits, r->bias = a->bias;
+    r->n = a->n, r->n_experts = a->n_experts, r->k = a->k, r->n_groups = a->n_groups;
+    r->groups_used = a->groups_used, r->gating = a->gating, r->scale = a->scale;
+    r->renorm = a->renorm;
     pt_be_run(be, &o);
 }
 

@@ -20,8 +20,11 @@ static bool quantized(const pt_kv_config *c) {
 static int slot_bytes(const pt_kv_config *c, size_t *k, size_t *v, pt_err *err) {
     if (!quantized(c)) {
         *k = *v = (size_t)c->n_kv_heads * c->head_dim * pt_dtype_bytes(c->dtype, 1);
+        if (c->v_is_k) *v = 0; /* the values are the keys' buffer */
         return 0;
     }
+    if (c->v_is_k) return pt_fail(err, "KV cache: a quantized cache whose values are its keys "
+                                       "(multi-head latent attention) is not implemented yet");
     pt_kv_codec codec;
     if (pt_kv_codec_init(&codec, &c->quant, c->head_dim, err)) return -1;
     *k = (size_t)c->n_kv_heads * codec.k_row;
@@ -180,7 +183,7 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
     for (int l = 0; l < cfg->n_layers; l++) {
         if (pt_kv_layer_recurrent(cfg, l)) continue; /* no K/V: its state is in the state group */
         kv->k[l] = be->ops->alloc(be, layer_k_bytes(kv, l));
-        kv->v[l] = be->ops->alloc(be, layer_v_bytes(kv, l));
+        kv->v[l] = cfg->v_is_k ? kv->k[l] : be->ops->alloc(be, layer_v_bytes(kv, l));
         if (!kv->k[l] || !kv->v[l]) {
             double gib = total / (1 << 30);
             pt_kv_cache_free(kv);
@@ -204,7 +207,7 @@ void pt_kv_cache_free(pt_kv_cache *kv) {
     if (kv->k)
         for (int l = 0; l < kv->cfg.n_layers; l++) {
             if (kv->k[l]) kv->be->ops->free(kv->be, kv->k[l], layer_k_bytes(kv, l));
-            if (kv->v[l]) kv->be->ops->free(kv->be, kv->v[l], layer_v_bytes(kv, l));
+            if (kv->v[l] && !kv->cfg.v_is_k) kv->be->ops->free(kv->be, kv->v[l], layer_v_bytes(kv, l));
         }
     if (kv->tables) kv->be->ops->free(kv->be, kv->tables, kv->tables_bytes);
     size_t slots = (size_t)PT_MAX(kv->cfg.n_state_slots, 0);

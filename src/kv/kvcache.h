@@ -80,6 +80,11 @@ typedef struct pt_kv_config {
     int n_pages;   /* pool size */
     pt_dtype dtype; /* PT_F32, PT_F16 or PT_BF16: the elements when not quantized */
     pt_kvq_spec quant; /* kind PT_KVQ_NONE (zero) for plain elements */
+    /* Multi-head latent attention: each slot's one row (the compressed
+     * latent and the rope key) is both key and value, so V is a view of
+     * the K buffer (no V bytes: pages copy, save and count K only).  Plain
+     * elements only. */
+    bool v_is_k;
     /* The recurrent-state group; all zero for models without one.  A layer
      * whose bit is set in recurrent (bit l % 64 of word l / 64) has no K/V
      * and, per slot, conv_floats of conv tail and rec_floats of state. */

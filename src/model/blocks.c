@@ -107,7 +107,9 @@ static void gated(pt_backend *be, int act, float *y, const float *up, size_t cou
  * weighted sum.  Only the chosen experts' weights are read.  gpt-oss adds
  * biases (router and each expert's projections, by expert id) and its
  * clamped SwiGLU; its top-k-then-softmax router is moe_route with renorm
- * (a softmax over all experts renormalized over the k is the same). */
+ * (a softmax over all experts renormalized over the k is the same).
+ * DeepSeek routes with moe_route_grouped (sigmoid or softmax scores, a
+ * selection bias, groups, scaled weights: config router_grouped). */
 static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
@@ -117,8 +119,18 @@ static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     int n = s->n, k = p->top_k, f = c->expert_ffn_dim;
 
     project(be, ws->router, ws->h, &L->w_router, L->b_router, n);
-    pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
-                       c->expert_renorm);
+    if (c->router_grouped) {
+        pt_op_moe_route_grouped r = {
+            .ids = ws->moe_ids, .weights = ws->moe_w, .logits = ws->router,
+            .bias = L->exp_probs_b, .n = n, .n_experts = p->n_experts, .k = k,
+            .n_groups = c->n_expert_groups, .groups_used = c->n_group_used,
+            .gating = c->expert_gating, .scale = c->expert_scale > 0 ? c->expert_scale : 1.0f,
+            .renorm = c->expert_renorm};
+        pt_be_moe_route_grouped(be, &r);
+    } else {
+        pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
+                        c->expert_renorm);
+    }
     pt_be_matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
     pt_be_matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
     if (L->b_gate_exps) pt_be_add_id(be, ws->gate, L->b_gate_exps, ws->moe_ids, n, k, f);
@@ -190,6 +202,7 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
     if (c->final_softcap > 0 && !pt_be_has_op(be, PT_OP_SOFTCAP))
         return *why = "soft-capped logits", PT_OP_SOFTCAP;
     static const int moe_ops[] = {PT_OP_MOE_ROUTE, PT_OP_MATMUL_ID, PT_OP_MOE_COMBINE};
+    static const int mla_ops[] = {PT_OP_COPY_COLS, PT_OP_MATMUL_ID};
     static const int rec_ops[] = {PT_OP_GATHER_COLS, PT_OP_CONV1D_SILU, PT_OP_GATED_DELTA,
                                   PT_OP_RMSNORM_GATED};
     if (c->attn_output_gate && !pt_be_has_op(be, PT_OP_SIGMOID_MUL))
@@ -208,6 +221,10 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
             return *why = "a GELU-tanh FFN", PT_OP_GEGLU;
         for (size_t i = 0; p->ffn == PT_FFN_MOE && i < PT_ARRAY_LEN(moe_ops); i++)
             if (!pt_be_has_op(be, moe_ops[i])) return *why = "a mixture-of-experts FFN", moe_ops[i];
+        if (p->ffn == PT_FFN_MOE && c->router_grouped && !pt_be_has_op(be, PT_OP_MOE_ROUTE_GROUPED))
+            return *why = "DeepSeek expert routing", PT_OP_MOE_ROUTE_GROUPED;
+        for (size_t i = 0; p->mixer == PT_MIX_MLA && i < PT_ARRAY_LEN(mla_ops); i++)
+            if (!pt_be_has_op(be, mla_ops[i])) return *why = "multi-head latent attention", mla_ops[i];
         if (p->act == PT_ACT_SWIGLU_OAI && !pt_be_has_op(be, PT_OP_SWIGLU_OAI))
             return *why = "gpt-oss's clamped SwiGLU", PT_OP_SWIGLU_OAI;
         if (c->expert_bias && p->ffn == PT_FFN_MOE && !pt_be_has_op(be, PT_OP_ADD_ID))

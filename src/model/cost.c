@@ -10,6 +10,8 @@
  * but the embedding table (one row of it), and the whole cache so far.
  * A recurrent (Gated DeltaNet) layer keeps no KV: it reads and writes its
  * fixed state instead, whatever the depth (a hybrid's flat decode curve).
+ * A latent-attention layer (DeepSeek) counts its absorbed projections; its
+ * KV per token is the cache's (one latent + rope-key row).
  */
 #include "model/model_int.h"
 
@@ -55,6 +57,13 @@ double pt_model_token_flops(const pt_model *m) {
     double kd = (double)c->lin_k_heads * c->lin_k_dim, vd = (double)c->lin_v_heads * c->lin_v_dim;
     double linear = c->dim * (2 * kd + 2 * vd + 2.0 * c->lin_v_heads) + vd * c->dim +
                     (2 * kd + vd) * c->lin_conv_kernel + 3.0 * c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    if (c->kv_lora_rank > 0) { /* latent attention's projections, absorbed */
+        double H = c->n_heads, r = c->kv_lora_rank, nope = c->head_dim - c->n_rot;
+        attn = (c->q_lora_rank > 0 ? (double)c->dim * c->q_lora_rank + c->q_lora_rank * q
+                                   : c->dim * q) +
+               c->dim * (r + c->n_rot) + H * nope * r + H * r * c->v_head_dim +
+               H * c->v_head_dim * c->dim;
+    }
     double total = (double)c->vocab_size * c->dim;
     for (int l = 0; l < c->n_layers; l++) {
         const pt_layer_plan *p = &m->plan[l];

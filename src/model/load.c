@@ -239,7 +239,7 @@ static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_
         if (pt_read_file(spec, 1 << 20, &file_text, &len, err))
             return pt_failp(err,
                             "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b, "
-                            "qwen3-30b-a3b, gemma2-9b, gemma3-12b) "
+                            "qwen3-30b-a3b, deepseek-v2-lite, gemma2-9b, gemma3-12b) "
                             "nor a readable config.json",
                             spec);
         json_text = file_text;
@@ -266,6 +266,7 @@ static int load_file(pt_model *m, const char *path, pt_err *err) {
     if (pt_model_file_open(&m->file, path, err)) return -1;
     if (pt_config_from_file(m->file, &m->cfg, err)) return -1;
     if (plan_layers(m, err)) return pt_failp(err, "%s", path);
+    if (m->family->file_layout && m->family->file_layout(m, err)) return -1;
     size_t need = pt_model_file_bytes(m->file), avail = pt_mem_available();
     if (avail && need > avail + avail / 4)
         return pt_fail(err, "%s: weights need %.1f GiB of memory, %.1f GiB available", path,
@@ -340,6 +341,14 @@ int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, i
                        .head_dim = c->head_dim,
                        .page_size = PT_KV_PAGE_SIZE,
                        .dtype = dtype};
+    if (c->kv_lora_rank > 0) { /* latent attention: one row, latent + rope key, is K and V */
+        if (quant && quant->kind != PT_KVQ_NONE)
+            return pt_fail(err, "a quantized KV cache with multi-head latent attention is not "
+                                "implemented yet; use a plain cache");
+        kc.n_kv_heads = 1;
+        kc.head_dim = c->kv_lora_rank + c->n_rot;
+        kc.v_is_k = true;
+    }
     if (quant) kc.quant = *quant;
     kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
     kv_window_group(m, &kc, max_seqs, slack);

@@ -75,6 +75,21 @@ typedef struct pt_model_config {
     float lin_l2_eps;
     int shared_ffn_dim;    /* the shared expert's intermediate size (n_shared_experts 1) */
     bool attn_output_gate; /* q_proj also gives a gate per head: out *= sigmoid(gate) */
+    /* Multi-head latent attention (DeepSeek-V2/V3), on when kv_lora_rank >
+     * 0: queries through a rank-q_lora_rank bottleneck (0: projected
+     * directly), keys and values from a shared kv_lora_rank latent plus one
+     * rope key of n_rot dims.  head_dim is a query/key head (no-rope part
+     * + n_rot), v_head_dim a value head; the cache holds latent + rope key. */
+    int q_lora_rank, kv_lora_rank, v_head_dim;
+    bool kv_b_fused;      /* the file has attn_kv_b: split into k_b, v_b at load */
+    int n_dense_lead;     /* the first n layers have a dense FFN (ffn_dim) */
+    /* DeepSeek routing (moe_route_grouped) instead of softmax top-k:
+     * gating enum pt_moe_gating, a selection bias per expert, groups,
+     * weights times expert_scale.  The shared experts are one FFN of
+     * shared_ffn_dim, ungated. */
+    bool router_grouped, router_bias;
+    int expert_gating, n_expert_groups, n_group_used;
+    float expert_scale;
 } pt_model_config;
 
 static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
@@ -90,7 +105,7 @@ static inline bool pt_config_layer_swa(const pt_model_config *c, int l) {
 /* What one layer is made of, computed from the config (pt_model_plan).
  * The forward of a family reads it instead of flags; kinds that no block
  * implements yet are declared here and refused at load. */
-enum pt_mixer { PT_MIX_ATTN, PT_MIX_ATTN_SWA, PT_MIX_RECURRENT };
+enum pt_mixer { PT_MIX_ATTN, PT_MIX_ATTN_SWA, PT_MIX_RECURRENT, PT_MIX_MLA };
 enum pt_ffn_kind { PT_FFN_DENSE, PT_FFN_MOE };
 enum pt_norm_kind {
     PT_NORM_RMS,     /* x / rms(x) * w */
@@ -135,6 +150,13 @@ typedef struct pt_layer {
      * [value dim] */
     pt_weight w_qkvz, w_ba, w_lin_out, w_lin_qkv, w_lin_z, w_beta, w_alpha;
     const float *conv_w, *ssm_a, *dt_bias, *lin_norm;
+    /* Multi-head latent attention: q's down and up projections (or wq),
+     * the latent + rope key projection, per-head stacks [n_heads] of the
+     * latent's key (k_b [kv_lora][no-rope dims]) and value (v_b
+     * [v_head_dim][kv_lora]) up-projections, the two bottleneck norms;
+     * DeepSeek routing's selection bias [n_experts] */
+    pt_weight wq_a, wq_b, wkv_a, wk_b, wv_b;
+    const float *q_a_norm, *kv_a_norm, *exp_probs_b;
 } pt_layer;
 
 /* Per-token and per-sequence arrays of one forward call, host side. */
@@ -228,7 +250,7 @@ int pt_layer_plan_check(const pt_layer_plan *plan, int n_layers, pt_err *err);
 int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err);
 int pt_config_from_json(json_t *config, pt_model_config *cfg, pt_err *err);
 /* Built-in shapes for dummy weights: "llama-1b", "llama-8b", "qwen3-8b",
- * "qwen3-30b-a3b", "gemma2-9b", "gemma3-12b". */
+ * "qwen3-30b-a3b", "deepseek-v2-lite", "gemma2-9b", "gemma3-12b". */
 const char *pt_config_preset(const char *name);
 /* One line describing the model ("llama 64d x 5 layers, ..."). */
 void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);

@@ -21,6 +21,7 @@
  *   qwen3next.c Qwen3-Next (qwen3_next): Gated DeltaNet + gated attention;
  *   qwen35.c    Qwen3.5 (GGUF qwen35, qwen35moe): the same hybrid, its
  *               in-projections unfused;
+ *   deepseek.c  DeepSeek-V2/V3 (deepseek2, deepseek_v3): latent attention;
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
@@ -47,12 +48,24 @@ enum pt_dim {
     D_LVDIM,   /* value dim */
     D_LCONV,   /* conv channels x kernel */
     D_LQKV,    /* conv channels: Qwen3.5's unfused q, k, v projection */
+    /* multi-head latent attention */
+    D_QLORA,   /* q_lora_rank */
+    D_KVLORA,  /* kv_lora_rank */
+    D_KVA,     /* kv_lora_rank + n_rot: the latent and the rope key */
+    D_NOPE,    /* head_dim - n_rot: a key head's part without rope */
+    D_VHEAD,   /* v_head_dim */
+    D_OV,      /* n_heads * v_head_dim: the attention output */
 };
 /* Which config setting makes a weight present.  NEED_ATTN / NEED_RECURRENT:
- * only in layers of that mixer (hybrid models); NEED_DENSE / NEED_EXPERTS:
- * a dense FFN or routed experts (one table for a family's both kinds). */
+ * only in layers of that mixer (hybrid models); NEED_DENSE / NEED_MOE: the
+ * layer's FFN is dense (no experts, or one of DeepSeek's n_dense_lead
+ * first layers) or routed experts (one table for a family's both kinds). */
 enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED, NEED_ATTN,
-               NEED_RECURRENT, NEED_SHARED, NEED_DENSE, NEED_EXPERTS };
+               NEED_RECURRENT, NEED_SHARED, NEED_DENSE, NEED_MOE,
+               /* DeepSeek: q through the bottleneck or direct; the routed
+                * layers' selection bias and shared experts */
+               NEED_Q_LORA, NEED_Q_DIRECT, NEED_ROUTER_BIAS, NEED_MOE_SHARED,
+               NEED_KV_B_SPLIT /* per-head k_b, v_b stored (not the fused kv_b) */ };
 
 /* One weight of a family: its names (%d is the layer; hf NULL in a family
  * read from GGUF only), its shape and where
@@ -112,6 +125,11 @@ struct pt_family {
     size_t n_weights;
     bool moe; /* its forward runs PT_FFN_MOE layers (else the plan refuses them) */
     bool hybrid; /* its forward runs recurrent mixers and a shared expert */
+    bool mla;    /* its forward runs latent attention and ungated shared experts */
+    /* Before a file's weights are bound: adjusts the config to the file's
+     * layout (DeepSeek: Hugging Face checkpoints fuse kv_b_proj); NULL:
+     * nothing to do. */
+    int (*file_layout)(pt_model *m, pt_err *err);
     /* Extra workspace its forward needs, after the shared one; NULL: none. */
     int (*workspace)(pt_model *m, int cap, pt_err *err);
     /* After the weights are in place (file or dummy); NULL: nothing to do.
@@ -122,7 +140,7 @@ struct pt_family {
 };
 
 extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss,
-    pt_family_qwen3next, pt_family_qwen35;
+    pt_family_qwen3next, pt_family_qwen35, pt_family_deepseek;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -176,6 +194,13 @@ struct pt_workspace {
     size_t ss_cap;
     float *fused, *mix, *conv, *z, *ba, *lin, *agate, *shared, *shared_g, *sh_gate, *sh_up;
     int32_t *idx_q, *idx_gate, *idx_mix, *idx_z, *idx_ba;
+    /* Multi-head latent attention only (deepseek.c's workspace hook):
+     * absorbed queries and the attention's output [cap][n_heads][kv_lora
+     * + n_rot], the cached rows [cap][kv_lora + n_rot], per-head latents
+     * [cap][n_heads][kv_lora], q's bottleneck, no-rope and rope parts, the
+     * value heads, and ids 0..n_heads-1 per row for the per-head stacks */
+    float *mla_q, *mla_att, *mla_kv, *mla_lat, *mla_qa, *mla_nope, *mla_pe, *mla_ov;
+    int32_t *head_ids;
 };
 
 /* Grows the block-table buffers to need entries (load.c). */

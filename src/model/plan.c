@@ -12,7 +12,9 @@
  * attention op; in a model with both, the window layers are cache group 1,
  * whose pages are given back as the window slides: kvcache.h), Gated
  * DeltaNet recurrent mixers (cache group 2, the recurrent state) and one
- * gated shared expert in hybrid families, dense SiLU / GELU-tanh FFNs,
+ * gated shared expert in hybrid families, multi-head latent attention with
+ * an ungated shared expert and leading dense layers (DeepSeek), dense
+ * SiLU / GELU-tanh FFNs,
  * routed experts in families that route them, plain and (1 + w) RMSNorm.
  * Refused: more than one shared expert, scaled residuals, other groups.
  */
@@ -27,8 +29,12 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
     bool groups = n_swa > 0 && n_swa < c->n_layers; /* window layers get their own */
     for (int l = 0; l < c->n_layers; l++) {
         bool swa = pt_config_layer_swa(c, l), rec = pt_config_layer_recurrent(c, l);
+        bool moe = c->n_experts > 0 && l >= c->n_dense_lead;
         plan[l] = (pt_layer_plan){
-            .mixer = rec ? PT_MIX_RECURRENT : swa ? PT_MIX_ATTN_SWA : PT_MIX_ATTN,
+            .mixer = rec                    ? PT_MIX_RECURRENT
+                     : c->kv_lora_rank > 0 ? PT_MIX_MLA
+                     : swa                  ? PT_MIX_ATTN_SWA
+                                            : PT_MIX_ATTN,
             .window = swa ? c->sliding_window : 0,
             .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
             .rope_scaled = !(swa && c->rope_scaling_global_only),
@@ -40,11 +46,11 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .attn_scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim),
             .attn_softcap = c->attn_softcap,
             .attn_sinks = c->attn_sinks,
-            .ffn = c->n_experts > 0 ? PT_FFN_MOE : PT_FFN_DENSE,
+            .ffn = moe ? PT_FFN_MOE : PT_FFN_DENSE,
             .act = c->act,
-            .n_experts = c->n_experts,
-            .top_k = c->n_experts_used,
-            .n_shared = c->n_shared_experts,
+            .n_experts = moe ? c->n_experts : 0,
+            .top_k = moe ? c->n_experts_used : 0,
+            .n_shared = moe ? c->n_shared_experts : 0,
             .norm = c->norm,
             .residual_scale = 1.0f,
             /* group 0 the paged KV, 1 the window layers' (kvcache.h), 2 the
@@ -60,12 +66,15 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             return pt_fail(err, "layer %d: a mixture-of-experts FFN (%d experts, top %d) is not "
                                 "implemented yet for %s models",
                            l, plan[l].n_experts, plan[l].top_k, c->arch);
-    /* Recurrent mixers and shared experts likewise need a family that runs
-     * them (and names their weights). */
+    /* Recurrent mixers, latent attention and shared experts likewise need
+     * a family that runs them (and names their weights). */
     for (int l = 0; l < c->n_layers; l++)
-        if ((plan[l].mixer == PT_MIX_RECURRENT || plan[l].n_shared > 0) && f && !f->hybrid)
+        if (f && ((plan[l].mixer == PT_MIX_RECURRENT && !f->hybrid) ||
+                  (plan[l].mixer == PT_MIX_MLA && !f->mla) ||
+                  (plan[l].n_shared > 0 && !f->hybrid && !f->mla)))
             return pt_fail(err, "layer %d: %s is not implemented yet for %s models", l,
                            plan[l].mixer == PT_MIX_RECURRENT ? "a recurrent (linear-attention) mixer"
+                           : plan[l].mixer == PT_MIX_MLA     ? "multi-head latent attention"
                                                              : "a shared expert",
                            c->arch);
     return pt_layer_plan_check(plan, c->n_layers, err);
@@ -78,7 +87,8 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
     else if (p->mixer == PT_MIX_RECURRENT && p->cache_group != 2)
         snprintf(why, cap, "a recurrent (linear-attention) mixer in cache group %d (its state "
                            "is group 2)", p->cache_group);
-    else if (p->mixer != PT_MIX_ATTN && p->mixer != PT_MIX_ATTN_SWA && p->mixer != PT_MIX_RECURRENT)
+    else if (p->mixer != PT_MIX_ATTN && p->mixer != PT_MIX_ATTN_SWA && p->mixer != PT_MIX_RECURRENT &&
+             p->mixer != PT_MIX_MLA)
         snprintf(why, cap, "mixer kind %d", p->mixer);
     else if (p->ffn == PT_FFN_MOE && (p->n_shared > 1 || p->top_k <= 0))
         snprintf(why, cap, "a mixture-of-experts FFN with %d shared experts, top %d", p->n_shared,

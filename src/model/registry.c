@@ -16,9 +16,10 @@
 #include "model/model_int.h"
 #include "quant/mlx_config.h"
 
-const pt_family *const pt_families[] = {&pt_family_llama,  &pt_family_qwen3moe,
-                                         &pt_family_gemma,  &pt_family_gptoss,
-                                         &pt_family_qwen3next, &pt_family_qwen35};
+const pt_family *const pt_families[] = {&pt_family_llama,     &pt_family_qwen3moe,
+                                         &pt_family_gemma,     &pt_family_gptoss,
+                                         &pt_family_qwen3next, &pt_family_qwen35,
+                                         &pt_family_deepseek};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table that files of
@@ -179,7 +180,8 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
     pt_gguf_str st;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    if (pt_gguf_get_str(g, key, &st)) {
+    /* a family that read its own rope scaling (DeepSeek's YaRN) set it already */
+    if (c->rope_scaling == PT_ROPE_SCALING_NONE && pt_gguf_get_str(g, key, &st)) {
         float factor = 1;
         pt_gguf_float(g, arch, "rope.scaling.factor", &factor);
         if (st.len == 6 && memcmp(st.s, "linear", 6) == 0) {
@@ -419,6 +421,18 @@ static const struct {
      "\"intermediate_size\":6144,\"moe_intermediate_size\":768,\"num_experts\":128,"
      "\"num_experts_per_tok\":8,\"norm_topk_prob\":true,\"vocab_size\":151936,"
      "\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0}"},
+    {"deepseek-v2-lite", /* DeepSeek-V2-Lite: latent attention, 64 experts + 2 shared */
+     "{\"model_type\":\"deepseek_v2\",\"hidden_size\":2048,\"num_hidden_layers\":27,"
+     "\"num_attention_heads\":16,\"num_key_value_heads\":16,\"intermediate_size\":10944,"
+     "\"q_lora_rank\":null,\"kv_lora_rank\":512,\"qk_nope_head_dim\":128,"
+     "\"qk_rope_head_dim\":64,\"v_head_dim\":128,\"moe_intermediate_size\":1408,"
+     "\"n_routed_experts\":64,\"n_shared_experts\":2,\"num_experts_per_tok\":6,"
+     "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":\"greedy\","
+     "\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,\"routed_scaling_factor\":1.0,"
+     "\"vocab_size\":102400,\"max_position_embeddings\":163840,\"rms_norm_eps\":1e-6,"
+     "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+     "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
+     "\"mscale\":0.707,\"mscale_all_dim\":0.707}}"},
     {"gemma2-9b", /* Gemma-2-9B: window 4096 on even layers, soft-capping */
      "{\"model_type\":\"gemma2\",\"hidden_size\":3584,\"num_hidden_layers\":42,"
      "\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":256,"
@@ -443,9 +457,15 @@ const char *pt_config_preset(const char *name) {
 }
 
 void pt_config_describe(const pt_model_config *c, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s: %d layers, dim %d, %d heads (%d kv, head dim %d), ffn %d, vocab %d",
-             c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
-             c->vocab_size);
+    if (c->kv_lora_rank > 0) /* latent attention: the cached row is the latent + rope key */
+        snprintf(buf, cap, "%s: %d layers, dim %d, %d heads (latent attention: kv rank %d + rope "
+                           "%d cached, q rank %d, head dim %d / value %d), ffn %d, vocab %d",
+                 c->arch, c->n_layers, c->dim, c->n_heads, c->kv_lora_rank, c->n_rot,
+                 c->q_lora_rank, c->head_dim, c->v_head_dim, c->ffn_dim, c->vocab_size);
+    else
+        snprintf(buf, cap, "%s: %d layers, dim %d, %d heads (%d kv, head dim %d), ffn %d, vocab %d",
+                 c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
+                 c->vocab_size);
 }
 
 /* YaRN's correction dimension: where num_rot rotations fit in ctx positions. */

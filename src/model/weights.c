@@ -53,6 +53,12 @@ int64_t pt_spec_dim(const pt_model_config *c, int d) {
                c->lin_conv_kernel;
     case D_LQKV:
         return 2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim;
+    case D_QLORA: return c->q_lora_rank;
+    case D_KVLORA: return c->kv_lora_rank;
+    case D_KVA: return (int64_t)c->kv_lora_rank + c->n_rot;
+    case D_NOPE: return c->head_dim - c->n_rot;
+    case D_VHEAD: return c->v_head_dim;
+    case D_OV: return (int64_t)c->n_heads * c->v_head_dim;
     default: return 0;
     }
 }
@@ -62,12 +68,17 @@ bool pt_spec_needed(const pt_model_config *c, int need, int layer) {
     case NEED_ATTN: return !pt_config_layer_recurrent(c, layer);
     case NEED_RECURRENT: return pt_config_layer_recurrent(c, layer);
     case NEED_SHARED: return c->shared_ffn_dim > 0;
-    case NEED_DENSE: return c->n_experts == 0;
-    case NEED_EXPERTS: return c->n_experts > 0;
     case NEED_QKV_BIAS: return c->qkv_bias;
     case NEED_O_BIAS: return c->o_bias;
     case NEED_QK_NORM: return c->qk_norm;
     case NEED_UNTIED: return !c->tied_embeddings;
+    case NEED_Q_LORA: return c->q_lora_rank > 0;
+    case NEED_Q_DIRECT: return c->q_lora_rank <= 0;
+    case NEED_DENSE: return layer < c->n_dense_lead || c->n_experts <= 0;
+    case NEED_MOE: return layer >= c->n_dense_lead && c->n_experts > 0;
+    case NEED_MOE_SHARED: return c->shared_ffn_dim > 0 && layer >= c->n_dense_lead && c->n_experts > 0;
+    case NEED_KV_B_SPLIT: return !c->kv_b_fused;
+    case NEED_ROUTER_BIAS: return c->router_bias && layer >= c->n_dense_lead && c->n_experts > 0;
     default: return true;
     }
 }
@@ -357,7 +368,8 @@ static int bind_experts(pt_model *m, const pt_weight_spec *s, int layer, pt_err 
 static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     bool gguf = m->file->kind == PT_FILE_GGUF;
-    if (!gguf && per_expert_names(s)) return bind_experts(m, s, layer, err);
+    if (!gguf && per_expert_names(s)) /* a dense layer of a MoE model has none */
+        return pt_spec_needed(c, s->need, layer) ? bind_experts(m, s, layer, err) : 0;
     if (!(gguf ? s->gguf : s->hf)) { /* a weight files of this kind do not name */
         if (!pt_spec_needed(c, s->need, layer)) return 0;
         return pt_fail(err, "%s: %s needs a weight (%s) that %s files do not name", m->file->path,

@@ -852,6 +852,137 @@ static void test_moe_route(void **state) {
             }
 }
 
+/* DeepSeek routing against a double-precision reference: probabilities
+ * (softmax or sigmoid), selection scores with a bias, the best groups by
+ * the sum of their two best scores, the top k eligible experts, weights
+ * renormalized or not and scaled.  Ids must match the reference in order
+ * except in rows where two candidates at a selection boundary are within
+ * 1e-5 (float vs double may order them either way); weights always
+ * match the reference's probabilities of the chosen ids. */
+typedef struct route_case {
+    int E, k, groups, used, gating;
+    bool bias, renorm;
+    float scale;
+} route_case;
+
+/* indices of v[0..n) by descending value (ties: lower index first) */
+static void order_desc(const double *v, int n, int *idx) {
+    for (int i = 0; i < n; i++) idx[i] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[idx[j]] > v[idx[j - 1]]; j--) {
+            int t = idx[j];
+            idx[j] = idx[j - 1], idx[j - 1] = t;
+        }
+}
+
+static void check_route_grouped(pt_backend *be, const route_case *rc) {
+    int E = rc->E, k = rc->k, n = 41, per = rc->groups > 1 ? E / rc->groups : E, ambiguous = 0;
+    float *l = rnd_floats((size_t)n * E, 4.0f), *w = poisoned((size_t)n * k);
+    float *bias = rc->bias ? rnd_floats((size_t)E, 0.3f) : NULL;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    pt_op_moe_route_grouped a = {.ids = ids, .weights = w, .logits = l, .bias = bias, .n = n,
+                                 .n_experts = E, .k = k, .n_groups = rc->groups,
+                                 .groups_used = rc->used, .gating = rc->gating,
+                                 .scale = rc->scale, .renorm = rc->renorm};
+    pt_be_moe_route_grouped(be, &a);
+    char what[128];
+    snprintf(what, sizeof what, "moe_route_grouped E=%d k=%d groups %d/%d %s%s%s", E, k,
+             rc->groups, rc->used, rc->gating ? "sigmoid" : "softmax", rc->bias ? " bias" : "",
+             rc->renorm ? " renorm" : "");
+    check_written(w, (size_t)n * k, what, be);
+    double p[256], sel[256], gs[64];
+    int order[256], gorder[64];
+    for (int t = 0; t < n; t++) {
+        const float *r = l + (size_t)t * E;
+        double mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = fmax(mx, r[e]);
+        for (int e = 0; e < E; e++) sum += exp(r[e] - mx);
+        for (int e = 0; e < E; e++) {
+            p[e] = rc->gating == PT_MOE_SIGMOID ? 1 / (1 + exp(-(double)r[e])) : exp(r[e] - mx) / sum;
+            sel[e] = p[e] + (bias ? bias[e] : 0);
+        }
+        bool amb = false;
+        if (rc->groups > 1) {
+            for (int g = 0; g < rc->groups; g++) {
+                order_desc(sel + g * per, per, order);
+                gs[g] = sel[g * per + order[0]] + sel[g * per + order[1]];
+            }
+            order_desc(gs, rc->groups, gorder);
+            amb |= gs[gorder[rc->used - 1]] - gs[gorder[rc->used]] < 1e-5;
+            bool keep[64] = {0};
+            for (int i = 0; i < rc->used; i++) keep[gorder[i]] = true;
+            for (int e = 0; e < E; e++)
+                if (!keep[e / per]) sel[e] = -INFINITY;
+        }
+        order_desc(sel, E, order);
+        for (int j = 0; j < k && !amb; j++) amb |= sel[order[j]] - sel[order[j + 1]] < 1e-5;
+        ambiguous += amb;
+        double kept = 0;
+        for (int j = 0; j < k; j++) {
+            int e = ids[t * k + j];
+            assert_true(e >= 0 && e < E);
+            for (int i = 0; i < j; i++) assert_int_not_equal(ids[t * k + i], e);
+            if (!amb && e != order[j])
+                fail_msg("%s [%s]: row %d slot %d is expert %d, the reference's %d", what, be->detail,
+                         t, j, e, order[j]);
+            kept += p[e];
+        }
+        for (int j = 0; j < k; j++) {
+            double ref = p[ids[t * k + j]] / (rc->renorm ? kept : 1) * rc->scale;
+            if (!(fabs(w[t * k + j] - ref) <= 3e-6 * ref))
+                fail_msg("%s [%s]: row %d slot %d weight %.8g, reference %.8g", what, be->detail, t,
+                         j, w[t * k + j], ref);
+        }
+    }
+    if (ambiguous > n / 4) fail_msg("%s: %d of %d rows near a tie", what, ambiguous, n);
+    free(l), free(w), free(bias), free(ids);
+}
+
+static void test_moe_route_grouped(void **state) {
+    (void)state;
+    static const route_case cases[] = {
+        {8, 2, 0, 0, PT_MOE_SOFTMAX, false, false, 1.0f},  /* V2: softmax, no groups */
+        {64, 6, 1, 1, PT_MOE_SOFTMAX, false, false, 1.0f}, /* V2-Lite's shape */
+        {8, 3, 4, 2, PT_MOE_SIGMOID, true, true, 2.5f},    /* the fixture's */
+        {64, 8, 8, 4, PT_MOE_SIGMOID, true, true, 2.5f},   /* V3's shape, 4x fewer experts */
+        {16, 4, 4, 1, PT_MOE_SIGMOID, false, false, 1.0f}, /* k = one whole group */
+        {32, 5, 4, 3, PT_MOE_SOFTMAX, true, true, 16.0f},
+    };
+    for (int b = 0; b < n_backends; b++)
+        for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) check_route_grouped(backends[b], &cases[i]);
+}
+
+/* copy_cols: each row's column range lands at its offset in dst, and the
+ * rest of dst is left as it was. */
+static void test_copy_cols(void **state) {
+    (void)state;
+    static const int cases[][5] = { /* d_src, d_dst, src_off, dst_off, width */
+        {24, 16, 0, 0, 16}, {24, 8, 16, 0, 8}, {32, 40, 0, 0, 32}, {8, 40, 0, 32, 8},
+        {7, 5, 3, 1, 4},    {64, 64, 0, 0, 64}, {5, 9, 2, 6, 0},
+    };
+    for (int b = 0; b < n_backends; b++)
+        for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++)
+            for (int n = 1; n <= 300; n += 299) {
+                pt_backend *be = backends[b];
+                int ds = cases[i][0], dd = cases[i][1], so = cases[i][2], doff = cases[i][3];
+                int wd = cases[i][4];
+                float *src = rnd_floats((size_t)n * ds, 1.0f), *dst = rnd_floats((size_t)n * dd, 1.0f);
+                float *before = malloc(sizeof(float) * (size_t)n * dd);
+                memcpy(before, dst, sizeof(float) * (size_t)n * dd);
+                pt_be_copy_cols(be, dst, dd, doff, src, ds, so, wd, n);
+                for (int t = 0; t < n; t++)
+                    for (int c = 0; c < dd; c++) {
+                        bool in = c >= doff && c < doff + wd;
+                        float want = in ? src[(size_t)t * ds + so + c - doff] : before[(size_t)t * dd + c];
+                        if (dst[(size_t)t * dd + c] != want)
+                            fail_msg("copy_cols %d->%d [%d,+%d)->%d n=%d [%s]: [%d][%d] = %g, want %g",
+                                     ds, dd, so, wd, doff, n, be->detail, t, c,
+                                     dst[(size_t)t * dd + c], want);
+                    }
+                free(src), free(dst), free(before);
+            }
+}
+
 /* A stack of E experts; those no row selects are filled with NaN, so a
  * kernel that used one would show it. */
 static pt_weight make_stack(pt_backend *be, pt_dtype dt, int E, int64_t rows, int64_t cols,
@@ -1069,6 +1200,8 @@ int main(void) {
         cmocka_unit_test(test_swiglu_oai_add_id),
         cmocka_unit_test(test_geglu_scale_softcap),
         cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_moe_route_grouped),
+        cmocka_unit_test(test_copy_cols),
         cmocka_unit_test(test_matmul_id),
         cmocka_unit_test(test_matmul_id_mxfp4),
         cmocka_unit_test(test_moe_combine),

@@ -235,6 +235,9 @@ CASE(gemma3_text)
 CASE(gpt_oss)
 CASE(qwen3_next)
 GGUF_CASE(stories260k)
+GGUF_CASE(deepseek2)
+GGUF_CASE(deepseek2_yarn)
+GGUF_CASE(deepseek2_legacy)
 GGUF_HF_CASE(gemma2)
 GGUF_HF_CASE(gemma3_text)
 GGUF_HF_CASE(gpt_oss)
@@ -583,6 +586,10 @@ static void test_missing_op_refused(void **state) {
         {"hf/gemma2", PT_OP_SOFTCAP, "lacks op 'softcap' (soft-capped logits)"},
         {"gguf/qwen35/model.gguf", PT_OP_GATED_DELTA, "lacks op 'gated_delta' (a Gated DeltaNet layer, layer 0)"},
         {"gguf/qwen35moe/model.gguf", PT_OP_SIGMOID_MUL, "lacks op 'sigmoid_mul' (gated attention output)"},
+        {"gguf/deepseek2/model.gguf", PT_OP_COPY_COLS,
+         "lacks op 'copy_cols' (multi-head latent attention, layer 0)"},
+        {"gguf/deepseek2/model.gguf", PT_OP_MOE_ROUTE_GROUPED,
+         "lacks op 'moe_route_grouped' (DeepSeek expert routing, layer 1)"},
     };
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
@@ -610,6 +617,201 @@ static void test_missing_op_refused(void **state) {
     pt_kvq_spec q = {.kind = PT_KVQ_AFFINE, .k_bits = 8, .v_bits = 8};
     assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, &q, &err), -1);
     assert_non_null(strstr(err.msg, "quantized KV cache with sliding-window layers"));
+    pt_model_free(m);
+    /* Latent attention likewise (its cache row is both K and V). */
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, &q, &err), -1);
+    assert_non_null(strstr(err.msg, "quantized KV cache with multi-head latent attention"));
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* Two sequences in one forward (rows of both prompts interleaved, as the
+ * scheduler mixes them): each row's logits are the reference's for its own
+ * prompt, so the latent attention keeps sequences apart. */
+static void test_deepseek_mixed_batch(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    json_error_t je;
+    json_t *r = json_load_file(GGUF_DIR "deepseek2/reference.json", 0, &je);
+    if (!r) fail_msg("%s", je.text);
+    json_t *pa = json_array_get(json_object_get(r, "prompts"), 0);
+    json_t *pb = json_array_get(json_object_get(r, "prompts"), 1);
+    int na, nb, vocab = m->cfg.vocab_size;
+    int32_t *ta = ids_of(json_object_get(pa, "tokens"), &na), *tb = ids_of(json_object_get(pb, "tokens"), &nb);
+    int n = na + nb;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n), *pos = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = malloc((size_t)n);
+    for (int i = 0, ia = 0, ib = 0; i < n; i++) { /* alternate while both last */
+        bool from_a = ia < na && (ib >= nb || i % 2 == 0);
+        tok[i] = from_a ? ta[ia] : tb[ib];
+        pos[i] = from_a ? ia++ : ib++;
+        seq[i] = from_a ? 0 : 1;
+        want[i] = true;
+    }
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
+    pt_kv_seq sa = {0}, sb = {0};
+    pt_kv_seq *seqs[2] = {&sa, &sb};
+    pt_batch b = {n, tok, pos, seq, want, 2, seqs};
+    float *logits = malloc(sizeof(float) * (size_t)n * vocab);
+    if (pt_model_run(m, &kv, &b, logits, &err)) fail_msg("%s", err.msg);
+    double worst = 0, tol = tols_of(r).prompt;
+    for (int i = 0; i < n; i++) {
+        json_t *rows = json_object_get(seq[i] ? pb : pa, "logits");
+        double d = row_diff(logits + (size_t)i * vocab, json_array_get(rows, (size_t)pos[i]), vocab);
+        if (d > tol) fail_msg("mixed batch row %d (sequence %d, position %d): max |logit diff| %.3g", i,
+                              seq[i], pos[i], d);
+        worst = d > worst ? d : worst;
+    }
+    print_message("deepseek2 mixed batch of %d + %d rows: max |logit diff| %.3g\n", na, nb, worst);
+    pt_kv_seq_release(&kv, &sa), pt_kv_seq_release(&kv, &sb);
+    pt_kv_cache_free(&kv);
+    free(ta), free(tb), free(tok), free(pos), free(seq), free(want), free(logits);
+    json_decref(r);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* The deepseek2_legacy weights as a Hugging Face checkpoint (deepseek_v3,
+ * kv_b_proj fused, experts one tensor each: scripts/llama-ref/
+ * deepseek2_hf.py) give llama.cpp's logits for the GGUF. */
+static void test_deepseek_hf_checkpoint(void **state) {
+    (void)state;
+    check_model("deepseek_v3 checkpoint", GGUF_DIR "deepseek2_legacy/hf",
+                GGUF_DIR "deepseek2_legacy/reference.json", "auto", 2);
+}
+
+/* The 80-token prompt through a model whose forward takes 16 rows at a
+ * time: five forward chunks, each caching its rows and attending over the
+ * earlier chunks' latents, then 32 greedy steps, against llama.cpp. */
+static void test_deepseek_chunked(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be, .max_batch = 16};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    json_error_t je;
+    json_t *r = json_load_file(GGUF_DIR "deepseek2/reference.json", 0, &je);
+    if (!r) fail_msg("%s", je.text);
+    json_t *p = json_array_get(json_object_get(r, "prompts"), 2);
+    assert_int_equal(json_array_size(json_object_get(p, "tokens")), 80);
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
+    run_prompt(m, &kv, p, "deepseek2, 16-row chunks", tols_of(r), NULL);
+    pt_kv_cache_free(&kv);
+    json_decref(r);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* DeepSeek-V2-Lite's kind (q projected directly, softmax routing without
+ * groups or bias, two shared experts, YaRN) with dummy f32 weights from a
+ * config.json: no reference runs it, but a 20-token prefill and the same
+ * tokens one at a time must give the same logits (the cache rows written
+ * by one path are what the other reads). */
+static void test_deepseek_lite_dummy(void **state) {
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/petrel_dslite_%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"model_type\":\"deepseek_v2\",\"hidden_size\":64,\"num_hidden_layers\":3,"
+          "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
+          "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
+          "\"qk_rope_head_dim\":8,\"v_head_dim\":16,\"moe_intermediate_size\":16,"
+          "\"n_routed_experts\":8,\"n_shared_experts\":2,\"num_experts_per_tok\":2,"
+          "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":"
+          "\"greedy\",\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,"
+          "\"routed_scaling_factor\":1.0,\"vocab_size\":128,\"rms_norm_eps\":1e-6,"
+          "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+          "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
+          "\"mscale\":0.707,\"mscale_all_dim\":0.707}}",
+          f);
+    fclose(f);
+    char spec[80];
+    snprintf(spec, sizeof spec, "dummy:%s", path);
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be, .dummy_dtype = "f32", .dummy_seed = 7};
+    pt_model *m;
+    if (pt_model_load(&m, spec, &o, &err)) fail_msg("%s", err.msg);
+    remove(path);
+    assert_int_equal(m->cfg.q_lora_rank, 0);
+    assert_int_equal(m->cfg.shared_ffn_dim, 32);
+    enum { N = 20 };
+    int vocab = m->cfg.vocab_size;
+    int32_t tok[N], pos[N], seq[N] = {0};
+    bool want[N];
+    for (int i = 0; i < N; i++) tok[i] = (i * 37 + 5) % vocab, pos[i] = i, want[i] = true;
+    float *all = malloc(sizeof(float) * N * vocab), *one = malloc(sizeof(float) * vocab);
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, NULL, &err), 0);
+    pt_kv_seq a = {0}, b = {0};
+    pt_kv_seq *sa[1] = {&a}, *sb[1] = {&b};
+    pt_batch pb = {N, tok, pos, seq, want, 1, sa};
+    if (pt_model_run(m, &kv, &pb, all, &err)) fail_msg("%s", err.msg);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        pt_batch d = {1, &tok[i], &pos[i], seq, want, 1, sb};
+        if (pt_model_run(m, &kv, &d, one, &err)) fail_msg("%s", err.msg);
+        for (int v = 0; v < vocab; v++) {
+            double x = fabs(one[v] - all[(size_t)i * vocab + v]);
+            if (!(x <= 1e-4)) fail_msg("position %d logit %d: prefill %g, one by one %g", i, v,
+                                       all[(size_t)i * vocab + v], one[v]);
+            worst = x > worst ? x : worst;
+        }
+    }
+    print_message("deepseek-v2-lite-like dummy: prefill vs one by one, max |diff| %.3g\n", worst);
+    pt_kv_seq_release(&kv, &a), pt_kv_seq_release(&kv, &b);
+    pt_kv_cache_free(&kv);
+    free(all), free(one);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* Multi-head latent attention caches one row per token and layer, the
+ * latent and the rope key (kv_lora 32 + 8 rope dims in the fixture), read
+ * as both K and V: 3 layers x 40 f32 = 480 bytes a token, where the same
+ * attention as MHA would cache 4 heads x (24 key + 12 value dims) a layer,
+ * 1728 bytes.  The cache allocates no V buffer. */
+static void test_deepseek_kv_bytes(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    const pt_model_config *c = &m->cfg;
+    assert_int_equal(c->kv_lora_rank, 32);
+    assert_int_equal(c->n_rot, 8);
+    assert_int_equal(c->head_dim, 24);
+    assert_int_equal(c->v_head_dim, 12);
+    assert_int_equal(m->plan[0].mixer, PT_MIX_MLA);
+    assert_int_equal(m->plan[0].ffn, PT_FFN_DENSE); /* leading dense layer */
+    assert_int_equal(m->plan[1].ffn, PT_FFN_MOE);
+    assert_int_equal(m->plan[1].n_shared, 1);
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, NULL, &err), 0);
+    size_t mla = pt_kv_bytes_per_token(&kv.cfg);
+    size_t mha = (size_t)c->n_layers * c->n_heads * (size_t)(c->head_dim + c->v_head_dim) * 4;
+    assert_int_equal(mla, (size_t)c->n_layers * (32 + 8) * 4);
+    assert_int_equal(mha, 1728);
+    assert_int_equal(kv.v_bytes, 0);
+    for (int l = 0; l < c->n_layers; l++) assert_ptr_equal(kv.v[l], kv.k[l]);
+    print_message("deepseek2 fixture: KV %zu bytes/token (latent + rope key), MHA-equivalent %zu\n",
+                  mla, mha);
+    pt_kv_cache_free(&kv);
     pt_model_free(m);
     be->ops->destroy(be);
 }
@@ -659,7 +861,13 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
-        cmocka_unit_test(test_gguf_stories260k),
+        cmocka_unit_test(test_gguf_stories260k), cmocka_unit_test(test_gguf_deepseek2),
+        cmocka_unit_test(test_gguf_deepseek2_yarn),
+        cmocka_unit_test(test_gguf_deepseek2_legacy),
+        cmocka_unit_test(test_deepseek_kv_bytes), cmocka_unit_test(test_deepseek_mixed_batch),
+        cmocka_unit_test(test_deepseek_lite_dummy),
+        cmocka_unit_test(test_deepseek_chunked),
+        cmocka_unit_test(test_deepseek_hf_checkpoint),
         cmocka_unit_test(test_gguf_gemma2), cmocka_unit_test(test_gguf_hf_gemma2),
         cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
         cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),

@@ -319,13 +319,64 @@ static void test_qwen3_next_plan(void **state) {
 /* The list of supported architectures comes from the registry's rows. */
 static void test_supported_list_from_table(void **state) {
     (void)state;
-    json_t *j = json_loads("{\"model_type\":\"deepseek_v3\"}", 0, NULL);
+    json_t *j = json_loads("{\"model_type\":\"minicpm3\"}", 0, NULL);
     pt_model_config c;
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "'deepseek_v3' is not supported (supported: llama, mistral, "
+    assert_non_null(strstr(err.msg, "'minicpm3' is not supported (supported: llama, mistral, "
                                     "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss, "
-                                    "qwen3_next, qwen3_5_text)"));
+                                    "qwen3_next, qwen3_5_text, deepseek_v3, deepseek_v2)"));
+    json_decref(j);
+}
+
+/* DeepSeek's config.json: latent attention shapes, the first layers
+ * dense, V3's routing (sigmoid, bias, groups, scale), one fused shared
+ * FFN, adjacent-pair rope, YaRN's mscale_all_dim in the score scale; V2's
+ * group-limited routing and sparse-every-n layers are refused. */
+#define DSV3 "{\"model_type\":\"deepseek_v3\",\"hidden_size\":64,\"num_hidden_layers\":3," \
+    "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"           \
+    "\"q_lora_rank\":32,\"kv_lora_rank\":16,\"qk_nope_head_dim\":8,\"qk_rope_head_dim\":4,"   \
+    "\"v_head_dim\":6,\"moe_intermediate_size\":16,\"n_routed_experts\":8,"                     \
+    "\"n_shared_experts\":2,\"num_experts_per_tok\":3,\"first_k_dense_replace\":1,"             \
+    "\"n_group\":4,\"topk_group\":2,\"scoring_func\":\"sigmoid\",\"norm_topk_prob\":true,"  \
+    "\"routed_scaling_factor\":2.5,\"vocab_size\":32,\"rope_theta\":10000.0"
+static void test_deepseek_config(void **state) {
+    (void)state;
+    pt_model_config c;
+    pt_err err = {{0}};
+    json_t *j = json_loads(DSV3 ",\"topk_method\":\"noaux_tc\",\"rope_scaling\":{\"type\":"
+                           "\"yarn\",\"factor\":40,\"original_max_position_embeddings\":4096,"
+                           "\"mscale\":1.0,\"mscale_all_dim\":1.0}}", 0, NULL);
+    if (pt_config_from_json(j, &c, &err)) fail_msg("%s", err.msg);
+    json_decref(j);
+    assert_int_equal(c.head_dim, 12);
+    assert_int_equal(c.n_rot, 4);
+    assert_int_equal(c.n_kv_heads, 1);
+    assert_int_equal(c.rope_style, PT_ROPE_NORM);
+    assert_true(c.router_grouped && c.router_bias && c.expert_renorm);
+    assert_int_equal(c.expert_gating, PT_MOE_SIGMOID);
+    assert_int_equal(c.n_expert_groups, 4);
+    assert_int_equal(c.n_group_used, 2);
+    assert_true(c.expert_scale == 2.5f);
+    assert_int_equal(c.shared_ffn_dim, 32);
+    double m = 0.1 * log(40.0) + 1.0;
+    assert_float_equal(c.attn_scale, m * m / sqrt(12.0), 1e-6);
+    assert_float_equal(c.rope_mscale, 1.0, 1e-6);
+    pt_layer_plan plan[3];
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[0].mixer, PT_MIX_MLA);
+    assert_int_equal(plan[0].ffn, PT_FFN_DENSE);
+    assert_int_equal(plan[0].n_shared, 0);
+    assert_int_equal(plan[2].ffn, PT_FFN_MOE);
+    assert_int_equal(plan[2].n_shared, 1);
+    assert_int_equal(plan[2].top_k, 3);
+    j = json_loads(DSV3 ",\"topk_method\":\"group_limited_greedy\"}", 0, NULL);
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "topk_method 'group_limited_greedy' with 4 groups"));
+    json_decref(j);
+    j = json_loads(DSV3 ",\"topk_method\":\"noaux_tc\",\"moe_layer_freq\":2}", 0, NULL);
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "moe_layer_freq 2"));
     json_decref(j);
 }
 
@@ -581,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_hand_built_plans_checked),
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
+        cmocka_unit_test(test_deepseek_config),
         cmocka_unit_test(test_gptoss_plan),
         cmocka_unit_test(test_gguf_configs),
         cmocka_unit_test(test_qwen3_next_plan),

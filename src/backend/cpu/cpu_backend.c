@@ -162,6 +162,8 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
     }
     case PT_OP_GATED_DELTA: pt_cpu_gated_delta(be, &o->gated_delta); return true;
     case PT_OP_RMSNORM_GATED: pt_cpu_rmsnorm_gated(be, &o->rmsnorm_gated); return true;
+    case PT_OP_COPY_COLS: pt_cpu_copy_cols(be, &o->copy_cols); return true;
+    case PT_OP_MOE_ROUTE_GROUPED: pt_cpu_moe_route_grouped(be, &o->moe_route_grouped); return true;
     default: return false;
     }
 }

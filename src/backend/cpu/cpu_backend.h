@@ -108,6 +108,9 @@ void pt_cpu_conv1d_silu(pt_backend *be, float *y, const float *x, const float *w
                         const pt_batch_view *b, int C, int K);
 void pt_cpu_gated_delta(pt_backend *be, const pt_op_gated_delta *a);
 void pt_cpu_rmsnorm_gated(pt_backend *be, const pt_op_rmsnorm_gated *a);
+/* cpu_mla.c: multi-head latent attention's column copies, DeepSeek routing */
+void pt_cpu_copy_cols(pt_backend *be, const pt_op_copy_cols *a);
+void pt_cpu_moe_route_grouped(pt_backend *be, const pt_op_moe_route_grouped *a);
 double pt_cpu_read_bandwidth(pt_backend *be);
 double pt_cpu_compute_peak(pt_backend *be, pt_dtype wt, char *note, size_t note_len);
 
