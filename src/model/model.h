@@ -71,6 +71,17 @@ typedef struct pt_model_config {
     int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv_kernel;
     int shared_ffn_dim;    /* the shared expert's intermediate size (n_shared_experts 1) */
     bool attn_output_gate; /* q_proj also gives a gate per head: out *= sigmoid(gate) */
+    /* Gemma 4: sliding layers' own shapes (0: as the full layers'); the
+     * per-layer input width (0: none); layers n_kv_layers.. keep no K/V and
+     * read the last earlier layer's of their kind (0: every layer keeps
+     * its own); layers with their bit in v_from_k have no V projection
+     * (V is K's projection); V normalized per head without a gain; full
+     * layers' rope frequencies divided by a rope_freqs tensor. */
+    int head_dim_swa, n_kv_heads_swa, n_rot_swa;
+    int ple_dim;
+    int n_kv_layers;
+    uint64_t v_from_k[16];
+    bool v_norm, rope_freq_factors;
 } pt_model_config;
 
 static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
@@ -81,6 +92,22 @@ static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
 static inline bool pt_config_layer_swa(const pt_model_config *c, int l) {
     if (c->sliding_window <= 0) return false;
     return !c->swa_per_layer || (c->swa_layers[l / 64] >> (l % 64) & 1);
+}
+
+/* Layer l's attention shapes: a sliding layer's may differ (Gemma 4). */
+static inline int pt_config_layer_head_dim(const pt_model_config *c, int l) {
+    return pt_config_layer_swa(c, l) && c->head_dim_swa > 0 ? c->head_dim_swa : c->head_dim;
+}
+static inline int pt_config_layer_kv_heads(const pt_model_config *c, int l) {
+    return pt_config_layer_swa(c, l) && c->n_kv_heads_swa > 0 ? c->n_kv_heads_swa : c->n_kv_heads;
+}
+static inline int pt_config_layer_n_rot(const pt_model_config *c, int l) {
+    return pt_config_layer_swa(c, l) && c->n_rot_swa > 0 ? c->n_rot_swa : c->n_rot;
+}
+/* Whether layer l computes and keeps its own K/V (else it reads an earlier
+ * layer's: Gemma 4's shared KV layers). */
+static inline bool pt_config_layer_own_kv(const pt_model_config *c, int l) {
+    return c->n_kv_layers <= 0 || l < c->n_kv_layers;
 }
 
 /* What one layer is made of, computed from the config (pt_model_plan).
@@ -108,6 +135,10 @@ typedef struct pt_layer_plan {
     int norm;          /* enum pt_norm_kind */
     float residual_scale; /* x += scale * block(x) */
     int cache_group;   /* which KV cache group holds this layer's state */
+    int head_dim, n_kv_heads; /* this layer's attention shapes (n_heads is the config's) */
+    int kv_layer;      /* the layer whose K/V it attends over: itself, or an earlier one
+                        * it shares (it then stores none) */
+    bool rope_factors; /* its rope frequencies are divided by m->rope_freqs */
 } pt_layer_plan;
 
 typedef struct pt_layer {
@@ -128,6 +159,13 @@ typedef struct pt_layer {
      * A_log and dt_bias [value heads], the gated norm's gain [value dim] */
     pt_weight w_qkvz, w_ba, w_lin_out;
     const float *conv_w, *A_log, *dt_bias, *lin_norm;
+    /* Gemma 4: V's norm (a gain of ones: the norm has none); the per-layer
+     * input's gate [ple][dim] and projection [dim][ple], its norm [dim];
+     * the layer's output scale ([1]; 0 in out_scale_h: none) */
+    const float *v_norm;
+    pt_weight w_ple_gate, w_ple_proj;
+    const float *ple_post_norm, *out_scale;
+    float out_scale_h;
 } pt_layer;
 
 /* Per-token and per-sequence arrays of one forward call, host side. */
@@ -157,6 +195,11 @@ typedef struct pt_model {
     pt_model_file *file; /* NULL for dummy weights */
     pt_weight tok_embd, output;
     const float *output_norm;
+    /* Gemma 4's per-layer inputs: token table [vocab][n_layers * ple], the
+     * projection from the embeddings [n_layers * ple][dim], its norm [ple];
+     * and full layers' rope frequency divisors [n_rot / 2] (NULL: none) */
+    pt_weight ple_embd, ple_model_proj;
+    const float *ple_proj_norm, *rope_freqs;
     pt_layer *layers;
     pt_layer_plan *plan; /* [n_layers] */
     size_t weight_bytes; /* bytes of all weights */

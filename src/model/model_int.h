@@ -17,6 +17,7 @@
  *   llama.c     the Llama family (llama, mistral, qwen2, qwen3);
  *   qwen3moe.c  Qwen3-MoE (qwen3_moe);
  *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
+ *   gemma4.c    Gemma 4 text (gemma4: GGUF);
  *   gptoss.c    gpt-oss (gpt_oss);
  *   qwen3next.c Qwen3-Next (qwen3_next): Gated DeltaNet + gated attention;
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
@@ -44,11 +45,19 @@ enum pt_dim {
     D_LVHEADS, /* value heads */
     D_LVDIM,   /* value dim */
     D_LCONV,   /* conv channels x kernel */
+    /* Gemma 4 */
+    D_PLE,     /* the per-layer input width */
+    D_PLE_ALL, /* n_layers x that */
+    D_ROT2,    /* half the full layers' rope dims */
 };
 /* Which config setting makes a weight present.  NEED_ATTN / NEED_RECURRENT:
  * only in layers of that mixer (hybrid models). */
 enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED, NEED_ATTN,
-               NEED_RECURRENT, NEED_SHARED };
+               NEED_RECURRENT, NEED_SHARED,
+               /* Gemma 4: layers that keep their own K/V; those with a V
+                * projection; per-layer inputs; rope frequency factors; and a
+                * weight a file may omit (bound when present, never dummy) */
+               NEED_OWN_KV, NEED_V, NEED_PLE, NEED_ROPE_FREQS, NEED_OPTIONAL };
 
 /* One weight of a family: its names (%d is the layer), its shape and where
  * it lands.  A Hugging Face name with a second %d is one tensor per expert
@@ -63,7 +72,8 @@ typedef struct pt_weight_spec {
     int need; /* enum pt_need */
 } pt_weight_spec;
 
-int64_t pt_spec_dim(const pt_model_config *c, int dim);
+/* A dimension of layer layer's weight (shapes may differ by layer kind). */
+int64_t pt_spec_dim(const pt_model_config *c, int dim, int layer);
 bool pt_spec_needed(const pt_model_config *c, int need, int layer);
 void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap);
 /* Where spec s of layer lands in m (a pt_weight, or a const float *). */
@@ -116,8 +126,8 @@ struct pt_family {
     void (*forward)(pt_model *m, const pt_step *s);
 };
 
-extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss,
-    pt_family_qwen3next;
+extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gemma4,
+    pt_family_gptoss, pt_family_qwen3next;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -171,6 +181,11 @@ struct pt_workspace {
     size_t ss_cap;
     float *fused, *mix, *conv, *z, *ba, *lin, *agate, *shared, *shared_g, *sh_gate, *sh_up;
     int32_t *idx_q, *idx_gate, *idx_mix, *idx_z, *idx_ba;
+    /* Gemma 4 only (family workspace hook): every row's per-layer inputs
+     * [cap][n_layers][ple], and the column indices 0..n_layers*ple that
+     * gather_cols takes layer l's ple of them from (idx_ple + l * ple). */
+    float *ple;
+    int32_t *idx_ple;
 };
 
 /* Grows the block-table buffers to need entries (load.c). */

@@ -1,0 +1,359 @@
+/*
+ * gemma4.c - Gemma 4 text models (GGUF architecture gemma4), as llama.cpp
+ * computes them (src/models/gemma4.cpp at the anchor commit).
+ *
+ *     x = embed(tokens) · sqrt(dim)
+ *     pli[l] = (norm(x·Wpli)[l] / sqrt(dim) + embed_pl(tokens)[l] · sqrt(ple)) / sqrt(2)
+ *     per layer:  h = norm(x);  q = rope(norm(h·Wq));  k = rope(norm(h·Wk));  v = norm(h·Wv)
+ *                 x += norm(attention(q, k, v)·Wo)               (score scale 1)
+ *                 x += norm(Wdown·(gelu_tanh(h·Wgate) * h·Wup))  with h = norm(x)
+ *                 x += norm(Wproj·(gelu_tanh(x·Wgate_pl) * pli[l]))
+ *                 x *= layer output scale
+ *     logits = cap · tanh(norm(x)·Eᵀ / cap)
+ *
+ * Beyond Gemma 3: per-layer inputs (pli: a second token table and a
+ * projection of the embeddings, one ple-wide slice per layer, gathered by
+ * gather_cols); sliding and full layers with their own head dims, KV heads
+ * and rope dims (the plan's shapes; the KV cache's window group has its own
+ * geometry); full layers' rope frequencies divided by a rope_freqs tensor
+ * (1e30 stops a pair: partial rotary); V normalized per head without a
+ * gain, and V = K's projection in layers without attn_v; the last
+ * shared_kv_layers layers compute only q and attend over the K/V of the
+ * last earlier layer of their kind (plan.kv_layer); a scalar per layer on
+ * its output.  Norms are plain RMSNorm: GGUF files store the gains
+ * themselves.  Sliding layers keep only their window (kvcache.h).
+ *
+ * Not built: the mixture-of-experts layers of 26B-A4B (refused at load),
+ * per-layer FFN widths (double-wide MLP, refused), Hugging Face
+ * checkpoints (config.json gemma4_text: refused; the GGUF mapping here is
+ * the one llama.cpp reads, the transformers one is unchecked).
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "model/model_int.h"
+
+/* clang-format off */
+static const pt_arch gemma4_archs[] = {
+    /* name     GGUF name  config.json    GGUF rope     qkv_bias qk_norm */
+    {"gemma4",  "gemma4",  "gemma4_text", PT_ROPE_NEOX, false,   true},
+};
+/* clang-format on */
+
+/* ---- Config -------------------------------------------------------------- */
+
+static int gemma4_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+    (void)j, (void)c;
+    return pt_fail(err, "config.json: Gemma 4 Hugging Face checkpoints are not supported yet; "
+                        "load a GGUF file (llama.cpp's converter) instead");
+}
+
+/* Layer l's value of a per-layer key written as one number or an array of
+ * n_layers; false if absent or malformed. */
+static bool layer_int(const pt_gguf *g, const char *garch, const char *key, int l, int n,
+                      int *out) {
+    char full[128];
+    int type;
+    uint64_t count;
+    int64_t v;
+    snprintf(full, sizeof full, "%s.%s", garch, key);
+    if (!pt_gguf_get_arr(g, full, &type, &count)) return pt_gguf_int(g, garch, key, out);
+    if (count != (uint64_t)n || !pt_gguf_arr_int(g, full, (uint64_t)l, &v) || v < 0 ||
+        v > INT32_MAX)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+/* Which layers slide: sliding_window_pattern, one bool per layer. */
+static int read_layer_kinds(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                            pt_model_config *c, pt_err *err) {
+    char key[128];
+    int type;
+    uint64_t count;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", garch);
+    if (!pt_gguf_int(g, garch, "attention.sliding_window", &c->sliding_window) ||
+        c->sliding_window <= 0 || !pt_gguf_get_arr(g, key, &type, &count) ||
+        count != (uint64_t)c->n_layers)
+        return pt_fail(err, "%s: gemma4 needs attention.sliding_window and a "
+                            "sliding_window_pattern of one bool per layer",
+                       mf->path);
+    c->swa_per_layer = true;
+    for (int l = 0; l < c->n_layers; l++) {
+        bool swa;
+        if (!pt_gguf_arr_bool(g, key, (uint64_t)l, &swa))
+            return pt_fail(err, "%s: %s[%d] is not a bool", mf->path, key, l);
+        if (swa) pt_config_set_swa(c, l);
+    }
+    return 0;
+}
+
+/* KV heads per layer kind (head_count_kv may be an array): one value per
+ * kind, as the KV cache's two groups have one geometry each. */
+static int read_kv_heads(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                         pt_model_config *c, pt_err *err) {
+    int kinds[2] = {0, 0}; /* full, sliding */
+    for (int l = 0; l < c->n_layers; l++) {
+        int v, *k = &kinds[pt_config_layer_swa(c, l)];
+        if (!layer_int(g, garch, "attention.head_count_kv", l, c->n_layers, &v)) v = c->n_heads;
+        if (v <= 0 || (*k && *k != v))
+            return pt_fail(err, "%s: layer %d has %d KV heads; per-layer counts that differ "
+                                "within a layer kind are not supported",
+                           mf->path, l, v);
+        *k = v;
+    }
+    c->n_kv_heads = kinds[0] ? kinds[0] : kinds[1];
+    c->n_kv_heads_swa = kinds[1];
+    return 0;
+}
+
+/* Refuses what llama.cpp's gemma4 can hold that the forward here does
+ * not compute: experts, per-layer FFN widths or head counts. */
+static int refuse_unbuilt(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                          pt_err *err) {
+    int n = 0, ffn0 = 0, heads0 = 0;
+    if ((pt_gguf_int(g, garch, "expert_count", &n) && n > 0) ||
+        pt_model_file_tensor(mf, "blk.0.ffn_gate_inp.weight"))
+        return pt_fail(err, "%s: Gemma 4 mixture-of-experts layers (26B-A4B) are not "
+                            "implemented yet",
+                       mf->path);
+    if (!pt_gguf_int(g, garch, "block_count", &n) || n <= 0 || n > 1024) return 0; /* common says */
+    for (int l = 0; l < n; l++) {
+        int ffn = 0, heads = 0;
+        layer_int(g, garch, "feed_forward_length", l, n, &ffn);
+        layer_int(g, garch, "attention.head_count", l, n, &heads);
+        if (l == 0) ffn0 = ffn, heads0 = heads;
+        if (ffn != ffn0 || heads != heads0)
+            return pt_fail(err, "%s: layer %d's FFN width %d or %d heads differ from layer 0's "
+                                "(double-wide MLP); per-layer widths are not implemented yet",
+                           mf->path, l, ffn, heads);
+    }
+    return 0;
+}
+
+static int gemma4_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                            pt_model_config *c, pt_err *err) {
+    c->rope_freq_factors = pt_model_file_tensor(mf, "rope_freqs.weight") != NULL;
+    if (refuse_unbuilt(g, mf, garch, err) || pt_config_gguf_common(g, mf, garch, c, err) ||
+        read_layer_kinds(g, mf, garch, c, err) ||
+        read_kv_heads(g, mf, garch, c, err))
+        return -1;
+    int v_len = c->head_dim, v_len_swa;
+    pt_gguf_int(g, garch, "attention.value_length", &v_len);
+    if (!pt_gguf_int(g, garch, "attention.key_length_swa", &c->head_dim_swa))
+        c->head_dim_swa = c->head_dim;
+    v_len_swa = c->head_dim_swa;
+    pt_gguf_int(g, garch, "attention.value_length_swa", &v_len_swa);
+    if (v_len != c->head_dim || v_len_swa != c->head_dim_swa)
+        return pt_fail(err, "%s: gemma4 needs value and key lengths equal (%d/%d, sliding %d/%d)",
+                       mf->path, v_len, c->head_dim, v_len_swa, c->head_dim_swa);
+    if (!pt_gguf_int(g, garch, "rope.dimension_count_swa", &c->n_rot_swa)) c->n_rot_swa = c->n_rot;
+    if (!pt_gguf_float(g, garch, "rope.freq_base_swa", &c->rope_theta_swa))
+        c->rope_theta_swa = c->rope_theta;
+    if (!pt_gguf_int(g, garch, "embedding_length_per_layer_input", &c->ple_dim))
+        return pt_fail(err, "%s: GGUF is missing %s.embedding_length_per_layer_input", mf->path,
+                       garch);
+    int shared = 0;
+    pt_gguf_int(g, garch, "attention.shared_kv_layers", &shared);
+    if (shared < 0 || shared >= c->n_layers)
+        return pt_fail(err, "%s: %d shared KV layers of %d", mf->path, shared, c->n_layers);
+    c->n_kv_layers = shared ? c->n_layers - shared : 0;
+    pt_gguf_float(g, garch, "final_logit_softcapping", &c->final_softcap);
+    if (!(c->final_softcap > 0)) c->final_softcap = 0;
+    /* layers that keep K/V but have no V projection use K's */
+    for (int l = 0; l < c->n_layers && l < 64 * 16; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_v.weight", l);
+        if (pt_config_layer_own_kv(c, l) && !pt_model_file_tensor(mf, name))
+            c->v_from_k[l / 64] |= 1ull << (l % 64);
+    }
+    c->act = PT_ACT_GELU_TANH;
+    c->norm = PT_NORM_RMS; /* the files store the gains as they multiply */
+    c->embed_scale = sqrtf((float)c->dim);
+    c->attn_scale = 1.0f; /* q and k are normalized: no 1/sqrt(head_dim) */
+    c->v_norm = true;
+    return 0;
+}
+
+/* ---- Weights ------------------------------------------------------------- */
+
+/* clang-format off */
+#define L(f) offsetof(pt_layer, f)
+#define M(f) offsetof(pt_model, f)
+static const pt_weight_spec gemma4_weights[] = {
+    {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
+    {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
+    {"output.weight", "lm_head.weight", D_NONE, D_VOCAB, D_DIM, M(output), false, NEED_UNTIED},
+    {"per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight", D_NONE, D_VOCAB, D_PLE_ALL, M(ple_embd), false, NEED_PLE},
+    {"per_layer_model_proj.weight", "model.per_layer_model_projection.weight", D_NONE, D_PLE_ALL, D_DIM, M(ple_model_proj), false, NEED_PLE},
+    {"per_layer_proj_norm.weight", "model.per_layer_projection_norm.weight", D_NONE, D_PLE, D_NONE, M(ple_proj_norm), false, NEED_PLE},
+    {"rope_freqs.weight", "rope_freqs.weight", D_NONE, D_ROT2, D_NONE, M(rope_freqs), false, NEED_ROPE_FREQS},
+    {"blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", D_NONE, D_DIM, D_NONE, L(attn_norm), true, NEED_ALWAYS},
+    {"blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", D_NONE, D_Q, D_DIM, L(wq), true, NEED_ALWAYS},
+    {"blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", D_NONE, D_KV, D_DIM, L(wk), true, NEED_OWN_KV},
+    {"blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", D_NONE, D_KV, D_DIM, L(wv), true, NEED_V},
+    {"blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", D_NONE, D_DIM, D_Q, L(wo), true, NEED_ALWAYS},
+    {"blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", D_NONE, D_HEAD, D_NONE, L(q_norm), true, NEED_ALWAYS},
+    {"blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", D_NONE, D_HEAD, D_NONE, L(k_norm), true, NEED_OWN_KV},
+    {"blk.%d.post_attention_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_attn_norm), true, NEED_ALWAYS},
+    {"blk.%d.ffn_norm.weight", "model.layers.%d.pre_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
+    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_ALWAYS},
+    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_up), true, NEED_ALWAYS},
+    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_ALWAYS},
+    {"blk.%d.post_ffw_norm.weight", "model.layers.%d.post_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm), true, NEED_ALWAYS},
+    {"blk.%d.inp_gate.weight", "model.layers.%d.per_layer_input_gate.weight", D_NONE, D_PLE, D_DIM, L(w_ple_gate), true, NEED_PLE},
+    {"blk.%d.proj.weight", "model.layers.%d.per_layer_projection.weight", D_NONE, D_DIM, D_PLE, L(w_ple_proj), true, NEED_PLE},
+    {"blk.%d.post_norm.weight", "model.layers.%d.post_per_layer_input_norm.weight", D_NONE, D_DIM, D_NONE, L(ple_post_norm), true, NEED_PLE},
+    {"blk.%d.layer_output_scale.weight", "model.layers.%d.layer_scalar", D_NONE, D_ONE, D_NONE, L(out_scale), true, NEED_OPTIONAL},
+};
+#undef L
+#undef M
+/* clang-format on */
+
+/* The host copies the forward needs (each layer's output scale) and V's
+ * norm gain: ones, shared by every layer (the norm has no weight). */
+static int gemma4_finish(pt_model *m, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    int d = PT_MAX(c->head_dim, c->head_dim_swa);
+    float *ones = pt_xmalloc(sizeof(float) * (size_t)d);
+    for (int i = 0; i < d; i++) ones[i] = 1.0f;
+    float *dev = pt_model_alloc(m, sizeof(float) * (size_t)d);
+    if (!dev) {
+        free(ones);
+        return pt_fail(err, "out of backend memory");
+    }
+    m->be->ops->upload(m->be, dev, ones, sizeof(float) * (size_t)d);
+    free(ones);
+    for (int l = 0; l < c->n_layers; l++) {
+        pt_layer *L = &m->layers[l];
+        L->v_norm = dev;
+        L->out_scale_h = 0;
+        if (L->out_scale) m->be->ops->download(m->be, &L->out_scale_h, L->out_scale, sizeof(float));
+    }
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
+    return 0;
+}
+
+/* The per-layer inputs of cap rows (and as much again of scratch), and
+ * the column indices that pick one layer's slice of a row. */
+static int gemma4_workspace(pt_model *m, int cap, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    if (c->ple_dim <= 0) return 0;
+    size_t w = (size_t)c->n_layers * c->ple_dim;
+    if (c->ple_dim > c->ffn_dim)
+        return pt_fail(err, "gemma4: per-layer input width %d exceeds the FFN width %d",
+                       c->ple_dim, c->ffn_dim);
+    m->ws->ple = pt_model_alloc(m, 2 * (size_t)cap * w * sizeof(float));
+    m->ws->idx_ple = pt_model_alloc(m, w * sizeof(int32_t));
+    if (!m->ws->ple || !m->ws->idx_ple)
+        return pt_fail(err, "cannot allocate %.1f MiB for per-layer inputs",
+                       2.0 * cap * w * 4 / 1048576.0);
+    int32_t *idx = pt_xmalloc(w * sizeof(int32_t));
+    for (size_t i = 0; i < w; i++) idx[i] = (int32_t)i;
+    m->be->ops->upload(m->be, m->ws->idx_ple, idx, w * sizeof(int32_t));
+    free(idx);
+    return 0;
+}
+
+/* ---- Forward ------------------------------------------------------------- */
+
+/* ws->ple = (norm(x·Wpli / sqrt(dim)) + embed_pl(tokens) · sqrt(ple)) / sqrt(2),
+ * rows of [n_layers][ple]; x is the scaled embeddings. */
+static void per_layer_inputs(pt_model *m, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    pt_workspace *ws = m->ws;
+    size_t w = (size_t)c->n_layers * c->ple_dim, count = (size_t)s->n * w;
+    float *tok = ws->ple + (size_t)ws->cap * w;
+
+    pt_be_matmul(be, ws->ple, ws->x, &m->ple_model_proj, s->n);
+    pt_be_scale(be, ws->ple, 1.0f / sqrtf((float)c->dim), count);
+    pt_be_rmsnorm(be, ws->ple, ws->ple, m->ple_proj_norm, s->n * c->n_layers, c->ple_dim,
+                  c->norm_eps);
+    pt_be_embed(be, tok, &m->ple_embd, ws->tokens, s->n);
+    pt_be_scale(be, tok, sqrtf((float)c->ple_dim), count);
+    pt_be_add(be, ws->ple, ws->ple, tok, count);
+    pt_be_scale(be, ws->ple, 1.0f / sqrtf(2.0f), count);
+}
+
+/* q = rope(norm(h·Wq)); a layer keeping K/V also k = rope(norm(h·Wk)) and
+ * v = norm(h·Wv) (or of h·Wk without attn_v), per head, its plan's shapes. */
+static void qkv(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    const pt_layer_plan *p = &m->plan[l];
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    int n = s->n, hd = p->head_dim, nkv = p->n_kv_heads;
+
+    pt_be_matmul(be, ws->q, ws->h, &L->wq, n);
+    pt_be_rmsnorm(be, ws->q, ws->q, L->q_norm, n * c->n_heads, hd, c->norm_eps);
+    pt_be_rope(be, ws->q, s->b, c->n_heads, hd, &p->rope);
+    if (p->kv_layer != l) return; /* it reads an earlier layer's K/V */
+    pt_be_matmul(be, ws->k, ws->h, &L->wk, n);
+    if (L->wv.data)
+        pt_be_matmul(be, ws->v, ws->h, &L->wv, n);
+    else
+        be->ops->copy(be, ws->v, ws->k, sizeof(float) * (size_t)n * nkv * hd);
+    pt_be_rmsnorm(be, ws->k, ws->k, L->k_norm, n * nkv, hd, c->norm_eps);
+    pt_be_rmsnorm(be, ws->v, ws->v, L->v_norm, n * nkv, hd, c->norm_eps);
+    pt_be_rope(be, ws->k, s->b, nkv, hd, &p->rope);
+}
+
+/* x += norm(Wproj·(gelu_tanh(x·Wgate_pl) * pli[l])): the layer's slice of
+ * the per-layer inputs, gathered into up. */
+static void per_layer_input(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    int n = s->n, P = c->ple_dim;
+
+    pt_be_matmul(be, ws->gate, ws->x, &L->w_ple_gate, n);
+    pt_be_gather_cols(be, ws->up, ws->ple, ws->idx_ple + (size_t)l * P, n, c->n_layers * P, P);
+    pt_be_geglu(be, ws->gate, ws->gate, ws->up, (size_t)n * P);
+    pt_be_matmul(be, ws->h, ws->gate, &L->w_ple_proj, n);
+    pt_block_norm(m, s, ws->h, ws->h, L->ple_post_norm);
+    pt_block_residual(m, s);
+}
+
+static void gemma4_layer(pt_model *m, int l, const pt_step *s) {
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+
+    pt_block_norm(m, s, ws->h, ws->x, L->attn_norm);
+    qkv(m, l, s);
+    pt_block_attention(m, l, s);
+    pt_block_norm(m, s, ws->h, ws->h, L->post_attn_norm);
+    pt_block_residual(m, s);
+
+    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
+    pt_block_ffn(m, l, s);
+    pt_block_norm(m, s, ws->h, ws->h, L->post_ffn_norm);
+    pt_block_residual(m, s);
+
+    if (m->cfg.ple_dim > 0) per_layer_input(m, l, s);
+    if (L->out_scale_h != 0)
+        pt_be_scale(m->be, ws->x, L->out_scale_h, (size_t)s->n * m->cfg.dim);
+}
+
+static void gemma4_forward(pt_model *m, const pt_step *s) {
+    pt_block_embed(m, s);
+    if (m->cfg.ple_dim > 0) per_layer_inputs(m, s);
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        gemma4_layer(m, l, s);
+    pt_block_output(m, s);
+}
+
+const pt_family pt_family_gemma4 = {
+    .name = "gemma4",
+    .archs = gemma4_archs,
+    .n_archs = PT_ARRAY_LEN(gemma4_archs),
+    .read_json = gemma4_read_json,
+    .read_gguf = gemma4_read_gguf,
+    .weights = gemma4_weights,
+    .n_weights = PT_ARRAY_LEN(gemma4_weights),
+    .workspace = gemma4_workspace,
+    .finish = gemma4_finish,
+    .forward = gemma4_forward,
+};
