@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """gemma4.py - a tiny random Gemma 4 text model as a GGUF file (llama.cpp's layout).
 
-Usage: PYTHONPATH=build-llama/llama.cpp/gguf-py /usr/bin/python3 scripts/llama-ref/gemma4.py OUT.gguf
+Usage: PYTHONPATH=build-llama/llama.cpp/gguf-py /usr/bin/python3 scripts/llama-ref/gemma4.py OUT.gguf [--moe]
 
 Every piece of llama.cpp's gemma4 text path is exercised (src/models/gemma4.cpp):
 sliding and global layers with different head dims, KV head counts and rope
@@ -11,8 +11,11 @@ converter writes partial "proportional" rope); the last two layers reading
 the K/V of the last earlier layer of their kind (shared_kv_layers); one
 global layer without attn_v (V is K); per-layer inputs (embedding_length_
 per_layer_input); a layer output scale per layer; final logit soft-capping.
-A 4-token window, shorter than the recorded prompts.  No experts (the
-26B-A4B MoE path is not built by Petrel yet).  f32, vocab 256, seed fixed.
+A 4-token window, shorter than the recorded prompts.  f32, vocab 256,
+seed fixed.  --moe makes the 26B-A4B kind (tests/fixtures/gguf/gemma4_moe):
+every layer also has 4 routed experts, top 2, beside its dense MLP, with
+gate|up fused on even layers and apart on odd ones, and a per-expert output
+scale (ffn_down_exps.scale) on odd layers.
 
 Recorded (tests/fixtures/gguf/gemma4) with
   scripts/llama-ref/record.py tests/fixtures/gguf/gemma4 32 0.03 0.03 \
@@ -25,6 +28,15 @@ tanh GELU differs from llama.cpp by 0.0014 / 0.0031 / 0.0092 (prompts of 5,
 17, 40) - Petrel's figures to three digits - and by 4e-5 / 4e-4 / 5e-4 with
 the fp16 table emulated.  Embeddings at 0.2 keep greedy continuations
 varied; the smallest prompt top-2 margin is 0.0049, greedy 0.023.
+
+tests/fixtures/gguf/gemma4_moe: the same command with --moe and 0.1 0.1.
+The experts add two GELUs a layer: numpy with the exact GELU differs from
+llama.cpp by 0.014 / 0.012 / 0.054 (Petrel: the same), with the fp16 table
+by 8e-4 / 4e-3 / 7e-3.  Two greedy steps there are closer than the
+tolerance decides (top-2 margins 0.0018): the test feeds the reference's
+token and accepts either argmax where the margin is under 2 x tolerance
+(test_hf_reference.c, same_argmax).  Swapping the fused gate|up halves or
+dropping the per-expert scale moves the logits by 2.4 / 0.99: caught.
 """
 import sys
 
@@ -40,11 +52,13 @@ HD, HD_SWA = 16, 8                     # head dims: global, sliding
 KV_HEADS = [2 if s else 1 for s in SWA]
 WINDOW = 4
 NO_V = {1}                            # global layer 1 has no attn_v: V = K
+N_EXP, TOP_K, EXP_FFN = 4, 2, 16      # --moe
 
 
 def main():
     out = sys.argv[1]
-    rng = np.random.default_rng(20261202)
+    moe = "--moe" in sys.argv[2:]
+    rng = np.random.default_rng(20261203 if moe else 20261202)
 
     def mat(rows, cols, scale=None):
         s = scale if scale is not None else 1.0 / np.sqrt(cols)
@@ -75,6 +89,10 @@ def main():
     w.add_shared_kv_layers(N_SHARED)
     w.add_embedding_length_per_layer_input(PLE)
     w.add_final_logit_softcapping(30.0)
+    if moe:
+        w.add_expert_count(N_EXP)
+        w.add_expert_used_count(TOP_K)
+        w.add_expert_feed_forward_length(EXP_FFN)
     # a byte-level SentencePiece vocabulary: llama.cpp wants one to load
     w.add_tokenizer_model("llama")
     toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(VOCAB - 3)]
@@ -111,6 +129,23 @@ def main():
         w.add_tensor(p + "ffn_up.weight", mat(FFN, DIM))
         w.add_tensor(p + "ffn_down.weight", mat(DIM, FFN))
         w.add_tensor(p + "post_ffw_norm.weight", gain(DIM))
+        if moe:
+            w.add_tensor(p + "post_ffw_norm_1.weight", gain(DIM))
+            w.add_tensor(p + "pre_ffw_norm_2.weight", gain(DIM))
+            w.add_tensor(p + "post_ffw_norm_2.weight", gain(DIM))
+            w.add_tensor(p + "ffn_gate_inp.weight", mat(N_EXP, DIM, 1.0))
+            w.add_tensor(p + "ffn_gate_inp.scale", gain(DIM))
+            gate = np.stack([mat(EXP_FFN, DIM) for _ in range(N_EXP)])
+            up = np.stack([mat(EXP_FFN, DIM) for _ in range(N_EXP)])
+            if l % 2 == 0:  # llama.cpp splits gate first, then up
+                w.add_tensor(p + "ffn_gate_up_exps.weight", np.concatenate([gate, up], axis=1))
+            else:
+                w.add_tensor(p + "ffn_gate_exps.weight", gate)
+                w.add_tensor(p + "ffn_up_exps.weight", up)
+            w.add_tensor(p + "ffn_down_exps.weight", np.stack([mat(DIM, EXP_FFN) for _ in range(N_EXP)]))
+            if l % 2 == 1:
+                w.add_tensor(p + "ffn_down_exps.scale",
+                             (0.5 + rng.random(N_EXP)).astype(np.float32))
         w.add_tensor(p + "inp_gate.weight", mat(PLE, DIM))
         w.add_tensor(p + "proj.weight", mat(DIM, PLE))
         w.add_tensor(p + "post_norm.weight", gain(DIM))

@@ -23,8 +23,16 @@
  * its output.  Norms are plain RMSNorm: GGUF files store the gains
  * themselves.  Sliding layers keep only their window (kvcache.h).
  *
- * Not built: the mixture-of-experts layers of 26B-A4B (refused at load),
- * per-layer FFN widths (double-wide MLP, refused), Hugging Face
+ * Mixture-of-experts models (26B-A4B) run a dense MLP and routed experts
+ * side by side in every layer, each with its own norms, and add them:
+ *
+ *     h = norm1(mlp(norm(x))) + norm2(experts(norm_2(x)))
+ *     router logits = (rmsnorm(x) · scale / sqrt(dim)) · Wrᵀ, softmax, top k, renormalized
+ *
+ * with each expert's output times its scale (ffn_down_exps.scale, when
+ * present) and gate|up in one stack or two.
+ *
+ * Not built: per-layer FFN widths (double-wide MLP, refused), Hugging Face
  * checkpoints (config.json gemma4_text: refused; the GGUF mapping here is
  * the one llama.cpp reads, the transformers one is unchecked).
  */
@@ -112,11 +120,6 @@ static int read_kv_heads(const pt_gguf *g, const pt_model_file *mf, const char *
 static int refuse_unbuilt(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                           pt_err *err) {
     int n = 0, ffn0 = 0, heads0 = 0;
-    if ((pt_gguf_int(g, garch, "expert_count", &n) && n > 0) ||
-        pt_model_file_tensor(mf, "blk.0.ffn_gate_inp.weight"))
-        return pt_fail(err, "%s: Gemma 4 mixture-of-experts layers (26B-A4B) are not "
-                            "implemented yet",
-                       mf->path);
     if (!pt_gguf_int(g, garch, "block_count", &n) || n <= 0 || n > 1024) return 0; /* common says */
     for (int l = 0; l < n; l++) {
         int ffn = 0, heads = 0;
@@ -131,12 +134,39 @@ static int refuse_unbuilt(const pt_gguf *g, const pt_model_file *mf, const char 
     return 0;
 }
 
+/* Experts: every layer has them or none does; which layers keep gate and
+ * up in one stack. */
+static int read_experts(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                        pt_model_config *c, pt_err *err) {
+    int routed = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        routed += pt_model_file_tensor(mf, name) != NULL;
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", l);
+        if (pt_model_file_tensor(mf, name)) c->experts_fused[l / 64] |= 1ull << (l % 64);
+    }
+    if (routed == 0) return 0;
+    if (routed != c->n_layers)
+        return pt_fail(err, "%s: %d of %d layers have experts; a mix of expert and dense layers "
+                            "is not implemented yet",
+                       mf->path, routed, c->n_layers);
+    if (!pt_gguf_int(g, garch, "expert_count", &c->n_experts) ||
+        !pt_gguf_int(g, garch, "expert_used_count", &c->n_experts_used) ||
+        !pt_gguf_int(g, garch, "expert_feed_forward_length", &c->expert_ffn_dim))
+        return pt_fail(err, "%s: gemma4 experts need expert_count, expert_used_count and "
+                            "expert_feed_forward_length",
+                       mf->path);
+    c->expert_renorm = true; /* softmax over all, top k, weights renormalized */
+    return 0;
+}
+
 static int gemma4_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                             pt_model_config *c, pt_err *err) {
     c->rope_freq_factors = pt_model_file_tensor(mf, "rope_freqs.weight") != NULL;
     if (refuse_unbuilt(g, mf, garch, err) || pt_config_gguf_common(g, mf, garch, c, err) ||
         read_layer_kinds(g, mf, garch, c, err) ||
-        read_kv_heads(g, mf, garch, c, err))
+        read_kv_heads(g, mf, garch, c, err) || read_experts(g, mf, garch, c, err))
         return -1;
     int v_len = c->head_dim, v_len_swa;
     pt_gguf_int(g, garch, "attention.value_length", &v_len);
@@ -197,10 +227,24 @@ static const pt_weight_spec gemma4_weights[] = {
     {"blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", D_NONE, D_HEAD, D_NONE, L(k_norm), true, NEED_OWN_KV},
     {"blk.%d.post_attention_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_attn_norm), true, NEED_ALWAYS},
     {"blk.%d.ffn_norm.weight", "model.layers.%d.pre_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
-    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_ALWAYS},
-    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_up), true, NEED_ALWAYS},
-    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_ALWAYS},
+    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_DENSE},
+    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_up), true, NEED_DENSE},
+    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_DENSE},
     {"blk.%d.post_ffw_norm.weight", "model.layers.%d.post_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm), true, NEED_ALWAYS},
+    /* mixture-of-experts layers: the dense MLP lands in the shared expert's place */
+    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_sh_gate), true, NEED_MOE},
+    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_sh_up), true, NEED_MOE},
+    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_sh_down), true, NEED_MOE},
+    {"blk.%d.post_ffw_norm_1.weight", "model.layers.%d.post_feedforward_layernorm_1.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm_1), true, NEED_MOE},
+    {"blk.%d.pre_ffw_norm_2.weight", "model.layers.%d.pre_feedforward_layernorm_2.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm_2), true, NEED_MOE},
+    {"blk.%d.post_ffw_norm_2.weight", "model.layers.%d.post_feedforward_layernorm_2.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm_2), true, NEED_MOE},
+    {"blk.%d.ffn_gate_inp.weight", "model.layers.%d.router.proj.weight", D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_MOE},
+    {"blk.%d.ffn_gate_inp.scale", "model.layers.%d.router.scale", D_NONE, D_DIM, D_NONE, L(router_gain), true, NEED_MOE},
+    {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.experts.gate_proj", D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_EXPS_SPLIT},
+    {"blk.%d.ffn_up_exps.weight", "model.layers.%d.experts.up_proj", D_EXPERTS, D_EFFN, D_DIM, L(w_up), true, NEED_EXPS_SPLIT},
+    {"blk.%d.ffn_gate_up_exps.weight", "model.layers.%d.experts.gate_up_proj", D_EXPERTS, D_EFFN2, D_DIM, L(w_gate_up), true, NEED_EXPS_FUSED},
+    {"blk.%d.ffn_down_exps.weight", "model.layers.%d.experts.down_proj", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_MOE},
+    {"blk.%d.ffn_down_exps.scale", "model.layers.%d.router.per_expert_scale", D_NONE, D_EXPERTS, D_NONE, L(exps_scale), true, NEED_OPTIONAL},
     {"blk.%d.inp_gate.weight", "model.layers.%d.per_layer_input_gate.weight", D_NONE, D_PLE, D_DIM, L(w_ple_gate), true, NEED_PLE},
     {"blk.%d.proj.weight", "model.layers.%d.per_layer_projection.weight", D_NONE, D_DIM, D_PLE, L(w_ple_proj), true, NEED_PLE},
     {"blk.%d.post_norm.weight", "model.layers.%d.post_per_layer_input_norm.weight", D_NONE, D_DIM, D_NONE, L(ple_post_norm), true, NEED_PLE},
@@ -209,6 +253,39 @@ static const pt_weight_spec gemma4_weights[] = {
 #undef L
 #undef M
 /* clang-format on */
+
+/* Rows [first, first + rows) of each expert of stack w, as a stack (zero
+ * copy: GGUF rows are whole blocks). */
+static pt_weight expert_rows(const pt_weight *w, int64_t first, int64_t rows) {
+    pt_weight v = *w;
+    size_t row_bytes = pt_dtype_bytes(w->dtype, (uint64_t)w->cols);
+    v.data = (const char *)w->data + (size_t)first * row_bytes;
+    v.rows = rows;
+    v.nbytes = w->nbytes / (size_t)(w->rows / rows);
+    return v;
+}
+
+/* A MoE layer's derived weights: gate and up as views of a fused stack
+ * (gate first, as llama.cpp splits it), the router's input gain divided
+ * by sqrt(dim), and the experts' scales as a stack of 1 x 1 matrices. */
+static int finish_experts(pt_model *m, pt_layer *L, float *host, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    if (L->w_gate_up.data) {
+        L->w_gate = expert_rows(&L->w_gate_up, 0, c->expert_ffn_dim);
+        L->w_up = expert_rows(&L->w_gate_up, c->expert_ffn_dim, c->expert_ffn_dim);
+    }
+    float *gain = pt_model_alloc(m, sizeof(float) * (size_t)c->dim);
+    if (!gain) return pt_fail(err, "out of backend memory");
+    m->be->ops->download(m->be, host, L->router_gain, sizeof(float) * (size_t)c->dim);
+    for (int i = 0; i < c->dim; i++) host[i] /= sqrtf((float)c->dim);
+    m->be->ops->upload(m->be, gain, host, sizeof(float) * (size_t)c->dim);
+    L->router_gain = gain;
+    if (L->exps_scale)
+        L->w_exps_scale = (pt_weight){.dtype = PT_F32, .rows = 1, .cols = 1, .data = L->exps_scale,
+                                      .nbytes = sizeof(float) * (size_t)c->n_experts,
+                                      .n_experts = c->n_experts, .expert_stride = sizeof(float)};
+    return 0;
+}
 
 /* The host copies the forward needs (each layer's output scale) and V's
  * norm gain: ones, shared by every layer (the norm has no weight). */
@@ -224,12 +301,18 @@ static int gemma4_finish(pt_model *m, pt_err *err) {
     }
     m->be->ops->upload(m->be, dev, ones, sizeof(float) * (size_t)d);
     free(ones);
+    float *host = pt_xmalloc(sizeof(float) * (size_t)c->dim);
     for (int l = 0; l < c->n_layers; l++) {
         pt_layer *L = &m->layers[l];
         L->v_norm = dev;
         L->out_scale_h = 0;
         if (L->out_scale) m->be->ops->download(m->be, &L->out_scale_h, L->out_scale, sizeof(float));
+        if (c->n_experts > 0 && finish_experts(m, L, host, err)) {
+            free(host);
+            return -1;
+        }
     }
+    free(host);
     if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
     return 0;
 }
@@ -238,6 +321,9 @@ static int gemma4_finish(pt_model *m, pt_err *err) {
  * the column indices that pick one layer's slice of a row. */
 static int gemma4_workspace(pt_model *m, int cap, pt_err *err) {
     const pt_model_config *c = &m->cfg;
+    if (c->n_experts > 0 &&
+        !(m->ws->shared = pt_model_alloc(m, sizeof(float) * (size_t)cap * c->dim)))
+        return pt_fail(err, "cannot allocate the dense MLP's output beside the experts'");
     if (c->ple_dim <= 0) return 0;
     size_t w = (size_t)c->n_layers * c->ple_dim;
     if (c->ple_dim > c->ffn_dim)
@@ -317,6 +403,57 @@ static void per_layer_input(pt_model *m, int l, const pt_step *s) {
     pt_block_residual(m, s);
 }
 
+/* h = act(h·Wgate) * h·Wup, ·Wdown with the MoE layer's dense MLP. */
+static void dense_mlp(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    pt_be_matmul(be, ws->gate, ws->h, &L->w_sh_gate, s->n);
+    pt_be_matmul(be, ws->up, ws->h, &L->w_sh_up, s->n);
+    pt_be_geglu(be, ws->gate, ws->gate, ws->up, (size_t)s->n * m->cfg.ffn_dim);
+    pt_be_matmul(be, ws->h, ws->gate, &L->w_sh_down, s->n);
+}
+
+/* h = the routed experts' weighted sum for the rows of x (see the top).
+ * An expert's output scale multiplies its routing weight: matmul_id with
+ * the scales as 1 x 1 matrices gives weight[t][j] · scale[ids[t][j]]. */
+static void experts(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    int n = s->n, k = c->n_experts_used, f = c->expert_ffn_dim;
+    const float *w = ws->moe_w;
+
+    pt_block_norm(m, s, ws->h, ws->x, L->router_gain);
+    pt_be_matmul(be, ws->router, ws->h, &L->w_router, n);
+    pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, c->n_experts, k, true);
+    if (L->exps_scale) { /* router's logits are spent: it holds the scaled weights */
+        pt_be_matmul_id(be, ws->router, ws->moe_w, &L->w_exps_scale, ws->moe_ids, n, k, k);
+        w = ws->router;
+    }
+    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm_2);
+    pt_be_matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
+    pt_be_matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
+    pt_be_geglu(be, ws->gate, ws->gate, ws->up, (size_t)n * k * f);
+    pt_be_matmul_id(be, ws->moe_out, ws->gate, &L->w_down, ws->moe_ids, n, k, k);
+    pt_be_moe_combine(be, ws->h, ws->moe_out, w, n, k, c->dim);
+}
+
+/* h = norm1(mlp(norm(x))) + norm2(experts(x)): a MoE layer's FFN. */
+static void moe_ffn(pt_model *m, int l, const pt_step *s) {
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    size_t count = (size_t)s->n * m->cfg.dim;
+
+    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
+    dense_mlp(m, l, s);
+    pt_block_norm(m, s, ws->shared, ws->h, L->post_ffn_norm_1);
+    experts(m, l, s);
+    pt_block_norm(m, s, ws->h, ws->h, L->post_ffn_norm_2);
+    pt_be_add(m->be, ws->h, ws->h, ws->shared, count);
+}
+
 static void gemma4_layer(pt_model *m, int l, const pt_step *s) {
     const pt_layer *L = &m->layers[l];
     pt_workspace *ws = m->ws;
@@ -327,8 +464,12 @@ static void gemma4_layer(pt_model *m, int l, const pt_step *s) {
     pt_block_norm(m, s, ws->h, ws->h, L->post_attn_norm);
     pt_block_residual(m, s);
 
-    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
-    pt_block_ffn(m, l, s);
+    if (m->plan[l].ffn == PT_FFN_MOE) {
+        moe_ffn(m, l, s);
+    } else {
+        pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
+        pt_block_ffn(m, l, s);
+    }
     pt_block_norm(m, s, ws->h, ws->h, L->post_ffn_norm);
     pt_block_residual(m, s);
 
@@ -353,6 +494,7 @@ const pt_family pt_family_gemma4 = {
     .read_gguf = gemma4_read_gguf,
     .weights = gemma4_weights,
     .n_weights = PT_ARRAY_LEN(gemma4_weights),
+    .moe = true,
     .workspace = gemma4_workspace,
     .finish = gemma4_finish,
     .forward = gemma4_forward,

@@ -82,6 +82,7 @@ typedef struct pt_model_config {
     int n_kv_layers;
     uint64_t v_from_k[16];
     bool v_norm, rope_freq_factors;
+    uint64_t experts_fused[16]; /* layers whose experts' gate and up are one stack */
 } pt_model_config;
 
 static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
@@ -166,6 +167,14 @@ typedef struct pt_layer {
     pt_weight w_ple_gate, w_ple_proj;
     const float *ple_post_norm, *out_scale;
     float out_scale_h;
+    /* Gemma 4 mixture-of-experts layers (a dense MLP, w_sh_*, beside the
+     * experts): the experts' pre-norm, the MLP's and the experts' post-
+     * norms; the router's input gain (the file's scale, divided by
+     * sqrt(dim) at load); gate and up of the experts as one stack (w_gate
+     * and w_up are then views of it); each expert's output scale [n_experts]
+     * (or NULL) and the same as a stack of 1 x 1 matrices for matmul_id */
+    const float *ffn_norm_2, *post_ffn_norm_1, *post_ffn_norm_2, *router_gain, *exps_scale;
+    pt_weight w_gate_up, w_exps_scale;
 } pt_layer;
 
 /* Per-token and per-sequence arrays of one forward call, host side. */

@@ -49,6 +49,7 @@ enum pt_dim {
     D_PLE,     /* the per-layer input width */
     D_PLE_ALL, /* n_layers x that */
     D_ROT2,    /* half the full layers' rope dims */
+    D_EFFN2,   /* an expert's gate and up rows together */
 };
 /* Which config setting makes a weight present.  NEED_ATTN / NEED_RECURRENT:
  * only in layers of that mixer (hybrid models). */
@@ -57,7 +58,10 @@ enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIE
                /* Gemma 4: layers that keep their own K/V; those with a V
                 * projection; per-layer inputs; rope frequency factors; and a
                 * weight a file may omit (bound when present, never dummy) */
-               NEED_OWN_KV, NEED_V, NEED_PLE, NEED_ROPE_FREQS, NEED_OPTIONAL };
+               NEED_OWN_KV, NEED_V, NEED_PLE, NEED_ROPE_FREQS, NEED_OPTIONAL,
+               /* layers without experts; with them; their gate and up
+                * stacks apart; together (experts_fused) */
+               NEED_DENSE, NEED_MOE, NEED_EXPS_SPLIT, NEED_EXPS_FUSED };
 
 /* One weight of a family: its names (%d is the layer), its shape and where
  * it lands.  A Hugging Face name with a second %d is one tensor per expert

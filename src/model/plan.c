@@ -15,7 +15,8 @@
  * attend over an earlier layer's K/V instead of its own, plan.kv_layer), Gated
  * DeltaNet recurrent mixers (cache group 2, the recurrent state) and one
  * gated shared expert in hybrid families, dense SiLU / GELU-tanh FFNs,
- * routed experts in families that route them, plain and (1 + w) RMSNorm.
+ * routed experts (SiLU or GELU-tanh) in families that route them, plain
+ * and (1 + w) RMSNorm.
  * Refused: more than one shared expert, scaled residuals, other groups.
  */
 #include <math.h>
@@ -106,8 +107,6 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
         snprintf(why, cap, "FFN kind %d", p->ffn);
     else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH && p->act != PT_ACT_SWIGLU_OAI)
         snprintf(why, cap, "activation kind %d", p->act);
-    else if (p->ffn == PT_FFN_MOE && p->act == PT_ACT_GELU_TANH)
-        snprintf(why, cap, "experts with a GELU activation");
     else if (p->ffn != PT_FFN_MOE && p->act == PT_ACT_SWIGLU_OAI)
         snprintf(why, cap, "a dense FFN with gpt-oss's clamped SwiGLU");
     else if (p->norm != PT_NORM_RMS && p->norm != PT_NORM_RMS_1PW)

@@ -39,6 +39,7 @@ int64_t pt_spec_dim(const pt_model_config *c, int d, int l) {
     case D_PLE: return c->ple_dim;
     case D_PLE_ALL: return (int64_t)c->ple_dim * c->n_layers;
     case D_ROT2: return c->n_rot / 2;
+    case D_EFFN2: return 2 * (int64_t)c->expert_ffn_dim;
     case D_EXPERTS: return c->n_experts;
     case D_EFFN: return c->expert_ffn_dim;
     case D_HEADS: return c->n_heads;
@@ -73,6 +74,12 @@ bool pt_spec_needed(const pt_model_config *c, int need, int layer) {
     case NEED_PLE: return c->ple_dim > 0;
     case NEED_ROPE_FREQS: return c->rope_freq_factors;
     case NEED_OPTIONAL: return false;
+    case NEED_DENSE: return c->n_experts == 0;
+    case NEED_MOE: return c->n_experts > 0;
+    case NEED_EXPS_SPLIT:
+        return c->n_experts > 0 && !(c->experts_fused[layer / 64] >> (layer % 64) & 1);
+    case NEED_EXPS_FUSED:
+        return c->n_experts > 0 && (c->experts_fused[layer / 64] >> (layer % 64) & 1);
     default: return true;
     }
 }
