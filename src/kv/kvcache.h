@@ -30,6 +30,10 @@
  * pages for admission (pt_kv_seq_pages_needed, pt_kv_free_pages, the
  * prefix cache's pool) is group 0's: the window pool is sized for
  * pt_kv_max_seqs sequences and cannot run out while no more run at once.
+ * The window group may have its own geometry (KV heads, head dim: Gemma
+ * 4's sliding layers differ from its full ones) with plain elements; its
+ * page sizes are then wk_page / wv_page.  Layers marked in cfg.no_kv keep
+ * no buffers at all: the model points them at an earlier layer's.
  *
  * Rollback (pt_kv_seq_truncate) across the window: writing position n
  * needs the window pages of [n - window + 1, n).  Recycling before a write

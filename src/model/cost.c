@@ -30,8 +30,9 @@ static double state_floats(const pt_model_config *c) {
 
 double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_token) {
     const pt_model_config *c = &m->cfg;
-    int n_kv = 0;
-    for (int l = 0; l < c->n_layers; l++) n_kv += m->plan[l].mixer != PT_MIX_RECURRENT;
+    int n_kv = 0; /* layers keeping K/V (a shared layer reads its source's) */
+    for (int l = 0; l < c->n_layers; l++)
+        n_kv += m->plan[l].mixer != PT_MIX_RECURRENT && m->plan[l].kv_layer == l;
     double w = (double)m->weight_bytes, kv = 0;
     double kv_layer = n_kv ? (double)kv_bytes_per_token / n_kv : 0;
     if (!c->tied_embeddings) w -= (double)m->tok_embd.nbytes;

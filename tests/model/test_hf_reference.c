@@ -472,6 +472,10 @@ static void test_missing_op_refused(void **state) {
         {"gemma2", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
         {"gemma3_text", PT_OP_GEGLU, "lacks op 'geglu'"},
         {"gemma2", PT_OP_SOFTCAP, "lacks op 'softcap' (soft-capped logits)"},
+        /* GGUF fixtures: "gguf/" before the case name */
+        {"gguf/gemma4", PT_OP_GATHER_COLS, "lacks op 'gather_cols' (per-layer inputs)"},
+        {"gguf/gemma4", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
+        {"gguf/gemma4_moe", PT_OP_MATMUL_ID, "lacks op 'matmul_id' (a mixture-of-experts FFN, layer 0)"},
     };
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
@@ -483,7 +487,10 @@ static void test_missing_op_refused(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         removed_kind = cases[i].kind;
         char dir[512];
-        snprintf(dir, sizeof dir, HF_DIR "%s", cases[i].model);
+        if (strncmp(cases[i].model, "gguf/", 5) == 0)
+            snprintf(dir, sizeof dir, GGUF_DIR "%s/model.gguf", cases[i].model + 5);
+        else
+            snprintf(dir, sizeof dir, HF_DIR "%s", cases[i].model);
         pt_model_opts o = {.backend = be};
         pt_model *m = NULL;
         assert_int_equal(pt_model_load(&m, dir, &o, &err), -1);
