@@ -146,7 +146,7 @@ void pt_block_ffn(pt_model *m, int l, const pt_step *s) {
     }
     pt_be_matmul(be, ws->gate, ws->h, &L->w_gate, n);
     pt_be_matmul(be, ws->up, ws->h, &L->w_up, n);
-    gated(be, m->plan[l].act, ws->gate, ws->up, (size_t)n * m->cfg.ffn_dim);
+    gated(be, m->plan[l].act, ws->gate, ws->up, (size_t)n * m->plan[l].ffn_dim);
     pt_be_matmul(be, ws->h, ws->gate, &L->w_down, n);
 }
 

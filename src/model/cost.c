@@ -61,7 +61,7 @@ double pt_model_token_flops(const pt_model *m) {
         const pt_layer_plan *p = &m->plan[l];
         double ffn = p->ffn == PT_FFN_MOE
                          ? (double)c->dim * p->n_experts + 3.0 * c->dim * c->expert_ffn_dim * p->top_k
-                         : 3.0 * c->dim * c->ffn_dim;
+                         : 3.0 * c->dim * p->ffn_dim;
         if (p->n_shared > 0) ffn += 3.0 * c->dim * c->shared_ffn_dim + c->dim;
         total += (p->mixer == PT_MIX_RECURRENT ? linear : attn) + ffn;
     }

@@ -33,7 +33,9 @@
  * present) and gate|up in one stack or two.
  *
  * CPU only: other backends are refused at load (finish), unchecked.
- * Not built: per-layer FFN widths (double-wide MLP, refused), Hugging Face
+ * Two FFN widths run (the double-wide MLP: feed_forward_length per layer,
+ * config ffn_alt); a third, or head counts per layer, are refused.
+ * Not built: Hugging Face
  * checkpoints (config.json gemma4_text: refused; the GGUF mapping here is
  * the one llama.cpp reads, the transformers one is unchecked).
  */
@@ -116,21 +118,30 @@ static int read_kv_heads(const pt_gguf *g, const pt_model_file *mf, const char *
     return 0;
 }
 
-/* Refuses what llama.cpp's gemma4 can hold that the forward here does
- * not compute: experts, per-layer FFN widths or head counts. */
-static int refuse_unbuilt(const pt_gguf *g, const pt_model_file *mf, const char *garch,
-                          pt_err *err) {
-    int n = 0, ffn0 = 0, heads0 = 0;
+/* FFN widths per layer (feed_forward_length may be an array): layer 0's
+ * and at most one other (the double-wide MLP of the shared-KV layers);
+ * head counts must not differ.  Read before the common keys, which then
+ * take ffn_dim as set. */
+static int read_widths(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                       pt_model_config *c, pt_err *err) {
+    int n = 0, heads0 = 0;
     if (!pt_gguf_int(g, garch, "block_count", &n) || n <= 0 || n > 1024) return 0; /* common says */
     for (int l = 0; l < n; l++) {
         int ffn = 0, heads = 0;
         layer_int(g, garch, "feed_forward_length", l, n, &ffn);
         layer_int(g, garch, "attention.head_count", l, n, &heads);
-        if (l == 0) ffn0 = ffn, heads0 = heads;
-        if (ffn != ffn0 || heads != heads0)
-            return pt_fail(err, "%s: layer %d's FFN width %d or %d heads differ from layer 0's "
-                                "(double-wide MLP); per-layer widths are not implemented yet",
-                           mf->path, l, ffn, heads);
+        if (l == 0) c->ffn_dim = ffn, heads0 = heads;
+        if (heads != heads0)
+            return pt_fail(err, "%s: layer %d has %d heads, layer 0 %d; per-layer head counts "
+                                "are not implemented yet",
+                           mf->path, l, heads, heads0);
+        if (ffn == c->ffn_dim) continue;
+        if (c->ffn_dim_alt && ffn != c->ffn_dim_alt)
+            return pt_fail(err, "%s: layer %d's FFN width %d is a third one (%d, %d); more than "
+                                "two widths are not implemented yet",
+                           mf->path, l, ffn, c->ffn_dim, c->ffn_dim_alt);
+        c->ffn_dim_alt = ffn;
+        c->ffn_alt[l / 64] |= 1ull << (l % 64);
     }
     return 0;
 }
@@ -165,7 +176,7 @@ static int read_experts(const pt_gguf *g, const pt_model_file *mf, const char *g
 static int gemma4_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                             pt_model_config *c, pt_err *err) {
     c->rope_freq_factors = pt_model_file_tensor(mf, "rope_freqs.weight") != NULL;
-    if (refuse_unbuilt(g, mf, garch, err) || pt_config_gguf_common(g, mf, garch, c, err) ||
+    if (read_widths(g, mf, garch, c, err) || pt_config_gguf_common(g, mf, garch, c, err) ||
         read_layer_kinds(g, mf, garch, c, err) ||
         read_kv_heads(g, mf, garch, c, err) || read_experts(g, mf, garch, c, err))
         return -1;
@@ -334,9 +345,9 @@ static int gemma4_workspace(pt_model *m, int cap, pt_err *err) {
         return pt_fail(err, "cannot allocate the dense MLP's output beside the experts'");
     if (c->ple_dim <= 0) return 0;
     size_t w = (size_t)c->n_layers * c->ple_dim;
-    if (c->ple_dim > c->ffn_dim)
-        return pt_fail(err, "gemma4: per-layer input width %d exceeds the FFN width %d",
-                       c->ple_dim, c->ffn_dim);
+    if (c->ple_dim > c->ffn_dim || (c->ffn_dim_alt && c->ple_dim > c->ffn_dim_alt))
+        return pt_fail(err, "gemma4: per-layer input width %d exceeds an FFN width (%d, %d)",
+                       c->ple_dim, c->ffn_dim, c->ffn_dim_alt);
     m->ws->ple = pt_model_alloc(m, 2 * (size_t)cap * w * sizeof(float));
     m->ws->idx_ple = pt_model_alloc(m, w * sizeof(int32_t));
     if (!m->ws->ple || !m->ws->idx_ple)
@@ -418,7 +429,7 @@ static void dense_mlp(pt_model *m, int l, const pt_step *s) {
     pt_workspace *ws = m->ws;
     pt_be_matmul(be, ws->gate, ws->h, &L->w_sh_gate, s->n);
     pt_be_matmul(be, ws->up, ws->h, &L->w_sh_up, s->n);
-    pt_be_geglu(be, ws->gate, ws->gate, ws->up, (size_t)s->n * m->cfg.ffn_dim);
+    pt_be_geglu(be, ws->gate, ws->gate, ws->up, (size_t)s->n * m->plan[l].ffn_dim);
     pt_be_matmul(be, ws->h, ws->gate, &L->w_sh_down, s->n);
 }
 

@@ -56,10 +56,11 @@ static int workspace_init(pt_model *m, int cap, pt_err *err) {
     pt_workspace *ws = pt_xcalloc(1, sizeof *ws);
     m->ws = ws;
     ws->cap = cap;
-    size_t q = 0, kvd = 0; /* the widest layer's (shapes may differ by layer kind) */
+    size_t q = 0, kvd = 0, ffn = 0; /* the widest layer's (shapes may differ by layer) */
     for (int l = 0; l < c->n_layers; l++) {
         q = PT_MAX(q, (size_t)c->n_heads * m->plan[l].head_dim);
         kvd = PT_MAX(kvd, (size_t)m->plan[l].n_kv_heads * m->plan[l].head_dim);
+        ffn = PT_MAX(ffn, (size_t)m->plan[l].ffn_dim);
     }
     struct {
         void **p;
@@ -71,8 +72,8 @@ static int workspace_init(pt_model *m, int cap, pt_err *err) {
         {(void **)&ws->k, (size_t)cap * kvd * 4},
         {(void **)&ws->v, (size_t)cap * kvd * 4},
         {(void **)&ws->att, (size_t)cap * q * 4},
-        {(void **)&ws->gate, (size_t)cap * c->ffn_dim * 4},
-        {(void **)&ws->up, (size_t)cap * c->ffn_dim * 4},
+        {(void **)&ws->gate, (size_t)cap * ffn * 4},
+        {(void **)&ws->up, (size_t)cap * ffn * 4},
         {(void **)&ws->out_h, (size_t)PT_OUT_ROWS * c->dim * 4},
         {(void **)&ws->logits, (size_t)PT_OUT_ROWS * c->vocab_size * 4},
         {(void **)&ws->tokens, (size_t)cap * 4},

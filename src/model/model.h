@@ -83,6 +83,10 @@ typedef struct pt_model_config {
     uint64_t v_from_k[16];
     bool v_norm, rope_freq_factors;
     uint64_t experts_fused[16]; /* layers whose experts' gate and up are one stack */
+    /* Layers with their bit in ffn_alt have FFNs ffn_dim_alt wide (Gemma 4's
+     * double-wide MLP in its shared-KV layers); 0: every layer ffn_dim. */
+    int ffn_dim_alt;
+    uint64_t ffn_alt[16];
 } pt_model_config;
 
 static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
@@ -104,6 +108,10 @@ static inline int pt_config_layer_kv_heads(const pt_model_config *c, int l) {
 }
 static inline int pt_config_layer_n_rot(const pt_model_config *c, int l) {
     return pt_config_layer_swa(c, l) && c->n_rot_swa > 0 ? c->n_rot_swa : c->n_rot;
+}
+/* Layer l's FFN width. */
+static inline int pt_config_layer_ffn(const pt_model_config *c, int l) {
+    return c->ffn_dim_alt > 0 && (c->ffn_alt[l / 64] >> (l % 64) & 1) ? c->ffn_dim_alt : c->ffn_dim;
 }
 /* Whether layer l computes and keeps its own K/V (else it reads an earlier
  * layer's: Gemma 4's shared KV layers). */
@@ -140,6 +148,7 @@ typedef struct pt_layer_plan {
     int kv_layer;      /* the layer whose K/V it attends over: itself, or an earlier one
                         * it shares (it then stores none) */
     bool rope_factors; /* its rope frequencies are divided by m->rope_freqs */
+    int ffn_dim;       /* its dense FFN's width */
 } pt_layer_plan;
 
 typedef struct pt_layer {

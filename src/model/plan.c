@@ -67,6 +67,7 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .n_kv_heads = pt_config_layer_kv_heads(c, l),
             .kv_layer = l,
             .rope_factors = c->rope_freq_factors && !swa,
+            .ffn_dim = pt_config_layer_ffn(c, l),
         };
         if (!pt_config_layer_own_kv(c, l) && (plan[l].kv_layer = shared_kv_source(c, l)) < 0)
             return pt_fail(err, "layer %d shares K/V but no earlier layer of its kind keeps them",

@@ -81,12 +81,13 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
     int kv_swa = c->n_kv_heads_swa > 0 ? c->n_kv_heads_swa : c->n_kv_heads;
     int rot_swa = c->n_rot_swa > 0 ? c->n_rot_swa : c->n_rot;
     if (hd_swa > 1024 || c->n_heads % kv_swa || rot_swa > hd_swa || rot_swa % 2 ||
+        c->ffn_dim_alt < 0 || c->ffn_dim_alt > 1 << 20 ||
         c->ple_dim < 0 || c->ple_dim > 1 << 16 || c->n_kv_layers < 0 ||
         c->n_kv_layers > c->n_layers)
         return pt_fail(err, "model config: sliding layers' shapes (head dim %d, %d KV heads, "
-                            "rope dims %d), per-layer input width %d or shared KV layers %d "
-                            "do not fit",
-                       hd_swa, kv_swa, rot_swa, c->ple_dim, c->n_kv_layers);
+                            "rope dims %d), the second FFN width %d, per-layer input width %d "
+                            "or shared KV layers %d do not fit",
+                       hd_swa, kv_swa, rot_swa, c->ffn_dim_alt, c->ple_dim, c->n_kv_layers);
     if (c->n_experts < 0 || c->n_experts > 1024 || c->n_experts_used < 0 ||
         c->n_experts_used > c->n_experts)
         return pt_fail(err, "model config: %d experts with %d per token is not a valid mixture",
@@ -148,8 +149,10 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
         {"attention.head_count", offsetof(pt_model_config, n_heads)},
         {"feed_forward_length", offsetof(pt_model_config, ffn_dim)},
     };
+    /* a family that read one itself (a per-layer array) has set it */
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
-        if (!pt_gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
+        if (*(int *)((char *)c + req[i].off) <= 0 &&
+            !pt_gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
             return pt_fail(err, "%s: GGUF is missing %s.%s", mf->path, arch, req[i].key);
     if (!pt_gguf_int(g, arch, "attention.head_count_kv", &c->n_kv_heads))
         c->n_kv_heads = c->n_heads;

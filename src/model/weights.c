@@ -33,7 +33,7 @@ int64_t pt_spec_dim(const pt_model_config *c, int d, int l) {
     case D_DIM: return c->dim;
     case D_Q: return (int64_t)c->n_heads * pt_config_layer_head_dim(c, l);
     case D_KV: return (int64_t)pt_config_layer_kv_heads(c, l) * pt_config_layer_head_dim(c, l);
-    case D_FFN: return c->ffn_dim;
+    case D_FFN: return pt_config_layer_ffn(c, l);
     case D_VOCAB: return c->vocab_size;
     case D_HEAD: return pt_config_layer_head_dim(c, l);
     case D_PLE: return c->ple_dim;

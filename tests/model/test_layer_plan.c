@@ -358,7 +358,8 @@ static void test_gptoss_plan(void **state) {
 /* Gemma 4 (a GGUF family: its config is built here as its reader fills
  * it): sliding and full layers get their own head dims, KV heads and rope
  * dims; full layers divide their rope by rope_freqs; the layers past
- * n_kv_layers attend over the last earlier layer of their kind; a sharing
+ * n_kv_layers attend over the last earlier layer of their kind, with
+ * twice the FFN width (ffn_alt); a sharing
  * layer with no such layer is refused; config.json is refused. */
 static void test_gemma4_plan(void **state) {
     (void)state;
@@ -368,7 +369,8 @@ static void test_gemma4_plan(void **state) {
                          .vocab_size = 256, .norm_eps = 1e-6f, .rope_theta = 1000,
                          .rope_theta_swa = 100, .sliding_window = 4, .head_dim_swa = 8,
                          .n_kv_heads_swa = 2, .n_rot_swa = 8, .n_kv_layers = 5,
-                         .rope_freq_factors = true, .attn_scale = 1, .act = PT_ACT_GELU_TANH};
+                         .rope_freq_factors = true, .attn_scale = 1, .act = PT_ACT_GELU_TANH,
+                         .ffn_dim_alt = 96, .ffn_alt = {1u << 5 | 1u << 6}};
     for (int l = 0; l < 7; l++)
         if (swa[l]) pt_config_set_swa(&c, l);
     pt_layer_plan plan[7];
@@ -384,6 +386,7 @@ static void test_gemma4_plan(void **state) {
         assert_int_equal(plan[l].rope_factors, !swa[l]);
         assert_int_equal(plan[l].cache_group, swa[l]);
         assert_int_equal(plan[l].kv_layer, source[l]);
+        assert_int_equal(plan[l].ffn_dim, l >= 5 ? 96 : 48); /* double-wide MLP */
         assert_true(plan[l].attn_scale == 1.0f);
     }
     /* layer 1 (full) shares, but layer 0 is the only earlier one: sliding */
