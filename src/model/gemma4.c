@@ -35,9 +35,9 @@
  * CPU only: other backends are refused at load (finish), unchecked.
  * Two FFN widths run (the double-wide MLP: feed_forward_length per layer,
  * config ffn_alt); a third, or head counts per layer, are refused.
- * Not built: Hugging Face
- * checkpoints (config.json gemma4_text: refused; the GGUF mapping here is
- * the one llama.cpp reads, the transformers one is unchecked).
+ * Not built: Hugging Face checkpoints (config.json gemma4_text is not a
+ * supported model_type; the GGUF mapping here is the one llama.cpp reads,
+ * the transformers one is unchecked).
  */
 #include <math.h>
 #include <stdio.h>
@@ -47,12 +47,14 @@
 /* clang-format off */
 static const pt_arch gemma4_archs[] = {
     /* name     GGUF name  config.json    GGUF rope     qkv_bias qk_norm */
-    {"gemma4",  "gemma4",  "gemma4_text", PT_ROPE_NEOX, false,   true},
+    {"gemma4",  "gemma4",  NULL,          PT_ROPE_NEOX, false,   true},
 };
 /* clang-format on */
 
 /* ---- Config -------------------------------------------------------------- */
 
+/* No config.json names this family (its row has no model_type), so this
+ * only guards the table: a row's reader is never NULL. */
 static int gemma4_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     (void)j, (void)c;
     return pt_fail(err, "config.json: Gemma 4 Hugging Face checkpoints are not supported yet; "
@@ -244,18 +246,18 @@ static const pt_weight_spec gemma4_weights[] = {
     {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_DENSE},
     {"blk.%d.post_ffw_norm.weight", "model.layers.%d.post_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm), true, NEED_ALWAYS},
     /* mixture-of-experts layers: the dense MLP lands in the shared expert's place */
-    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_sh_gate), true, NEED_MOE},
-    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_sh_up), true, NEED_MOE},
-    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_sh_down), true, NEED_MOE},
-    {"blk.%d.post_ffw_norm_1.weight", "model.layers.%d.post_feedforward_layernorm_1.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm_1), true, NEED_MOE},
-    {"blk.%d.pre_ffw_norm_2.weight", "model.layers.%d.pre_feedforward_layernorm_2.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm_2), true, NEED_MOE},
-    {"blk.%d.post_ffw_norm_2.weight", "model.layers.%d.post_feedforward_layernorm_2.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm_2), true, NEED_MOE},
-    {"blk.%d.ffn_gate_inp.weight", "model.layers.%d.router.proj.weight", D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_MOE},
-    {"blk.%d.ffn_gate_inp.scale", "model.layers.%d.router.scale", D_NONE, D_DIM, D_NONE, L(router_gain), true, NEED_MOE},
+    {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_sh_gate), true, NEED_EXPERTS},
+    {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_sh_up), true, NEED_EXPERTS},
+    {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_sh_down), true, NEED_EXPERTS},
+    {"blk.%d.post_ffw_norm_1.weight", "model.layers.%d.post_feedforward_layernorm_1.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm_1), true, NEED_EXPERTS},
+    {"blk.%d.pre_ffw_norm_2.weight", "model.layers.%d.pre_feedforward_layernorm_2.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm_2), true, NEED_EXPERTS},
+    {"blk.%d.post_ffw_norm_2.weight", "model.layers.%d.post_feedforward_layernorm_2.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm_2), true, NEED_EXPERTS},
+    {"blk.%d.ffn_gate_inp.weight", "model.layers.%d.router.proj.weight", D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_EXPERTS},
+    {"blk.%d.ffn_gate_inp.scale", "model.layers.%d.router.scale", D_NONE, D_DIM, D_NONE, L(router_gain), true, NEED_EXPERTS},
     {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.experts.gate_proj", D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_EXPS_SPLIT},
     {"blk.%d.ffn_up_exps.weight", "model.layers.%d.experts.up_proj", D_EXPERTS, D_EFFN, D_DIM, L(w_up), true, NEED_EXPS_SPLIT},
     {"blk.%d.ffn_gate_up_exps.weight", "model.layers.%d.experts.gate_up_proj", D_EXPERTS, D_EFFN2, D_DIM, L(w_gate_up), true, NEED_EXPS_FUSED},
-    {"blk.%d.ffn_down_exps.weight", "model.layers.%d.experts.down_proj", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_MOE},
+    {"blk.%d.ffn_down_exps.weight", "model.layers.%d.experts.down_proj", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_EXPERTS},
     {"blk.%d.ffn_down_exps.scale", "model.layers.%d.router.per_expert_scale", D_NONE, D_EXPERTS, D_NONE, L(exps_scale), true, NEED_OPTIONAL},
     {"blk.%d.inp_gate.weight", "model.layers.%d.per_layer_input_gate.weight", D_NONE, D_PLE, D_DIM, L(w_ple_gate), true, NEED_PLE},
     {"blk.%d.proj.weight", "model.layers.%d.per_layer_projection.weight", D_NONE, D_DIM, D_PLE, L(w_ple_proj), true, NEED_PLE},
