@@ -645,6 +645,14 @@ bool pt_gguf_arr_int(const pt_gguf *g, const char *key, uint64_t i, int64_t *out
     return p && scalar_int(t, p, out);
 }
 
+bool pt_gguf_arr_bool(const pt_gguf *g, const char *key, uint64_t i, bool *out) {
+    uint32_t t;
+    const uint8_t *p = arr_elem(g, key, i, &t);
+    if (!p || t != PT_GGUF_BOOL) return false;
+    *out = *p != 0;
+    return true;
+}
+
 bool pt_gguf_arr_float(const pt_gguf *g, const char *key, uint64_t i, double *out) {
     uint32_t t;
     const uint8_t *p = arr_elem(g, key, i, &t);

@@ -56,6 +56,7 @@ bool pt_gguf_get_arr(const pt_gguf *g, const char *key, int *elem_type, uint64_t
 bool pt_gguf_arr_str(const pt_gguf *g, const char *key, uint64_t i, pt_gguf_str *out);
 bool pt_gguf_arr_int(const pt_gguf *g, const char *key, uint64_t i, int64_t *out);
 bool pt_gguf_arr_float(const pt_gguf *g, const char *key, uint64_t i, double *out);
+bool pt_gguf_arr_bool(const pt_gguf *g, const char *key, uint64_t i, bool *out);
 
 /* Added by the io layer: layout and metadata iteration. */
 /* general.alignment (default 32) and the file offset where tensor data starts. */

@@ -32,23 +32,34 @@ static int slot_bytes(const pt_kv_config *c, size_t *k, size_t *v, pt_err *err) 
     return 0;
 }
 
-/* Layers that keep K/V pages (all but the recurrent ones). */
-static int kv_layers(const pt_kv_config *c) {
-    int n = 0;
-    for (int l = 0; l < c->n_layers; l++) n += !pt_kv_layer_recurrent(c, l);
-    return n;
+/* Whether layer l is one of the window layers (the group may not exist). */
+static bool window_layer(const pt_kv_config *c, int l) {
+    return c->window > 0 && (c->window_layers[l / 64] >> (l % 64) & 1);
+}
+
+/* The window group's slot bytes: its own geometry if it has one. */
+static void window_slot_bytes(const pt_kv_config *c, size_t k, size_t v, size_t *wk, size_t *wv) {
+    *wk = k, *wv = v;
+    if (c->window_head_dim <= 0 && c->window_n_kv_heads <= 0) return;
+    int heads = c->window_n_kv_heads > 0 ? c->window_n_kv_heads : c->n_kv_heads;
+    int dim = c->window_head_dim > 0 ? c->window_head_dim : c->head_dim;
+    *wk = *wv = (size_t)heads * dim * pt_dtype_bytes(c->dtype, 1);
 }
 
 size_t pt_kv_bytes_per_token(const pt_kv_config *c) {
-    size_t k, v;
+    size_t k, v, wk, wv, n = 0;
     if (slot_bytes(c, &k, &v, NULL)) return 0;
-    return (size_t)kv_layers(c) * (k + v);
+    window_slot_bytes(c, k, v, &wk, &wv);
+    for (int l = 0; l < c->n_layers; l++)
+        if (pt_kv_layer_keeps(c, l)) n += window_layer(c, l) ? wk + wv : k + v;
+    return n;
 }
 
 size_t pt_kv_state_bytes(const pt_kv_config *c) {
     if (c->n_state_slots <= 0) return 0;
-    return (size_t)(c->n_layers - kv_layers(c)) * (size_t)(c->conv_floats + c->rec_floats) *
-           sizeof(float);
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += pt_kv_layer_recurrent(c, l);
+    return (size_t)n * (size_t)(c->conv_floats + c->rec_floats) * sizeof(float);
 }
 
 const char *pt_kv_format_name(const pt_kv_config *c, char *buf, size_t cap) {
@@ -128,14 +139,20 @@ static int plan(pt_kv_cache *kv, pt_err *err) {
             return pt_fail(err, "--kv-quant %s: %s", pt_kvq_name(&c->spec, name, sizeof name),
                            why.msg);
     }
-    size_t k, v;
+    size_t k, v, wk, wv;
     if (slot_bytes(cfg, &k, &v, err)) return -1;
     if (plan_groups(kv, err)) return -1;
+    window_slot_bytes(cfg, k, v, &wk, &wv);
+    if ((wk != k || wv != v) && (quantized(cfg) || !kv->grouped))
+        return pt_fail(err, "KV cache: window layers of another shape need a plain cache with "
+                            "a window group");
     size_t pad = quantized(cfg) ? QUANT_PAD : 0;
     kv->k_page = (size_t)cfg->page_size * k;
     kv->v_page = (size_t)cfg->page_size * v;
+    kv->wk_page = (size_t)cfg->page_size * wk;
+    kv->wv_page = (size_t)cfg->page_size * wv;
     if (buffer_bytes(kv, cfg->n_pages, k, v, pad, &kv->k_bytes, &kv->v_bytes) ||
-        buffer_bytes(kv, cfg->window_pages, k, v, pad, &kv->wk_bytes, &kv->wv_bytes))
+        buffer_bytes(kv, cfg->window_pages, wk, wv, pad, &kv->wk_bytes, &kv->wv_bytes))
         return pt_fail(err, "KV cache: size overflows");
     return 0;
 }
@@ -179,9 +196,9 @@ int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, p
     }
     double total = 0;
     for (int l = 0; l < cfg->n_layers; l++)
-        if (!pt_kv_layer_recurrent(cfg, l)) total += (double)(layer_k_bytes(kv, l) + layer_v_bytes(kv, l));
+        if (pt_kv_layer_keeps(cfg, l)) total += (double)(layer_k_bytes(kv, l) + layer_v_bytes(kv, l));
     for (int l = 0; l < cfg->n_layers; l++) {
-        if (pt_kv_layer_recurrent(cfg, l)) continue; /* no K/V: its state is in the state group */
+        if (!pt_kv_layer_keeps(cfg, l)) continue; /* recurrent (state group) or shared */
         kv->k[l] = be->ops->alloc(be, layer_k_bytes(kv, l));
         kv->v[l] = cfg->v_is_k ? kv->k[l] : be->ops->alloc(be, layer_v_bytes(kv, l));
         if (!kv->k[l] || !kv->v[l]) {
@@ -320,10 +337,11 @@ int pt_kv_seq_pages_needed(const pt_kv_cache *kv, const pt_kv_seq *seq, int from
 static void copy_group_page(pt_kv_cache *kv, int g, int32_t dst, int32_t src) {
     pt_backend *be = kv->be;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
-        if (!kv->k[l] || pt_kv_layer_windowed(kv, l) != (g == 1)) continue; /* NULL: recurrent */
+        if (!kv->k[l] || pt_kv_layer_windowed(kv, l) != (g == 1)) continue; /* NULL: none */
         char *k = kv->k[l], *v = kv->v[l];
-        be->ops->copy(be, k + (size_t)dst * kv->k_page, k + (size_t)src * kv->k_page, kv->k_page);
-        be->ops->copy(be, v + (size_t)dst * kv->v_page, v + (size_t)src * kv->v_page, kv->v_page);
+        size_t kp = g ? kv->wk_page : kv->k_page, vp = g ? kv->wv_page : kv->v_page;
+        be->ops->copy(be, k + (size_t)dst * kp, k + (size_t)src * kp, kp);
+        be->ops->copy(be, v + (size_t)dst * vp, v + (size_t)src * vp, vp);
     }
 }
 
@@ -499,7 +517,8 @@ size_t pt_kv_window_bytes_per_token(const pt_kv_cache *kv) {
     if (!kv->grouped) return 0;
     size_t n = 0;
     for (int l = 0; l < kv->cfg.n_layers; l++)
-        if (pt_kv_layer_windowed(kv, l)) n += (kv->k_page + kv->v_page) / (size_t)kv->cfg.page_size;
+        if (kv->k[l] && pt_kv_layer_windowed(kv, l))
+            n += (kv->wk_page + kv->wv_page) / (size_t)kv->cfg.page_size;
     return n;
 }
 
@@ -595,12 +614,15 @@ void pt_kv_flush_to_disk(pt_kv_cache *kv) {
 }
 
 pt_kv_view pt_kv_layer(const pt_kv_cache *kv, int layer) {
+    const pt_kv_config *c = &kv->cfg;
+    bool win = pt_kv_layer_windowed(kv, layer);
     pt_kv_view v = {.k = kv->k[layer],
                     .v = kv->v[layer],
-                    .dtype = kv->cfg.dtype,
-                    .page_size = kv->cfg.page_size,
-                    .n_kv_heads = kv->cfg.n_kv_heads,
-                    .head_dim = kv->cfg.head_dim};
+                    .dtype = c->dtype,
+                    .page_size = c->page_size,
+                    .n_kv_heads = win && c->window_n_kv_heads > 0 ? c->window_n_kv_heads
+                                                                  : c->n_kv_heads,
+                    .head_dim = win && c->window_head_dim > 0 ? c->window_head_dim : c->head_dim};
     if (quantized(&kv->cfg)) {
         const pt_kv_codec *c = &kv->codec;
         v.codec = c;

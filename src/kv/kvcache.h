@@ -30,6 +30,10 @@
  * pages for admission (pt_kv_seq_pages_needed, pt_kv_free_pages, the
  * prefix cache's pool) is group 0's: the window pool is sized for
  * pt_kv_max_seqs sequences and cannot run out while no more run at once.
+ * The window group may have its own geometry (KV heads, head dim: Gemma
+ * 4's sliding layers differ from its full ones) with plain elements; its
+ * page sizes are then wk_page / wv_page.  Layers marked in cfg.no_kv keep
+ * no buffers at all: the model points them at an earlier layer's.
  *
  * Rollback (pt_kv_seq_truncate) across the window: writing position n
  * needs the window pages of [n - window + 1, n).  Recycling before a write
@@ -99,10 +103,22 @@ typedef struct pt_kv_config {
     int window_slack; /* positions kept below the window for deeper rollbacks */
     int window_rows;  /* rows a sequence writes in one call at most (pt_kv_max_seqs) */
     uint64_t window_layers[16]; /* bit l % 64 of word l / 64: layer l is in it */
+    /* The window group's own geometry (Gemma 4's sliding layers have other
+     * head dims and KV heads than its full ones); 0: n_kv_heads, head_dim.
+     * Plain elements only (a codec has one geometry). */
+    int window_n_kv_heads, window_head_dim;
+    /* Layers that keep no K/V: they read an earlier layer's (the model
+     * says which; Gemma 4's shared KV layers).  Bit l % 64 of word l / 64. */
+    uint64_t no_kv[16];
 } pt_kv_config;
 
 static inline bool pt_kv_layer_recurrent(const pt_kv_config *c, int l) {
     return c->n_state_slots > 0 && (c->recurrent[l / 64] >> (l % 64) & 1);
+}
+
+/* Whether layer l has K/V buffers of its own. */
+static inline bool pt_kv_layer_keeps(const pt_kv_config *c, int l) {
+    return !pt_kv_layer_recurrent(c, l) && !(c->no_kv[l / 64] >> (l % 64) & 1);
 }
 
 typedef struct pt_kv_cache {
@@ -112,13 +128,15 @@ typedef struct pt_kv_cache {
     size_t k_bytes, v_bytes; /* bytes of one layer's K / V buffer (group 0) */
     size_t wk_bytes, wv_bytes; /* the same for a window-group layer */
     bool grouped;            /* the window group exists */
-    void **k, **v;           /* [n_layers] backend buffers; NULL for recurrent layers */
+    void **k, **v;           /* [n_layers] backend buffers; NULL for recurrent layers
+                              * and those that keep none (cfg.no_kv) */
     float **conv, **rec;     /* [n_layers] state buffers [n_state_slots][...]; NULL: none */
     int32_t *free_slots;     /* the state slots no sequence holds (a stack) */
     int n_free_slots;
     float *tables;           /* backend copy of the codec's tables, or NULL */
     size_t tables_bytes;
-    size_t k_page, v_page;   /* bytes of one page of one layer's K / V */
+    size_t k_page, v_page;   /* bytes of one page of one layer's K / V (group 0) */
+    size_t wk_page, wv_page; /* the same for a window-group layer */
     pt_block_pool pool;      /* page ids: owners, free queue, content hashes */
     pt_block_pool wpool;     /* the window group's page ids (grouped only) */
     pt_disk *disk;           /* the cold tier, or NULL (pt_kv_attach_disk) */

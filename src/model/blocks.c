@@ -45,12 +45,13 @@ void pt_block_norm(pt_model *m, const pt_step *s, float *y, const float *x, cons
 }
 
 /* q, k, v = h·Wq, Wk, Wv (+ biases); with qk_norm an RMSNorm per head;
- * then rope at each row's position with the layer's frequencies. */
+ * then rope at each row's position with the layer's frequencies.  The
+ * layer's shapes are its plan's (they may differ by layer kind). */
 void pt_block_qkv(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
+    const pt_layer_plan *p = &m->plan[l];
     const pt_layer *L = &m->layers[l];
-    const pt_rope *rope = &m->plan[l].rope;
     pt_workspace *ws = m->ws;
     int n = s->n;
 
@@ -58,11 +59,11 @@ void pt_block_qkv(pt_model *m, int l, const pt_step *s) {
     project(be, ws->k, ws->h, &L->wk, L->bk, n);
     project(be, ws->v, ws->h, &L->wv, L->bv, n);
     if (c->qk_norm) {
-        pt_be_rmsnorm(be, ws->q, ws->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
-        pt_be_rmsnorm(be, ws->k, ws->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+        pt_be_rmsnorm(be, ws->q, ws->q, L->q_norm, n * c->n_heads, p->head_dim, c->norm_eps);
+        pt_be_rmsnorm(be, ws->k, ws->k, L->k_norm, n * p->n_kv_heads, p->head_dim, c->norm_eps);
     }
-    pt_be_rope(be, ws->q, s->b, c->n_heads, c->head_dim, rope);
-    pt_be_rope(be, ws->k, s->b, c->n_kv_heads, c->head_dim, rope);
+    pt_be_rope(be, ws->q, s->b, c->n_heads, p->head_dim, &p->rope);
+    pt_be_rope(be, ws->k, s->b, p->n_kv_heads, p->head_dim, &p->rope);
 }
 
 /* Whether layer p's attention needs attention_ext (a window or a cap). */
@@ -72,18 +73,21 @@ static bool attn_ext(const pt_layer_plan *p) {
 
 /* Stores the rows' k and v in the layer's cache, then h = attention of q
  * over each row's sequence up to its position, ·Wo (+ bias).  A sliding-
- * window layer (PT_MIX_ATTN_SWA) sees only its last `window` positions. */
+ * window layer (PT_MIX_ATTN_SWA) sees only its last `window` positions.
+ * A layer that shares an earlier layer's K/V (plan.kv_layer) stores
+ * nothing and attends over that layer's cache, which already holds this
+ * step's rows. */
 void pt_block_attention(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
     const pt_layer_plan *p = &m->plan[l];
     const pt_layer *L = &m->layers[l];
     pt_workspace *ws = m->ws;
-    pt_kv_view kv = pt_kv_layer(s->kv, l);
+    pt_kv_view kv = pt_kv_layer(s->kv, p->kv_layer);
     /* a layer of the cache's window group has its own pages (kvcache.h) */
-    const pt_batch_view *b = pt_kv_layer_windowed(s->kv, l) ? s->bw : s->b;
+    const pt_batch_view *b = pt_kv_layer_windowed(s->kv, p->kv_layer) ? s->bw : s->b;
 
-    pt_be_kv_store(be, &kv, b, ws->k, ws->v);
+    if (p->kv_layer == l) pt_be_kv_store(be, &kv, b, ws->k, ws->v);
     if (attn_ext(p)) {
         pt_attn_params ap = {.scale = p->attn_scale, .window = p->window,
                              .softcap = p->attn_softcap, .sinks = p->attn_sinks ? L->sinks : NULL};
@@ -159,7 +163,7 @@ void pt_block_ffn(pt_model *m, int l, const pt_step *s) {
     }
     pt_be_matmul(be, ws->gate, ws->h, &L->w_gate, n);
     pt_be_matmul(be, ws->up, ws->h, &L->w_up, n);
-    gated(be, m->plan[l].act, ws->gate, ws->up, (size_t)n * m->cfg.ffn_dim);
+    gated(be, m->plan[l].act, ws->gate, ws->up, (size_t)n * m->plan[l].ffn_dim);
     pt_be_matmul(be, ws->h, ws->gate, &L->w_down, n);
 }
 
@@ -205,6 +209,8 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
     static const int mla_ops[] = {PT_OP_COPY_COLS, PT_OP_MATMUL_ID};
     static const int rec_ops[] = {PT_OP_GATHER_COLS, PT_OP_CONV1D_SILU, PT_OP_GATED_DELTA,
                                   PT_OP_RMSNORM_GATED};
+    if (c->ple_dim > 0 && !pt_be_has_op(be, PT_OP_GATHER_COLS))
+        return *why = "per-layer inputs", PT_OP_GATHER_COLS;
     if (c->attn_output_gate && !pt_be_has_op(be, PT_OP_SIGMOID_MUL))
         return *why = "gated attention output", PT_OP_SIGMOID_MUL;
     if (c->attn_output_gate && !pt_be_has_op(be, PT_OP_GATHER_COLS))

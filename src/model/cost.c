@@ -32,8 +32,9 @@ static double state_floats(const pt_model_config *c) {
 
 double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_token) {
     const pt_model_config *c = &m->cfg;
-    int n_kv = 0;
-    for (int l = 0; l < c->n_layers; l++) n_kv += m->plan[l].mixer != PT_MIX_RECURRENT;
+    int n_kv = 0; /* layers keeping K/V (a shared layer reads its source's) */
+    for (int l = 0; l < c->n_layers; l++)
+        n_kv += m->plan[l].mixer != PT_MIX_RECURRENT && m->plan[l].kv_layer == l;
     double w = (double)m->weight_bytes, kv = 0;
     double kv_layer = n_kv ? (double)kv_bytes_per_token / n_kv : 0;
     if (!c->tied_embeddings) w -= (double)m->tok_embd.nbytes;
@@ -69,7 +70,7 @@ double pt_model_token_flops(const pt_model *m) {
         const pt_layer_plan *p = &m->plan[l];
         double ffn = p->ffn == PT_FFN_MOE
                          ? (double)c->dim * p->n_experts + 3.0 * c->dim * c->expert_ffn_dim * p->top_k
-                         : 3.0 * c->dim * c->ffn_dim;
+                         : 3.0 * c->dim * p->ffn_dim;
         if (p->n_shared > 0) ffn += 3.0 * c->dim * c->shared_ffn_dim + c->dim;
         total += (p->mixer == PT_MIX_RECURRENT ? linear : attn) + ffn;
     }

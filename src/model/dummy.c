@@ -101,7 +101,7 @@ static void dummy_upload(pt_model *m, void *dev, uint8_t *host, size_t n) {
 
 static int dummy_vector(pt_model *m, const pt_weight_spec *s, int layer, pt_rng *rng,
                         pt_err *err) {
-    int64_t n = pt_spec_dim(&m->cfg, s->rows);
+    int64_t n = pt_spec_dim(&m->cfg, s->rows, layer);
     void *dev;
     uint8_t *host;
     if (dummy_buffer(m, sizeof(float) * (size_t)n, &dev, &host, s->hf, err)) return -1;
@@ -116,8 +116,8 @@ static int dummy_vector(pt_model *m, const pt_weight_spec *s, int layer, pt_rng 
  * each of the three buffers). */
 static int dummy_matrix(pt_model *m, const pt_weight_spec *s, int layer, const pt_weight_format *f,
                         pt_rng *rng, pt_err *err) {
-    int64_t rows = pt_spec_dim(&m->cfg, s->rows), cols = pt_spec_dim(&m->cfg, s->cols);
-    int64_t n_experts = pt_spec_dim(&m->cfg, s->experts);
+    int64_t rows = pt_spec_dim(&m->cfg, s->rows, layer), cols = pt_spec_dim(&m->cfg, s->cols, layer);
+    int64_t n_experts = pt_spec_dim(&m->cfg, s->experts, layer);
     units u = units_of(f);
     if (cols % (int64_t)u.elems) {
         char name[160];
@@ -174,10 +174,12 @@ int pt_family_dummy_bytes(const pt_family *fam, const pt_model_config *c, const 
     for (size_t i = 0; i < fam->n_weights; i++) {
         const pt_weight_spec *s = &fam->weights[i];
         if (s->cols == D_NONE) continue;
-        size_t one = pt_weight_format_bytes(&f, pt_spec_dim(c, s->rows), pt_spec_dim(c, s->cols));
-        one *= (size_t)PT_MAX(pt_spec_dim(c, s->experts), 1);
-        for (int l = 0; l < (s->per_layer ? c->n_layers : 1); l++)
-            if (pt_spec_needed(c, s->need, l)) *out += one;
+        for (int l = 0; l < (s->per_layer ? c->n_layers : 1); l++) {
+            if (!pt_spec_needed(c, s->need, l)) continue;
+            size_t one = pt_weight_format_bytes(&f, pt_spec_dim(c, s->rows, l),
+                                                pt_spec_dim(c, s->cols, l));
+            *out += one * (size_t)PT_MAX(pt_spec_dim(c, s->experts, l), 1);
+        }
     }
     return 0;
 }

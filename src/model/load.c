@@ -56,7 +56,12 @@ static int workspace_init(pt_model *m, int cap, pt_err *err) {
     pt_workspace *ws = pt_xcalloc(1, sizeof *ws);
     m->ws = ws;
     ws->cap = cap;
-    size_t q = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t q = 0, kvd = 0, ffn = 0; /* the widest layer's (shapes may differ by layer) */
+    for (int l = 0; l < c->n_layers; l++) {
+        q = PT_MAX(q, (size_t)c->n_heads * m->plan[l].head_dim);
+        kvd = PT_MAX(kvd, (size_t)m->plan[l].n_kv_heads * m->plan[l].head_dim);
+        ffn = PT_MAX(ffn, (size_t)m->plan[l].ffn_dim);
+    }
     struct {
         void **p;
         size_t n;
@@ -67,8 +72,8 @@ static int workspace_init(pt_model *m, int cap, pt_err *err) {
         {(void **)&ws->k, (size_t)cap * kvd * 4},
         {(void **)&ws->v, (size_t)cap * kvd * 4},
         {(void **)&ws->att, (size_t)cap * q * 4},
-        {(void **)&ws->gate, (size_t)cap * c->ffn_dim * 4},
-        {(void **)&ws->up, (size_t)cap * c->ffn_dim * 4},
+        {(void **)&ws->gate, (size_t)cap * ffn * 4},
+        {(void **)&ws->up, (size_t)cap * ffn * 4},
         {(void **)&ws->out_h, (size_t)PT_OUT_ROWS * c->dim * 4},
         {(void **)&ws->logits, (size_t)PT_OUT_ROWS * c->vocab_size * 4},
         {(void **)&ws->tokens, (size_t)cap * 4},
@@ -192,35 +197,53 @@ static int plan_layers(pt_model *m, pt_err *err) {
     return pt_model_check_ops(m, err);
 }
 
-/* Each layer's rope frequencies in backend memory; layers with the same
- * base and scaling share one table (every layer, for the Llama family; one
- * local and one global table for Gemma 3). */
+/* Whether layers a and b rope alike (and can share a table). */
+static bool same_rope(const pt_layer_plan *a, const pt_layer_plan *b) {
+    return a->rope_theta == b->rope_theta && a->rope_scaled == b->rope_scaled &&
+           a->rope.n_rot == b->rope.n_rot && a->rope_factors == b->rope_factors;
+}
+
+/* Layer p's inverse frequencies [n_rot / 2] into freq: the config's base
+ * and scaling, or unscaled (Gemma 3's local layers), each divided by its
+ * factor in rope_freqs where the plan says (Gemma 4's full layers; a
+ * factor of 1e30 stops a pair rotating). */
+static void layer_inv_freq(pt_model *m, const pt_layer_plan *p, float *freq) {
+    pt_model_config lc = m->cfg;
+    if (!p->rope_scaled) lc.rope_scaling = PT_ROPE_SCALING_NONE;
+    lc.n_rot = p->rope.n_rot;
+    pt_rope_inv_freq(&lc, p->rope_theta, freq);
+    if (!p->rope_factors || !m->rope_freqs) return;
+    float *f = pt_xmalloc(sizeof(float) * (size_t)(lc.n_rot / 2));
+    m->be->ops->download(m->be, f, m->rope_freqs, sizeof(float) * (size_t)(lc.n_rot / 2));
+    for (int i = 0; i < lc.n_rot / 2; i++) freq[i] /= f[i];
+    free(f);
+}
+
+/* Each layer's rope frequencies in backend memory; layers that rope alike
+ * share one table (every layer, for the Llama family; one local and one
+ * global table for Gemma 3 and 4). */
 static int rope_tables(pt_model *m, pt_err *err) {
     const pt_model_config *c = &m->cfg;
-    size_t bytes = sizeof(float) * (size_t)(c->n_rot / 2);
-    float *freq = pt_xmalloc(bytes);
     for (int l = 0; l < c->n_layers; l++) {
         pt_layer_plan *p = &m->plan[l];
         const pt_layer_plan *same = NULL; /* an earlier layer with this table */
         for (int e = 0; e < l && !same; e++)
-            if (m->plan[e].rope_theta == p->rope_theta && m->plan[e].rope_scaled == p->rope_scaled)
-                same = &m->plan[e];
+            if (same_rope(&m->plan[e], p)) same = &m->plan[e];
         if (same) {
             p->rope.inv_freq = same->rope.inv_freq;
             continue;
         }
-        float *dev = pt_model_alloc(m, bytes);
+        size_t bytes = sizeof(float) * (size_t)(p->rope.n_rot / 2);
+        float *dev = pt_model_alloc(m, bytes), *freq = pt_xmalloc(bytes);
         if (!dev) {
             free(freq);
             return pt_fail(err, "out of backend memory");
         }
-        pt_model_config unscaled = *c; /* Gemma 3's local layers skip the scaling */
-        unscaled.rope_scaling = PT_ROPE_SCALING_NONE;
-        pt_rope_inv_freq(p->rope_scaled ? c : &unscaled, p->rope_theta, freq);
+        layer_inv_freq(m, p, freq);
         m->be->ops->upload(m->be, dev, freq, bytes);
+        free(freq);
         p->rope.inv_freq = dev;
     }
-    free(freq);
     return 0;
 }
 
@@ -315,6 +338,8 @@ static void kv_window_group(const pt_model *m, pt_kv_config *kc, int max_seqs, i
         if (m->plan[l].cache_group != 1) continue;
         kc->window = PT_MAX(kc->window, m->plan[l].window);
         kc->window_layers[l / 64] |= 1ull << (l % 64);
+        kc->window_n_kv_heads = m->plan[l].n_kv_heads; /* one shape per kind (Gemma 4) */
+        kc->window_head_dim = m->plan[l].head_dim;
     }
     kc->window_rows = m->max_batch;
     kc->window_slack = slack;
@@ -352,6 +377,8 @@ int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, i
     if (quant) kc.quant = *quant;
     kc.n_pages = (n_positions + kc.page_size - 1) / kc.page_size;
     kv_window_group(m, &kc, max_seqs, slack);
+    for (int l = 0; l < c->n_layers && l < 64 * (int)PT_ARRAY_LEN(kc.no_kv); l++)
+        if (m->plan[l].kv_layer != l) kc.no_kv[l / 64] |= 1ull << (l % 64);
     if (pt_model_recurrent(m)) { /* group 2: the recurrent state, per sequence */
         int64_t conv_dim = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim +
                            (int64_t)c->lin_v_heads * c->lin_v_dim;

@@ -90,6 +90,22 @@ typedef struct pt_model_config {
     bool router_grouped, router_bias;
     int expert_gating, n_expert_groups, n_group_used;
     float expert_scale;
+    /* Gemma 4: sliding layers' own shapes (0: as the full layers'); the
+     * per-layer input width (0: none); layers n_kv_layers.. keep no K/V and
+     * read the last earlier layer's of their kind (0: every layer keeps
+     * its own); layers with their bit in v_from_k have no V projection
+     * (V is K's projection); V normalized per head without a gain; full
+     * layers' rope frequencies divided by a rope_freqs tensor. */
+    int head_dim_swa, n_kv_heads_swa, n_rot_swa;
+    int ple_dim;
+    int n_kv_layers;
+    uint64_t v_from_k[16];
+    bool v_norm, rope_freq_factors;
+    uint64_t experts_fused[16]; /* layers whose experts' gate and up are one stack */
+    /* Layers with their bit in ffn_alt have FFNs ffn_dim_alt wide (Gemma 4's
+     * double-wide MLP in its shared-KV layers); 0: every layer ffn_dim. */
+    int ffn_dim_alt;
+    uint64_t ffn_alt[16];
 } pt_model_config;
 
 static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
@@ -100,6 +116,26 @@ static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
 static inline bool pt_config_layer_swa(const pt_model_config *c, int l) {
     if (c->sliding_window <= 0) return false;
     return !c->swa_per_layer || (c->swa_layers[l / 64] >> (l % 64) & 1);
+}
+
+/* Layer l's attention shapes: a sliding layer's may differ (Gemma 4). */
+static inline int pt_config_layer_head_dim(const pt_model_config *c, int l) {
+    return pt_config_layer_swa(c, l) && c->head_dim_swa > 0 ? c->head_dim_swa : c->head_dim;
+}
+static inline int pt_config_layer_kv_heads(const pt_model_config *c, int l) {
+    return pt_config_layer_swa(c, l) && c->n_kv_heads_swa > 0 ? c->n_kv_heads_swa : c->n_kv_heads;
+}
+static inline int pt_config_layer_n_rot(const pt_model_config *c, int l) {
+    return pt_config_layer_swa(c, l) && c->n_rot_swa > 0 ? c->n_rot_swa : c->n_rot;
+}
+/* Layer l's FFN width. */
+static inline int pt_config_layer_ffn(const pt_model_config *c, int l) {
+    return c->ffn_dim_alt > 0 && (c->ffn_alt[l / 64] >> (l % 64) & 1) ? c->ffn_dim_alt : c->ffn_dim;
+}
+/* Whether layer l computes and keeps its own K/V (else it reads an earlier
+ * layer's: Gemma 4's shared KV layers). */
+static inline bool pt_config_layer_own_kv(const pt_model_config *c, int l) {
+    return c->n_kv_layers <= 0 || l < c->n_kv_layers;
 }
 
 /* What one layer is made of, computed from the config (pt_model_plan).
@@ -127,6 +163,11 @@ typedef struct pt_layer_plan {
     int norm;          /* enum pt_norm_kind */
     float residual_scale; /* x += scale * block(x) */
     int cache_group;   /* which KV cache group holds this layer's state */
+    int head_dim, n_kv_heads; /* this layer's attention shapes (n_heads is the config's) */
+    int kv_layer;      /* the layer whose K/V it attends over: itself, or an earlier one
+                        * it shares (it then stores none) */
+    bool rope_factors; /* its rope frequencies are divided by m->rope_freqs */
+    int ffn_dim;       /* its dense FFN's width */
 } pt_layer_plan;
 
 typedef struct pt_layer {
@@ -157,6 +198,21 @@ typedef struct pt_layer {
      * DeepSeek routing's selection bias [n_experts] */
     pt_weight wq_a, wq_b, wkv_a, wk_b, wv_b;
     const float *q_a_norm, *kv_a_norm, *exp_probs_b;
+    /* Gemma 4: V's norm (a gain of ones: the norm has none); the per-layer
+     * input's gate [ple][dim] and projection [dim][ple], its norm [dim];
+     * the layer's output scale ([1]; 0 in out_scale_h: none) */
+    const float *v_norm;
+    pt_weight w_ple_gate, w_ple_proj;
+    const float *ple_post_norm, *out_scale;
+    float out_scale_h;
+    /* Gemma 4 mixture-of-experts layers (a dense MLP, w_sh_*, beside the
+     * experts): the experts' pre-norm, the MLP's and the experts' post-
+     * norms; the router's input gain (the file's scale, divided by
+     * sqrt(dim) at load); gate and up of the experts as one stack (w_gate
+     * and w_up are then views of it); each expert's output scale [n_experts]
+     * (or NULL) and the same as a stack of 1 x 1 matrices for matmul_id */
+    const float *ffn_norm_2, *post_ffn_norm_1, *post_ffn_norm_2, *router_gain, *exps_scale;
+    pt_weight w_gate_up, w_exps_scale;
 } pt_layer;
 
 /* Per-token and per-sequence arrays of one forward call, host side. */
@@ -186,6 +242,11 @@ typedef struct pt_model {
     pt_model_file *file; /* NULL for dummy weights */
     pt_weight tok_embd, output;
     const float *output_norm;
+    /* Gemma 4's per-layer inputs: token table [vocab][n_layers * ple], the
+     * projection from the embeddings [n_layers * ple][dim], its norm [ple];
+     * and full layers' rope frequency divisors [n_rot / 2] (NULL: none) */
+    pt_weight ple_embd, ple_model_proj;
+    const float *ple_proj_norm, *rope_freqs;
     pt_layer *layers;
     pt_layer_plan *plan; /* [n_layers] */
     size_t weight_bytes; /* bytes of all weights */

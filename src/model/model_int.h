@@ -17,6 +17,7 @@
  *   llama.c     the Llama family (llama, mistral, qwen2, qwen3);
  *   qwen3moe.c  Qwen3-MoE (qwen3_moe);
  *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
+ *   gemma4.c    Gemma 4 text (gemma4: GGUF);
  *   gptoss.c    gpt-oss (gpt_oss);
  *   qwen3next.c Qwen3-Next (qwen3_next): Gated DeltaNet + gated attention;
  *   qwen35.c    Qwen3.5 (GGUF qwen35, qwen35moe): the same hybrid, its
@@ -55,6 +56,11 @@ enum pt_dim {
     D_NOPE,    /* head_dim - n_rot: a key head's part without rope */
     D_VHEAD,   /* v_head_dim */
     D_OV,      /* n_heads * v_head_dim: the attention output */
+    /* Gemma 4 */
+    D_PLE,     /* the per-layer input width */
+    D_PLE_ALL, /* n_layers x that */
+    D_ROT2,    /* half the full layers' rope dims */
+    D_EFFN2,   /* an expert's gate and up rows together */
 };
 /* Which config setting makes a weight present.  NEED_ATTN / NEED_RECURRENT:
  * only in layers of that mixer (hybrid models); NEED_DENSE / NEED_MOE: the
@@ -65,7 +71,13 @@ enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIE
                /* DeepSeek: q through the bottleneck or direct; the routed
                 * layers' selection bias and shared experts */
                NEED_Q_LORA, NEED_Q_DIRECT, NEED_ROUTER_BIAS, NEED_MOE_SHARED,
-               NEED_KV_B_SPLIT /* per-head k_b, v_b stored (not the fused kv_b) */ };
+               NEED_KV_B_SPLIT, /* per-head k_b, v_b stored (not the fused kv_b) */
+               /* Gemma 4: layers that keep their own K/V; those with a V
+                * projection; per-layer inputs; rope frequency factors; a
+                * weight a file may omit (bound when present, never dummy);
+                * experts' gate and up stacks apart, or together (experts_fused) */
+               NEED_OWN_KV, NEED_V, NEED_PLE, NEED_ROPE_FREQS, NEED_OPTIONAL, NEED_EXPS_SPLIT,
+               NEED_EXPS_FUSED };
 
 /* One weight of a family: its names (%d is the layer; hf NULL in a family
  * read from GGUF only), its shape and where
@@ -81,7 +93,8 @@ typedef struct pt_weight_spec {
     int need; /* enum pt_need */
 } pt_weight_spec;
 
-int64_t pt_spec_dim(const pt_model_config *c, int dim);
+/* A dimension of layer layer's weight (shapes may differ by layer kind). */
+int64_t pt_spec_dim(const pt_model_config *c, int dim, int layer);
 bool pt_spec_needed(const pt_model_config *c, int need, int layer);
 void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap);
 /* Where spec s of layer lands in m (a pt_weight, or a const float *). */
@@ -139,8 +152,8 @@ struct pt_family {
     void (*forward)(pt_model *m, const pt_step *s);
 };
 
-extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss,
-    pt_family_qwen3next, pt_family_qwen35, pt_family_deepseek;
+extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gemma4,
+    pt_family_gptoss, pt_family_qwen3next, pt_family_qwen35, pt_family_deepseek;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -201,6 +214,11 @@ struct pt_workspace {
      * value heads, and ids 0..n_heads-1 per row for the per-head stacks */
     float *mla_q, *mla_att, *mla_kv, *mla_lat, *mla_qa, *mla_nope, *mla_pe, *mla_ov;
     int32_t *head_ids;
+    /* Gemma 4 only (family workspace hook): every row's per-layer inputs
+     * [cap][n_layers][ple], and the column indices 0..n_layers*ple that
+     * gather_cols takes layer l's ple of them from (idx_ple + l * ple). */
+    float *ple;
+    int32_t *idx_ple;
 };
 
 /* Grows the block-table buffers to need entries (load.c). */

@@ -10,18 +10,29 @@
  *
  * Runs now: full and sliding-window attention (window applied by the
  * attention op; in a model with both, the window layers are cache group 1,
- * whose pages are given back as the window slides: kvcache.h), Gated
+ * whose pages are given back as the window slides: kvcache.h; head dims,
+ * KV heads and rope dims may differ between the two kinds, and a layer may
+ * attend over an earlier layer's K/V instead of its own, plan.kv_layer), Gated
  * DeltaNet recurrent mixers (cache group 2, the recurrent state) and one
  * gated shared expert in hybrid families, multi-head latent attention with
  * an ungated shared expert and leading dense layers (DeepSeek), dense
- * SiLU / GELU-tanh FFNs,
- * routed experts in families that route them, plain and (1 + w) RMSNorm.
+ * SiLU / GELU-tanh FFNs, routed experts (SiLU or GELU-tanh) in families
+ * that route them, plain and (1 + w) RMSNorm.
  * Refused: more than one shared expert, scaled residuals, other groups.
  */
 #include <math.h>
 #include <stdio.h>
 
 #include "model/model_int.h"
+
+/* The layer whose K/V shared layer l reads: the last layer before the
+ * sharing ones of the same kind (sliding or full), as Gemma 3n / 4 do; -1
+ * if there is none. */
+static int shared_kv_source(const pt_model_config *c, int l) {
+    for (int e = PT_MIN(c->n_kv_layers, l) - 1; e >= 0; e--)
+        if (pt_config_layer_swa(c, e) == pt_config_layer_swa(c, l)) return e;
+    return -1;
+}
 
 int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
     int n_swa = 0;
@@ -38,12 +49,13 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .window = swa ? c->sliding_window : 0,
             .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
             .rope_scaled = !(swa && c->rope_scaling_global_only),
-            .rope = {.style = c->rope_style, .n_rot = c->n_rot,
+            .rope = {.style = c->rope_style, .n_rot = pt_config_layer_n_rot(c, l),
                      .mscale = c->rope_scaling == PT_ROPE_SCALING_YARN &&
                                        !(swa && c->rope_scaling_global_only)
                                    ? c->rope_mscale
                                    : 1.0f},
-            .attn_scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim),
+            .attn_scale = c->attn_scale > 0 ? c->attn_scale
+                                            : 1.0f / sqrtf((float)pt_config_layer_head_dim(c, l)),
             .attn_softcap = c->attn_softcap,
             .attn_sinks = c->attn_sinks,
             .ffn = moe ? PT_FFN_MOE : PT_FFN_DENSE,
@@ -56,7 +68,15 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             /* group 0 the paged KV, 1 the window layers' (kvcache.h), 2 the
              * recurrent state */
             .cache_group = rec ? 2 : swa && groups, /* all-window models keep one group */
+            .head_dim = pt_config_layer_head_dim(c, l),
+            .n_kv_heads = pt_config_layer_kv_heads(c, l),
+            .kv_layer = l,
+            .rope_factors = c->rope_freq_factors && !swa,
+            .ffn_dim = pt_config_layer_ffn(c, l),
         };
+        if (!pt_config_layer_own_kv(c, l) && (plan[l].kv_layer = shared_kv_source(c, l)) < 0)
+            return pt_fail(err, "layer %d shares K/V but no earlier layer of its kind keeps them",
+                           l);
     }
     /* Experts need a family whose forward routes them (and whose weight
      * table names them): a Mixtral config under "mistral" is refused. */
@@ -97,8 +117,6 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
         snprintf(why, cap, "FFN kind %d", p->ffn);
     else if (p->act != PT_ACT_SILU && p->act != PT_ACT_GELU_TANH && p->act != PT_ACT_SWIGLU_OAI)
         snprintf(why, cap, "activation kind %d", p->act);
-    else if (p->ffn == PT_FFN_MOE && p->act == PT_ACT_GELU_TANH)
-        snprintf(why, cap, "experts with a GELU activation");
     else if (p->ffn != PT_FFN_MOE && p->act == PT_ACT_SWIGLU_OAI)
         snprintf(why, cap, "a dense FFN with gpt-oss's clamped SwiGLU");
     else if (p->norm != PT_NORM_RMS && p->norm != PT_NORM_RMS_1PW)

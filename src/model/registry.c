@@ -17,9 +17,9 @@
 #include "quant/mlx_config.h"
 
 const pt_family *const pt_families[] = {&pt_family_llama,     &pt_family_qwen3moe,
-                                         &pt_family_gemma,     &pt_family_gptoss,
-                                         &pt_family_qwen3next, &pt_family_qwen35,
-                                         &pt_family_deepseek};
+                                         &pt_family_gemma,     &pt_family_gemma4,
+                                         &pt_family_gptoss,    &pt_family_qwen3next,
+                                         &pt_family_qwen35,    &pt_family_deepseek};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table that files of
@@ -82,6 +82,17 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
         c->head_dim > 1024 || c->n_heads > 1024)
         return pt_fail(err, "model config: implausible dimensions (dim %d, ffn %d, layers %d)",
                        c->dim, c->ffn_dim, c->n_layers);
+    int hd_swa = c->head_dim_swa > 0 ? c->head_dim_swa : c->head_dim;
+    int kv_swa = c->n_kv_heads_swa > 0 ? c->n_kv_heads_swa : c->n_kv_heads;
+    int rot_swa = c->n_rot_swa > 0 ? c->n_rot_swa : c->n_rot;
+    if (hd_swa > 1024 || c->n_heads % kv_swa || rot_swa > hd_swa || rot_swa % 2 ||
+        c->ffn_dim_alt < 0 || c->ffn_dim_alt > 1 << 20 ||
+        c->ple_dim < 0 || c->ple_dim > 1 << 16 || c->n_kv_layers < 0 ||
+        c->n_kv_layers > c->n_layers)
+        return pt_fail(err, "model config: sliding layers' shapes (head dim %d, %d KV heads, "
+                            "rope dims %d), the second FFN width %d, per-layer input width %d "
+                            "or shared KV layers %d do not fit",
+                       hd_swa, kv_swa, rot_swa, c->ffn_dim_alt, c->ple_dim, c->n_kv_layers);
     if (c->n_experts < 0 || c->n_experts > 1024 || c->n_experts_used < 0 ||
         c->n_experts_used > c->n_experts)
         return pt_fail(err, "model config: %d experts with %d per token is not a valid mixture",
@@ -104,11 +115,26 @@ static double yarn_mscale(double scale, double m) {
 
 /* ---- GGUF ---------------------------------------------------------------- */
 
+/* A per-layer array whose entries are all equal reads as that number
+ * (llama.cpp's converters write some keys per layer). */
+static bool uniform_int_array(const pt_gguf *g, const char *key, int64_t *v) {
+    int type;
+    uint64_t count;
+    if (!pt_gguf_get_arr(g, key, &type, &count) || count == 0 || !pt_gguf_arr_int(g, key, 0, v))
+        return false;
+    for (uint64_t i = 1; i < count; i++) {
+        int64_t e;
+        if (!pt_gguf_arr_int(g, key, i, &e) || e != *v) return false;
+    }
+    return true;
+}
+
 bool pt_gguf_int(const pt_gguf *g, const char *garch, const char *key, int *out) {
     char full[128];
     int64_t v;
     snprintf(full, sizeof full, "%s.%s", garch, key);
-    if (!pt_gguf_get_int(g, full, &v) || v < INT32_MIN || v > INT32_MAX) return false;
+    if (!pt_gguf_get_int(g, full, &v) && !uniform_int_array(g, full, &v)) return false;
+    if (v < INT32_MIN || v > INT32_MAX) return false;
     *out = (int)v;
     return true;
 }
@@ -160,11 +186,14 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
         {"block_count", offsetof(pt_model_config, n_layers)},
         {"attention.head_count", offsetof(pt_model_config, n_heads)},
     };
+    /* a family that read one itself (a per-layer array) has set it */
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
-        if (!pt_gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
+        if (*(int *)((char *)c + req[i].off) <= 0 &&
+            !pt_gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
             return pt_fail(err, "%s: GGUF is missing %s.%s", mf->path, arch, req[i].key);
-    /* a model whose every FFN is experts may give only the experts' size */
-    if (!pt_gguf_int(g, arch, "feed_forward_length", &c->ffn_dim) &&
+    /* a model whose every FFN is experts may give only the experts' size;
+     * a family that read per-layer widths itself has set ffn_dim */
+    if (c->ffn_dim <= 0 && !pt_gguf_int(g, arch, "feed_forward_length", &c->ffn_dim) &&
         !pt_gguf_int(g, arch, "expert_feed_forward_length", &c->ffn_dim))
         return pt_fail(err, "%s: GGUF is missing %s.feed_forward_length", mf->path, arch);
     if (!pt_gguf_int(g, arch, "attention.head_count_kv", &c->n_kv_heads))
@@ -194,8 +223,9 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
                            (int)PT_MIN(st.len, 32), st.s);
         }
     }
-    /* Llama 3.1 GGUFs carry the scaled frequencies as a tensor instead. */
-    if (pt_model_file_tensor(mf, "rope_freqs.weight"))
+    /* Llama 3.1 GGUFs carry the scaled frequencies as a tensor instead
+     * (families that apply such factors say so first: Gemma 4). */
+    if (!c->rope_freq_factors && pt_model_file_tensor(mf, "rope_freqs.weight"))
         return pt_fail(err, "%s: rope_freqs tensor (Llama 3.1 GGUF scaling) is not supported yet; "
                             "load the Hugging Face directory instead",
                        mf->path);

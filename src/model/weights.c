@@ -28,14 +28,18 @@
 
 /* ---- Specs ------------------------------------------------------------------- */
 
-int64_t pt_spec_dim(const pt_model_config *c, int d) {
+int64_t pt_spec_dim(const pt_model_config *c, int d, int l) {
     switch (d) {
     case D_DIM: return c->dim;
-    case D_Q: return (int64_t)c->n_heads * c->head_dim;
-    case D_KV: return (int64_t)c->n_kv_heads * c->head_dim;
-    case D_FFN: return c->ffn_dim;
+    case D_Q: return (int64_t)c->n_heads * pt_config_layer_head_dim(c, l);
+    case D_KV: return (int64_t)pt_config_layer_kv_heads(c, l) * pt_config_layer_head_dim(c, l);
+    case D_FFN: return pt_config_layer_ffn(c, l);
     case D_VOCAB: return c->vocab_size;
-    case D_HEAD: return c->head_dim;
+    case D_HEAD: return pt_config_layer_head_dim(c, l);
+    case D_PLE: return c->ple_dim;
+    case D_PLE_ALL: return (int64_t)c->ple_dim * c->n_layers;
+    case D_ROT2: return c->n_rot / 2;
+    case D_EFFN2: return 2 * (int64_t)c->expert_ffn_dim;
     case D_EXPERTS: return c->n_experts;
     case D_EFFN: return c->expert_ffn_dim;
     case D_HEADS: return c->n_heads;
@@ -79,6 +83,16 @@ bool pt_spec_needed(const pt_model_config *c, int need, int layer) {
     case NEED_MOE_SHARED: return c->shared_ffn_dim > 0 && layer >= c->n_dense_lead && c->n_experts > 0;
     case NEED_KV_B_SPLIT: return !c->kv_b_fused;
     case NEED_ROUTER_BIAS: return c->router_bias && layer >= c->n_dense_lead && c->n_experts > 0;
+    case NEED_OWN_KV: return pt_config_layer_own_kv(c, layer);
+    case NEED_V:
+        return pt_config_layer_own_kv(c, layer) && !(c->v_from_k[layer / 64] >> (layer % 64) & 1);
+    case NEED_PLE: return c->ple_dim > 0;
+    case NEED_ROPE_FREQS: return c->rope_freq_factors;
+    case NEED_OPTIONAL: return false;
+    case NEED_EXPS_SPLIT:
+        return c->n_experts > 0 && !(c->experts_fused[layer / 64] >> (layer % 64) & 1);
+    case NEED_EXPS_FUSED:
+        return c->n_experts > 0 && (c->experts_fused[layer / 64] >> (layer % 64) & 1);
     default: return true;
     }
 }
@@ -354,7 +368,8 @@ static int bind_affine_stack(pt_model *m, const pt_tensor_info *t, int64_t n_exp
  * switch_mlp stack. */
 static int bind_experts(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err) {
     const pt_model_config *c = &m->cfg;
-    int64_t E = pt_spec_dim(c, s->experts), rows = pt_spec_dim(c, s->rows), cols = pt_spec_dim(c, s->cols);
+    int64_t E = pt_spec_dim(c, s->experts, layer), rows = pt_spec_dim(c, s->rows, layer),
+            cols = pt_spec_dim(c, s->cols, layer);
     pt_weight *w = pt_spec_target(m, s, layer);
     char name[208], sname[224];
     const pt_tensor_info *t = NULL;
@@ -382,9 +397,10 @@ static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err
         if (!pt_spec_needed(c, s->need, layer)) return 0;
         return pt_fail(err, "%s: missing tensor %s", m->file->path, name);
     }
-    if (!pt_spec_needed(c, s->need, layer) && s->need != NEED_UNTIED) return 0; /* e.g. unused bias */
-    int64_t rows = pt_spec_dim(c, s->rows), cols = pt_spec_dim(c, s->cols);
-    int64_t n_experts = pt_spec_dim(c, s->experts);
+    if (!pt_spec_needed(c, s->need, layer) && s->need != NEED_UNTIED && s->need != NEED_OPTIONAL)
+        return 0; /* e.g. unused bias */
+    int64_t rows = pt_spec_dim(c, s->rows, layer), cols = pt_spec_dim(c, s->cols, layer);
+    int64_t n_experts = pt_spec_dim(c, s->experts, layer);
     if (s->cols == D_NONE) return bind_vector(m, t, rows, pt_spec_target(m, s, layer), err);
     pt_weight *w = pt_spec_target(m, s, layer);
     if (!gguf) { /* MLX affine: a "<module>.scales" beside "<module>.weight" */

@@ -1,6 +1,7 @@
 /*
  * test_kvcache.c - the paged KV cache: page accounting, geometry of each
- * format, and attention over quantized pages.
+ * format, a window group of its own geometry beside a layer keeping no K/V,
+ * and attention over quantized pages.
  *
  * The attention check writes random K/V rows for a sequence whose pages are
  * scattered in the pool, runs the CPU backend's kv_store and attention ops
@@ -233,11 +234,73 @@ static void test_attention_quantized(void **state) {
     run_attention(&small8);
 }
 
+/* A window group with its own geometry (Gemma 4: sliding layers have 3
+ * KV heads of 8, full ones 1 of 16) and a layer keeping no K/V: each
+ * layer's view and bytes are its group's, the shared layer has no
+ * buffers, copy on write copies a window page with the window group's
+ * page size (every byte of it, none past it), and a codec, which has one
+ * geometry, is refused. */
+static void test_window_geometry(void **state) {
+    (void)state;
+    pt_err err;
+    pt_backend *be = pt_backend_cpu_new(1, "portable", &err);
+    assert_non_null(be);
+    pt_kv_config c = {.n_layers = 4, .n_kv_heads = 1, .head_dim = 16, .page_size = 4,
+                      .n_pages = 8, .dtype = PT_F32, .window = 4, .window_n_kv_heads = 3,
+                      .window_head_dim = 8};
+    c.window_layers[0] = 1u << 0 | 1u << 2; /* layers 0 and 2 slide */
+    c.no_kv[0] = 1u << 3;                   /* layer 3 reads another's */
+    pt_kv_cache kv;
+    assert_int_equal(pt_kv_cache_init(&kv, be, &c, &err), 0);
+    assert_true(kv.grouped);
+    for (int l = 0; l < 3; l++) {
+        pt_kv_view v = pt_kv_layer(&kv, l);
+        assert_int_equal(v.n_kv_heads, l == 1 ? 1 : 3);
+        assert_int_equal(v.head_dim, l == 1 ? 16 : 8);
+        assert_non_null(kv.k[l]);
+    }
+    assert_null(kv.k[3]);
+    assert_null(kv.v[3]);
+    /* 2 window layers of 3 x 8 floats, 1 full of 16; K and V */
+    assert_int_equal(pt_kv_bytes_per_token(&c), (2 * 24 + 16) * 4 * 2);
+    assert_int_equal(pt_kv_window_bytes_per_token(&kv), 2 * 24 * 4 * 2);
+    assert_int_equal(pt_kv_page_bytes(&kv), 16 * 4 * 2 * 4);
+
+    /* a forked sequence writing its shared first page gets a copy */
+    pt_kv_seq a = {0}, b;
+    assert_int_equal(pt_kv_seq_own(&kv, &a, 0, 4, &err), 0);
+    int32_t wp = a.wpages[0], gp = a.pages[0];
+    size_t wpage = 4 * 24 * 4, gpage = 4 * 16 * 4;
+    float *wk = kv.k[0], *gk = kv.k[1];
+    for (size_t i = 0; i < wpage / 4; i++) wk[(size_t)wp * wpage / 4 + i] = (float)i + 1;
+    for (size_t i = 0; i < gpage / 4; i++) gk[(size_t)gp * gpage / 4 + i] = (float)i + 1;
+    pt_kv_seq_computed(&a, 4);
+    pt_kv_seq_fork(&kv, &b, &a);
+    assert_int_equal(pt_kv_seq_own(&kv, &b, 0, 4, &err), 0);
+    assert_int_not_equal(b.wpages[0], wp);
+    assert_int_not_equal(b.pages[0], gp);
+    for (size_t i = 0; i < wpage / 4; i++)
+        assert_true(wk[(size_t)b.wpages[0] * wpage / 4 + i] == (float)i + 1);
+    for (size_t i = 0; i < gpage / 4; i++)
+        assert_true(gk[(size_t)b.pages[0] * gpage / 4 + i] == (float)i + 1);
+    pt_kv_seq_release(&kv, &a);
+    pt_kv_seq_release(&kv, &b);
+    assert_int_equal(pt_kv_free_pages(&kv), c.n_pages);
+    pt_kv_cache_free(&kv);
+
+    pt_kv_config q = c;
+    assert_int_equal(pt_kvq_parse("8", &q.quant, &err), 0);
+    assert_int_equal(pt_kv_cache_init(&kv, be, &q, &err), -1);
+    assert_non_null(strstr(err.msg, "window layers of another shape need a plain cache"));
+    be->ops->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pages),
         cmocka_unit_test(test_geometry),
         cmocka_unit_test(test_attention_quantized),
+        cmocka_unit_test(test_window_geometry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

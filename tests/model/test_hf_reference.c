@@ -68,6 +68,32 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* The reference row's top logit minus its runner-up. */
+static double ref_margin(json_t *want, int vocab) {
+    double a = -1e30, b = -1e30;
+    for (int v = 0; v < vocab; v++) {
+        double x = json_number_value(json_array_get(want, (size_t)v));
+        if (x > a) b = a, a = x;
+        else if (x > b) b = x;
+    }
+    return a - b;
+}
+
+/* Petrel's argmax of got must be the reference's (want_arg) wherever the
+ * logits' tolerance decides it: a reference top-2 margin above 2 * tol.
+ * Closer than that, either token is within tolerance (llama.cpp's fp16
+ * GELU table alone moves Gemma 4's logits by 1e-2): false, counted. */
+static bool same_argmax(const float *got, json_t *want, int vocab, int want_arg, double tol,
+                        const char *what) {
+    int a = argmax(got, vocab);
+    if (a == want_arg) return true;
+    double margin = ref_margin(want, vocab);
+    if (margin > 2 * tol)
+        fail_msg("%s: argmax %d, the reference gives %d (its margin %.3g)", what, a, want_arg,
+                 margin);
+    return false;
+}
+
 typedef struct tols {
     double prompt, greedy;
 } tols;
@@ -116,23 +142,29 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
     pt_err err;
     if (pt_model_run(m, kv, &b, logits, &err)) fail_msg("%s: %s", name, err.msg);
     json_t *rows = json_object_get(p, "logits");
+    int ties = 0; /* argmaxes closer than the tolerance can decide */
+    char what[96];
     for (int i = 0; i < n; i++) {
-        double d = row_diff(logits + (size_t)i * vocab, json_array_get(rows, (size_t)i), vocab);
+        json_t *want_row = json_array_get(rows, (size_t)i);
+        double d = row_diff(logits + (size_t)i * vocab, want_row, vocab);
         if (d > tol.prompt)
             fail_msg("%s, %d-token prompt, position %d: max |logit diff| %.3g", name, n, i, d);
         if (worst && d > worst->prompt) worst->prompt = d;
         int want_arg = (int)json_integer_value(json_array_get(json_object_get(p, "argmax"), (size_t)i));
-        assert_int_equal(argmax(logits + (size_t)i * vocab, vocab), want_arg);
+        snprintf(what, sizeof what, "%s, %d-token prompt, position %d", name, n, i);
+        ties += !same_argmax(logits + (size_t)i * vocab, want_row, vocab, want_arg, tol.prompt, what);
     }
-    /* greedy decode, one row per step, reusing the cache */
+    /* greedy decode, one row per step, reusing the cache; each step feeds
+     * the reference's token, so its logits stay comparable even past a
+     * near-tie */
     json_t *glog = json_object_get(p, "greedy_logits");
-    int32_t next = argmax(logits + (size_t)(n - 1) * vocab, vocab);
+    const float *last = logits + (size_t)(n - 1) * vocab;
     for (int step = 0; step < n_greedy; step++) {
-        if (next != greedy[step])
-            fail_msg("%s, %d-token prompt: greedy token %d is %d, the reference gives %d", name, n,
-                     step, next, greedy[step]);
+        snprintf(what, sizeof what, "%s, %d-token prompt, greedy token %d", name, n, step);
+        ties += !same_argmax(last, json_array_get(glog, (size_t)step), vocab, greedy[step],
+                             step ? tol.greedy : tol.prompt, what);
         if (step == n_greedy - 1) break;
-        int32_t p1 = n + step, s0 = 0;
+        int32_t p1 = n + step, s0 = 0, next = greedy[step];
         bool w = true;
         pt_batch d = {1, &next, &p1, &s0, &w, 1, seqs};
         if (pt_model_run(m, kv, &d, logits, &err)) fail_msg("%s: %s", name, err.msg);
@@ -140,8 +172,11 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
         if (diff > tol.greedy)
             fail_msg("%s: decode step %d: max |logit diff| %.3g", name, step + 1, diff);
         if (worst && diff > worst->greedy) worst->greedy = diff;
-        next = argmax(logits, vocab);
+        last = logits;
     }
+    if (ties)
+        print_message("%s, %d-token prompt: %d argmaxes within tolerance of a tie, either taken\n",
+                      name, n, ties);
     pt_kv_seq_release(kv, &s);
     free(tok), free(greedy), free(pos), free(seq), free(want), free(logits);
 }
@@ -257,6 +292,9 @@ static void test_qwen3_5_text(void **state) {
     check_model("qwen3_5_text", HF_DIR "qwen3_5_text", GGUF_DIR "qwen35/reference.json", "auto", 2);
     check_model("qwen3_5_text", HF_DIR "qwen3_5_text", GGUF_DIR "qwen35/reference.json", "portable", 1);
 }
+/* Gemma 4 (scripts/llama-ref/gemma4.py): dense with per-layer inputs, and MoE */
+GGUF_CASE(gemma4)
+GGUF_CASE(gemma4_moe)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -590,6 +628,9 @@ static void test_missing_op_refused(void **state) {
          "lacks op 'copy_cols' (multi-head latent attention, layer 0)"},
         {"gguf/deepseek2/model.gguf", PT_OP_MOE_ROUTE_GROUPED,
          "lacks op 'moe_route_grouped' (DeepSeek expert routing, layer 1)"},
+        {"gguf/gemma4/model.gguf", PT_OP_GATHER_COLS, "lacks op 'gather_cols' (per-layer inputs)"},
+        {"gguf/gemma4/model.gguf", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
+        {"gguf/gemma4_moe/model.gguf", PT_OP_MATMUL_ID, "lacks op 'matmul_id' (a mixture-of-experts FFN, layer 0)"},
     };
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
@@ -609,6 +650,15 @@ static void test_missing_op_refused(void **state) {
         if (!strstr(err.msg, cases[i].want)) fail_msg("'%s' does not say '%s'", err.msg, cases[i].want);
     }
     be->ops = real;
+    /* Gemma 4 on a backend other than the CPU: refused (unchecked there). */
+    const char *cpu_name = be->name;
+    be->name = "cuda";
+    pt_model_opts o4 = {.backend = be};
+    pt_model *m4 = NULL;
+    assert_int_equal(pt_model_load(&m4, GGUF_DIR "gemma4/model.gguf", &o4, &err), -1);
+    assert_null(m4);
+    assert_non_null(strstr(err.msg, "Gemma 4 runs on the cpu backend only so far"));
+    be->name = cpu_name;
     /* Sliding-window layers with a quantized KV cache: refused, not run. */
     pt_model_opts o = {.backend = be};
     pt_model *m;
@@ -875,6 +925,8 @@ int main(void) {
         cmocka_unit_test(test_gguf_qwen35),
         cmocka_unit_test(test_gguf_qwen35moe),
         cmocka_unit_test(test_qwen3_5_text),
+        cmocka_unit_test(test_gguf_gemma4),
+        cmocka_unit_test(test_gguf_gemma4_moe),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_qwen35_config_refused),
         cmocka_unit_test(test_bad_config),

@@ -410,6 +410,52 @@ static void test_gptoss_plan(void **state) {
 }
 
 /* An impossible mixture is a bad config, not a plan to refuse later. */
+/* Gemma 4 (a GGUF family: its config is built here as its reader fills
+ * it): sliding and full layers get their own head dims, KV heads and rope
+ * dims; full layers divide their rope by rope_freqs; the layers past
+ * n_kv_layers attend over the last earlier layer of their kind, with
+ * twice the FFN width (ffn_alt); a sharing
+ * layer with no such layer is refused; config.json is refused. */
+static void test_gemma4_plan(void **state) {
+    (void)state;
+    static const bool swa[7] = {1, 0, 1, 1, 0, 1, 0};
+    pt_model_config c = {.arch = "gemma4", .dim = 32, .n_layers = 7, .n_heads = 2,
+                         .n_kv_heads = 1, .head_dim = 16, .n_rot = 16, .ffn_dim = 48,
+                         .vocab_size = 256, .norm_eps = 1e-6f, .rope_theta = 1000,
+                         .rope_theta_swa = 100, .sliding_window = 4, .head_dim_swa = 8,
+                         .n_kv_heads_swa = 2, .n_rot_swa = 8, .n_kv_layers = 5,
+                         .rope_freq_factors = true, .attn_scale = 1, .act = PT_ACT_GELU_TANH,
+                         .ffn_dim_alt = 96, .ffn_alt = {1u << 5 | 1u << 6}};
+    for (int l = 0; l < 7; l++)
+        if (swa[l]) pt_config_set_swa(&c, l);
+    pt_layer_plan plan[7];
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    static const int source[7] = {0, 1, 2, 3, 4, 3, 4};
+    for (int l = 0; l < 7; l++) {
+        assert_int_equal(plan[l].mixer, swa[l] ? PT_MIX_ATTN_SWA : PT_MIX_ATTN);
+        assert_int_equal(plan[l].head_dim, swa[l] ? 8 : 16);
+        assert_int_equal(plan[l].n_kv_heads, swa[l] ? 2 : 1);
+        assert_int_equal(plan[l].rope.n_rot, swa[l] ? 8 : 16);
+        assert_true(plan[l].rope_theta == (swa[l] ? 100.0f : 1000.0f));
+        assert_int_equal(plan[l].rope_factors, !swa[l]);
+        assert_int_equal(plan[l].cache_group, swa[l]);
+        assert_int_equal(plan[l].kv_layer, source[l]);
+        assert_int_equal(plan[l].ffn_dim, l >= 5 ? 96 : 48); /* double-wide MLP */
+        assert_true(plan[l].attn_scale == 1.0f);
+    }
+    /* layer 1 (full) shares, but layer 0 is the only earlier one: sliding */
+    c.n_kv_layers = 1;
+    assert_int_equal(pt_model_plan(&c, plan, &err), -1);
+    assert_non_null(strstr(err.msg, "layer 1 shares K/V but no earlier layer of its kind"));
+
+    json_t *j = json_loads("{\"model_type\":\"gemma4_text\"," BASE "}", 0, NULL);
+    assert_non_null(j);
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "'gemma4_text' is not supported"));
+    json_decref(j);
+}
+
 static void test_bad_mixture(void **state) {
     (void)state;
     json_t *j = json_loads("{\"model_type\":\"mistral\"," BASE ",\"num_local_experts\":2,"
@@ -636,6 +682,7 @@ int main(void) {
         cmocka_unit_test(test_gptoss_plan),
         cmocka_unit_test(test_gguf_configs),
         cmocka_unit_test(test_qwen3_next_plan),
+        cmocka_unit_test(test_gemma4_plan),
         cmocka_unit_test(test_bad_mixture),
         cmocka_unit_test(test_expert_stack_dummy),
     };
