@@ -82,6 +82,7 @@ typedef struct pt_group {
     int32_t *prediction; /* the Predicted Output's tokens, or NULL */
     bool seed_given;
     pt_structured *structured; /* the grammar every choice's processor reads */
+    char *forced_name; /* harmony: the function a forced call's header names */
     bool siblings_out;         /* choices 1..n-1 were submitted (or freed) */
 } pt_group;
 
@@ -403,6 +404,7 @@ static void group_free(pt_group *g) {
     free(g->bias_ids);
     free(g->bias_vals);
     free(g->prediction);
+    free(g->forced_name);
     pt_structured_free(g->structured);
     free(g->choice);
     free(g);
@@ -794,6 +796,23 @@ static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **te
     o->tools = q->tools.mode != PT_TOOL_NONE;
     o->tool_forced = q->tools.mode == PT_TOOL_REQUIRED || q->tools.mode == PT_TOOL_NAMED;
     o->id_seed = random_seed();
+    o->harmony = pt_chat_tmpl_harmony(q->m->tmpl);
+    if (o->harmony) {
+        /* the prompt ends with <|start|>assistant; a grammar allows no
+         * special token, so the header it needs is written here */
+        q->dt.skip_special = false; /* the markers are special tokens */
+        if (o->tool_forced) {
+            const char *name = pt_tools_forced_name(q->oai.tools, &q->tools);
+            if (name) o->forced_name = q->grp->forced_name = pt_xstrdup(name);
+            char *h = pt_harmony_call_header(name);
+            append(text, len, h);
+            free(h);
+        } else if (constrained) {
+            append(text, len, PT_HARMONY_FINAL_HEADER);
+            o->harmony_final = true;
+        }
+        return;
+    }
     if ((constrained || o->tool_forced) && o->think_inside) {
         append(text, len, "\n</think>\n\n");
         o->think_inside = false;
@@ -932,8 +951,14 @@ static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) 
     pt_err err = {{0}};
     if (q->msg_opts.tool_forced) { /* the call's grammar; it wins over response_format */
         pt_grammar *g;
-        if (pt_tools_forced_grammar(r->tools, &q->tools, q->msg_opts.tool_family, &g, &err))
-            return refuse(q, 400, "invalid_value", "tools", err.msg);
+        pt_tool_choice one = q->tools;
+        one.parallel_asked = false; /* a harmony message holds one call */
+        int rc = !q->msg_opts.harmony ? pt_tools_forced_grammar(r->tools, &q->tools,
+                                                                q->msg_opts.tool_family, &g, &err)
+                 : q->msg_opts.forced_name
+                     ? pt_tools_args_grammar(r->tools, q->msg_opts.forced_name, &g, &err)
+                     : pt_tools_forced_grammar(r->tools, &one, PT_TOOLS_HERMES, &g, &err);
+        if (rc) return refuse(q, 400, "invalid_value", "tools", err.msg);
         q->structured = pt_structured_new(g, q->m->e->tok);
         return 0;
     }
@@ -1003,8 +1028,9 @@ static void submit_siblings(pt_group *g) {
         }
         q->msg_opts = q0->msg_opts;
         q->msg_opts.id_seed = random_seed();
+        q->dt.skip_special = q0->dt.skip_special;
         q->n_prompt = q0->n_prompt;
-        if (q->chat && (q->msg_opts.think || q->msg_opts.tools)) {
+        if (q->chat && (q->msg_opts.think || q->msg_opts.tools || q->msg_opts.harmony)) {
             pt_msgsplit_init(&q->msg, &q->msg_opts);
             q->split = true;
         }
@@ -1062,7 +1088,7 @@ static int front_submit(pt_server *s, pt_req *q) {
     job.params.ignore_eos = r->ignore_eos;
     if (q->structured) job.add_procs = pt_structured_add_procs, job.proc_arg = q->structured;
     q->n_prompt = (int)n;
-    if (q->chat && (q->msg_opts.think || q->msg_opts.tools)) {
+    if (q->chat && (q->msg_opts.think || q->msg_opts.tools || q->msg_opts.harmony)) {
         pt_msgsplit_init(&q->msg, &q->msg_opts); /* before the first token can arrive */
         q->split = true;
     }
