@@ -838,6 +838,7 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     char *text;
     size_t len;
     pt_tools_prepare_messages(r->messages);
+    if (pt_chat_tmpl_harmony(q->m->tmpl)) pt_harmony_prepare_messages(r->messages);
     if (pt_chat_tmpl_render(q->m->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
                             &err))
         return refuse(q, 400, "invalid_messages", "messages", err.msg);

@@ -27,6 +27,19 @@ bool pt_harmony_template(const char *src) {
     return src && strstr(src, k_channel) != NULL;
 }
 
+void pt_harmony_prepare_messages(json_t *messages) {
+    size_t i;
+    json_t *m;
+    json_array_foreach(messages, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!role || strcmp(role, "assistant")) continue;
+        if (json_is_null(json_object_get(m, "content"))) json_object_del(m, "content");
+        json_t *r = json_object_get(m, "reasoning_content");
+        if (json_is_string(r) && !json_object_get(m, "thinking"))
+            json_object_set(m, "thinking", r);
+    }
+}
+
 char *pt_harmony_call_header(const char *name) {
     char *s;
     if (name) {

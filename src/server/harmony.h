@@ -66,6 +66,13 @@ void pt_harmony_push(pt_harmony *h, const char *s, size_t n);
 void pt_harmony_flush(pt_harmony *h);
 void pt_harmony_free(pt_harmony *h);
 
+/* Messages as the harmony template expects them (changed in place): an
+ * assistant call's "content": null is dropped (the template tests
+ * `"<|channel|>..." in message.content`, which fails on null, and the
+ * openai client sends null there), and a reasoning_content we returned
+ * becomes the "thinking" the template renders as the analysis channel. */
+void pt_harmony_prepare_messages(json_t *messages);
+
 /* The header a forced call's prompt ends with (after <|start|>assistant):
  * the named function's, or with name NULL a JSON commentary whose body
  * names the function (malloc'd). */
