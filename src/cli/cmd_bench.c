@@ -58,6 +58,36 @@ static int parse_list(const char *s, int *out, int max) {
 /* Bytes a decode step must read at a given depth: every matrix except the
  * embedding table (one row of it is read) and the idle experts, and the KV
  * cache so far (a window of it in sliding-window layers): cost.c. */
+/* The context length the KV report quotes, a common long context. */
+#define KV_REPORT_CTX 32768
+
+/* KV per token of context by cache group: the full-attention layers pay
+ * for every position, the sliding-window group only for its window. */
+static void kv_groups_report(const pt_engine *e, size_t kv_token) {
+    size_t win = pt_kv_window_bytes_per_token(&e->kv);
+    if (!win) return;
+    int page = e->kv.cfg.page_size;
+    double all = (double)kv_token * (double)((KV_REPORT_CTX + page - 1) / page * page);
+    fprintf(stderr,
+            "  KV by cache group: full attention %zu bytes per token of context; sliding window "
+            "%zu bytes per position of its last %d\n"
+            "  one sequence at %d tokens keeps %.1f MiB of KV (%.1f MiB if every layer were "
+            "full attention)\n",
+            kv_token - win, win, e->kv.cfg.window, KV_REPORT_CTX,
+            pt_model_kv_resident(e->model, KV_REPORT_CTX, kv_token, page) / 1048576.0,
+            all / 1048576.0);
+}
+
+static json_t *kv_groups_json(const pt_engine *e, size_t kv_token) {
+    size_t win = pt_kv_window_bytes_per_token(&e->kv);
+    int page = e->kv.cfg.page_size;
+    return json_pack("{s:I, s:I, s:i, s:i, s:f}", "full_bytes_per_token",
+                     (json_int_t)(kv_token - win), "window_bytes_per_position", (json_int_t)win,
+                     "window", win ? e->kv.cfg.window : 0, "context", KV_REPORT_CTX,
+                     "resident_bytes_at_context",
+                     pt_model_kv_resident(e->model, KV_REPORT_CTX, kv_token, page));
+}
+
 static double decode_bytes(const pt_engine *e, int depth) {
     return pt_model_step_bytes(e->model, depth, pt_kv_bytes_per_token(&e->kv.cfg));
 }
@@ -255,6 +285,7 @@ int cmd_bench(int argc, char **argv) {
     pt_kv_format_name(&e->kv.cfg, kv_format, sizeof kv_format);
     fprintf(stderr, "  KV cache %s: %zu bytes per token (%.1f per token per layer and kv head)\n",
             kv_format, kv_token, (double)kv_token / PT_MAX(kv_layers, 1) / m->cfg.n_kv_heads);
+    kv_groups_report(e, kv_token);
     if (e->kv.cfg.n_state_slots > 0)
         fprintf(stderr, "  recurrent state (f32): %.1f KiB per sequence over %d of %d layers, "
                         "whatever the depth\n",
@@ -279,6 +310,7 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(j, "compute_peak_gops", json_real(cpeak / 1e9));
     json_object_set_new(j, "probe_note", json_string(peak_note));
     json_object_set_new(j, "kv_bytes_per_token", json_integer((json_int_t)kv_token));
+    json_object_set_new(j, "kv_groups", kv_groups_json(e, kv_token));
     json_t *jp = json_array(), *jd = json_array();
     json_object_set_new(j, "prefill", jp);
     json_object_set_new(j, "decode", jd);
@@ -308,9 +340,11 @@ int cmd_bench(int argc, char **argv) {
         double bytes = decode_bytes(e, depths[i]), roof = bw / bytes, tps = 1 / best;
         printf("%-10s %8d %12.2f %12.2f %12.2f %9.1f%%%s\n", "", depths[i], tps, bytes / 1e6, roof,
                100 * tps / roof, tps > roof ? "  (above the bandwidth probe: not a ceiling)" : "");
-        json_array_append_new(jd, json_pack("{s:i, s:f, s:f, s:f, s:f}", "depth", depths[i],
-                                            "tok_s", tps, "bytes_per_token", bytes,
-                                            "roofline_tok_s", roof, "fraction", tps / roof));
+        json_array_append_new(
+            jd, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "depth", depths[i], "tok_s", tps,
+                          "bytes_per_token", bytes, "roofline_tok_s", roof, "fraction", tps / roof,
+                          "kv_resident_bytes",
+                          pt_model_kv_resident(e->model, depths[i], kv_token, e->kv.cfg.page_size)));
     }
     if (n_pars && run_parallel(e, pars, n_pars, j, &err)) goto fail;
     if (b.reuse && run_reuse(&e, j, &err)) goto fail;
