@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "server/message.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct answer {
     char reasoning[4096], content[4096];
@@ -242,6 +243,77 @@ static void test_forced(void **state) {
     free(h);
 }
 
+/* A byte-level vocabulary with harmony's special tokens (ids as small as
+ * the test needs; detokenizing needs no merges). */
+static const char k_harmony_vocab[] =
+    "{\"added_tokens\": ["
+    " {\"id\": 10, \"content\": \"<|start|>\", \"special\": true},"
+    " {\"id\": 11, \"content\": \"<|end|>\", \"special\": true},"
+    " {\"id\": 12, \"content\": \"<|message|>\", \"special\": true},"
+    " {\"id\": 13, \"content\": \"<|channel|>\", \"special\": true},"
+    " {\"id\": 14, \"content\": \"<|return|>\", \"special\": true},"
+    " {\"id\": 15, \"content\": \"<|call|>\", \"special\": true},"
+    " {\"id\": 16, \"content\": \"<|constrain|>\", \"special\": true}],"
+    " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false,"
+    "  \"trim_offsets\": true, \"use_regex\": true},"
+    " \"decoder\": {\"type\": \"ByteLevel\"},"
+    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"Hi\": 0, \"!\": 1, \"\\u0120there\": 2,"
+    "  \"analysis\": 3, \"final\": 4, \"assistant\": 5, \"commentary\": 6,"
+    "  \"\\u0120to\": 7, \"=functions.f\": 8, \"json\": 9, \"{}\": 17, \"\\u0120\": 18,"
+    "  \"hmm\": 19}, \"merges\": []}}";
+
+/* Token ids through the detokenizer as the server runs it for a harmony
+ * template (special tokens kept) and into the splitter; and which tokens
+ * end generation: <|return|> and <|call|>, never <|end|>, which in
+ * harmony only ends the reasoning message (a Phi-3-style vocabulary
+ * without <|channel|> keeps <|end|> as its end of turn). */
+static void test_tokens(void **state) {
+    (void)state;
+    pt_tokenizer *t;
+    pt_err err = {{0}};
+    if (pt_tokenizer_load_json_mem(&t, k_harmony_vocab, strlen(k_harmony_vocab), NULL, &err))
+        fail_msg("%s", err.msg);
+    assert_false(pt_tokenizer_is_eog(t, 11));
+    assert_true(pt_tokenizer_is_eog(t, 14));
+    assert_true(pt_tokenizer_is_eog(t, 15));
+    /* <|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final
+     * <|message|>Hi there!  then a call: ... commentary to=functions.f <|constrain|>json
+     * <|message|>{} */
+    const int32_t ids[] = {13, 3, 12, 19, 11, 10, 5, 13, 4, 12, 0, 2, 1,
+                           11, 10, 5, 13, 6, 7, 8, 18, 16, 9, 12, 17};
+    pt_msgsplit_opts o = opts(true);
+    pt_msgsplit m;
+    pt_msgsplit_init(&m, &o);
+    pt_detok d;
+    pt_detok_init(&d, t);
+    d.at_start = true;
+    d.skip_special = false; /* completion.c for a harmony template */
+    char buf[256];
+    for (size_t i = 0; i < PT_ARRAY_LEN(ids); i++) {
+        size_t n = pt_detok_push(&d, ids[i], buf, sizeof buf);
+        pt_msgsplit_push(&m, buf, n);
+    }
+    pt_msgsplit_push(&m, buf, pt_detok_flush(&d, buf, sizeof buf));
+    pt_msgsplit_finish(&m);
+    json_t *msg = pt_msgsplit_message(&m);
+    assert_string_equal(str(msg, "reasoning_content"), "hmm");
+    assert_string_equal(str(msg, "content"), "Hi there!");
+    json_t *fn = json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function");
+    assert_string_equal(str(fn, "name"), "f");
+    assert_string_equal(str(fn, "arguments"), "{}");
+    json_decref(msg);
+    pt_msgsplit_free(&m);
+    pt_tokenizer_free(t);
+
+    /* without <|channel|>: <|end|> is an end of turn as before */
+    char phi[sizeof k_harmony_vocab];
+    snprintf(phi, sizeof phi, "%s", k_harmony_vocab);
+    memcpy(strstr(phi, "<|channel|>"), "<|chanxel|>", 11);
+    if (pt_tokenizer_load_json_mem(&t, phi, strlen(phi), NULL, &err)) fail_msg("%s", err.msg);
+    assert_true(pt_tokenizer_is_eog(t, 11));
+    pt_tokenizer_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_channels),
@@ -250,6 +322,7 @@ int main(void) {
         cmocka_unit_test(test_tool_call_streamed),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_forced),
+        cmocka_unit_test(test_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
