@@ -164,9 +164,25 @@ static const char *body_end(const pt_harmony *h, size_t *k) {
     return best;
 }
 
+/* Whether held text may be a header: one begins with a marker
+ * (<|channel|>, <|start|>) or the recipient (" to=" after the role). */
+static bool may_be_header(const char *s, size_t n) {
+    static const char *const starts[] = {"<|", " to=", "to="};
+    for (size_t i = 0; i < PT_ARRAY_LEN(starts); i++) {
+        size_t k = PT_MIN(n, strlen(starts[i]));
+        if (!memcmp(s, starts[i], k)) return true;
+    }
+    return false;
+}
+
 /* One state's worth of the held text; true if the state changed. */
 static bool step(pt_harmony *h) {
     if (h->state == H_HEAD) {
+        if (h->len && !may_be_header(h->buf, h->len)) {
+            h->sink = SINK_CONTENT; /* not harmony here: the text is the answer */
+            h->state = H_BODY;
+            return true;
+        }
         const char *m = find(h->buf, h->len, k_message);
         if (!m) {
             if (h->len <= HEADER_MAX) return false;
@@ -217,9 +233,7 @@ void pt_harmony_push(pt_harmony *h, const char *s, size_t n) {
 
 void pt_harmony_flush(pt_harmony *h) {
     if (h->state == H_HEAD) {
-        /* an unfinished header is dropped; text that never looked like
-         * one (no marker at all) is the model's answer */
-        if (!find(h->buf, h->len, "<|")) text(h, false, h->buf, h->len);
+        /* an unfinished header (cut by max_tokens) is dropped */
     } else if (h->sink == SINK_CALL) {
         settle_call(h, h->buf, h->len);
     } else {

@@ -18,9 +18,12 @@
  * body too.
  *
  * Invariants: every byte of a body goes to exactly one side; markers and
- * headers go nowhere; a call whose body is not a JSON object, a header
- * that never reaches <|message|> (a model that does not write harmony),
- * or a call when tools were not asked for, is content, byte for byte;
+ * headers go nowhere; text where a header should start but that does not
+ * begin like one (<|..., to=...), a header that runs past 512 bytes
+ * without <|message|> (a model that does not write harmony), a call whose
+ * body is not a JSON object, or a call when tools were not asked for, is
+ * content, byte for byte (the latter two: the body); a header cut short
+ * by the end of the output is dropped;
  * parsing never fails a request.  Text is held back only while it may
  * begin a marker, and a call's body until it ends.
  */

@@ -189,6 +189,11 @@ static void test_malformed(void **state) {
     assert_string_equal(str(msg, "content"), "just words, no harmony");
     json_decref(msg);
 
+    /* a stray marker in text that is not harmony stays in the text */
+    msg = whole(&none, "x<|end|>y<|channel|>z");
+    assert_string_equal(str(msg, "content"), "xy<|channel|>z");
+    json_decref(msg);
+
     msg = whole(&none, "<|channel|>analysis<|message|>thinking until max_tokens");
     assert_string_equal(str(msg, "reasoning_content"), "thinking until max_tokens");
     assert_string_equal(str(msg, "content"), "");
