@@ -260,7 +260,7 @@ void tok_set_eog(pt_tokenizer *t, int32_t id) {
  * <|end|> ends Phi-3's turn, but in OpenAI's harmony format (a vocabulary
  * with <|channel|>) it ends one message of the answer: gpt-oss writes its
  * reasoning, <|end|>, then the final message, and stops at <|return|> or
- * <|call|>. */
+ * <|call|> (llama.cpp drops <|end|> from its end tokens likewise). */
 void tok_mark_eog_by_name(pt_tokenizer *t) {
     int32_t channel = tok_strmap_get(t, "<|channel|>", strlen("<|channel|>"));
     bool harmony = channel >= 0 && t->tokens[channel].special;
@@ -276,4 +276,7 @@ void tok_mark_eog_by_name(pt_tokenizer *t) {
         if (id >= 0 && t->tokens[id].special) tok_set_eog(t, id);
     }
     tok_set_eog(t, t->eos);
+    /* a GGUF may name <|end|> its eot token: not in harmony */
+    int32_t end = tok_strmap_get(t, "<|end|>", strlen("<|end|>"));
+    if (harmony && end >= 0 && end != t->eos) t->eog[end] = 0;
 }
