@@ -344,7 +344,8 @@ int cmd_bench(int argc, char **argv) {
             jd, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "depth", depths[i], "tok_s", tps,
                           "bytes_per_token", bytes, "roofline_tok_s", roof, "fraction", tps / roof,
                           "kv_resident_bytes",
-                          pt_model_kv_resident(e->model, depths[i], kv_token, e->kv.cfg.page_size)));
+                          pt_model_kv_resident(e->model, depths[i], kv_token,
+                                               e->kv.cfg.page_size)));
     }
     if (n_pars && run_parallel(e, pars, n_pars, j, &err)) goto fail;
     if (b.reuse && run_reuse(&e, j, &err)) goto fail;

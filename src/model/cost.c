@@ -61,7 +61,8 @@ static void kv_layers(const pt_model *m, int *n_kv, int *n_win) {
     }
 }
 
-double pt_model_kv_resident(const pt_model *m, int n_ctx, size_t kv_bytes_per_token, int page_size) {
+double pt_model_kv_resident(const pt_model *m, int n_ctx, size_t kv_bytes_per_token,
+                            int page_size) {
     int n_kv, n_win, window = 0;
     kv_layers(m, &n_kv, &n_win);
     if (!n_kv) return 0;

@@ -787,7 +787,9 @@ static void append(char **text, size_t *len, const char *s) {
  * open), and the call markup a forced tool call starts from.  A grammar
  * (a forced call, response_format) constrains the answer from its first
  * token, so a prompt that left <think> open is closed first: the answer
- * is then content, not reasoning. */
+ * is then content, not reasoning.  Harmony (gpt-oss) keeps special tokens
+ * in the text (they are its markers), and the header a grammar cannot
+ * write (special tokens are outside every grammar) goes into the prompt. */
 static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **text, size_t *len) {
     pt_msgsplit_opts *o = &q->msg_opts;
     o->think = pt_chat_tmpl_thinks(q->m->tmpl);
@@ -798,9 +800,7 @@ static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **te
     o->id_seed = random_seed();
     o->harmony = pt_chat_tmpl_harmony(q->m->tmpl);
     if (o->harmony) {
-        /* the prompt ends with <|start|>assistant; a grammar allows no
-         * special token, so the header it needs is written here */
-        q->dt.skip_special = false; /* the markers are special tokens */
+        q->dt.skip_special = false; /* the prompt ends with <|start|>assistant */
         if (o->tool_forced) {
             const char *name = pt_tools_forced_name(q->oai.tools, &q->tools);
             if (name) o->forced_name = q->grp->forced_name = pt_xstrdup(name);
@@ -946,20 +946,29 @@ void pt_handle_on(pt_conn *c, pt_slot *m, const char *body, size_t len, int kind
     pt_front_push(s, q);
 }
 
+/* The grammar of a forced call's output: the family's call markup after
+ * its prefix; for harmony, whose header (in the prompt) names the
+ * function, the arguments alone, or when the model picks among several
+ * tools one {"name", "arguments"} object (a harmony message holds one). */
+static int forced_call_grammar(const pt_req *q, const pt_oai_request *r, pt_grammar **g,
+                               pt_err *err) {
+    if (!q->msg_opts.harmony)
+        return pt_tools_forced_grammar(r->tools, &q->tools, q->msg_opts.tool_family, g, err);
+    if (q->msg_opts.forced_name)
+        return pt_tools_args_grammar(r->tools, q->msg_opts.forced_name, g, err);
+    pt_tool_choice one = q->tools;
+    one.parallel_asked = false;
+    return pt_tools_forced_grammar(r->tools, &one, PT_TOOLS_HERMES, g, err);
+}
+
 /* Compiles response_format into q->structured; a schema it cannot
  * enforce is a 400 naming the feature. */
 static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) {
     pt_err err = {{0}};
     if (q->msg_opts.tool_forced) { /* the call's grammar; it wins over response_format */
         pt_grammar *g;
-        pt_tool_choice one = q->tools;
-        one.parallel_asked = false; /* a harmony message holds one call */
-        int rc = !q->msg_opts.harmony ? pt_tools_forced_grammar(r->tools, &q->tools,
-                                                                q->msg_opts.tool_family, &g, &err)
-                 : q->msg_opts.forced_name
-                     ? pt_tools_args_grammar(r->tools, q->msg_opts.forced_name, &g, &err)
-                     : pt_tools_forced_grammar(r->tools, &one, PT_TOOLS_HERMES, &g, &err);
-        if (rc) return refuse(q, 400, "invalid_value", "tools", err.msg);
+        if (forced_call_grammar(q, r, &g, &err))
+            return refuse(q, 400, "invalid_value", "tools", err.msg);
         q->structured = pt_structured_new(g, q->m->e->tok);
         return 0;
     }

@@ -35,8 +35,7 @@ void pt_harmony_prepare_messages(json_t *messages) {
         if (!role || strcmp(role, "assistant")) continue;
         if (json_is_null(json_object_get(m, "content"))) json_object_del(m, "content");
         json_t *r = json_object_get(m, "reasoning_content");
-        if (json_is_string(r) && !json_object_get(m, "thinking"))
-            json_object_set(m, "thinking", r);
+        if (json_is_string(r) && !json_object_get(m, "thinking")) json_object_set(m, "thinking", r);
     }
 }
 

@@ -236,7 +236,8 @@ int pt_tools_args_grammar(const json_t *tools, const char *name, pt_grammar **ou
 const char *pt_tools_forced_name(const json_t *tools, const pt_tool_choice *c) {
     if (c->mode == PT_TOOL_NAMED) return c->name;
     if (c->mode != PT_TOOL_REQUIRED || json_array_size(tools) != 1) return NULL;
-    return json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "name"));
+    const json_t *fn = json_object_get(json_array_get(tools, 0), "function");
+    return json_string_value(json_object_get(fn, "name"));
 }
 
 /* ---- messages for the template ------------------------------------------------------- */

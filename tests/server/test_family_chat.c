@@ -115,18 +115,23 @@ static void test_qwen3(void **state) {
     p = render(tpl,
                "[{\"role\":\"user\",\"content\":\"Weather?\"},"
                "{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":"
-               "\"function\",\"function\":{\"name\":\"w\",\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},"
+               "\"function\",\"function\":{\"name\":\"w\",\"arguments\":\"{\\\"city\\\":"
+               "\\\"Oslo\\\"}\"}}]},"
                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"3C\"}]",
-               "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":{}}}]", NULL, &err);
+               "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":{}}}]", NULL,
+               &err);
     assert_non_null(p);
-    assert_non_null(strstr(p, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
-    assert_non_null(strstr(p, "<|im_start|>user\n<tool_response>\n3C\n</tool_response><|im_end|>\n"));
+    assert_non_null(strstr(
+        p, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
+    assert_non_null(
+        strstr(p, "<|im_start|>user\n<tool_response>\n3C\n</tool_response><|im_end|>\n"));
     free(p);
     free(tpl);
 }
 
 static const char k_weather_tool[] =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"The weather\","
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"The "
+    "weather\","
     "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
     "\"required\":[\"city\"]}}}]";
 
@@ -155,21 +160,26 @@ static void test_gpt_oss(void **state) {
                         "<|start|>user<|message|>Hi<|end|><|start|>assistant");
     free(p);
 
-    p = render(tpl,
-               "[{\"role\":\"user\",\"content\":\"Weather in Oslo?\"},"
-               "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
-               "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},"
-               "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"3C\"}]",
-               k_weather_tool, NULL, &err);
+    p = render(
+        tpl,
+        "[{\"role\":\"user\",\"content\":\"Weather in Oslo?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+        "\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"3C\"}]",
+        k_weather_tool, NULL, &err);
     assert_non_null(p);
-    assert_non_null(strstr(p, "\nCalls to these tools must go to the commentary channel: 'functions'.<|end|>"));
-    assert_non_null(strstr(p, "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n"
-                              "// The weather\ntype get_weather = (_: {\ncity: string,\n}) => any;\n\n"
-                              "} // namespace functions<|end|>"));
-    assert_non_null(strstr(p, "<|start|>assistant to=functions.get_weather<|channel|>commentary json"
-                              "<|message|>{\"city\": \"Oslo\"}<|call|>"
-                              "<|start|>functions.get_weather to=assistant<|channel|>commentary"
-                              "<|message|>\"3C\"<|end|><|start|>assistant"));
+    assert_non_null(
+        strstr(p, "\nCalls to these tools must go to the commentary channel: 'functions'.<|end|>"));
+    assert_non_null(strstr(
+        p, "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n"
+           "// The weather\ntype get_weather = (_: {\ncity: string,\n}) => any;\n\n"
+           "} // namespace functions<|end|>"));
+    assert_non_null(strstr(p,
+                           "<|start|>assistant to=functions.get_weather<|channel|>commentary json"
+                           "<|message|>{\"city\": \"Oslo\"}<|call|>"
+                           "<|start|>functions.get_weather to=assistant<|channel|>commentary"
+                           "<|message|>\"3C\"<|end|><|start|>assistant"));
     free(p);
     free(tpl);
 }

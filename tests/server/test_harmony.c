@@ -157,8 +157,10 @@ static void test_tool_call_streamed(void **state) {
         assert_string_equal(a.reasoning, "Need weather.");
         assert_string_equal(a.content, "");
         assert_int_equal(json_array_size(a.calls), 2);
-        json_t *first = json_array_get(json_object_get(json_array_get(a.calls, 0), "tool_calls"), 0);
-        json_t *second = json_array_get(json_object_get(json_array_get(a.calls, 1), "tool_calls"), 0);
+        json_t *first =
+            json_array_get(json_object_get(json_array_get(a.calls, 0), "tool_calls"), 0);
+        json_t *second =
+            json_array_get(json_object_get(json_array_get(a.calls, 1), "tool_calls"), 0);
         assert_int_equal(json_integer_value(json_object_get(first, "index")), 0);
         assert_string_equal(str(json_object_get(first, "function"), "name"), "get_weather");
         assert_string_equal(str(json_object_get(first, "function"), "arguments"), "");
@@ -244,7 +246,8 @@ static void test_forced(void **state) {
     json_decref(msg);
 
     char *h = pt_harmony_call_header("get_weather");
-    assert_string_equal(h, "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>");
+    assert_string_equal(
+        h, "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>");
     free(h);
 }
 
@@ -284,8 +287,8 @@ static void test_tokens(void **state) {
     /* <|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final
      * <|message|>Hi there!  then a call: ... commentary to=functions.f <|constrain|>json
      * <|message|>{} */
-    const int32_t ids[] = {13, 3, 12, 19, 11, 10, 5, 13, 4, 12, 0, 2, 1,
-                           11, 10, 5, 13, 6, 7, 8, 18, 16, 9, 12, 17};
+    const int32_t ids[] = {13, 3,  12, 19, 11, 10, 5, 13, 4,  12, 0,  2, 1,
+                           11, 10, 5,  13, 6,  7,  8, 18, 16, 9,  12, 17};
     pt_msgsplit_opts o = opts(true);
     pt_msgsplit m;
     pt_msgsplit_init(&m, &o);
@@ -321,12 +324,9 @@ static void test_tokens(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_channels),
-        cmocka_unit_test(test_channels_streamed),
-        cmocka_unit_test(test_tool_call),
-        cmocka_unit_test(test_tool_call_streamed),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_forced),
+        cmocka_unit_test(test_channels),  cmocka_unit_test(test_channels_streamed),
+        cmocka_unit_test(test_tool_call), cmocka_unit_test(test_tool_call_streamed),
+        cmocka_unit_test(test_malformed), cmocka_unit_test(test_forced),
         cmocka_unit_test(test_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
