@@ -820,6 +820,17 @@ static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **te
     if (o->tool_forced) append(text, len, pt_tools_call_prefix(o->tool_family));
 }
 
+/* The template's extra variables (a new reference, or NULL):
+ * chat_template_kwargs, and reasoning_effort unless they set it. */
+static json_t *template_vars(const pt_oai_request *r) {
+    json_t *v = r->template_kwargs ? json_copy(r->template_kwargs) : NULL;
+    if (r->reasoning_effort && !json_object_get(v, "reasoning_effort")) {
+        if (!v) v = json_object();
+        json_object_set_new(v, "reasoning_effort", json_string(r->reasoning_effort));
+    }
+    return v;
+}
+
 /* The prompt's token ids; on error records the failure and returns -1. */
 static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32_t **ids,
                          size_t *n) {
@@ -839,9 +850,10 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     size_t len;
     pt_tools_prepare_messages(r->messages);
     if (pt_chat_tmpl_harmony(q->m->tmpl)) pt_harmony_prepare_messages(r->messages);
-    if (pt_chat_tmpl_render(q->m->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
-                            &err))
-        return refuse(q, 400, "invalid_messages", "messages", err.msg);
+    json_t *extra = template_vars(r);
+    int bad = pt_chat_tmpl_render(q->m->tmpl, r->messages, r->tools, extra, &text, &len, &err);
+    json_decref(extra);
+    if (bad) return refuse(q, 400, "invalid_messages", "messages", err.msg);
     chat_prompt_end(q, s, r->response_format != NULL, &text, &len);
     /* the template writes any BOS itself; add one only if it did not */
     int rc = pt_tokenize(tok, text, len, false, true, ids, n, &err);

@@ -254,6 +254,11 @@ describe('gpt-oss (harmony)', () => {
       '<|start|>developer<|message|># Instructions\n\nBe terse.\n\n<|end|>' +
       '<|start|>user<|message|>Hi<|end|><|start|>assistant';
     assert.equal(r.usage.prompt_tokens, countTokens(prompt, SPECIALS));
+    // OpenAI's reasoning_effort reaches the template too ("high": 1 more byte than "low")
+    const high = await srv.client().chat.completions.create({
+      model: MODEL, messages: SYS_USER, temperature: 0, max_tokens: 8, reasoning_effort: 'high',
+    });
+    assert.equal(high.usage.prompt_tokens, countTokens(prompt.replace('Reasoning: low', 'Reasoning: high'), SPECIALS));
   });
 
   // Left alone the random model writes no markers; logit_bias makes it
