@@ -55,6 +55,50 @@ static int parse_list(const char *s, int *out, int max) {
     return n;
 }
 
+/* The context length the KV report quotes, a common long context. */
+#define KV_REPORT_CTX 32768
+
+/* KV by cache group: the full-attention layers pay for every position,
+ * the sliding-window group only for its window.  At KV_REPORT_CTX: what
+ * one sequence's pages hold once decoding has reached it (the window
+ * group: ceil(window / page) + 1 pages, cost.c), and what the engine
+ * reserves for it (the window pool: a window plus one step's rows). */
+static void kv_groups_figures(const pt_engine *e, size_t kv_token, size_t *win, double *held,
+                              double *reserved, double *all_global) {
+    *win = pt_kv_window_bytes_per_token(&e->kv);
+    int page = e->kv.cfg.page_size;
+    double ctx = (double)((KV_REPORT_CTX + page - 1) / page * page);
+    *held = pt_model_kv_resident(e->model, KV_REPORT_CTX, kv_token, page);
+    *reserved = (double)(kv_token - *win) * ctx +
+                (double)*win * page * pt_kv_window_pages_per_seq(&e->kv.cfg);
+    *all_global = (double)kv_token * ctx;
+}
+
+static void kv_groups_report(const pt_engine *e, size_t kv_token) {
+    size_t win;
+    double held, reserved, all;
+    kv_groups_figures(e, kv_token, &win, &held, &reserved, &all);
+    if (!win) return;
+    fprintf(stderr,
+            "  KV by cache group: full attention %zu bytes per token of context; sliding window "
+            "%zu bytes per position of its last %d\n"
+            "  one sequence at %d tokens: %.1f MiB of KV held, %.1f MiB reserved with its window "
+            "pool (%.1f MiB if every layer were full attention)\n",
+            kv_token - win, win, e->kv.cfg.window, KV_REPORT_CTX, held / 1048576.0,
+            reserved / 1048576.0, all / 1048576.0);
+}
+
+static json_t *kv_groups_json(const pt_engine *e, size_t kv_token) {
+    size_t win;
+    double held, reserved, all;
+    kv_groups_figures(e, kv_token, &win, &held, &reserved, &all);
+    return json_pack("{s:I, s:I, s:i, s:i, s:f, s:f, s:f}", "full_bytes_per_token",
+                     (json_int_t)(kv_token - win), "window_bytes_per_position", (json_int_t)win,
+                     "window", win ? e->kv.cfg.window : 0, "context", KV_REPORT_CTX,
+                     "held_bytes_at_context", held, "reserved_bytes_at_context", reserved,
+                     "all_global_bytes_at_context", all);
+}
+
 /* Bytes a decode step must read at a given depth: every matrix except the
  * embedding table (one row of it is read) and the idle experts, and the KV
  * cache so far (a window of it in sliding-window layers): cost.c. */
@@ -255,6 +299,7 @@ int cmd_bench(int argc, char **argv) {
     pt_kv_format_name(&e->kv.cfg, kv_format, sizeof kv_format);
     fprintf(stderr, "  KV cache %s: %zu bytes per token (%.1f per token per layer and kv head)\n",
             kv_format, kv_token, (double)kv_token / PT_MAX(kv_layers, 1) / m->cfg.n_kv_heads);
+    kv_groups_report(e, kv_token);
     if (e->kv.cfg.n_state_slots > 0)
         fprintf(stderr, "  recurrent state (f32): %.1f KiB per sequence over %d of %d layers, "
                         "whatever the depth\n",
@@ -279,6 +324,7 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(j, "compute_peak_gops", json_real(cpeak / 1e9));
     json_object_set_new(j, "probe_note", json_string(peak_note));
     json_object_set_new(j, "kv_bytes_per_token", json_integer((json_int_t)kv_token));
+    json_object_set_new(j, "kv_groups", kv_groups_json(e, kv_token));
     json_t *jp = json_array(), *jd = json_array();
     json_object_set_new(j, "prefill", jp);
     json_object_set_new(j, "decode", jd);
@@ -308,9 +354,12 @@ int cmd_bench(int argc, char **argv) {
         double bytes = decode_bytes(e, depths[i]), roof = bw / bytes, tps = 1 / best;
         printf("%-10s %8d %12.2f %12.2f %12.2f %9.1f%%%s\n", "", depths[i], tps, bytes / 1e6, roof,
                100 * tps / roof, tps > roof ? "  (above the bandwidth probe: not a ceiling)" : "");
-        json_array_append_new(jd, json_pack("{s:i, s:f, s:f, s:f, s:f}", "depth", depths[i],
-                                            "tok_s", tps, "bytes_per_token", bytes,
-                                            "roofline_tok_s", roof, "fraction", tps / roof));
+        json_array_append_new(
+            jd, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "depth", depths[i], "tok_s", tps,
+                          "bytes_per_token", bytes, "roofline_tok_s", roof, "fraction", tps / roof,
+                          "kv_held_bytes",
+                          pt_model_kv_resident(e->model, depths[i], kv_token,
+                                               e->kv.cfg.page_size)));
     }
     if (n_pars && run_parallel(e, pars, n_pars, j, &err)) goto fail;
     if (b.reuse && run_reuse(&e, j, &err)) goto fail;

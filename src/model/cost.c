@@ -12,6 +12,11 @@
  * fixed state instead, whatever the depth (a hybrid's flat decode curve).
  * A latent-attention layer (DeepSeek) counts its absorbed projections; its
  * KV per token is the cache's (one latent + rope-key row).
+ *
+ * Every KV layer is taken to store the same bytes per position
+ * (kv_bytes_per_token / layers with KV): true of every family but Gemma 4,
+ * whose sliding and full layers have different shapes; its figure is
+ * their average.
  */
 #include "model/model_int.h"
 
@@ -49,6 +54,31 @@ double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_tok
         kv += (double)seen * kv_layer;
     }
     return w + kv;
+}
+
+/* Layers of m that keep KV pages, and of those the sliding-window ones. */
+static void kv_layers(const pt_model *m, int *n_kv, int *n_win) {
+    *n_kv = *n_win = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const pt_layer_plan *p = &m->plan[l];
+        *n_kv += p->mixer != PT_MIX_RECURRENT;
+        *n_win += p->mixer == PT_MIX_ATTN_SWA;
+    }
+}
+
+double pt_model_kv_resident(const pt_model *m, int n_ctx, size_t kv_bytes_per_token,
+                            int page_size) {
+    int n_kv, n_win, window = 0;
+    kv_layers(m, &n_kv, &n_win);
+    if (!n_kv) return 0;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (m->plan[l].mixer == PT_MIX_ATTN_SWA) window = PT_MAX(window, m->plan[l].window);
+    double per_layer = (double)kv_bytes_per_token / n_kv;
+    long pages = ((long)n_ctx + page_size - 1) / page_size;
+    /* the window group recycles pages wholly below the window: one more
+     * than the window spans stays, as the write position moves through a page */
+    long wpages = n_win ? PT_MIN(pages, ((long)window + page_size - 1) / page_size + 1) : 0;
+    return per_layer * page_size * ((double)pages * (n_kv - n_win) + (double)wpages * n_win);
 }
 
 double pt_model_token_flops(const pt_model *m) {

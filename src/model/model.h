@@ -322,6 +322,10 @@ void pt_rope_inv_freq(const pt_model_config *cfg, float theta, float *out);
  * layers), and multiply-adds x 2 per token (cost.c). */
 double pt_model_step_bytes(const pt_model *m, int depth, size_t kv_bytes_per_token);
 double pt_model_token_flops(const pt_model *m);
+/* Bytes of KV one sequence keeps resident at n_ctx positions, pages of
+ * page_size: full-attention layers every page so far, sliding-window
+ * layers (their own cache group) only the pages their window still sees. */
+double pt_model_kv_resident(const pt_model *m, int n_ctx, size_t kv_bytes_per_token, int page_size);
 /* Refuses, naming the op, a model whose plan needs an op the backend lacks
  * (CUDA has no expert matmul yet, say).  Called at load before weights. */
 int pt_model_check_ops(const pt_model *m, pt_err *err);

@@ -82,6 +82,7 @@ typedef struct pt_group {
     int32_t *prediction; /* the Predicted Output's tokens, or NULL */
     bool seed_given;
     pt_structured *structured; /* the grammar every choice's processor reads */
+    char *forced_name; /* harmony: the function a forced call's header names */
     bool siblings_out;         /* choices 1..n-1 were submitted (or freed) */
 } pt_group;
 
@@ -403,6 +404,7 @@ static void group_free(pt_group *g) {
     free(g->bias_ids);
     free(g->bias_vals);
     free(g->prediction);
+    free(g->forced_name);
     pt_structured_free(g->structured);
     free(g->choice);
     free(g);
@@ -785,7 +787,9 @@ static void append(char **text, size_t *len, const char *s) {
  * open), and the call markup a forced tool call starts from.  A grammar
  * (a forced call, response_format) constrains the answer from its first
  * token, so a prompt that left <think> open is closed first: the answer
- * is then content, not reasoning. */
+ * is then content, not reasoning.  Harmony (gpt-oss) keeps special tokens
+ * in the text (they are its markers), and the header a grammar cannot
+ * write (special tokens are outside every grammar) goes into the prompt. */
 static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **text, size_t *len) {
     pt_msgsplit_opts *o = &q->msg_opts;
     o->think = pt_chat_tmpl_thinks(q->m->tmpl);
@@ -794,11 +798,37 @@ static void chat_prompt_end(pt_req *q, pt_server *s, bool constrained, char **te
     o->tools = q->tools.mode != PT_TOOL_NONE;
     o->tool_forced = q->tools.mode == PT_TOOL_REQUIRED || q->tools.mode == PT_TOOL_NAMED;
     o->id_seed = random_seed();
+    o->harmony = pt_chat_tmpl_harmony(q->m->tmpl);
+    if (o->harmony) {
+        q->dt.skip_special = false; /* the prompt ends with <|start|>assistant */
+        if (o->tool_forced) {
+            const char *name = pt_tools_forced_name(q->oai.tools, &q->tools);
+            if (name) o->forced_name = q->grp->forced_name = pt_xstrdup(name);
+            char *h = pt_harmony_call_header(name);
+            append(text, len, h);
+            free(h);
+        } else if (constrained) {
+            append(text, len, PT_HARMONY_FINAL_HEADER);
+            o->harmony_final = true;
+        }
+        return;
+    }
     if ((constrained || o->tool_forced) && o->think_inside) {
         append(text, len, "\n</think>\n\n");
         o->think_inside = false;
     }
     if (o->tool_forced) append(text, len, pt_tools_call_prefix(o->tool_family));
+}
+
+/* The template's extra variables (a new reference, or NULL):
+ * chat_template_kwargs, and reasoning_effort unless they set it. */
+static json_t *template_vars(const pt_oai_request *r) {
+    json_t *v = r->template_kwargs ? json_copy(r->template_kwargs) : NULL;
+    if (r->reasoning_effort && !json_object_get(v, "reasoning_effort")) {
+        if (!v) v = json_object();
+        json_object_set_new(v, "reasoning_effort", json_string(r->reasoning_effort));
+    }
+    return v;
 }
 
 /* The prompt's token ids; on error records the failure and returns -1. */
@@ -819,9 +849,11 @@ static int prompt_tokens(pt_req *q, pt_server *s, const pt_oai_request *r, int32
     char *text;
     size_t len;
     pt_tools_prepare_messages(r->messages);
-    if (pt_chat_tmpl_render(q->m->tmpl, r->messages, r->tools, r->template_kwargs, &text, &len,
-                            &err))
-        return refuse(q, 400, "invalid_messages", "messages", err.msg);
+    if (pt_chat_tmpl_harmony(q->m->tmpl)) pt_harmony_prepare_messages(r->messages);
+    json_t *extra = template_vars(r);
+    int bad = pt_chat_tmpl_render(q->m->tmpl, r->messages, r->tools, extra, &text, &len, &err);
+    json_decref(extra);
+    if (bad) return refuse(q, 400, "invalid_messages", "messages", err.msg);
     chat_prompt_end(q, s, r->response_format != NULL, &text, &len);
     /* the template writes any BOS itself; add one only if it did not */
     int rc = pt_tokenize(tok, text, len, false, true, ids, n, &err);
@@ -926,13 +958,28 @@ void pt_handle_on(pt_conn *c, pt_slot *m, const char *body, size_t len, int kind
     pt_front_push(s, q);
 }
 
+/* The grammar of a forced call's output: the family's call markup after
+ * its prefix; for harmony, whose header (in the prompt) names the
+ * function, the arguments alone, or when the model picks among several
+ * tools one {"name", "arguments"} object (a harmony message holds one). */
+static int forced_call_grammar(const pt_req *q, const pt_oai_request *r, pt_grammar **g,
+                               pt_err *err) {
+    if (!q->msg_opts.harmony)
+        return pt_tools_forced_grammar(r->tools, &q->tools, q->msg_opts.tool_family, g, err);
+    if (q->msg_opts.forced_name)
+        return pt_tools_args_grammar(r->tools, q->msg_opts.forced_name, g, err);
+    pt_tool_choice one = q->tools;
+    one.parallel_asked = false;
+    return pt_tools_forced_grammar(r->tools, &one, PT_TOOLS_HERMES, g, err);
+}
+
 /* Compiles response_format into q->structured; a schema it cannot
  * enforce is a 400 naming the feature. */
 static int structured_compile(pt_req *q, pt_server *s, const pt_oai_request *r) {
     pt_err err = {{0}};
     if (q->msg_opts.tool_forced) { /* the call's grammar; it wins over response_format */
         pt_grammar *g;
-        if (pt_tools_forced_grammar(r->tools, &q->tools, q->msg_opts.tool_family, &g, &err))
+        if (forced_call_grammar(q, r, &g, &err))
             return refuse(q, 400, "invalid_value", "tools", err.msg);
         q->structured = pt_structured_new(g, q->m->e->tok);
         return 0;
@@ -1003,8 +1050,9 @@ static void submit_siblings(pt_group *g) {
         }
         q->msg_opts = q0->msg_opts;
         q->msg_opts.id_seed = random_seed();
+        q->dt.skip_special = q0->dt.skip_special;
         q->n_prompt = q0->n_prompt;
-        if (q->chat && (q->msg_opts.think || q->msg_opts.tools)) {
+        if (q->chat && (q->msg_opts.think || q->msg_opts.tools || q->msg_opts.harmony)) {
             pt_msgsplit_init(&q->msg, &q->msg_opts);
             q->split = true;
         }
@@ -1062,7 +1110,7 @@ static int front_submit(pt_server *s, pt_req *q) {
     job.params.ignore_eos = r->ignore_eos;
     if (q->structured) job.add_procs = pt_structured_add_procs, job.proc_arg = q->structured;
     q->n_prompt = (int)n;
-    if (q->chat && (q->msg_opts.think || q->msg_opts.tools)) {
+    if (q->chat && (q->msg_opts.think || q->msg_opts.tools || q->msg_opts.harmony)) {
         pt_msgsplit_init(&q->msg, &q->msg_opts); /* before the first token can arrive */
         q->split = true;
     }

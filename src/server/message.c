@@ -41,11 +41,25 @@ static void on_reason(void *user, bool reasoning, const char *s, size_t n) {
         text_add(&m->content, s, n);
 }
 
+static void on_harmony(void *user, bool reasoning, const char *s, size_t n) {
+    pt_msgsplit *m = user;
+    text_add(reasoning ? &m->reasoning : &m->content, s, n);
+}
+
 void pt_msgsplit_init(pt_msgsplit *m, const pt_msgsplit_opts *o) {
     memset(m, 0, sizeof *m);
+    m->calls = json_array();
+    if (o->harmony) {
+        m->harmony = true;
+        pt_harmony_init(&m->hm, o->tools, o->id_seed, on_harmony, on_call, m);
+        if (o->tool_forced)
+            pt_harmony_forced(&m->hm, o->forced_name);
+        else if (o->harmony_final)
+            pt_harmony_final(&m->hm);
+        return;
+    }
     m->think = o->think;
     m->tools = o->tools;
-    m->calls = json_array();
     if (m->think) pt_reason_init(&m->rs, o->think_inside, on_reason, m);
     if (m->tools)
         pt_toolparse_init(&m->tp, o->tool_family, o->tool_forced, o->id_seed, on_content, on_call,
@@ -53,13 +67,16 @@ void pt_msgsplit_init(pt_msgsplit *m, const pt_msgsplit_opts *o) {
 }
 
 void pt_msgsplit_push(pt_msgsplit *m, const char *s, size_t n) {
-    if (m->think)
+    if (m->harmony)
+        pt_harmony_push(&m->hm, s, n);
+    else if (m->think)
         pt_reason_push(&m->rs, s, n);
     else
         on_reason(m, false, s, n);
 }
 
 void pt_msgsplit_finish(pt_msgsplit *m) {
+    if (m->harmony) pt_harmony_flush(&m->hm);
     if (m->think) pt_reason_flush(&m->rs);
     if (m->tools) pt_toolparse_flush(&m->tp);
 }
@@ -71,6 +88,7 @@ void pt_msgsplit_taken(pt_msgsplit *m) {
 }
 
 void pt_msgsplit_free(pt_msgsplit *m) {
+    if (m->harmony) pt_harmony_free(&m->hm);
     if (m->think) pt_reason_free(&m->rs);
     if (m->tools) pt_toolparse_free(&m->tp);
     free(m->reasoning.s);

@@ -1,7 +1,8 @@
 /*
  * message.h - the last stage of a chat answer's output filter: released
  * text split into reasoning, content and tool calls (reasoning.h, then
- * tools.h on what is not reasoning), and the OpenAI JSON of each part.
+ * tools.h on what is not reasoning; for harmony templates harmony.h does
+ * both), and the OpenAI JSON of each part.
  *
  * The splitter collects what its filters emit until the caller takes it:
  * a stream takes it per chunk, a whole answer once at the end.  It runs
@@ -12,6 +13,7 @@
 
 #include <jansson.h>
 
+#include "server/harmony.h"
 #include "server/reasoning.h"
 #include "server/tools.h"
 
@@ -22,7 +24,9 @@ typedef struct pt_text {
 
 typedef struct pt_msgsplit {
     bool think, tools; /* which filters run */
+    bool harmony;      /* the harmony splitter instead of both */
     pt_reason rs;
+    pt_harmony hm;
     pt_toolparse tp;
     pt_text reasoning, content; /* emitted, not taken yet */
     json_t *calls;              /* emitted, not taken yet */
@@ -36,6 +40,10 @@ typedef struct pt_msgsplit_opts {
     int tool_family;
     bool tool_forced; /* the output is the call's JSON (tools.h) */
     uint64_t id_seed; /* call ids */
+    bool harmony;     /* the template writes harmony (harmony.h) */
+    bool harmony_final; /* ... and the prompt opened the final channel */
+    const char *forced_name; /* harmony, tool_forced: the function the prompt's
+                                header names, or NULL (borrowed until init) */
 } pt_msgsplit_opts;
 
 void pt_msgsplit_init(pt_msgsplit *m, const pt_msgsplit_opts *o);

@@ -385,6 +385,23 @@ static int f_template_kwargs(pt_oai_request *r, json_t *v, const field *f, const
     return 0;
 }
 
+/* OpenAI's reasoning_effort; templates that read it (gpt-oss) get it as a
+ * variable (completion.c), unless chat_template_kwargs sets one. */
+static int f_reasoning_effort(pt_oai_request *r, json_t *v, const field *f,
+                              const pt_oai_limits *lim, pt_oai_error *e) {
+    (void)lim;
+    static const char *const ok[] = {"minimal", "low", "medium", "high"};
+    const char *s = json_string_value(v);
+    if (!s) return wrong_type(e, f->name, "a string");
+    for (size_t i = 0; i < PT_ARRAY_LEN(ok); i++)
+        if (!strcmp(s, ok[i])) {
+            r->reasoning_effort = s;
+            return 0;
+        }
+    return fail(e, 400, "invalid_value", f->name,
+                "'%s' must be one of minimal, low, medium, high", f->name);
+}
+
 /* ---- prompts ---------------------------------------------------------------------- */
 
 static int token_ids(pt_oai_request *r, json_t *a, const pt_oai_limits *lim, pt_oai_error *e) {
@@ -548,6 +565,7 @@ static const field k_fields[] = {
     {"response_format", BOTH, f_response_format, NULL, 0},
     {"tools", PT_OAI_CHAT, f_tools, NULL, 0},
     {"chat_template_kwargs", PT_OAI_CHAT, f_template_kwargs, NULL, 0},
+    {"reasoning_effort", PT_OAI_CHAT, f_reasoning_effort, NULL, 0},
 };
 
 static void defaults(pt_oai_request *r, int kind) {

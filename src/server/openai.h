@@ -44,6 +44,7 @@ typedef struct pt_oai_request {
     json_t *messages;        /* chat: normalized copy, contents as strings (owned) */
     json_t *tools;           /* chat: borrowed from root, or NULL */
     json_t *template_kwargs; /* chat: extra template variables (borrowed), or NULL */
+    const char *reasoning_effort; /* chat: "minimal".."high" (borrowed), or NULL */
     const char *prompt;      /* completions: text (borrowed from root), or NULL */
     size_t prompt_len;
     int32_t *prompt_ids; /* completions: token ids given instead of text (owned) */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "io/gguf.h"
+#include "server/harmony.h"
 #include "server/reasoning.h"
 #include "server/server_int.h"
 #include "server/tools.h"
@@ -22,6 +23,7 @@ struct pt_chat_tmpl {
     char *bos, *eos;    /* token texts the template may use, or NULL */
     int tool_family;    /* the call markup it writes (tools.h) */
     bool thinks;        /* it writes <think> tags (reasoning.h) */
+    bool harmony;       /* it writes OpenAI's harmony format (harmony.h) */
 };
 
 /* The model's own template source (malloc'd), or NULL. */
@@ -82,6 +84,7 @@ int pt_chat_tmpl_open(pt_chat_tmpl **out, pt_engine *e, const char *override_pat
     int rc = pt_jinja_compile(&t->jinja, src, strlen(src), err);
     t->tool_family = pt_tool_family_of(src);
     t->thinks = pt_reason_template_thinks(src);
+    t->harmony = pt_harmony_template(src);
     free(src);
     if (rc) {
         free(t);
@@ -111,7 +114,11 @@ int pt_chat_tmpl_tool_family(const pt_chat_tmpl *t) {
 }
 
 bool pt_chat_tmpl_thinks(const pt_chat_tmpl *t) {
-    return t && t->thinks;
+    return t && t->thinks && !t->harmony;
+}
+
+bool pt_chat_tmpl_harmony(const pt_chat_tmpl *t) {
+    return t && t->harmony;
 }
 
 int pt_chat_tmpl_render(const pt_chat_tmpl *t, const json_t *messages, const json_t *tools,

@@ -158,6 +158,7 @@ const char *pt_chat_tmpl_source(const pt_chat_tmpl *t); /* "gguf", "file", "buil
  * whether it writes <think> tags. */
 int pt_chat_tmpl_tool_family(const pt_chat_tmpl *t);
 bool pt_chat_tmpl_thinks(const pt_chat_tmpl *t);
+bool pt_chat_tmpl_harmony(const pt_chat_tmpl *t); /* harmony.h's format (gpt-oss) */
 /* Renders messages (tools and extra variables may be NULL) with the
  * generation prompt added.  *out is malloc'd.  Returns 0, or -1 with err
  * set: a message for the client (the template raised, or failed on these

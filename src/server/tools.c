@@ -221,6 +221,25 @@ int pt_tools_forced_grammar(const json_t *tools, const pt_tool_choice *c, int fa
     return rc ? blame_tool(tools, err) : 0;
 }
 
+int pt_tools_args_grammar(const json_t *tools, const char *name, pt_grammar **out, pt_err *err) {
+    const json_t *t = tool_named(tools, name);
+    if (!t) return pt_fail(err, "no tool is named '%.64s'", name);
+    json_t *root = json_object();
+    json_t *p = hoist_defs(json_object_get(json_object_get(t, "function"), "parameters"), root);
+    json_object_update_missing(p, root);
+    json_decref(root);
+    int rc = pt_grammar_from_schema_ws(out, p, 1, err);
+    json_decref(p);
+    return rc ? blame_tool(tools, err) : 0;
+}
+
+const char *pt_tools_forced_name(const json_t *tools, const pt_tool_choice *c) {
+    if (c->mode == PT_TOOL_NAMED) return c->name;
+    if (c->mode != PT_TOOL_REQUIRED || json_array_size(tools) != 1) return NULL;
+    const json_t *fn = json_object_get(json_array_get(tools, 0), "function");
+    return json_string_value(json_object_get(fn, "name"));
+}
+
 /* ---- messages for the template ------------------------------------------------------- */
 
 void pt_tools_prepare_messages(json_t *messages) {
@@ -257,9 +276,11 @@ static const char *find(const char *s, size_t n, const char *tag) {
     return NULL;
 }
 
-static void call_id(pt_toolparse *p, char out[32]) {
+/* The id of a request's call number n: "call_" and 24 characters drawn
+ * from the request's seed. */
+static void call_id(uint64_t seed, int n, char out[32]) {
     static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    uint64_t z = p->id_seed + (uint64_t)(p->n_calls + 1) * 0x9e3779b97f4a7c15ull;
+    uint64_t z = seed + (uint64_t)(n + 1) * 0x9e3779b97f4a7c15ull;
     memcpy(out, "call_", 5);
     for (int i = 0; i < 24; i++) {
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -278,12 +299,16 @@ static json_t *openai_call(pt_toolparse *p, const json_t *v) {
     if (!json_is_object(v) || !name || !*name || !(json_is_object(a) || json_is_string(a)))
         return NULL;
     char *args = json_is_string(a) ? strdup(json_string_value(a)) : json_dumps(a, JSON_COMPACT);
-    char id[32];
-    call_id(p, id);
-    json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function",
-                          "name", name, "arguments", args ? args : "{}");
+    json_t *c = pt_tool_call_new(p->id_seed, p->n_calls, name, args ? args : "{}");
     free(args);
     return c;
+}
+
+json_t *pt_tool_call_new(uint64_t id_seed, int n, const char *name, const char *args) {
+    char id[32];
+    call_id(id_seed, n, id);
+    return json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
+                     name, "arguments", args);
 }
 
 /* Calls in text: JSON values (a call, or an array of calls) separated by

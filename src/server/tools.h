@@ -54,6 +54,12 @@ int pt_tools_check(const json_t *tools, const json_t *tool_choice, const json_t 
 int pt_tools_forced_grammar(const json_t *tools, const pt_tool_choice *c, int family,
                             pt_grammar **out, pt_err *err);
 const char *pt_tools_call_prefix(int family);
+/* The grammar of the named tool's arguments alone (a harmony call, whose
+ * header names the function). */
+int pt_tools_args_grammar(const json_t *tools, const char *name, pt_grammar **out, pt_err *err);
+/* The function a forced call must call: the named choice's, or the only
+ * tool's; NULL when the model picks among several (borrowed). */
+const char *pt_tools_forced_name(const json_t *tools, const pt_tool_choice *c);
 
 /* Messages as templates expect them: an assistant's tool_calls[].function
  * .arguments given as a JSON string becomes the object it encodes, as
@@ -87,6 +93,11 @@ void pt_toolparse_push(pt_toolparse *p, const char *s, size_t n);
 /* The end of the output: settles what is held (malformed: as text). */
 void pt_toolparse_flush(pt_toolparse *p);
 void pt_toolparse_free(pt_toolparse *p);
+
+/* OpenAI's call object {"id", "type": "function", "function": {"name",
+ * "arguments"}} for a request's call number n (its id drawn from id_seed
+ * and n); args: the arguments' JSON text. */
+json_t *pt_tool_call_new(uint64_t id_seed, int n, const char *name, const char *args);
 
 /* The longest k < strlen(tag) with s[n-k..n) == tag[0..k): bytes a filter
  * must hold back because they may begin tag. */

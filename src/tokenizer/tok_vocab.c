@@ -256,8 +256,14 @@ void tok_set_eog(pt_tokenizer *t, int32_t id) {
 
 /* Chat models end a turn with a token other than the file's eos; these are
  * the names in use (llama.cpp keeps a similar list). Only special tokens
- * count, so a vocabulary piece that happens to read "</s>" does not. */
+ * count, so a vocabulary piece that happens to read "</s>" does not.
+ * <|end|> ends Phi-3's turn, but in OpenAI's harmony format (a vocabulary
+ * with <|channel|>) it ends one message of the answer: gpt-oss writes its
+ * reasoning, <|end|>, then the final message, and stops at <|return|> or
+ * <|call|> (llama.cpp drops <|end|> from its end tokens likewise). */
 void tok_mark_eog_by_name(pt_tokenizer *t) {
+    int32_t channel = tok_strmap_get(t, "<|channel|>", strlen("<|channel|>"));
+    bool harmony = channel >= 0 && t->tokens[channel].special;
     static const char *names[] = {
         "<|eot_id|>", "<|eom_id|>",     "<|im_end|>",     "<|end|>",
         "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "</s>",
@@ -265,8 +271,12 @@ void tok_mark_eog_by_name(pt_tokenizer *t) {
         "<｜end▁of▁sentence｜>",
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(names); i++) {
+        if (harmony && !strcmp(names[i], "<|end|>")) continue;
         int32_t id = tok_strmap_get(t, names[i], strlen(names[i]));
         if (id >= 0 && t->tokens[id].special) tok_set_eog(t, id);
     }
     tok_set_eog(t, t->eos);
+    /* a GGUF may name <|end|> its eot token: not in harmony */
+    int32_t end = tok_strmap_get(t, "<|end|>", strlen("<|end|>"));
+    if (harmony && end >= 0 && end != t->eos) t->eog[end] = 0;
 }

@@ -14,7 +14,8 @@
  * slack drops the sequence to 0; with slack it does not.  The prefix
  * cache: a sequence adopting published pages by key gets its window pages
  * back and continues bit-identically.  Last, the resident bytes at 32k
- * context against an all-global cache of the same shape.
+ * context against an all-global cache of the same shape, for the
+ * fixtures and for Gemma-2-9B's layer pattern.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,11 +305,66 @@ static void test_resident_32k(void **state) {
     be->ops->destroy(be);
 }
 
+/* Gemma-2-9B's layer pattern at 32k: 42 layers, every other one a window
+ * of 4096, pages of 16 (the engine's).  Its 8 KV heads of 256 would make
+ * the all-global cache 10.5 GiB, too much to allocate in a test, so the
+ * heads here are 1 of 16: every buffer is exactly 128 times smaller (the
+ * bytes per position and layer are the only thing heads change), and
+ * the figures printed are scaled back.  The window group's pool for one
+ * sequence is a window plus one 512-row step: (4095 + 512 + 15) / 16 + 1
+ * = 289 pages (pt_kv_window_pages_per_seq).  docs/benchmarks.md quotes it. */
+static void test_resident_32k_gemma2_9b(void **state) {
+    (void)state;
+    char path[] = "/tmp/petrel_g9_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"model_type\":\"gemma2\",\"hidden_size\":32,\"num_hidden_layers\":42,"
+          "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":16,"
+          "\"intermediate_size\":32,\"vocab_size\":320,\"max_position_embeddings\":32768,"
+          "\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":16,"
+          "\"sliding_window\":4096,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0}",
+          f);
+    fclose(f);
+    char spec[64];
+    snprintf(spec, sizeof spec, "dummy:%s", path);
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    pt_model_opts o = {.backend = be, .dummy_dtype = "f32"};
+    pt_model *m;
+    if (pt_model_load(&m, spec, &o, &err)) fail_msg("%s", err.msg);
+    remove(path);
+    pt_kv_cache w, g;
+    assert_int_equal(pt_model_kv_init_seqs(m, &w, 32768, 1, 0, PT_F16, NULL, &err), 0);
+    assert_int_equal(pt_model_kv_init_seqs(m, &g, 32768, 0, 0, PT_F16, NULL, &err), 0);
+    double bw = 0, bg = 0;
+    int n_win = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        bool win = pt_kv_layer_windowed(&w, l);
+        n_win += win;
+        bw += (double)(win ? w.wk_bytes + w.wv_bytes : w.k_bytes + w.v_bytes);
+        bg += (double)(g.k_bytes + g.v_bytes);
+    }
+    const double pos = 1 * 16 * 2 * 2; /* K and V of one head of 16, f16: bytes per position */
+    assert_int_equal(n_win, 21);
+    assert_int_equal(pt_kv_window_pages_per_seq(&w.cfg), 289);
+    assert_true(bw == 21 * 32768 * pos + 21 * 289 * 16 * pos);
+    assert_true(bg == 42 * 32768 * pos);
+    print_message("gemma2-9b shape at 32k, one sequence: %.1f MiB resident KV, all-global %.1f "
+                  "MiB (%.3f)\n",
+                  128 * bw / 1048576, 128 * bg / 1048576, bw / bg);
+    pt_kv_cache_free(&w);
+    pt_kv_cache_free(&g);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemma2_window), cmocka_unit_test(test_gemma3_window),
         cmocka_unit_test(test_rollback),      cmocka_unit_test(test_prefix_adopt),
         cmocka_unit_test(test_resident_32k),
+        cmocka_unit_test(test_resident_32k_gemma2_9b),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

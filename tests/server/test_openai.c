@@ -57,6 +57,7 @@ static void test_wrong_types(void **state) {
     bad(CHAT, "{" MSG ",\"logprobs\":1}", 400, "invalid_type", "logprobs");
     bad(CHAT, "{" MSG ",\"seed\":\"x\"}", 400, "invalid_type", "seed");
     bad(CHAT, "{" MSG ",\"model\":7}", 400, "invalid_type", "model");
+    bad(CHAT, "{" MSG ",\"reasoning_effort\":3}", 400, "invalid_type", "reasoning_effort");
     bad(CHAT, "{" MSG ",\"stream_options\":{\"include_usage\":1}}", 400, "invalid_type",
         "stream_options.include_usage");
     bad(CHAT, "{\"messages\":{}}", 400, "invalid_type", "messages");
@@ -87,6 +88,9 @@ static void test_values(void **state) {
         "response_format");
     bad(CHAT, "{" MSG ",\"response_format\":{\"type\":\"json_schema\"}}", 400, "invalid_value",
         "response_format");
+    bad(CHAT, "{" MSG ",\"reasoning_effort\":\"extreme\"}", 400, "invalid_value",
+        "reasoning_effort");
+
     bad(CHAT, "{\"messages\":[]}", 400, "invalid_value", "messages");
     bad(CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "invalid_value",
         "messages[0].role");
@@ -229,7 +233,12 @@ static void test_good_chat(void **state) {
     assert_string_equal(json_string_value(json_object_get(m1, "content")), "a\nb");
     pt_oai_request_free(&r);
 
+    assert_int_equal(parse(&r, CHAT, "{" MSG ",\"reasoning_effort\":\"high\"}", &e), 0);
+    assert_string_equal(r.reasoning_effort, "high");
+    pt_oai_request_free(&r);
+
     assert_int_equal(parse(&r, CHAT, "{" MSG "}", &e), 0);
+    assert_null(r.reasoning_effort);
     assert_false(r.stream);
     assert_int_equal(r.max_tokens, 0); /* chat: until the context is full */
     assert_int_equal(r.sampling.n_logprobs, -1);

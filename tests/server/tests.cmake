@@ -10,7 +10,9 @@
 # parser, its counters equal to the usage the clients got, and /health while
 # the model loads; pool: several models from one endpoint, interleaved
 # requests equal to each model alone, eviction with requests in flight,
-# a bounded wait for a load), with the load test at 64 concurrent
+# a bounded wait for a load; families: Gemma 2/3, Qwen3-MoE and gpt-oss
+# served from the transformers fixtures with their real chat templates),
+# with the load test at 64 concurrent
 # streaming clients, or 8 in the sanitizer build where each is much slower.
 if(PETREL_SANITIZE)
   set(e2e_clients 8)
