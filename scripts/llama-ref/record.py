@@ -3,7 +3,10 @@
 
 Usage: scripts/llama-ref/record.py CASE_DIR N_GREEDY TOL_PROMPT TOL_GREEDY IDS [IDS...]
 
-CASE_DIR holds model.gguf (tests/fixtures/gguf/<case>/).  Runs
+CASE_DIR holds model.gguf (tests/fixtures/gguf/<case>/).  With
+REF_MODEL=path in the environment the logits come from that file instead:
+a quantized model.gguf's reference is then llama.cpp on the exact values
+its blocks decode to (an f32 file), so the tolerance measures the kernels.  Runs
 scripts/llama-ref/make.sh logits on it for each prompt (IDS: "1,2,3") and
 writes CASE_DIR/reference.json: llama.cpp's logits at every prompt position,
 its greedy tokens and the logits each was chosen from, the tolerance the
@@ -24,8 +27,9 @@ def main():
         sys.exit(__doc__)
     case_dir, n_greedy, tol_p, tol_g = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
     model = os.path.join(case_dir, "model.gguf")
+    ref_model = os.environ.get("REF_MODEL", model)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([os.path.join(root, "scripts/llama-ref/make.sh"), "logits", model, n_greedy]
+    out = subprocess.run([os.path.join(root, "scripts/llama-ref/make.sh"), "logits", ref_model, n_greedy]
                          + sys.argv[5:], check=True, capture_output=True, text=True).stdout
     ref = json.loads(out)
     with open(model, "rb") as f:
@@ -36,6 +40,8 @@ def main():
         "reference": "llama.cpp 34af94cd9ab277632e27caeec2d41de2fd091b31 (anchor CPU build), "
                      "scripts/llama-ref/llama_ref_logits.c: f32 KV cache, flash attention off, 2 threads",
         "model_sha256": sha,
+        **({"reference_model": "the exact f32 values of model.gguf's blocks (" + os.path.basename(ref_model) + ")"}
+           if ref_model != model else {}),
         "tolerance": {"prompt": tol_p, "greedy": tol_g},
     }
     meta.update(ref)

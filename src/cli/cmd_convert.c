@@ -121,6 +121,16 @@ static json_t *config_of_gguf(const pt_model_config *c) {
 static int build_list(const pt_model_file *mf, const pt_model_config *c, pt_convert_tensor **out,
                       int *n_out, pt_err *err) {
     bool gguf = mf->kind == PT_FILE_GGUF;
+    /* config_of_gguf writes the dense Llama family's keys, and GGUF names
+     * map to Hugging Face ones one to one only there: a Gemma GGUF (gains
+     * stored 1 + w), gpt-oss or MoE one would come out another model. */
+    static const char *const dense[] = {"llama", "mistral", "qwen2", "qwen3"};
+    bool dense_ok = false;
+    for (size_t i = 0; i < PT_ARRAY_LEN(dense); i++) dense_ok |= strcmp(c->arch, dense[i]) == 0;
+    if (gguf && !dense_ok)
+        return pt_fail(err, "%s: converting a GGUF %s model is not supported (llama, mistral, "
+                            "qwen2, qwen3); convert its Hugging Face directory instead",
+                       mf->path, c->arch);
     if (gguf && c->n_rot != c->head_dim)
         return pt_fail(err, "%s: partial rotary embeddings (%d of %d dims) cannot be converted",
                        mf->path, c->n_rot, c->head_dim);

@@ -17,6 +17,10 @@
  * rope_parameters.sliding_attention) and the global layers alone take the
  * rope scaling.  The window is applied by the attention op; window layers
  * are the KV cache's window group, which keeps only the window (kvcache.h).
+ *
+ * GGUF files (llama.cpp's gemma2 / gemma3) store the norm gains as 1 + w
+ * already and carry no query_pre_attn_scalar: gemma_read_gguf follows
+ * llama.cpp's reading of them.
  */
 #include <math.h>
 
@@ -25,8 +29,8 @@
 /* clang-format off */
 static const pt_arch gemma_archs[] = {
     /* name          GGUF name  config.json     GGUF rope     qkv_bias qk_norm */
-    {"gemma2",      NULL,      "gemma2",       PT_ROPE_NEOX, false,   false},
-    {"gemma3_text", NULL,      "gemma3_text",  PT_ROPE_NEOX, false,   true},
+    {"gemma2",      "gemma2",  "gemma2",       PT_ROPE_NEOX, false,   false},
+    {"gemma3_text", "gemma3",  "gemma3_text",  PT_ROPE_NEOX, false,   true},
 };
 /* clang-format on */
 
@@ -105,9 +109,43 @@ static int gemma_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     return read_rope(j, c, gemma3, err);
 }
 
+/* GGUF (llama.cpp's gemma2 / gemma3, src/models/gemma{2,3}.cpp): no key
+ * for query_pre_attn_scalar, so scores scale by head_dim^-1/2, or by
+ * (dim / heads)^-1/2 at the 27B models' layer counts (46, 62) - what the
+ * released configs say, and what llama.cpp computes for any file.  Window
+ * layers: attention.sliding_window_pattern p (layer l slides iff p == 0 or
+ * l % p < p - 1; default 2 for Gemma 2, 6 for Gemma 3), their rope base
+ * rope.freq_base_swa (Gemma 2: the global base; Gemma 3: 10000), and
+ * Gemma 3's rope scaling on the global layers only.  Gemma 2 soft-caps with
+ * llama.cpp's defaults (50, 30) when the keys are absent. */
 static int gemma_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
                            pt_model_config *c, pt_err *err) {
-    return pt_fail(err, "%s: GGUF Gemma files are not supported yet", mf->path);
+    bool gemma3 = strcmp(c->arch, "gemma3_text") == 0;
+    if (pt_config_gguf_common(g, mf, garch, c, err)) return -1;
+    c->act = PT_ACT_GELU_TANH;
+    c->norm = PT_NORM_RMS_1PW;
+    c->embed_scale = sqrtf((float)c->dim);
+    bool big = c->n_layers == (gemma3 ? 62 : 46);
+    c->attn_scale = 1.0f / sqrtf(big && c->n_heads ? (float)(c->dim / c->n_heads) : (float)c->head_dim);
+    if (!gemma3) {
+        c->attn_softcap = 50, c->final_softcap = 30;
+        pt_gguf_float(g, garch, "attn_logit_softcapping", &c->attn_softcap);
+    }
+    pt_gguf_float(g, garch, "final_logit_softcapping", &c->final_softcap);
+    c->attn_softcap = PT_MAX(c->attn_softcap, 0.0f), c->final_softcap = PT_MAX(c->final_softcap, 0.0f);
+    int window = gemma3 ? 0 : 4096, pattern = gemma3 ? 6 : 2;
+    pt_gguf_int(g, garch, "attention.sliding_window", &window);
+    pt_gguf_int(g, garch, "attention.sliding_window_pattern", &pattern);
+    if (window > 0) {
+        c->sliding_window = window;
+        c->swa_per_layer = true;
+        for (int l = 0; l < c->n_layers; l++)
+            if (pattern <= 0 || l % pattern < pattern - 1) pt_config_set_swa(c, l);
+    }
+    c->rope_theta_swa = gemma3 ? 10000.0f : c->rope_theta;
+    pt_gguf_float(g, garch, "rope.freq_base_swa", &c->rope_theta_swa);
+    c->rope_scaling_global_only = gemma3;
+    return 0;
 }
 
 /* ---- Weights ------------------------------------------------------------- */
@@ -145,10 +183,13 @@ static void one_plus(pt_model *m, const float *gain, int n, float *host) {
     m->be->ops->upload(m->be, (float *)gain, host, sizeof(float) * (size_t)n);
 }
 
-/* The files store each norm's w of x̂ · (1 + w); the RMSNorm op multiplies
- * by its gain, so every gain becomes 1 + w (in f32, as transformers adds). */
+/* Hugging Face files store each norm's w of x̂ · (1 + w); the RMSNorm op
+ * multiplies by its gain, so every gain becomes 1 + w (in f32, as
+ * transformers adds).  GGUF files already store 1 + w (llama.cpp's
+ * converter adds it; its graph runs a plain RMSNorm). */
 static int gemma_finish(pt_model *m, pt_err *err) {
     const pt_model_config *c = &m->cfg;
+    if (m->file && m->file->kind == PT_FILE_GGUF) return 0;
     float *host = pt_xmalloc(sizeof(float) * (size_t)PT_MAX(c->dim, c->head_dim));
     one_plus(m, m->output_norm, c->dim, host);
     for (int l = 0; l < c->n_layers; l++) {

@@ -24,7 +24,10 @@
  * e8m0 scale, still interleaved).  gptoss_finish builds our stacks from
  * either, once, at load: w_gate / w_up [E][F][dim] and w_down [E][dim][F],
  * in the file's type (MXFP4 blocks stay MXFP4: matmul_id decodes them on
- * the fly), and the biases as f32.
+ * the fly), and the biases as f32.  GGUF files (llama.cpp's gpt-oss) have
+ * these stacks already (ffn_{gate,up,down}_exps, weight and bias, gate and
+ * up apart; MXFP4 as ggml's block_mxfp4, or any block type): bound as
+ * they are.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +38,7 @@
 /* clang-format off */
 static const pt_arch gptoss_archs[] = {
     /* name       GGUF name  config.json  GGUF rope     qkv_bias qk_norm */
-    {"gpt_oss",   NULL,      "gpt_oss",   PT_ROPE_NEOX, true,    false},
+    {"gpt_oss",   "gpt-oss", "gpt_oss",   PT_ROPE_NEOX, true,    false},
 };
 /* clang-format on */
 
@@ -66,11 +69,49 @@ static int gptoss_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     return 0;
 }
 
+/* GGUF (llama.cpp's gpt-oss, src/models/openai-moe.cpp): the experts'
+ * count, top-k and size; the window on layers l % p < p - 1 of
+ * attention.sliding_window_pattern p (default 2: the even layers), every
+ * layer with the same rope (rope.freq_base_swa, if given, for the window
+ * layers); YaRN as pt_config_gguf_common reads it, but with the correction
+ * range unrounded.  The rest is fixed by the architecture, as in
+ * transformers. */
+static int gptoss_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
+                            pt_model_config *c, pt_err *err) {
+    if (pt_config_gguf_common(g, mf, garch, c, err)) return -1;
+    if (!pt_gguf_int(g, garch, "expert_count", &c->n_experts) ||
+        !pt_gguf_int(g, garch, "expert_used_count", &c->n_experts_used) ||
+        !pt_gguf_int(g, garch, "expert_feed_forward_length", &c->expert_ffn_dim) ||
+        !pt_gguf_int(g, garch, "attention.sliding_window", &c->sliding_window))
+        return pt_fail(err, "%s: GGUF gpt-oss needs %s.expert_count, expert_used_count, "
+                            "expert_feed_forward_length and attention.sliding_window",
+                       mf->path, garch);
+    c->qkv_bias = c->o_bias = true;
+    c->expert_renorm = c->expert_bias = c->attn_sinks = true;
+    c->act = PT_ACT_SWIGLU_OAI;
+    c->act_alpha = 1.702f, c->act_limit = 7.0f; /* fixed in llama.cpp too */
+    int pattern = 2;
+    pt_gguf_int(g, garch, "attention.sliding_window_pattern", &pattern);
+    if (c->sliding_window > 0) {
+        c->swa_per_layer = true;
+        for (int l = 0; l < c->n_layers; l++)
+            if (pattern <= 0 || l % pattern < pattern - 1) pt_config_set_swa(c, l);
+    }
+    pt_gguf_float(g, garch, "rope.freq_base_swa", &c->rope_theta_swa);
+    /* Every released gpt-oss config says "truncate": false (OpenAI's
+     * reference keeps the YaRN correction range unrounded); ggml always
+     * rounds it outwards, so llama.cpp's rope differs from the model's
+     * (on the fixture, by 3e-4 at position 1 and 2.5 logits at position 71).
+     * The model is what transformers computes. */
+    c->rope_yarn_truncate = false;
+    return 0;
+}
+
 /* clang-format off */
 #define L(f) offsetof(pt_layer, f)
 #define M(f) offsetof(pt_model, f)
 /* The experts are not here: gptoss_finish builds them from the fused
- * tensors.  GGUF names are llama.cpp's, for the day GGUF loads. */
+ * tensors (Hugging Face) or binds llama.cpp's stacks (GGUF). */
 static const pt_weight_spec gptoss_weights[] = {
     {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
     {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
@@ -289,12 +330,76 @@ static int bind_experts(pt_model *m, int l, pt_err *err) {
     return 0;
 }
 
+/* ---- The experts of a GGUF file ---------------------------------------------- */
+
+static const pt_tensor_info *gguf_tensor(const pt_model *m, int l, const char *what) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", l, what);
+    return pt_model_file_tensor(m->file, name);
+}
+
+static bool expert_dtype_ok(pt_dtype t) {
+    static const pt_dtype ok[] = {PT_F32, PT_F16, PT_BF16, PT_Q8_0, PT_Q4_0, PT_Q4_K,
+                                  PT_Q5_K, PT_Q6_K, PT_MXFP4};
+    for (size_t i = 0; i < PT_ARRAY_LEN(ok); i++)
+        if (ok[i] == t) return true;
+    return false;
+}
+
+/* One stack [E][rows][cols] as the file has it (llama.cpp's ffn_*_exps:
+ * ne = cols, rows, experts), any matrix type or MXFP4; zero copy where the
+ * backend's memory is host memory. */
+static int gguf_stack(pt_model *m, const pt_tensor_info *t, int64_t rows, int64_t cols,
+                      pt_weight *w, pt_err *err) {
+    int64_t E = m->cfg.n_experts;
+    if (!shape_is(t, 3, E, rows, cols, 0))
+        return pt_fail(err, "tensor %s: expected %lldx%lldx%lld (experts x rows x cols)",
+                       t->name, (long long)E, (long long)rows, (long long)cols);
+    if (!expert_dtype_ok(t->dtype) || cols % pt_dtype_get(t->dtype)->block)
+        return pt_fail(err, "tensor %s: expert weights of type %s are not supported", t->name,
+                       pt_dtype_name(t->dtype));
+    *w = (pt_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .nbytes = t->nbytes,
+                     .n_experts = (int)E, .expert_stride = t->nbytes / (size_t)E};
+    if (m->progress) pt_progress_add(m->progress, t->nbytes);
+    w->data = m->be->host_memory ? t->data : upload(m, t->data, t->nbytes, err);
+    if (!w->data) return -1;
+    m->weight_bytes += t->nbytes;
+    return 0;
+}
+
+static int bind_gguf_experts(pt_model *m, int l, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    pt_layer *L = &m->layers[l];
+    int64_t E = c->n_experts, D = c->dim, F = c->expert_ffn_dim;
+    static const char *const names[6] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                         "ffn_down_exps.weight", "ffn_gate_exps.bias",
+                                         "ffn_up_exps.bias", "ffn_down_exps.bias"};
+    const pt_tensor_info *t[6];
+    for (int i = 0; i < 6; i++)
+        if (!(t[i] = gguf_tensor(m, l, names[i])))
+            return pt_fail(err, "%s: missing tensor blk.%d.%s", m->file->path, l, names[i]);
+    if (!shape_is(t[3], 2, E, F, 0, 0) || !shape_is(t[4], 2, E, F, 0, 0) ||
+        !shape_is(t[5], 2, E, D, 0, 0))
+        return pt_fail(err, "gpt-oss layer %d: expected expert biases %lldx%lld (gate, up) and "
+                            "%lldx%lld (down)",
+                       l, (long long)E, (long long)F, (long long)E, (long long)D);
+    if (gguf_stack(m, t[0], F, D, &L->w_gate, err) || gguf_stack(m, t[1], F, D, &L->w_up, err) ||
+        gguf_stack(m, t[2], D, F, &L->w_down, err))
+        return -1;
+    if (!(L->b_gate_exps = bias_part(m, t[3], F, 1, 0, err)) ||
+        !(L->b_up_exps = bias_part(m, t[4], F, 1, 0, err)) ||
+        !(L->b_down_exps = bias_part(m, t[5], D, 1, 0, err)))
+        return -1;
+    return 0;
+}
+
 static int gptoss_finish(pt_model *m, pt_err *err) {
     if (!m->file)
         return pt_fail(err, "gpt_oss: dummy weights are not implemented yet (the experts are "
                             "built from the file's fused tensors)");
+    bool gguf = m->file->kind == PT_FILE_GGUF;
     for (int l = 0; l < m->cfg.n_layers; l++)
-        if (bind_experts(m, l, err)) return -1;
+        if (gguf ? bind_gguf_experts(m, l, err) : bind_experts(m, l, err)) return -1;
     if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
     return 0;
 }
@@ -324,6 +429,7 @@ const pt_family pt_family_gptoss = {
     .archs = gptoss_archs,
     .n_archs = PT_ARRAY_LEN(gptoss_archs),
     .read_json = gptoss_read_json,
+    .read_gguf = gptoss_read_gguf,
     .weights = gptoss_weights,
     .n_weights = PT_ARRAY_LEN(gptoss_weights),
     .moe = true,

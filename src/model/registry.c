@@ -91,6 +91,11 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
     return 0;
 }
 
+/* YaRN's get_mscale. */
+static double yarn_mscale(double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
 /* ---- GGUF ---------------------------------------------------------------- */
 
 bool pt_gguf_int(const pt_gguf *g, const char *garch, const char *key, int *out) {
@@ -109,6 +114,34 @@ bool pt_gguf_float(const pt_gguf *g, const char *garch, const char *key, float *
     if (!pt_gguf_get_float(g, full, &v)) return false;
     *out = (float)v;
     return true;
+}
+
+/* YaRN as llama.cpp reads a GGUF: the original context from
+ * rope.scaling.original_context_length, the correction range in rotations
+ * (yarn_beta_fast / _slow, default 32 / 1) rounded outwards, as ggml always
+ * does (ggml_rope_yarn_corr_dims), and cos/sin scaled by 0.1 ln(factor) + 1
+ * times rope.scaling.attn_factor.  yarn_log_multiplier (DeepSeek's mscale)
+ * is refused rather than ignored. */
+static int yarn_gguf(const pt_gguf *g, const pt_model_file *mf, const char *arch, float factor,
+                     pt_model_config *c, pt_err *err) {
+    float v;
+    if (pt_gguf_float(g, arch, "rope.scaling.yarn_log_multiplier", &v) && v != 0)
+        return pt_fail(err, "%s: yarn rope with yarn_log_multiplier is not supported", mf->path);
+    if (!(factor > 0) || !pt_gguf_int(g, arch, "rope.scaling.original_context_length",
+                                      &c->rope_orig_ctx) || c->rope_orig_ctx <= 0)
+        return pt_fail(err, "%s: yarn rope needs %s.rope.scaling.factor and "
+                            "rope.scaling.original_context_length",
+                       mf->path, arch);
+    c->rope_scaling = PT_ROPE_SCALING_YARN;
+    c->rope_factor = factor;
+    c->rope_beta_fast = 32, c->rope_beta_slow = 1;
+    pt_gguf_float(g, arch, "rope.scaling.yarn_beta_fast", &c->rope_beta_fast);
+    pt_gguf_float(g, arch, "rope.scaling.yarn_beta_slow", &c->rope_beta_slow);
+    c->rope_yarn_truncate = true;
+    float attn = 1;
+    pt_gguf_float(g, arch, "rope.scaling.attn_factor", &attn);
+    c->rope_mscale = (float)yarn_mscale(factor, 1.0) * attn;
+    return 0;
 }
 
 int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char *arch,
@@ -144,6 +177,8 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
         if (st.len == 6 && memcmp(st.s, "linear", 6) == 0) {
             c->rope_scaling = PT_ROPE_SCALING_LINEAR;
             c->rope_factor = factor;
+        } else if (st.len == 4 && memcmp(st.s, "yarn", 4) == 0) {
+            if (yarn_gguf(g, mf, arch, factor, c, err)) return -1;
         } else if (!(st.len == 4 && memcmp(st.s, "none", 4) == 0)) {
             return pt_fail(err, "%s: rope scaling '%.*s' is not supported", mf->path,
                            (int)PT_MIN(st.len, 32), st.s);
@@ -197,11 +232,6 @@ bool pt_json_float(json_t *o, const char *key, float *out) {
     if (!json_is_number(v)) return false;
     *out = (float)json_number_value(v);
     return true;
-}
-
-/* YaRN's get_mscale. */
-static double yarn_mscale(double scale, double m) {
-    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
 }
 
 /* YaRN as transformers' _compute_yarn_parameters reads it: the attention

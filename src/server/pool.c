@@ -361,7 +361,7 @@ static void loaded_cb(evutil_socket_t fd, short what, void *arg) {
         return;
     }
     if (l->rc) {
-        char msg[600];
+        char msg[sizeof m->id + sizeof l->err.msg + 32];
         snprintf(msg, sizeof msg, "the model '%s' did not load: %s", m->id, l->err.msg);
         pt_server_log(s, "%s", msg);
         fail_waiting(m, 500, "model_load_failed", msg);

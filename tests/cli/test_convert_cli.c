@@ -159,6 +159,18 @@ static void test_gguf_tokenizer_carried(void **state) {
 }
 
 /* bench feeds token ids: a model directory without any tokenizer runs. */
+/* A GGUF of another family than the dense Llama one (Gemma: gains stored
+ * 1 + w) is refused, naming it, rather than written as a wrong model. */
+static void test_gguf_other_family_refused(void **state) {
+    (void)state;
+    char out[240];
+    snprintf(out, sizeof out, "%s/refused", dir);
+    assert_int_not_equal(sh("%s convert -t 1 %s/tests/fixtures/gguf/gemma2/model.gguf '%s' > '%s/log' 2>&1",
+                            PETREL_BIN, PETREL_SOURCE_DIR, out, dir), 0);
+    assert_int_equal(sh("grep -q 'converting a GGUF gemma2 model is not supported' '%s/log'", dir), 0);
+    assert_int_not_equal(access(out, F_OK), 0);
+}
+
 static void test_bench_needs_no_tokenizer(void **state) {
     (void)state;
     assert_false(exists(NO_TOKENIZER_DIR "/tokenizer.json"));
@@ -258,7 +270,8 @@ static void test_force_replaces(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gguf_tokenizer_carried), cmocka_unit_test(test_bench_needs_no_tokenizer),
+        cmocka_unit_test(test_gguf_tokenizer_carried), cmocka_unit_test(test_gguf_other_family_refused),
+        cmocka_unit_test(test_bench_needs_no_tokenizer),
         cmocka_unit_test(test_interrupt_leaves_nothing), cmocka_unit_test(test_stale_staging_swept),
         cmocka_unit_test(test_force_replaces),
     };

@@ -94,7 +94,10 @@ static tols tols_of(json_t *r) {
     return (tols){tol_of(r, prompt, 1), tol_of(r, greedy, 2)};
 }
 
-static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name, tols tol) {
+/* Runs one prompt and its greedy continuation; returns the largest prompt
+ * and decode differences in *worst (for the log). */
+static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name, tols tol,
+                       tols *worst) {
     int n, vocab = m->cfg.vocab_size;
     int32_t *tok = ids_of(json_object_get(p, "tokens"), &n);
     int n_greedy;
@@ -113,6 +116,7 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
         double d = row_diff(logits + (size_t)i * vocab, json_array_get(rows, (size_t)i), vocab);
         if (d > tol.prompt)
             fail_msg("%s, %d-token prompt, position %d: max |logit diff| %.3g", name, n, i, d);
+        if (worst && d > worst->prompt) worst->prompt = d;
         int want_arg = (int)json_integer_value(json_array_get(json_object_get(p, "argmax"), (size_t)i));
         assert_int_equal(argmax(logits + (size_t)i * vocab, vocab), want_arg);
     }
@@ -131,6 +135,7 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
         double diff = row_diff(logits, json_array_get(glog, (size_t)step + 1), vocab);
         if (diff > tol.greedy)
             fail_msg("%s: decode step %d: max |logit diff| %.3g", name, step + 1, diff);
+        if (worst && diff > worst->greedy) worst->greedy = diff;
         next = argmax(logits, vocab);
     }
     pt_kv_seq_release(kv, &s);
@@ -153,7 +158,13 @@ static void check_model(const char *name, const char *path, const char *ref, con
     if (!r) fail_msg("%s: %s", ref, je.text);
     json_t *p;
     size_t i;
-    json_array_foreach(json_object_get(r, "prompts"), i, p) run_prompt(m, &kv, p, name, tols_of(r));
+    tols worst = {0, 0};
+    json_array_foreach(json_object_get(r, "prompts"), i, p)
+        run_prompt(m, &kv, p, name, tols_of(r), &worst);
+    if (strstr(path, ".gguf"))
+        print_message("%s (%s, %s): max |logit diff| prompt %.3g, decode %.3g\n", name,
+                      strstr(ref, "/gguf/") ? "llama.cpp" : "transformers", kernels, worst.prompt,
+                      worst.greedy);
     assert_int_equal(pt_kv_free_pages(&kv), kv.cfg.n_pages);
     json_decref(r);
     pt_kv_cache_free(&kv);
@@ -176,6 +187,18 @@ static void check_gguf_case(const char *name, const char *kernels, int threads) 
     check_model(name, path, ref, kernels, threads);
 }
 
+/* tests/fixtures/gguf/<case>/model.gguf, converted from tests/fixtures/hf/<case>
+ * by scripts/llama-ref/hf_to_gguf.py (f32 from bf16/f16: the same model),
+ * against transformers' reference for the directory: the GGUF conventions
+ * (names, norms stored 1 + w, the query scale folded in, stacked experts)
+ * must give the model transformers ran, at the directory's tolerance. */
+static void check_gguf_hf_case(const char *name, const char *kernels, int threads) {
+    char path[512], ref[600];
+    snprintf(path, sizeof path, GGUF_DIR "%s/model.gguf", name);
+    snprintf(ref, sizeof ref, HF_DIR "%s/reference.json", name);
+    check_model(name, path, ref, kernels, threads);
+}
+
 #define CASE(n)                                                                                    \
     static void test_##n(void **state) {                                                           \
         (void)state;                                                                               \
@@ -187,6 +210,14 @@ static void check_gguf_case(const char *name, const char *kernels, int threads) 
         (void)state;                                                                               \
         check_gguf_case(#n, "auto", 2);                                                            \
         check_gguf_case(#n, "portable", 1);                                                        \
+    }
+/* A converted Hugging Face fixture: llama.cpp's reference and transformers'. */
+#define GGUF_HF_CASE(n)                                                                            \
+    GGUF_CASE(n)                                                                                   \
+    static void test_gguf_hf_##n(void **state) {                                                   \
+        (void)state;                                                                               \
+        check_gguf_hf_case(#n, "auto", 2);                                                         \
+        check_gguf_hf_case(#n, "portable", 1);                                                     \
     }
 CASE(llama2)
 CASE(llama3)
@@ -200,6 +231,12 @@ CASE(gemma3_text)
 CASE(gpt_oss)
 CASE(qwen3_next)
 GGUF_CASE(stories260k)
+GGUF_HF_CASE(gemma2)
+GGUF_HF_CASE(gemma3_text)
+GGUF_HF_CASE(gpt_oss)
+/* gpt-oss with ggml's MXFP4 experts (and no YaRN, which llama.cpp rounds
+ * differently): against llama.cpp on the exact values the blocks decode to. */
+GGUF_CASE(gpt_oss_mxfp4)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -378,7 +415,7 @@ static void test_qwen3moe_gguf(void **state) {
         size_t i;
         json_array_foreach(json_object_get(r, "prompts"), i, p) {
             if (!q8) {
-                run_prompt(m, &kv, p, "qwen3moe gguf", tols_of(r));
+                run_prompt(m, &kv, p, "qwen3moe gguf", tols_of(r), NULL);
                 continue;
             }
             int n, vocab = m->cfg.vocab_size;
@@ -509,6 +546,10 @@ int main(void) {
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_gguf_stories260k),
+        cmocka_unit_test(test_gguf_gemma2), cmocka_unit_test(test_gguf_hf_gemma2),
+        cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
+        cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),
+        cmocka_unit_test(test_gguf_gpt_oss_mxfp4),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_bad_config),
     };

@@ -12,7 +12,9 @@
  * an error naming the layer and the kind; so do hand-built plans with the
  * other declared kinds.  The supported list in
  * errors comes from the registry table.  A weight spec may be a 3-D stack
- * of experts; dummy weights lay one out with the right stride.
+ * of experts; dummy weights lay one out with the right stride.  GGUF Gemma
+ * and gpt-oss metadata read as llama.cpp reads it (defaults, window
+ * pattern, the 27B attention scale, YaRN).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -20,10 +22,12 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "io/model_file.h"
 #include "model/model_int.h"
 
 #define BASE                                                                                       \
@@ -460,6 +464,111 @@ static void test_expert_stack_dummy(void **state) {
     be->ops->destroy(be);
 }
 
+/* ---- GGUF configs, as llama.cpp reads them ------------------------------------ *
+ * A GGUF of metadata and one tiny token_embd (the vocabulary's source):
+ * enough for pt_config_from_file.  kvs: "u:key=123", "f:key=1.5",
+ * "s:key=text". */
+static void put(FILE *f, const void *p, size_t n) {
+    assert_int_equal(fwrite(p, 1, n, f), n);
+}
+static void put_u32(FILE *f, uint32_t v) { put(f, &v, 4); }
+static void put_u64(FILE *f, uint64_t v) { put(f, &v, 8); }
+static void put_str(FILE *f, const char *s, size_t n) {
+    put_u64(f, n);
+    put(f, s, n);
+}
+
+static void config_of_gguf(const char *arch, const char *const *kvs, pt_model_config *c) {
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/petrel_plan_%d.gguf", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    size_t n_kv = 1;
+    while (kvs[n_kv - 1]) n_kv++;
+    put(f, "GGUF", 4), put_u32(f, 3), put_u64(f, 1), put_u64(f, n_kv);
+    put_str(f, "general.architecture", 20), put_u32(f, 8), put_str(f, arch, strlen(arch));
+    for (const char *const *kv = kvs; *kv; kv++) {
+        const char *eq = strchr(*kv, '=');
+        char key[96];
+        snprintf(key, sizeof key, "%s.%.*s", arch, (int)(eq - *kv - 2), *kv + 2);
+        put_str(f, key, strlen(key));
+        if ((*kv)[0] == 'u') put_u32(f, 4), put_u32(f, (uint32_t)atol(eq + 1));
+        if ((*kv)[0] == 'f') {
+            float v = strtof(eq + 1, NULL);
+            put_u32(f, 6), put(f, &v, 4);
+        }
+        if ((*kv)[0] == 's') put_u32(f, 8), put_str(f, eq + 1, strlen(eq + 1));
+    }
+    /* token_embd.weight: ne = {64, 8} f32 at offset 0 */
+    put_str(f, "token_embd.weight", 17), put_u32(f, 2), put_u64(f, 64), put_u64(f, 8);
+    put_u32(f, 0), put_u64(f, 0);
+    static const uint8_t zero[64 * 8 * 4];
+    long pos = ftell(f);
+    put(f, zero, (size_t)((32 - pos % 32) % 32));
+    put(f, zero, sizeof zero);
+    fclose(f);
+    pt_model_file *mf;
+    pt_err err = {{0}};
+    if (pt_model_file_open(&mf, path, &err) || pt_config_from_file(mf, c, &err))
+        fail_msg("%s: %s", arch, err.msg);
+    pt_model_file_close(mf);
+    remove(path);
+}
+
+/* Gemma 2 at the 27B layer count scales scores by (dim / heads)^-1/2 and
+ * soft-caps with llama.cpp's defaults when the keys are absent; its window
+ * (4096 by default) is on the even layers.  Gemma 3 takes the window
+ * pattern and the window layers' rope base (10000 by default) and keeps
+ * rope scaling off them.  gpt-oss reads YaRN and keeps the correction
+ * range unrounded. */
+static void test_gguf_configs(void **state) {
+    (void)state;
+    pt_model_config c;
+    static const char *const g2[] = {"u:embedding_length=64", "u:block_count=46",
+                                     "u:attention.head_count=4", "u:attention.key_length=32",
+                                     "u:feed_forward_length=128", NULL};
+    config_of_gguf("gemma2", g2, &c);
+    assert_string_equal(c.arch, "gemma2");
+    assert_float_equal(c.attn_scale, 1 / sqrtf(16), 1e-7);
+    assert_float_equal(c.attn_softcap, 50, 0), assert_float_equal(c.final_softcap, 30, 0);
+    assert_int_equal(c.sliding_window, 4096);
+    assert_true(pt_config_layer_swa(&c, 44) && !pt_config_layer_swa(&c, 45));
+    assert_true(c.tied_embeddings);
+    assert_float_equal(c.embed_scale, 8, 1e-6);
+
+    static const char *const g3[] = {"u:embedding_length=64", "u:block_count=4",
+                                     "u:attention.head_count=4", "u:attention.key_length=32",
+                                     "u:feed_forward_length=128", "u:attention.sliding_window=12",
+                                     "u:attention.sliding_window_pattern=3",
+                                     "f:rope.freq_base=1000000", "s:rope.scaling.type=linear",
+                                     "f:rope.scaling.factor=8", NULL};
+    config_of_gguf("gemma3", g3, &c);
+    assert_string_equal(c.arch, "gemma3_text");
+    assert_float_equal(c.attn_scale, 1 / sqrtf(32), 1e-7);
+    assert_float_equal(c.attn_softcap, 0, 0), assert_float_equal(c.final_softcap, 0, 0);
+    bool want[4] = {true, true, false, true};
+    for (int l = 0; l < 4; l++) assert_int_equal(pt_config_layer_swa(&c, l), want[l]);
+    assert_float_equal(c.rope_theta_swa, 10000, 0);
+    assert_true(c.rope_scaling_global_only);
+    assert_int_equal(c.rope_scaling, PT_ROPE_SCALING_LINEAR);
+
+    static const char *const oss[] = {"u:embedding_length=64", "u:block_count=4",
+                                      "u:attention.head_count=4", "u:attention.key_length=32",
+                                      "u:feed_forward_length=64", "u:expert_count=6",
+                                      "u:expert_used_count=2", "u:expert_feed_forward_length=64",
+                                      "u:attention.sliding_window=8", "f:rope.freq_base=150000",
+                                      "s:rope.scaling.type=yarn", "f:rope.scaling.factor=32",
+                                      "u:rope.scaling.original_context_length=4096", NULL};
+    config_of_gguf("gpt-oss", oss, &c);
+    assert_string_equal(c.arch, "gpt_oss");
+    assert_int_equal(c.rope_scaling, PT_ROPE_SCALING_YARN);
+    assert_int_equal(c.rope_orig_ctx, 4096);
+    assert_false(c.rope_yarn_truncate);
+    assert_float_equal(c.rope_mscale, 1 + 0.1f * logf(32), 1e-6);
+    assert_true(c.attn_sinks && c.expert_bias && c.expert_renorm && c.qkv_bias && c.o_bias);
+    assert_true(pt_config_layer_swa(&c, 0) && !pt_config_layer_swa(&c, 1));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_plan),
@@ -472,6 +581,7 @@ int main(void) {
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
         cmocka_unit_test(test_gptoss_plan),
+        cmocka_unit_test(test_gguf_configs),
         cmocka_unit_test(test_qwen3_next_plan),
         cmocka_unit_test(test_bad_mixture),
         cmocka_unit_test(test_expert_stack_dummy),
