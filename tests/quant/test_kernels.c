@@ -350,6 +350,34 @@ static void test_q4_0x8_layout(void **state) {
     check_i8((fmt){PT_Q4_0, 0, 0, PT_F16}, false, true);
 }
 
+/* The CPU backend asks for the q4_0 layout exactly where its int8 kernels
+ * read it: q4_0, rows a multiple of 8, no expert stack, AVX2 with int8
+ * decode, and not under PETREL_CPU_REPACK=0; the portable set never. */
+static void test_layout_choice(void **state) {
+    (void)state;
+    pt_err err;
+    pt_backend *port = pt_backend_cpu_new(1, "portable", &err);
+    assert_non_null(port);
+    pt_weight w = {.dtype = PT_Q4_0, .rows = 16, .cols = 64};
+    assert_int_equal(port->ops->weight_layout(port, &w), PT_LAYOUT_FILE);
+    port->ops->destroy(port);
+    if (!pt_qk_cpu_has_avx2()) return;
+    pt_backend *be = pt_backend_cpu_new(1, "avx2", &err);
+    assert_non_null(be);
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_Q4_0X8);
+    w.rows = 12;
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    w.rows = 16, w.dtype = PT_Q8_0;
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    w.dtype = PT_Q4_0, w.n_experts = 2;
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    w.n_experts = 0;
+    setenv("PETREL_CPU_REPACK", "0", 1);
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    unsetenv("PETREL_CPU_REPACK");
+    be->ops->destroy(be);
+}
+
 /* The AVX2 activation quantizer gives the portable one's codes, scales and
  * sums bit for bit: random rows, a zero block, halfway cases (x / d =
  * k + 0.5 rounds to even) and negative zero. */
@@ -394,6 +422,7 @@ int main(void) {
         cmocka_unit_test(test_i8_gemm),
         cmocka_unit_test(test_i8_decode),
         cmocka_unit_test(test_q4_0x8_layout),
+        cmocka_unit_test(test_layout_choice),
         cmocka_unit_test(test_i8_quantize_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
