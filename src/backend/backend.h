@@ -384,22 +384,27 @@ typedef struct pt_op_conv1d_silu {
 /* The gated delta rule (Gated DeltaNet), one token at a time per sequence.
  * Row t reads q [n_k_heads][dk] at qkv + t*stride, k right after it and v
  * [n_v_heads][dv] after k; ba + t*2*n_v_heads holds b then a per v head.
- * Value head h uses key head h / (n_v_heads / n_k_heads).  With S the
- * head's state [dk][dv] (state + (slot * n_v_heads + h) * dk * dv, zero at
- * position 0):
+ * Value head h uses key head h / (n_v_heads / n_k_heads) (transformers'
+ * repeat_interleave), or h % n_k_heads with tiled (llama.cpp's qwen35
+ * GGUF layout, whose converter reorders the value heads so).  A[h] is the
+ * decay rate -exp(A_log[h]).  With S the head's state [dk][dv] (state +
+ * (slot * n_v_heads + h) * dk * dv, zero at position 0):
  *     q, k = l2norm(q), l2norm(k);  q /= sqrt(dk)
- *     g = -exp(A_log[h]) * softplus(a + dt_bias[h]);  beta = sigmoid(b)
+ *     g = A[h] * softplus(a + dt_bias[h]);  beta = sigmoid(b)
  *     S = exp(g) S;  S += k (beta (v - Sᵀk))ᵀ;  out[t][h] = Sᵀq
- * Rows of one sequence must come in position order.  With chunk > 1, a
- * run of consecutive rows of one sequence (a prefill) goes chunk rows at a
- * time through the chunkwise form (the same function, to f32 rounding);
- * 0 or 1: token by token. */
+ * l2norm(x) is x / sqrt(|x|² + 1e-6) (FLA, transformers) when l2_eps is 0,
+ * else x / max(|x|, l2_eps) (ggml's l2_norm).  Rows of one sequence must
+ * come in position order.  With chunk > 1, a run of consecutive rows of
+ * one sequence (a prefill) goes chunk rows at a time through the chunkwise
+ * form (the same function, to f32 rounding); 0 or 1: token by token. */
 typedef struct pt_op_gated_delta {
     float *out;
-    const float *qkv, *ba, *A_log, *dt_bias;
+    const float *qkv, *ba, *A, *dt_bias;
     float *state;
     pt_batch_view b;
     int n_k_heads, n_v_heads, dk, dv, stride, chunk;
+    bool tiled;
+    float l2_eps;
 } pt_op_gated_delta;
 
 /* y = x / rms(x) * w * silu(z) for n rows of d (the gated output norm of
@@ -740,11 +745,7 @@ static inline void pt_be_gated_delta(pt_backend *be, const pt_op_gated_delta *a)
     pt_op o;
     memset(&o, 0, sizeof o);
     o.kind = PT_OP_GATED_DELTA;
-    pt_op_gated_delta *d = &o.gated_delta;
-    d->out = a->out, d->qkv = a->qkv, d->ba = a->ba, d->A_log = a->A_log;
-    d->dt_bias = a->dt_bias, d->state = a->state, d->b = a->b;
-    d->n_k_heads = a->n_k_heads, d->n_v_heads = a->n_v_heads, d->dk = a->dk, d->dv = a->dv;
-    d->stride = a->stride, d->chunk = a->chunk;
+    o.gated_delta = *a;
     pt_be_run(be, &o);
 }
 

@@ -10,12 +10,17 @@
  *
  * A block implements only the plan kinds that pt_layer_plan_check accepts;
  * a new kind comes with its block and leaves that check in the same change.
+ * The hybrid recurrent families (Qwen3-Next, Qwen3.5) share their gated
+ * attention, the Gated DeltaNet after its in-projections (which differ:
+ * fused in one, not in the other), the shared-expert FFN and the layer.
+ *
  * Kinds that need optional backend ops (backend.h: attention_ext, geglu,
  * the MoE ops; a backend says which it has in has_op) are listed in
  * missing_op, so a backend without them refuses the model at load, naming
  * the op, instead of failing mid-forward.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "model/model_int.h"
 
@@ -251,4 +256,134 @@ void pt_block_stack(pt_model *m, const pt_step *s, pt_layer_fn layer) {
     for (int l = 0; l < m->cfg.n_layers; l++)
         layer(m, l, s);
     pt_block_output(m, s);
+}
+
+/* ---- Hybrid recurrent layers (Qwen3-Next, Qwen3.5) ------------------------- */
+
+/* Prefill rows of a sequence go through the delta rule this many at a time
+ * in the chunkwise form (transformers' chunk size); decode rows one by one. */
+#define GDN_CHUNK 64
+
+void pt_block_gated_attention(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    const pt_layer *L = &m->layers[l];
+    const pt_layer_plan *p = &m->plan[l];
+    pt_workspace *ws = m->ws;
+    int n = s->n, q = c->n_heads * c->head_dim;
+
+    pt_be_matmul(be, ws->fused, ws->h, &L->wq, n);
+    pt_be_gather_cols(be, ws->q, ws->fused, ws->idx_q, n, 2 * q, q);
+    pt_be_gather_cols(be, ws->agate, ws->fused, ws->idx_gate, n, 2 * q, q);
+    pt_be_matmul(be, ws->k, ws->h, &L->wk, n);
+    pt_be_matmul(be, ws->v, ws->h, &L->wv, n);
+    pt_be_rmsnorm(be, ws->q, ws->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
+    pt_be_rmsnorm(be, ws->k, ws->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+    pt_be_rope(be, ws->q, s->b, c->n_heads, c->head_dim, &p->rope);
+    pt_be_rope(be, ws->k, s->b, c->n_kv_heads, c->head_dim, &p->rope);
+
+    pt_kv_view kv = pt_kv_layer(s->kv, l);
+    pt_be_kv_store(be, &kv, s->b, ws->k, ws->v);
+    pt_be_attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, p->attn_scale);
+    pt_be_sigmoid_mul(be, ws->att, ws->att, ws->agate, n, q, q);
+    pt_be_matmul(be, ws->h, ws->att, &L->wo, n);
+}
+
+void pt_block_deltanet(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    int n = s->n, nv = c->lin_v_heads, kd = c->lin_k_heads * c->lin_k_dim;
+    int conv = 2 * kd + nv * c->lin_v_dim;
+
+    pt_be_conv1d_silu(be, ws->conv, ws->mix, L->conv_w, s->kv->conv[l], s->b, conv,
+                      c->lin_conv_kernel);
+    pt_op_gated_delta d = {.out = ws->lin, .qkv = ws->conv, .ba = ws->ba, .A = L->ssm_a,
+                           .dt_bias = L->dt_bias, .state = s->kv->rec[l], .b = *s->b,
+                           .n_k_heads = c->lin_k_heads, .n_v_heads = nv, .dk = c->lin_k_dim,
+                           .dv = c->lin_v_dim, .stride = conv, .chunk = GDN_CHUNK,
+                           .tiled = c->lin_tiled, .l2_eps = c->lin_l2_eps};
+    pt_be_gated_delta(be, &d);
+    pt_be_rmsnorm_gated(be, ws->lin, ws->lin, ws->z, L->lin_norm, n * nv, c->lin_v_dim,
+                        c->norm_eps);
+    pt_be_matmul(be, ws->h, ws->lin, &L->w_lin_out, n);
+}
+
+/* h -> h: routed experts plus sigmoid(h·wsg) times the shared expert. */
+static void moe_with_shared(pt_model *m, int l, const pt_step *s) {
+    pt_backend *be = m->be;
+    const pt_model_config *c = &m->cfg;
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+    int n = s->n;
+
+    pt_be_matmul(be, ws->sh_gate, ws->h, &L->w_sh_gate, n);
+    pt_be_matmul(be, ws->sh_up, ws->h, &L->w_sh_up, n);
+    pt_be_swiglu(be, ws->sh_gate, ws->sh_gate, ws->sh_up, (size_t)n * c->shared_ffn_dim);
+    pt_be_matmul(be, ws->shared, ws->sh_gate, &L->w_sh_down, n);
+    pt_be_matmul(be, ws->shared_g, ws->h, &L->w_sh_router, n);
+    pt_be_sigmoid_mul(be, ws->shared, ws->shared, ws->shared_g, n, c->dim, 1);
+    pt_block_ffn(m, l, s); /* the plan says PT_FFN_MOE: routed experts into h */
+    pt_be_add(be, ws->h, ws->h, ws->shared, (size_t)n * c->dim);
+}
+
+void pt_block_hybrid_layer(pt_model *m, int l, const pt_step *s, pt_layer_fn lin_in) {
+    const pt_layer *L = &m->layers[l];
+    pt_workspace *ws = m->ws;
+
+    pt_block_norm(m, s, ws->h, ws->x, L->attn_norm);
+    if (m->plan[l].mixer == PT_MIX_RECURRENT) {
+        lin_in(m, l, s);
+        pt_block_deltanet(m, l, s);
+    } else {
+        pt_block_gated_attention(m, l, s);
+    }
+    pt_block_residual(m, s);
+    pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
+    if (m->plan[l].n_shared > 0)
+        moe_with_shared(m, l, s);
+    else
+        pt_block_ffn(m, l, s);
+    pt_block_residual(m, s);
+}
+
+/* gain = 1 + gain for one norm vector of n in backend memory (NULL: absent). */
+static void one_plus(pt_model *m, const float *gain, int n, float *host) {
+    if (!gain) return;
+    m->be->ops->download(m->be, host, gain, sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++) host[i] += 1.0f;
+    m->be->ops->upload(m->be, (float *)gain, host, sizeof(float) * (size_t)n);
+}
+
+int pt_norms_one_plus(pt_model *m, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    float *host = pt_xmalloc(sizeof(float) * (size_t)PT_MAX(c->dim, c->head_dim));
+    one_plus(m, m->output_norm, c->dim, host);
+    for (int l = 0; l < c->n_layers; l++) {
+        pt_layer *L = &m->layers[l];
+        const float *dims[] = {L->attn_norm, L->post_attn_norm, L->ffn_norm, L->post_ffn_norm};
+        for (size_t i = 0; i < PT_ARRAY_LEN(dims); i++) one_plus(m, dims[i], c->dim, host);
+        one_plus(m, L->q_norm, c->head_dim, host);
+        one_plus(m, L->k_norm, c->head_dim, host);
+    }
+    free(host);
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
+    return 0;
+}
+
+int pt_ssm_a_from_log(pt_model *m, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    int nv = c->lin_v_heads;
+    float *host = pt_xmalloc(sizeof(float) * (size_t)PT_MAX(nv, 1));
+    for (int l = 0; l < c->n_layers; l++) {
+        const float *a = m->layers[l].ssm_a;
+        if (!a) continue;
+        m->be->ops->download(m->be, host, a, sizeof(float) * (size_t)nv);
+        for (int h = 0; h < nv; h++) host[h] = -expf(host[h]);
+        m->be->ops->upload(m->be, (float *)a, host, sizeof(float) * (size_t)nv);
+    }
+    free(host);
+    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
+    return 0;
 }

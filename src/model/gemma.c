@@ -175,33 +175,13 @@ static const pt_weight_spec gemma_weights[] = {
 #undef M
 /* clang-format on */
 
-/* gain = 1 + w for one norm vector of n in backend memory (NULL: absent). */
-static void one_plus(pt_model *m, const float *gain, int n, float *host) {
-    if (!gain) return;
-    m->be->ops->download(m->be, host, gain, sizeof(float) * (size_t)n);
-    for (int i = 0; i < n; i++) host[i] += 1.0f;
-    m->be->ops->upload(m->be, (float *)gain, host, sizeof(float) * (size_t)n);
-}
-
 /* Hugging Face files store each norm's w of x̂ · (1 + w); the RMSNorm op
  * multiplies by its gain, so every gain becomes 1 + w (in f32, as
  * transformers adds).  GGUF files already store 1 + w (llama.cpp's
  * converter adds it; its graph runs a plain RMSNorm). */
 static int gemma_finish(pt_model *m, pt_err *err) {
-    const pt_model_config *c = &m->cfg;
     if (m->file && m->file->kind == PT_FILE_GGUF) return 0;
-    float *host = pt_xmalloc(sizeof(float) * (size_t)PT_MAX(c->dim, c->head_dim));
-    one_plus(m, m->output_norm, c->dim, host);
-    for (int l = 0; l < c->n_layers; l++) {
-        pt_layer *L = &m->layers[l];
-        const float *dims[] = {L->attn_norm, L->post_attn_norm, L->ffn_norm, L->post_ffn_norm};
-        for (size_t i = 0; i < PT_ARRAY_LEN(dims); i++) one_plus(m, dims[i], c->dim, host);
-        one_plus(m, L->q_norm, c->head_dim, host);
-        one_plus(m, L->k_norm, c->head_dim, host);
-    }
-    free(host);
-    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
-    return 0;
+    return pt_norms_one_plus(m, err);
 }
 
 /* ---- Forward ------------------------------------------------------------- */

@@ -122,6 +122,53 @@ static void workspace_free(pt_model *m) {
     m->ws = NULL;
 }
 
+int32_t *pt_index_table(pt_model *m, const int32_t *host, int n) {
+    int32_t *dev = pt_model_alloc(m, sizeof(int32_t) * (size_t)n);
+    if (dev) m->be->ops->upload(m->be, dev, host, sizeof(int32_t) * (size_t)n);
+    return dev;
+}
+
+/* The buffers of hybrid recurrent models (model_int.h: pt_workspace), and
+ * the column tables that split gated attention's q projection: per head,
+ * hd queries then hd gates. */
+int pt_workspace_hybrid(pt_model *m, int cap, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    pt_workspace *ws = m->ws;
+    size_t q = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->lin_k_heads * c->lin_k_dim;
+    size_t vd = (size_t)c->lin_v_heads * c->lin_v_dim, conv = 2 * kd + vd, n = (size_t)cap;
+    struct {
+        float **p;
+        size_t floats;
+    } bufs[] = {
+        {&ws->fused, n * PT_MAX(2 * q, 2 * kd + 2 * vd)},
+        {&ws->mix, n * conv},
+        {&ws->conv, n * conv},
+        {&ws->z, n * vd},
+        {&ws->ba, n * 2 * (size_t)c->lin_v_heads},
+        {&ws->lin, n * vd},
+        {&ws->agate, n * q},
+        {&ws->shared, n * (size_t)c->dim},
+        {&ws->shared_g, n},
+        {&ws->sh_gate, n * (size_t)c->shared_ffn_dim},
+        {&ws->sh_up, n * (size_t)c->shared_ffn_dim},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(bufs); i++)
+        if (!(*bufs[i].p = pt_model_alloc(m, sizeof(float) * PT_MAX(bufs[i].floats, 1))))
+            return pt_fail(err, "cannot allocate %.1f MiB of activations",
+                           (double)bufs[i].floats * 4 / 1048576.0);
+    int hd = c->head_dim, nh = c->n_heads;
+    int32_t *a = pt_xmalloc(sizeof(int32_t) * q), *b = pt_xmalloc(sizeof(int32_t) * q);
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < hd; i++)
+            a[h * hd + i] = h * 2 * hd + i, b[h * hd + i] = h * 2 * hd + hd + i;
+    ws->idx_q = pt_index_table(m, a, (int)q);
+    ws->idx_gate = pt_index_table(m, b, (int)q);
+    free(a), free(b);
+    if (!ws->idx_q || !ws->idx_gate)
+        return pt_fail(err, "out of backend memory for the split tables");
+    return 0;
+}
+
 int pt_workspace_block_table(pt_model *m, size_t need, pt_err *err) {
     pt_workspace *ws = m->ws;
     if (need <= ws->bt_cap) return 0;

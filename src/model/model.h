@@ -65,10 +65,14 @@ typedef struct pt_model_config {
     bool rope_scaling_global_only; /* rope_scaling applies to full-attention layers only */
     bool swa_per_layer;   /* swa_layers says which layers have the window; else all */
     uint64_t swa_layers[16]; /* bit l % 64 of word l / 64: layer l has the window */
-    /* Hybrid recurrent models (Qwen3-Next): layers with their bit set in
-     * recurrent_layers are Gated DeltaNet layers, of these shapes. */
+    /* Hybrid recurrent models (Qwen3-Next, Qwen3.5): layers with their bit
+     * set in recurrent_layers are Gated DeltaNet layers, of these shapes;
+     * lin_tiled and lin_l2_eps as pt_op_gated_delta's tiled and l2_eps
+     * (llama.cpp's qwen35 GGUF layout and l2norm). */
     uint64_t recurrent_layers[16];
     int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv_kernel;
+    bool lin_tiled;
+    float lin_l2_eps;
     int shared_ffn_dim;    /* the shared expert's intermediate size (n_shared_experts 1) */
     bool attn_output_gate; /* q_proj also gives a gate per head: out *= sigmoid(gate) */
 } pt_model_config;
@@ -123,11 +127,14 @@ typedef struct pt_layer {
     const float *b_down_exps;             /* [n_experts][dim] */
     /* the shared expert beside the routed ones, and its gate [1][dim] */
     pt_weight w_sh_gate, w_sh_up, w_sh_down, w_sh_router;
-    /* Gated DeltaNet (recurrent layers): the fused in-projections, the
-     * output projection, the conv [conv channels][kernel], the decay's
-     * A_log and dt_bias [value heads], the gated norm's gain [value dim] */
-    pt_weight w_qkvz, w_ba, w_lin_out;
-    const float *conv_w, *A_log, *dt_bias, *lin_norm;
+    /* Gated DeltaNet (recurrent layers): the in-projections (Qwen3-Next:
+     * fused qkvz and ba; Qwen3.5: qkv, z, b and a, b and a then joined
+     * into w_ba at load), the output projection, the conv [conv channels]
+     * [kernel], the decay rate ssm_a = -exp(A_log) (a file with A_log has
+     * it turned at load) and dt_bias [value heads], the gated norm's gain
+     * [value dim] */
+    pt_weight w_qkvz, w_ba, w_lin_out, w_lin_qkv, w_lin_z, w_beta, w_alpha;
+    const float *conv_w, *ssm_a, *dt_bias, *lin_norm;
 } pt_layer;
 
 /* Per-token and per-sequence arrays of one forward call, host side. */

@@ -19,6 +19,8 @@
  *   gemma.c     Gemma 2 and Gemma 3 text (gemma2, gemma3_text);
  *   gptoss.c    gpt-oss (gpt_oss);
  *   qwen3next.c Qwen3-Next (qwen3_next): Gated DeltaNet + gated attention;
+ *   qwen35.c    Qwen3.5 (GGUF qwen35, qwen35moe): the same hybrid, its
+ *               in-projections unfused;
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
@@ -44,13 +46,16 @@ enum pt_dim {
     D_LVHEADS, /* value heads */
     D_LVDIM,   /* value dim */
     D_LCONV,   /* conv channels x kernel */
+    D_LQKV,    /* conv channels: Qwen3.5's unfused q, k, v projection */
 };
 /* Which config setting makes a weight present.  NEED_ATTN / NEED_RECURRENT:
- * only in layers of that mixer (hybrid models). */
+ * only in layers of that mixer (hybrid models); NEED_DENSE / NEED_EXPERTS:
+ * a dense FFN or routed experts (one table for a family's both kinds). */
 enum pt_need { NEED_ALWAYS, NEED_QKV_BIAS, NEED_O_BIAS, NEED_QK_NORM, NEED_UNTIED, NEED_ATTN,
-               NEED_RECURRENT, NEED_SHARED };
+               NEED_RECURRENT, NEED_SHARED, NEED_DENSE, NEED_EXPERTS };
 
-/* One weight of a family: its names (%d is the layer), its shape and where
+/* One weight of a family: its names (%d is the layer; hf NULL in a family
+ * read from GGUF only), its shape and where
  * it lands.  A Hugging Face name with a second %d is one tensor per expert
  * (Hub MoE checkpoints), gathered into the stack at load.  experts = D_EXPERTS makes it a 3-D stack [n_experts][rows][cols]
  * stored as one tensor (a pt_weight with n_experts set); D_NONE is a matrix,
@@ -117,7 +122,7 @@ struct pt_family {
 };
 
 extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gptoss,
-    pt_family_qwen3next;
+    pt_family_qwen3next, pt_family_qwen35;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -195,5 +200,37 @@ void pt_block_stack(pt_model *m, const pt_step *s, pt_layer_fn layer);
 /* The pre-norm layer: x += attn(norm(x)), then x += ffn(norm(x)), the FFN
  * dense or mixture-of-experts as the plan says (Llama, Qwen, Qwen3-MoE). */
 void pt_block_prenorm_layer(pt_model *m, int l, const pt_step *s);
+
+/* Hybrid recurrent families (Qwen3-Next, Qwen3.5); workspace from
+ * pt_workspace_hybrid. */
+/* h -> h: attention whose q projection also gives a sigmoid output gate
+ * per head (hd queries then hd gates), q/k RMSNorm, rope. */
+void pt_block_gated_attention(pt_model *m, int l, const pt_step *s);
+/* h -> h: a Gated DeltaNet layer after its in-projections, which left
+ * each row's q, k, v (all q, all k, all v) in ws->mix, its output gate in
+ * ws->z and its b then a per value head in ws->ba: the causal conv, the
+ * gated delta rule (state in the cache's group 2), the gated norm, out. */
+void pt_block_deltanet(pt_model *m, int l, const pt_step *s);
+/* The hybrid layer: x += mixer(norm(x)), a Gated DeltaNet (lin_in: the
+ * family's in-projections, then pt_block_deltanet) or gated attention as
+ * the plan says; then x += ffn(norm(x)), routed experts plus a gated
+ * shared expert when the plan has one, else pt_block_ffn. */
+void pt_block_hybrid_layer(pt_model *m, int l, const pt_step *s, pt_layer_fn lin_in);
+/* config.json of a Qwen3-Next-like hybrid (qwen3next.c), all but the FFN:
+ * common shapes, SiLU, no attention bias, (1 + w) norms, the attention
+ * output gate, partial rope, which layers are linear (layer_types or
+ * full_attention_interval) and the Gated DeltaNet shapes. */
+int pt_hybrid_read_json(json_t *j, pt_model_config *c, pt_err *err);
+/* Every norm gain g of m (attention, FFN, Gemma's post-norms, q/k, output;
+ * not the gated norm) becomes 1 + g: for files that store w of x̂·(1 + w)
+ * (Gemma, Qwen3-Next and Qwen3.5 on the Hub; their GGUF files store 1 + w). */
+int pt_norms_one_plus(pt_model *m, pt_err *err);
+/* Each recurrent layer's ssm_a, bound from a file's A_log, becomes the
+ * decay rate -exp(A_log) the delta rule takes (once, in f32: the same
+ * floats the rule would compute per token). */
+int pt_ssm_a_from_log(pt_model *m, pt_err *err);
+int pt_workspace_hybrid(pt_model *m, int cap, pt_err *err);
+/* Uploads n indices into a new model-owned buffer (NULL: out of memory). */
+int32_t *pt_index_table(pt_model *m, const int32_t *host, int n);
 
 #endif

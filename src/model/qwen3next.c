@@ -20,10 +20,12 @@
  * The recurrent layers' state (conv tail and delta-rule matrices, f32)
  * lives in the KV cache's state group (kvcache.h), one slot per sequence;
  * the ops (cpu_recurrent.c) read and update it: decode rows one token at a
- * time, a prefill's rows in chunks of GDN_CHUNK (the chunkwise form).  The fused projections are split into their parts
- * with gather_cols, by index tables built here at load.  Only Hugging Face
- * checkpoints load (GGUF qwen3next is not read yet); dense layers among
- * the sparse ones and attention biases are refused.
+ * time, a prefill's rows in chunks (the chunkwise form).  The layer, the
+ * gated attention and the delta rule after the in-projections are blocks
+ * shared with Qwen3.5 (blocks.c); the fused projections are split into
+ * their parts with gather_cols, by index tables built here at load.  Only
+ * Hugging Face checkpoints load (GGUF qwen3next is not read yet); dense
+ * layers among the sparse ones and attention biases are refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -82,7 +84,7 @@ static int read_linear(json_t *j, pt_model_config *c, pt_err *err) {
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++) {
         int *v = (int *)((char *)c + req[i].off);
         if (!pt_json_int(j, req[i].key, v) || *v < 1 || *v > 65536)
-            return pt_fail(err, "config.json: qwen3_next needs a positive %s", req[i].key);
+            return pt_fail(err, "config.json: %s needs a positive %s", c->arch, req[i].key);
     }
     if (c->lin_v_heads % c->lin_k_heads)
         return pt_fail(err, "config.json: linear_num_value_heads %d is not a multiple of "
@@ -112,12 +114,12 @@ static int read_experts(json_t *j, pt_model_config *c, pt_err *err) {
     return 0;
 }
 
-static int qwen3next_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+int pt_hybrid_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (pt_config_json_common(j, c, err) || pt_config_json_act(j, c, err)) return -1;
     if (c->act != PT_ACT_SILU)
-        return pt_fail(err, "config.json: qwen3_next with a non-SiLU activation");
+        return pt_fail(err, "config.json: %s with a non-SiLU activation", c->arch);
     if (json_is_true(json_object_get(j, "attention_bias")))
-        return pt_fail(err, "config.json: qwen3_next with attention_bias is not supported");
+        return pt_fail(err, "config.json: %s with attention_bias is not supported", c->arch);
     c->norm = PT_NORM_RMS_1PW;
     c->attn_output_gate = true;
     /* partial rope: top level (older configs) or in rope_parameters */
@@ -129,8 +131,11 @@ static int qwen3next_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (!(frac > 0 && frac <= 1) || c->n_rot % 2 || c->n_rot < 2)
         return pt_fail(err, "config.json: partial_rotary_factor %g of head_dim %d", (double)frac,
                        c->head_dim);
-    if (read_layer_kinds(j, c, err) || read_linear(j, c, err)) return -1;
-    return read_experts(j, c, err);
+    return read_layer_kinds(j, c, err) || read_linear(j, c, err) ? -1 : 0;
+}
+
+static int qwen3next_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+    return pt_hybrid_read_json(j, c, err) || read_experts(j, c, err) ? -1 : 0;
 }
 
 static int qwen3next_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char *garch,
@@ -163,7 +168,7 @@ static const pt_weight_spec qwen3next_weights[] = {
     {"blk.%d.ssm_ba.weight", LA "in_proj_ba.weight", D_NONE, D_LBA, D_DIM, L(w_ba), true, NEED_RECURRENT},
     {"blk.%d.ssm_conv1d.weight", LA "conv1d.weight", D_NONE, D_LCONV, D_NONE, L(conv_w), true, NEED_RECURRENT},
     {"blk.%d.ssm_dt.bias", LA "dt_bias", D_NONE, D_LVHEADS, D_NONE, L(dt_bias), true, NEED_RECURRENT},
-    {"blk.%d.ssm_a_log", LA "A_log", D_NONE, D_LVHEADS, D_NONE, L(A_log), true, NEED_RECURRENT},
+    {"blk.%d.ssm_a_log", LA "A_log", D_NONE, D_LVHEADS, D_NONE, L(ssm_a), true, NEED_RECURRENT},
     {"blk.%d.ssm_norm.weight", LA "norm.weight", D_NONE, D_LVDIM, D_NONE, L(lin_norm), true, NEED_RECURRENT},
     {"blk.%d.ssm_out.weight", LA "out_proj.weight", D_NONE, D_DIM, D_LV, L(w_lin_out), true, NEED_RECURRENT},
     /* routed experts and the shared one */
@@ -182,54 +187,26 @@ static const pt_weight_spec qwen3next_weights[] = {
 /* clang-format on */
 
 /* x̂ · (1 + w) everywhere but the gated norm: the RMSNorm op multiplies by
- * its gain, so each stored w becomes 1 + w once (in f32, as transformers). */
-static void one_plus(pt_model *m, const float *gain, int n, float *host) {
-    if (!gain) return;
-    m->be->ops->download(m->be, host, gain, sizeof(float) * (size_t)n);
-    for (int i = 0; i < n; i++) host[i] += 1.0f;
-    m->be->ops->upload(m->be, (float *)gain, host, sizeof(float) * (size_t)n);
-}
-
+ * its gain, so each stored w becomes 1 + w once (in f32, as transformers);
+ * A_log becomes the decay rate -exp(A_log). */
 static int qwen3next_finish(pt_model *m, pt_err *err) {
-    const pt_model_config *c = &m->cfg;
-    float *host = pt_xmalloc(sizeof(float) * (size_t)PT_MAX(c->dim, c->head_dim));
-    one_plus(m, m->output_norm, c->dim, host);
-    for (int l = 0; l < c->n_layers; l++) {
-        pt_layer *L = &m->layers[l];
-        one_plus(m, L->attn_norm, c->dim, host);
-        one_plus(m, L->ffn_norm, c->dim, host);
-        one_plus(m, L->q_norm, c->head_dim, host);
-        one_plus(m, L->k_norm, c->head_dim, host);
-    }
-    free(host);
-    if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
-    return 0;
+    return pt_norms_one_plus(m, err) || pt_ssm_a_from_log(m, err) ? -1 : 0;
 }
 
-/* ---- Workspace: buffers and the split tables ---------------------------------- */
+/* ---- Workspace: the split tables of the fused projections --------------------- */
 
-/* Uploads n indices into a new model-owned buffer. */
-static int32_t *index_table(pt_model *m, const int32_t *host, int n) {
-    int32_t *dev = pt_model_alloc(m, sizeof(int32_t) * (size_t)n);
-    if (dev) m->be->ops->upload(m->be, dev, host, sizeof(int32_t) * (size_t)n);
-    return dev;
-}
-
-/* Column tables for gather_cols.  q_proj gives, per head, hd queries then
- * hd gates.  in_proj_qkvz gives, per key head, its q [dk], k [dk], then
- * the v [r*dv] and z [r*dv] of its r value heads; the conv wants all q,
- * all k, all v.  in_proj_ba gives, per key head, r b's then r a's. */
-static int split_tables(pt_model *m, pt_err *err) {
+/* Column tables for gather_cols.  in_proj_qkvz gives, per key head, its q
+ * [dk], k [dk], then the v [r*dv] and z [r*dv] of its r value heads; the
+ * conv wants all q, all k, all v.  in_proj_ba gives, per key head, r b's
+ * then r a's.  (q_proj's split is pt_workspace_hybrid's.) */
+static int qwen3next_workspace(pt_model *m, int cap, pt_err *err) {
+    if (pt_workspace_hybrid(m, cap, err)) return -1;
     const pt_model_config *c = &m->cfg;
     pt_workspace *ws = m->ws;
-    int hd = c->head_dim, nh = c->n_heads, nk = c->lin_k_heads, nv = c->lin_v_heads;
+    int nk = c->lin_k_heads, nv = c->lin_v_heads;
     int dk = c->lin_k_dim, dv = c->lin_v_dim, r = nv / nk, group = 2 * dk + 2 * r * dv;
-    int kd = nk * dk, vd = nv * dv, n = PT_MAX(nh * hd, 2 * kd + vd);
+    int kd = nk * dk, vd = nv * dv, n = 2 * kd + vd;
     int32_t *a = pt_xmalloc(sizeof(int32_t) * (size_t)n), *b = pt_xmalloc(sizeof(int32_t) * (size_t)n);
-    for (int h = 0; h < nh; h++)
-        for (int i = 0; i < hd; i++) a[h * hd + i] = h * 2 * hd + i, b[h * hd + i] = h * 2 * hd + hd + i;
-    ws->idx_q = index_table(m, a, nh * hd);
-    ws->idx_gate = index_table(m, b, nh * hd);
     for (int g = 0; g < nk; g++) {
         for (int i = 0; i < dk; i++) a[g * dk + i] = g * group + i, a[kd + g * dk + i] = g * group + dk + i;
         for (int j = 0; j < r * dv; j++) {
@@ -237,80 +214,21 @@ static int split_tables(pt_model *m, pt_err *err) {
             b[g * r * dv + j] = g * group + 2 * dk + r * dv + j;
         }
     }
-    ws->idx_mix = index_table(m, a, 2 * kd + vd);
-    ws->idx_z = index_table(m, b, vd);
+    ws->idx_mix = pt_index_table(m, a, 2 * kd + vd);
+    ws->idx_z = pt_index_table(m, b, vd);
     for (int g = 0; g < nk; g++)
         for (int i = 0; i < r; i++) a[g * r + i] = g * 2 * r + i, a[nv + g * r + i] = g * 2 * r + r + i;
-    ws->idx_ba = index_table(m, a, 2 * nv);
+    ws->idx_ba = pt_index_table(m, a, 2 * nv);
     free(a), free(b);
-    if (!ws->idx_q || !ws->idx_gate || !ws->idx_mix || !ws->idx_z || !ws->idx_ba)
+    if (!ws->idx_mix || !ws->idx_z || !ws->idx_ba)
         return pt_fail(err, "out of backend memory for the split tables");
     return 0;
 }
 
-static int qwen3next_workspace(pt_model *m, int cap, pt_err *err) {
-    const pt_model_config *c = &m->cfg;
-    pt_workspace *ws = m->ws;
-    size_t q = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->lin_k_heads * c->lin_k_dim;
-    size_t vd = (size_t)c->lin_v_heads * c->lin_v_dim, conv = 2 * kd + vd, n = (size_t)cap;
-    struct {
-        float **p;
-        size_t floats;
-    } bufs[] = {
-        {&ws->fused, n * PT_MAX(2 * q, 2 * kd + 2 * vd)},
-        {&ws->mix, n * conv},
-        {&ws->conv, n * conv},
-        {&ws->z, n * vd},
-        {&ws->ba, n * 2 * (size_t)c->lin_v_heads},
-        {&ws->lin, n * vd},
-        {&ws->agate, n * q},
-        {&ws->shared, n * (size_t)c->dim},
-        {&ws->shared_g, n},
-        {&ws->sh_gate, n * (size_t)c->shared_ffn_dim},
-        {&ws->sh_up, n * (size_t)c->shared_ffn_dim},
-    };
-    for (size_t i = 0; i < PT_ARRAY_LEN(bufs); i++)
-        if (!(*bufs[i].p = pt_model_alloc(m, sizeof(float) * PT_MAX(bufs[i].floats, 1))))
-            return pt_fail(err, "cannot allocate %.1f MiB of activations",
-                           (double)bufs[i].floats * 4 / 1048576.0);
-    return split_tables(m, err);
-}
-
 /* ---- Forward -------------------------------------------------------------------- */
 
-/* Prefill rows of a sequence go through the delta rule this many at a time
- * in the chunkwise form (transformers' chunk size); decode rows one by one. */
-#define GDN_CHUNK 64
-
-/* h -> h: gated full attention with q/k norms and partial rope. */
-static void gated_attention(pt_model *m, int l, const pt_step *s) {
-    pt_backend *be = m->be;
-    const pt_model_config *c = &m->cfg;
-    const pt_layer *L = &m->layers[l];
-    const pt_layer_plan *p = &m->plan[l];
-    pt_workspace *ws = m->ws;
-    int n = s->n, q = c->n_heads * c->head_dim;
-
-    pt_be_matmul(be, ws->fused, ws->h, &L->wq, n);
-    pt_be_gather_cols(be, ws->q, ws->fused, ws->idx_q, n, 2 * q, q);
-    pt_be_gather_cols(be, ws->agate, ws->fused, ws->idx_gate, n, 2 * q, q);
-    pt_be_matmul(be, ws->k, ws->h, &L->wk, n);
-    pt_be_matmul(be, ws->v, ws->h, &L->wv, n);
-    pt_be_rmsnorm(be, ws->q, ws->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
-    pt_be_rmsnorm(be, ws->k, ws->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
-    pt_be_rope(be, ws->q, s->b, c->n_heads, c->head_dim, &p->rope);
-    pt_be_rope(be, ws->k, s->b, c->n_kv_heads, c->head_dim, &p->rope);
-
-    pt_kv_view kv = pt_kv_layer(s->kv, l);
-    pt_be_kv_store(be, &kv, s->b, ws->k, ws->v);
-    pt_be_attention(be, ws->att, ws->q, &kv, s->b, c->n_heads, p->attn_scale);
-    pt_be_sigmoid_mul(be, ws->att, ws->att, ws->agate, n, q, q);
-    pt_be_matmul(be, ws->h, ws->att, &L->wo, n);
-}
-
-/* h -> h: a Gated DeltaNet layer; its conv tail and delta-rule state are
- * the sequences' slots in the cache's state group. */
-static void gated_deltanet(pt_model *m, int l, const pt_step *s) {
+/* h -> ws->mix (q, k, v), ws->z, ws->ba: the fused projections, split. */
+static void qwen3next_lin_in(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
     const pt_layer *L = &m->layers[l];
@@ -323,51 +241,14 @@ static void gated_deltanet(pt_model *m, int l, const pt_step *s) {
     pt_be_gather_cols(be, ws->z, ws->fused, ws->idx_z, n, qkvz, vd);
     pt_be_matmul(be, ws->fused, ws->h, &L->w_ba, n);
     pt_be_gather_cols(be, ws->ba, ws->fused, ws->idx_ba, n, 2 * nv, 2 * nv);
-    pt_be_conv1d_silu(be, ws->conv, ws->mix, L->conv_w, s->kv->conv[l], s->b, conv,
-                      c->lin_conv_kernel);
-    pt_op_gated_delta d = {.out = ws->lin, .qkv = ws->conv, .ba = ws->ba, .A_log = L->A_log,
-                           .dt_bias = L->dt_bias, .state = s->kv->rec[l], .b = *s->b,
-                           .n_k_heads = c->lin_k_heads, .n_v_heads = nv, .dk = c->lin_k_dim,
-                           .dv = c->lin_v_dim, .stride = conv, .chunk = GDN_CHUNK};
-    pt_be_gated_delta(be, &d);
-    pt_be_rmsnorm_gated(be, ws->lin, ws->lin, ws->z, L->lin_norm, n * nv, c->lin_v_dim, c->norm_eps);
-    pt_be_matmul(be, ws->h, ws->lin, &L->w_lin_out, n);
 }
 
-/* h -> h: routed experts plus sigmoid(h·wsg) times the shared expert. */
-static void moe_with_shared(pt_model *m, int l, const pt_step *s) {
-    pt_backend *be = m->be;
-    const pt_model_config *c = &m->cfg;
-    const pt_layer *L = &m->layers[l];
-    pt_workspace *ws = m->ws;
-    int n = s->n;
-
-    pt_be_matmul(be, ws->sh_gate, ws->h, &L->w_sh_gate, n);
-    pt_be_matmul(be, ws->sh_up, ws->h, &L->w_sh_up, n);
-    pt_be_swiglu(be, ws->sh_gate, ws->sh_gate, ws->sh_up, (size_t)n * c->shared_ffn_dim);
-    pt_be_matmul(be, ws->shared, ws->sh_gate, &L->w_sh_down, n);
-    pt_be_matmul(be, ws->shared_g, ws->h, &L->w_sh_router, n);
-    pt_be_sigmoid_mul(be, ws->shared, ws->shared, ws->shared_g, n, c->dim, 1);
-    pt_block_ffn(m, l, s); /* the plan says PT_FFN_MOE: routed experts into h */
-    pt_be_add(be, ws->h, ws->h, ws->shared, (size_t)n * c->dim);
+static void qwen3next_layer(pt_model *m, int l, const pt_step *s) {
+    pt_block_hybrid_layer(m, l, s, qwen3next_lin_in);
 }
 
 static void qwen3next_forward(pt_model *m, const pt_step *s) {
-    pt_workspace *ws = m->ws;
-    pt_block_embed(m, s);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const pt_layer *L = &m->layers[l];
-        pt_block_norm(m, s, ws->h, ws->x, L->attn_norm);
-        if (m->plan[l].mixer == PT_MIX_RECURRENT)
-            gated_deltanet(m, l, s);
-        else
-            gated_attention(m, l, s);
-        pt_block_residual(m, s);
-        pt_block_norm(m, s, ws->h, ws->x, L->ffn_norm);
-        moe_with_shared(m, l, s);
-        pt_block_residual(m, s);
-    }
-    pt_block_output(m, s);
+    pt_block_stack(m, s, qwen3next_layer);
 }
 
 const pt_family pt_family_qwen3next = {

@@ -16,18 +16,23 @@
 #include "model/model_int.h"
 #include "quant/mlx_config.h"
 
-const pt_family *const pt_families[] = {&pt_family_llama, &pt_family_qwen3moe, &pt_family_gemma,
-                                         &pt_family_gptoss, &pt_family_qwen3next};
+const pt_family *const pt_families[] = {&pt_family_llama,  &pt_family_qwen3moe,
+                                         &pt_family_gemma,  &pt_family_gptoss,
+                                         &pt_family_qwen3next, &pt_family_qwen35};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
-/* "llama, mistral, ...": every architecture in the table, so adding a row
+/* "llama, mistral, ...": every architecture in the table that files of
+ * that kind (GGUF or config.json) name, as they name it, so adding a row
  * is the only edit. */
-static const char *supported_list(char *buf, size_t cap) {
+static const char *supported_list(char *buf, size_t cap, bool gguf) {
     buf[0] = 0;
     for (size_t f = 0; f < pt_n_families; f++)
         for (size_t a = 0; a < pt_families[f]->n_archs; a++) {
+            const pt_arch *r = &pt_families[f]->archs[a];
+            const char *name = gguf ? r->gguf_arch : r->hf_type;
+            if (!name) continue;
             if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
-            strncat(buf, pt_families[f]->archs[a].name, cap - strlen(buf) - 1);
+            strncat(buf, name, cap - strlen(buf) - 1);
         }
     return buf;
 }
@@ -153,11 +158,14 @@ int pt_config_gguf_common(const pt_gguf *g, const pt_model_file *mf, const char 
         {"embedding_length", offsetof(pt_model_config, dim)},
         {"block_count", offsetof(pt_model_config, n_layers)},
         {"attention.head_count", offsetof(pt_model_config, n_heads)},
-        {"feed_forward_length", offsetof(pt_model_config, ffn_dim)},
     };
     for (size_t i = 0; i < PT_ARRAY_LEN(req); i++)
         if (!pt_gguf_int(g, arch, req[i].key, (int *)((char *)c + req[i].off)))
             return pt_fail(err, "%s: GGUF is missing %s.%s", mf->path, arch, req[i].key);
+    /* a model whose every FFN is experts may give only the experts' size */
+    if (!pt_gguf_int(g, arch, "feed_forward_length", &c->ffn_dim) &&
+        !pt_gguf_int(g, arch, "expert_feed_forward_length", &c->ffn_dim))
+        return pt_fail(err, "%s: GGUF is missing %s.feed_forward_length", mf->path, arch);
     if (!pt_gguf_int(g, arch, "attention.head_count_kv", &c->n_kv_heads))
         c->n_kv_heads = c->n_heads;
     if (!pt_gguf_int(g, arch, "attention.key_length", &c->head_dim))
@@ -210,7 +218,7 @@ static int config_from_gguf(const pt_gguf *g, const pt_model_file *mf, pt_model_
     char list[256];
     if (!a)
         return pt_fail(err, "%s: architecture '%s' is not supported (supported: %s)", mf->path,
-                       arch, supported_list(list, sizeof list));
+                       arch, supported_list(list, sizeof list, true));
     apply_arch(c, a, true);
     if (f->read_gguf(g, mf, arch, c, err)) return -1;
     return check_shapes(c, err);
@@ -369,7 +377,7 @@ int pt_config_from_json(json_t *j, pt_model_config *c, pt_err *err) {
     char list[256];
     if (!a)
         return pt_fail(err, "config.json: model_type '%s' is not supported (supported: %s)", type,
-                       supported_list(list, sizeof list));
+                       supported_list(list, sizeof list, false));
     apply_arch(c, a, false);
     if (f->read_json(j, c, err)) return -1;
     /* MLX quantized models: validated here, read per module by weights.c */

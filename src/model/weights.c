@@ -54,6 +54,8 @@ int64_t pt_spec_dim(const pt_model_config *c, int d) {
     case D_LCONV:
         return (2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim) *
                c->lin_conv_kernel;
+    case D_LQKV:
+        return 2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim;
     default: return 0;
     }
 }
@@ -63,6 +65,8 @@ bool pt_spec_needed(const pt_model_config *c, int need, int layer) {
     case NEED_ATTN: return !pt_config_layer_recurrent(c, layer);
     case NEED_RECURRENT: return pt_config_layer_recurrent(c, layer);
     case NEED_SHARED: return c->shared_ffn_dim > 0;
+    case NEED_DENSE: return c->n_experts == 0;
+    case NEED_EXPERTS: return c->n_experts > 0;
     case NEED_QKV_BIAS: return c->qkv_bias;
     case NEED_O_BIAS: return c->o_bias;
     case NEED_QK_NORM: return c->qk_norm;
@@ -78,7 +82,7 @@ void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size
 
 /* Whether s is one Hugging Face tensor per expert (two %d in its name). */
 static bool per_expert_names(const pt_weight_spec *s) {
-    const char *d = strstr(s->hf, "%d");
+    const char *d = s->hf ? strstr(s->hf, "%d") : NULL;
     return s->experts == D_EXPERTS && d && strstr(d + 2, "%d");
 }
 
@@ -218,7 +222,9 @@ static int bind_matrix(pt_model *m, const pt_tensor_info *t, int64_t n_experts, 
         return pt_fail(err, "tensor %s: expected %lldx%lldx%lld (experts x rows x cols), file "
                             "has a %d-D tensor",
                        t->name, (long long)n_experts, (long long)rows, (long long)cols, t->ndim);
-    if (!n_experts && (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols))
+    /* a one-row matrix may be stored as a vector (GGUF ffn_gate_inp_shexp) */
+    bool row_vector = rows == 1 && t->ndim == 1 && t->shape[0] == cols;
+    if (!n_experts && !row_vector && (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols))
         return pt_fail(err, "tensor %s: expected %lldx%lld, file has %s%lldx%lld", t->name,
                        (long long)rows, (long long)cols, t->ndim == 2 ? "" : "a non-matrix ",
                        (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 1));
@@ -377,6 +383,11 @@ static int bind_one(pt_model *m, const pt_weight_spec *s, int layer, pt_err *err
     const pt_model_config *c = &m->cfg;
     bool gguf = m->file->kind == PT_FILE_GGUF;
     if (!gguf && per_expert_names(s)) return bind_experts(m, s, layer, err);
+    if (!(gguf ? s->gguf : s->hf)) { /* a weight files of this kind do not name */
+        if (!pt_spec_needed(c, s->need, layer)) return 0;
+        return pt_fail(err, "%s: %s needs a weight (%s) that %s files do not name", m->file->path,
+                       c->arch, s->gguf ? s->gguf : s->hf, gguf ? "GGUF" : "Hugging Face");
+    }
     char name[160];
     pt_spec_name(s, gguf, layer, name, sizeof name);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
@@ -445,7 +456,7 @@ static const pt_weight_spec *spec_named(const pt_family *f, const char *name, in
     for (size_t i = 0; i < f->n_weights; i++) {
         const pt_weight_spec *s = &f->weights[i];
         if (spec_match(s->gguf, name, layer)) return *gguf = true, s;
-        if (spec_match(s->hf, name, layer)) return *gguf = false, s;
+        if (s->hf && spec_match(s->hf, name, layer)) return *gguf = false, s;
     }
     return NULL;
 }
@@ -457,7 +468,7 @@ int pt_weight_hf_name(const char *gguf_name, char *out, size_t cap) {
     bool gguf;
     for (size_t f = 0; f < pt_n_families; f++) {
         const pt_weight_spec *s = spec_named(pt_families[f], gguf_name, &layer, &gguf);
-        if (s && gguf) {
+        if (s && gguf && s->hf) {
             pt_spec_name(s, false, layer, out, cap);
             return 0;
         }

@@ -9,7 +9,9 @@
  *                 S' = (I - beta k kᵀ) (e^g S) + beta k vᵀ,  out = S'ᵀ q,
  *                 over the whole history (the kernel's order differs),
  *                 token by token and in the chunkwise form (chunks of 4,
- *                 16 and 64 rows, a chunk continuing an earlier state);
+ *                 16 and 64 rows, a chunk continuing an earlier state),
+ *                 with value heads grouped or tiled over key heads and
+ *                 either l2norm epsilon;
  *   rmsnorm_gated, gather_cols, sigmoid_mul element by element.
  *
  * State ops are run the way the engine runs them: a prefill of several rows
@@ -111,17 +113,30 @@ typedef struct delta_ref {
     double S[NV][DK][DV];
 } delta_ref;
 
+/* The op's variants under test: value heads tiled over key heads (h % NK,
+ * llama.cpp's qwen35 layout) or grouped (h / (NV / NK)); l2norm with the
+ * epsilon inside the root (0) or as a floor on the norm (ggml). */
+static bool tiled;
+static float l2_eps;
+
+/* The decay rates the op takes, -exp(A_log). */
+static void rates(float *A, const float *A_log) {
+    for (int h = 0; h < NV; h++) A[h] = -expf(A_log[h]);
+}
+
 /* One token of one sequence into ref (matrix form) and its output. */
 static void delta_ref_step(delta_ref *r, const float *row, const float *ba, const float *A_log,
                            const float *dt_bias, double out[NV][DV]) {
     for (int h = 0; h < NV; h++) {
-        int kh = h / (NV / NK);
+        int kh = tiled ? h % NK : h / (NV / NK);
         double q[DK], k[DK], v[DV], nq = 0, nk = 0;
         for (int i = 0; i < DK; i++) {
             q[i] = row[kh * DK + i], k[i] = row[(NK + kh) * DK + i];
             nq += q[i] * q[i], nk += k[i] * k[i];
         }
-        for (int i = 0; i < DK; i++) q[i] /= sqrt(nq + 1e-6) * sqrt((double)DK), k[i] /= sqrt(nk + 1e-6);
+        nq = l2_eps > 0 ? fmax(sqrt(nq), l2_eps) : sqrt(nq + 1e-6);
+        nk = l2_eps > 0 ? fmax(sqrt(nk), l2_eps) : sqrt(nk + 1e-6);
+        for (int i = 0; i < DK; i++) q[i] /= nq * sqrt((double)DK), k[i] /= nk;
         for (int j = 0; j < DV; j++) v[j] = row[2 * NK * DK + h * DV + j];
         double a = (double)ba[NV + h] + dt_bias[h];
         double sp = a > 20 ? a : log1p(exp(a));
@@ -149,8 +164,9 @@ static void check_gated_delta(int chunk) {
         pt_err err;
         pt_backend *be = pt_backend_cpu_new(threads, "auto", &err);
         assert_non_null(be);
-        float A_log[NV], dt_bias[NV];
+        float A_log[NV], A[NV], dt_bias[NV];
         for (int h = 0; h < NV; h++) A_log[h] = rnd(1.5), dt_bias[h] = rnd(1);
+        rates(A, A_log);
         enum { TT = 7 };
         static float qkv[2][TT][QKV], ba[2][TT][2 * NV];
         for (int s = 0; s < 2; s++)
@@ -179,9 +195,9 @@ static void check_gated_delta(int chunk) {
             }
         pt_batch_view b = {.pos = pos, .seq = seq, .state_slot = slots, .n_tokens = n, .n_seqs = 2};
         pt_op_gated_delta op = {.out = &out[0][0], .qkv = &xin[0][0], .ba = &bin[0][0],
-                                .A_log = A_log, .dt_bias = dt_bias, .state = st, .b = b,
+                                .A = A, .dt_bias = dt_bias, .state = st, .b = b,
                                 .n_k_heads = NK, .n_v_heads = NV, .dk = DK, .dv = DV,
-                                .stride = QKV, .chunk = chunk};
+                                .stride = QKV, .chunk = chunk, .tiled = tiled, .l2_eps = l2_eps};
         pt_be_gated_delta(be, &op);
         for (int r = 0; r < n; r++) {
             delta_ref_step(&ref[seq[r]], xin[r], bin[r], A_log, dt_bias, want);
@@ -224,8 +240,9 @@ static void test_gated_delta_chunked(void **state) {
     (void)state;
     enum { LEN = 40, PRE = 3 };
     static float qkv[PRE + LEN][QKV], ba[PRE + LEN][2 * NV], out[LEN][NV * DV];
-    float A_log[NV], dt_bias[NV];
+    float A_log[NV], A[NV], dt_bias[NV];
     for (int h = 0; h < NV; h++) A_log[h] = rnd(1.5), dt_bias[h] = rnd(1);
+    rates(A, A_log);
     for (int t = 0; t < PRE + LEN; t++) {
         for (int i = 0; i < QKV; i++) qkv[t][i] = rnd(1);
         for (int i = 0; i < 2 * NV; i++) ba[t][i] = rnd(3) - 1.0f; /* slower decays too */
@@ -243,9 +260,10 @@ static void test_gated_delta_chunked(void **state) {
             memset(&ref, 0, sizeof ref);
             double want[NV][DV];
             /* the first PRE rows token by token, then the prefill */
-            pt_op_gated_delta op = {.A_log = A_log, .dt_bias = dt_bias, .state = st,
+            pt_op_gated_delta op = {.A = A, .dt_bias = dt_bias, .state = st,
                                     .n_k_heads = NK, .n_v_heads = NV, .dk = DK, .dv = DV,
-                                    .stride = QKV, .chunk = chunks[ci]};
+                                    .stride = QKV, .chunk = chunks[ci], .tiled = tiled,
+                                    .l2_eps = l2_eps};
             for (int t = 0; t < PRE; t++) {
                 op.out = out[0], op.qkv = qkv[t], op.ba = ba[t];
                 op.b = (pt_batch_view){.pos = pos + t, .seq = seq, .state_slot = &slot, .n_tokens = 1, .n_seqs = 1};
@@ -269,6 +287,16 @@ static void test_gated_delta_chunked(void **state) {
             free(st);
             be->ops->destroy(be);
         }
+}
+
+/* llama.cpp's variant (qwen35 GGUF): value heads tiled over key heads and
+ * ggml's l2norm, its floor set high (1.0) so that some rows' norms fall
+ * under it; token by token and chunked, against the same reference. */
+static void test_gated_delta_tiled(void **state) {
+    tiled = true, l2_eps = 1.0f;
+    test_gated_delta(state);
+    test_gated_delta_chunked(state);
+    tiled = false, l2_eps = 0;
 }
 
 /* ---- rmsnorm_gated, gather_cols, sigmoid_mul -------------------------------------- */
@@ -317,6 +345,7 @@ int main(void) {
         cmocka_unit_test(test_conv1d),
         cmocka_unit_test(test_gated_delta),
         cmocka_unit_test(test_gated_delta_chunked),
+        cmocka_unit_test(test_gated_delta_tiled),
         cmocka_unit_test(test_elementwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -15,6 +15,10 @@
  * reference.json taken from llama.cpp (scripts/llama-ref): for families and
  * layouts transformers cannot give us on the machines we have, llama.cpp is
  * the implementation nobody here wrote; the fixture states its tolerance.
+ * qwen35 and qwen35moe (scripts/llama-ref/qwen35.py) are Qwen3.5's hybrid
+ * of Gated DeltaNet and gated attention layers, dense and with experts;
+ * their 80-token prompt runs the delta rule's chunkwise prefill over more
+ * than one chunk, and the greedy steps its token-by-token form.
  *
  * The tolerance is 1e-4, or four times what transformers' own float32 run
  * strays from its float64 reference when that is more (reference.json's
@@ -237,6 +241,19 @@ GGUF_HF_CASE(gpt_oss)
 /* gpt-oss with ggml's MXFP4 experts (and no YaRN, which llama.cpp rounds
  * differently): against llama.cpp on the exact values the blocks decode to. */
 GGUF_CASE(gpt_oss_mxfp4)
+GGUF_CASE(qwen35)
+GGUF_CASE(qwen35moe)
+
+/* tests/fixtures/hf/qwen3_5_text is the qwen35 GGUF's model in
+ * transformers' layout (scripts/llama-ref/qwen35.py converts it: value
+ * heads regrouped, A_log, w of 1 + w), so llama.cpp's reference for the
+ * GGUF holds for it: the Hugging Face path's names, head order, l2norm and
+ * the conversions at load, against the same logits. */
+static void test_qwen3_5_text(void **state) {
+    (void)state;
+    check_model("qwen3_5_text", HF_DIR "qwen3_5_text", GGUF_DIR "qwen35/reference.json", "auto", 2);
+    check_model("qwen3_5_text", HF_DIR "qwen3_5_text", GGUF_DIR "qwen35/reference.json", "portable", 1);
+}
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -449,6 +466,101 @@ static void test_qwen3moe_gguf(void **state) {
     be->ops->destroy(be);
 }
 
+/* ---- Qwen3.5 GGUF metadata the loader refuses ------------------------------- *
+ * A file with qwen35's keys and only a token embedding: each damage below
+ * must be refused at the config, with a message naming it; undamaged, the
+ * config passes and the load stops at the first missing weight (after
+ * the embedding). */
+enum { Q35_OK, Q35_SECTIONS, Q35_NO_GROUPS, Q35_INNER, Q35_MOE_NO_EXPERTS, Q35_LAYER_LIST,
+       Q35_NEXTN };
+
+static void kv_arr_i32(FILE *f, const char *k, const int32_t *v, int n) {
+    put_str(f, k), put_u32(f, 9), put_u32(f, 5), put_u64(f, (uint64_t)n);
+    put(f, v, sizeof(int32_t) * (size_t)n);
+}
+
+static void write_qwen35_meta(const char *path, int damage) {
+    const char *arch = damage == Q35_MOE_NO_EXPERTS ? "qwen35moe" : "qwen35";
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    char k[96];
+#define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
+    static const int32_t ok_sect[4] = {2, 1, 1, 0}, bad_sect[4] = {1, 1, 1, 1};
+    static const int32_t layers[4] = {1, 1, 0, 1};
+    put(f, "GGUF", 4);
+    put_u32(f, 3);
+    put_u64(f, 1);
+    put_u64(f, 17 - (damage == Q35_NO_GROUPS) + (damage == Q35_LAYER_LIST) +
+                   (damage == Q35_NEXTN)); /* key-value pairs */
+    put_str(f, "general.architecture"), put_u32(f, 8), put_str(f, arch);
+    kv_u32(f, KEY("embedding_length"), 32);
+    kv_u32(f, KEY("block_count"), damage == Q35_NEXTN ? 5 : 4);
+    if (damage == Q35_NEXTN) kv_u32(f, KEY("nextn_predict_layers"), 1);
+    kv_u32(f, KEY("attention.head_count"), 2);
+    kv_u32(f, KEY("attention.head_count_kv"), 1);
+    kv_u32(f, KEY("attention.key_length"), 16);
+    kv_u32(f, KEY("feed_forward_length"), 64);
+    kv_f32(f, KEY("attention.layer_norm_rms_epsilon"), 1e-6f);
+    kv_u32(f, KEY("rope.dimension_count"), 8);
+    kv_arr_i32(f, KEY("rope.dimension_sections"), damage == Q35_SECTIONS ? bad_sect : ok_sect, 4);
+    kv_u32(f, KEY("ssm.conv_kernel"), 4);
+    kv_u32(f, KEY("ssm.inner_size"), damage == Q35_INNER ? 30 : 32);
+    kv_u32(f, KEY("ssm.state_size"), 8);
+    kv_u32(f, KEY("ssm.time_step_rank"), 4);
+    if (damage != Q35_NO_GROUPS) kv_u32(f, KEY("ssm.group_count"), 2);
+    kv_u32(f, KEY("full_attention_interval"), 2);
+    kv_f32(f, KEY("rope.freq_base"), 1e4f);
+    if (damage == Q35_LAYER_LIST) kv_arr_i32(f, KEY("attention.recurrent_layers"), layers, 4);
+#undef KEY
+    static float embd[64 * 32];
+    put_str(f, "token_embd.weight"), put_u32(f, 2), put_u64(f, 32), put_u64(f, 64);
+    put_u32(f, 0), put_u64(f, 0);
+    static const uint8_t zero[32];
+    put(f, zero, (size_t)((32 - ftell(f) % 32) % 32));
+    put(f, embd, sizeof embd);
+    fclose(f);
+}
+
+static void test_qwen35_config_refused(void **state) {
+    (void)state;
+    static const struct {
+        int damage;
+        const char *want;
+    } cases[] = {
+        {Q35_OK, "missing tensor output_norm.weight"},
+        {Q35_SECTIONS, "[1, 1, 1, 1] put rotary pair 3 on the extra section's position"},
+        {Q35_NO_GROUPS, "qwen35 needs ssm.conv_kernel, ssm.inner_size"},
+        {Q35_INNER, "Gated DeltaNet shapes do not fit (conv 4, inner 30, state 8"},
+        {Q35_MOE_NO_EXPERTS, "qwen35moe needs expert_count"},
+        {Q35_LAYER_LIST, "attention.recurrent_layers (an explicit layer list) is not supported"},
+    };
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(be);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/petrel_qwen35_meta_%d.gguf", (int)getpid());
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        write_qwen35_meta(path, cases[i].damage);
+        pt_model_opts o = {.backend = be};
+        pt_model *m = NULL;
+        assert_int_equal(pt_model_load(&m, path, &o, &err), -1);
+        assert_null(m);
+        if (!strstr(err.msg, cases[i].want))
+            fail_msg("case %d: '%s' does not say '%s'", cases[i].damage, err.msg, cases[i].want);
+    }
+    /* a multi-token-prediction block after the trunk is not a layer */
+    write_qwen35_meta(path, Q35_NEXTN);
+    pt_model_file *mf;
+    pt_model_config c;
+    if (pt_model_file_open(&mf, path, &err) || pt_config_from_file(mf, &c, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.n_layers, 4);
+    for (int l = 0; l < 4; l++) assert_int_equal(pt_config_layer_recurrent(&c, l), l % 2 == 0);
+    pt_model_file_close(mf);
+    unlink(path);
+    be->ops->destroy(be);
+}
+
 /* A backend without an op a model's plan needs (CUDA has no expert matmul
  * or windowed attention yet) refuses the model at load, naming the op. */
 static int removed_kind = -1;
@@ -464,11 +576,13 @@ static void test_missing_op_refused(void **state) {
         int kind; /* the op the backend pretends to lack */
         const char *want;
     } cases[] = {
-        {"qwen3_moe", PT_OP_MATMUL_ID, "lacks op 'matmul_id' (a mixture-of-experts FFN, layer 0)"},
-        {"qwen3_moe", PT_OP_MOE_ROUTE, "lacks op 'moe_route'"},
-        {"gemma2", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
-        {"gemma3_text", PT_OP_GEGLU, "lacks op 'geglu'"},
-        {"gemma2", PT_OP_SOFTCAP, "lacks op 'softcap' (soft-capped logits)"},
+        {"hf/qwen3_moe", PT_OP_MATMUL_ID, "lacks op 'matmul_id' (a mixture-of-experts FFN, layer 0)"},
+        {"hf/qwen3_moe", PT_OP_MOE_ROUTE, "lacks op 'moe_route'"},
+        {"hf/gemma2", PT_OP_ATTENTION_EXT, "lacks op 'attention_ext' (sliding-window attention, layer 0)"},
+        {"hf/gemma3_text", PT_OP_GEGLU, "lacks op 'geglu'"},
+        {"hf/gemma2", PT_OP_SOFTCAP, "lacks op 'softcap' (soft-capped logits)"},
+        {"gguf/qwen35/model.gguf", PT_OP_GATED_DELTA, "lacks op 'gated_delta' (a Gated DeltaNet layer, layer 0)"},
+        {"gguf/qwen35moe/model.gguf", PT_OP_SIGMOID_MUL, "lacks op 'sigmoid_mul' (gated attention output)"},
     };
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
@@ -480,7 +594,7 @@ static void test_missing_op_refused(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         removed_kind = cases[i].kind;
         char dir[512];
-        snprintf(dir, sizeof dir, HF_DIR "%s", cases[i].model);
+        snprintf(dir, sizeof dir, PETREL_SOURCE_DIR "/tests/fixtures/%s", cases[i].model);
         pt_model_opts o = {.backend = be};
         pt_model *m = NULL;
         assert_int_equal(pt_model_load(&m, dir, &o, &err), -1);
@@ -550,7 +664,11 @@ int main(void) {
         cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
         cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),
         cmocka_unit_test(test_gguf_gpt_oss_mxfp4),
+        cmocka_unit_test(test_gguf_qwen35),
+        cmocka_unit_test(test_gguf_qwen35moe),
+        cmocka_unit_test(test_qwen3_5_text),
         cmocka_unit_test(test_missing_op_refused),
+        cmocka_unit_test(test_qwen35_config_refused),
         cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,7 +17,10 @@
  *     n_tokens return to it and recomputing gives the straight run's logits;
  *   - a fork copies the state (both continue with the same logits);
  *   - with every slot held the next sequence is refused, and a released
- *     slot serves it.
+ *     slot serves it;
+ *   - Qwen3.5 (the GGUF fixtures of tests/fixtures/gguf/qwen35*): an
+ *     80-row prefill, which crosses the delta rule's 64-row chunk, and
+ *     the same prompt token by token agree to f32 rounding.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -277,6 +280,51 @@ static void test_slots_held_and_freed(void **state) {
     pt_kv_cache_free(&kv);
 }
 
+/* Qwen3.5 (tests/fixtures/gguf/qwen35*, llama.cpp's layout: value heads
+ * tiled over key heads, ggml's l2norm): an 80-row prefill, two chunks of
+ * the delta rule's chunkwise form (64 + 16), against the same prompt fed
+ * one token per forward (its recurrent form): the same logits at every
+ * position to f32 rounding, as these fixtures magnify it (measured 1.0e-4
+ * and 1.2e-4; the state's term across the chunk boundary off by 0.1%
+ * gives 1.7e-2). */
+static void check_gguf_prefill_equals_decode(const char *path) {
+    enum { P = 80 };
+    pt_err err = {{0}};
+    pt_model_opts o = {.backend = be};
+    pt_model *q;
+    if (pt_model_load(&q, path, &o, &err)) fail_msg("%s: %s", path, err.msg);
+    assert_true(pt_model_recurrent(q));
+    int V = q->cfg.vocab_size;
+    pt_kv_cache kv;
+    assert_int_equal(pt_model_kv_init(q, &kv, 2 * P, PT_F32, NULL, &err), 0);
+    int32_t toks[P], pos[P], sq[P] = {0};
+    bool want[P];
+    for (int i = 0; i < P; i++) toks[i] = 3 + (i * 53 + 7) % (V - 3), pos[i] = i, want[i] = true;
+    float *all = malloc(sizeof(float) * P * V), *one = malloc(sizeof(float) * V);
+    pt_kv_seq a = {0}, b = {0};
+    pt_kv_seq *sa[1] = {&a}, *sb[1] = {&b};
+    pt_batch batch = {P, toks, pos, sq, want, 1, sa};
+    if (pt_model_run(q, &kv, &batch, all, &err)) fail_msg("%s", err.msg);
+    double worst = 0;
+    for (int i = 0; i < P; i++) {
+        pt_batch step = {1, toks + i, pos + i, sq, want, 1, sb};
+        if (pt_model_run(q, &kv, &step, one, &err)) fail_msg("%s", err.msg);
+        worst = fmax(worst, max_diff(all + (size_t)i * V, one, (size_t)V));
+    }
+    print_message("%s: 80-row prefill vs token-by-token: max |logit diff| %.3g\n", path, worst);
+    assert_true(worst < 3e-4); /* the fixtures' prompt tolerance: qwen35.py says why */
+    pt_kv_seq_release(&kv, &a), pt_kv_seq_release(&kv, &b);
+    free(all), free(one);
+    pt_kv_cache_free(&kv);
+    pt_model_free(q);
+}
+
+static void test_qwen35_prefill_equals_decode(void **state) {
+    (void)state;
+    check_gguf_prefill_equals_decode(PETREL_SOURCE_DIR "/tests/fixtures/gguf/qwen35/model.gguf");
+    check_gguf_prefill_equals_decode(PETREL_SOURCE_DIR "/tests/fixtures/gguf/qwen35moe/model.gguf");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),
@@ -286,6 +334,7 @@ int main(void) {
         cmocka_unit_test(test_rollback_to_checkpoint),
         cmocka_unit_test(test_fork_copies_state),
         cmocka_unit_test(test_slots_held_and_freed),
+        cmocka_unit_test(test_qwen35_prefill_equals_decode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

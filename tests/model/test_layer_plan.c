@@ -324,7 +324,8 @@ static void test_supported_list_from_table(void **state) {
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "'deepseek_v3' is not supported (supported: llama, mistral, "
-                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss, qwen3_next)"));
+                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss, "
+                                    "qwen3_next, qwen3_5_text)"));
     json_decref(j);
 }
 

@@ -140,11 +140,19 @@ typedef struct delta_job {
 } delta_job;
 
 /* x / sqrt(sum x^2 + 1e-6) times scale, into y (transformers' l2norm, the
- * epsilon inside the root as in FLA). */
-static void l2norm_scaled(float *y, const float *x, int d, float scale) {
-    float ss = 0;
-    for (int i = 0; i < d; i++) ss += x[i] * x[i];
-    float r = scale / sqrtf(ss + 1e-6f);
+ * epsilon inside the root as in FLA); with eps > 0, x / max(|x|, eps)
+ * (ggml's l2_norm, its sum in double). */
+static void l2norm_scaled(float *y, const float *x, int d, float scale, float eps) {
+    float r;
+    if (eps > 0) {
+        double ss = 0;
+        for (int i = 0; i < d; i++) ss += (double)(x[i] * x[i]);
+        r = scale / fmaxf(sqrtf((float)ss), eps);
+    } else {
+        float ss = 0;
+        for (int i = 0; i < d; i++) ss += x[i] * x[i];
+        r = scale / sqrtf(ss + 1e-6f);
+    }
     for (int i = 0; i < d; i++) y[i] = x[i] * r;
 }
 
@@ -174,11 +182,12 @@ static void delta_step(float *S, float *out, const float *q, const float *k, con
  * (l2-normed) into q and k; its log-decay g and its beta. */
 static const float *head_inputs(const pt_op_gated_delta *a, int t, int h, float *q, float *k,
                                 float *g, float *beta) {
-    int dk = a->dk, nk = a->n_k_heads, nv = a->n_v_heads, kh = h / (nv / nk);
+    int dk = a->dk, nk = a->n_k_heads, nv = a->n_v_heads;
+    int kh = a->tiled ? h % nk : h / (nv / nk);
     const float *row = a->qkv + (size_t)t * a->stride, *ba = a->ba + (size_t)t * 2 * nv;
-    l2norm_scaled(q, row + (size_t)kh * dk, dk, 1.0f / sqrtf((float)dk));
-    l2norm_scaled(k, row + (size_t)(nk + kh) * dk, dk, 1.0f);
-    *g = -expf(a->A_log[h]) * softplusf(ba[nv + h] + a->dt_bias[h]);
+    l2norm_scaled(q, row + (size_t)kh * dk, dk, 1.0f / sqrtf((float)dk), a->l2_eps);
+    l2norm_scaled(k, row + (size_t)(nk + kh) * dk, dk, 1.0f, a->l2_eps);
+    *g = a->A[h] * softplusf(ba[nv + h] + a->dt_bias[h]);
     *beta = sigmoidf(ba[h]);
     return row + (size_t)2 * nk * dk + (size_t)h * a->dv; /* v */
 }
