@@ -9,7 +9,9 @@
  *   /tmp/quant_gemm [threads] [n] [reps]
  *
  * One thread is timed by its CPU time (a shared machine), several by wall
- * time.  Prints GOP/s (2 per multiply-add) per arm and their ratio.  Under
+ * time.  Prints GOP/s (2 per multiply-add) per arm and their ratio; for
+ * q4_0 also the int8 kernels on the load-time layout (PT_LAYOUT_Q4_0X8)
+ * against the file layout.  Under
  * `valgrind --tool=callgrind` use reps 1 to count instructions per arm.
  */
 #include <stdio.h>
@@ -21,6 +23,7 @@
 #endif
 
 #include "backend/cpu/quant_kernels.h"
+#include "backend/repack.h"
 #include "quant/quant.h"
 
 /* One thread: this thread's CPU time, which the other jobs of a shared
@@ -72,6 +75,22 @@ int main(int argc, char **argv) {
                    pt_dtype_name(ts[f]), (long long)rows, (long long)cols, n, threads,
                    pt_qk_path(&i8, &w, n), ops / b8 / 1e9, (double)(rb * (size_t)rows) / b8 / 1e9,
                    ops / b16 / 1e9, (double)(rb * (size_t)rows) / b16 / 1e9, b16 / b8);
+            if (pt_layout_fits(PT_LAYOUT_Q4_0X8, ts[f], rows, cols)) { /* the load-time repack */
+                pt_weight wl = w;
+                wl.data = malloc(rb * (size_t)rows);
+                wl.layout = PT_LAYOUT_Q4_0X8;
+                pt_weight_repack(PT_LAYOUT_Q4_0X8, (void *)wl.data, &w);
+                double bf = 1e30, bl = 1e30;
+                for (int r = 0; r < reps; r++) {
+                    bf = PT_MIN(bf, run(&i8, pool, y, x, &w, n));
+                    bl = PT_MIN(bl, run(&i8, pool, y, x, &wl, n));
+                }
+                printf("%-5s %5lldx%-5lld n=%d t=%d  q4_0x8 layout    %7.1f GOP/s %5.1f GB/s   file layout %7.1f GOP/s %5.1f GB/s   ratio %.2f\n",
+                       pt_dtype_name(ts[f]), (long long)rows, (long long)cols, n, threads, ops / bl / 1e9,
+                       (double)(rb * (size_t)rows) / bl / 1e9, ops / bf / 1e9,
+                       (double)(rb * (size_t)rows) / bf / 1e9, bf / bl);
+                free((void *)wl.data);
+            }
             pt_qk_ctx_free(&i8), pt_qk_ctx_free(&i16);
             free(data);
         }

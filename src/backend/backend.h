@@ -54,7 +54,20 @@ typedef struct pt_weight {
      * of the full matrix this device holds; 0 for now. */
     int pad_;
     size_t expert_stride;
+    /* enum pt_weight_layout: how data is arranged.  The file's layout
+     * unless the backend asked for another at load (weight_layout). */
+    int layout;
+    int pad2_;
 } pt_weight;
+
+/* Weight layouts other than the file's, made at load for a backend that
+ * runs them faster (pt_backend_ops.weight_layout, quant/repack.c). */
+enum pt_weight_layout {
+    PT_LAYOUT_FILE,
+    /* q4_0, rows a multiple of 8: rows interleaved 8 at a time so that a
+     * 32-byte load holds 4 bytes of each of 8 rows (quant/repack.c). */
+    PT_LAYOUT_Q4_0X8,
+};
 
 /* Expert e of a stack as a plain matrix (its codes, and its scales and
  * biases for PT_AFFINE), for backends that run one expert at a time. */
@@ -510,6 +523,10 @@ typedef struct pt_backend_ops {
      * runs; note (may be NULL) gets a line naming the kernels and how the
      * probes ran.  NULL op: not measured (prefill shows no fraction). */
     double (*compute_peak)(pt_backend *be, pt_dtype wt, char *note, size_t note_len);
+    /* The layout (enum pt_weight_layout) this backend runs the plain
+     * matrix w fastest in; the loader then keeps a repacked copy
+     * (pt_model_repack_weight).  NULL: always the file's. */
+    int (*weight_layout)(pt_backend *be, const pt_weight *w);
     void (*destroy)(pt_backend *be);
 } pt_backend_ops;
 

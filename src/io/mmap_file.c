@@ -46,3 +46,9 @@ void pt_mmap_close(pt_mmap *m) {
     m->data = NULL;
     m->size = 0;
 }
+
+void pt_mmap_release(const void *p, size_t n) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: failure changes nothing */
+}

@@ -150,7 +150,7 @@ static int dummy_matrix(pt_model *m, const pt_weight_spec *s, int layer, const p
                      .expert_stride = n_experts ? per_expert * u.code_bytes : 0};
     m->weight_bytes += w->nbytes;
     if (m->progress) pt_progress_add(m->progress, w->nbytes);
-    return 0;
+    return pt_model_repack_weight(m, w, true, err);
 }
 
 static int parse_format(const char *format, pt_weight_format *f, pt_err *err) {

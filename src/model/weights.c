@@ -9,7 +9,8 @@
  * itself and dummy.c, binds them from a file, and maps names back to specs.
  *
  * Matrices stay in the file's dtype and, on a backend whose memory is host
- * memory, point straight into the mapping (zero copy).  Vectors (norm
+ * memory, point straight into the mapping (zero copy), unless the backend
+ * asks for another layout (q4_0 on AVX2: pt_model_repack_weight).  Vectors (norm
  * gains, biases) are small and converted to f32.
  *
  * Quantized matrices: GGUF block types (q8_0, q4_0, q4_k, q5_k, q6_k) bind
@@ -21,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/repack.h"
 #include "base/progress.h"
+#include "io/mmap_file.h"
 #include "model/model_int.h"
 #include "quant/mlx_config.h"
 #include "quant/quant.h"
@@ -213,6 +216,28 @@ static int bind_affine(pt_model *m, const pt_tensor_info *t, const pt_tensor_inf
     return 0;
 }
 
+int pt_model_repack_weight(pt_model *m, pt_weight *w, bool owned, pt_err *err) {
+    const pt_backend_ops *ops = m->be->ops;
+    if (!ops->weight_layout || !m->be->host_memory || w->n_experts || w->layout != PT_LAYOUT_FILE)
+        return 0;
+    int layout = ops->weight_layout(m->be, w);
+    if (layout == PT_LAYOUT_FILE) return 0;
+    void *dst = owned ? pt_alloc_big(w->nbytes) : pt_model_alloc(m, w->nbytes);
+    if (!dst) return pt_fail(err, "cannot allocate %.1f MiB to repack a %lldx%lld %s matrix",
+                             w->nbytes / 1048576.0, (long long)w->rows, (long long)w->cols,
+                             pt_dtype_name(w->dtype));
+    pt_weight_repack(layout, dst, w);
+    if (owned) {
+        memcpy((void *)w->data, dst, w->nbytes);
+        pt_free_big(dst, w->nbytes);
+    } else { /* the mapping's pages were read once: keep resident memory at one copy */
+        pt_mmap_release(w->data, w->nbytes);
+        w->data = dst;
+    }
+    w->layout = layout;
+    return 0;
+}
+
 /* A plain matrix [rows][cols], or with n_experts > 0 a 3-D stack of them
  * [n_experts][rows][cols] in one tensor (experts one after another). */
 static int bind_matrix(pt_model *m, const pt_tensor_info *t, int64_t n_experts, int64_t rows,
@@ -242,7 +267,7 @@ static int bind_matrix(pt_model *m, const pt_tensor_info *t, int64_t n_experts, 
     w->expert_stride = n_experts ? t->nbytes / (size_t)n_experts : 0;
     if (!(w->data = bind_bytes(m, t, err))) return -1;
     m->weight_bytes += t->nbytes;
-    return 0;
+    return pt_model_repack_weight(m, w, false, err);
 }
 
 /* Expert e's MLX affine parts beside its codes t: the module's bits and

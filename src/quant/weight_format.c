@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/repack.h"
 #include "quant/quant.h"
 
 float pt_quant_load(const void *p, int64_t i, pt_dtype t) {
@@ -34,6 +35,14 @@ void pt_weight_dequantize_row(const pt_weight *w, int64_t r, float *out) {
                                  (const uint8_t *)w->scales + (size_t)(r * groups) * ss,
                                  (const uint8_t *)w->biases + (size_t)(r * groups) * ss,
                                  w->scale_dtype, w->cols, w->bits, w->group_size, out);
+        return;
+    }
+    if (w->layout == PT_LAYOUT_Q4_0X8) { /* block by block back to the file's bytes */
+        uint8_t b[18];
+        for (int64_t c = 0; c < w->cols / 32; c++) {
+            pt_q4_0x8_block(b, w->data, w->cols, r, c);
+            pt_gguf_dequantize(PT_Q4_0, b, out + 32 * c, 32);
+        }
         return;
     }
     const uint8_t *row = (const uint8_t *)w->data + pt_dtype_bytes(w->dtype, (uint64_t)(r * w->cols));

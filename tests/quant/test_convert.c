@@ -27,6 +27,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "backend/cpu/quant_kernels.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "quant/convert.h"
@@ -438,6 +439,46 @@ static void test_dummy_formats(void **state) {
     assert_non_null(strstr(err.msg, "affine7"));
 }
 
+/* The load-time q4_0 repack (PT_LAYOUT_Q4_0X8, AVX2 with int8 kernels)
+ * through the loader: the model's q4_0 matrices get the layout, a 9-token
+ * prefill (the int8 GEMM, whose panels are the same from either layout)
+ * gives bit-identical logits with and without PETREL_CPU_REPACK=0, and a
+ * 1-token step (the int8 decode rows, which sum in another order) agrees
+ * within 1e-4 of the logits' range. */
+static void test_q4_0_repack(void **state) {
+    (void)state;
+    if (!pt_qk_cpu_has_avx2()) return;
+    unsetenv("PETREL_CPU_INT8"); /* main keeps the others on int16 */
+    pt_err err;
+    pt_backend *b8 = pt_backend_cpu_new(2, "avx2", &err);
+    if (!b8) fail_msg("cpu backend: %s", err.msg);
+    pt_model *m[2];
+    for (int i = 0; i < 2; i++) {
+        if (i) setenv("PETREL_CPU_REPACK", "0", 1);
+        pt_model_opts o = {.backend = b8, .max_batch = 16, .dummy_dtype = "q4_0", .dummy_seed = 5};
+        if (pt_model_load(&m[i], "dummy:" HF_DIR "llama2/config.json", &o, &err)) fail_msg("%s", err.msg);
+    }
+    unsetenv("PETREL_CPU_REPACK");
+    assert_int_equal(m[0]->layers[0].w_up.layout, PT_LAYOUT_Q4_0X8);
+    assert_int_equal(m[1]->layers[0].w_up.layout, PT_LAYOUT_FILE);
+    int32_t tok[9] = {1, 5, 9, 2, 7, 3, 8, 4, 6};
+    int nv = m[0]->cfg.vocab_size;
+    float *a = logits_of(m[0], tok, 9), *b = logits_of(m[1], tok, 9);
+    assert_memory_equal(a, b, sizeof(float) * 9 * (size_t)nv);
+    free(a), free(b);
+    a = logits_of(m[0], tok, 1), b = logits_of(m[1], tok, 1);
+    float lo = b[0], hi = b[0], worst = 0;
+    for (int v = 0; v < nv; v++) {
+        lo = fminf(lo, b[v]), hi = fmaxf(hi, b[v]);
+        worst = fmaxf(worst, fabsf(a[v] - b[v]));
+    }
+    if (!(worst <= 1e-4f * (hi - lo))) fail_msg("decode: %g apart, range %g", worst, hi - lo);
+    free(a), free(b);
+    pt_model_free(m[0]), pt_model_free(m[1]);
+    b8->ops->destroy(b8);
+    setenv("PETREL_CPU_INT8", "0", 1);
+}
+
 int main(void) {
     /* This test checks the converter: its logits bound (1e-3 of the range)
      * holds for int16 activations.  Quantized prefill runs the int8 GEMM
@@ -450,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_every_width),
         cmocka_unit_test(test_other_architectures),
         cmocka_unit_test(test_moe_experts),
+        cmocka_unit_test(test_q4_0_repack),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

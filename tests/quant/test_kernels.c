@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "backend/cpu/quant_kernels.h"
+#include "backend/repack.h"
 #include "quant/quant.h"
 
 typedef struct fmt {
@@ -183,7 +184,56 @@ static void test_gguf_all(void **state) {
  * rounding bound sum |w_i| * d_x / 2, d_x = max|x| / 127.  Shapes cover
  * every tile remainder (rows 1..5 and 37, tokens 8..11, 13 and 33), more rows
  * than one cache block (1000), and extreme codes (q8_0 -128, a zero block). */
-static void check_i8(fmt f, bool decode) {
+/* Repacks q (q4_0, rows % 8 == 0) into PT_LAYOUT_Q4_0X8, checking on the
+ * way that every file block comes back out of the layout unchanged, and
+ * that row dequantization (embeddings: the kernels' and the reference's)
+ * and the portable int16 kernel give the file layout's results bit for bit
+ * (same codes, same order of sums): a repacked weight is the same weight
+ * on every path.  Returns the repacked buffer, now q->w.data. */
+static void *repack_q4_0x8(qw *q, pt_pool *pool) {
+    const pt_weight file = q->w;
+    int64_t rows = file.rows, cols = file.cols;
+    size_t rb = pt_dtype_bytes(PT_Q4_0, (uint64_t)cols);
+    assert_true(pt_layout_fits(PT_LAYOUT_Q4_0X8, PT_Q4_0, rows, cols));
+    assert_false(pt_layout_fits(PT_LAYOUT_Q4_0X8, PT_Q4_0, rows + 4, cols));
+    assert_false(pt_layout_fits(PT_LAYOUT_Q4_0X8, PT_Q8_0, rows, cols));
+    void *data = malloc(rb * (size_t)rows);
+    pt_weight_repack(PT_LAYOUT_Q4_0X8, data, &file);
+    pt_weight w = file;
+    w.data = data;
+    w.layout = PT_LAYOUT_Q4_0X8;
+    uint8_t blk[18];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols / 32; c++) {
+            pt_q4_0x8_block(blk, data, cols, r, c);
+            assert_memory_equal(blk, (const uint8_t *)file.data + (size_t)r * rb + 18 * (size_t)c, 18);
+        }
+    float *a = malloc(sizeof(float) * (size_t)cols), *b = malloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = 0; r < rows; r += 7) {
+        pt_qk_dequant_row(&file, r, a);
+        pt_qk_dequant_row(&w, r, b);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)cols);
+        pt_weight_dequantize_row(&file, r, a); /* the reference: -0 where the kernels give 0 */
+        pt_weight_dequantize_row(&w, r, b);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)cols);
+    }
+    free(a), free(b);
+    int n = 3;
+    float *x = malloc(sizeof(float) * (size_t)(n * cols)), *y0 = malloc(sizeof(float) * (size_t)(n * rows));
+    float *y1 = malloc(sizeof(float) * (size_t)(n * rows));
+    for (int64_t i = 0; i < n * cols; i++) x[i] = (float)sin((double)i);
+    pt_qk_ctx ctx = {.avx2 = false}; /* the portable kernels, as without AVX2 */
+    assert_string_equal(pt_qk_path(&ctx, &w, n), "portable int16");
+    pt_qk_matmul(&ctx, pool, y0, x, &file, n);
+    pt_qk_matmul(&ctx, pool, y1, x, &w, n);
+    assert_memory_equal(y0, y1, sizeof(float) * (size_t)(n * rows));
+    pt_qk_ctx_free(&ctx);
+    free(x), free(y0), free(y1);
+    q->w = w;
+    return data;
+}
+
+static void check_i8(fmt f, bool decode, bool repack) {
     pt_dtype t = f.t;
     int block = f.t == PT_AFFINE ? f.gs : pt_dtype_get(f.t)->block;
     static const int64_t row_counts[] = {1, 2, 3, 5, 37, 1000};
@@ -196,13 +246,14 @@ static void check_i8(fmt f, bool decode) {
     pt_pool *pool = pt_pool_new(2);
     for (size_t ri = 0; ri < PT_ARRAY_LEN(row_counts); ri++)
         for (int64_t cols = 32; cols <= 4096; cols *= 8) {
-            int64_t rows = row_counts[ri];
+            int64_t rows = row_counts[ri] * (repack ? 8 : 1); /* the layout takes groups of 8 */
             if (cols % block) continue;
             qw q;
             make_weight(&q, f, rows, cols, &rng);
             if (t == PT_Q8_0) ((int8_t *)q.data)[2] = -128; /* row 0, element 0: |w| = 128 */
             float *wref = malloc(sizeof(float) * (size_t)(rows * cols));
             for (int64_t r = 0; r < rows; r++) pt_weight_dequantize_row(&q.w, r, wref + r * cols);
+            void *repacked = repack ? repack_q4_0x8(&q, pool) : NULL;
             for (size_t ni = 0; ni < n_ns; ni++) {
                 int n = ns[ni];
                 size_t nx = (size_t)(n * cols);
@@ -240,6 +291,7 @@ static void check_i8(fmt f, bool decode) {
                 free(x), free(xr), free(dx), free(y), free(y1);
             }
             free(wref);
+            free(repacked);
             free_weight(&q);
         }
     pt_pool_free(pool);
@@ -252,10 +304,10 @@ static void test_i8_gemm(void **state) {
         return;
     }
     static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
-    for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16}, false);
+    for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16}, false, false);
     static const int gss[] = {32, 64, 128};
     static const pt_dtype sts[] = {PT_F16, PT_BF16, PT_F32};
-    for (int g = 0; g < 3; g++) check_i8((fmt){PT_AFFINE, 4, gss[g], sts[g]}, false);
+    for (int g = 0; g < 3; g++) check_i8((fmt){PT_AFFINE, 4, gss[g], sts[g]}, false, false);
     /* below the token threshold, and for other formats, the int16 kernels run */
     pt_qk_ctx ctx = {.avx2 = true, .i8 = true};
     pt_weight w = {.dtype = PT_Q8_0, .rows = 1, .cols = 32};
@@ -272,14 +324,58 @@ static void test_i8_decode(void **state) {
         print_message("note: no AVX2 on this CPU; int8 decode not tested\n");
         return;
     }
-    check_i8((fmt){PT_Q8_0, 0, 0, PT_F16}, true);
-    check_i8((fmt){PT_Q4_0, 0, 0, PT_F16}, true);
+    check_i8((fmt){PT_Q8_0, 0, 0, PT_F16}, true, false);
+    check_i8((fmt){PT_Q4_0, 0, 0, PT_F16}, true, false);
     pt_qk_ctx ctx = {.avx2 = true, .i8 = true, .i8_decode = true};
     pt_weight w = {.dtype = PT_Q4_K, .rows = 1, .cols = 256};
     assert_string_equal(pt_qk_path(&ctx, &w, 1), "avx2 int16");
     ctx.i8_decode = false;
     w.dtype = PT_Q4_0;
     assert_string_equal(pt_qk_path(&ctx, &w, 1), "avx2 int16");
+}
+
+/* q4_0 repacked 8 rows at a time (PT_LAYOUT_Q4_0X8, what the CPU backend
+ * does at load on AVX2): decode (int8 rows) and prefill (int8 GEMM) on the
+ * layout against the same double references and bounds as the file
+ * layout, 8 to 8000 rows; every file block round-trips through the layout;
+ * dequantized rows and the portable kernel (forced) equal the file
+ * layout's bit for bit (repack_q4_0x8). */
+static void test_q4_0x8_layout(void **state) {
+    (void)state;
+    if (!pt_qk_cpu_has_avx2()) {
+        print_message("note: no AVX2 on this CPU; the q4_0x8 kernels not tested\n");
+        return;
+    }
+    check_i8((fmt){PT_Q4_0, 0, 0, PT_F16}, true, true);
+    check_i8((fmt){PT_Q4_0, 0, 0, PT_F16}, false, true);
+}
+
+/* The CPU backend asks for the q4_0 layout exactly where its int8 kernels
+ * read it: q4_0, rows a multiple of 8, no expert stack, AVX2 with int8
+ * decode, and not under PETREL_CPU_REPACK=0; the portable set never. */
+static void test_layout_choice(void **state) {
+    (void)state;
+    pt_err err;
+    pt_backend *port = pt_backend_cpu_new(1, "portable", &err);
+    assert_non_null(port);
+    pt_weight w = {.dtype = PT_Q4_0, .rows = 16, .cols = 64};
+    assert_int_equal(port->ops->weight_layout(port, &w), PT_LAYOUT_FILE);
+    port->ops->destroy(port);
+    if (!pt_qk_cpu_has_avx2()) return;
+    pt_backend *be = pt_backend_cpu_new(1, "avx2", &err);
+    assert_non_null(be);
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_Q4_0X8);
+    w.rows = 12;
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    w.rows = 16, w.dtype = PT_Q8_0;
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    w.dtype = PT_Q4_0, w.n_experts = 2;
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    w.n_experts = 0;
+    setenv("PETREL_CPU_REPACK", "0", 1);
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
+    unsetenv("PETREL_CPU_REPACK");
+    be->ops->destroy(be);
 }
 
 /* The AVX2 activation quantizer gives the portable one's codes, scales and
@@ -325,6 +421,8 @@ int main(void) {
         cmocka_unit_test(test_gguf_all),
         cmocka_unit_test(test_i8_gemm),
         cmocka_unit_test(test_i8_decode),
+        cmocka_unit_test(test_q4_0x8_layout),
+        cmocka_unit_test(test_layout_choice),
         cmocka_unit_test(test_i8_quantize_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/repack.h"
 
 /* Below this many elements an op runs on the calling thread alone: waking
  * the workers (~1-2 us) would cost more than the work. */
@@ -225,6 +226,18 @@ static void cpu_destroy(pt_backend *be) {
     free(cb);
 }
 
+/* q4_0 rows interleaved 8 at a time where the int8 kernels run every
+ * call (quant_i8_avx2.c reads that layout for decode and prefill; llama.cpp
+ * repacks q4_0 on AVX2 too).  PETREL_CPU_REPACK=0 keeps the file's layout
+ * (A/B runs; the weights then stay in the mapped file). */
+static int cpu_weight_layout(pt_backend *be, const pt_weight *w) {
+    pt_cpu_backend *cb = pt_cpu(be);
+    const char *env = getenv("PETREL_CPU_REPACK");
+    if ((env && strcmp(env, "0") == 0) || !cb->quant.i8_decode || w->n_experts) return PT_LAYOUT_FILE;
+    return pt_layout_fits(PT_LAYOUT_Q4_0X8, w->dtype, w->rows, w->cols) ? PT_LAYOUT_Q4_0X8
+                                                                         : PT_LAYOUT_FILE;
+}
+
 static const pt_backend_ops cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -235,6 +248,7 @@ static const pt_backend_ops cpu_ops = {
     .run = cpu_run_op,
     .read_bandwidth = pt_cpu_read_bandwidth,
     .compute_peak = pt_cpu_compute_peak,
+    .weight_layout = cpu_weight_layout,
     .destroy = cpu_destroy,
 };
 

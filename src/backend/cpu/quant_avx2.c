@@ -451,6 +451,7 @@ static int find_kernel(const pt_weight *w) {
 }
 
 pt_qk_rows_fn pt_qk_avx2_rows(const pt_weight *w) {
+    if (w->layout != PT_LAYOUT_FILE) return NULL; /* rows read in file layout only */
     int k = find_kernel(w);
     return k < 0 ? NULL : kernels[k].rows;
 }

@@ -63,7 +63,7 @@ typedef struct pblock {
 } pblock;
 
 /* The formats, as the template parameter of the kernels. */
-enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4, F_Q6_K };
+enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4, F_Q6_K, F_Q4_0X8 /* PT_LAYOUT_Q4_0X8 */ };
 
 AI float f16(const uint8_t *p) {
     uint16_t h;
@@ -187,6 +187,21 @@ AI void transpose8(__m256i v[8]) {
  * nr are zero. */
 AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr, int64_t c0,
              int kc, const int F) {
+    if (F == F_Q4_0X8) { /* the layout is the panel's, nibbles still packed: r % 8 == 0, nr == 8 */
+        const uint8_t *u = (const uint8_t *)w->data + (size_t)((r / 8) * (w->cols / 32) + c0) * 144;
+        const __m256i m = _mm256_set1_epi8(15);
+        for (int c = 0; c < kc; c++, u += 144) {
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
+            _mm256_storeu_ps(p[c].mul, d);
+            _mm256_storeu_ps(p[c].add, _mm256_mul_ps(d, _mm256_set1_ps(-8)));
+            for (int v = 0; v < 4; v++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(u + 16 + 32 * v));
+                p[c].codes[v] = _mm256_and_si256(q, m);
+                p[c].codes[v + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m);
+            }
+        }
+        return;
+    }
     for (int c = 0; c < kc; c++) {
         __m256i v[8];
         for (int j = 0; j < NR; j++) {
@@ -336,8 +351,10 @@ ROWS(rows_q4_k, F_Q4_K)
 ROWS(rows_q5_k, F_Q5_K)
 ROWS(rows_aff4, F_AFF4)
 ROWS(rows_q6_k, F_Q6_K)
+ROWS(rows_q4_0x8, F_Q4_0X8)
 
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
+    if (w->layout == PT_LAYOUT_Q4_0X8) return rows_q4_0x8;
     switch (w->dtype) {
     case PT_Q8_0: return rows_q8_0;
     case PT_Q4_0: return rows_q4_0;
@@ -458,6 +475,56 @@ AI void vec_i8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int6
     for (; r < r1; r++) vec_rows(w, a, y, r, rb, 1, F, false);
 }
 
+/* Decode of q4_0 repacked 8 rows at a time (PT_LAYOUT_Q4_0X8, repack.c):
+ * per unit of 8 rows x 32 columns, 4 loads; each, masked and shifted,
+ * meets 4 broadcast activation codes in a vpmaddubsw, and the 8 products
+ * (pairs at most 2 * 15 * 127 = 3810) add up in i16 before one vpmaddwd
+ * leaves the block's exact integer sums of the 8 rows in 8 lanes.  One
+ * convert of the 8 f16 scales, one convert and two FMAs finish the block:
+ * ~33 vector ops per 8 rows against ~66 in the file-layout kernel above,
+ * and no horizontal sums.  The nibbles' offset 8 comes off at the end, as
+ * -8 * sum over blocks of d_w * (d_x * sum of the block's codes): the
+ * activation's ds, shared by the 8 rows.  Rows [r0, r1) are whole groups
+ * (the layout needs rows % 8 == 0; callers split in runs of 8). */
+#ifndef X8_AHEAD
+#define X8_AHEAD 2048 /* bytes prefetched ahead in a group's stream */
+#endif
+
+static void vec_q4_0x8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
+    const int64_t nc = a->n_chunks;
+    const __m256i m = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int64_t r = r0; r < r1; r += 8) {
+        const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * (size_t)nc * 144;
+        for (int t = 0; t < a->n; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)a->cols;
+            const float *dx = a->d + (size_t)t * (size_t)nc, *ds = a->ds + (size_t)t * (size_t)nc;
+            __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+            const uint8_t *u = g;
+            for (int64_t c = 0; c < nc; c++, u += 144) {
+                /* a unit is 2.25 cache lines: three prefetches cover it */
+                __builtin_prefetch(u + X8_AHEAD);
+                __builtin_prefetch(u + X8_AHEAD + 64);
+                __builtin_prefetch(u + X8_AHEAD + 128);
+                const int8_t *x = xq + 32 * c;
+                __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(u + 16 + 32 * v));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(q, m), bcast4(x + 4 * v)));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m),
+                                                                    bcast4(x + 16 + 4 * v)));
+                }
+                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)),
+                                      _mm256_mul_ps(d, _mm256_broadcast_ss(dx + c)), acc);
+                off = _mm256_fmadd_ps(d, _mm256_broadcast_ss(ds + c), off);
+            }
+            acc = _mm256_fmadd_ps(off, _mm256_set1_ps(-8), acc);
+            _mm256_storeu_ps(y + (size_t)t * (size_t)w->rows + (size_t)r, acc);
+        }
+    }
+}
+
 static void vec_q8_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
     vec_i8(w, a, y, r0, r1, F_Q8_0);
 }
@@ -466,6 +533,7 @@ static void vec_q4_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0
 }
 
 pt_qk_rows8_fn pt_qk_avx2_vec8(const pt_weight *w) {
+    if (w->layout == PT_LAYOUT_Q4_0X8) return vec_q4_0x8;
     switch (w->dtype) {
     case PT_Q8_0: return vec_q8_0;
     case PT_Q4_0: return vec_q4_0;

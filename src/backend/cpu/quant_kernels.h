@@ -31,7 +31,10 @@
  * and q8_0 on AVX2 takes int8 activations too (the rows kernels at the end
  * of quant_i8_avx2.c), as llama.cpp does for these formats.
  * PETREL_CPU_INT8 (read when the backend is created): 0 keeps every call
- * on int16, "prefill" keeps decode there.
+ * on int16, "prefill" keeps decode there.  Where both int8 paths run, q4_0
+ * matrices are repacked at load 8 rows at a time (PT_LAYOUT_Q4_0X8,
+ * backend/repack.c; PETREL_CPU_REPACK=0 keeps the file's layout): every
+ * kernel here reads either layout, the AVX2 int16 rows only the file's.
  *
  * Use: keep a pt_qk_ctx per backend (it owns the activation scratch) and
  * call pt_qk_matmul for any weight whose dtype pt_qk_handles().

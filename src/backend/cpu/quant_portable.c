@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "backend/cpu/quant_kernels.h"
+#include "backend/repack.h"
 
 /* ---- activations ----------------------------------------------------------- */
 
@@ -98,9 +99,11 @@ void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1) {
 
 /* ---- chunk decoders ----------------------------------------------------------- */
 
-/* Where row r of w lives: codes (or blocks), and affine scales and biases. */
+/* Where row r of w lives: codes (or blocks), and affine scales and biases;
+ * r itself for repacked layouts, whose rows are not contiguous. */
 typedef struct qrow {
     const uint8_t *p, *s, *b;
+    int64_t r;
 } qrow;
 
 typedef void (*chunk_fn)(const pt_weight *w, qrow row, int64_t c, int32_t out[32], float *mul,
@@ -161,6 +164,15 @@ static void chunk_q4_0(const pt_weight *w, qrow row, int64_t c, int32_t out[32],
     }
     *mul = f16(b);
     *add = 0;
+}
+
+/* q4_0 repacked 8 rows at a time (PT_LAYOUT_Q4_0X8): the file's block,
+ * gathered back, then read as above. */
+static void chunk_q4_0x8(const pt_weight *w, qrow row, int64_t c, int32_t out[32], float *mul,
+                         float *add) {
+    uint8_t b[18];
+    pt_q4_0x8_block(b, w->data, w->cols, row.r, c);
+    chunk_q4_0(w, (qrow){.p = b}, 0, out, mul, add);
 }
 
 /* 6-bit scale and min of sub-block j of a q4_k/q5_k block. */
@@ -247,8 +259,12 @@ bool pt_qk_handles(pt_dtype t) {
     return find_format(t) >= 0;
 }
 
+static chunk_fn chunk_of(const pt_weight *w) {
+    return w->layout == PT_LAYOUT_Q4_0X8 ? chunk_q4_0x8 : formats[find_format(w->dtype)].chunk;
+}
+
 static qrow row_of(const pt_weight *w, int64_t r) {
-    qrow q = {0};
+    qrow q = {.r = r};
     if (w->dtype == PT_AFFINE) {
         size_t ss = w->scale_dtype == PT_F32 ? 4 : 2, groups = (size_t)(w->cols / w->group_size);
         q.p = (const uint8_t *)w->data + (size_t)r * (size_t)(w->cols * w->bits / 8);
@@ -266,10 +282,11 @@ void pt_qk_dequant_row(const pt_weight *w, int64_t r, float *out) {
     int f = find_format(w->dtype);
     if (f < 0) return;
     qrow row = row_of(w, r);
+    chunk_fn chunk = chunk_of(w);
     int32_t c[32];
     float mul, add;
     for (int64_t k = 0; k < w->cols / 32; k++) {
-        formats[f].chunk(w, row, k, c, &mul, &add);
+        chunk(w, row, k, c, &mul, &add);
         for (int i = 0; i < 32; i++) out[32 * k + i] = mul * (float)c[i] + add;
     }
 }
@@ -278,7 +295,7 @@ void pt_qk_dequant_row(const pt_weight *w, int64_t r, float *out) {
 
 static void rows_portable(const pt_weight *w, const pt_qact *a, float *y, int64_t r0,
                           int64_t r1) {
-    chunk_fn chunk = formats[find_format(w->dtype)].chunk;
+    chunk_fn chunk = chunk_of(w);
     int32_t c[32];
     float mul, add;
     for (int64_t r = r0; r < r1; r++) {

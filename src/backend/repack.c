@@ -1,0 +1,62 @@
+/*
+ * repack.c - weight layouts other than the file's (enum pt_weight_layout),
+ * made once at load for kernels that read them faster.
+ *
+ * PT_LAYOUT_Q4_0X8: a q4_0 matrix with rows a multiple of 8.  Rows are taken
+ * 8 at a time (a group); for group g and block c (32 columns) one unit of
+ * 144 bytes, the 8 file blocks' bytes rearranged:
+ *
+ *     unit (g, c) at ((g * (cols / 32)) + c) * 144
+ *       [0, 16)            f16 d of rows 8g .. 8g+7
+ *       [16 + 32v + 4j, +4)  qs bytes 4v .. 4v+3 of row 8g+j   (v < 4, j < 8)
+ *
+ * So one 32-byte load (v) holds, in 32-bit lane j, row j's low nibbles of
+ * columns 4v..4v+3 and its high nibbles of columns 16+4v..16+4v+3: masked
+ * or shifted, it meets 4 activation codes broadcast to every lane and the
+ * 8 rows' sums of a block come out in 8 lanes, with no horizontal sums, and
+ * the 8 rows' scales convert in one instruction.  The units of a group
+ * follow each other, so a group streams as one sequential read.  The size
+ * is the file's (8 * 18 = 144 bytes per unit).  The same idea as
+ * llama.cpp's CPU_REPACK; this arrangement is Petrel's own.
+ */
+#include "backend/repack.h"
+
+#include <string.h>
+
+#define Q4_0_BYTES 18
+
+void pt_q4_0x8_repack(void *dst, const void *src, int64_t rows, int64_t cols) {
+    int64_t nc = cols / 32;
+    size_t rb = (size_t)nc * Q4_0_BYTES;
+    uint8_t *out = dst;
+    for (int64_t g = 0; g < rows / 8; g++)
+        for (int64_t c = 0; c < nc; c++) {
+            uint8_t *u = out + (size_t)(g * nc + c) * 144;
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *b = (const uint8_t *)src + (size_t)(8 * g + j) * rb + (size_t)c * Q4_0_BYTES;
+                memcpy(u + 2 * j, b, 2);
+                for (int v = 0; v < 4; v++) memcpy(u + 16 + 32 * v + 4 * j, b + 2 + 4 * v, 4);
+            }
+        }
+}
+
+void pt_q4_0x8_block(void *dst, const void *src, int64_t cols, int64_t r, int64_t c) {
+    int64_t nc = cols / 32;
+    const uint8_t *u = (const uint8_t *)src + (size_t)((r / 8) * nc + c) * 144;
+    int j = (int)(r % 8);
+    uint8_t *b = dst;
+    memcpy(b, u + 2 * j, 2);
+    for (int v = 0; v < 4; v++) memcpy(b + 2 + 4 * v, u + 16 + 32 * v + 4 * j, 4);
+}
+
+bool pt_layout_fits(int layout, pt_dtype t, int64_t rows, int64_t cols) {
+    switch (layout) {
+    case PT_LAYOUT_FILE: return true;
+    case PT_LAYOUT_Q4_0X8: return t == PT_Q4_0 && rows > 0 && rows % 8 == 0 && cols % 32 == 0;
+    default: return false;
+    }
+}
+
+void pt_weight_repack(int layout, void *dst, const pt_weight *w) {
+    if (layout == PT_LAYOUT_Q4_0X8) pt_q4_0x8_repack(dst, w->data, w->rows, w->cols);
+}
