@@ -32,6 +32,8 @@ typedef struct req {
     uint64_t *hashes; /* keys of the sequence's full pages, in order */
     int n_hashed, cap_hashes;
     int n_published; /* leading pages of its table that carry their key */
+    int n_hit; /* hybrid models: leading prompt pages the pool held at admission,
+                * with or without a state snapshot (the pause points below) */
     /* speculative decoding (d.params.spec) */
     int32_t *prediction, *oracle; /* our copies */
     int32_t draft[SPEC_MAX];
@@ -68,8 +70,9 @@ struct pt_core {
     req **item_req;
     pt_runner runner;
     pt_core_timing timing;
-    /* the model keeps recurrent state (hybrid): no prefix reuse, and
-     * speculation rolls back through a checkpoint of the state (kvcache.h) */
+    /* the model keeps recurrent state (hybrid): prefix reuse needs a state
+     * snapshot where the reused pages end, and speculation rolls back
+     * through a checkpoint of the state (kvcache.h) */
     bool recurrent;
     /* --spec draft: the draft model's runner and step scratch (NULL: none) */
     pt_engine *draft;
@@ -197,20 +200,24 @@ static uint64_t page_key(pt_core *c, req *r, int b) {
  * its last token: at least one row is computed, so the step has logits),
  * and how many of those are free (reviving them takes from the free
  * count).  With sliding-window layers the run ends where the window
- * pages its last page needs are gone (pt_kv_prefix_window).  Looks only; a
- * request with pages of its own probes nothing. */
+ * pages its last page needs are gone (pt_kv_prefix_window); with
+ * recurrent layers, at the last page whose state was snapshotted
+ * (pt_kv_prefix_state; r->n_hit keeps the run before that cut).  Looks
+ * only; a request with pages of its own probes nothing. */
 static int probe_prefix(pt_core *c, req *r, int *n_revive) {
     pt_kv_cache *kv = &c->e->kv;
     int n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
     int ps = kv->cfg.page_size, max_pages = (n_tokens - 1) / ps, b = 0;
     *n_revive = 0;
-    if (!c->e->prefix_cache || c->recurrent || (r->started && r->seq.kv.n_pages > 0)) return 0;
+    if (!c->e->prefix_cache || (r->started && r->seq.kv.n_pages > 0)) return 0;
     for (; b < max_pages; b++) {
         uint64_t key = page_key(c, r, b);
         int32_t id = pt_block_lookup(&kv->pool, key);
         if (id < 0 && !(kv->disk && pt_disk_has(kv->disk, key))) break;
     }
     b = pt_kv_prefix_window(kv, r->hashes, b);
+    r->n_hit = b;
+    b = pt_kv_prefix_state(kv, r->hashes, b);
     for (int i = 0; i < b; i++) {
         int32_t id = pt_block_lookup(&kv->pool, r->hashes[i]);
         *n_revive += id < 0 || pt_block_refs(&kv->pool, id) == 0; /* < 0: read back from disk */
@@ -233,9 +240,36 @@ static void publish_pages(pt_core *c, req *r) {
     pt_kv_cache *kv = &c->e->kv;
     int ps = kv->cfg.page_size;
     int limit = PT_MIN(r->seq.kv.n_tokens, r->seq.n_tokens - r->n_in_seq);
-    if (!c->e->prefix_cache || c->recurrent) return;
+    if (!c->e->prefix_cache) return;
     for (; (r->n_published + 1) * ps <= limit; r->n_published++)
         pt_kv_seq_set_key(kv, &r->seq.kv, r->n_published, page_key(c, r, r->n_published));
+}
+
+/* Hybrid models: where r's prompt computation pauses for a state snapshot
+ * (0: nowhere ahead of n_computed).  Two page boundaries are worth one:
+ * where the pages the pool held at admission end (another prompt branched
+ * off there, so a third sharing that prefix will reuse it: a system
+ * prompt), and the prompt's last full page (the next turn of the same
+ * conversation extends it).  A pause costs one more forward for the
+ * prompt, never a row. */
+static int pause_at(pt_core *c, const req *r, int n_computed) {
+    if (!c->recurrent || !c->e->prefix_cache || !c->e->kv.n_snaps) return 0;
+    int ps = c->e->kv.cfg.page_size, n_prompt = r->d.n_prompt;
+    int at[2] = {r->n_hit * ps, (n_prompt - 1) / ps * ps};
+    for (int i = 0; i < 2; i++)
+        if (at[i] > n_computed) return at[i];
+    return 0;
+}
+
+/* Hybrid models: after a step, a prompt chunk that ended on a page
+ * boundary leaves the state the prefix cache wants there. */
+static void snapshot_state(pt_core *c, req *r) {
+    pt_kv_cache *kv = &c->e->kv;
+    int ps = kv->cfg.page_size, at = r->seq.kv.state_pos;
+    if (!c->recurrent || !c->e->prefix_cache || !kv->n_snaps || at <= 0 || at % ps ||
+        at > (r->d.n_prompt - 1) / ps * ps)
+        return;
+    pt_kv_seq_snapshot(kv, &r->seq.kv, page_key(c, r, at / ps - 1));
 }
 
 /* WAITING / PREEMPTED -> RUNNING, starting past the n_cached_pages the
@@ -422,6 +456,7 @@ static void describe(pt_core *c, pt_policy_req *p, req *r) {
     p->n_tokens = r->started ? r->seq.n_tokens : r->d.n_prompt;
     p->n_spec = r->state == PT_REQ_RUNNING ? draft(c, r) : 0;
     p->pages_held = r->started ? r->seq.kv.n_pages : 0;
+    p->pause_at = pause_at(c, r, p->n_computed);
     p->pages_own = p->pages_revive = 0;
     for (int i = 0; i < p->pages_held; i++)
         p->pages_own += pt_block_refs(&c->e->kv.pool, r->seq.kv.pages[i]) == 1;
@@ -433,6 +468,7 @@ static void describe_waiting(pt_core *c, pt_policy_req *p, req *r, int *n_cached
     *n_cached_pages = probe_prefix(c, r, &p->pages_revive);
     p->n_computed = *n_cached_pages * c->e->kv.cfg.page_size;
     p->pages_held = *n_cached_pages;
+    p->pause_at = pause_at(c, r, p->n_computed);
 }
 
 static void make_plan(pt_core *c) {
@@ -563,7 +599,10 @@ int pt_core_step(pt_core *c) {
             for (int i = 0; i < p->n_items; i++)
                 if (failed < 0 || failed == i) finish(c, c->item_req[i], PT_FINISH_NONE, err.msg);
         } else {
-            for (int i = 0; i < p->n_items; i++) publish_pages(c, c->item_req[i]);
+            for (int i = 0; i < p->n_items; i++) {
+                publish_pages(c, c->item_req[i]);
+                snapshot_state(c, c->item_req[i]);
+            }
             sample_outputs(c, p->n_items);
         }
     }

@@ -85,6 +85,9 @@ int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
     if (pt_model_kv_init_seqs(e->model, &e->kv, n_positions, e->max_seqs, e->kv_slack,
                               e->kv_dtype, &e->kv_quant, err))
         return -1;
+    /* a hybrid model's prefix cache reuses pages that end in a state
+     * snapshot (kvcache.h) */
+    if (e->prefix_cache && pt_kv_snaps_init(&e->kv, PT_ENGINE_STATE_SNAPS, err)) return -1;
     pt_kv_attach_disk(&e->kv, e->disk);
     return 0;
 }
@@ -92,8 +95,10 @@ int pt_engine_kv_init(pt_engine *e, int n_positions, pt_err *err) {
 /* --kv-disk: opens the directory for pages of this engine's salt. */
 static int open_disk(pt_engine *e, const pt_engine_opts *o, pt_err *err) {
     if (!e->prefix_cache)
-        return pt_fail(err, "--kv-disk keeps the prefix cache's pages: it needs --prefix-cache on%s",
-                       pt_model_recurrent(e->model) ? " (off for hybrid recurrent models)" : "");
+        return pt_fail(err, "--kv-disk keeps the prefix cache's pages: it needs --prefix-cache on");
+    if (e->kv.n_snaps) /* disk pages would come back without their states */
+        return pt_fail(err, "--kv-disk with a hybrid recurrent model (its recurrent states are "
+                            "not kept on disk) is not implemented yet");
     if (e->kv.grouped) /* disk pages hold group 0's layers only (kvcache.h) */
         return pt_fail(err, "--kv-disk with a sliding-window model (its window layers keep "
                             "their own pages) is not implemented yet");
@@ -171,19 +176,14 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     e->kv_dtype = o->kv_dtype;
     e->max_seqs = o->max_seqs;
     if (pt_kvq_parse(o->kv_quant, &e->kv_quant, err)) goto fail;
+    e->prefix_cache = !o->no_prefix_cache;
     int positions = e->n_ctx;
     if (o->kv_budget && budget_positions(e, o->kv_budget, &positions, err)) goto fail;
     e->kv_budgeted = o->kv_budget != NULL;
     if (pt_engine_kv_init(e, positions, err)) goto fail;
-    e->prefix_cache = !o->no_prefix_cache;
-    if (e->prefix_cache && pt_model_recurrent(e->model)) {
-        /* a cached page without the recurrent state at its end is useless,
-         * and the state is not snapshotted per page yet */
-        pt_log(PT_LOG_INFO, "prefix cache off: %s keeps a recurrent state per sequence that is "
-                            "not snapshotted at page boundaries yet",
-               e->model->cfg.arch);
-        e->prefix_cache = false;
-    }
+    if (e->kv.n_snaps)
+        pt_log(PT_LOG_INFO, "prefix cache: %d recurrent-state snapshots of %.1f MiB each",
+               e->kv.n_snaps, (double)pt_kv_state_bytes(&e->kv.cfg) / 1048576.0);
     e->cache_salt = pt_engine_cache_salt(e, o->dummy_dtype ? o->dummy_dtype : "", o->dummy_seed);
     if (o->kv_disk && open_disk(e, o, err)) goto fail;
     e->runner = pt_xmalloc(sizeof *e->runner);

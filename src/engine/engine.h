@@ -15,6 +15,10 @@
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
 
+/* Recurrent-state snapshots a hybrid model's prefix cache keeps (kvcache.h):
+ * each costs one sequence's state (pt_kv_state_bytes). */
+#define PT_ENGINE_STATE_SNAPS 8
+
 typedef struct pt_engine_opts {
     const char *model_path;
     const char *device;  /* "cpu" (default) */

@@ -35,6 +35,13 @@ static bool catching_up(const pt_policy_req *r) {
     return behind(r) > 1 + r->n_spec;
 }
 
+/* n rows of a catching-up chunk, ending at the request's pause if they
+ * would pass it. */
+static int stop_at_pause(const pt_policy_req *r, int n) {
+    if (r->pause_at > r->n_computed && r->n_computed + n > r->pause_at) return r->pause_at - r->n_computed;
+    return n;
+}
+
 static void add_item(planner *p, int req, int n_rows) {
     const pt_policy_req *r = &p->reqs[req];
     pt_step_item *it = &p->plan->items[p->plan->n_items++];
@@ -90,7 +97,7 @@ static void schedule_running(planner *p, int k, bool catching) {
     if (catching) {
         /* a chunk shrinks to the pages there are before anyone is preempted */
         int fit = (r->pages_held + p->free_pages) * p->lim->page_size - r->n_computed;
-        n = PT_MIN(n, p->prefill_left);
+        n = stop_at_pause(r, PT_MIN(n, p->prefill_left));
         if (fit > 0) n = PT_MIN(n, fit);
     }
     if (n <= 0) return;
@@ -126,6 +133,7 @@ void pt_sched_plan(const pt_policy_req *reqs, const int *running, int n_running,
         int req = waiting[i];
         const pt_policy_req *r = &reqs[req];
         int n = PT_MIN(PT_MIN(behind(r), p.rows_left), p.prefill_left);
+        if (catching_up(r)) n = stop_at_pause(r, n);
         if (p.n_live >= lim->max_seqs || n <= 0 ||
             pages_to(&p, r, r->n_computed + n) + r->pages_revive > p.free_pages)
             break;

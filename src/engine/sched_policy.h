@@ -47,6 +47,8 @@ typedef struct pt_policy_req {
     int pages_own;     /* of those, held by it alone: what preemption returns */
     int pages_revive;  /* waiting: cached free pages it starts with (they
                         * leave the free count when it is admitted) */
+    int pause_at;      /* a catching-up chunk ends here if it would pass it
+                        * (a state snapshot is taken there); 0: none */
 } pt_policy_req;
 
 typedef struct pt_policy_limits {

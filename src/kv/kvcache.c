@@ -183,6 +183,43 @@ static int state_init(pt_kv_cache *kv, pt_err *err) {
     return 0;
 }
 
+static void snaps_free(pt_kv_cache *kv) {
+    const pt_kv_config *c = &kv->cfg;
+    size_t n = (size_t)kv->n_snaps;
+    for (int l = 0; kv->sconv && l < c->n_layers; l++) {
+        if (kv->sconv[l])
+            kv->be->ops->free(kv->be, kv->sconv[l], sizeof(float) * n * (size_t)PT_MAX(c->conv_floats, 1));
+        if (kv->srec[l]) kv->be->ops->free(kv->be, kv->srec[l], sizeof(float) * n * (size_t)c->rec_floats);
+    }
+    free(kv->sconv), free(kv->srec), free(kv->snap_key), free(kv->snap_used);
+    kv->sconv = kv->srec = NULL;
+    kv->snap_key = kv->snap_used = NULL;
+    kv->n_snaps = 0;
+}
+
+int pt_kv_snaps_init(pt_kv_cache *kv, int n, pt_err *err) {
+    const pt_kv_config *c = &kv->cfg;
+    snaps_free(kv);
+    if (c->n_state_slots <= 0 || n <= 0) return 0;
+    kv->n_snaps = n;
+    kv->sconv = pt_xcalloc((size_t)c->n_layers, sizeof(float *));
+    kv->srec = pt_xcalloc((size_t)c->n_layers, sizeof(float *));
+    kv->snap_key = pt_xcalloc((size_t)n, sizeof(uint64_t));
+    kv->snap_used = pt_xcalloc((size_t)n, sizeof(uint64_t));
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!pt_kv_layer_recurrent(c, l)) continue;
+        kv->sconv[l] = kv->be->ops->alloc(kv->be, sizeof(float) * (size_t)n * (size_t)PT_MAX(c->conv_floats, 1));
+        kv->srec[l] = kv->be->ops->alloc(kv->be, sizeof(float) * (size_t)n * (size_t)c->rec_floats);
+        if (!kv->sconv[l] || !kv->srec[l]) {
+            double gib = (double)pt_kv_state_bytes(c) * n / (1 << 30);
+            snaps_free(kv);
+            return pt_fail(err, "KV cache: cannot allocate %.2f GiB for %d recurrent-state "
+                                "snapshots (the prefix cache of a hybrid model)", gib, n);
+        }
+    }
+    return 0;
+}
+
 int pt_kv_cache_init(pt_kv_cache *kv, pt_backend *be, const pt_kv_config *cfg, pt_err *err) {
     memset(kv, 0, sizeof *kv);
     kv->be = be;
@@ -238,6 +275,7 @@ void pt_kv_cache_free(pt_kv_cache *kv) {
     free(kv->conv);
     free(kv->rec);
     free(kv->free_slots);
+    snaps_free(kv);
     free(kv->k);
     free(kv->v);
     pt_block_pool_free(&kv->pool);
@@ -269,18 +307,23 @@ static void give_state(pt_kv_cache *kv, pt_kv_seq *seq) {
     seq->state_pos = seq->ckpt_pos = 0;
 }
 
-/* Copies state slot src to slot dst (1-based, as seqs hold them), every
- * recurrent layer. */
-static void copy_state(pt_kv_cache *kv, int dst, int src) {
+/* Copies one state to another, every recurrent layer: slot src of the
+ * buffers sconv/srec (the slots', or the snapshots') to slot dst of
+ * dconv/drec.  Slots count from 0 here. */
+static void copy_slot(pt_kv_cache *kv, float **dconv, float **drec, int dst, float **sconv,
+                      float **srec, int src) {
     const pt_kv_config *c = &kv->cfg;
     size_t cb = sizeof(float) * (size_t)c->conv_floats, rb = sizeof(float) * (size_t)c->rec_floats;
     for (int l = 0; l < c->n_layers; l++) {
         if (!pt_kv_layer_recurrent(c, l)) continue;
-        kv->be->ops->copy(kv->be, (char *)kv->conv[l] + (size_t)(dst - 1) * cb,
-                          (char *)kv->conv[l] + (size_t)(src - 1) * cb, cb);
-        kv->be->ops->copy(kv->be, (char *)kv->rec[l] + (size_t)(dst - 1) * rb,
-                          (char *)kv->rec[l] + (size_t)(src - 1) * rb, rb);
+        kv->be->ops->copy(kv->be, (char *)dconv[l] + (size_t)dst * cb, (char *)sconv[l] + (size_t)src * cb, cb);
+        kv->be->ops->copy(kv->be, (char *)drec[l] + (size_t)dst * rb, (char *)srec[l] + (size_t)src * rb, rb);
     }
+}
+
+/* Copies state slot src to slot dst (1-based, as seqs hold them). */
+static void copy_state(pt_kv_cache *kv, int dst, int src) {
+    copy_slot(kv, kv->conv, kv->rec, dst - 1, kv->conv, kv->rec, src - 1);
 }
 
 bool pt_kv_seq_ckpt_reserve(pt_kv_cache *kv, pt_kv_seq *seq) {
@@ -548,7 +591,40 @@ int pt_kv_prefix_window(const pt_kv_cache *kv, const uint64_t *keys, int n) {
     }
 }
 
+/* The snapshot of the state at the end of the page keyed key, or -1. */
+static int find_snap(const pt_kv_cache *kv, uint64_t key) {
+    for (int i = 0; i < kv->n_snaps; i++)
+        if (kv->snap_used[i] && kv->snap_key[i] == key) return i;
+    return -1;
+}
+
+void pt_kv_seq_snapshot(pt_kv_cache *kv, const pt_kv_seq *seq, uint64_t key) {
+    if (!kv->n_snaps || !seq->state || seq->state_pos <= 0 || seq->state_pos % kv->cfg.page_size)
+        return;
+    int i = find_snap(kv, key);
+    if (i < 0) { /* the least recently used, or an empty one */
+        i = 0;
+        for (int j = 1; j < kv->n_snaps; j++)
+            if (kv->snap_used[j] < kv->snap_used[i]) i = j;
+        copy_slot(kv, kv->sconv, kv->srec, i, kv->conv, kv->rec, seq->state - 1);
+        kv->snap_key[i] = key;
+    }
+    kv->snap_used[i] = ++kv->snap_tick;
+}
+
+int pt_kv_prefix_state(const pt_kv_cache *kv, const uint64_t *keys, int n) {
+    if (kv->cfg.n_state_slots <= 0) return n;
+    while (n > 0 && find_snap(kv, keys[n - 1]) < 0) n--;
+    return n;
+}
+
 int pt_kv_seq_adopt(pt_kv_cache *kv, pt_kv_seq *seq, const uint64_t *keys, int n) {
+    /* a hybrid model's pages are only worth their state: none past the
+     * last snapshot, and none at all if no state slot is free for it */
+    if (kv->cfg.n_state_slots > 0) {
+        n = pt_kv_prefix_state(kv, keys, n);
+        if (n > 0 && take_state(kv, seq, NULL)) n = 0;
+    }
     table_grow(kv, seq, n);
     int b = 0;
     for (; b < n; b++) {
@@ -568,6 +644,17 @@ int pt_kv_seq_adopt(pt_kv_cache *kv, pt_kv_seq *seq, const uint64_t *keys, int n
         for (int i = seq->wlo; i < b; i++) {
             seq->wpages[i] = pt_block_lookup(&kv->wpool, keys[i]);
             pt_block_ref(&kv->wpool, seq->wpages[i]);
+        }
+    }
+    if (kv->cfg.n_state_slots > 0) { /* pages may have run short: back to a snapshot */
+        int keep = pt_kv_prefix_state(kv, keys, b);
+        drop_pages(kv, seq, keep);
+        b = keep;
+        if (b > 0) {
+            int i = find_snap(kv, keys[b - 1]);
+            copy_slot(kv, kv->conv, kv->rec, seq->state - 1, kv->sconv, kv->srec, i);
+            kv->snap_used[i] = ++kv->snap_tick;
+            seq->state_pos = b * kv->cfg.page_size;
         }
     }
     seq->n_tokens = b * kv->cfg.page_size;

@@ -58,8 +58,18 @@
  * falls back to ckpt_pos: they are recomputed, K/V and state together).
  * Without a usable checkpoint truncating below state_pos marks the state
  * invalid (-1), and the forward refuses to continue such a sequence
- * anywhere but at position 0.  The prefix cache is off for these models
- * (states are not kept per page).
+ * anywhere but at position 0.
+ *
+ * The prefix cache of a hybrid model needs the recurrent state at the end
+ * of the pages it reuses: K/V pages alone would leave the recurrent layers
+ * without the positions before them.  States are big (a whole sequence's
+ * worth per layer), so they are not kept per page: a small store of
+ * snapshots (pt_kv_snaps_init), each the state at the end of one page,
+ * keyed by that page's content key and evicted least recently used.  The
+ * engine takes a snapshot where a prompt's computation pauses at a page
+ * boundary (core.c says where); pt_kv_prefix_state shortens a run of page
+ * hits to the longest that ends in a snapshot, and pt_kv_seq_adopt
+ * restores it, so a reused prefix always comes with its state.
  *
  * Invariants: a page id is either on the free list (refcount 0) or owned by
  * at least one sequence; a sequence with n_tokens positions stored owns
@@ -139,6 +149,12 @@ typedef struct pt_kv_cache {
     size_t wk_page, wv_page; /* the same for a window-group layer */
     pt_block_pool pool;      /* page ids: owners, free queue, content hashes */
     pt_block_pool wpool;     /* the window group's page ids (grouped only) */
+    /* hybrid models' state snapshots: per recurrent layer n_snaps slots of
+     * conv and rec state, each the state at the end of the page whose key
+     * is snap_key[i] (snap_used[i]: LRU tick; 0: empty) */
+    int n_snaps;
+    float **sconv, **srec;
+    uint64_t *snap_key, *snap_used, snap_tick;
     pt_disk *disk;           /* the cold tier, or NULL (pt_kv_attach_disk) */
     void *disk_buf;          /* [pt_kv_page_bytes] staging for disk reads */
 } pt_kv_cache;
@@ -240,6 +256,17 @@ size_t pt_kv_window_bytes_per_token(const pt_kv_cache *kv);
 void pt_kv_seq_set_key(pt_kv_cache *kv, pt_kv_seq *seq, int i, uint64_t key);
 int pt_kv_prefix_window(const pt_kv_cache *kv, const uint64_t *keys, int n);
 int pt_kv_seq_adopt(pt_kv_cache *kv, pt_kv_seq *seq, const uint64_t *keys, int n);
+
+/* Hybrid models' state snapshots (above).  pt_kv_snaps_init makes room for
+ * n (0: none, and hybrid prefixes are never reused); pt_kv_seq_snapshot
+ * stores seq's state, which must cover exactly the pages up to the one
+ * keyed key (state_pos a positive multiple of page_size), replacing the
+ * least recently used snapshot; pt_kv_prefix_state is the longest run of
+ * the first n keys that ends in a snapshot (n for a cache without
+ * recurrent state; 0 if none). */
+int pt_kv_snaps_init(pt_kv_cache *kv, int n, pt_err *err);
+void pt_kv_seq_snapshot(pt_kv_cache *kv, const pt_kv_seq *seq, uint64_t key);
+int pt_kv_prefix_state(const pt_kv_cache *kv, const uint64_t *keys, int n);
 
 /* The disk tier: cached pages evicted from the pool are written to disk
  * (off the hot path), and pt_kv_restore_page brings one back.  disk is the

@@ -2,7 +2,8 @@
  * test_sched_policy.c - the step planner on plain numbers, no model: lazy
  * page growth, decode rows before prompt chunks, the token and prefill
  * budgets, preemption order, FIFO admission, resumption after preemption,
- * and k+1 logits rows for speculative verification.
+ * k+1 logits rows for speculative verification, and prompt chunks that
+ * pause at a page boundary (a hybrid model's state snapshot).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -101,6 +102,30 @@ static void test_budgets(void **state) {
     assert_null(item_of(&w, q));                 /* no rows left */
     assert_int_equal(w.plan.n_admit, 0);
     assert_int_equal(w.plan.n_rows, 7);
+}
+
+/* A catching-up chunk ends at its pause (without logits: the prompt is
+ * not done) and the next one goes on past it; a pause behind the
+ * computed positions changes nothing. */
+static void test_pause(void **state) {
+    (void)state;
+    world w;
+    world_init(&w, 100);
+    int a = add_waiting(&w, 1, 30);
+    w.r[a].pause_at = 12;
+    int b = add_running(&w, 2, 4, 30);
+    w.r[b].pause_at = 8;
+    plan(&w);
+    assert_int_equal(item_of(&w, a)->n_rows, 12);
+    assert_int_equal(item_of(&w, a)->n_logits, 0);
+    assert_int_equal(item_of(&w, b)->n_rows, 4);
+    assert_int_equal(item_of(&w, b)->n_logits, 0);
+    world_init(&w, 100);
+    int c = add_running(&w, 1, 12, 30);
+    w.r[c].pause_at = 12;
+    plan(&w);
+    assert_int_equal(item_of(&w, c)->n_rows, 18);
+    assert_int_equal(item_of(&w, c)->n_logits, 1);
 }
 
 /* Short of pages, the latest arrival is preempted first, only as many as
@@ -268,6 +293,7 @@ static void test_cached_start(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_growth),       cmocka_unit_test(test_budgets),
+        cmocka_unit_test(test_pause),
         cmocka_unit_test(test_preemption_order),  cmocka_unit_test(test_self_preemption),
         cmocka_unit_test(test_chunk_shrinks),     cmocka_unit_test(test_fifo_admission),
         cmocka_unit_test(test_resumption),        cmocka_unit_test(test_spec_rows),

@@ -20,7 +20,11 @@
  *     slot serves it;
  *   - Qwen3.5 (the GGUF fixtures of tests/fixtures/gguf/qwen35*): an
  *     80-row prefill, which crosses the delta rule's 64-row chunk, and
- *     the same prompt token by token agree to f32 rounding.
+ *     the same prompt token by token agree to f32 rounding;
+ *   - the prefix cache's state snapshots: a sequence adopting a page that
+ *     ends in a snapshot gets the state back and continues with exactly the
+ *     logits of the sequence that stored it; a page without one, or whose
+ *     snapshot was evicted (least recently used first), is not adopted.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -325,6 +329,49 @@ static void test_qwen35_prefill_equals_decode(void **state) {
     check_gguf_prefill_equals_decode(PETREL_SOURCE_DIR "/tests/fixtures/gguf/qwen35moe/model.gguf");
 }
 
+static void test_snapshot_adopt(void **state) {
+    (void)state;
+    pt_kv_cache kv;
+    pt_err err = {{0}};
+    assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
+    assert_int_equal(pt_kv_snaps_init(&kv, 2, &err), 0);
+    int ps = kv.cfg.page_size;
+    float *ref = malloc(sizeof(float) * N * vocab), *got = malloc(sizeof(float) * N * vocab);
+    pt_kv_seq s = {0}, t = {0}, u = {0};
+    const uint64_t k0 = 0x1234, k1 = 0x5678, k2 = 0x9abc;
+    if (run(&kv, &s, prompt, 0, ps, ref, &err)) fail_msg("%s", err.msg);
+    pt_kv_seq_set_key(&kv, &s, 0, k0);
+    assert_int_equal(pt_kv_prefix_state(&kv, &k0, 1), 0); /* a page alone is not enough */
+    pt_kv_seq_snapshot(&kv, &s, k0);
+    assert_int_equal(pt_kv_prefix_state(&kv, &k0, 1), 1);
+    if (run(&kv, &s, prompt, ps, N - ps, ref, &err)) fail_msg("%s", err.msg);
+
+    assert_int_equal(pt_kv_seq_adopt(&kv, &t, &k0, 1), 1);
+    assert_int_equal(t.n_tokens, ps);
+    assert_int_equal(t.state_pos, ps);
+    if (run(&kv, &t, prompt, ps, N - ps, got, &err)) fail_msg("%s", err.msg);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)(N - ps) * vocab);
+
+    /* two more snapshots: k0 was used least recently, so it goes */
+    pt_kv_seq_snapshot(&kv, &t, k1); /* t is past its first page: not a page end */
+    assert_int_equal(pt_kv_prefix_state(&kv, &k1, 1), 0);
+    pt_kv_seq_release(&kv, &t);
+    for (int i = 0; i < 2; i++) {
+        pt_kv_seq w = {0};
+        if (run(&kv, &w, prompt2, 0, ps, got, &err)) fail_msg("%s", err.msg);
+        pt_kv_seq_snapshot(&kv, &w, i ? k2 : k1);
+        pt_kv_seq_release(&kv, &w);
+    }
+    assert_int_equal(pt_kv_prefix_state(&kv, &k0, 1), 0);
+    assert_int_equal(pt_kv_seq_adopt(&kv, &u, &k0, 1), 0);
+    assert_int_equal(u.n_pages, 0);
+    assert_int_equal(u.n_tokens, 0);
+    pt_kv_seq_release(&kv, &s), pt_kv_seq_release(&kv, &u);
+    assert_int_equal(kv.n_free_slots, kv.cfg.n_state_slots);
+    free(ref), free(got);
+    pt_kv_cache_free(&kv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),
@@ -335,6 +382,7 @@ int main(void) {
         cmocka_unit_test(test_fork_copies_state),
         cmocka_unit_test(test_slots_held_and_freed),
         cmocka_unit_test(test_qwen35_prefill_equals_decode),
+        cmocka_unit_test(test_snapshot_adopt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
