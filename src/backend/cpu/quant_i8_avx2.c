@@ -65,12 +65,6 @@ typedef struct pblock {
 /* The formats, as the template parameter of the kernels. */
 enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4, F_Q6_K, F_Q4_0X8 /* PT_LAYOUT_Q4_0X8 */ };
 
-AI float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 AI float scale_at(const void *p, int64_t i, pt_dtype t) {
     uint16_t h;
     float f;
@@ -392,13 +386,6 @@ AI __m256i q4_codes(const uint8_t *blk) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
     v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     return _mm256_and_si256(v, _mm256_set1_epi8(15));
-}
-
-AI float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 AI float hsum_max(__m256 v) {
