@@ -120,6 +120,13 @@ static const pt_weight_spec gptoss_weights[] = {
     {"blk.%d.ffn_gate_inp.weight", "model.layers.%d.mlp.router.weight", D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_ALWAYS},
     {"blk.%d.ffn_gate_inp.bias", "model.layers.%d.mlp.router.bias", D_NONE, D_EXPERTS, D_NONE, L(b_router), true, NEED_ALWAYS},
 };
+
+/* Dummy models' experts, in the layout gptoss_finish builds from a file. */
+static const pt_weight_spec gptoss_dummy_weights[] = {
+    {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.mlp.experts.gate", D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_ALWAYS},
+    {"blk.%d.ffn_up_exps.weight", "model.layers.%d.mlp.experts.up", D_EXPERTS, D_EFFN, D_DIM, L(w_up), true, NEED_ALWAYS},
+    {"blk.%d.ffn_down_exps.weight", "model.layers.%d.mlp.experts.down", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_ALWAYS},
+};
 #undef L
 /* clang-format on */
 
@@ -382,10 +389,25 @@ static int bind_gguf_experts(pt_model *m, int l, pt_err *err) {
     return 0;
 }
 
+/* Dummy models: the stacks come from gptoss_dummy_weights; the biases are
+ * zeros (their bytes are noise beside the experts'). */
+static int dummy_biases(pt_model *m, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    size_t n = (size_t)c->n_experts * (size_t)PT_MAX(c->expert_ffn_dim, c->dim);
+    float *zeros = pt_xcalloc(n, sizeof(float));
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        pt_layer *L = &m->layers[l];
+        rc = !(L->b_gate_exps = upload(m, zeros, sizeof(float) * n, err)) ||
+             !(L->b_up_exps = upload(m, zeros, sizeof(float) * n, err)) ||
+             !(L->b_down_exps = upload(m, zeros, sizeof(float) * n, err));
+    }
+    free(zeros);
+    return rc ? -1 : 0;
+}
+
 static int gptoss_finish(pt_model *m, pt_err *err) {
-    if (!m->file)
-        return pt_fail(err, "gpt_oss: dummy weights are not implemented yet (the experts are "
-                            "built from the file's fused tensors)");
+    if (!m->file) return dummy_biases(m, err);
     bool gguf = m->file->kind == PT_FILE_GGUF;
     for (int l = 0; l < m->cfg.n_layers; l++)
         if (gguf ? bind_gguf_experts(m, l, err) : bind_experts(m, l, err)) return -1;
@@ -421,6 +443,8 @@ const pt_family pt_family_gptoss = {
     .read_gguf = gptoss_read_gguf,
     .weights = gptoss_weights,
     .n_weights = PT_ARRAY_LEN(gptoss_weights),
+    .dummy_weights = gptoss_dummy_weights,
+    .n_dummy_weights = PT_ARRAY_LEN(gptoss_dummy_weights),
     .moe = true,
     .finish = gptoss_finish,
     .forward = gptoss_forward,

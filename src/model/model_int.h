@@ -160,6 +160,11 @@ struct pt_family {
                      pt_model_config *c, pt_err *err);
     const pt_weight_spec *weights;
     size_t n_weights;
+    /* Weights a file holds in a layout that finish converts (gpt-oss's
+     * fused experts), so they are not in weights: dummy models make them
+     * from these specs instead.  NULL: none. */
+    const pt_weight_spec *dummy_weights;
+    size_t n_dummy_weights;
     bool moe; /* its forward runs PT_FFN_MOE layers (else the plan refuses them) */
     bool hybrid; /* its forward runs recurrent mixers and a shared expert */
     bool mla;    /* its forward runs latent attention and ungated shared experts */
