@@ -785,6 +785,44 @@ static void one_matmul_id(pt_dtype t, int E, int rows, int cols, int n, int k, i
     arr_free(&w), arr_free(&x), arr_free(&ids), arr_free(&y);
 }
 
+/* Each token row of an n-row matmul_id call (rows sharing experts)
+ * against the same row alone, bit for bit on the GPU. */
+static void invariant_matmul_id(pt_dtype t, int E, int rows, int cols, int n, int k) {
+    size_t es = t == PT_F32 ? 4 : 2, ny = (size_t)n * k * rows, y1n = (size_t)k * rows;
+    arr w = arr_rand_typed(t, (size_t)E * rows * cols, -1, 1);
+    arr ids = rand_ids(n, k, E);
+    float *x = malloc(sizeof(float) * (size_t)n * cols), *yn = malloc(sizeof(float) * ny);
+    float *y1 = malloc(sizeof(float) * y1n);
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = frand(-1, 1);
+    memset(yn, 0xff, sizeof(float) * ny);
+    pt_weight wt = {.dtype = t, .rows = rows, .cols = cols, .data = w.d[GPU], .nbytes = w.nbytes,
+                    .n_experts = E, .expert_stride = (size_t)rows * cols * es};
+    void *dx = gpu_put(x, sizeof(float) * (size_t)n * cols), *dy = gpu_put(yn, sizeof(float) * ny);
+    pt_be_matmul_id(be[GPU], dy, dx, &wt, ids.d[GPU], n, k, 1);
+    gpu_get(yn, dy, sizeof(float) * ny);
+    for (int i = 0; i < n; i++) {
+        memset(y1, 0xff, sizeof(float) * y1n);
+        void *dxi = gpu_put(x + (size_t)i * cols, sizeof(float) * cols);
+        void *dyi = gpu_put(y1, sizeof(float) * y1n);
+        void *dii = gpu_put((int32_t *)ids.h + (size_t)i * k, sizeof(int32_t) * k);
+        pt_be_matmul_id(be[GPU], dyi, dxi, &wt, dii, 1, k, 1);
+        gpu_get(y1, dyi, sizeof(float) * y1n);
+        if (memcmp(y1, yn + (size_t)i * y1n, sizeof(float) * y1n)) {
+            size_t r = 0;
+            while (!memcmp(&y1[r], &yn[(size_t)i * y1n + r], sizeof(float))) r++;
+            fail_msg("matmul_id %s E=%d %dx%d: row %d of %d differs from the row alone at [%zu]: "
+                     "%.9g vs %.9g", tname(t), E, rows, cols, i, n, r, yn[(size_t)i * y1n + r], y1[r]);
+        }
+        be[GPU]->ops->free(be[GPU], dxi, sizeof(float) * cols);
+        be[GPU]->ops->free(be[GPU], dyi, sizeof(float) * y1n);
+        be[GPU]->ops->free(be[GPU], dii, sizeof(int32_t) * k);
+    }
+    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * (size_t)n * cols);
+    be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
+    free(x), free(yn), free(y1);
+    arr_free(&w), arr_free(&ids);
+}
+
 static void test_moe(void **state) {
     (void)state;
     static const int routes[][3] = {{1, 6, 2}, {37, 6, 2}, {5, 128, 8}, {300, 128, 8},
@@ -800,6 +838,14 @@ static void test_moe(void **state) {
         one_matmul_id(types[ti], 6, 37, 64, 40, 2, 1);   /* prefill: > 8 pairs per expert */
         one_matmul_id(types[ti], 128, 96, 256, 3, 8, 8); /* most experts unused */
         one_matmul_id(types[ti], 20, 130, 1000, 17, 4, 1);
+        /* 128 experts, top 8, decode-sized batches (16 rows share experts),
+         * 2880 columns (gpt-oss) */
+        one_matmul_id(types[ti], 128, 24, 2880, 1, 8, 1);
+        one_matmul_id(types[ti], 128, 24, 2880, 4, 8, 8);
+        one_matmul_id(types[ti], 128, 24, 2880, 16, 8, 1);
+        one_matmul_id(types[ti], 4, 8, 2880, 16, 2, 2); /* 8 pairs per expert on average */
+        invariant_matmul_id(types[ti], 16, 24, 2880, 9, 4);
+        invariant_matmul_id(types[ti], 20, 13, 1000, 16, 4); /* element loads (odd rows) */
     }
     static const int combos[][3] = {{1, 2, 64}, {33, 8, 130}, {7, 1, 5}};
     for (size_t i = 0; i < PT_ARRAY_LEN(combos); i++) {

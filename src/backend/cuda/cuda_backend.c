@@ -5,14 +5,14 @@
  * (cuda_graph.c replays decode-sized bursts as CUDA graphs) or, with graphs
  * off, launches it at once.  cuda_exec_op is the one switch from a record
  * to its launcher in the .cu file of its family (ops.cu, matmul.cu,
- * qmatmul.cu, attention.cu, attn_kvq.cu, family_ops.cu) or to cuBLAS.
+ * qmatmul.cu, attention.cu, attn_kvq.cu, family_ops.cu, moe.cu) or to cuBLAS.
  *
  * The model-family ops (attention_ext, geglu, scale, softcap, moe_route,
  * matmul_id, moe_combine, swiglu_oai, add_id; cuda_family.h) have first,
  * plain kernels:
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
- * never come to the host, so a decode step stays one graph) and reads
- * only the experts some row chose.
+ * never come to the host, so a decode step stays one graph) and launches
+ * blocks only for the experts some row chose (moe.cu).
  *
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
@@ -181,7 +181,7 @@ static int cuda_sync(pt_backend *be) {
 
 static bool is_quantized(pt_dtype t) {
     return t == PT_Q8_0 || t == PT_Q4_0 || t == PT_Q4_K || t == PT_Q5_K || t == PT_Q6_K ||
-           t == PT_AFFINE;
+           t == PT_AFFINE || t == PT_MXFP4;
 }
 
 /* The kernels' view of a quantized weight (fmt -1: not a format they know). */
@@ -193,6 +193,7 @@ static cu_qweight qweight_of(const pt_weight *w) {
     case PT_Q4_K: q.fmt = CU_Q4_K; break;
     case PT_Q5_K: q.fmt = CU_Q5_K; break;
     case PT_Q6_K: q.fmt = CU_Q6_K; break;
+    case PT_MXFP4: q.fmt = CU_MXFP4; break; /* matmul_id only (cu_qweight_ok refuses it) */
     case PT_AFFINE:
         q.fmt = w->bits == 4 ? CU_AFF4 : w->bits == 8 ? CU_AFF8 : CU_AFFN;
         q.bits = w->bits, q.group = w->group_size, q.scale_type = dtype_code(w->scale_dtype);
@@ -321,18 +322,27 @@ static void exec_attention_ext(cuda_backend *cb, const pt_op_attention_ext *a) {
     cu_attention_ext(&cb->ctx, &r, a->p.window, a->p.softcap, a->p.sinks);
 }
 
+/* Activation block the quantized experts round x by: an affine group, or
+ * the 32 elements of a GGUF block; 0 for f32/f16/bf16 experts. */
+static int moe_group(const pt_weight *w) {
+    if (!is_quantized(w->dtype)) return 0;
+    return w->dtype == PT_AFFINE ? w->group_size : 32;
+}
+
 static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
     const pt_weight *w = &a->w;
     int pairs = a->n * a->k, rc;
-    if (cu_moe_sort(&cb->ctx, cb->moe_scratch, a->ids, pairs, w->n_experts)) {
-        cuda_fail(cb, "matmul_id", "too many experts for the CUDA kernels");
+    if (cu_moe_prep(&cb->ctx, cb->moe_scratch, a->ids, pairs, w->n_experts, a->x,
+                    a->n * a->x_slots, (int)w->cols, moe_group(w))) {
+        cuda_fail(cb, "matmul_id", "no kernel for this stack of experts (too many experts, or an "
+                                   "input that is not 16-byte aligned)");
         return;
     }
     if (is_quantized(w->dtype)) {
         pt_weight e0 = pt_weight_expert(w, 0);
         cu_qweight q = qweight_of(&e0);
-        rc = cu_qmatmul_id(&cb->ctx, a->y, a->x, &q, w->expert_stride, w->n_experts,
-                           cb->moe_scratch, pairs, a->k, a->x_slots);
+        rc = cu_qmatmul_id(&cb->ctx, a->y, &q, w->expert_stride, w->n_experts, cb->moe_scratch,
+                           pairs, a->k, a->x_slots);
     } else {
         rc = cu_matmul_id(&cb->ctx, a->y, a->x, w->data, dtype_code(w->dtype), w->expert_stride,
                           (int)w->rows, (int)w->cols, w->n_experts, cb->moe_scratch, pairs, a->k,
@@ -439,8 +449,12 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
             return pt_be_fail(&cb->base, name, "%d input slots for top %d", a->x_slots, a->k);
         if (is_quantized(w->dtype)) {
             pt_weight e0 = pt_weight_expert(w, 0);
-            if (check_qweight(cb, &e0, name)) return -1;
-            if (w->expert_stride % 2)
+            cu_qweight q = qweight_of(&e0);
+            if (q.fmt < 0 || !cu_moe_qweight_ok(&q))
+                return pt_be_fail(&cb->base, name, "%s experts of %lldx%lld (bits %d, group %d) not "
+                                  "supported by the CUDA kernels", pt_dtype_name(w->dtype),
+                                  (long long)w->rows, (long long)w->cols, w->bits, w->group_size);
+            if (w->expert_stride % 2 && w->dtype != PT_MXFP4)
                 return cuda_fail(cb, name, "quantized experts at odd byte offsets");
         } else if (dtype_code(w->dtype) < 0) {
             return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
@@ -503,7 +517,8 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
             return grow(cb, &cb->act16, &cb->act16_cap, act, name);
     } else if (o->kind == PT_OP_MATMUL_ID) {
         const pt_op_matmul_id *a = &o->matmul_id;
-        size_t need = cu_moe_sort_scratch(a->n * a->k, a->w.n_experts);
+        int64_t codes = moe_group(&a->w) ? (int64_t)a->n * a->x_slots * a->w.cols : 0;
+        size_t need = cu_moe_scratch(a->n * a->k, a->w.n_experts, codes);
         return grow(cb, &cb->moe_scratch, &cb->moe_cap, need, name);
     } else if (o->kind == PT_OP_ATTENTION) {
         size_t need;

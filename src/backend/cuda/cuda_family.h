@@ -2,8 +2,8 @@
  * cuda_family.h - launchers for the ops the model families beyond Llama
  * need (Gemma: attention with a window or soft-capped scores, GeGLU, scale
  * and soft-cap; mixture of experts: routing, the matmul by expert id, the
- * weighted combine).  Kernels in family_ops.cu; the quantized matmul by
- * expert id lives in qmatmul.cu beside the format decoders it uses.
+ * weighted combine).  Kernels in family_ops.cu; the matmul by expert id
+ * (f32/f16/bf16 and quantized experts) in moe.cu.
  *
  * Kept out of cuda_internal.h so that adding a family op recompiles only
  * the files that launch it.  Conventions as in cuda_internal.h: plain
@@ -52,30 +52,40 @@ int cu_moe_route(const cu_ctx *c, int32_t *ids, float *weights, const float *log
 void cu_moe_combine(const cu_ctx *c, float *y, const float *x, const float *weights, int n, int k,
                     int d);
 
-/* Device scratch (bytes) the sort of n*k pairs over n_experts needs. */
-size_t cu_moe_sort_scratch(int pairs, int n_experts);
-/* Groups the pairs (row * k + slot) of ids[pairs] by expert into scratch:
- * order[pairs] then first[n_experts + 1] (expert e's pairs are
- * order[first[e] .. first[e + 1])).  Ids out of range are left out (their
- * output rows are not written).  -1 for too many experts. */
-int cu_moe_sort(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs, int n_experts);
+/* The matmul by expert id (moe.cu), two launches: cu_moe_prep, then
+ * cu_matmul_id or cu_qmatmul_id over its scratch.
+ *
+ * Device scratch (bytes) for pairs = n * k (row, slot) pairs over
+ * n_experts, and code_elems = x rows * cols activations to round (0 for
+ * f32/f16/bf16 experts). */
+size_t cu_moe_scratch(int pairs, int n_experts, int64_t code_elems);
+/* Groups the pairs (row * k + slot) of ids[pairs] by expert into scratch
+ * and lists the experts chosen; ids out of range are left out (their
+ * output rows are not written).  group > 0 (quantized experts: 32, or an
+ * affine weight's group) also rounds x [x_rows][cols] to int16 codes per
+ * activation block of `group`, as the CPU backend does.  -1 for too many
+ * experts, a group that is not 32 * 2^i, or x not 16-byte aligned. */
+int cu_moe_prep(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs, int n_experts,
+                const float *x, int x_rows, int cols, int group);
 
-/* The matmul by expert id over the sort above, y[pair][rows] =
- * x row of pair · W[ids[pair]]ᵀ.  Each block takes one expert and a tile of
- * weight rows, streams that tile once per 8 pairs, and exits at once when
- * no pair chose its expert, so only selected experts are read.  A pair's
- * sum does not depend on the other pairs (batch-invariant).
- * w: n_experts matrices [rows][cols] of wtype (CU_F32/F16/BF16),
- * expert_stride bytes apart. */
+/* y[pair][rows] = x row of pair · W[ids[pair]]ᵀ over the prepared scratch,
+ * x [n][x_slots][cols] (pair = t * k + j reads slot x_slots > 1 ? j : 0).
+ * A block per (8 weight rows, chosen expert): only chosen experts are
+ * read, each row once per 8 of its pairs.  A pair's sum does not depend on
+ * the other pairs (batch-invariant).  w: n_experts matrices [rows][cols]
+ * of wtype (CU_F32/F16/BF16), expert_stride bytes apart. */
 int cu_matmul_id(const cu_ctx *c, float *y, const float *x, const void *w, int wtype,
-                 size_t expert_stride, int rows, int cols, int n_experts, const void *sorted,
+                 size_t expert_stride, int rows, int cols, int n_experts, const void *scratch,
                  int pairs, int k, int x_slots);
-/* The same for quantized experts (qmatmul.cu): w describes expert 0;
- * expert e's codes are e * expert_stride bytes after it, its affine scales
- * and biases e * rows * (cols / group) elements after them. */
-int cu_qmatmul_id(const cu_ctx *c, float *y, const float *x, const cu_qweight *w,
-                  size_t expert_stride, int n_experts, const void *sorted, int pairs, int k,
-                  int x_slots);
+/* The same for quantized experts, x as the codes cu_moe_prep rounded: w
+ * describes expert 0; expert e's codes are e * expert_stride bytes after
+ * it, its affine scales and biases e * rows * (cols / group) elements
+ * after them. */
+int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, size_t expert_stride,
+                  int n_experts, const void *scratch, int pairs, int k, int x_slots);
+/* Whether cu_qmatmul_id takes a stack of experts like w (cu_qweight_ok's
+ * formats, and CU_MXFP4). */
+int cu_moe_qweight_ok(const cu_qweight *w);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@ __host__ __device__ static inline int64_t qf_bytes(int f, int bits, int64_t cols
     case CU_Q4_K: return cols / 256 * 144;
     case CU_Q5_K: return cols / 256 * 176;
     case CU_Q6_K: return cols / 256 * 210;
+    case CU_MXFP4: return cols / 32 * 17;
     default: return cols / 32 * 4 * bits; /* affine: 32 codes of `bits` bits */
     }
 }
@@ -129,6 +130,29 @@ __device__ __forceinline__ void qf_chunk(qchunk &q, const uint8_t *row, int c, i
             q.mul[h] = d * (float)(int8_t)(s >> (8 * h));
             q.add[h] = -32.f * q.mul[h];
         }
+    } else if (F == CU_MXFP4) {
+        /* e8m0 scale byte, then 16 bytes of e2m1 codes (element i the low
+         * nibble of byte i, i + 16 the high one), any byte alignment.  As
+         * the CPU: codes as twice their value (integers -12..12), mul =
+         * 2^(e - 128); here stored as u = code + 128 (add = -128 mul, as
+         * q8_0), so qf_get8 gives mul * code exactly. */
+        const uint8_t *b = row + 17 * c;
+        const uint32_t e = b[0];
+        const float mul = e >= 2 ? __uint_as_float((e - 1) << 23) : __uint_as_float(0x400000u >> (1 - e));
+        const uint32_t T0 = 0x03020100u, T1 = 0x0C080604u; /* |code| by the low 3 bits */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t v = b[1 + 4 * i] | (uint32_t)b[2 + 4 * i] << 8 | (uint32_t)b[3 + 4 * i] << 16 |
+                         (uint32_t)b[4 + 4 * i] << 24;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t n = (v >> (4 * h)) & 0x0F0F0F0Fu, m = n & 0x07070707u;
+                uint32_t sel = (m & 7u) | (m >> 4 & 0x70u) | (m >> 8 & 0x700u) | (m >> 12 & 0x7000u);
+                uint32_t mag = __byte_perm(T0, T1, sel), sm = ((n >> 3) & 0x01010101u) * 0xFFu;
+                q.u[i + 4 * h] = __vsub4(mag ^ sm, sm) ^ 0x80808080u; /* sign, then + 128 */
+            }
+        }
+        q.mul[0] = q.mul[1] = mul, q.add[0] = q.add[1] = -128.f * mul;
     } else { /* MLX affine: little-endian bit stream of `bits`-bit codes */
         const int bits = F == CU_AFF4 ? 4 : F == CU_AFF8 ? 8 : w.bits;
         if (F == CU_AFF4) {
