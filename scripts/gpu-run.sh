@@ -228,17 +228,18 @@ if has core; then
 fi
 
 # ---- where a step's time goes: each op timed alone (PETREL_CUDA_PROFILE) --
-# One sequence and PROF_PAR sequences decoding together, per dummy model of
+# One sequence and PROF_PAR sequences decoding together (steps of exactly
+# that many tokens are timed: the decode steps), per dummy model of
 # PROF_MODELS and weight type of PROF_DTYPES: the per-kind table goes to
 # $OUT/prof-<model>-<dtype>-<n>.txt.
 if has prof; then
     for m in ${PROF_MODELS:-llama-8b}; do
         for dt in ${PROF_DTYPES:-bf16}; do
             for par in 1 ${PROF_PAR:-64}; do
-                stamp "PETREL_CUDA_PROFILE=1 petrel bench dummy:$m --dummy-dtype $dt -P $par"
+                stamp "PETREL_CUDA_PROFILE=$par petrel bench dummy:$m --dummy-dtype $dt -P $par"
                 f="$OUT/prof-$m-$dt-$par.txt"
-                PETREL_CUDA_PROFILE=1 timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" \
-                    --dummy-dtype "$dt" -p 16 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
+                PETREL_CUDA_PROFILE=$par timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" \
+                    --dummy-dtype "$dt" -p 128 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
                     >"$f" 2>&1
                 echo "profile $m $dt x$par: exit $?"; grep -v "making dummy" "$f" | tail -45
             done
