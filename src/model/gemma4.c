@@ -268,25 +268,14 @@ static const pt_weight_spec gemma4_weights[] = {
 #undef M
 /* clang-format on */
 
-/* Rows [first, first + rows) of each expert of stack w, as a stack (zero
- * copy: GGUF rows are whole blocks). */
-static pt_weight expert_rows(const pt_weight *w, int64_t first, int64_t rows) {
-    pt_weight v = *w;
-    size_t row_bytes = pt_dtype_bytes(w->dtype, (uint64_t)w->cols);
-    v.data = (const char *)w->data + (size_t)first * row_bytes;
-    v.rows = rows;
-    v.nbytes = w->nbytes / (size_t)(w->rows / rows);
-    return v;
-}
-
 /* A MoE layer's derived weights: gate and up as views of a fused stack
  * (gate first, as llama.cpp splits it), the router's input gain divided
  * by sqrt(dim), and the experts' scales as a stack of 1 x 1 matrices. */
 static int finish_experts(pt_model *m, pt_layer *L, float *host, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     if (L->w_gate_up.data) {
-        L->w_gate = expert_rows(&L->w_gate_up, 0, c->expert_ffn_dim);
-        L->w_up = expert_rows(&L->w_gate_up, c->expert_ffn_dim, c->expert_ffn_dim);
+        L->w_gate = pt_weight_expert_rows(&L->w_gate_up, 0, c->expert_ffn_dim);
+        L->w_up = pt_weight_expert_rows(&L->w_gate_up, c->expert_ffn_dim, c->expert_ffn_dim);
     }
     float *gain = pt_model_alloc(m, sizeof(float) * (size_t)c->dim);
     if (!gain) return pt_fail(err, "out of backend memory");
