@@ -371,6 +371,20 @@ static void test_deepseek_config(void **state) {
     assert_int_equal(plan[2].ffn, PT_FFN_MOE);
     assert_int_equal(plan[2].n_shared, 1);
     assert_int_equal(plan[2].top_k, 3);
+    /* as transformers 5 saves it: YaRN under rope_parameters, no
+     * scoring_func or topk_method (its V3 code always routes so) */
+    j = json_loads(DSV3 ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000.0,"
+                   "\"factor\":40.0,\"original_max_position_embeddings\":4096,\"mscale\":1.0,"
+                   "\"mscale_all_dim\":1.0}}",
+                   0, NULL);
+    json_object_del(j, "scoring_func");
+    json_object_del(j, "rope_theta");
+    if (pt_config_from_json(j, &c, &err)) fail_msg("%s", err.msg);
+    json_decref(j);
+    assert_true(c.router_grouped && c.router_bias);
+    assert_int_equal(c.expert_gating, PT_MOE_SIGMOID);
+    assert_int_equal(c.n_expert_groups, 4);
+    assert_float_equal(c.attn_scale, m * m / sqrt(12.0), 1e-6);
     j = json_loads(DSV3 ",\"topk_method\":\"group_limited_greedy\"}", 0, NULL);
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "topk_method 'group_limited_greedy' with 4 groups"));
