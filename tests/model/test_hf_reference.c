@@ -200,10 +200,9 @@ static void check_model(const char *name, const char *path, const char *ref, con
     tols worst = {0, 0};
     json_array_foreach(json_object_get(r, "prompts"), i, p)
         run_prompt(m, &kv, p, name, tols_of(r), &worst);
-    if (strstr(path, ".gguf"))
-        print_message("%s (%s, %s): max |logit diff| prompt %.3g, decode %.3g\n", name,
-                      strstr(ref, "/gguf/") ? "llama.cpp" : "transformers", kernels, worst.prompt,
-                      worst.greedy);
+    print_message("%s (%s, %s): max |logit diff| prompt %.3g, decode %.3g\n", name,
+                  strstr(ref, "/gguf/") ? "llama.cpp" : "transformers", kernels, worst.prompt,
+                  worst.greedy);
     assert_int_equal(pt_kv_free_pages(&kv), kv.cfg.n_pages);
     json_decref(r);
     pt_kv_cache_free(&kv);
