@@ -268,6 +268,13 @@ CASE(gemma2)
 CASE(gemma3_text)
 CASE(gpt_oss)
 CASE(qwen3_next)
+/* session 7: transformers references for the families that had only
+ * llama.cpp ones (docs/hf-references.md) */
+CASE(gemma4_text)
+CASE(gemma4_text_moe)
+CASE(qwen3_5)
+CASE(qwen3_5_moe)
+CASE(deepseek_v3)
 GGUF_CASE(stories260k)
 GGUF_CASE(deepseek2)
 GGUF_CASE(deepseek2_yarn)
@@ -909,7 +916,12 @@ int main(void) {
         cmocka_unit_test(test_qwen3),   cmocka_unit_test(test_llama_sharded),
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3_text), cmocka_unit_test(test_gpt_oss),
-        cmocka_unit_test(test_qwen3_next), cmocka_unit_test(test_qwen3moe_gguf),
+        cmocka_unit_test(test_qwen3_next),
+        cmocka_unit_test(test_gemma4_text),
+        cmocka_unit_test(test_gemma4_text_moe),
+        cmocka_unit_test(test_qwen3_5),
+        cmocka_unit_test(test_qwen3_5_moe),
+        cmocka_unit_test(test_deepseek_v3), cmocka_unit_test(test_qwen3moe_gguf),
         cmocka_unit_test(test_gguf_stories260k), cmocka_unit_test(test_gguf_deepseek2),
         cmocka_unit_test(test_gguf_deepseek2_yarn),
         cmocka_unit_test(test_gguf_deepseek2_legacy),
