@@ -228,16 +228,21 @@ if has core; then
 fi
 
 # ---- where a step's time goes: each op timed alone (PETREL_CUDA_PROFILE) --
-# One sequence and PROF_PAR sequences decoding together, dummy 8B: the
-# per-kind table goes to $OUT/prof-<dtype>-<n>.txt.
+# One sequence and PROF_PAR sequences decoding together (steps of exactly
+# that many tokens are timed: the decode steps), per dummy model of
+# PROF_MODELS and weight type of PROF_DTYPES: the per-kind table goes to
+# $OUT/prof-<model>-<dtype>-<n>.txt.
 if has prof; then
-    for dt in ${PROF_DTYPES:-bf16}; do
-        for par in 1 ${PROF_PAR:-64}; do
-            stamp "PETREL_CUDA_PROFILE=1 petrel bench dummy:llama-8b --dummy-dtype $dt -P $par"
-            PETREL_CUDA_PROFILE=1 timeout 200 "$BIN/petrel" bench --device cuda -m dummy:llama-8b \
-                --dummy-dtype "$dt" -p 16 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
-                >"$OUT/prof-$dt-$par.txt" 2>&1
-            echo "profile $dt x$par: exit $?"; grep -A40 "cuda profile" "$OUT/prof-$dt-$par.txt"
+    for m in ${PROF_MODELS:-llama-8b}; do
+        for dt in ${PROF_DTYPES:-bf16}; do
+            for par in 1 ${PROF_PAR:-64}; do
+                stamp "PETREL_CUDA_PROFILE=$par petrel bench dummy:$m --dummy-dtype $dt -P $par"
+                f="$OUT/prof-$m-$dt-$par.txt"
+                PETREL_CUDA_PROFILE=$par timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" \
+                    --dummy-dtype "$dt" -p 128 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
+                    >"$f" 2>&1
+                echo "profile $m $dt x$par: exit $?"; grep -v "making dummy" "$f" | tail -45
+            done
         done
     done
 fi

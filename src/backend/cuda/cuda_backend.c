@@ -522,8 +522,14 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
 }
 
 /* PETREL_CUDA_PROFILE: runs o alone between two events and adds its time
- * to its kind's sum (slot PT_OP_COUNT: matmuls past the GEMV rows). */
+ * to its kind's sum (slot PT_OP_COUNT: matmuls past the GEMV rows), if its
+ * step has the profiled number of tokens. */
 static void exec_profiled(cuda_backend *cb, const pt_op *o) {
+    if (o->kind == PT_OP_EMBED) cb->prof_step = o->embed.n == cb->profile;
+    if (!cb->prof_step) {
+        cuda_exec_op(cb, o);
+        return;
+    }
     cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
     cuda_exec_op(cb, o);
     cudaEventRecord(cb->prof_ev[1], cb->ctx.s);
@@ -542,7 +548,8 @@ static void exec_profiled(cuda_backend *cb, const pt_op *o) {
 static void print_profile(const cuda_backend *cb) {
     double total = 0;
     for (int k = 0; k <= PT_OP_COUNT; k++) total += cb->prof_ms[k];
-    fprintf(stderr, "cuda profile (each op timed alone, no graphs): %.1f ms in all\n", total);
+    fprintf(stderr, "cuda profile (steps of %d tokens, each op timed alone, no graphs): "
+                    "%.1f ms in all\n", cb->profile, total);
     fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
     for (int k = 0; k <= PT_OP_COUNT; k++) {
         if (!cb->prof_calls[k]) continue;
@@ -696,9 +703,10 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
     cb->sync_each = env_int("PETREL_CUDA_SYNC", 0) != 0;
-    cb->profile = env_int("PETREL_CUDA_PROFILE", 0) != 0 &&
-                  cudaEventCreate(&cb->prof_ev[0]) == cudaSuccess &&
-                  cudaEventCreate(&cb->prof_ev[1]) == cudaSuccess;
+    cb->profile = PT_MAX(env_int("PETREL_CUDA_PROFILE", 0), 0);
+    if (cb->profile && (cudaEventCreate(&cb->prof_ev[0]) != cudaSuccess ||
+                        cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess))
+        cb->profile = 0;
     cb->use_graphs = !cb->sync_each && !cb->profile && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount,
