@@ -203,8 +203,10 @@ static void test_quantized_weights(void **state) {
 /* The model families beyond Llama (the transformers fixtures, whose CPU
  * logits test_hf_reference checks against transformers): Qwen3-MoE
  * (moe_route, matmul_id, moe_combine), Gemma 2 (windows of 8, soft-capped
- * scores and logits, GeGLU), Gemma 3 (windows of 12, two rope bases) and
- * gpt-oss (sinks, swiglu_oai, add_id, windows of 8, YaRN).
+ * scores and logits, GeGLU), Gemma 3 (windows of 12, two rope bases),
+ * gpt-oss (sinks, swiglu_oai, add_id, windows of 8, YaRN), Qwen3-Next
+ * (Gated DeltaNet with transformers' head order and l2norm, gated
+ * attention, shared experts) and dense Qwen3.5.
  * An 8-token prompt runs every matmul as a GEMV in f32, so the GPU must
  * give the CPU's greedy tokens past several windows; a 40-token prompt
  * rounds the dense matmuls' activations to bf16/f16 for cuBLAS, checked
@@ -217,7 +219,8 @@ static void test_quantized_weights(void **state) {
  * the session's last device run: not yet run on a GPU.) */
 static void test_families(void **state) {
     (void)state;
-    static const char *const cases[] = {"qwen3_moe", "gemma2", "gemma3_text", "gpt_oss"};
+    static const char *const cases[] = {"qwen3_moe", "gemma2",    "gemma3_text",
+                                        "gpt_oss",   "qwen3_next", "qwen3_5_text"};
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         char path[1200];
         snprintf(path, sizeof path, "%s/%s", HF_DIR, cases[i]);
