@@ -206,7 +206,9 @@ static void test_quantized_weights(void **state) {
  * scores and logits, GeGLU), Gemma 3 (windows of 12, two rope bases),
  * gpt-oss (sinks, swiglu_oai, add_id, windows of 8, YaRN), Qwen3-Next
  * (Gated DeltaNet with transformers' head order and l2norm, gated
- * attention, shared experts) and dense Qwen3.5.
+ * attention, shared experts), Qwen3.5 dense and MoE, Gemma 4 dense and
+ * MoE (per-layer inputs) and DeepSeek-V3 (latent attention, grouped
+ * routing).
  * An 8-token prompt runs every matmul as a GEMV in f32, so the GPU must
  * give the CPU's greedy tokens past several windows; a 40-token prompt
  * rounds the dense matmuls' activations to bf16/f16 for cuBLAS, checked
@@ -219,8 +221,10 @@ static void test_quantized_weights(void **state) {
  * the session's last device run: not yet run on a GPU.) */
 static void test_families(void **state) {
     (void)state;
-    static const char *const cases[] = {"qwen3_moe", "gemma2",    "gemma3_text",
-                                        "gpt_oss",   "qwen3_next", "qwen3_5_text"};
+    static const char *const cases[] = {"qwen3_moe",   "gemma2",      "gemma3_text",
+                                        "gpt_oss",     "qwen3_next",  "qwen3_5_text",
+                                        "qwen3_5",     "qwen3_5_moe", "gemma4_text",
+                                        "gemma4_text_moe", "deepseek_v3"};
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         char path[1200];
         snprintf(path, sizeof path, "%s/%s", HF_DIR, cases[i]);
