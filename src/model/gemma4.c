@@ -32,7 +32,9 @@
  * with each expert's output times its scale (ffn_down_exps.scale, when
  * present) and gate|up in one stack or two.
  *
- * CPU only: other backends are refused at load (finish), unchecked.
+ * Every op it calls has a CUDA kernel (gather_cols for the per-layer
+ * inputs last); tests/cuda/test_cuda_model.c runs both GGUF fixtures
+ * against the CPU.
  * Two FFN widths run (the double-wide MLP: feed_forward_length per layer,
  * config ffn_alt); a third, or head counts per layer, are refused.
  * Hugging Face gemma4_text checkpoints (Gemma4ForCausalLM) load too: the
@@ -433,13 +435,6 @@ static int rope_factors(pt_model *m, pt_err *err) {
  * norm gain: ones, shared by every layer (the norm has no weight). */
 static int gemma4_finish(pt_model *m, pt_err *err) {
     const pt_model_config *c = &m->cfg;
-    /* CUDA has the ops of the models without per-layer inputs, but the
-     * window group's own geometry, shared K/V and the 1 x 1 expert scales
-     * have not run there yet: refused rather than unchecked */
-    if (strcmp(m->be->name, "cpu") != 0)
-        return pt_fail(err, "Gemma 4 runs on the cpu backend only so far (the %s path is "
-                            "unchecked); run it on the cpu backend",
-                       m->be->name);
     int d = PT_MAX(c->head_dim, c->head_dim_swa);
     float *ones = pt_xmalloc(sizeof(float) * (size_t)d);
     for (int i = 0; i < d; i++) ones[i] = 1.0f;

@@ -567,7 +567,8 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(cu_attn_args a
 
 /* ---- the plain kernel ------------------------------------------------------- */
 
-#define SIMPLE_MAX_DPL 16 /* head_dim <= 512 */
+/* head_dim <= 576: DeepSeek's latent cache rows (kv rank 512 + rope 64) */
+#define SIMPLE_MAX_DPL 18
 
 template <int T> __global__ void attn_simple_kernel(cu_attn_args a) {
     cu_grid_trigger();
