@@ -52,7 +52,10 @@ cd "$(dirname "$0")/.."
 STAGE=build-gpu-carry
 
 if [ "${1:-}" = --stage ]; then
-    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON >/dev/null || exit 1
+    # sm_90 machine code only (the H200): half the compile of the default
+    # sm_90 + compute_80 PTX.  STAGE_ARCH overrides.
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="${STAGE_ARCH:-90-real}" >/dev/null || exit 1
     rm -rf "$STAGE"
     mkdir -p "$STAGE/lib"
     # Each target on its own: a half-written part of the tree must not stop
@@ -228,17 +231,18 @@ if has core; then
 fi
 
 # ---- where a step's time goes: each op timed alone (PETREL_CUDA_PROFILE) --
-# One sequence and PROF_PAR sequences decoding together, per dummy model of
+# One sequence and PROF_PAR sequences decoding together (steps of exactly
+# that many tokens are timed: the decode steps), per dummy model of
 # PROF_MODELS and weight type of PROF_DTYPES: the per-kind table goes to
 # $OUT/prof-<model>-<dtype>-<n>.txt.
 if has prof; then
     for m in ${PROF_MODELS:-llama-8b}; do
         for dt in ${PROF_DTYPES:-bf16}; do
             for par in 1 ${PROF_PAR:-64}; do
-                stamp "PETREL_CUDA_PROFILE=1 petrel bench dummy:$m --dummy-dtype $dt -P $par"
+                stamp "PETREL_CUDA_PROFILE=$par petrel bench dummy:$m --dummy-dtype $dt -P $par"
                 f="$OUT/prof-$m-$dt-$par.txt"
-                PETREL_CUDA_PROFILE=1 timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" \
-                    --dummy-dtype "$dt" -p 16 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
+                PETREL_CUDA_PROFILE=$par timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" \
+                    --dummy-dtype "$dt" -p 128 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
                     >"$f" 2>&1
                 echo "profile $m $dt x$par: exit $?"; grep -v "making dummy" "$f" | tail -45
             done
