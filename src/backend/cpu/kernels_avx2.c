@@ -304,8 +304,8 @@ static void pack_panel(float *panel, const pt_cpu_wops *wo, const void *w, size_
 
 /* The 6x16 register tile: 12 accumulators, two panel loads and six
  * broadcasts per k. */
-INLINE void tile_body(float *y, int64_t ldy, const float *x, int64_t ldx, const float *p, int kb,
-                      int nr, int accumulate, const int NT) {
+INLINE void tile_body(float *y, int64_t ldy, const float *xp, const float *p, int kb, int nr,
+                      int accumulate, const int NT) {
     __m256 c0[PT_CPU_MR], c1[PT_CPU_MR];
 #pragma GCC unroll 6
     for (int t = 0; t < NT; t++) c0[t] = c1[t] = _mm256_setzero_ps();
@@ -313,7 +313,7 @@ INLINE void tile_body(float *y, int64_t ldy, const float *x, int64_t ldx, const 
         __m256 b0 = _mm256_load_ps(p + k * PT_CPU_NR), b1 = _mm256_load_ps(p + k * PT_CPU_NR + 8);
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) {
-            __m256 a = _mm256_broadcast_ss(x + t * ldx + k);
+            __m256 a = _mm256_broadcast_ss(xp + k * PT_CPU_MR + t);
             c0[t] = _mm256_fmadd_ps(a, b0, c0[t]);
             c1[t] = _mm256_fmadd_ps(a, b1, c1[t]);
         }
@@ -337,15 +337,15 @@ INLINE void tile_body(float *y, int64_t ldy, const float *x, int64_t ldx, const 
     }
 }
 
-static void gemm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const float *panel, int kb,
-                      int nt, int nr, int accumulate) {
+static void gemm_tile(float *y, int64_t ldy, const float *xp, const float *panel, int kb, int nt,
+                      int nr, int accumulate) {
     switch (nt) {
-    case 1: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 1); break;
-    case 2: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 2); break;
-    case 3: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 3); break;
-    case 4: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 4); break;
-    case 5: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 5); break;
-    default: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 6); break;
+    case 1: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 1); break;
+    case 2: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 2); break;
+    case 3: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 3); break;
+    case 4: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 4); break;
+    case 5: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 5); break;
+    default: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 6); break;
     }
 }
 
