@@ -23,7 +23,8 @@
 #                                     speculation and --kv-disk outputs
 #                                     identical on the GPU, 8B decode,
 #                                     batched decode, prefix reuse,
-#                                     oracle speculation
+#                                     oracle speculation; prof = every op
+#                                     timed alone, 1 and 64 sequences
 #
 # The llama phase: the 8B-shape F16 GGUF (make-llama8b-gguf.py, needs
 # torch and llama.cpp's gguf-py), llama-quantize to LLAMA_QUANTS (default
@@ -223,6 +224,26 @@ if has core; then
         timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
             -p 16 -d 0 -g 128 -r 1 --spec "oracle:$a" --spec-k 4 -o "$OUT/spec-$m-$a.json"
         echo "petrel bench spec $a: exit $?"
+    done
+fi
+
+# ---- where a step's time goes: each op timed alone (PETREL_CUDA_PROFILE) --
+# One sequence and PROF_PAR sequences decoding together (steps of exactly
+# that many tokens are timed: the decode steps), per dummy model of
+# PROF_MODELS and weight type of PROF_DTYPES: the per-kind table goes to
+# $OUT/prof-<model>-<dtype>-<n>.txt.
+if has prof; then
+    for m in ${PROF_MODELS:-llama-8b}; do
+        for dt in ${PROF_DTYPES:-bf16}; do
+            for par in 1 ${PROF_PAR:-64}; do
+                stamp "PETREL_CUDA_PROFILE=$par petrel bench dummy:$m --dummy-dtype $dt -P $par"
+                f="$OUT/prof-$m-$dt-$par.txt"
+                PETREL_CUDA_PROFILE=$par timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" \
+                    --dummy-dtype "$dt" -p 128 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
+                    >"$f" 2>&1
+                echo "profile $m $dt x$par: exit $?"; grep -v "making dummy" "$f" | tail -45
+            done
+        done
     done
 fi
 

@@ -310,9 +310,11 @@ int pt_layer_plan_check(const pt_layer_plan *plan, int n_layers, pt_err *err);
  * rope); errors name the missing key or the unsupported architecture. */
 int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err);
 int pt_config_from_json(json_t *config, pt_model_config *cfg, pt_err *err);
-/* Built-in shapes for dummy weights: "llama-1b", "llama-8b", "qwen3-8b",
- * "qwen3-30b-a3b", "deepseek-v2-lite", "gemma2-9b", "gemma3-12b". */
+/* Built-in shapes for dummy weights ("llama-8b", "qwen3-30b-a3b",
+ * "gpt-oss-20b", ...): the config.json text of name, or NULL. */
 const char *pt_config_preset(const char *name);
+/* Every preset's name, comma-separated, into buf. */
+void pt_config_preset_names(char *buf, size_t cap);
 /* One line describing the model ("llama 64d x 5 layers, ..."). */
 void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);
 /* rope inverse frequencies [n_rot/2] for base theta, cfg's scaling applied. */

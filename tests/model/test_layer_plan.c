@@ -514,6 +514,24 @@ static void test_family_presets(void **state) {
     assert_int_equal(plan[0].window, 4096);
     assert_int_equal(plan[1].mixer, PT_MIX_ATTN);
     assert_true(c.final_softcap == 30.0f && plan[1].attn_softcap == 50.0f);
+    config_of(pt_config_preset("gpt-oss-20b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    for (int l = 0; l < 24; l++) {
+        assert_int_equal(plan[l].mixer, l % 2 ? PT_MIX_ATTN : PT_MIX_ATTN_SWA);
+        assert_int_equal(plan[l].ffn, PT_FFN_MOE);
+    }
+    assert_int_equal(plan[0].window, 128);
+    assert_int_equal(plan[0].n_experts, 32);
+    assert_int_equal(plan[0].top_k, 4);
+    pt_layer_plan plan64[64];
+    config_of(pt_config_preset("qwen3.5-27b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan64, &err), 0);
+    for (int l = 0; l < 64; l++)
+        assert_int_equal(plan64[l].mixer, l % 4 == 3 ? PT_MIX_ATTN : PT_MIX_RECURRENT);
+    char names[256];
+    pt_config_preset_names(names, sizeof names);
+    assert_non_null(strstr(names, "gpt-oss-20b"));
+    assert_non_null(strstr(names, "qwen3.5-27b"));
 }
 
 /* A family whose spec is a stack of experts gets one pt_weight per layer
@@ -524,7 +542,11 @@ static void test_expert_stack_dummy(void **state) {
         {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.mlp.experts.gate_proj", D_EXPERTS, D_FFN,
          D_DIM, offsetof(pt_layer, w_gate), true, NEED_ALWAYS},
     };
-    static const pt_family fam = {.name = "test", .weights = specs, .n_weights = 1};
+    /* In the table, or among the weights only dummy models make (gpt-oss's
+     * experts): the same stack either way. */
+    static const pt_family fams[2] = {
+        {.name = "test", .weights = specs, .n_weights = 1},
+        {.name = "test", .dummy_weights = specs, .n_dummy_weights = 1}};
     static const struct {
         const char *format;
         size_t stride; /* 128 rows x 64 cols */
@@ -536,25 +558,26 @@ static void test_expert_stack_dummy(void **state) {
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
     assert_non_null(be);
-    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+    for (size_t i = 0; i < 2 * PT_ARRAY_LEN(cases); i++) {
+        const pt_family *fam = &fams[i & 1];
         pt_model m = {.be = be};
         config_of("{\"model_type\":\"llama\"," BASE "}", &m.cfg);
-        m.family = &fam;
+        m.family = fam;
         m.cfg.n_experts = 4;
         size_t bytes;
-        assert_int_equal(pt_family_dummy_bytes(&fam, &m.cfg, cases[i].format, &bytes, &err), 0);
-        assert_int_equal(bytes, 3 * 4 * cases[i].bytes);
+        assert_int_equal(pt_family_dummy_bytes(fam, &m.cfg, cases[i / 2].format, &bytes, &err), 0);
+        assert_int_equal(bytes, 3 * 4 * cases[i / 2].bytes);
         m.layers = calloc(3, sizeof(pt_layer));
-        if (pt_model_make_dummy_weights(&m, cases[i].format, 7, &err)) fail_msg("%s", err.msg);
+        if (pt_model_make_dummy_weights(&m, cases[i / 2].format, 7, &err)) fail_msg("%s", err.msg);
         for (int l = 0; l < 3; l++) {
             const pt_weight *w = &m.layers[l].w_gate;
             assert_int_equal(w->n_experts, 4);
             assert_int_equal(w->rows, 128);
             assert_int_equal(w->cols, 64);
-            assert_int_equal(w->expert_stride, cases[i].stride);
+            assert_int_equal(w->expert_stride, cases[i / 2].stride);
             assert_non_null(w->data);
         }
-        check_expert_matmul(be, &m.layers[1].w_gate, cases[i].format);
+        check_expert_matmul(be, &m.layers[1].w_gate, cases[i / 2].format);
         assert_int_equal(m.weight_bytes, bytes);
         pt_model_free_owned(&m);
         free(m.layers);

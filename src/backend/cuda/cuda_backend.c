@@ -521,6 +521,46 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
     return 0;
 }
 
+/* PETREL_CUDA_PROFILE: runs o alone between two events and adds its time
+ * to its kind's sum (slot PT_OP_COUNT: matmuls past the GEMV rows), if its
+ * step has the profiled number of tokens. */
+static void exec_profiled(cuda_backend *cb, const pt_op *o) {
+    if (o->kind == PT_OP_EMBED) cb->prof_step = o->embed.n == cb->profile;
+    if (!cb->prof_step) {
+        cuda_exec_op(cb, o);
+        return;
+    }
+    cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
+    cuda_exec_op(cb, o);
+    cudaEventRecord(cb->prof_ev[1], cb->ctx.s);
+    float ms = 0;
+    if (!cuda_ok(cb, cudaEventSynchronize(cb->prof_ev[1]), pt_op_name(o->kind)) ||
+        cudaEventElapsedTime(&ms, cb->prof_ev[0], cb->prof_ev[1]) != cudaSuccess)
+        return;
+    int slot = o->kind;
+    if (o->kind == PT_OP_MATMUL &&
+        o->matmul.n > (is_quantized(o->matmul.w.dtype) ? cb->qgemv_max : cb->gemv_max))
+        slot = PT_OP_COUNT;
+    cb->prof_ms[slot] += ms;
+    cb->prof_calls[slot]++;
+}
+
+static void print_profile(const cuda_backend *cb) {
+    double total = 0;
+    for (int k = 0; k <= PT_OP_COUNT; k++) total += cb->prof_ms[k];
+    fprintf(stderr, "cuda profile (steps of %d tokens, each op timed alone, no graphs): "
+                    "%.1f ms in all\n", cb->profile, total);
+    fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
+    for (int k = 0; k <= PT_OP_COUNT; k++) {
+        if (!cb->prof_calls[k]) continue;
+        fprintf(stderr, "  %-18s %10llu %11.2f %9.2f %5.1f%%\n",
+                k == PT_OP_COUNT ? "matmul (gemm)" : pt_op_name(k),
+                (unsigned long long)cb->prof_calls[k], cb->prof_ms[k],
+                1e3 * cb->prof_ms[k] / (double)cb->prof_calls[k],
+                total > 0 ? 100 * cb->prof_ms[k] / total : 0.0);
+    }
+}
+
 /* The op entry: checks, grows scratch, then records the op or, with graphs
  * off, runs it now. */
 static void cuda_run(pt_backend *be, const pt_op *o) {
@@ -529,7 +569,8 @@ static void cuda_run(pt_backend *be, const pt_op *o) {
     if (check_op(cb, o) || prepare_scratch(cb, o)) return;
     if (!cb->use_graphs) {
         cuda_use_device(cb);
-        cuda_exec_op(cb, o);
+        if (cb->profile) exec_profiled(cb, o);
+        else cuda_exec_op(cb, o);
         op_done(cb, pt_op_name(o->kind));
         return;
     }
@@ -557,6 +598,11 @@ static void cuda_destroy(pt_backend *be) {
         pt_debug("cuda: %llu graph captures, %llu replays", (unsigned long long)cb->n_captures,
                  (unsigned long long)cb->n_replays);
     cuda_drop_graphs(cb);
+    if (cb->profile) {
+        print_profile(cb);
+        cudaEventDestroy(cb->prof_ev[0]);
+        cudaEventDestroy(cb->prof_ev[1]);
+    }
     free(cb->list);
     if (cb->cublas_ws) cudaFree(cb->cublas_ws);
     if (cb->act16) cudaFree(cb->act16);
@@ -657,7 +703,11 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
     cb->sync_each = env_int("PETREL_CUDA_SYNC", 0) != 0;
-    cb->use_graphs = !cb->sync_each && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
+    cb->profile = PT_MAX(env_int("PETREL_CUDA_PROFILE", 0), 0);
+    if (cb->profile && (cudaEventCreate(&cb->prof_ev[0]) != cudaSuccess ||
+                        cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess))
+        cb->profile = 0;
+    cb->use_graphs = !cb->sync_each && !cb->profile && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount,
              prop.totalGlobalMem / 1073741824.0);
