@@ -8,12 +8,16 @@
  *                         every chunk serves all n tokens before the next is
  *                         read, so W crosses memory once and is never
  *                         converted to f32 in memory;
- *   larger n (prefill)    compute-bound: a packed GEMM.  For each block of
- *                         KB columns, PT_CPU_NR weight rows are converted to
- *                         f32 into a k-major panel that stays in L1 while
- *                         register tiles of PT_CPU_MR tokens sweep the token
- *                         block (x's KB-wide slice stays in L2).  Weight
- *                         conversion is paid once per NB tokens.
+ *   larger n (prefill)    compute-bound: a packed GEMM.  Per block of NB
+ *                         tokens, x is packed once into k-major tiles of
+ *                         PT_CPU_MR tokens; weight rows go in chunks of RC
+ *                         (the chunk's y block stays in L2), and for each
+ *                         block of KB columns, PT_CPU_NR rows are converted
+ *                         to f32 into a k-major panel that stays in L1 while
+ *                         the register tiles sweep the token tiles.  Weight
+ *                         conversion is paid once per NB tokens; each y
+ *                         element sums its column blocks in order, whatever
+ *                         the chunking.
  * Quantized formats (MLX affine, GGUF blocks) go to their own driver,
  * quant_kernels.h, on the same pool.
  *
