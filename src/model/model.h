@@ -95,12 +95,15 @@ typedef struct pt_model_config {
      * read the last earlier layer's of their kind (0: every layer keeps
      * its own); layers with their bit in v_from_k have no V projection
      * (V is K's projection); V normalized per head without a gain; full
-     * layers' rope frequencies divided by a rope_freqs tensor. */
+     * layers' rope frequencies divided by a rope_freqs tensor, or (from a
+     * config.json's proportional rope) only their first rope_rot_pairs
+     * pairs rotating: load builds the factors (1, then 1e30). */
     int head_dim_swa, n_kv_heads_swa, n_rot_swa;
     int ple_dim;
     int n_kv_layers;
     uint64_t v_from_k[16];
     bool v_norm, rope_freq_factors;
+    int rope_rot_pairs;
     uint64_t experts_fused[16]; /* layers whose experts' gate and up are one stack */
     /* Layers with their bit in ffn_alt have FFNs ffn_dim_alt wide (Gemma 4's
      * double-wide MLP in its shared-KV layers); 0: every layer ffn_dim. */

@@ -123,6 +123,10 @@ bool pt_spec_needed(const pt_model_config *c, int need, int layer);
 void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap);
 /* Where spec s of layer lands in m (a pt_weight, or a const float *). */
 void *pt_spec_target(pt_model *m, const pt_weight_spec *s, int layer);
+/* Rows [first, first + rows) of each expert of stack w, as a stack sharing
+ * w's bytes (rows are whole blocks in every format): the gate and up halves
+ * of a fused gate_up stack. */
+pt_weight pt_weight_expert_rows(const pt_weight *w, int64_t first, int64_t rows);
 
 /* ---- Families ---------------------------------------------------------------- */
 

@@ -324,8 +324,9 @@ static void test_supported_list_from_table(void **state) {
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "'minicpm3' is not supported (supported: llama, mistral, "
-                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss, "
-                                    "qwen3_next, qwen3_5_text, deepseek_v3, deepseek_v2)"));
+                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma4_text, "
+                                    "gpt_oss, qwen3_next, qwen3_5_text, qwen3_5_moe_text, "
+                                    "deepseek_v3, deepseek_v2)"));
     json_decref(j);
 }
 
@@ -370,6 +371,20 @@ static void test_deepseek_config(void **state) {
     assert_int_equal(plan[2].ffn, PT_FFN_MOE);
     assert_int_equal(plan[2].n_shared, 1);
     assert_int_equal(plan[2].top_k, 3);
+    /* as transformers 5 saves it: YaRN under rope_parameters, no
+     * scoring_func or topk_method (its V3 code always routes so) */
+    j = json_loads(DSV3 ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000.0,"
+                   "\"factor\":40.0,\"original_max_position_embeddings\":4096,\"mscale\":1.0,"
+                   "\"mscale_all_dim\":1.0}}",
+                   0, NULL);
+    json_object_del(j, "scoring_func");
+    json_object_del(j, "rope_theta");
+    if (pt_config_from_json(j, &c, &err)) fail_msg("%s", err.msg);
+    json_decref(j);
+    assert_true(c.router_grouped && c.router_bias);
+    assert_int_equal(c.expert_gating, PT_MOE_SIGMOID);
+    assert_int_equal(c.n_expert_groups, 4);
+    assert_float_equal(c.attn_scale, m * m / sqrt(12.0), 1e-6);
     j = json_loads(DSV3 ",\"topk_method\":\"group_limited_greedy\"}", 0, NULL);
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "topk_method 'group_limited_greedy' with 4 groups"));
@@ -449,11 +464,79 @@ static void test_gemma4_plan(void **state) {
     assert_int_equal(pt_model_plan(&c, plan, &err), -1);
     assert_non_null(strstr(err.msg, "layer 1 shares K/V but no earlier layer of its kind"));
 
-    json_t *j = json_loads("{\"model_type\":\"gemma4_text\"," BASE "}", 0, NULL);
+    /* a config.json without layer kinds is refused with what it lacks */
+    json_t *j = json_loads("{\"model_type\":\"gemma4_text\",\"hidden_activation\":"
+                           "\"gelu_pytorch_tanh\"," BASE "}",
+                           0, NULL);
     assert_non_null(j);
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "'gemma4_text' is not supported"));
+    assert_non_null(strstr(err.msg, "gemma4_text needs sliding_window and layer_types"));
     json_decref(j);
+}
+
+/* transformers' gemma4_text config.json (E2B-like: per-layer inputs, the
+ * last two layers sharing K/V with the double-wide MLP, proportional rope
+ * on full layers; the 26B-like one: V = K with one global KV head, and
+ * experts): the shapes per layer kind and the plan they give. */
+static void test_gemma4_json(void **state) {
+    (void)state;
+#define G4 "\"model_type\":\"gemma4_text\",\"hidden_size\":64,\"num_hidden_layers\":6,"        \
+           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,"             \
+           "\"global_head_dim\":64,\"intermediate_size\":96,\"vocab_size\":320,"              \
+           "\"hidden_activation\":\"gelu_pytorch_tanh\",\"sliding_window\":8,"                 \
+           "\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"full_attention\","  \
+           "\"sliding_attention\",\"sliding_attention\",\"full_attention\"],"                   \
+           "\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\","            \
+           "\"rope_theta\":10000.0},\"full_attention\":{\"rope_type\":\"proportional\","       \
+           "\"partial_rotary_factor\":0.25,\"rope_theta\":1000000.0}}"
+    pt_model_config c;
+    pt_layer_plan plan[6];
+    pt_err err = {{0}};
+    config_of("{" G4 ",\"hidden_size_per_layer_input\":16,\"vocab_size_per_layer_input\":320,"
+              "\"num_kv_shared_layers\":2,\"use_double_wide_mlp\":true,"
+              "\"final_logit_softcapping\":15.0}",
+              &c);
+    assert_string_equal(c.arch, "gemma4");
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.head_dim_swa, 32);
+    assert_int_equal(c.n_rot, 64);
+    assert_int_equal(c.n_rot_swa, 32);
+    assert_int_equal(c.rope_rot_pairs, 8); /* 0.25 * 64 / 2 */
+    assert_true(c.rope_theta == 1e6f && c.rope_theta_swa == 1e4f);
+    assert_int_equal(c.ple_dim, 16);
+    assert_int_equal(c.n_kv_layers, 4);
+    assert_true(c.tied_embeddings && c.v_norm && c.final_softcap == 15.0f);
+    assert_int_equal(c.norm, PT_NORM_RMS);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    static const int source[6] = {0, 1, 2, 3, 3, 2};
+    for (int l = 0; l < 6; l++) {
+        bool swa = l % 3 != 2;
+        assert_int_equal(plan[l].head_dim, swa ? 32 : 64);
+        assert_int_equal(plan[l].n_kv_heads, 2);
+        assert_int_equal(plan[l].rope_factors, !swa);
+        assert_int_equal(plan[l].kv_layer, source[l]);
+        assert_int_equal(plan[l].ffn_dim, l >= 4 ? 192 : 96);
+    }
+    config_of("{" G4 ",\"hidden_size_per_layer_input\":0,\"attention_k_eq_v\":true,"
+              "\"num_global_key_value_heads\":1,\"enable_moe_block\":true,\"num_experts\":6,"
+              "\"top_k_experts\":2,\"moe_intermediate_size\":32}",
+              &c);
+    assert_int_equal(c.ple_dim, 0);
+    assert_int_equal(c.n_kv_heads, 1);
+    assert_int_equal(c.n_kv_heads_swa, 2);
+    assert_int_equal(c.n_experts, 6);
+    assert_int_equal(c.n_experts_used, 2);
+    assert_int_equal(c.expert_ffn_dim, 32);
+    for (int l = 0; l < 6; l++)
+        assert_int_equal(c.v_from_k[0] >> l & 1, l % 3 == 2);
+    /* scaled proportional rope is refused, not run unscaled */
+    json_t *j = json_loads("{" G4 ",\"x\":0}", 0, NULL);
+    json_object_set_new(json_object_get(json_object_get(j, "rope_parameters"), "full_attention"),
+                        "factor", json_real(8.0));
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "proportional full rope only"));
+    json_decref(j);
+#undef G4
 }
 
 static void test_bad_mixture(void **state) {
@@ -706,6 +789,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_configs),
         cmocka_unit_test(test_qwen3_next_plan),
         cmocka_unit_test(test_gemma4_plan),
+        cmocka_unit_test(test_gemma4_json),
         cmocka_unit_test(test_bad_mixture),
         cmocka_unit_test(test_expert_stack_dummy),
     };

@@ -8,11 +8,15 @@
  * qmatmul.cu, attention.cu, attn_kvq.cu, family_ops.cu) or to cuBLAS.
  *
  * The model-family ops (attention_ext, geglu, scale, softcap, moe_route,
- * matmul_id, moe_combine, swiglu_oai, add_id; cuda_family.h) have first,
+ * matmul_id, moe_combine, swiglu_oai, add_id; the Gated DeltaNet ops
+ * gather_cols, sigmoid_mul, conv1d_silu, gated_delta, rmsnorm_gated; and
+ * DeepSeek's copy_cols and moe_route_grouped; cuda_family.h) have first,
  * plain kernels:
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
  * never come to the host, so a decode step stays one graph) and reads
- * only the experts some row chose.
+ * only the experts some row chose; the state ops walk each sequence's
+ * rows in order inside one launch (positions and sequences stay on the
+ * device, so they too stay in the graph).
  *
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
@@ -220,7 +224,7 @@ static cu_attn_args attn_args(const cuda_backend *cb, const pt_op_attention *a) 
         .page_size = kv->page_size, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim,
         .pos = a->b.pos, .seq = a->b.seq, .block_table = a->b.block_table,
         .max_pages = a->b.max_pages, .n = a->b.n_tokens, .n_heads = a->n_heads,
-        .scale = a->scale, .tiled_only = cb->tiled_attn,
+        .n_seqs = a->b.n_seqs, .scale = a->scale, .tiled_only = cb->tiled_attn,
     };
     return r;
 }
@@ -341,6 +345,31 @@ static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
     if (rc) cuda_fail(cb, "matmul_id", "no kernel for this stack of experts");
 }
 
+/* The rows of a batch as the state ops read them. */
+static cu_rows rows_of(const pt_batch_view *b) {
+    cu_rows r = {.pos = b->pos, .seq = b->seq, .state_slot = b->state_slot, .n = b->n_tokens,
+                 .n_seqs = b->n_seqs};
+    return r;
+}
+
+static void exec_gated_delta(cuda_backend *cb, const pt_op_gated_delta *a) {
+    cu_delta_args d = {.out = a->out, .qkv = a->qkv, .ba = a->ba, .A = a->A,
+                       .dt_bias = a->dt_bias, .state = a->state, .r = rows_of(&a->b),
+                       .n_k_heads = a->n_k_heads, .n_v_heads = a->n_v_heads, .dk = a->dk,
+                       .dv = a->dv, .stride = a->stride, .tiled = a->tiled, .l2_eps = a->l2_eps};
+    if (cu_gated_delta(&cb->ctx, &d)) /* shapes were checked when the op was recorded */
+        cuda_fail(cb, "gated_delta", "no kernel for this head shape");
+}
+
+static void exec_moe_route_grouped(cuda_backend *cb, const pt_op_moe_route_grouped *a) {
+    cu_route_grouped_args r = {.ids = a->ids, .weights = a->weights, .logits = a->logits,
+                               .bias = a->bias, .n = a->n, .n_experts = a->n_experts, .k = a->k,
+                               .n_groups = a->n_groups, .groups_used = a->groups_used,
+                               .gating = a->gating, .renorm = a->renorm, .scale = a->scale};
+    if (cu_moe_route_grouped(&cb->ctx, &r))
+        cuda_fail(cb, "moe_route_grouped", "no kernel for this routing");
+}
+
 static void exec_moe_route(cuda_backend *cb, const pt_op_moe_route *a) {
     if (cu_moe_route(&cb->ctx, a->ids, a->weights, a->logits, a->n, a->n_experts, a->k, a->renorm))
         pt_be_fail(&cb->base, "moe_route", "no kernel for top %d of %d experts", a->k, a->n_experts);
@@ -398,6 +427,33 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
         cu_add_id(c, a->y, a->bias, a->ids, a->n, a->k, a->d);
         break;
     }
+    case PT_OP_GATHER_COLS: {
+        const pt_op_gather_cols *a = &o->gather_cols;
+        cu_gather_cols(c, a->dst, a->src, a->idx, a->n, a->d_src, a->d_dst);
+        break;
+    }
+    case PT_OP_SIGMOID_MUL: {
+        const pt_op_sigmoid_mul *a = &o->sigmoid_mul;
+        cu_sigmoid_mul(c, a->y, a->x, a->g, a->n, a->d, a->g_d);
+        break;
+    }
+    case PT_OP_CONV1D_SILU: {
+        const pt_op_conv1d_silu *a = &o->conv1d_silu;
+        cu_conv1d_silu(c, a->y, a->x, a->w, a->state, rows_of(&a->b), a->C, a->K);
+        break;
+    }
+    case PT_OP_GATED_DELTA: exec_gated_delta(cb, &o->gated_delta); break;
+    case PT_OP_RMSNORM_GATED: {
+        const pt_op_rmsnorm_gated *a = &o->rmsnorm_gated;
+        cu_rmsnorm_gated(c, a->y, a->x, a->z, a->w, a->n, a->d, a->eps);
+        break;
+    }
+    case PT_OP_COPY_COLS: {
+        const pt_op_copy_cols *a = &o->copy_cols;
+        cu_copy_cols(c, a->dst, a->d_dst, a->dst_off, a->src, a->d_src, a->src_off, a->width, a->n);
+        break;
+    }
+    case PT_OP_MOE_ROUTE_GROUPED: exec_moe_route_grouped(cb, &o->moe_route_grouped); break;
     default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
@@ -416,6 +472,76 @@ static int op_rows(const pt_op *o) {
     case PT_OP_GATHER_ROWS: return o->gather_rows.n;
     case PT_OP_ATTENTION_EXT: return o->attention_ext.b.n_tokens;
     case PT_OP_MATMUL_ID: return o->matmul_id.n;
+    case PT_OP_GATHER_COLS: return o->gather_cols.n;
+    case PT_OP_SIGMOID_MUL: return o->sigmoid_mul.n;
+    case PT_OP_CONV1D_SILU: return o->conv1d_silu.b.n_tokens;
+    case PT_OP_GATED_DELTA: return o->gated_delta.b.n_tokens;
+    case PT_OP_MOE_ROUTE_GROUPED: return o->moe_route_grouped.n;
+    default: return 0;
+    }
+}
+
+/* check_op for the recurrent and latent-attention ops: the CPU backend's
+ * refusals (it stops the process; here the step fails with the message),
+ * and the limits of the CUDA kernels. */
+static int check_family_op(cuda_backend *cb, const pt_op *o, const char *name) {
+    char msg[160];
+    switch (o->kind) {
+    case PT_OP_SIGMOID_MUL:
+        if (o->sigmoid_mul.g_d != 1 && o->sigmoid_mul.g_d != o->sigmoid_mul.d) {
+            snprintf(msg, sizeof msg, "gate rows of %d for rows of %d", o->sigmoid_mul.g_d,
+                     o->sigmoid_mul.d);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    case PT_OP_CONV1D_SILU: {
+        const pt_op_conv1d_silu *a = &o->conv1d_silu;
+        if (a->K < 1 || a->C < 1) {
+            snprintf(msg, sizeof msg, "kernel %d over %d channels", a->K, a->C);
+            return cuda_fail(cb, name, msg);
+        }
+        if (a->y == a->x) return cuda_fail(cb, name, "y must not alias x");
+        if (!a->b.state_slot) return cuda_fail(cb, name, "the batch has no recurrent-state slots");
+        return 0;
+    }
+    case PT_OP_GATED_DELTA: {
+        const pt_op_gated_delta *a = &o->gated_delta;
+        if (!a->b.state_slot) return cuda_fail(cb, name, "the batch has no recurrent-state slots");
+        if (a->n_k_heads < 1 || a->n_v_heads % a->n_k_heads) {
+            snprintf(msg, sizeof msg, "%d value heads over %d key heads", a->n_v_heads, a->n_k_heads);
+            return cuda_fail(cb, name, msg);
+        }
+        if (a->dk < 1 || a->dk > CU_DELTA_MAX_DK || a->dv < 1) {
+            snprintf(msg, sizeof msg, "key head dim %d (value %d): the CUDA kernel takes key heads "
+                     "of 1 to %d", a->dk, a->dv, CU_DELTA_MAX_DK);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    }
+    case PT_OP_COPY_COLS: {
+        const pt_op_copy_cols *a = &o->copy_cols;
+        if (a->width < 0 || a->src_off < 0 || a->dst_off < 0 || a->src_off + a->width > a->d_src ||
+            a->dst_off + a->width > a->d_dst) {
+            snprintf(msg, sizeof msg, "columns [%d, %d) of %d into [%d, %d) of %d", a->src_off,
+                     a->src_off + a->width, a->d_src, a->dst_off, a->dst_off + a->width, a->d_dst);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    }
+    case PT_OP_MOE_ROUTE_GROUPED: {
+        const pt_op_moe_route_grouped *a = &o->moe_route_grouped;
+        bool grouped = a->n_groups > 1;
+        if (a->n_experts <= 0 || a->n_experts > CU_MOE_MAX_EXPERTS || a->k <= 0 ||
+            (grouped && (a->n_experts % a->n_groups || a->groups_used <= 0 ||
+                         a->groups_used > a->n_groups ||
+                         a->k > a->groups_used * (a->n_experts / a->n_groups))) ||
+            (!grouped && a->k > a->n_experts)) {
+            snprintf(msg, sizeof msg, "top %d of %d experts in %d groups (%d used)", a->k,
+                     a->n_experts, a->n_groups, a->groups_used);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    }
     default: return 0;
     }
 }
@@ -451,6 +577,8 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
         if (a->n_experts > CU_MOE_MAX_EXPERTS || a->k < 1 || a->k > 32 || a->k > a->n_experts)
             return pt_be_fail(&cb->base, name, "top %d of %d experts is not supported", a->k, a->n_experts);
     }
+    if (o->kind >= PT_OP_GATHER_COLS && o->kind <= PT_OP_MOE_ROUTE_GROUPED)
+        return check_family_op(cb, o, name);
     if (o->kind == PT_OP_ATTENTION_EXT) {
         const pt_kv_view *kv = &o->attention_ext.kv;
         if (kv->codec)
@@ -471,8 +599,8 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
         } else {
             if (dtype_code(kv->dtype) < 0)
                 return cuda_fail(cb, name, "cache type not supported by the CUDA backend");
-            if (o->kind == PT_OP_ATTENTION && kv->head_dim > 512)
-                return cuda_fail(cb, name, "head_dim over 512 is not supported");
+            if (o->kind == PT_OP_ATTENTION && kv->head_dim > CU_ATTN_MAX_HEAD_DIM)
+                return cuda_fail(cb, name, "head_dim over 576 is not supported");
         }
     }
     return 0;
@@ -614,12 +742,13 @@ static void cuda_destroy(pt_backend *be) {
     free(cb);
 }
 
-/* The kinds exec_op launches: the core ops, none of the model-family ones
- * yet (experts, windowed attention, GeGLU), so the loader refuses models
- * that need those, naming the op, instead of failing mid-forward. */
+/* The kinds cuda_exec_op launches: all of them today.  A kind added to
+ * backend.h without a CUDA kernel stays out of this range, so the loader
+ * refuses a model that needs it, naming the op, instead of failing
+ * mid-forward. */
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
-    return kind >= 0 && kind <= PT_OP_ADD_ID; /* the kinds cuda_exec_op launches */
+    return kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED;
 }
 
 static const pt_backend_ops cuda_ops = {
