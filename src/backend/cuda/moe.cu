@@ -23,7 +23,7 @@
  *    e.g. q4_0 at 2880 columns = 1620 bytes, take the same path), each
  *    lane decodes its two chunks there (qf_chunk) and multiplies them with
  *    every pair's codes (qdot_chunk: exact integer sums, as the GEMV);
- *  - f32/f16/bf16: each lane reads 16-byte words of the row (4 in flight)
+ *  - f32/f16/bf16: each lane reads 16-byte words of the row (2 in flight)
  *    and multiplies them in f32 with every pair's x row.
  *
  * A row is read once per 8 pairs of its expert (decode: once).  Batch
