@@ -52,7 +52,10 @@ cd "$(dirname "$0")/.."
 STAGE=build-gpu-carry
 
 if [ "${1:-}" = --stage ]; then
-    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON >/dev/null || exit 1
+    # sm_90 machine code only (the H200): half the compile of the default
+    # sm_90 + compute_80 PTX.  STAGE_ARCH overrides.
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="${STAGE_ARCH:-90-real}" >/dev/null || exit 1
     rm -rf "$STAGE"
     mkdir -p "$STAGE/lib"
     # Each target on its own: a half-written part of the tree must not stop

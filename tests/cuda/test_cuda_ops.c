@@ -497,7 +497,7 @@ static void attention_batches(pt_dtype kt, int page_size, int n_heads, int n_kv,
     one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, qs, qp, n);
     /* decode: one row per sequence */
     int nd = 0;
-    int32_t ds[64], dp[64];
+    int32_t ds[128], dp[128];
     for (int s = 0; s < n_seqs; s++) ds[nd] = s, dp[nd++] = lens[s] - 1;
     one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, ds, dp, nd);
     /* mixed: decode rows interleaved with a prefill run, in odd order */
@@ -524,6 +524,10 @@ static void test_attention(void **state) {
     int lens_a[] = {37, 1, 200, 16};
     int lens_b[] = {1500, 130};
     int lens_c[] = {5000};
+    /* batched decode: 70 sequences, one row each (the tiled kernel a row a
+     * block, not the tensor cores' passes), and a mixed batch of them */
+    int lens_d[70];
+    for (int s = 0; s < 70; s++) lens_d[s] = 1 + (s * 53) % 300;
     for (int ti = 0; ti < 3; ti++) {
         pt_dtype t = types[ti];
         /* tiled kernel shapes: head_dim 128 and 64, groups 1..8 */
@@ -534,6 +538,7 @@ static void test_attention(void **state) {
         attention_batches(t, 7, 8, 1, 128, lens_b, 2);
         /* long context: the split path */
         attention_batches(t, 16, 32, 8, 128, lens_c, 1);
+        attention_batches(t, 16, 32, 8, 128, lens_d, 70);
         /* the simple kernel's shapes: tiny and odd head dims, groups of 3 and 16 */
         attention_batches(t, 16, 8, 4, 8, lens_a, 4);
         attention_batches(t, 5, 6, 2, 96, lens_a, 4);

@@ -224,7 +224,7 @@ static cu_attn_args attn_args(const cuda_backend *cb, const pt_op_attention *a) 
         .page_size = kv->page_size, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim,
         .pos = a->b.pos, .seq = a->b.seq, .block_table = a->b.block_table,
         .max_pages = a->b.max_pages, .n = a->b.n_tokens, .n_heads = a->n_heads,
-        .scale = a->scale, .tiled_only = cb->tiled_attn,
+        .n_seqs = a->b.n_seqs, .scale = a->scale, .tiled_only = cb->tiled_attn,
     };
     return r;
 }

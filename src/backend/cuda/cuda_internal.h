@@ -123,6 +123,7 @@ typedef struct cu_attn_args {
     int dtype, page_size, n_kv_heads, head_dim;
     const int32_t *pos, *seq, *block_table;
     int max_pages, n, n_heads;
+    int n_seqs; /* sequences the n rows belong to (block_table rows) */
     float scale;
     int tiled_only; /* never the tensor-core kernel (PETREL_CUDA_ATTN=tiled) */
 } cu_attn_args;
