@@ -919,7 +919,8 @@ static void test_recurrent_elementwise(void **state) {
         idx[0] = ds - 1;
         arr ix = arr_ints(idx, dd), src = arr_rand((size_t)n * ds, -3, 3);
         arr dst = arr_poison(sizeof(float) * (size_t)n * dd);
-        for (int b = 0; b < N_BE; b++) pt_be_gather_cols(be[b], dst.d[b], src.d[b], ix.d[b], n, ds, dd);
+        for (int b = 0; b < N_BE; b++)
+            pt_be_gather_cols(be[b], dst.d[b], src.d[b], ix.d[b], n, ds, dd);
         check_same(&dst, GPU, "gather_cols");
         arr_free(&ix), arr_free(&src), arr_free(&dst);
         free(idx);
@@ -1019,7 +1020,8 @@ static void one_conv(int C, int K) {
     arr state = arr_rand((size_t)3 * (K - 1) * C + 1, -2, 2);
     for (int i = 0; i < REC_STEPS; i++) {
         rec_views v = rec_views_of(&st[i]);
-        arr x = arr_rand((size_t)st[i].n * C, -2, 2), y = arr_poison(sizeof(float) * (size_t)st[i].n * C);
+        arr x = arr_rand((size_t)st[i].n * C, -2, 2);
+        arr y = arr_poison(sizeof(float) * (size_t)st[i].n * C);
         for (int b = 0; b < N_BE; b++)
             pt_be_conv1d_silu(be[b], y.d[b], x.d[b], w.d[b], state.d[b], &v.b[b], C, K);
         check_out(&y, GPU, 1e-6, "conv1d_silu C=%d K=%d step %d", C, K, i);
@@ -1096,7 +1098,8 @@ static void test_recurrent_state(void **state) {
 static void one_route_grouped(int n, int E, int k, int groups, int used, int gating, bool bias,
                               bool renorm, float scale) {
     arr lg = arr_rand((size_t)n * E, -4, 4), bs = arr_rand((size_t)E, -0.1f, 0.1f);
-    arr ids = arr_poison(sizeof(int32_t) * (size_t)n * k), w = arr_poison(sizeof(float) * (size_t)n * k);
+    arr ids = arr_poison(sizeof(int32_t) * (size_t)n * k);
+    arr w = arr_poison(sizeof(float) * (size_t)n * k);
     for (int b = 0; b < N_BE; b++) {
         pt_op_moe_route_grouped r = {.ids = ids.d[b], .weights = w.d[b], .logits = lg.d[b],
                                      .bias = bias ? bs.d[b] : NULL, .n = n, .n_experts = E,

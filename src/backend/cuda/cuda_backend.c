@@ -518,7 +518,8 @@ static int check_family_op(cuda_backend *cb, const pt_op *o, const char *name) {
         const pt_op_gated_delta *a = &o->gated_delta;
         if (!a->b.state_slot) return cuda_fail(cb, name, "the batch has no recurrent-state slots");
         if (a->n_k_heads < 1 || a->n_v_heads % a->n_k_heads) {
-            snprintf(msg, sizeof msg, "%d value heads over %d key heads", a->n_v_heads, a->n_k_heads);
+            snprintf(msg, sizeof msg, "%d value heads over %d key heads", a->n_v_heads,
+                     a->n_k_heads);
             return cuda_fail(cb, name, msg);
         }
         if (a->dk < 1 || a->dk > CU_DELTA_MAX_DK || a->dv < 1) {

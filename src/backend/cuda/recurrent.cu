@@ -74,7 +74,8 @@ extern "C" void cu_sigmoid_mul(const cu_ctx *c, float *y, const float *x, const 
                                int d, int g_d) {
     size_t count = (size_t)n * d;
     if (n > 0 && d > 0)
-        CU_LAUNCH(sigmoid_mul_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, y, x, g, n, d, g_d);
+        CU_LAUNCH(sigmoid_mul_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, y, x, g, n, d,
+                  g_d);
 }
 
 /* ---- rmsnorm_gated --------------------------------------------------------------- */
@@ -102,7 +103,8 @@ __global__ void rmsnorm_gated_kernel(float *y, const float *x, const float *z, c
 extern "C" void cu_rmsnorm_gated(const cu_ctx *c, float *y, const float *x, const float *z,
                                  const float *w, int n, int d, float eps) {
     if (n > 0 && d > 0)
-        CU_LAUNCH(rmsnorm_gated_kernel, (unsigned)CU_DIV_UP(n, 8), 256, 0, c, y, x, z, w, n, d, eps);
+        CU_LAUNCH(rmsnorm_gated_kernel, (unsigned)CU_DIV_UP(n, 8), 256, 0, c, y, x, z, w, n, d,
+                  eps);
 }
 
 /* ---- conv1d_silu ------------------------------------------------------------------- */
@@ -129,7 +131,8 @@ __global__ void conv1d_silu_kernel(float *y, const float *x, const float *w, flo
         const float xv = x[(size_t)t * C + c];
         float acc = wc[K - 1] * xv;
         for (int i = 0; i < K - 1; i++) acc += wc[i] * (fresh ? 0.0f : st[(size_t)i * C]);
-        for (int i = 0; i + 1 < K - 1; i++) st[(size_t)i * C] = fresh ? 0.0f : st[(size_t)(i + 1) * C];
+        for (int i = 0; i + 1 < K - 1; i++) /* shift the tail: drop the oldest, append x */
+            st[(size_t)i * C] = fresh ? 0.0f : st[(size_t)(i + 1) * C];
         if (K > 1) st[(size_t)(K - 2) * C] = xv;
         y[(size_t)t * C + c] = acc * sigmoid_f(acc);
     }
