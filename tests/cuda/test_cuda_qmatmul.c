@@ -16,7 +16,8 @@
  * 2^-9 S for the cuBLAS path (w and x rounded to f16, 2^-11 each).
  * Shapes: one tile, two and three tiles with a partial last one, rows that
  * are not whole 16-byte chunks (the plain kernel), row counts that are not
- * a multiple of the rows per block.
+ * a multiple of the rows per block, and rows long enough that a warp of
+ * the coalesced q4_0/q8_0 GEMV takes two steps (20736 columns).
  *
  * matmul_id (mixture of experts): stacks of experts of every format, the
  * same bounds as matmul's GEMV.
@@ -191,9 +192,11 @@ static void one_matmul(const fmt *f, const qmat *m, int n) {
 static void test_qmatmul(void **state) {
     (void)state;
     /* cols: 1 tile; 2 tiles, the second partial (4096 + 512); 3 tiles;
-     * 96 (q4_0: 54-byte rows, the plain kernel); 768 (q6_k: 630-byte rows) */
+     * 96 (q4_0: 54-byte rows, the plain kernel); 768 (q6_k: 630-byte rows);
+     * 20736 (q4_0/q8_0's coalesced GEMV: 11 steps of 2048 columns over 8
+     * warps, two per warp, the last partial, through a ring of 1 or 2) */
     static const int shapes[][2] = {{1, 256}, {37, 512}, {301, 4096}, {67, 4608},
-                                    {13, 10240}, {40, 96}, {21, 768}};
+                                    {13, 10240}, {40, 96}, {21, 768}, {9, 20736}};
     static const int ns[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 40};
     char fb[48];
     for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
@@ -247,7 +250,7 @@ static void invariant_qmatmul(const fmt *f, const qmat *m, int n) {
 
 static void test_qbatch_invariance(void **state) {
     (void)state;
-    static const int shapes[][2] = {{301, 4096}, {67, 4608}, {40, 96}};
+    static const int shapes[][2] = {{301, 4096}, {67, 4608}, {40, 96}, {9, 20736}};
     static const int ns[] = {2, 5, 9, 16};
     for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
         const fmt *f = &formats[fi];
