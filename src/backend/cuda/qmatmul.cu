@@ -278,12 +278,15 @@ __device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uin
 #pragma unroll
     for (int p = 0; p < 16; p++) {
         /* rint by adding 1.5 * 2^23 (round to nearest even, like lrintf);
-         * the product rounded first, as on the CPU (no fused multiply-add) */
-        int a = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p], id), 12582912.f)) - 0x4B400000;
-        int b = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p + 1], id), 12582912.f)) - 0x4B400000;
-        xw[p] = ((uint32_t)a & 0xffffu) | (uint32_t)b << 16;
-        if (p < 8) s0 += a + b;
-        else s1 += a + b;
+         * the product rounded first, as on the CPU (no fused multiply-add).
+         * The code is the float's bits minus 0x4B400000, whose low 16 bits
+         * are zero: the bits' low halves are the int16 codes as they are. */
+        uint32_t a = __float_as_uint(__fadd_rn(__fmul_rn(v[2 * p], id), 12582912.f));
+        uint32_t b = __float_as_uint(__fadd_rn(__fmul_rn(v[2 * p + 1], id), 12582912.f));
+        xw[p] = __byte_perm(a, b, 0x5410);
+        /* the sums of the codes: two int16 codes times 1, 1 per dp2a */
+        if (p < 8) s0 = __dp2a_lo((int)xw[p], 0x0101, s0);
+        else s1 = __dp2a_lo((int)xw[p], 0x0101, s1);
     }
     dx = d;
 }
@@ -722,11 +725,17 @@ __device__ __forceinline__ void qc_issue(uint4 *slot, const uint4 *w0, size_t ro
         int cv = n_chunks - s * QC_STEP_CHUNKS;
         cv = cv < QC_STEP_CHUNKS ? cv : QC_STEP_CHUNKS;
         const int v16 = cv * qc_fmt<F>::bb / 16; /* cv is a multiple of 8 */
+        /* row by row, lanes on consecutive words (few address operations:
+         * a cp.async per 3-4 instructions) */
+        const uint4 *src = w0 + (size_t)s * S16 + lane;
 #pragma unroll
-        for (int i = 0; i < R * S16 / 32; i++) {
-            const int idx = lane + 32 * i, r = idx / S16, c = idx - r * S16;
+        for (int r = 0; r < R; r++) {
             const int64_t row = r0 + r < rows ? r0 + r : rows - 1; /* clamped: never stored */
-            if (c < v16) cp_async16(slot + idx, w0 + (size_t)row * row16 + (size_t)s * S16 + c);
+            const uint4 *g = src + (size_t)row * row16;
+            uint4 *d = slot + r * S16 + lane;
+#pragma unroll
+            for (int c = 0; c < S16; c += 32)
+                if (c + lane < v16) cp_async16(d + c, g + c);
         }
     }
     cp_async_commit();
