@@ -794,15 +794,42 @@ __global__ void __launch_bounds__(QC_MAXW * 32, qc_minb<NT>::n)
         const int kn = k + D - 1; /* its slot was step k - 1's: done (syncwarp below) */
         qc_issue<F, R>(ring + (kn % D) * R * S16, w0, row16, r0, rows,
                        kn < my_steps ? warp + kn * W : n_steps, n_steps, n_chunks);
+        const int s = warp + k * W;
+        const int64_t c0 = (int64_t)s * QC_STEP_CHUNKS + 2 * lane; /* the lane's first chunk */
+        const bool valid = c0 < n_chunks;
+        /* one token row: its activations' loads and rounding overlap the
+         * weights in flight instead of following them */
+        uint32_t xw0[16], xw1[16];
+        float dx0 = 0.f, dx1 = 0.f;
+        int s00 = 0, s01 = 0, s10 = 0, s11 = 0;
+        if (NT == 1) {
+            qx_chunk(x + c0 * 32, valid, 1, xw0, dx0, s00, s01);
+            qx_chunk(x + c0 * 32 + 32, valid, 1, xw1, dx1, s10, s11);
+        }
         /* step k has landed (this lane's part): D - 1 groups may pend */
         if (D == 1) cp_async_wait<0>();
         else if (D == 2) cp_async_wait<1>();
         else cp_async_wait<2>();
         __syncwarp(); /* ... and the other lanes' */
-        const int s = warp + k * W;
-        const int64_t c0 = (int64_t)s * QC_STEP_CHUNKS + 2 * lane; /* the lane's first chunk */
-        const bool valid = c0 < n_chunks;
         const uint32_t *p = (const uint32_t *)(ring + (k % D) * R * S16) + lane * qc_fmt<F>::pw;
+        if (NT == 1) { /* codes rounded while the step was in flight (above) */
+            if (valid) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    qchunk q;
+                    qc_block<F>(q, p + r * S16 * 4, 0);
+                    acc[r][0] = fmaf(dx0, qdot_chunk(q, xw0, s00, s01), acc[r][0]);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    qchunk q;
+                    qc_block<F>(q, p + r * S16 * 4, 1);
+                    acc[r][0] = fmaf(dx1, qdot_chunk(q, xw1, s10, s11), acc[r][0]);
+                }
+            }
+            __syncwarp(); /* every lane is done with slot k % D before it is refilled */
+            continue;
+        }
         /* chunk by chunk (one chunk's codes live at a time), token by
          * token; a row's terms come in the same order at every NT */
 #pragma unroll
