@@ -5,11 +5,15 @@
  *
  * The kernels share the activation rounding and the integer dot product:
  *
+ *  - qgemv_co (decode, q4_0; q8_0 on request; rows of whole 256-element
+ *    units): every lane of a warp on consecutive 16 bytes of one row,
+ *    copied into the warp's shared memory and read back a block pair per
+ *    lane (its comment below).  The decode path of q4_0.
  *  - qgemv_reg (decode, n <= CU_QGEMV_MAX_ROWS token rows; q4_0, q8_0,
  *    q4_k, q5_k, affine 4/8 with rows of whole 256-element units): lane
  *    = weight row, units read with 16-byte loads into registers and
  *    decoded there, no shared-memory staging of weights (its comment
- *    below).  It is the decode path of every format but q6_k.
+ *    below).  It is the decode path of every other format but q6_k.
  *  - qgemv (the staged kernel: q6_k, and affine rows that are not whole
  *    units): a persistent grid
  *    (as many blocks of 128 threads as fit at once) whose blocks walk
@@ -1116,11 +1120,14 @@ static void qc_fmt_launch(const cu_ctx *c, float *y, const float *x, const cu_qw
     else launch_qc<F, 16, qc_rows<F, 16>::n>(c, y, x, w, n);
 }
 
-/* Whether the coalesced GEMV takes w: q4_0/q8_0 rows of 256 * k columns
- * (16-byte aligned rows and steps). */
+/* Whether the coalesced GEMV takes w: q4_0 (and q8_0 when
+ * PETREL_CUDA_QGEMV_CO is 2, 4, 8 or 16) rows of 256 * k columns (16-byte
+ * aligned rows and steps).  q8_0 stays on the register GEMV by default:
+ * there the coalesced one was no faster at one token row (docs/cuda-notes.md
+ * run Q5).  A choice by format, never by n: rows stay batch-invariant. */
 static bool qc_ok(const cu_ctx *c, const cu_qweight *w) {
-    return c->qgemv_co && (w->fmt == CU_Q4_0 || w->fmt == CU_Q8_0) && w->cols % QR_UNIT == 0 &&
-           w->rows <= 0x7fffffffLL * 4;
+    bool fmt = w->fmt == CU_Q4_0 || (w->fmt == CU_Q8_0 && c->qgemv_co > 1);
+    return c->qgemv_co && fmt && w->cols % QR_UNIT == 0 && w->rows <= 0x7fffffffLL * 4;
 }
 
 /* The kernel is chosen by the weight's format and shape and x's alignment,
