@@ -23,7 +23,8 @@
 #                                     speculation and --kv-disk outputs
 #                                     identical on the GPU, 8B decode,
 #                                     batched decode, prefix reuse,
-#                                     oracle speculation
+#                                     oracle speculation; prof = every op
+#                                     timed alone, 1 and 64 sequences
 #
 # The llama phase: the 8B-shape F16 GGUF (make-llama8b-gguf.py, needs
 # torch and llama.cpp's gguf-py), llama-quantize to LLAMA_QUANTS (default
@@ -51,7 +52,10 @@ cd "$(dirname "$0")/.."
 STAGE=build-gpu-carry
 
 if [ "${1:-}" = --stage ]; then
-    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON >/dev/null || exit 1
+    # sm_90 machine code only (the H200): half the compile of the default
+    # sm_90 + compute_80 PTX.  STAGE_ARCH overrides.
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="${STAGE_ARCH:-90-real}" >/dev/null || exit 1
     rm -rf "$STAGE"
     mkdir -p "$STAGE/lib"
     # Each target on its own: a half-written part of the tree must not stop
@@ -223,6 +227,26 @@ if has core; then
         timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
             -p 16 -d 0 -g 128 -r 1 --spec "oracle:$a" --spec-k 4 -o "$OUT/spec-$m-$a.json"
         echo "petrel bench spec $a: exit $?"
+    done
+fi
+
+# ---- where a step's time goes: each op timed alone (PETREL_CUDA_PROFILE) --
+# One sequence and PROF_PAR sequences decoding together (steps of exactly
+# that many tokens are timed: the decode steps), per dummy model of
+# PROF_MODELS and weight type of PROF_DTYPES: the per-kind table goes to
+# $OUT/prof-<model>-<dtype>-<n>.txt.
+if has prof; then
+    for m in ${PROF_MODELS:-llama-8b}; do
+        for dt in ${PROF_DTYPES:-bf16}; do
+            for par in 1 ${PROF_PAR:-64}; do
+                stamp "PETREL_CUDA_PROFILE=$par petrel bench dummy:$m --dummy-dtype $dt -P $par"
+                f="$OUT/prof-$m-$dt-$par.txt"
+                PETREL_CUDA_PROFILE=$par timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" \
+                    --dummy-dtype "$dt" -p 128 -d 0 -g 64 -r 1 -P "$par" -o /tmp/prof.json \
+                    >"$f" 2>&1
+                echo "profile $m $dt x$par: exit $?"; grep -v "making dummy" "$f" | tail -45
+            done
+        done
     done
 fi
 

@@ -126,15 +126,104 @@ CASES = {
                    shared_expert_intermediate_size=48, norm_topk_prob=True,
                    decoder_sparse_step=1, mlp_only_layers=[],
                    layer_types=["linear_attention"] * 3 + ["full_attention"])),
+    # Model families I (issue 16): Gemma 4 text, E2B-like.  Per-layer inputs
+    # (a second token table + a projection, 16 wide per layer), sliding
+    # layers (window 8, head_dim 32, rope 1e4) and full ones (global_head_dim
+    # 64, proportional rope over a quarter of it, base 1e6), the last two
+    # layers reuse the K/V of the last earlier layer of their kind and have
+    # the double-wide MLP; final soft-cap 15 so it bites.
+    "gemma4_text": dict(
+        architecture="Gemma4ForCausalLM", model_type="gemma4_text", dtype="bfloat16",
+        vocab=320, hidden=64, inter=96, layers=6, heads=4, kv_heads=2, head_dim=32,
+        rope_theta=1000000.0, rope_scaling=None, tie=True, eps=1e-6,
+        max_pos=4096, config_style="native", shard=None, seed0=12000,
+        rope_per_type={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                       "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                          "rope_theta": 1000000.0}},
+        extra=dict(global_head_dim=64, sliding_window=8, final_logit_softcapping=15.0,
+                   hidden_size_per_layer_input=16, vocab_size_per_layer_input=320,
+                   num_kv_shared_layers=2, use_double_wide_mlp=True,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)),
+    # Gemma 4 text, 26B-A4B-like: every layer runs the dense MLP and 6
+    # routed experts (top 2, router scale and per-expert scales) side by
+    # side; full layers take V = K (attention_k_eq_v) with one KV head of 64;
+    # no per-layer inputs; window 12.
+    "gemma4_text_moe": dict(
+        architecture="Gemma4ForCausalLM", model_type="gemma4_text", dtype="bfloat16",
+        vocab=320, hidden=64, inter=96, layers=4, heads=4, kv_heads=2, head_dim=32,
+        rope_theta=1000000.0, rope_scaling=None, tie=True, eps=1e-6,
+        max_pos=4096, config_style="native", shard=None, seed0=13000,
+        rope_per_type={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                       "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                          "rope_theta": 1000000.0}},
+        extra=dict(global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
+                   sliding_window=12, final_logit_softcapping=15.0, hidden_size_per_layer_input=0,
+                   enable_moe_block=True, num_experts=6, top_k_experts=2, moe_intermediate_size=32,
+                   layer_types=["sliding_attention", "full_attention"] * 2)),
+    # Model families II (issue 17): Qwen3.5 text (dense FFN), three Gated
+    # DeltaNet layers then a gated full-attention one; unfused in-projections
+    # (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a); 2 key heads, 4 value
+    # heads (grouped); interleaved M-RoPE over a quarter of head_dim.  A 72
+    # token prompt crosses the delta rule's 64-token chunk.
+    "qwen3_5": dict(
+        architecture="Qwen3_5ForCausalLM", model_type="qwen3_5_text", dtype="bfloat16",
+        vocab=320, hidden=64, inter=96, layers=4, heads=4, kv_heads=2, head_dim=64,
+        rope_theta=10000000.0,
+        rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.25,
+                      "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+        tie=False, eps=1e-6, max_pos=4096, config_style="native", shard=None, seed0=14000,
+        prompt_lengths=PROMPT_LENGTHS + (72,),
+        extra=dict(linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                   linear_num_key_heads=2, linear_num_value_heads=4,
+                   layer_types=["linear_attention"] * 3 + ["full_attention"])),
+    # Qwen3.5-MoE text: the same hybrid with 6 routed experts (top 2) and a
+    # gated shared expert in every layer.
+    "qwen3_5_moe": dict(
+        architecture="Qwen3_5MoeForCausalLM", model_type="qwen3_5_moe_text", dtype="bfloat16",
+        vocab=320, hidden=64, inter=96, layers=4, heads=4, kv_heads=2, head_dim=64,
+        rope_theta=10000000.0,
+        rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.25,
+                      "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+        tie=False, eps=1e-6, max_pos=4096, config_style="native", shard=None, seed0=15000,
+        prompt_lengths=PROMPT_LENGTHS + (72,),
+        extra=dict(linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                   linear_num_key_heads=2, linear_num_value_heads=4,
+                   num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                   shared_expert_intermediate_size=48,
+                   layer_types=["linear_attention"] * 3 + ["full_attention"])),
+    # Model families II (issue 17): DeepSeek-V3.  MLA with a low-rank query
+    # (q_lora_rank 48), latent 64, rope key 32 (interleaved), no-rope 32,
+    # value 32; layer 0 dense, layers 1-2 sparse: 8 experts in 4 groups, top
+    # 2 groups, 2 experts per token by sigmoid score plus a selection bias
+    # (e_score_correction_bias), renormalized, times 2.5, and one shared
+    # expert.  V3's YaRN rope (factor 40, mscale_all_dim 1: the softmax
+    # scale changes too).  head_dim is qk_rope_head_dim, as the config sets.
+    "deepseek_v3": dict(
+        architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", dtype="bfloat16",
+        vocab=320, hidden=64, inter=128, layers=3, heads=4, kv_heads=4, head_dim=32,
+        rope_theta=10000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                      "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
+        tie=False, eps=1e-6, max_pos=163840, config_style="native", shard=None, seed0=16000,
+        extra=dict(q_lora_rank=48, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32,
+                   v_head_dim=32, n_routed_experts=8, n_group=4, topk_group=2,
+                   num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                   routed_scaling_factor=2.5, first_k_dense_replace=1, norm_topk_prob=True,
+                   rope_interleave=True)),
 }
 
 # Families whose tensor names check_case does not spell out (it checks their
 # dtypes and the reference only).
-LOOSE_NAMES = ("gpt_oss", "qwen3_next")
+LOOSE_NAMES = ("gpt_oss", "qwen3_next", "gemma4_text", "qwen3_5_text", "qwen3_5_moe_text",
+               "deepseek_v3")
 # Families whose Hub checkpoints store one tensor per expert.
-SPLIT_EXPERTS = ("qwen3_moe", "qwen3_next")
-# Families whose RMSNorm computes x * (1 + w): w is stored near 0.
-NORM_PLUS_ONE = ("gemma2", "gemma3_text", "qwen3_next")
+SPLIT_EXPERTS = ("qwen3_moe", "qwen3_next", "deepseek_v3")
+# Families whose RMSNorm computes x * (1 + w): w is stored near 0.  Gemma 4's
+# norms multiply by w itself (initialized to ones), as Qwen3.5's gated norm.
+NORM_PLUS_ONE = ("gemma2", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+# Config keys some transformers versions move into per_layer_config (Gemma 4:
+# full layers' head_dim and KV heads) instead of keeping them as attributes.
+PER_LAYER_KEYS = {"global_head_dim": "head_dim", "num_global_key_value_heads": "num_key_value_heads"}
 
 # Random init (overrides whatever transformers does, so it does not depend on
 # the transformers version): matrices N(0, (GAIN/sqrt(fan_in))^2), embeddings
@@ -148,10 +237,12 @@ BIAS_STD = 0.5
 INITIALIZER_RANGE = 0.15  # written to config.json only; our init overrides it
 
 
-def make_prompts(vocab):
-    """Three fixed prompts, first id BOS, other ids in [3, vocab)."""
+def make_prompts(vocab, lengths=PROMPT_LENGTHS):
+    """Fixed prompts, first id BOS, other ids in [3, vocab).  Extra lengths
+    come after PROMPT_LENGTHS, so the first three prompts are the same for
+    every case."""
     rng = random.Random(20240601)
-    return [[BOS] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
+    return [[BOS] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in lengths]
 
 
 def r7(x):
@@ -383,6 +474,10 @@ def selftest():
     lg = to_legacy_config({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
     assert lg == {"rope_theta": 1e4, "rope_scaling": None}, lg
     assert to_legacy_config({"rope_theta": 1e4, "rope_scaling": None}) == {"rope_theta": 1e4, "rope_scaling": None}
+    assert _is_norm("model.layers.0.post_feedforward_layernorm_2.weight") and _is_norm("model.norm.weight")
+    assert not _is_norm("model.layers.0.mlp.down_proj.weight") and not _is_norm("x.norm_2.bias")
+    lp = make_prompts(320, PROMPT_LENGTHS + (72,))
+    assert lp[:3] == ps and len(lp[3]) == 72
     for name, c in CASES.items():
         cfg = {"model_type": c["model_type"], "hidden_size": c["hidden"], "num_attention_heads": c["heads"],
                "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"], "intermediate_size": c["inter"],
@@ -415,7 +510,9 @@ def build_config(tf, c):
     cls = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
            "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig", "gemma2": "Gemma2Config",
            "gemma3_text": "Gemma3TextConfig", "gpt_oss": "GptOssConfig",
-           "qwen3_next": "Qwen3NextConfig"}[c["model_type"]]
+           "qwen3_next": "Qwen3NextConfig", "gemma4_text": "Gemma4TextConfig",
+           "qwen3_5_text": "Qwen3_5TextConfig", "qwen3_5_moe_text": "Qwen3_5MoeTextConfig",
+           "deepseek_v3": "DeepseekV3Config"}[c["model_type"]]
     cls = getattr(tf, cls)
     mt = c["model_type"]
     kw = dict(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["inter"],
@@ -449,12 +546,36 @@ def build_config(tf, c):
         kw["sliding_window"] = None
     if c["model_type"] in ("qwen2", "qwen3"):
         kw["use_sliding_window"] = False
+    if c.get("rope_per_type") and major >= 5:  # gemma4: one rope per layer type
+        kw["rope_parameters"] = copy.deepcopy(c["rope_per_type"])
+    if mt == "deepseek_v3":  # the config sets head_dim = qk_rope_head_dim itself
+        kw.pop("head_dim")
+    fields = getattr(cls, "__dataclass_fields__", None)
+    if fields:  # v5 dataclass configs: leave out common keys this family does not declare
+        for k in ("intermediate_size", "head_dim"):
+            if k in kw and k not in fields and k not in c.get("extra", {}):
+                kw.pop(k)
     cfg = cls(**kw)
     for k, v in c.get("extra", {}).items():  # a silently dropped setting is a wrong fixture
-        if k != "rope_local_base_freq" and getattr(cfg, k, None) != v:
+        if k != "rope_local_base_freq" and getattr(cfg, k, None) != v and not _per_layer_kept(cfg, k, v):
             raise RuntimeError("%s: config did not keep %s=%r (has %r)" % (mt, k, v, getattr(cfg, k, None)))
+    if mt == "deepseek_v3" and cfg.head_dim != c["head_dim"]:
+        raise RuntimeError("deepseek_v3: head_dim %r != qk_rope_head_dim %r" % (cfg.head_dim, c["head_dim"]))
     cfg.architectures = [c["architecture"]]
     return cfg
+
+
+def _per_layer_kept(cfg, k, v):
+    """True if a PER_LAYER_KEYS setting landed in every full layer's entry of
+    cfg.per_layer_config, as some transformers versions keep Gemma 4's."""
+    plc = getattr(cfg, "per_layer_config", None)
+    if k not in PER_LAYER_KEYS or not plc:
+        return False
+    full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+    def get(i):
+        d = plc.get(i, plc.get(str(i))) if isinstance(plc, dict) else plc[i]
+        return d.get(PER_LAYER_KEYS[k]) if isinstance(d, dict) else getattr(d, PER_LAYER_KEYS[k], None)
+    return bool(full) and all(get(i) == v for i in full)
 
 
 # transformers 5 runs MoE experts through torch grouped_mm by default, which
@@ -477,6 +598,20 @@ def init_params(torch, model, seed):
         _init_params(torch, model, g)
         if model.config.tie_word_embeddings and model.lm_head.weight is not model.model.embed_tokens.weight:
             model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+        # Persistent buffers that change the function (saved with the weights):
+        # Gemma 4's per-layer output scalar, DeepSeek-V3's expert selection
+        # bias.  Rounded to bf16 so the saved and in-memory models agree.
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar") or name.endswith("e_score_correction_bias"):
+                r = torch.randn(tuple(b.shape), generator=g, dtype=torch.float64)
+                v = (1.0 + NORM_STD * r).clamp(min=0.5) if name.endswith("layer_scalar") else BIAS_STD * r
+                b.copy_(v.to(torch.bfloat16).to(b.dtype))
+
+
+def _is_norm(name):
+    """An RMSNorm gain: *norm.weight, or Gemma 4's *layernorm_1/_2.weight."""
+    stem = name[: -len(".weight")] if name.endswith(".weight") else ""
+    return stem.endswith("norm") or (stem[-2:] in ("_1", "_2") and stem[:-2].endswith("norm"))
 
 
 def _init_params(torch, model, g):
@@ -486,18 +621,23 @@ def _init_params(torch, model, g):
         r = torch.randn(shape, generator=g, dtype=torch.float64)
         if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
             v = r * EMB_STD
+        elif name.endswith("embed_tokens_per_layer.weight"):  # Gemma 4: scaled by sqrt(ple) in use
+            v = r / math.sqrt(model.config.hidden_size_per_layer_input)
+        elif name.endswith("router.scale") or name.endswith("router.per_expert_scale"):  # Gemma 4
+            v = 1.0 + NORM_STD * r
         elif name.endswith("A_log"):  # Gated DeltaNet decay: A = exp(A_log) in about [1, 16]
             v = math.log(4.0) + 0.5 * r
         elif name.endswith("self_attn.sinks"):  # gpt-oss: one logit per head in the softmax
             v = r
-        elif name.endswith("norm.weight") and mt in NORM_PLUS_ONE and ".linear_attn." not in name:
+        elif _is_norm(name) and mt in NORM_PLUS_ONE and ".linear_attn." not in name:
             # Gemma stores w of x * (1 + w): N(0, NORM_STD^2) gives the same gains
             # Gemma stores w of x * (1 + w).  Its post-block norms get gains
             # near 3: with tied embeddings scaled by sqrt(hidden) the token's
             # own embedding otherwise dominates and greedy repeats the input.
             v = NORM_STD * r + (2.0 if mt.startswith("gemma") and ".post_" in name else 0.0)
-        elif name.endswith("norm.weight"):
-            v = 1.0 + NORM_STD * r
+        elif _is_norm(name):
+            # Gemma 4 multiplies by w itself: gains near 3 on its post-block norms, as above
+            v = 1.0 + NORM_STD * r + (2.0 if mt == "gemma4_text" and ".post_" in name else 0.0)
         elif name.endswith(".bias") or name.endswith("_bias"):
             v = BIAS_STD * r
         elif len(shape) == 3 and shape[1] == 1:  # depthwise conv1d [C][1][K]
@@ -532,7 +672,8 @@ def split_fused_experts(torch, d, cfg, notes):
         if fused else "per expert (Hub names)"))
     if not fused:
         return
-    E, H, MI = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    E = getattr(cfg, "num_experts", None) or cfg.n_routed_experts  # deepseek_v3: n_routed_experts
+    H, MI = cfg.hidden_size, cfg.moe_intermediate_size
     out = {}
     for k, v in sd.items():
         if k.endswith("mlp.experts.gate_up_proj"):
@@ -700,7 +841,7 @@ def generate_case(tf, torch, name, c, outroot, thr, max_seeds, case_budget_s):
         notes.append("tied model built with lm_head not sharing embed_tokens; copied explicitly")
     if not c["tie"] and tied_shared:
         raise RuntimeError("untied config produced a shared lm_head")
-    prompts = make_prompts(c["vocab"])
+    prompts = make_prompts(c["vocab"], c.get("prompt_lengths", PROMPT_LENGTHS))
     # --- seed search: first seed whose margins are all >= thr (evaluated on the
     # weights rounded to the storage dtype, in float64)
     best = None  # (min_margin, seed)

@@ -24,42 +24,8 @@
 #include "ggml-backend.h"
 #include "llama.h"
 
-static void die(const char *msg) {
-    fprintf(stderr, "llama-ref-logits: %s\n", msg);
-    exit(1);
-}
-
-static int parse_ids(const char *s, llama_token *ids, int cap) {
-    int n = 0;
-    for (char *end; *s; s = *end == ',' ? end + 1 : end) {
-        long v = strtol(s, &end, 10);
-        if (end == s || n == cap) die("bad token list");
-        ids[n++] = (llama_token)v;
-    }
-    return n;
-}
-
-static void print_row(const float *x, int n) {
-    putchar('[');
-    for (int i = 0; i < n; i++) printf(i ? ",%.9g" : "%.9g", x[i]);
-    putchar(']');
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-/* Top logit minus the runner-up: how safe the argmax is against rounding. */
-static double margin(const float *x, int n) {
-    int b = argmax(x, n);
-    float second = -1e30f;
-    for (int i = 0; i < n; i++)
-        if (i != b && x[i] > second) second = x[i];
-    return (double)x[b] - second;
-}
+#define REF_TOOL "llama-ref-logits"
+#include "ref_print.h"
 
 static void run_prompt(struct llama_context *ctx, int vocab, const llama_token *ids, int n, int n_greedy) {
     llama_memory_clear(llama_get_memory(ctx), true);

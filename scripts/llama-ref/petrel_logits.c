@@ -19,39 +19,8 @@
 
 #include "model/model.h"
 
-static void die(const char *msg) {
-    fprintf(stderr, "petrel-logits: %s\n", msg);
-    exit(1);
-}
-
-static int parse_ids(const char *s, int32_t *ids, int cap) {
-    int n = 0;
-    for (char *end; *s; s = *end == ',' ? end + 1 : end) {
-        long v = strtol(s, &end, 10);
-        if (end == s || n == cap) die("bad token list");
-        ids[n++] = (int32_t)v;
-    }
-    return n;
-}
-
-static void print_row(const float *x, int n) {
-    putchar('[');
-    for (int i = 0; i < n; i++) printf(i ? ",%.9g" : "%.9g", x[i]);
-    putchar(']');
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-static void print_ids(const char *key, const int32_t *ids, int n) {
-    printf("\"%s\":[", key);
-    for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
-    putchar(']');
-}
+#define REF_TOOL "petrel-logits"
+#include "ref_print.h"
 
 static void run_prompt(pt_model *m, pt_kv_cache *kv, const int32_t *ids, int n, int n_greedy) {
     int vocab = m->cfg.vocab_size;

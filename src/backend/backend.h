@@ -780,7 +780,11 @@ static inline void pt_be_gated_delta(pt_backend *be, const pt_op_gated_delta *a)
     pt_op o;
     memset(&o, 0, sizeof o);
     o.kind = PT_OP_GATED_DELTA;
-    o.gated_delta = *a;
+    pt_op_gated_delta *d = &o.gated_delta; /* field by field: the padding after tiled stays zero */
+    d->out = a->out, d->qkv = a->qkv, d->ba = a->ba, d->A = a->A, d->dt_bias = a->dt_bias;
+    d->state = a->state, d->b = a->b;
+    d->n_k_heads = a->n_k_heads, d->n_v_heads = a->n_v_heads, d->dk = a->dk, d->dv = a->dv;
+    d->stride = a->stride, d->chunk = a->chunk, d->tiled = a->tiled, d->l2_eps = a->l2_eps;
     pt_be_run(be, &o);
 }
 

@@ -200,7 +200,8 @@ static double yarn_mscale(double factor, double m) {
 /* transformers' DeepseekV2Config / DeepseekV3Config.  The rope key is
  * interleaved (rope_interleave, V3's default; V2 rotates complex pairs):
  * adjacent-pair rope.  With YaRN the scores are also scaled by
- * mscale(factor, mscale_all_dim)^2. */
+ * mscale(factor, mscale_all_dim)^2.  Routing keys absent (as transformers
+ * 5 saves a V3 config): V3's sigmoid noaux_tc, V2's softmax. */
 static int deepseek_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     if (pt_config_json_common(j, c, err)) return -1;
     int nope = 0, rope = 0;
@@ -215,8 +216,11 @@ static int deepseek_read_json(json_t *j, pt_model_config *c, pt_err *err) {
     c->rope_style = json_is_false(json_object_get(j, "rope_interleave")) ? PT_ROPE_NEOX
                                                                          : PT_ROPE_NORM;
     if (c->rope_scaling == PT_ROPE_SCALING_YARN) {
+        /* where pt_config_json_common read the YaRN settings: rope_scaling,
+         * or transformers 5's rope_parameters */
         float ms_all = 0;
         json_t *rs = json_object_get(j, "rope_scaling");
+        if (!json_is_object(rs)) rs = json_object_get(j, "rope_parameters");
         if (json_is_object(rs)) pt_json_float(rs, "mscale_all_dim", &ms_all);
         double m = ms_all != 0 ? yarn_mscale(c->rope_factor, ms_all) : 1.0;
         c->attn_scale = (float)(m * m / sqrt((double)c->head_dim));
@@ -236,8 +240,14 @@ static int deepseek_read_json(json_t *j, pt_model_config *c, pt_err *err) {
         pt_json_int(j, "n_shared_experts", &n_shared);
         pt_json_float(j, "routed_scaling_factor", &c->expert_scale);
         c->expert_renorm = json_is_true(json_object_get(j, "norm_topk_prob"));
+        /* transformers' DeepseekV3 always routes by sigmoid with the
+         * selection bias and groups (the Hub configs' noaux_tc), and
+         * writes neither key; its DeepseekV2 by softmax */
+        bool v3 = strcmp(c->arch, "deepseek_v3") == 0;
         const char *score = json_string_value(json_object_get(j, "scoring_func"));
         const char *method = json_string_value(json_object_get(j, "topk_method"));
+        if (!score) score = v3 ? "sigmoid" : "softmax";
+        if (!method && v3) method = "noaux_tc";
         c->expert_gating = score && strcmp(score, "sigmoid") == 0 ? PT_MOE_SIGMOID : PT_MOE_SOFTMAX;
         if (score && strcmp(score, "sigmoid") != 0 && strcmp(score, "softmax") != 0)
             return pt_fail(err, "config.json: scoring_func '%s' is not supported", score);

@@ -2,7 +2,8 @@
  * dummy.c - random weights of a family's shapes, for benchmarking without
  * downloads (vLLM's "dummy" load format).
  *
- * Every spec of the model's family gets values in the requested format
+ * Every spec of the model's family (and its dummy_weights: what a file
+ * gives in another layout) gets values in the requested format
  * (f32, f16, bf16, a GGUF block type or MLX affine), from a seeded RNG in
  * table order, so a seed gives the same model every time.
  */
@@ -160,6 +161,11 @@ static int parse_format(const char *format, pt_weight_format *f, pt_err *err) {
                    format);
 }
 
+/* The family's specs, then the ones only dummy models make. */
+static const pt_weight_spec *spec_at(const pt_family *fam, size_t i) {
+    return i < fam->n_weights ? &fam->weights[i] : &fam->dummy_weights[i - fam->n_weights];
+}
+
 int pt_model_dummy_bytes(const pt_model_config *c, const char *format, size_t *out, pt_err *err) {
     const pt_family *fam = pt_family_of(c->arch);
     if (!fam) return pt_fail(err, "dummy weights: unknown architecture '%s'", c->arch);
@@ -171,8 +177,8 @@ int pt_family_dummy_bytes(const pt_family *fam, const pt_model_config *c, const 
     pt_weight_format f;
     if (parse_format(format, &f, err)) return -1;
     *out = 0;
-    for (size_t i = 0; i < fam->n_weights; i++) {
-        const pt_weight_spec *s = &fam->weights[i];
+    for (size_t i = 0; i < fam->n_weights + fam->n_dummy_weights; i++) {
+        const pt_weight_spec *s = spec_at(fam, i);
         if (s->cols == D_NONE) continue;
         for (int l = 0; l < (s->per_layer ? c->n_layers : 1); l++) {
             if (!pt_spec_needed(c, s->need, l)) continue;
@@ -196,8 +202,8 @@ int pt_model_make_dummy_weights(pt_model *m, const char *format, uint64_t seed, 
     m->progress = &progress;
     const pt_family *fam = m->family;
     int rc = 0;
-    for (size_t i = 0; i < fam->n_weights && !rc; i++) {
-        const pt_weight_spec *s = &fam->weights[i];
+    for (size_t i = 0; i < fam->n_weights + fam->n_dummy_weights && !rc; i++) {
+        const pt_weight_spec *s = spec_at(fam, i);
         for (int l = 0; l < (s->per_layer ? m->cfg.n_layers : 1) && !rc; l++)
             if (pt_spec_needed(&m->cfg, s->need, l))
                 rc = s->cols == D_NONE ? dummy_vector(m, s, l, &rng, err)

@@ -152,18 +152,10 @@ static int gemma_read_gguf(const pt_gguf *g, const pt_model_file *mf, const char
 
 /* clang-format off */
 #define L(f) offsetof(pt_layer, f)
-#define M(f) offsetof(pt_model, f)
 static const pt_weight_spec gemma_weights[] = {
-    {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
-    {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
-    {"output.weight", "lm_head.weight", D_NONE, D_VOCAB, D_DIM, M(output), false, NEED_UNTIED},
-    {"blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", D_NONE, D_DIM, D_NONE, L(attn_norm), true, NEED_ALWAYS},
-    {"blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", D_NONE, D_Q, D_DIM, L(wq), true, NEED_ALWAYS},
-    {"blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", D_NONE, D_KV, D_DIM, L(wk), true, NEED_ALWAYS},
-    {"blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", D_NONE, D_KV, D_DIM, L(wv), true, NEED_ALWAYS},
-    {"blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", D_NONE, D_DIM, D_Q, L(wo), true, NEED_ALWAYS},
-    {"blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", D_NONE, D_HEAD, D_NONE, L(q_norm), true, NEED_QK_NORM},
-    {"blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", D_NONE, D_HEAD, D_NONE, L(k_norm), true, NEED_QK_NORM},
+    PT_W_TOKEN_IO,
+    PT_W_ATTN,
+    PT_W_QK_NORM,
     {"blk.%d.post_attention_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_attn_norm), true, NEED_ALWAYS},
     {"blk.%d.ffn_norm.weight", "model.layers.%d.pre_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
     {"blk.%d.post_ffw_norm.weight", "model.layers.%d.post_feedforward_layernorm.weight", D_NONE, D_DIM, D_NONE, L(post_ffn_norm), true, NEED_ALWAYS},
@@ -172,7 +164,6 @@ static const pt_weight_spec gemma_weights[] = {
     {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_ALWAYS},
 };
 #undef L
-#undef M
 /* clang-format on */
 
 /* Hugging Face files store each norm's w of x̂ · (1 + w); the RMSNorm op

@@ -32,33 +32,160 @@
  * with each expert's output times its scale (ffn_down_exps.scale, when
  * present) and gate|up in one stack or two.
  *
- * CPU only: other backends are refused at load (finish), unchecked.
+ * Every op it calls has a CUDA kernel (gather_cols for the per-layer
+ * inputs last); tests/cuda/test_cuda_model.c runs both GGUF fixtures
+ * against the CPU.
  * Two FFN widths run (the double-wide MLP: feed_forward_length per layer,
  * config ffn_alt); a third, or head counts per layer, are refused.
- * Not built: Hugging Face checkpoints (config.json gemma4_text is not a
- * supported model_type; the GGUF mapping here is the one llama.cpp reads,
- * the transformers one is unchecked).
+ * Hugging Face gemma4_text checkpoints (Gemma4ForCausalLM) load too: the
+ * same computation under transformers' names (gemma4_read_json), the full
+ * layers' proportional rope as rope factors built at load.
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "model/model_int.h"
 
 /* clang-format off */
 static const pt_arch gemma4_archs[] = {
     /* name     GGUF name  config.json    GGUF rope     qkv_bias qk_norm */
-    {"gemma4",  "gemma4",  NULL,          PT_ROPE_NEOX, false,   true},
+    {"gemma4",  "gemma4",  "gemma4_text", PT_ROPE_NEOX, false,   true},
 };
 /* clang-format on */
 
 /* ---- Config -------------------------------------------------------------- */
 
-/* No config.json names this family (its row has no model_type), so this
- * only guards the table: a row's reader is never NULL. */
+/* Layer l's value of key in config.json's per_layer_config (where some
+ * transformers versions keep the full layers' head_dim and KV heads);
+ * false if absent. */
+static bool per_layer_int(json_t *j, int l, const char *key, int *out) {
+    char name[16];
+    snprintf(name, sizeof name, "%d", l);
+    json_t *e = json_object_get(json_object_get(j, "per_layer_config"), name);
+    return json_is_object(e) && pt_json_int(e, key, out);
+}
+
+/* rope_parameters per layer type: sliding layers plain rope over their
+ * head dim; full layers transformers' "proportional" rope, whose first
+ * partial_rotary_factor * head_dim / 2 pairs rotate at base^(-2i/head_dim)
+ * and the rest not at all (rope_rot_pairs; llama.cpp's rope_freqs does
+ * the same with factors 1e30). */
+static int json_rope(json_t *j, pt_model_config *c, pt_err *err) {
+    json_t *rp = json_object_get(j, "rope_parameters");
+    json_t *rs = json_object_get(rp, "sliding_attention"), *rf = json_object_get(rp, "full_attention");
+    if (!json_is_object(rs) || !json_is_object(rf))
+        return pt_fail(err, "config.json: gemma4_text needs rope_parameters for "
+                            "sliding_attention and full_attention");
+    const char *ts = json_string_value(json_object_get(rs, "rope_type"));
+    const char *tf = json_string_value(json_object_get(rf, "rope_type"));
+    float factor = 1.0f, frac = 1.0f;
+    pt_json_float(rf, "factor", &factor);
+    pt_json_float(rf, "partial_rotary_factor", &frac);
+    if ((ts && strcmp(ts, "default") != 0) || !tf ||
+        (strcmp(tf, "proportional") != 0 && strcmp(tf, "default") != 0) || factor != 1.0f ||
+        !(frac > 0 && frac <= 1) || (strcmp(tf, "default") == 0 && frac != 1.0f))
+        return pt_fail(err, "config.json: gemma4_text rope (sliding %s, full %s, factor %g, "
+                            "partial %g) is not supported: plain sliding rope and unscaled "
+                            "proportional full rope only",
+                       ts ? ts : "?", tf ? tf : "?", (double)factor, (double)frac);
+    c->rope_theta_swa = 10000.0f;
+    pt_json_float(rs, "rope_theta", &c->rope_theta_swa);
+    if (!pt_json_float(rf, "rope_theta", &c->rope_theta)) c->rope_theta = 1000000.0f;
+    c->n_rot = c->head_dim;
+    c->n_rot_swa = c->head_dim_swa;
+    int pairs = (int)floorf(frac * (float)c->head_dim / 2.0f);
+    c->rope_rot_pairs = pairs < c->head_dim / 2 ? pairs : 0;
+    return 0;
+}
+
+/* transformers' gemma4_text (Gemma4ForCausalLM).  Sliding layers have the
+ * config's head_dim and KV heads, full ones global_head_dim and, with
+ * attention_k_eq_v (V = K's projection), num_global_key_value_heads; the
+ * last num_kv_shared_layers layers reuse earlier K/V and, with
+ * use_double_wide_mlp, an FFN twice as wide; enable_moe_block adds the
+ * routed experts beside the dense MLP.  Norm gains are stored as they
+ * multiply (plain RMSNorm), as in GGUF files. */
 static int gemma4_read_json(json_t *j, pt_model_config *c, pt_err *err) {
-    (void)j, (void)c;
-    return pt_fail(err, "config.json: Gemma 4 Hugging Face checkpoints are not supported yet; "
-                        "load a GGUF file (llama.cpp's converter) instead");
+    if (pt_config_json_common(j, c, err) || pt_config_json_act(j, c, err)) return -1;
+    json_t *bidi = json_object_get(j, "use_bidirectional_attention");
+    if (c->act != PT_ACT_GELU_TANH || json_is_true(json_object_get(j, "attention_bias")) ||
+        (bidi && !json_is_null(bidi)))
+        return pt_fail(err, "config.json: gemma4_text with a non-GELU-tanh activation, "
+                            "attention_bias or bidirectional attention is not supported");
+    if (!json_is_false(json_object_get(j, "tie_word_embeddings"))) c->tied_embeddings = true;
+    if (!pt_json_int(j, "sliding_window", &c->sliding_window) || c->sliding_window <= 0 ||
+        !json_is_array(json_object_get(j, "layer_types")))
+        return pt_fail(err, "config.json: gemma4_text needs sliding_window and layer_types");
+    if (pt_config_json_layer_types(j, c, err) < 0) return -1; /* 1: read */
+    int full = 0;
+    while (full < c->n_layers && pt_config_layer_swa(c, full)) full++;
+    bool k_eq_v = json_is_true(json_object_get(j, "attention_k_eq_v"));
+    int ghd = 0, gkv = 0;
+    if (!pt_json_int(j, "global_head_dim", &ghd)) per_layer_int(j, full, "head_dim", &ghd);
+    if (k_eq_v && !pt_json_int(j, "num_global_key_value_heads", &gkv))
+        per_layer_int(j, full, "num_key_value_heads", &gkv);
+    c->head_dim_swa = c->head_dim;
+    c->n_kv_heads_swa = c->n_kv_heads;
+    if (ghd > 0) c->head_dim = ghd;
+    if (gkv > 0) c->n_kv_heads = gkv;
+    if (c->head_dim % 2 || c->head_dim_swa % 2 || c->head_dim > 1024 ||
+        c->n_heads % c->n_kv_heads || c->n_heads % c->n_kv_heads_swa)
+        return pt_fail(err, "config.json: gemma4_text head shapes out of range (head_dim %d, "
+                            "global %d, %d heads over %d / %d KV heads)",
+                       c->head_dim_swa, c->head_dim, c->n_heads, c->n_kv_heads_swa,
+                       c->n_kv_heads);
+    if (json_rope(j, c, err)) return -1;
+    json_t *ple = json_object_get(j, "hidden_size_per_layer_input");
+    c->ple_dim = json_is_integer(ple) ? (int)json_integer_value(ple) : 0;
+    int ple_vocab = c->vocab_size;
+    pt_json_int(j, "vocab_size_per_layer_input", &ple_vocab);
+    if (c->ple_dim < 0 || c->ple_dim > 65536 || (c->ple_dim > 0 && ple_vocab != c->vocab_size))
+        return pt_fail(err, "config.json: per-layer inputs %d wide over %d tokens (the "
+                            "vocabulary has %d) are not supported",
+                       c->ple_dim, ple_vocab, c->vocab_size);
+    int shared = 0;
+    pt_json_int(j, "num_kv_shared_layers", &shared);
+    if (shared < 0 || shared >= c->n_layers)
+        return pt_fail(err, "config.json: %d shared KV layers of %d", shared, c->n_layers);
+    c->n_kv_layers = shared ? c->n_layers - shared : 0;
+    if (shared && json_is_true(json_object_get(j, "use_double_wide_mlp"))) {
+        c->ffn_dim_alt = 2 * c->ffn_dim;
+        for (int l = c->n_layers - shared; l < c->n_layers; l++)
+            c->ffn_alt[l / 64] |= 1ull << (l % 64);
+    }
+    for (int l = 0; k_eq_v && l < c->n_layers; l++)
+        if (!pt_config_layer_swa(c, l) && pt_config_layer_own_kv(c, l))
+            c->v_from_k[l / 64] |= 1ull << (l % 64);
+    if (json_is_true(json_object_get(j, "enable_moe_block"))) {
+        if (!pt_json_int(j, "num_experts", &c->n_experts) || c->n_experts < 1 ||
+            !pt_json_int(j, "top_k_experts", &c->n_experts_used) || c->n_experts_used < 1 ||
+            c->n_experts_used > c->n_experts ||
+            !pt_json_int(j, "moe_intermediate_size", &c->expert_ffn_dim) || c->expert_ffn_dim < 1)
+            return pt_fail(err, "config.json: gemma4_text enable_moe_block needs num_experts, "
+                                "top_k_experts (at most num_experts) and moe_intermediate_size");
+        c->expert_renorm = true;
+    }
+    c->final_softcap = 0;
+    pt_json_float(j, "final_logit_softcapping", &c->final_softcap);
+    if (!(c->final_softcap > 0)) c->final_softcap = 0;
+    c->norm = PT_NORM_RMS;
+    c->embed_scale = sqrtf((float)c->dim);
+    c->attn_scale = 1.0f; /* q and k are normalized: no 1/sqrt(head_dim) */
+    c->v_norm = true;
+    return 0;
+}
+
+/* Hugging Face experts: transformers' fused gate_up stack, or gate and up
+ * stacks apart. */
+static int gemma4_file_layout(pt_model *m, pt_err *err) {
+    (void)err;
+    if (m->file->kind == PT_FILE_GGUF || m->cfg.n_experts <= 0 ||
+        !pt_model_file_tensor(m->file, "model.layers.0.experts.gate_up_proj"))
+        return 0;
+    for (int l = 0; l < m->cfg.n_layers && l < 64 * 16; l++)
+        m->cfg.experts_fused[l / 64] |= 1ull << (l % 64);
+    return 0;
 }
 
 /* Layer l's value of a per-layer key written as one number or an array of
@@ -268,25 +395,14 @@ static const pt_weight_spec gemma4_weights[] = {
 #undef M
 /* clang-format on */
 
-/* Rows [first, first + rows) of each expert of stack w, as a stack (zero
- * copy: GGUF rows are whole blocks). */
-static pt_weight expert_rows(const pt_weight *w, int64_t first, int64_t rows) {
-    pt_weight v = *w;
-    size_t row_bytes = pt_dtype_bytes(w->dtype, (uint64_t)w->cols);
-    v.data = (const char *)w->data + (size_t)first * row_bytes;
-    v.rows = rows;
-    v.nbytes = w->nbytes / (size_t)(w->rows / rows);
-    return v;
-}
-
 /* A MoE layer's derived weights: gate and up as views of a fused stack
  * (gate first, as llama.cpp splits it), the router's input gain divided
  * by sqrt(dim), and the experts' scales as a stack of 1 x 1 matrices. */
 static int finish_experts(pt_model *m, pt_layer *L, float *host, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     if (L->w_gate_up.data) {
-        L->w_gate = expert_rows(&L->w_gate_up, 0, c->expert_ffn_dim);
-        L->w_up = expert_rows(&L->w_gate_up, c->expert_ffn_dim, c->expert_ffn_dim);
+        L->w_gate = pt_weight_expert_rows(&L->w_gate_up, 0, c->expert_ffn_dim);
+        L->w_up = pt_weight_expert_rows(&L->w_gate_up, c->expert_ffn_dim, c->expert_ffn_dim);
     }
     float *gain = pt_model_alloc(m, sizeof(float) * (size_t)c->dim);
     if (!gain) return pt_fail(err, "out of backend memory");
@@ -301,17 +417,24 @@ static int finish_experts(pt_model *m, pt_layer *L, float *host, pt_err *err) {
     return 0;
 }
 
+/* Full layers' rope factors from the config's proportional rope: 1 for the
+ * pairs that rotate, 1e30 (a frequency of 0) for the rest. */
+static int rope_factors(pt_model *m, pt_err *err) {
+    int half = m->cfg.n_rot / 2;
+    float *f = pt_xmalloc(sizeof(float) * (size_t)half);
+    for (int i = 0; i < half; i++) f[i] = i < m->cfg.rope_rot_pairs ? 1.0f : 1e30f;
+    float *dev = pt_model_alloc(m, sizeof(float) * (size_t)half);
+    if (dev) m->be->ops->upload(m->be, dev, f, sizeof(float) * (size_t)half);
+    free(f);
+    if (!dev) return pt_fail(err, "out of backend memory");
+    m->rope_freqs = dev;
+    return 0;
+}
+
 /* The host copies the forward needs (each layer's output scale) and V's
  * norm gain: ones, shared by every layer (the norm has no weight). */
 static int gemma4_finish(pt_model *m, pt_err *err) {
     const pt_model_config *c = &m->cfg;
-    /* CUDA has the ops of the models without per-layer inputs, but the
-     * window group's own geometry, shared K/V and the 1 x 1 expert scales
-     * have not run there yet: refused rather than unchecked */
-    if (strcmp(m->be->name, "cpu") != 0)
-        return pt_fail(err, "Gemma 4 runs on the cpu backend only so far (the %s path is "
-                            "unchecked); run it on the cpu backend",
-                       m->be->name);
     int d = PT_MAX(c->head_dim, c->head_dim_swa);
     float *ones = pt_xmalloc(sizeof(float) * (size_t)d);
     for (int i = 0; i < d; i++) ones[i] = 1.0f;
@@ -322,6 +445,7 @@ static int gemma4_finish(pt_model *m, pt_err *err) {
     }
     m->be->ops->upload(m->be, dev, ones, sizeof(float) * (size_t)d);
     free(ones);
+    if (c->rope_rot_pairs > 0 && !m->rope_freqs && rope_factors(m, err)) return -1;
     float *host = pt_xmalloc(sizeof(float) * (size_t)c->dim);
     for (int l = 0; l < c->n_layers; l++) {
         pt_layer *L = &m->layers[l];
@@ -517,6 +641,7 @@ const pt_family pt_family_gemma4 = {
     .n_weights = PT_ARRAY_LEN(gemma4_weights),
     .moe = true,
     .workspace = gemma4_workspace,
+    .file_layout = gemma4_file_layout,
     .finish = gemma4_finish,
     .forward = gemma4_forward,
 };

@@ -109,29 +109,25 @@ static int gptoss_read_gguf(const pt_gguf *g, const pt_model_file *mf, const cha
 
 /* clang-format off */
 #define L(f) offsetof(pt_layer, f)
-#define M(f) offsetof(pt_model, f)
 /* The experts are not here: gptoss_finish builds them from the fused
  * tensors (Hugging Face) or binds llama.cpp's stacks (GGUF). */
 static const pt_weight_spec gptoss_weights[] = {
-    {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
-    {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
-    {"output.weight", "lm_head.weight", D_NONE, D_VOCAB, D_DIM, M(output), false, NEED_UNTIED},
-    {"blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", D_NONE, D_DIM, D_NONE, L(attn_norm), true, NEED_ALWAYS},
-    {"blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", D_NONE, D_Q, D_DIM, L(wq), true, NEED_ALWAYS},
-    {"blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", D_NONE, D_KV, D_DIM, L(wk), true, NEED_ALWAYS},
-    {"blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", D_NONE, D_KV, D_DIM, L(wv), true, NEED_ALWAYS},
-    {"blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", D_NONE, D_DIM, D_Q, L(wo), true, NEED_ALWAYS},
-    {"blk.%d.attn_q.bias", "model.layers.%d.self_attn.q_proj.bias", D_NONE, D_Q, D_NONE, L(bq), true, NEED_QKV_BIAS},
-    {"blk.%d.attn_k.bias", "model.layers.%d.self_attn.k_proj.bias", D_NONE, D_KV, D_NONE, L(bk), true, NEED_QKV_BIAS},
-    {"blk.%d.attn_v.bias", "model.layers.%d.self_attn.v_proj.bias", D_NONE, D_KV, D_NONE, L(bv), true, NEED_QKV_BIAS},
-    {"blk.%d.attn_output.bias", "model.layers.%d.self_attn.o_proj.bias", D_NONE, D_DIM, D_NONE, L(bo), true, NEED_O_BIAS},
+    PT_W_TOKEN_IO,
+    PT_W_ATTN,
+    PT_W_ATTN_BIAS,
     {"blk.%d.attn_sinks.weight", "model.layers.%d.self_attn.sinks", D_NONE, D_HEADS, D_NONE, L(sinks), true, NEED_ALWAYS},
     {"blk.%d.post_attention_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
     {"blk.%d.ffn_gate_inp.weight", "model.layers.%d.mlp.router.weight", D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_ALWAYS},
     {"blk.%d.ffn_gate_inp.bias", "model.layers.%d.mlp.router.bias", D_NONE, D_EXPERTS, D_NONE, L(b_router), true, NEED_ALWAYS},
 };
+
+/* Dummy models' experts, in the layout gptoss_finish builds from a file. */
+static const pt_weight_spec gptoss_dummy_weights[] = {
+    {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.mlp.experts.gate", D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_ALWAYS},
+    {"blk.%d.ffn_up_exps.weight", "model.layers.%d.mlp.experts.up", D_EXPERTS, D_EFFN, D_DIM, L(w_up), true, NEED_ALWAYS},
+    {"blk.%d.ffn_down_exps.weight", "model.layers.%d.mlp.experts.down", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_ALWAYS},
+};
 #undef L
-#undef M
 /* clang-format on */
 
 /* ---- The experts, from the fused tensors ---------------------------------- */
@@ -393,10 +389,25 @@ static int bind_gguf_experts(pt_model *m, int l, pt_err *err) {
     return 0;
 }
 
+/* Dummy models: the stacks come from gptoss_dummy_weights; the biases are
+ * zeros (their bytes are noise beside the experts'). */
+static int dummy_biases(pt_model *m, pt_err *err) {
+    const pt_model_config *c = &m->cfg;
+    size_t n = (size_t)c->n_experts * (size_t)PT_MAX(c->expert_ffn_dim, c->dim);
+    float *zeros = pt_xcalloc(n, sizeof(float));
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        pt_layer *L = &m->layers[l];
+        rc = !(L->b_gate_exps = upload(m, zeros, sizeof(float) * n, err)) ||
+             !(L->b_up_exps = upload(m, zeros, sizeof(float) * n, err)) ||
+             !(L->b_down_exps = upload(m, zeros, sizeof(float) * n, err));
+    }
+    free(zeros);
+    return rc ? -1 : 0;
+}
+
 static int gptoss_finish(pt_model *m, pt_err *err) {
-    if (!m->file)
-        return pt_fail(err, "gpt_oss: dummy weights are not implemented yet (the experts are "
-                            "built from the file's fused tensors)");
+    if (!m->file) return dummy_biases(m, err);
     bool gguf = m->file->kind == PT_FILE_GGUF;
     for (int l = 0; l < m->cfg.n_layers; l++)
         if (gguf ? bind_gguf_experts(m, l, err) : bind_experts(m, l, err)) return -1;
@@ -432,6 +443,8 @@ const pt_family pt_family_gptoss = {
     .read_gguf = gptoss_read_gguf,
     .weights = gptoss_weights,
     .n_weights = PT_ARRAY_LEN(gptoss_weights),
+    .dummy_weights = gptoss_dummy_weights,
+    .n_dummy_weights = PT_ARRAY_LEN(gptoss_dummy_weights),
     .moe = true,
     .finish = gptoss_finish,
     .forward = gptoss_forward,

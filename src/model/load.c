@@ -259,12 +259,12 @@ static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_
     char *file_text = NULL;
     if (!json_text) {
         size_t len;
-        if (pt_read_file(spec, 1 << 20, &file_text, &len, err))
-            return pt_failp(err,
-                            "dummy:%s is neither a preset (llama-1b, llama-8b, qwen3-8b, "
-                            "qwen3-30b-a3b, deepseek-v2-lite, gemma2-9b, gemma3-12b) "
-                            "nor a readable config.json",
-                            spec);
+        if (pt_read_file(spec, 1 << 20, &file_text, &len, err)) {
+            char names[256];
+            pt_config_preset_names(names, sizeof names);
+            return pt_failp(err, "dummy:%s is neither a preset (%s) nor a readable config.json",
+                            spec, names);
+        }
         json_text = file_text;
     }
     json_error_t jerr;

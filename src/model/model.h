@@ -95,12 +95,15 @@ typedef struct pt_model_config {
      * read the last earlier layer's of their kind (0: every layer keeps
      * its own); layers with their bit in v_from_k have no V projection
      * (V is K's projection); V normalized per head without a gain; full
-     * layers' rope frequencies divided by a rope_freqs tensor. */
+     * layers' rope frequencies divided by a rope_freqs tensor, or (from a
+     * config.json's proportional rope) only their first rope_rot_pairs
+     * pairs rotating: load builds the factors (1, then 1e30). */
     int head_dim_swa, n_kv_heads_swa, n_rot_swa;
     int ple_dim;
     int n_kv_layers;
     uint64_t v_from_k[16];
     bool v_norm, rope_freq_factors;
+    int rope_rot_pairs;
     uint64_t experts_fused[16]; /* layers whose experts' gate and up are one stack */
     /* Layers with their bit in ffn_alt have FFNs ffn_dim_alt wide (Gemma 4's
      * double-wide MLP in its shared-KV layers); 0: every layer ffn_dim. */
@@ -310,9 +313,11 @@ int pt_layer_plan_check(const pt_layer_plan *plan, int n_layers, pt_err *err);
  * rope); errors name the missing key or the unsupported architecture. */
 int pt_config_from_file(const pt_model_file *mf, pt_model_config *cfg, pt_err *err);
 int pt_config_from_json(json_t *config, pt_model_config *cfg, pt_err *err);
-/* Built-in shapes for dummy weights: "llama-1b", "llama-8b", "qwen3-8b",
- * "qwen3-30b-a3b", "deepseek-v2-lite", "gemma2-9b", "gemma3-12b". */
+/* Built-in shapes for dummy weights ("llama-8b", "qwen3-30b-a3b",
+ * "gpt-oss-20b", ...): the config.json text of name, or NULL. */
 const char *pt_config_preset(const char *name);
+/* Every preset's name, comma-separated, into buf. */
+void pt_config_preset_names(char *buf, size_t cap);
 /* One line describing the model ("llama 64d x 5 layers, ..."). */
 void pt_config_describe(const pt_model_config *cfg, char *buf, size_t cap);
 /* rope inverse frequencies [n_rot/2] for base theta, cfg's scaling applied. */

@@ -93,12 +93,40 @@ typedef struct pt_weight_spec {
     int need; /* enum pt_need */
 } pt_weight_spec;
 
+/* Rows most families' tables share: token embedding, final norm and
+ * output head; the attention block's norm and q/k/v/o projections; their
+ * optional biases (Qwen2, gpt-oss); q/k norms (Qwen3, Gemma 3). */
+/* clang-format off */
+#define PT_W_TOKEN_IO \
+    {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, offsetof(pt_model, tok_embd), false, NEED_ALWAYS}, \
+    {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, offsetof(pt_model, output_norm), false, NEED_ALWAYS}, \
+    {"output.weight", "lm_head.weight", D_NONE, D_VOCAB, D_DIM, offsetof(pt_model, output), false, NEED_UNTIED}
+#define PT_W_ATTN \
+    {"blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", D_NONE, D_DIM, D_NONE, offsetof(pt_layer, attn_norm), true, NEED_ALWAYS}, \
+    {"blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", D_NONE, D_Q, D_DIM, offsetof(pt_layer, wq), true, NEED_ALWAYS}, \
+    {"blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", D_NONE, D_KV, D_DIM, offsetof(pt_layer, wk), true, NEED_ALWAYS}, \
+    {"blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", D_NONE, D_KV, D_DIM, offsetof(pt_layer, wv), true, NEED_ALWAYS}, \
+    {"blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", D_NONE, D_DIM, D_Q, offsetof(pt_layer, wo), true, NEED_ALWAYS}
+#define PT_W_ATTN_BIAS \
+    {"blk.%d.attn_q.bias", "model.layers.%d.self_attn.q_proj.bias", D_NONE, D_Q, D_NONE, offsetof(pt_layer, bq), true, NEED_QKV_BIAS}, \
+    {"blk.%d.attn_k.bias", "model.layers.%d.self_attn.k_proj.bias", D_NONE, D_KV, D_NONE, offsetof(pt_layer, bk), true, NEED_QKV_BIAS}, \
+    {"blk.%d.attn_v.bias", "model.layers.%d.self_attn.v_proj.bias", D_NONE, D_KV, D_NONE, offsetof(pt_layer, bv), true, NEED_QKV_BIAS}, \
+    {"blk.%d.attn_output.bias", "model.layers.%d.self_attn.o_proj.bias", D_NONE, D_DIM, D_NONE, offsetof(pt_layer, bo), true, NEED_O_BIAS}
+#define PT_W_QK_NORM \
+    {"blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", D_NONE, D_HEAD, D_NONE, offsetof(pt_layer, q_norm), true, NEED_QK_NORM}, \
+    {"blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", D_NONE, D_HEAD, D_NONE, offsetof(pt_layer, k_norm), true, NEED_QK_NORM}
+/* clang-format on */
+
 /* A dimension of layer layer's weight (shapes may differ by layer kind). */
 int64_t pt_spec_dim(const pt_model_config *c, int dim, int layer);
 bool pt_spec_needed(const pt_model_config *c, int need, int layer);
 void pt_spec_name(const pt_weight_spec *s, bool gguf, int layer, char *buf, size_t cap);
 /* Where spec s of layer lands in m (a pt_weight, or a const float *). */
 void *pt_spec_target(pt_model *m, const pt_weight_spec *s, int layer);
+/* Rows [first, first + rows) of each expert of stack w, as a stack sharing
+ * w's bytes (rows are whole blocks in every format): the gate and up halves
+ * of a fused gate_up stack. */
+pt_weight pt_weight_expert_rows(const pt_weight *w, int64_t first, int64_t rows);
 
 /* ---- Families ---------------------------------------------------------------- */
 
@@ -136,6 +164,11 @@ struct pt_family {
                      pt_model_config *c, pt_err *err);
     const pt_weight_spec *weights;
     size_t n_weights;
+    /* Weights a file holds in a layout that finish converts (gpt-oss's
+     * fused experts), so they are not in weights: dummy models make them
+     * from these specs instead.  NULL: none. */
+    const pt_weight_spec *dummy_weights;
+    size_t n_dummy_weights;
     bool moe; /* its forward runs PT_FFN_MOE layers (else the plan refuses them) */
     bool hybrid; /* its forward runs recurrent mixers and a shared expert */
     bool mla;    /* its forward runs latent attention and ungated shared experts */

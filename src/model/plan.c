@@ -71,7 +71,7 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .head_dim = pt_config_layer_head_dim(c, l),
             .n_kv_heads = pt_config_layer_kv_heads(c, l),
             .kv_layer = l,
-            .rope_factors = c->rope_freq_factors && !swa,
+            .rope_factors = (c->rope_freq_factors || c->rope_rot_pairs > 0) && !swa,
             .ffn_dim = pt_config_layer_ffn(c, l),
         };
         if (!pt_config_layer_own_kv(c, l) && (plan[l].kv_layer = shared_kv_source(c, l)) < 0)

@@ -31,15 +31,19 @@
  * Hugging Face qwen3_5_text checkpoints (Qwen3_5ForCausalLM, dense) load
  * too: transformers' names, value heads grouped (h / (n_v / n_k)), FLA's
  * l2norm, w of (1 + w) norms and A_log, turned at load.
+ * Hugging Face qwen3_5_moe_text (Qwen3_5MoeForCausalLM) too: experts one
+ * tensor each or in transformers' fused gate_up / down stacks (gate_up
+ * split into gate and up views at finish).
  * Not read: the multi-token-prediction blocks (nextn: left out of the
  * layers, as llama.cpp's main pass leaves them), fused gate_up expert
- * stacks, attention.recurrent_layers arrays (full_attention_interval
- * only), Hugging Face qwen3_5_moe_text and the vision-language wrappers
+ * stacks in GGUF files, attention.recurrent_layers arrays
+ * (full_attention_interval only) and the vision-language wrappers
  * (qwen3_5, qwen3_5_moe: model.language_model.*).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/model_int.h"
 
@@ -47,7 +51,7 @@
 static const pt_arch qwen35_archs[] = {
     /* name         GGUF name    config.json     GGUF rope     qkv_bias qk_norm */
     {"qwen35",      "qwen35",    "qwen3_5_text", PT_ROPE_NEOX, false,   true},
-    {"qwen35moe",   "qwen35moe", NULL,           PT_ROPE_NEOX, false,   true},
+    {"qwen35moe",   "qwen35moe", "qwen3_5_moe_text", PT_ROPE_NEOX, false, true},
 };
 /* clang-format on */
 
@@ -186,15 +190,46 @@ static int qwen35_read_gguf(const pt_gguf *g, const pt_model_file *mf, const cha
     return read_experts(g, mf, garch, c, err);
 }
 
+/* transformers' qwen3_5_moe_text (Qwen3_5MoeForCausalLM): the same, every
+ * layer's FFN routed experts (softmax, top k, always renormalized: the
+ * config has no norm_topk_prob) plus a sigmoid-gated shared expert.  Its
+ * config has no intermediate_size (no dense FFN); the common reader wants
+ * one, so a copy of the config gets the experts' width. */
+static int qwen35moe_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+    json_t *jc = json_copy(j);
+    if (!jc) return pt_fail(err, "out of memory reading config.json");
+    json_t *mi = json_object_get(j, "moe_intermediate_size");
+    if (!json_object_get(j, "intermediate_size") && json_is_integer(mi))
+        json_object_set(jc, "intermediate_size", mi);
+    int rc = pt_hybrid_read_json(jc, c, err);
+    json_decref(jc);
+    if (rc) return -1;
+    if (!pt_json_int(j, "num_experts", &c->n_experts) &&
+        !pt_json_int(j, "num_local_experts", &c->n_experts))
+        c->n_experts = 0;
+    if (c->n_experts < 1 || !pt_json_int(j, "num_experts_per_tok", &c->n_experts_used) ||
+        c->n_experts_used < 1 || c->n_experts_used > c->n_experts ||
+        !pt_json_int(j, "moe_intermediate_size", &c->expert_ffn_dim) || c->expert_ffn_dim < 1 ||
+        !pt_json_int(j, "shared_expert_intermediate_size", &c->shared_ffn_dim) ||
+        c->shared_ffn_dim < 1)
+        return pt_fail(err, "config.json: qwen3_5_moe_text needs num_experts, "
+                            "num_experts_per_tok (at most num_experts), moe_intermediate_size "
+                            "and shared_expert_intermediate_size");
+    c->expert_renorm = true;
+    c->n_shared_experts = 1;
+    return 0;
+}
+
 /* transformers' qwen3_5_text (Qwen3_5ForCausalLM): Qwen3-Next's config
  * with a dense FFN; value heads grouped over key heads, FLA's l2norm, w of
  * (1 + w) norms and A_log stored (finish turns them).  mrope_section is
  * not read: a text token has one position in every section. */
 static int qwen35_read_json(json_t *j, pt_model_config *c, pt_err *err) {
+    if (strcmp(c->arch, "qwen35moe") == 0) return qwen35moe_read_json(j, c, err);
     if (pt_hybrid_read_json(j, c, err)) return -1;
     if (json_is_integer(json_object_get(j, "num_experts")))
-        return pt_fail(err, "config.json: qwen3_5_text with num_experts (experts are "
-                            "qwen3_5_moe_text, not supported from Hugging Face yet)");
+        return pt_fail(err, "config.json: qwen3_5_text with num_experts (a Qwen3.5-MoE "
+                            "checkpoint says model_type qwen3_5_moe_text)");
     return 0;
 }
 
@@ -205,7 +240,8 @@ static int qwen35_read_json(json_t *j, pt_model_config *c, pt_err *err) {
 #define M(f) offsetof(pt_model, f)
 #define SA "model.layers.%d.self_attn."
 #define LA "model.layers.%d.linear_attn."
-/* Hugging Face names: Qwen3_5ForCausalLM's; its experts are not read (NULL) */
+#define MLP "model.layers.%d.mlp."
+/* Hugging Face names: Qwen3_5ForCausalLM's and Qwen3_5MoeForCausalLM's */
 static const pt_weight_spec qwen35_weights[] = {
     {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
     {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
@@ -233,16 +269,22 @@ static const pt_weight_spec qwen35_weights[] = {
     {"blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", D_NONE, D_FFN, D_DIM, L(w_gate), true, NEED_DENSE},
     {"blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", D_NONE, D_FFN, D_DIM, L(w_up), true, NEED_DENSE},
     {"blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", D_NONE, D_DIM, D_FFN, L(w_down), true, NEED_DENSE},
-    /* routed experts and the shared one (qwen35moe) */
-    {"blk.%d.ffn_gate_inp.weight", NULL, D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_MOE},
-    {"blk.%d.ffn_gate_exps.weight", NULL, D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_MOE},
-    {"blk.%d.ffn_up_exps.weight", NULL, D_EXPERTS, D_EFFN, D_DIM, L(w_up), true, NEED_MOE},
-    {"blk.%d.ffn_down_exps.weight", NULL, D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_MOE},
-    {"blk.%d.ffn_gate_shexp.weight", NULL, D_NONE, D_SFFN, D_DIM, L(w_sh_gate), true, NEED_SHARED},
-    {"blk.%d.ffn_up_shexp.weight", NULL, D_NONE, D_SFFN, D_DIM, L(w_sh_up), true, NEED_SHARED},
-    {"blk.%d.ffn_down_shexp.weight", NULL, D_NONE, D_DIM, D_SFFN, L(w_sh_down), true, NEED_SHARED},
-    {"blk.%d.ffn_gate_inp_shexp.weight", NULL, D_NONE, D_ONE, D_DIM, L(w_sh_router), true, NEED_SHARED},
+    /* routed experts and the shared one (qwen35moe); Hugging Face files
+     * hold the experts one tensor each (Hub names) or as transformers'
+     * fused stacks (gate_up [E][2F][H], gate rows first; down), which
+     * file_layout tells apart */
+    {"blk.%d.ffn_gate_inp.weight", MLP "gate.weight", D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_MOE},
+    {"blk.%d.ffn_gate_exps.weight", MLP "experts.%d.gate_proj.weight", D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_EXPS_SPLIT},
+    {"blk.%d.ffn_up_exps.weight", MLP "experts.%d.up_proj.weight", D_EXPERTS, D_EFFN, D_DIM, L(w_up), true, NEED_EXPS_SPLIT},
+    {"blk.%d.ffn_down_exps.weight", MLP "experts.%d.down_proj.weight", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_EXPS_SPLIT},
+    {"blk.%d.ffn_gate_up_exps.weight", MLP "experts.gate_up_proj", D_EXPERTS, D_EFFN2, D_DIM, L(w_gate_up), true, NEED_EXPS_FUSED},
+    {"blk.%d.ffn_down_exps.weight", MLP "experts.down_proj", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_EXPS_FUSED},
+    {"blk.%d.ffn_gate_shexp.weight", MLP "shared_expert.gate_proj.weight", D_NONE, D_SFFN, D_DIM, L(w_sh_gate), true, NEED_SHARED},
+    {"blk.%d.ffn_up_shexp.weight", MLP "shared_expert.up_proj.weight", D_NONE, D_SFFN, D_DIM, L(w_sh_up), true, NEED_SHARED},
+    {"blk.%d.ffn_down_shexp.weight", MLP "shared_expert.down_proj.weight", D_NONE, D_DIM, D_SFFN, L(w_sh_down), true, NEED_SHARED},
+    {"blk.%d.ffn_gate_inp_shexp.weight", MLP "shared_expert_gate.weight", D_NONE, D_ONE, D_DIM, L(w_sh_router), true, NEED_SHARED},
 };
+#undef MLP
 #undef SA
 #undef LA
 #undef L
@@ -274,13 +316,32 @@ static int join_ba(pt_model *m, pt_layer *L, pt_err *err) {
     return 0;
 }
 
+/* Hugging Face experts: transformers' fused stacks if layer 0 has them
+ * (one tensor per expert otherwise, as the Hub's first checkpoints). */
+static int qwen35_file_layout(pt_model *m, pt_err *err) {
+    (void)err;
+    if (m->file->kind == PT_FILE_GGUF || m->cfg.n_experts <= 0 ||
+        !pt_model_file_tensor(m->file, "model.layers.0.mlp.experts.gate_up_proj"))
+        return 0;
+    for (int l = 0; l < m->cfg.n_layers && l < 64 * 16; l++)
+        m->cfg.experts_fused[l / 64] |= 1ull << (l % 64);
+    return 0;
+}
+
 static int qwen35_finish(pt_model *m, pt_err *err) {
     /* a Hugging Face checkpoint (read_json set the norm kind) stores w of
      * x̂·(1 + w) and A_log; a GGUF file 1 + w and -exp(A_log) */
     if (m->cfg.norm == PT_NORM_RMS_1PW && (pt_norms_one_plus(m, err) || pt_ssm_a_from_log(m, err)))
         return -1;
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        if (pt_config_layer_recurrent(&m->cfg, l) && join_ba(m, &m->layers[l], err)) return -1;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        pt_layer *L = &m->layers[l];
+        if (pt_config_layer_recurrent(&m->cfg, l) && join_ba(m, L, err)) return -1;
+        if (L->w_gate_up.data) { /* fused: gate rows, then up rows, per expert */
+            L->w_gate = pt_weight_expert_rows(&L->w_gate_up, 0, m->cfg.expert_ffn_dim);
+            L->w_up = pt_weight_expert_rows(&L->w_gate_up, m->cfg.expert_ffn_dim,
+                                            m->cfg.expert_ffn_dim);
+        }
+    }
     if (m->be->ops->sync(m->be)) return pt_be_take_error(m->be, err);
     return 0;
 }
@@ -317,6 +378,7 @@ const pt_family pt_family_qwen35 = {
     .n_weights = PT_ARRAY_LEN(qwen35_weights),
     .moe = true,
     .hybrid = true,
+    .file_layout = qwen35_file_layout,
     .finish = qwen35_finish,
     .workspace = pt_workspace_hybrid,
     .forward = qwen35_forward,

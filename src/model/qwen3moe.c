@@ -78,22 +78,11 @@ static int qwen3moe_read_gguf(const pt_gguf *g, const pt_model_file *mf, const c
 
 /* clang-format off */
 #define L(f) offsetof(pt_layer, f)
-#define M(f) offsetof(pt_model, f)
 static const pt_weight_spec qwen3moe_weights[] = {
-    {"token_embd.weight", "model.embed_tokens.weight", D_NONE, D_VOCAB, D_DIM, M(tok_embd), false, NEED_ALWAYS},
-    {"output_norm.weight", "model.norm.weight", D_NONE, D_DIM, D_NONE, M(output_norm), false, NEED_ALWAYS},
-    {"output.weight", "lm_head.weight", D_NONE, D_VOCAB, D_DIM, M(output), false, NEED_UNTIED},
-    {"blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", D_NONE, D_DIM, D_NONE, L(attn_norm), true, NEED_ALWAYS},
-    {"blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", D_NONE, D_Q, D_DIM, L(wq), true, NEED_ALWAYS},
-    {"blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", D_NONE, D_KV, D_DIM, L(wk), true, NEED_ALWAYS},
-    {"blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", D_NONE, D_KV, D_DIM, L(wv), true, NEED_ALWAYS},
-    {"blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", D_NONE, D_DIM, D_Q, L(wo), true, NEED_ALWAYS},
-    {"blk.%d.attn_q.bias", "model.layers.%d.self_attn.q_proj.bias", D_NONE, D_Q, D_NONE, L(bq), true, NEED_QKV_BIAS},
-    {"blk.%d.attn_k.bias", "model.layers.%d.self_attn.k_proj.bias", D_NONE, D_KV, D_NONE, L(bk), true, NEED_QKV_BIAS},
-    {"blk.%d.attn_v.bias", "model.layers.%d.self_attn.v_proj.bias", D_NONE, D_KV, D_NONE, L(bv), true, NEED_QKV_BIAS},
-    {"blk.%d.attn_output.bias", "model.layers.%d.self_attn.o_proj.bias", D_NONE, D_DIM, D_NONE, L(bo), true, NEED_O_BIAS},
-    {"blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", D_NONE, D_HEAD, D_NONE, L(q_norm), true, NEED_QK_NORM},
-    {"blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", D_NONE, D_HEAD, D_NONE, L(k_norm), true, NEED_QK_NORM},
+    PT_W_TOKEN_IO,
+    PT_W_ATTN,
+    PT_W_ATTN_BIAS,
+    PT_W_QK_NORM,
     {"blk.%d.ffn_norm.weight", "model.layers.%d.post_attention_layernorm.weight", D_NONE, D_DIM, D_NONE, L(ffn_norm), true, NEED_ALWAYS},
     {"blk.%d.ffn_gate_inp.weight", "model.layers.%d.mlp.gate.weight", D_NONE, D_EXPERTS, D_DIM, L(w_router), true, NEED_ALWAYS},
     {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.mlp.experts.%d.gate_proj.weight", D_EXPERTS, D_EFFN, D_DIM, L(w_gate), true, NEED_ALWAYS},
@@ -101,7 +90,6 @@ static const pt_weight_spec qwen3moe_weights[] = {
     {"blk.%d.ffn_down_exps.weight", "model.layers.%d.mlp.experts.%d.down_proj.weight", D_EXPERTS, D_DIM, D_EFFN, L(w_down), true, NEED_ALWAYS},
 };
 #undef L
-#undef M
 /* clang-format on */
 
 /* The pre-norm layer; its FFN is the plan's PT_FFN_MOE (routed experts). */

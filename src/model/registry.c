@@ -478,12 +478,39 @@ static const struct {
      "\"sliding_window\":1024,\"sliding_window_pattern\":6,\"rms_norm_eps\":1e-6,"
      "\"rope_theta\":1000000.0,\"rope_local_base_freq\":10000.0,"
      "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":8.0}}"},
+    {"gpt-oss-20b", /* gpt-oss-20b: 32 experts, 4 per token; window 128 on even layers */
+     "{\"model_type\":\"gpt_oss\",\"hidden_size\":2880,\"num_hidden_layers\":24,"
+     "\"num_attention_heads\":64,\"num_key_value_heads\":8,\"head_dim\":64,"
+     "\"intermediate_size\":2880,\"num_local_experts\":32,\"num_experts_per_tok\":4,"
+     "\"sliding_window\":128,\"attention_bias\":true,\"swiglu_limit\":7.0,"
+     "\"vocab_size\":201088,\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,"
+     "\"rope_theta\":150000.0,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":32.0,"
+     "\"beta_fast\":32.0,\"beta_slow\":1.0,\"truncate\":false,"
+     "\"original_max_position_embeddings\":4096}}"},
+    {"qwen3.5-27b", /* a Qwen3.5-27B-like hybrid: 48 Gated DeltaNet + 16 attention layers */
+     "{\"model_type\":\"qwen3_5_text\",\"hidden_size\":5120,\"num_hidden_layers\":64,"
+     "\"full_attention_interval\":4,\"num_attention_heads\":24,\"num_key_value_heads\":4,"
+     "\"head_dim\":256,\"partial_rotary_factor\":0.25,\"intermediate_size\":17408,"
+     "\"linear_num_key_heads\":16,\"linear_num_value_heads\":48,"
+     "\"linear_key_head_dim\":128,\"linear_value_head_dim\":128,"
+     "\"linear_conv_kernel_dim\":4,\"vocab_size\":248320,"
+     "\"max_position_embeddings\":262144,\"rms_norm_eps\":1e-6,\"rope_theta\":10000000.0}"},
 };
 
 const char *pt_config_preset(const char *name) {
     for (size_t i = 0; i < PT_ARRAY_LEN(presets); i++)
         if (strcmp(presets[i].name, name) == 0) return presets[i].json;
     return NULL;
+}
+
+void pt_config_preset_names(char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < PT_ARRAY_LEN(presets) && at < cap; i++) {
+        int n = snprintf(buf + at, cap - at, "%s%s", i ? ", " : "", presets[i].name);
+        if (n < 0) break;
+        at += (size_t)n;
+    }
 }
 
 void pt_config_describe(const pt_model_config *c, char *buf, size_t cap) {

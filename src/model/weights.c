@@ -115,6 +115,15 @@ void *pt_spec_target(pt_model *m, const pt_weight_spec *s, int layer) {
     return (char *)(s->per_layer ? (void *)&m->layers[layer] : (void *)m) + s->off;
 }
 
+pt_weight pt_weight_expert_rows(const pt_weight *w, int64_t first, int64_t rows) {
+    pt_weight v = *w;
+    size_t row_bytes = pt_dtype_bytes(w->dtype, (uint64_t)w->cols);
+    v.data = (const char *)w->data + (size_t)first * row_bytes;
+    v.rows = rows;
+    v.nbytes = w->nbytes / (size_t)(w->rows / rows);
+    return v;
+}
+
 /* ---- From a file ---------------------------------------------------------- */
 
 /* Converts a vector tensor to f32 and places it in backend memory. */

@@ -193,13 +193,18 @@ static void test_matmul(void **state) {
 }
 
 /* Prefill larger than one token block (192), several row panels per thread,
- * and a small projection at large n (the tokens are split then). */
+ * and a small projection at large n (the tokens are split then).  The
+ * larger shapes cross the GEMM's row chunks (128 rows) with a ragged last
+ * chunk and panel, ragged column blocks (256) and a last token block that is
+ * not a whole number of tiles: 203 = 192 + 11, 389 = 2 * 192 + 5. */
 static void test_matmul_prefill(void **state) {
     (void)state;
     for (int b = 0; b < n_backends; b++)
         for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++) {
             check_matmul(backends[b], float_types[d], 67, 260, 200);
             check_matmul(backends[b], float_types[d], 8, 40, 77);
+            check_matmul(backends[b], float_types[d], 300, 520, 203);
+            check_matmul(backends[b], float_types[d], 261, 47, 389);
         }
 }
 

@@ -3,8 +3,10 @@
  * CPU backend: the real stories260K model (f32 weights: the same greedy
  * tokens, logits within 1e-4), small dummy models that reach the tiled
  * attention and qk-norm paths, several sequences in one batch, and the
- * 1B-shaped dummy model in bf16; quantized KV caches (--kv-quant); and
- * the Qwen3-MoE and Gemma 2/3 transformers fixtures (test_families).
+ * 1B-shaped dummy model in bf16; quantized KV caches (--kv-quant); the
+ * Qwen3-MoE and Gemma 2/3 transformers fixtures (test_families); and the
+ * GGUF fixtures of Gemma 4, Qwen3.5 (Gated DeltaNet hybrids) and DeepSeek-V2
+ * (latent attention, grouped routing) (test_families_gguf).
  *
  * bf16 models: prefill matmuls round activations to bf16 for the tensor
  * cores, so logits differ from the CPU's by about 1e-2 relative.  There the
@@ -30,7 +32,8 @@
 
 /* Files under the source tree; PETREL_SOURCE_DIR in the environment wins
  * (the GPU machine runs binaries built elsewhere). */
-static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_LLAMA_Q[1024], HF_DIR[1024];
+static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_LLAMA_Q[1024], HF_DIR[1024],
+    GGUF_DIR[1024];
 
 static void set_paths(void) {
     const char *dir = getenv("PETREL_SOURCE_DIR") ? getenv("PETREL_SOURCE_DIR") : PETREL_SOURCE_DIR;
@@ -39,6 +42,7 @@ static void set_paths(void) {
     snprintf(TINY_QWEN3, sizeof TINY_QWEN3, "dummy:%s/tests/cuda/tiny-qwen3.json", dir);
     snprintf(TINY_LLAMA_Q, sizeof TINY_LLAMA_Q, "dummy:%s/tests/cuda/tiny-llama-q.json", dir);
     snprintf(HF_DIR, sizeof HF_DIR, "%s/tests/fixtures/hf", dir);
+    snprintf(GGUF_DIR, sizeof GGUF_DIR, "%s/tests/fixtures/gguf", dir);
 }
 
 enum { CPU, GPU, N_BE };
@@ -199,8 +203,12 @@ static void test_quantized_weights(void **state) {
 /* The model families beyond Llama (the transformers fixtures, whose CPU
  * logits test_hf_reference checks against transformers): Qwen3-MoE
  * (moe_route, matmul_id, moe_combine), Gemma 2 (windows of 8, soft-capped
- * scores and logits, GeGLU), Gemma 3 (windows of 12, two rope bases) and
- * gpt-oss (sinks, swiglu_oai, add_id, windows of 8, YaRN).
+ * scores and logits, GeGLU), Gemma 3 (windows of 12, two rope bases),
+ * gpt-oss (sinks, swiglu_oai, add_id, windows of 8, YaRN), Qwen3-Next
+ * (Gated DeltaNet with transformers' head order and l2norm, gated
+ * attention, shared experts), Qwen3.5 dense and MoE, Gemma 4 dense and
+ * MoE (per-layer inputs) and DeepSeek-V3 (latent attention, grouped
+ * routing).
  * An 8-token prompt runs every matmul as a GEMV in f32, so the GPU must
  * give the CPU's greedy tokens past several windows; a 40-token prompt
  * rounds the dense matmuls' activations to bf16/f16 for cuBLAS, checked
@@ -213,7 +221,10 @@ static void test_quantized_weights(void **state) {
  * the session's last device run: not yet run on a GPU.) */
 static void test_families(void **state) {
     (void)state;
-    static const char *const cases[] = {"qwen3_moe", "gemma2", "gemma3_text", "gpt_oss"};
+    static const char *const cases[] = {"qwen3_moe",   "gemma2",      "gemma3_text",
+                                        "gpt_oss",     "qwen3_next",  "qwen3_5_text",
+                                        "qwen3_5",     "qwen3_5_moe", "gemma4_text",
+                                        "gemma4_text_moe", "deepseek_v3"};
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         char path[1200];
         snprintf(path, sizeof path, "%s/%s", HF_DIR, cases[i]);
@@ -226,7 +237,34 @@ static void test_families(void **state) {
     }
 }
 
-/* Three sequences in one batch: two prefills then decode rows of all. */
+/* The GGUF fixtures of the families whose ops came last to CUDA (their
+ * CPU logits test_hf_reference checks against llama.cpp; every tensor is
+ * f32): Gemma 4 (per-layer inputs: gather_cols), Qwen3.5 and Qwen3.5-MoE
+ * (Gated DeltaNet: gather_cols, conv1d_silu, gated_delta, rmsnorm_gated,
+ * sigmoid_mul; gated attention) and DeepSeek-V2 in three variants (latent
+ * attention: copy_cols; grouped sigmoid routing: moe_route_grouped).
+ * Every path is f32 (f32 weights take cuBLAS Sgemm past 16 rows), so the
+ * GPU must give the CPU's greedy tokens: from an 8-token prompt (every
+ * matmul a GEMV), an f16 cache, a 70-token prompt (the CPU takes a
+ * prefill's delta rule in chunks of 64 rows, the GPU row by row: the
+ * same function to f32 rounding) and the 70-token prompt prefilled in
+ * steps of 16 rows on the GPU (the recurrent state carried across
+ * calls). */
+static void test_families_gguf(void **state) {
+    (void)state;
+    static const char *const cases[] = {"gemma4",    "gemma4_moe",     "qwen35",
+                                        "qwen35moe", "deepseek2",      "deepseek2_yarn",
+                                        "deepseek2_legacy"};
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s/model.gguf", GGUF_DIR, cases[i]);
+        greedy(path, NULL, PT_F32, NULL, 0, 8, 40, 2e-4, true);
+        greedy(path, NULL, PT_F16, NULL, 0, 8, 24, 2e-3, true);
+        greedy(path, NULL, PT_F32, NULL, 0, 70, 16, 2e-4, true);
+        greedy(path, NULL, PT_F32, NULL, 16, 70, 8, 2e-4, true);
+    }
+}
+
 /* Quantized KV caches (--kv-quant) through whole forward passes: the GPU
  * stores the bytes the CPU would for the same rows, but the rows it
  * encodes come from its own forward (~1e-6 away), so a value on a rounding
@@ -241,10 +279,12 @@ static void test_kv_quant(void **state) {
     greedy(TINY_QWEN3, "f32", PT_F16, "8", 0, 33, 24, 1e-2, false);
 }
 
-static void test_multi_sequence(void **state) {
-    (void)state;
+/* Three sequences in one batch: three prefills, then decode rows of all
+ * in reverse order (on hybrid models each sequence's recurrent state in
+ * its own slot). */
+static void multi_sequence(const char *path, const char *dtype) {
     side s[N_BE];
-    for (int b = 0; b < N_BE; b++) open_side(&s[b], b, TINY_LLAMA, "f32", 0, PT_F16, NULL, 256);
+    for (int b = 0; b < N_BE; b++) open_side(&s[b], b, path, dtype, 0, PT_F16, NULL, 256);
     int vocab = s[CPU].m->cfg.vocab_size;
     int32_t tok[64], pos[64], seq[64];
     bool want[64];
@@ -263,7 +303,7 @@ static void test_multi_sequence(void **state) {
         forward(&s[b], n, tok, pos, seq, want, 3, lg[b]);
     }
     double max_abs, e = compare(lg[GPU], lg[CPU], (size_t)n * vocab, &max_abs);
-    print_message("3-sequence prefill batch: %d rows, rel err %.3g\n", n, e);
+    print_message("%s: 3-sequence prefill batch: %d rows, rel err %.3g\n", path, n, e);
     assert_true(e < 1e-4);
     for (int step = 0; step < 6; step++) {
         int32_t dt[3], dp[3], ds[3];
@@ -276,11 +316,22 @@ static void test_multi_sequence(void **state) {
         }
         for (int b = 0; b < N_BE; b++) forward(&s[b], 3, dt, dp, ds, dw, 3, lg[b]);
         e = compare(lg[GPU], lg[CPU], (size_t)3 * vocab, &max_abs);
-        if (e > 1e-4) fail_msg("decode step %d of 3 sequences: rel err %.3g", step, e);
+        if (e > 1e-4) fail_msg("%s: decode step %d of 3 sequences: rel err %.3g", path, step, e);
     }
     for (int b = 0; b < N_BE; b++) {
         free(lg[b]);
         close_side(&s[b]);
+    }
+}
+
+static void test_multi_sequence(void **state) {
+    (void)state;
+    multi_sequence(TINY_LLAMA, "f32");
+    char path[1200];
+    static const char *const cases[] = {"qwen35", "deepseek2"};
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        snprintf(path, sizeof path, "%s/%s/model.gguf", GGUF_DIR, cases[i]);
+        multi_sequence(path, NULL);
     }
 }
 
@@ -314,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_dummies),
         cmocka_unit_test(test_quantized_weights),
         cmocka_unit_test(test_families),
+        cmocka_unit_test(test_families_gguf),
         cmocka_unit_test(test_kv_quant),
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),

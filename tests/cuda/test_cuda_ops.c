@@ -16,7 +16,10 @@
  *
  * The model-family ops (attention_ext with windows and soft-caps, geglu,
  * scale, softcap, moe_route, matmul_id, moe_combine) are checked the same
- * way; routing must pick the CPU's experts in the CPU's order.
+ * way; routing must pick the CPU's experts in the CPU's order.  So are the
+ * hybrid recurrent ops (gather_cols, sigmoid_mul, rmsnorm_gated,
+ * conv1d_silu and gated_delta over several sequences' states, prefill,
+ * decode and a restart) and DeepSeek's (copy_cols, moe_route_grouped).
  *
  * Batch invariance (test_batch_invariance): matmul and attention rows of
  * a 2..16-row call are compared bit for bit with each row computed alone,
@@ -494,7 +497,7 @@ static void attention_batches(pt_dtype kt, int page_size, int n_heads, int n_kv,
     one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, qs, qp, n);
     /* decode: one row per sequence */
     int nd = 0;
-    int32_t ds[64], dp[64];
+    int32_t ds[128], dp[128];
     for (int s = 0; s < n_seqs; s++) ds[nd] = s, dp[nd++] = lens[s] - 1;
     one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, ds, dp, nd);
     /* mixed: decode rows interleaved with a prefill run, in odd order */
@@ -521,6 +524,10 @@ static void test_attention(void **state) {
     int lens_a[] = {37, 1, 200, 16};
     int lens_b[] = {1500, 130};
     int lens_c[] = {5000};
+    /* batched decode: 70 sequences, one row each (the tiled kernel a row a
+     * block, not the tensor cores' passes), and a mixed batch of them */
+    int lens_d[70];
+    for (int s = 0; s < 70; s++) lens_d[s] = 1 + (s * 53) % 300;
     for (int ti = 0; ti < 3; ti++) {
         pt_dtype t = types[ti];
         /* tiled kernel shapes: head_dim 128 and 64, groups 1..8 */
@@ -531,10 +538,13 @@ static void test_attention(void **state) {
         attention_batches(t, 7, 8, 1, 128, lens_b, 2);
         /* long context: the split path */
         attention_batches(t, 16, 32, 8, 128, lens_c, 1);
+        attention_batches(t, 16, 32, 8, 128, lens_d, 70);
         /* the simple kernel's shapes: tiny and odd head dims, groups of 3 and 16 */
         attention_batches(t, 16, 8, 4, 8, lens_a, 4);
         attention_batches(t, 5, 6, 2, 96, lens_a, 4);
         attention_batches(t, 16, 32, 2, 64, lens_b, 2);
+        /* DeepSeek's latent rows: 576 dims, every head over one KV head */
+        attention_batches(t, 16, 16, 1, 576, lens_a, 4);
     }
 }
 
@@ -785,6 +795,44 @@ static void one_matmul_id(pt_dtype t, int E, int rows, int cols, int n, int k, i
     arr_free(&w), arr_free(&x), arr_free(&ids), arr_free(&y);
 }
 
+/* Each token row of an n-row matmul_id call (rows sharing experts)
+ * against the same row alone, bit for bit on the GPU. */
+static void invariant_matmul_id(pt_dtype t, int E, int rows, int cols, int n, int k) {
+    size_t es = t == PT_F32 ? 4 : 2, ny = (size_t)n * k * rows, y1n = (size_t)k * rows;
+    arr w = arr_rand_typed(t, (size_t)E * rows * cols, -1, 1);
+    arr ids = rand_ids(n, k, E);
+    float *x = malloc(sizeof(float) * (size_t)n * cols), *yn = malloc(sizeof(float) * ny);
+    float *y1 = malloc(sizeof(float) * y1n);
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = frand(-1, 1);
+    memset(yn, 0xff, sizeof(float) * ny);
+    pt_weight wt = {.dtype = t, .rows = rows, .cols = cols, .data = w.d[GPU], .nbytes = w.nbytes,
+                    .n_experts = E, .expert_stride = (size_t)rows * cols * es};
+    void *dx = gpu_put(x, sizeof(float) * (size_t)n * cols), *dy = gpu_put(yn, sizeof(float) * ny);
+    pt_be_matmul_id(be[GPU], dy, dx, &wt, ids.d[GPU], n, k, 1);
+    gpu_get(yn, dy, sizeof(float) * ny);
+    for (int i = 0; i < n; i++) {
+        memset(y1, 0xff, sizeof(float) * y1n);
+        void *dxi = gpu_put(x + (size_t)i * cols, sizeof(float) * cols);
+        void *dyi = gpu_put(y1, sizeof(float) * y1n);
+        void *dii = gpu_put((int32_t *)ids.h + (size_t)i * k, sizeof(int32_t) * k);
+        pt_be_matmul_id(be[GPU], dyi, dxi, &wt, dii, 1, k, 1);
+        gpu_get(y1, dyi, sizeof(float) * y1n);
+        if (memcmp(y1, yn + (size_t)i * y1n, sizeof(float) * y1n)) {
+            size_t r = 0;
+            while (!memcmp(&y1[r], &yn[(size_t)i * y1n + r], sizeof(float))) r++;
+            fail_msg("matmul_id %s E=%d %dx%d: row %d of %d differs from the row alone at [%zu]: "
+                     "%.9g vs %.9g", tname(t), E, rows, cols, i, n, r, yn[(size_t)i * y1n + r], y1[r]);
+        }
+        be[GPU]->ops->free(be[GPU], dxi, sizeof(float) * cols);
+        be[GPU]->ops->free(be[GPU], dyi, sizeof(float) * y1n);
+        be[GPU]->ops->free(be[GPU], dii, sizeof(int32_t) * k);
+    }
+    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * (size_t)n * cols);
+    be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
+    free(x), free(yn), free(y1);
+    arr_free(&w), arr_free(&ids);
+}
+
 static void test_moe(void **state) {
     (void)state;
     static const int routes[][3] = {{1, 6, 2}, {37, 6, 2}, {5, 128, 8}, {300, 128, 8},
@@ -800,6 +848,14 @@ static void test_moe(void **state) {
         one_matmul_id(types[ti], 6, 37, 64, 40, 2, 1);   /* prefill: > 8 pairs per expert */
         one_matmul_id(types[ti], 128, 96, 256, 3, 8, 8); /* most experts unused */
         one_matmul_id(types[ti], 20, 130, 1000, 17, 4, 1);
+        /* 128 experts, top 8, decode-sized batches (16 rows share experts),
+         * 2880 columns (gpt-oss) */
+        one_matmul_id(types[ti], 128, 24, 2880, 1, 8, 1);
+        one_matmul_id(types[ti], 128, 24, 2880, 4, 8, 8);
+        one_matmul_id(types[ti], 128, 24, 2880, 16, 8, 1);
+        one_matmul_id(types[ti], 4, 8, 2880, 16, 2, 2); /* 8 pairs per expert on average */
+        invariant_matmul_id(types[ti], 16, 24, 2880, 9, 4);
+        invariant_matmul_id(types[ti], 20, 13, 1000, 16, 4); /* element loads (odd rows) */
     }
     static const int combos[][3] = {{1, 2, 64}, {33, 8, 130}, {7, 1, 5}};
     for (size_t i = 0; i < PT_ARRAY_LEN(combos); i++) {
@@ -810,6 +866,262 @@ static void test_moe(void **state) {
         check_out(&y, GPU, 1e-6, "moe_combine n=%d k=%d d=%d", n, k, d);
         arr_free(&x), arr_free(&w), arr_free(&y);
     }
+}
+
+/* ---- hybrid recurrent and latent-attention ops (recurrent.cu, mla.cu) ------------ */
+
+/* Backend b's copy of out is the CPU's, byte for byte. */
+static void check_same(const arr *out, int b, const char *what) {
+    float *ref = arr_get(out, CPU), *got = arr_get(out, b);
+    if (memcmp(ref, got, out->nbytes)) {
+        size_t i = 0;
+        while (!memcmp(ref + i, got + i, sizeof(float))) i++;
+        fail_msg("%s [cuda]: float %zu differs: 0x%08x vs the cpu's 0x%08x", what, i,
+                 ((uint32_t *)got)[i], ((uint32_t *)ref)[i]);
+    }
+    free(ref);
+    free(got);
+}
+
+/* Every element within tol * (1 + |cpu|): for state carried over many
+ * rows, where a relative norm would hide one bad column. */
+static void check_close_each(const arr *out, int b, double tol, const char *what) {
+    size_t n = out->nbytes / sizeof(float);
+    float *ref = arr_get(out, CPU), *got = arr_get(out, b);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= tol * (1 + fabs(ref[i]))))
+            fail_msg("%s [cuda]: [%zu] = %.9g, cpu %.9g (bound %.3g)", what, i, got[i], ref[i],
+                     tol * (1 + fabs(ref[i])));
+        if (d > worst) worst = d;
+    }
+    print_message("%s: worst abs diff %.3g\n", what, worst);
+    free(ref);
+    free(got);
+}
+
+static arr arr_ints(const int32_t *h, int n) {
+    return arr_from(h, sizeof(int32_t) * (size_t)n);
+}
+
+/* gather_cols (repeated and reordered columns), copy_cols (columns outside
+ * the range kept), sigmoid_mul (a gate per element and per row, in place)
+ * and rmsnorm_gated (rows shorter and longer than a warp's 32, in place):
+ * shapes past a 256-thread block and a 32-lane warp. */
+static void test_recurrent_elementwise(void **state) {
+    (void)state;
+    static const int gshapes[][3] = {{1, 9, 4}, {7, 300, 170}, {33, 1000, 999}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(gshapes); i++) {
+        int n = gshapes[i][0], ds = gshapes[i][1], dd = gshapes[i][2];
+        int32_t *idx = malloc(sizeof(int32_t) * (size_t)dd);
+        for (int j = 0; j < dd; j++) idx[j] = (int32_t)(pt_rng_next(&rng) % (uint64_t)ds);
+        idx[0] = ds - 1;
+        arr ix = arr_ints(idx, dd), src = arr_rand((size_t)n * ds, -3, 3);
+        arr dst = arr_poison(sizeof(float) * (size_t)n * dd);
+        for (int b = 0; b < N_BE; b++) pt_be_gather_cols(be[b], dst.d[b], src.d[b], ix.d[b], n, ds, dd);
+        check_same(&dst, GPU, "gather_cols");
+        arr_free(&ix), arr_free(&src), arr_free(&dst);
+        free(idx);
+    }
+    static const int cshapes[][6] = {/* n, d_src, src_off, d_dst, dst_off, width */
+                                     {1, 8, 0, 8, 0, 8},
+                                     {300, 70, 5, 40, 7, 33},
+                                     {9, 576, 512, 600, 0, 64},
+                                     {40, 1000, 1, 999, 998, 1}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(cshapes); i++) {
+        const int *c = cshapes[i];
+        arr src = arr_rand((size_t)c[0] * c[1], -3, 3), dst = arr_rand((size_t)c[0] * c[3], -3, 3);
+        for (int b = 0; b < N_BE; b++)
+            pt_be_copy_cols(be[b], dst.d[b], c[3], c[4], src.d[b], c[1], c[2], c[5], c[0]);
+        check_same(&dst, GPU, "copy_cols");
+        arr_free(&src), arr_free(&dst);
+    }
+    static const int sshapes[][2] = {{1, 1}, {5, 1001}, {300, 128}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(sshapes); i++) {
+        int n = sshapes[i][0], d = sshapes[i][1];
+        arr x = arr_rand((size_t)n * d, -4, 4), g = arr_rand((size_t)n * d, -8, 8);
+        arr y = arr_poison(sizeof(float) * (size_t)n * d);
+        for (int b = 0; b < N_BE; b++) pt_be_sigmoid_mul(be[b], y.d[b], x.d[b], g.d[b], n, d, d);
+        check_out(&y, GPU, 1e-6, "sigmoid_mul %dx%d", n, d);
+        for (int b = 0; b < N_BE; b++) pt_be_sigmoid_mul(be[b], x.d[b], x.d[b], g.d[b], n, d, 1);
+        check_out(&x, GPU, 1e-6, "sigmoid_mul, one gate per row, in place %dx%d", n, d);
+        arr_free(&x), arr_free(&g), arr_free(&y);
+    }
+    static const int nshapes[][2] = {{1, 16}, {37, 128}, {300, 96}, {3, 1000}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(nshapes); i++) {
+        int n = nshapes[i][0], d = nshapes[i][1];
+        arr x = arr_rand((size_t)n * d, -4, 4), z = arr_rand((size_t)n * d, -6, 6);
+        arr w = arr_rand((size_t)d, 0.5f, 1.5f), y = arr_poison(sizeof(float) * (size_t)n * d);
+        for (int b = 0; b < N_BE; b++)
+            pt_be_rmsnorm_gated(be[b], y.d[b], x.d[b], z.d[b], w.d[b], n, d, 1e-6f);
+        check_out(&y, GPU, 1e-6, "rmsnorm_gated %dx%d", n, d);
+        for (int b = 0; b < N_BE; b++)
+            pt_be_rmsnorm_gated(be[b], x.d[b], x.d[b], z.d[b], w.d[b], n, d, 1e-6f);
+        check_out(&x, GPU, 1e-6, "rmsnorm_gated in place %dx%d", n, d);
+        arr_free(&x), arr_free(&z), arr_free(&w), arr_free(&y);
+    }
+}
+
+/* A step of a recurrent test: n rows (pos, seq) over n_seqs sequences
+ * whose states live in slots. */
+typedef struct rec_step {
+    int n, n_seqs;
+    const int32_t *pos, *seq, *slots;
+} rec_step;
+
+/* The batch views of a step on every backend (freed by rec_views_free). */
+typedef struct rec_views {
+    arr pos, seq, slots;
+    pt_batch_view b[N_BE];
+} rec_views;
+
+static rec_views rec_views_of(const rec_step *s) {
+    rec_views v;
+    v.pos = arr_ints(s->pos, s->n), v.seq = arr_ints(s->seq, s->n);
+    v.slots = arr_ints(s->slots, s->n_seqs);
+    for (int b = 0; b < N_BE; b++)
+        v.b[b] = (pt_batch_view){.pos = v.pos.d[b], .seq = v.seq.d[b], .state_slot = v.slots.d[b],
+                                 .n_tokens = s->n, .n_seqs = s->n_seqs};
+    return v;
+}
+
+static void rec_views_free(rec_views *v) {
+    arr_free(&v->pos), arr_free(&v->seq), arr_free(&v->slots);
+}
+
+/* Three steps over states in slots 2 and 0 of 3 (slot 1 must stay as it
+ * is): a prefill of sequence 0 from position 0 (70 rows: the CPU's
+ * chunks of 64 and 6) beside sequence 1 continuing its state from
+ * position 9 (12 rows); decode rows of both in reverse order; then
+ * sequence 1 restarting at position 0 (its state ignored) beside a decode
+ * row of sequence 0.  The states start as random numbers, so a kernel
+ * that does not reset at position 0 fails. */
+enum { REC_STEPS = 3, REC_MAX_ROWS = 82 };
+
+static void rec_steps(rec_step *st, int32_t pos[][REC_MAX_ROWS], int32_t seq[][REC_MAX_ROWS]) {
+    static const int32_t slots[2] = {2, 0};
+    int n = 0;
+    for (int t = 0; t < 70; t++, n++) pos[0][n] = t, seq[0][n] = 0;
+    for (int t = 0; t < 12; t++, n++) pos[0][n] = 9 + t, seq[0][n] = 1;
+    st[0] = (rec_step){n, 2, pos[0], seq[0], slots};
+    pos[1][0] = 21, seq[1][0] = 1, pos[1][1] = 70, seq[1][1] = 0;
+    st[1] = (rec_step){2, 2, pos[1], seq[1], slots};
+    pos[2][0] = 71, seq[2][0] = 0, pos[2][1] = 0, seq[2][1] = 1;
+    st[2] = (rec_step){2, 2, pos[2], seq[2], slots};
+}
+
+static void one_conv(int C, int K) {
+    rec_step st[REC_STEPS];
+    int32_t pos[REC_STEPS][REC_MAX_ROWS], seq[REC_STEPS][REC_MAX_ROWS];
+    rec_steps(st, pos, seq);
+    arr w = arr_rand((size_t)C * K, -1, 1);
+    arr state = arr_rand((size_t)3 * (K - 1) * C + 1, -2, 2);
+    for (int i = 0; i < REC_STEPS; i++) {
+        rec_views v = rec_views_of(&st[i]);
+        arr x = arr_rand((size_t)st[i].n * C, -2, 2), y = arr_poison(sizeof(float) * (size_t)st[i].n * C);
+        for (int b = 0; b < N_BE; b++)
+            pt_be_conv1d_silu(be[b], y.d[b], x.d[b], w.d[b], state.d[b], &v.b[b], C, K);
+        check_out(&y, GPU, 1e-6, "conv1d_silu C=%d K=%d step %d", C, K, i);
+        check_same(&state, GPU, "conv1d_silu state"); /* inputs copied, never computed */
+        arr_free(&x), arr_free(&y);
+        rec_views_free(&v);
+    }
+    arr_free(&w), arr_free(&state);
+}
+
+/* The gated delta rule over the three steps; the CPU takes step 0's runs
+ * in its chunkwise form (chunk 64), CUDA row by row: the same function to
+ * f32 rounding (the CPU's own chunked test holds 5e-5 against a double
+ * reference); outputs and states within 5e-4 (1 + |cpu|) each, far under
+ * what a wrong index or a missed reset gives (order 1). */
+static void one_delta(int nk, int nv, int dk, int dv, bool tiled, float l2_eps) {
+    rec_step st[REC_STEPS];
+    int32_t pos[REC_STEPS][REC_MAX_ROWS], seq[REC_STEPS][REC_MAX_ROWS];
+    rec_steps(st, pos, seq);
+    int stride = 2 * nk * dk + nv * dv + 3; /* rows with slack after v, as the conv output's */
+    float *h = malloc(sizeof(float) * (size_t)nv);
+    for (int i = 0; i < nv; i++) h[i] = -expf(frand(-1.5f, 1.5f)); /* -exp(A_log) */
+    arr A = arr_from(h, sizeof(float) * (size_t)nv), dt = arr_rand((size_t)nv, -1, 1);
+    free(h);
+    size_t per = (size_t)nv * dk * dv;
+    arr state = arr_rand(3 * per, -0.5f, 0.5f);
+    for (int i = 0; i < REC_STEPS; i++) {
+        rec_views v = rec_views_of(&st[i]);
+        int n = st[i].n;
+        arr qkv = arr_rand((size_t)n * stride, -1, 1), ba = arr_rand((size_t)n * 2 * nv, -3, 3);
+        arr out = arr_poison(sizeof(float) * (size_t)n * nv * dv);
+        for (int b = 0; b < N_BE; b++) {
+            pt_op_gated_delta op = {.out = out.d[b], .qkv = qkv.d[b], .ba = ba.d[b], .A = A.d[b],
+                                    .dt_bias = dt.d[b], .state = state.d[b], .b = v.b[b],
+                                    .n_k_heads = nk, .n_v_heads = nv, .dk = dk, .dv = dv,
+                                    .stride = stride, .chunk = 64, .tiled = tiled,
+                                    .l2_eps = l2_eps};
+            pt_be_gated_delta(be[b], &op);
+        }
+        char what[160];
+        snprintf(what, sizeof what, "gated_delta heads %d/%d dk %d dv %d%s%s step %d", nk, nv, dk,
+                 dv, tiled ? " tiled" : "", l2_eps > 0 ? " ggml-l2" : "", i);
+        check_close_each(&out, GPU, 5e-4, what);
+        strncat(what, " state", sizeof what - strlen(what) - 1);
+        check_close_each(&state, GPU, 5e-4, what);
+        arr_free(&qkv), arr_free(&ba), arr_free(&out);
+        rec_views_free(&v);
+    }
+    arr_free(&A), arr_free(&dt), arr_free(&state);
+}
+
+/* Shapes: every kernel instance (a column in 1, 2 and 4 lanes), key dims
+ * that are not multiples of 32, value dims under and over a warp's 32
+ * columns, grouped and tiled value heads, both l2 norms; channels past
+ * the conv's 128-thread blocks. */
+static void test_recurrent_state(void **state) {
+    (void)state;
+    static const int convs[][2] = {{1, 4}, {300, 4}, {1000, 2}, {64, 1}};
+    for (size_t i = 0; i < PT_ARRAY_LEN(convs); i++) one_conv(convs[i][0], convs[i][1]);
+    one_delta(1, 1, 16, 20, false, 0);
+    one_delta(2, 4, 32, 48, false, 0);
+    one_delta(2, 4, 32, 48, true, 1e-6f);
+    one_delta(2, 2, 64, 40, false, 0);
+    one_delta(1, 2, 128, 128, true, 1e-6f);
+    one_delta(2, 6, 100, 33, false, 0);
+    one_delta(1, 1, 200, 64, false, 0);
+    one_delta(1, 1, 256, 70, true, 9.2f); /* the l2 floor (norms ~9.2 here) bites for some rows */
+}
+
+/* DeepSeek routing: the CPU's experts in the CPU's order (ids bit for
+ * bit: random logits are never near-tied at this count), weights within
+ * 1e-6.  Softmax and sigmoid gating, with and without bias, renorm and
+ * scale; group counts under and over a warp's 32. */
+static void one_route_grouped(int n, int E, int k, int groups, int used, int gating, bool bias,
+                              bool renorm, float scale) {
+    arr lg = arr_rand((size_t)n * E, -4, 4), bs = arr_rand((size_t)E, -0.1f, 0.1f);
+    arr ids = arr_poison(sizeof(int32_t) * (size_t)n * k), w = arr_poison(sizeof(float) * (size_t)n * k);
+    for (int b = 0; b < N_BE; b++) {
+        pt_op_moe_route_grouped r = {.ids = ids.d[b], .weights = w.d[b], .logits = lg.d[b],
+                                     .bias = bias ? bs.d[b] : NULL, .n = n, .n_experts = E,
+                                     .k = k, .n_groups = groups, .groups_used = used,
+                                     .gating = gating, .scale = scale, .renorm = renorm};
+        pt_be_moe_route_grouped(be[b], &r);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "moe_route_grouped n=%d E=%d k=%d groups %d/%d gating %d bias %d "
+             "renorm %d", n, E, k, used, groups, gating, bias, renorm);
+    check_same(&ids, GPU, what);
+    check_out(&w, GPU, 1e-6, "%s weights", what);
+    arr_free(&lg), arr_free(&bs), arr_free(&ids), arr_free(&w);
+}
+
+static void test_route_grouped(void **state) {
+    (void)state;
+    one_route_grouped(5, 64, 6, 1, 1, PT_MOE_SOFTMAX, false, false, 1.0f);   /* V2-Lite */
+    one_route_grouped(37, 160, 6, 8, 3, PT_MOE_SOFTMAX, false, false, 16.0f); /* V2 */
+    one_route_grouped(37, 256, 8, 8, 4, PT_MOE_SIGMOID, true, true, 2.5f);    /* V3 */
+    one_route_grouped(1, 256, 8, 8, 4, PT_MOE_SIGMOID, true, true, 2.5f);
+    one_route_grouped(3, 256, 20, 64, 5, PT_MOE_SIGMOID, true, false, 1.0f);  /* 64 groups */
+    one_route_grouped(2, 1024, 40, 32, 2, PT_MOE_SOFTMAX, true, true, 1.0f);
+    one_route_grouped(4, 96, 3, 96, 3, PT_MOE_SIGMOID, false, true, 1.0f);    /* groups of 1 */
+    one_route_grouped(300, 33, 33, 1, 1, PT_MOE_SOFTMAX, false, true, 1.0f);  /* every expert */
 }
 
 static void test_read_bandwidth(void **state) {
@@ -844,7 +1156,9 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_attention_ext), cmocka_unit_test(test_family_elementwise),
-        cmocka_unit_test(test_moe), cmocka_unit_test(test_read_bandwidth),
+        cmocka_unit_test(test_moe), cmocka_unit_test(test_recurrent_elementwise),
+        cmocka_unit_test(test_recurrent_state), cmocka_unit_test(test_route_grouped),
+        cmocka_unit_test(test_read_bandwidth),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);

@@ -23,7 +23,12 @@
  * only q4_0 takes by default (PETREL_CUDA_QGEMV_CO=2), the same checks.
  *
  * matmul_id (mixture of experts): stacks of experts of every format, the
- * same bounds as matmul's GEMV.
+ * same bounds as matmul's GEMV; 128 experts top 8 at 1, 4 and 16 rows
+ * (rows sharing experts), 2880 columns (gpt-oss; q4_0 rows not 16-byte
+ * aligned), rows of two warp passes.  test_qmatmul_id_invariance: each
+ * row of a 9- or 16-row call against the row alone, bit for bit.
+ * test_qmatmul_id_mxfp4: gpt-oss's MXFP4 experts, decoded bit for bit as
+ * the CPU dequantizes them, and matmul_id against the CPU.
  *
  * embed: rows of each format against the CPU's dequantization, 1e-6
  * relative (the same products; the GPU fuses one multiply-add).
@@ -300,11 +305,25 @@ static void test_qembed(void **state) {
     }
 }
 
+/* k distinct experts per row, drawn at random (rows share experts). */
+static void random_ids(int32_t *ids, int n, int k, int E) {
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            bool dup;
+            do {
+                ids[t * k + j] = (int32_t)(pt_rng_next(&rng) % (uint64_t)E);
+                dup = false;
+                for (int i = 0; i < j; i++) dup |= ids[t * k + i] == ids[t * k + j];
+            } while (dup);
+        }
+}
+
 /* matmul_id over a stack of quantized experts (a tall matrix of E * R
  * rows cut into E experts of R), against the double-precision product of
  * the dequantized experts and the CPU backend, with one_matmul's bounds
  * (the GPU decodes to f32 and sums in f32: u = 1e-5). */
-static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, int x_slots) {
+static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, int x_slots,
+                           bool rand_ids) {
     qmat m = qmat_new(f, E * R, cols);
     size_t nx = (size_t)n * x_slots * cols, ny = (size_t)n * k * R;
     float *x = malloc(sizeof(float) * nx), *poison = malloc(sizeof(float) * ny);
@@ -313,6 +332,8 @@ static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, i
     memset(poison, 0xff, sizeof(float) * ny);
     for (int t = 0; t < n; t++) /* k distinct experts per row, the last one always chosen once */
         for (int j = 0; j < k; j++) ids[t * k + j] = (int32_t)((t + 2 * j + (t == 0 && j == 0 ? E - 1 : 0)) % E);
+    if (rand_ids) /* a router's choice: distinct in a row, rows sharing experts */
+        random_ids(ids, n, k, E);
     void *dx[N_BE], *dy[N_BE], *di[N_BE];
     for (int b = 0; b < N_BE; b++) {
         pt_weight w = m.w[b];
@@ -354,14 +375,181 @@ static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, i
     qmat_free(&m);
 }
 
+/* matmul_id on the GPU alone: each token row of an n-row call (rows
+ * sharing experts) against the same row computed alone, bit for bit. */
+static void invariant_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k) {
+    qmat m = qmat_new(f, E * R, cols);
+    pt_weight w = m.w[GPU];
+    w.rows = R, w.n_experts = E, w.expert_stride = m.nb[0] / (size_t)E;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * k * R;
+    float *x = malloc(sizeof(float) * nx), *poison = malloc(sizeof(float) * ny);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
+    memset(poison, 0xff, sizeof(float) * ny);
+    random_ids(ids, n, k, E);
+    void *dx = to_backend(GPU, x, sizeof(float) * nx), *dy = to_backend(GPU, poison, sizeof(float) * ny);
+    void *di = to_backend(GPU, ids, sizeof(int32_t) * (size_t)n * k);
+    pt_be_matmul_id(be[GPU], dy, dx, &w, di, n, k, 1);
+    float *yn = download(GPU, dy, ny);
+    char fb[48];
+    for (int t = 0; t < n; t++) {
+        void *dxt = to_backend(GPU, x + (size_t)t * cols, sizeof(float) * cols);
+        void *dyt = to_backend(GPU, poison, sizeof(float) * k * R);
+        void *dit = to_backend(GPU, ids + (size_t)t * k, sizeof(int32_t) * k);
+        pt_be_matmul_id(be[GPU], dyt, dxt, &w, dit, 1, k, 1);
+        float *y1 = download(GPU, dyt, (size_t)k * R);
+        for (int i = 0; i < k * R; i++)
+            if (memcmp(&y1[i], &yn[(size_t)t * k * R + i], sizeof(float)))
+                fail_msg("matmul_id %s E=%d %dx%d: row %d of %d, [%d] = %.9g alone, %.9g in the batch",
+                         fname(f, fb, sizeof fb), E, R, cols, t, n, i, y1[i], yn[(size_t)t * k * R + i]);
+        free(y1);
+        be[GPU]->ops->free(be[GPU], dxt, sizeof(float) * cols);
+        be[GPU]->ops->free(be[GPU], dyt, sizeof(float) * k * R);
+        be[GPU]->ops->free(be[GPU], dit, sizeof(int32_t) * k);
+    }
+    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * nx);
+    be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
+    be[GPU]->ops->free(be[GPU], di, sizeof(int32_t) * (size_t)n * k);
+    free(x), free(poison), free(ids), free(yn);
+    qmat_free(&m);
+}
+
 static void test_qmatmul_id(void **state) {
     (void)state;
     for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
         const fmt *f = &formats[fi];
-        one_qmatmul_id(f, 5, 37, 512, 1, 2, 1);  /* decode */
-        one_qmatmul_id(f, 5, 37, 512, 1, 2, 2);  /* an input per slot (down projection) */
-        one_qmatmul_id(f, 6, 20, 256, 30, 3, 1); /* prefill: many pairs per expert */
-        if (96 % fmt_block(f) == 0) one_qmatmul_id(f, 4, 9, 96, 3, 2, 1); /* 2-byte aligned experts */
+        one_qmatmul_id(f, 5, 37, 512, 1, 2, 1, false);  /* decode */
+        one_qmatmul_id(f, 5, 37, 512, 1, 2, 2, false);  /* an input per slot (down projection) */
+        one_qmatmul_id(f, 6, 20, 256, 30, 3, 1, false); /* prefill: many pairs per expert */
+        if (96 % fmt_block(f) == 0) one_qmatmul_id(f, 4, 9, 96, 3, 2, 1, false); /* 2-byte aligned experts */
+        one_qmatmul_id(f, 3, 24, 4096, 15, 2, 1, false); /* two warp passes per row, two pair groups */
+        /* 128 experts, top 8, decode-sized batches (16: rows share experts) */
+        one_qmatmul_id(f, 128, 16, 512, 1, 8, 1, true);
+        one_qmatmul_id(f, 128, 16, 512, 4, 8, 8, true);
+        one_qmatmul_id(f, 128, 16, 512, 16, 8, 1, true);
+        if (2880 % fmt_block(f) == 0) { /* gpt-oss: 2880 columns, rows not 16-byte aligned in q4_0 */
+            one_qmatmul_id(f, 32, 12, 2880, 1, 4, 1, true);
+            one_qmatmul_id(f, 32, 12, 2880, 5, 4, 4, true);
+        }
+    }
+}
+
+/* MXFP4 experts (gpt-oss), random codes and scales 2^-28 .. 2^22.
+ * Decoding, bit for bit: x row t = 32767 at column t, 0 elsewhere, every
+ * row choosing every expert, so y[t][j][r] = 32767 * W_j[r][t] exactly
+ * (the activation scale is 1, every other term an exact 0), against the
+ * CPU's dequantization (embed of the stack as a table).  Then random x
+ * against the CPU's matmul_id with one_qmatmul_id's bound. */
+static void one_mxfp4(int E, int R, int cols) {
+    const size_t row_bytes = (size_t)cols / 32 * 17, nb = (size_t)E * R * row_bytes;
+    uint8_t *host = malloc(nb);
+    for (size_t i = 0; i < nb; i++) host[i] = (uint8_t)pt_rng_next(&rng);
+    for (size_t i = 0; i < nb; i += 17) host[i] = (uint8_t)(100 + pt_rng_next(&rng) % 51);
+    void *dw[N_BE];
+    pt_weight w[N_BE];
+    for (int b = 0; b < N_BE; b++) {
+        dw[b] = to_backend(b, host, nb);
+        w[b] = (pt_weight){.dtype = PT_MXFP4, .rows = R, .cols = cols, .data = dw[b], .nbytes = nb,
+                           .n_experts = E, .expert_stride = (size_t)R * row_bytes};
+    }
+    /* the CPU's dequantization: the stack as a table of E * R rows */
+    int nt = E * R;
+    int32_t *tid = malloc(sizeof(int32_t) * (size_t)nt);
+    for (int i = 0; i < nt; i++) tid[i] = i;
+    pt_weight table = {.dtype = PT_MXFP4, .rows = nt, .cols = cols, .data = dw[CPU], .nbytes = nb};
+    void *dti = to_backend(CPU, tid, sizeof(int32_t) * (size_t)nt);
+    void *ddq = be[CPU]->ops->alloc(be[CPU], sizeof(float) * (size_t)nt * cols);
+    pt_be_embed(be[CPU], ddq, &table, dti, nt);
+    float *deq = download(CPU, ddq, (size_t)nt * cols);
+
+    int n = cols, k = E;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * k * R;
+    float *x = calloc(nx, sizeof(float)), *poison = malloc(sizeof(float) * ny);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    for (int t = 0; t < n; t++) {
+        x[(size_t)t * cols + t] = 32767.f;
+        for (int j = 0; j < k; j++) ids[t * k + j] = j;
+    }
+    memset(poison, 0xff, sizeof(float) * ny);
+    void *dx = to_backend(GPU, x, sizeof(float) * nx), *dy = to_backend(GPU, poison, sizeof(float) * ny);
+    void *di = to_backend(GPU, ids, sizeof(int32_t) * (size_t)n * k);
+    pt_be_matmul_id(be[GPU], dy, dx, &w[GPU], di, n, k, 1);
+    float *yg = download(GPU, dy, ny);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++)
+            for (int r = 0; r < R; r++) {
+                float want = 32767.f * deq[((size_t)j * R + r) * cols + t];
+                float got = yg[((size_t)t * k + j) * R + r];
+                if (!(got == want))
+                    fail_msg("mxfp4 decode E=%d %dx%d: expert %d [%d][%d] = %.9g, cpu %.9g", E, R,
+                             cols, j, r, t, got / 32767.f, want / 32767.f);
+            }
+    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * nx);
+    be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
+    be[GPU]->ops->free(be[GPU], di, sizeof(int32_t) * (size_t)n * k);
+    free(yg), free(ids), free(poison), free(x);
+
+    static const int ns[] = {1, 5, 16};
+    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+        n = ns[ni], k = E < 4 ? E : 4;
+        nx = (size_t)n * cols, ny = (size_t)n * k * R;
+        x = malloc(sizeof(float) * nx), poison = malloc(sizeof(float) * ny);
+        ids = malloc(sizeof(int32_t) * (size_t)n * k);
+        for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
+        memset(poison, 0xff, sizeof(float) * ny);
+        random_ids(ids, n, k, E);
+        void *bx[N_BE], *by[N_BE], *bi[N_BE];
+        for (int b = 0; b < N_BE; b++) {
+            bx[b] = to_backend(b, x, sizeof(float) * nx);
+            by[b] = to_backend(b, poison, sizeof(float) * ny);
+            bi[b] = to_backend(b, ids, sizeof(int32_t) * (size_t)n * k);
+            pt_be_matmul_id(be[b], by[b], bx[b], &w[b], bi[b], n, k, 1);
+        }
+        float *yc = download(CPU, by[CPU], ny);
+        yg = download(GPU, by[GPU], ny);
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < k; j++) {
+                const float *xr = x + (size_t)t * cols;
+                float xmax = 0;
+                for (int c = 0; c < cols; c++) xmax = fmaxf(xmax, fabsf(xr[c]));
+                for (int r = 0; r < R; r++) {
+                    const float *wr = deq + ((size_t)ids[t * k + j] * R + r) * cols;
+                    double S = 0, W = 0;
+                    for (int c = 0; c < cols; c++) S += fabs((double)wr[c] * xr[c]), W += fabs(wr[c]);
+                    size_t o = ((size_t)t * k + j) * R + r;
+                    double tol = 1e-5 * S + 1e-6 + 1.01 * xmax / 65534 * W;
+                    if (!(fabs((double)yg[o] - yc[o]) <= tol))
+                        fail_msg("matmul_id mxfp4 E=%d %dx%d n=%d: y[%d][%d][%d] = %.9g, cpu %.9g",
+                                 E, R, cols, n, t, j, r, yg[o], yc[o]);
+                }
+            }
+        for (int b = 0; b < N_BE; b++) {
+            be[b]->ops->free(be[b], bx[b], sizeof(float) * nx);
+            be[b]->ops->free(be[b], by[b], sizeof(float) * ny);
+            be[b]->ops->free(be[b], bi[b], sizeof(int32_t) * (size_t)n * k);
+        }
+        free(x), free(poison), free(ids), free(yc), free(yg);
+    }
+    be[CPU]->ops->free(be[CPU], dti, sizeof(int32_t) * (size_t)nt);
+    be[CPU]->ops->free(be[CPU], ddq, sizeof(float) * (size_t)nt * cols);
+    for (int b = 0; b < N_BE; b++) be[b]->ops->free(be[b], dw[b], nb);
+    free(host), free(tid), free(deq);
+}
+
+static void test_qmatmul_id_mxfp4(void **state) {
+    (void)state;
+    one_mxfp4(4, 8, 96);    /* rows of 51 bytes: odd addresses */
+    one_mxfp4(3, 5, 2880);  /* gpt-oss's width: two warp passes */
+    one_mxfp4(32, 6, 2880); /* 32 experts, top 4 */
+}
+
+/* Rows sharing experts: a pair's bits do not depend on the other pairs. */
+static void test_qmatmul_id_invariance(void **state) {
+    (void)state;
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
+        const fmt *f = &formats[fi];
+        invariant_qmatmul_id(f, 16, 24, 512, 9, 4);
+        if (2880 % fmt_block(f) == 0) invariant_qmatmul_id(f, 8, 8, 2880, 16, 2);
     }
 }
 
@@ -412,6 +600,8 @@ int main(void) {
         cmocka_unit_test(test_qmatmul_coalesced_q8_0),
         cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_qmatmul_id),
+        cmocka_unit_test(test_qmatmul_id_invariance),
+        cmocka_unit_test(test_qmatmul_id_mxfp4),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);

@@ -324,8 +324,9 @@ static void test_supported_list_from_table(void **state) {
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "'minicpm3' is not supported (supported: llama, mistral, "
-                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gpt_oss, "
-                                    "qwen3_next, qwen3_5_text, deepseek_v3, deepseek_v2)"));
+                                    "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma4_text, "
+                                    "gpt_oss, qwen3_next, qwen3_5_text, qwen3_5_moe_text, "
+                                    "deepseek_v3, deepseek_v2)"));
     json_decref(j);
 }
 
@@ -370,6 +371,20 @@ static void test_deepseek_config(void **state) {
     assert_int_equal(plan[2].ffn, PT_FFN_MOE);
     assert_int_equal(plan[2].n_shared, 1);
     assert_int_equal(plan[2].top_k, 3);
+    /* as transformers 5 saves it: YaRN under rope_parameters, no
+     * scoring_func or topk_method (its V3 code always routes so) */
+    j = json_loads(DSV3 ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000.0,"
+                   "\"factor\":40.0,\"original_max_position_embeddings\":4096,\"mscale\":1.0,"
+                   "\"mscale_all_dim\":1.0}}",
+                   0, NULL);
+    json_object_del(j, "scoring_func");
+    json_object_del(j, "rope_theta");
+    if (pt_config_from_json(j, &c, &err)) fail_msg("%s", err.msg);
+    json_decref(j);
+    assert_true(c.router_grouped && c.router_bias);
+    assert_int_equal(c.expert_gating, PT_MOE_SIGMOID);
+    assert_int_equal(c.n_expert_groups, 4);
+    assert_float_equal(c.attn_scale, m * m / sqrt(12.0), 1e-6);
     j = json_loads(DSV3 ",\"topk_method\":\"group_limited_greedy\"}", 0, NULL);
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
     assert_non_null(strstr(err.msg, "topk_method 'group_limited_greedy' with 4 groups"));
@@ -449,11 +464,79 @@ static void test_gemma4_plan(void **state) {
     assert_int_equal(pt_model_plan(&c, plan, &err), -1);
     assert_non_null(strstr(err.msg, "layer 1 shares K/V but no earlier layer of its kind"));
 
-    json_t *j = json_loads("{\"model_type\":\"gemma4_text\"," BASE "}", 0, NULL);
+    /* a config.json without layer kinds is refused with what it lacks */
+    json_t *j = json_loads("{\"model_type\":\"gemma4_text\",\"hidden_activation\":"
+                           "\"gelu_pytorch_tanh\"," BASE "}",
+                           0, NULL);
     assert_non_null(j);
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "'gemma4_text' is not supported"));
+    assert_non_null(strstr(err.msg, "gemma4_text needs sliding_window and layer_types"));
     json_decref(j);
+}
+
+/* transformers' gemma4_text config.json (E2B-like: per-layer inputs, the
+ * last two layers sharing K/V with the double-wide MLP, proportional rope
+ * on full layers; the 26B-like one: V = K with one global KV head, and
+ * experts): the shapes per layer kind and the plan they give. */
+static void test_gemma4_json(void **state) {
+    (void)state;
+#define G4 "\"model_type\":\"gemma4_text\",\"hidden_size\":64,\"num_hidden_layers\":6,"        \
+           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,"             \
+           "\"global_head_dim\":64,\"intermediate_size\":96,\"vocab_size\":320,"              \
+           "\"hidden_activation\":\"gelu_pytorch_tanh\",\"sliding_window\":8,"                 \
+           "\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"full_attention\","  \
+           "\"sliding_attention\",\"sliding_attention\",\"full_attention\"],"                   \
+           "\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\","            \
+           "\"rope_theta\":10000.0},\"full_attention\":{\"rope_type\":\"proportional\","       \
+           "\"partial_rotary_factor\":0.25,\"rope_theta\":1000000.0}}"
+    pt_model_config c;
+    pt_layer_plan plan[6];
+    pt_err err = {{0}};
+    config_of("{" G4 ",\"hidden_size_per_layer_input\":16,\"vocab_size_per_layer_input\":320,"
+              "\"num_kv_shared_layers\":2,\"use_double_wide_mlp\":true,"
+              "\"final_logit_softcapping\":15.0}",
+              &c);
+    assert_string_equal(c.arch, "gemma4");
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.head_dim_swa, 32);
+    assert_int_equal(c.n_rot, 64);
+    assert_int_equal(c.n_rot_swa, 32);
+    assert_int_equal(c.rope_rot_pairs, 8); /* 0.25 * 64 / 2 */
+    assert_true(c.rope_theta == 1e6f && c.rope_theta_swa == 1e4f);
+    assert_int_equal(c.ple_dim, 16);
+    assert_int_equal(c.n_kv_layers, 4);
+    assert_true(c.tied_embeddings && c.v_norm && c.final_softcap == 15.0f);
+    assert_int_equal(c.norm, PT_NORM_RMS);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    static const int source[6] = {0, 1, 2, 3, 3, 2};
+    for (int l = 0; l < 6; l++) {
+        bool swa = l % 3 != 2;
+        assert_int_equal(plan[l].head_dim, swa ? 32 : 64);
+        assert_int_equal(plan[l].n_kv_heads, 2);
+        assert_int_equal(plan[l].rope_factors, !swa);
+        assert_int_equal(plan[l].kv_layer, source[l]);
+        assert_int_equal(plan[l].ffn_dim, l >= 4 ? 192 : 96);
+    }
+    config_of("{" G4 ",\"hidden_size_per_layer_input\":0,\"attention_k_eq_v\":true,"
+              "\"num_global_key_value_heads\":1,\"enable_moe_block\":true,\"num_experts\":6,"
+              "\"top_k_experts\":2,\"moe_intermediate_size\":32}",
+              &c);
+    assert_int_equal(c.ple_dim, 0);
+    assert_int_equal(c.n_kv_heads, 1);
+    assert_int_equal(c.n_kv_heads_swa, 2);
+    assert_int_equal(c.n_experts, 6);
+    assert_int_equal(c.n_experts_used, 2);
+    assert_int_equal(c.expert_ffn_dim, 32);
+    for (int l = 0; l < 6; l++)
+        assert_int_equal(c.v_from_k[0] >> l & 1, l % 3 == 2);
+    /* scaled proportional rope is refused, not run unscaled */
+    json_t *j = json_loads("{" G4 ",\"x\":0}", 0, NULL);
+    json_object_set_new(json_object_get(json_object_get(j, "rope_parameters"), "full_attention"),
+                        "factor", json_real(8.0));
+    assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "proportional full rope only"));
+    json_decref(j);
+#undef G4
 }
 
 static void test_bad_mixture(void **state) {
@@ -514,6 +597,24 @@ static void test_family_presets(void **state) {
     assert_int_equal(plan[0].window, 4096);
     assert_int_equal(plan[1].mixer, PT_MIX_ATTN);
     assert_true(c.final_softcap == 30.0f && plan[1].attn_softcap == 50.0f);
+    config_of(pt_config_preset("gpt-oss-20b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    for (int l = 0; l < 24; l++) {
+        assert_int_equal(plan[l].mixer, l % 2 ? PT_MIX_ATTN : PT_MIX_ATTN_SWA);
+        assert_int_equal(plan[l].ffn, PT_FFN_MOE);
+    }
+    assert_int_equal(plan[0].window, 128);
+    assert_int_equal(plan[0].n_experts, 32);
+    assert_int_equal(plan[0].top_k, 4);
+    pt_layer_plan plan64[64];
+    config_of(pt_config_preset("qwen3.5-27b"), &c);
+    assert_int_equal(pt_model_plan(&c, plan64, &err), 0);
+    for (int l = 0; l < 64; l++)
+        assert_int_equal(plan64[l].mixer, l % 4 == 3 ? PT_MIX_ATTN : PT_MIX_RECURRENT);
+    char names[256];
+    pt_config_preset_names(names, sizeof names);
+    assert_non_null(strstr(names, "gpt-oss-20b"));
+    assert_non_null(strstr(names, "qwen3.5-27b"));
 }
 
 /* A family whose spec is a stack of experts gets one pt_weight per layer
@@ -524,7 +625,11 @@ static void test_expert_stack_dummy(void **state) {
         {"blk.%d.ffn_gate_exps.weight", "model.layers.%d.mlp.experts.gate_proj", D_EXPERTS, D_FFN,
          D_DIM, offsetof(pt_layer, w_gate), true, NEED_ALWAYS},
     };
-    static const pt_family fam = {.name = "test", .weights = specs, .n_weights = 1};
+    /* In the table, or among the weights only dummy models make (gpt-oss's
+     * experts): the same stack either way. */
+    static const pt_family fams[2] = {
+        {.name = "test", .weights = specs, .n_weights = 1},
+        {.name = "test", .dummy_weights = specs, .n_dummy_weights = 1}};
     static const struct {
         const char *format;
         size_t stride; /* 128 rows x 64 cols */
@@ -536,25 +641,26 @@ static void test_expert_stack_dummy(void **state) {
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
     assert_non_null(be);
-    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+    for (size_t i = 0; i < 2 * PT_ARRAY_LEN(cases); i++) {
+        const pt_family *fam = &fams[i & 1];
         pt_model m = {.be = be};
         config_of("{\"model_type\":\"llama\"," BASE "}", &m.cfg);
-        m.family = &fam;
+        m.family = fam;
         m.cfg.n_experts = 4;
         size_t bytes;
-        assert_int_equal(pt_family_dummy_bytes(&fam, &m.cfg, cases[i].format, &bytes, &err), 0);
-        assert_int_equal(bytes, 3 * 4 * cases[i].bytes);
+        assert_int_equal(pt_family_dummy_bytes(fam, &m.cfg, cases[i / 2].format, &bytes, &err), 0);
+        assert_int_equal(bytes, 3 * 4 * cases[i / 2].bytes);
         m.layers = calloc(3, sizeof(pt_layer));
-        if (pt_model_make_dummy_weights(&m, cases[i].format, 7, &err)) fail_msg("%s", err.msg);
+        if (pt_model_make_dummy_weights(&m, cases[i / 2].format, 7, &err)) fail_msg("%s", err.msg);
         for (int l = 0; l < 3; l++) {
             const pt_weight *w = &m.layers[l].w_gate;
             assert_int_equal(w->n_experts, 4);
             assert_int_equal(w->rows, 128);
             assert_int_equal(w->cols, 64);
-            assert_int_equal(w->expert_stride, cases[i].stride);
+            assert_int_equal(w->expert_stride, cases[i / 2].stride);
             assert_non_null(w->data);
         }
-        check_expert_matmul(be, &m.layers[1].w_gate, cases[i].format);
+        check_expert_matmul(be, &m.layers[1].w_gate, cases[i / 2].format);
         assert_int_equal(m.weight_bytes, bytes);
         pt_model_free_owned(&m);
         free(m.layers);
@@ -683,6 +789,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_configs),
         cmocka_unit_test(test_qwen3_next_plan),
         cmocka_unit_test(test_gemma4_plan),
+        cmocka_unit_test(test_gemma4_json),
         cmocka_unit_test(test_bad_mixture),
         cmocka_unit_test(test_expert_stack_dummy),
     };

@@ -221,6 +221,7 @@ static void cpu_destroy(pt_backend *be) {
     free(cb->attn_meta);
     free(cb->attn_parts);
     free(cb->moe_buf);
+    free(cb->xpack);
     for (int i = 0; cb->scratch && i < be->n_threads; i++) free(cb->scratch[i]);
     free(cb->scratch);
     free(cb);

@@ -28,6 +28,10 @@ typedef struct pt_cpu_backend {
      * calling thread. */
     void *moe_buf;
     size_t moe_cap;
+    /* The packed GEMM's token tiles (cpu_matmul.c), shared by all threads
+     * and grown on the calling thread. */
+    void *xpack;
+    size_t xpack_cap;
     /* Test-only fault injection (PETREL_FAULT_OP=name:N, read at creation):
      * the N-th op of kind fault_kind (counting from 1) fails instead of
      * running.  fault_kind -1: off. */

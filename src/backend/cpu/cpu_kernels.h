@@ -63,9 +63,12 @@ typedef struct pt_cpu_kernels {
     void (*pack_panel)(float *panel, const pt_cpu_wops *wo, const void *w, size_t row_bytes, int nr,
                        int kb, float *tmp);
     /* y[t*ldy + j] = (accumulate ? y[t*ldy + j] : 0) + sum over k < kb of
-     * x[t*ldx + k] * panel[k*NR + j], for t < nt <= MR and j < nr <= NR. */
-    void (*gemm_tile)(float *y, int64_t ldy, const float *x, int64_t ldx, const float *panel, int kb,
-                      int nt, int nr, int accumulate);
+     * xp[k*MR + t] * panel[k*NR + j], for t < nt <= MR and j < nr <= NR.
+     * xp is a token tile packed k-major by the driver (pt_cpu_pack_x), so
+     * the broadcasts walk one contiguous stream: rows of x a power of two
+     * apart fell into the same L1 sets as each other and the panel. */
+    void (*gemm_tile)(float *y, int64_t ldy, const float *xp, const float *panel, int kb, int nt,
+                      int nr, int accumulate);
 
     /* Attention tiles for one query head over cnt cached rows already in
      * f32, ld floats apart (hd elements each):

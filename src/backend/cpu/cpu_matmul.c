@@ -8,12 +8,16 @@
  *                         every chunk serves all n tokens before the next is
  *                         read, so W crosses memory once and is never
  *                         converted to f32 in memory;
- *   larger n (prefill)    compute-bound: a packed GEMM.  For each block of
- *                         KB columns, PT_CPU_NR weight rows are converted to
- *                         f32 into a k-major panel that stays in L1 while
- *                         register tiles of PT_CPU_MR tokens sweep the token
- *                         block (x's KB-wide slice stays in L2).  Weight
- *                         conversion is paid once per NB tokens.
+ *   larger n (prefill)    compute-bound: a packed GEMM.  Per block of NB
+ *                         tokens, x is packed once into k-major tiles of
+ *                         PT_CPU_MR tokens; weight rows go in chunks of RC
+ *                         (the chunk's y block stays in L2), and for each
+ *                         block of KB columns, PT_CPU_NR rows are converted
+ *                         to f32 into a k-major panel that stays in L1 while
+ *                         the register tiles sweep the token tiles.  Weight
+ *                         conversion is paid once per NB tokens; each y
+ *                         element sums its column blocks in order, whatever
+ *                         the chunking.
  * Quantized formats (MLX affine, GGUF blocks) go to their own driver,
  * quant_kernels.h, on the same pool.
  *
@@ -27,6 +31,8 @@
  * block size) and tokens per pass over the weights (a multiple of MR). */
 #define KB 256
 #define NB 192
+/* Weight rows per chunk: a chunk's y block (NB x RC floats) stays in L2. */
+#define RC 128
 /* Target bytes of weights per chunk of the small-batch path (fits L2). */
 #define SMALL_CHUNK_BYTES (256 * 1024)
 
@@ -42,6 +48,8 @@ typedef struct matmul_job {
     int n;
     bool split_tokens; /* packed path: split tokens instead of rows */
     float *const *scratch;
+    int64_t t0, t1; /* packed path: the token block in xp */
+    float *xp;
 } matmul_job;
 
 static void matvec_task(void *ctx, int ith, int nth) {
@@ -78,24 +86,56 @@ static void prefetch_panel(const matmul_job *j, int64_t r, int64_t r1, size_t ko
         for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(j->w + i * j->row_bytes + koff + off);
 }
 
-/* Packed GEMM over rows [r0, r1) and tokens [t0, t1). */
+/* Copies x's tokens [t0, t1) into MR-token tiles over all columns, k-major:
+ * tile i holds xp[i*cols*MR + k*MR + t] = x[(t0 + i*MR + t)*cols + k], zero
+ * past t1.  Packed once per token block and read by every panel of every
+ * thread: rows of x (and of y) lie a power of two apart and fell into the
+ * same L1 sets as each other and the panel. */
+static void pack_x(float *xp, const float *x, int64_t cols, int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t += PT_CPU_MR) {
+        int nt = (int)PT_MIN(PT_CPU_MR, t1 - t);
+        for (int tt = 0; tt < PT_CPU_MR; tt++) {
+            const float *src = x + (t + tt) * cols;
+            for (int64_t k = 0; k < cols; k++) xp[k * PT_CPU_MR + tt] = tt < nt ? src[k] : 0.0f;
+        }
+        xp += (size_t)cols * PT_CPU_MR;
+    }
+}
+
+static void pack_x_task(void *ctx, int ith, int nth) {
+    const matmul_job *j = ctx;
+    int64_t lo, hi;
+    pt_cpu_split(j->t1 - j->t0, ith, nth, PT_CPU_MR, &lo, &hi);
+    if (hi > lo) pack_x(j->xp + lo * j->cols, j->x, j->cols, j->t0 + lo, j->t0 + hi);
+}
+
+/* Packed GEMM over rows [r0, r1) and tokens [t0, t1) of the current token
+ * block (xp holds its tiles).  Rows go in chunks of RC so the chunk's y
+ * block stays in L2 while every column block adds into it; each panel is
+ * still converted exactly once. */
 static void gemm_range(const matmul_job *j, float *scratch, int64_t r0, int64_t r1, int64_t t0,
                        int64_t t1) {
-    float *panel = scratch, *tmp = scratch + PT_CPU_NR * KB;
-    for (int64_t tb = t0; tb < t1; tb += NB) {
-        int64_t tb_end = PT_MIN(t1, tb + NB);
+    float *panel = scratch, *tmp = panel + PT_CPU_NR * KB;
+    for (int64_t rc = r0; rc < r1; rc += RC) {
+        int64_t rc_end = PT_MIN(r1, rc + RC);
         for (int64_t k0 = 0; k0 < j->cols; k0 += KB) {
             int kb = (int)PT_MIN(KB, j->cols - k0);
             size_t koff = pt_dtype_bytes(j->dt, (uint64_t)k0);
-            for (int64_t r = r0; r < r1; r += PT_CPU_NR) {
-                int nr = (int)PT_MIN(PT_CPU_NR, r1 - r);
+            for (int64_t r = rc; r < rc_end; r += PT_CPU_NR) {
+                int nr = (int)PT_MIN(PT_CPU_NR, rc_end - r);
                 j->k->pack_panel(panel, j->wo, j->w + r * j->row_bytes + koff, j->row_bytes, nr, kb,
                                  tmp);
-                prefetch_panel(j, r + PT_CPU_NR, r1, koff, kb);
-                for (int64_t t = tb; t < tb_end; t += PT_CPU_MR) {
-                    int nt = (int)PT_MIN(PT_CPU_MR, tb_end - t);
-                    j->k->gemm_tile(j->y + t * j->rows + r, j->rows, j->x + t * j->cols + k0, j->cols,
-                                    panel, kb, nt, nr, k0 > 0);
+                if (r + PT_CPU_NR < rc_end) /* the next panel: next rows, next column block, next chunk */
+                    prefetch_panel(j, r + PT_CPU_NR, rc_end, koff, kb);
+                else if (k0 + KB < j->cols)
+                    prefetch_panel(j, rc, rc_end, pt_dtype_bytes(j->dt, (uint64_t)(k0 + KB)),
+                                   (int)PT_MIN(KB, j->cols - k0 - KB));
+                else
+                    prefetch_panel(j, rc_end, r1, 0, (int)PT_MIN(KB, j->cols));
+                const float *xt = j->xp + (t0 - j->t0) * j->cols + k0 * PT_CPU_MR;
+                for (int64_t t = t0; t < t1; t += PT_CPU_MR, xt += (size_t)j->cols * PT_CPU_MR) {
+                    int nt = (int)PT_MIN(PT_CPU_MR, t1 - t);
+                    j->k->gemm_tile(j->y + t * j->rows + r, j->rows, xt, panel, kb, nt, nr, k0 > 0);
                 }
             }
         }
@@ -106,11 +146,11 @@ static void gemm_task(void *ctx, int ith, int nth) {
     const matmul_job *j = ctx;
     int64_t lo, hi;
     if (j->split_tokens) {
-        pt_cpu_split(j->n, ith, nth, PT_CPU_MR, &lo, &hi);
-        if (hi > lo) gemm_range(j, j->scratch[ith], 0, j->rows, lo, hi);
+        pt_cpu_split(j->t1 - j->t0, ith, nth, PT_CPU_MR, &lo, &hi);
+        if (hi > lo) gemm_range(j, j->scratch[ith], 0, j->rows, j->t0 + lo, j->t0 + hi);
     } else {
         pt_cpu_split(j->rows, ith, nth, PT_CPU_NR, &lo, &hi);
-        if (hi > lo) gemm_range(j, j->scratch[ith], lo, hi, 0, j->n);
+        if (hi > lo) gemm_range(j, j->scratch[ith], lo, hi, j->t0, j->t1);
     }
 }
 
@@ -145,7 +185,14 @@ void pt_cpu_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w,
         j.split_tokens = panels < 2 * be->n_threads && n >= 2 * PT_CPU_MR * be->n_threads;
         if (pt_cpu_scratch_reserve(cb, 2 * PT_CPU_NR * KB, "matmul")) return;
         j.scratch = cb->scratch;
-        pt_cpu_run(cb, gemm_task, &j, work);
+        size_t tiles = (size_t)(PT_MIN(n, NB) + PT_CPU_MR - 1) / PT_CPU_MR;
+        j.xp = pt_cpu_grow(&cb->xpack, &cb->xpack_cap, tiles * PT_CPU_MR * (size_t)j.cols * sizeof(float));
+        for (j.t0 = 0; j.t0 < n; j.t0 = j.t1) {
+            j.t1 = PT_MIN(n, j.t0 + NB);
+            double block = (double)w->rows * (double)w->cols * (double)(j.t1 - j.t0);
+            pt_cpu_run(cb, pack_x_task, &j, (double)(j.t1 - j.t0) * (double)j.cols);
+            pt_cpu_run(cb, gemm_task, &j, block);
+        }
     }
 }
 

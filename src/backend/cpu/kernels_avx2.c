@@ -250,12 +250,13 @@ PT_AVX2_WOPS(bf16, 2)
 
 /* ---- packed GEMM -------------------------------------------------------------------- */
 
-/* Transposes an 8x8 block: rows src[0..7] (at column k) to panel columns. */
-INLINE void transpose8(float *dst, int64_t ldd, const float *const *src, int64_t k) {
-    __m256 r0 = _mm256_loadu_ps(src[0] + k), r1 = _mm256_loadu_ps(src[1] + k);
-    __m256 r2 = _mm256_loadu_ps(src[2] + k), r3 = _mm256_loadu_ps(src[3] + k);
-    __m256 r4 = _mm256_loadu_ps(src[4] + k), r5 = _mm256_loadu_ps(src[5] + k);
-    __m256 r6 = _mm256_loadu_ps(src[6] + k), r7 = _mm256_loadu_ps(src[7] + k);
+/* Transposes an 8x8 block: rows src[0..7] (at column k, read as f32 by
+ * load) to panel columns. */
+INLINE void transpose8(float *dst, int64_t ldd, const void *const *src, int64_t k, load8_fn load) {
+    __m256 r0 = load(src[0], k), r1 = load(src[1], k);
+    __m256 r2 = load(src[2], k), r3 = load(src[3], k);
+    __m256 r4 = load(src[4], k), r5 = load(src[5], k);
+    __m256 r6 = load(src[6], k), r7 = load(src[7], k);
     __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
     __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
     __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -274,78 +275,88 @@ INLINE void transpose8(float *dst, int64_t ldd, const float *const *src, int64_t
     _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
 
-static void pack_panel(float *panel, const pt_cpu_wops *wo, const void *w, size_t row_bytes, int nr,
-                       int kb, float *tmp) {
-    /* Rows in f32: f32 weights are read in place, others converted into tmp;
-     * missing rows read a zeroed row of tmp. */
-    const float *src[PT_CPU_NR];
-    bool is_f32 = wo->to_f32 == f32_to_f32;
-    float *zero = tmp + (size_t)(PT_CPU_NR - 1) * kb;
+/* Rows j < nr of w (the missing ones read zero, which is zero bytes in
+ * every float format) converted and transposed 8x8 at a time straight into
+ * the panel.  Converting into a row-major buffer first cost a 16 KB round
+ * trip per panel whose stores missed L1 behind the tiles' stream of x
+ * (perf: 86% of the conversion's samples on the store). */
+INLINE void pack_direct(float *panel, const void *w, size_t row_bytes, int nr, int kb, float *zero,
+                        load8_fn load8, load1_fn load1) {
+    const void *src[PT_CPU_NR];
     if (nr < PT_CPU_NR) memset(zero, 0, (size_t)kb * sizeof(float));
-    for (int j = 0; j < PT_CPU_NR; j++) {
-        const char *row = (const char *)w + (size_t)j * row_bytes;
-        if (j >= nr) {
-            src[j] = zero;
-        } else if (is_f32) {
-            src[j] = (const float *)w + (size_t)j * (row_bytes / sizeof(float));
-        } else {
-            wo->to_f32(tmp + (size_t)j * kb, row, kb);
-            src[j] = tmp + (size_t)j * kb;
-        }
-    }
+    for (int j = 0; j < PT_CPU_NR; j++) src[j] = j < nr ? (const char *)w + (size_t)j * row_bytes : (const void *)zero;
     int k = 0;
     for (; k + 8 <= kb; k += 8) {
-        transpose8(panel + k * PT_CPU_NR, PT_CPU_NR, src, k);
-        transpose8(panel + k * PT_CPU_NR + 8, PT_CPU_NR, src + 8, k);
+#pragma GCC unroll 4
+        for (int v = 0; v < PT_CPU_NR / 8; v++)
+            transpose8(panel + k * PT_CPU_NR + 8 * v, PT_CPU_NR, src + 8 * v, k, load8);
     }
     for (; k < kb; k++)
-        for (int j = 0; j < PT_CPU_NR; j++) panel[k * PT_CPU_NR + j] = src[j][k];
+        for (int j = 0; j < PT_CPU_NR; j++) panel[k * PT_CPU_NR + j] = load1(src[j], k);
 }
 
-/* The 6x16 register tile: 12 accumulators, two panel loads and six
- * broadcasts per k. */
-INLINE void tile_body(float *y, int64_t ldy, const float *x, int64_t ldx, const float *p, int kb,
-                      int nr, int accumulate, const int NT) {
-    __m256 c0[PT_CPU_MR], c1[PT_CPU_MR];
-#pragma GCC unroll 6
-    for (int t = 0; t < NT; t++) c0[t] = c1[t] = _mm256_setzero_ps();
+static void pack_panel(float *panel, const pt_cpu_wops *wo, const void *w, size_t row_bytes, int nr,
+                       int kb, float *tmp) {
+    if (wo->to_f32 == f32_to_f32) pack_direct(panel, w, row_bytes, nr, kb, tmp, f32_load8, f32_load1);
+    else if (wo->to_f32 == f16_to_f32) pack_direct(panel, w, row_bytes, nr, kb, tmp, f16_load8, f16_load1);
+    else if (wo->to_f32 == bf16_to_f32) pack_direct(panel, w, row_bytes, nr, kb, tmp, bf16_load8, bf16_load1);
+    else { /* any other format: rows through tmp (nr < NR leaves its last row for the zeros) */
+        for (int j = 0; j < nr; j++) wo->to_f32(tmp + (size_t)j * kb, (const char *)w + (size_t)j * row_bytes, kb);
+        pack_direct(panel, tmp, (size_t)kb * sizeof(float), nr, kb, tmp + (size_t)(PT_CPU_NR - 1) * kb,
+                    f32_load8, f32_load1);
+    }
+}
+
+/* The MR x NR register tile: MR * NR/8 accumulators, NR/8 panel loads and
+ * MR broadcasts per k. */
+#define NV (PT_CPU_NR / 8)
+INLINE void tile_body(float *y, int64_t ldy, const float *xp, const float *p, int kb, int nr,
+                      int accumulate, const int NT) {
+    __m256 c[PT_CPU_MR][NV];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) c[t][v] = _mm256_setzero_ps();
     for (int k = 0; k < kb; k++) {
-        __m256 b0 = _mm256_load_ps(p + k * PT_CPU_NR), b1 = _mm256_load_ps(p + k * PT_CPU_NR + 8);
-#pragma GCC unroll 6
+        __m256 b[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) b[v] = _mm256_load_ps(p + k * PT_CPU_NR + 8 * v);
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
-            __m256 a = _mm256_broadcast_ss(x + t * ldx + k);
-            c0[t] = _mm256_fmadd_ps(a, b0, c0[t]);
-            c1[t] = _mm256_fmadd_ps(a, b1, c1[t]);
+            __m256 a = _mm256_broadcast_ss(xp + k * PT_CPU_MR + t);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[t][v] = _mm256_fmadd_ps(a, b[v], c[t][v]);
         }
     }
-#pragma GCC unroll 6
+#pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         float *yt = y + t * ldy;
         if (nr == PT_CPU_NR) {
-            if (accumulate) {
-                c0[t] = _mm256_add_ps(c0[t], _mm256_loadu_ps(yt));
-                c1[t] = _mm256_add_ps(c1[t], _mm256_loadu_ps(yt + 8));
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                if (accumulate) c[t][v] = _mm256_add_ps(c[t][v], _mm256_loadu_ps(yt + 8 * v));
+                _mm256_storeu_ps(yt + 8 * v, c[t][v]);
             }
-            _mm256_storeu_ps(yt, c0[t]);
-            _mm256_storeu_ps(yt + 8, c1[t]);
         } else {
             float buf[PT_CPU_NR];
-            _mm256_storeu_ps(buf, c0[t]);
-            _mm256_storeu_ps(buf + 8, c1[t]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) _mm256_storeu_ps(buf + 8 * v, c[t][v]);
             for (int j = 0; j < nr; j++) yt[j] = (accumulate ? yt[j] : 0.0f) + buf[j];
         }
     }
 }
 
-static void gemm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const float *panel, int kb,
-                      int nt, int nr, int accumulate) {
+static void gemm_tile(float *y, int64_t ldy, const float *xp, const float *panel, int kb, int nt,
+                      int nr, int accumulate) {
     switch (nt) {
-    case 1: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 1); break;
-    case 2: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 2); break;
-    case 3: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 3); break;
-    case 4: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 4); break;
-    case 5: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 5); break;
-    default: tile_body(y, ldy, x, ldx, panel, kb, nr, accumulate, 6); break;
+    case 1: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 1); break;
+    case 2: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 2); break;
+    case 3: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 3); break;
+#if PT_CPU_MR > 4
+    case 4: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 4); break;
+    case 5: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 5); break;
+#endif
+    default: tile_body(y, ldy, xp, panel, kb, nr, accumulate, PT_CPU_MR); break;
     }
 }
 

@@ -143,13 +143,13 @@ static void pack_panel(float *panel, const pt_cpu_wops *wo, const void *w, size_
     }
 }
 
-static void gemm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const float *panel, int kb,
-                      int nt, int nr, int accumulate) {
+static void gemm_tile(float *y, int64_t ldy, const float *xp, const float *panel, int kb, int nt,
+                      int nr, int accumulate) {
     float c[PT_CPU_MR][PT_CPU_NR] = {{0}};
     for (int k = 0; k < kb; k++) {
         const float *p = panel + k * PT_CPU_NR;
         for (int t = 0; t < nt; t++) {
-            float a = x[t * ldx + k];
+            float a = xp[k * PT_CPU_MR + t];
             for (int j = 0; j < PT_CPU_NR; j++) c[t][j] += a * p[j];
         }
     }

@@ -567,7 +567,8 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(cu_attn_args a
 
 /* ---- the plain kernel ------------------------------------------------------- */
 
-#define SIMPLE_MAX_DPL 16 /* head_dim <= 512 */
+/* head_dim <= 576: DeepSeek's latent cache rows (kv rank 512 + rope 64) */
+#define SIMPLE_MAX_DPL 18
 
 template <int T> __global__ void attn_simple_kernel(cu_attn_args a) {
     cu_grid_trigger();
@@ -625,6 +626,7 @@ extern "C" void cu_attention_simple(const cu_ctx *c, const cu_attn_args *a) {
 /* ---- planning and dispatch ------------------------------------------------------- */
 
 #define MMA_MIN_ROWS 64
+#define MMA_MIN_SEQ_ROWS 16 /* rows a sequence, on average, for tensor cores */
 
 /* Fills the plan for the tiled or tensor-core kernel; -1 if this shape
  * needs the simple one. */
@@ -636,11 +638,15 @@ static int make_plan(const cu_attn_args *a, int n_sm, att_plan *p) {
     int gq = G <= 8 ? G : (G % 8 == 0 ? 8 : 0);
     if (gq != 1 && gq != 2 && gq != 4 && gq != 8) return -1;
     p->gq = gq;
-    /* Batches of many rows are prefill chunks (rows of one sequence share
-     * K/V tiles): tensor cores.  Decode rows (each its own sequence) and
-     * short batches: the tiled kernel. */
-    p->mma = a->n >= MMA_MIN_ROWS && !a->tiled_only;
-    p->qr = p->mma ? MMA_QV / gq : a->n > 1 ? 8 / gq : 1;
+    /* Rows of one sequence share K/V tiles, so a block takes several:
+     * prefill chunks (many rows a sequence) the tensor-core kernel, short
+     * runs the tiled kernel with 8 / gq rows a block.  Rows that share
+     * nothing (decode: each its own sequence) take a block each, or a
+     * block would run one pass per sequence; many of them in one batch
+     * (batched decode) stay on the tiled kernel for the same reason. */
+    int per_seq = a->n_seqs > 0 ? a->n / a->n_seqs : a->n;
+    p->mma = a->n >= MMA_MIN_ROWS && per_seq >= MMA_MIN_SEQ_ROWS && !a->tiled_only;
+    p->qr = p->mma ? MMA_QV / gq : per_seq > 1 ? 8 / gq : 1;
     long rowgroups = CU_DIV_UP(a->n, p->qr);
     long base = (long)a->n_kv_heads * (G / gq) * rowgroups;
     long max_ctx = (long)a->max_pages * a->page_size;

@@ -5,14 +5,18 @@
  * (cuda_graph.c replays decode-sized bursts as CUDA graphs) or, with graphs
  * off, launches it at once.  cuda_exec_op is the one switch from a record
  * to its launcher in the .cu file of its family (ops.cu, matmul.cu,
- * qmatmul.cu, attention.cu, attn_kvq.cu, family_ops.cu) or to cuBLAS.
+ * qmatmul.cu, attention.cu, attn_kvq.cu, family_ops.cu, moe.cu) or to cuBLAS.
  *
  * The model-family ops (attention_ext, geglu, scale, softcap, moe_route,
- * matmul_id, moe_combine, swiglu_oai, add_id; cuda_family.h) have first,
+ * matmul_id, moe_combine, swiglu_oai, add_id; the Gated DeltaNet ops
+ * gather_cols, sigmoid_mul, conv1d_silu, gated_delta, rmsnorm_gated; and
+ * DeepSeek's copy_cols and moe_route_grouped; cuda_family.h) have first,
  * plain kernels:
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
- * never come to the host, so a decode step stays one graph) and reads
- * only the experts some row chose.
+ * never come to the host, so a decode step stays one graph) and launches
+ * blocks only for the experts some row chose (moe.cu); the state ops walk
+ * each sequence's rows in order inside one launch (positions and sequences
+ * stay on the device, so they too stay in the graph).
  *
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
@@ -181,7 +185,7 @@ static int cuda_sync(pt_backend *be) {
 
 static bool is_quantized(pt_dtype t) {
     return t == PT_Q8_0 || t == PT_Q4_0 || t == PT_Q4_K || t == PT_Q5_K || t == PT_Q6_K ||
-           t == PT_AFFINE;
+           t == PT_AFFINE || t == PT_MXFP4;
 }
 
 /* The kernels' view of a quantized weight (fmt -1: not a format they know). */
@@ -193,6 +197,7 @@ static cu_qweight qweight_of(const pt_weight *w) {
     case PT_Q4_K: q.fmt = CU_Q4_K; break;
     case PT_Q5_K: q.fmt = CU_Q5_K; break;
     case PT_Q6_K: q.fmt = CU_Q6_K; break;
+    case PT_MXFP4: q.fmt = CU_MXFP4; break; /* matmul_id only (cu_qweight_ok refuses it) */
     case PT_AFFINE:
         q.fmt = w->bits == 4 ? CU_AFF4 : w->bits == 8 ? CU_AFF8 : CU_AFFN;
         q.bits = w->bits, q.group = w->group_size, q.scale_type = dtype_code(w->scale_dtype);
@@ -220,7 +225,7 @@ static cu_attn_args attn_args(const cuda_backend *cb, const pt_op_attention *a) 
         .page_size = kv->page_size, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim,
         .pos = a->b.pos, .seq = a->b.seq, .block_table = a->b.block_table,
         .max_pages = a->b.max_pages, .n = a->b.n_tokens, .n_heads = a->n_heads,
-        .scale = a->scale, .tiled_only = cb->tiled_attn,
+        .n_seqs = a->b.n_seqs, .scale = a->scale, .tiled_only = cb->tiled_attn,
     };
     return r;
 }
@@ -321,24 +326,58 @@ static void exec_attention_ext(cuda_backend *cb, const pt_op_attention_ext *a) {
     cu_attention_ext(&cb->ctx, &r, a->p.window, a->p.softcap, a->p.sinks);
 }
 
+/* Activation block the quantized experts round x by: an affine group, or
+ * the 32 elements of a GGUF block; 0 for f32/f16/bf16 experts. */
+static int moe_group(const pt_weight *w) {
+    if (!is_quantized(w->dtype)) return 0;
+    return w->dtype == PT_AFFINE ? w->group_size : 32;
+}
+
 static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
     const pt_weight *w = &a->w;
     int pairs = a->n * a->k, rc;
-    if (cu_moe_sort(&cb->ctx, cb->moe_scratch, a->ids, pairs, w->n_experts)) {
-        cuda_fail(cb, "matmul_id", "too many experts for the CUDA kernels");
+    if (cu_moe_prep(&cb->ctx, cb->moe_scratch, a->ids, pairs, w->n_experts, a->x,
+                    a->n * a->x_slots, (int)w->cols, moe_group(w))) {
+        cuda_fail(cb, "matmul_id", "no kernel for this stack of experts (too many experts, or an "
+                                   "input that is not 16-byte aligned)");
         return;
     }
     if (is_quantized(w->dtype)) {
         pt_weight e0 = pt_weight_expert(w, 0);
         cu_qweight q = qweight_of(&e0);
-        rc = cu_qmatmul_id(&cb->ctx, a->y, a->x, &q, w->expert_stride, w->n_experts,
-                           cb->moe_scratch, pairs, a->k, a->x_slots);
+        rc = cu_qmatmul_id(&cb->ctx, a->y, &q, w->expert_stride, w->n_experts, cb->moe_scratch,
+                           pairs, a->k, a->x_slots);
     } else {
         rc = cu_matmul_id(&cb->ctx, a->y, a->x, w->data, dtype_code(w->dtype), w->expert_stride,
                           (int)w->rows, (int)w->cols, w->n_experts, cb->moe_scratch, pairs, a->k,
                           a->x_slots);
     }
     if (rc) cuda_fail(cb, "matmul_id", "no kernel for this stack of experts");
+}
+
+/* The rows of a batch as the state ops read them. */
+static cu_rows rows_of(const pt_batch_view *b) {
+    cu_rows r = {.pos = b->pos, .seq = b->seq, .state_slot = b->state_slot, .n = b->n_tokens,
+                 .n_seqs = b->n_seqs};
+    return r;
+}
+
+static void exec_gated_delta(cuda_backend *cb, const pt_op_gated_delta *a) {
+    cu_delta_args d = {.out = a->out, .qkv = a->qkv, .ba = a->ba, .A = a->A,
+                       .dt_bias = a->dt_bias, .state = a->state, .r = rows_of(&a->b),
+                       .n_k_heads = a->n_k_heads, .n_v_heads = a->n_v_heads, .dk = a->dk,
+                       .dv = a->dv, .stride = a->stride, .tiled = a->tiled, .l2_eps = a->l2_eps};
+    if (cu_gated_delta(&cb->ctx, &d)) /* shapes were checked when the op was recorded */
+        cuda_fail(cb, "gated_delta", "no kernel for this head shape");
+}
+
+static void exec_moe_route_grouped(cuda_backend *cb, const pt_op_moe_route_grouped *a) {
+    cu_route_grouped_args r = {.ids = a->ids, .weights = a->weights, .logits = a->logits,
+                               .bias = a->bias, .n = a->n, .n_experts = a->n_experts, .k = a->k,
+                               .n_groups = a->n_groups, .groups_used = a->groups_used,
+                               .gating = a->gating, .renorm = a->renorm, .scale = a->scale};
+    if (cu_moe_route_grouped(&cb->ctx, &r))
+        cuda_fail(cb, "moe_route_grouped", "no kernel for this routing");
 }
 
 static void exec_moe_route(cuda_backend *cb, const pt_op_moe_route *a) {
@@ -398,6 +437,33 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
         cu_add_id(c, a->y, a->bias, a->ids, a->n, a->k, a->d);
         break;
     }
+    case PT_OP_GATHER_COLS: {
+        const pt_op_gather_cols *a = &o->gather_cols;
+        cu_gather_cols(c, a->dst, a->src, a->idx, a->n, a->d_src, a->d_dst);
+        break;
+    }
+    case PT_OP_SIGMOID_MUL: {
+        const pt_op_sigmoid_mul *a = &o->sigmoid_mul;
+        cu_sigmoid_mul(c, a->y, a->x, a->g, a->n, a->d, a->g_d);
+        break;
+    }
+    case PT_OP_CONV1D_SILU: {
+        const pt_op_conv1d_silu *a = &o->conv1d_silu;
+        cu_conv1d_silu(c, a->y, a->x, a->w, a->state, rows_of(&a->b), a->C, a->K);
+        break;
+    }
+    case PT_OP_GATED_DELTA: exec_gated_delta(cb, &o->gated_delta); break;
+    case PT_OP_RMSNORM_GATED: {
+        const pt_op_rmsnorm_gated *a = &o->rmsnorm_gated;
+        cu_rmsnorm_gated(c, a->y, a->x, a->z, a->w, a->n, a->d, a->eps);
+        break;
+    }
+    case PT_OP_COPY_COLS: {
+        const pt_op_copy_cols *a = &o->copy_cols;
+        cu_copy_cols(c, a->dst, a->d_dst, a->dst_off, a->src, a->d_src, a->src_off, a->width, a->n);
+        break;
+    }
+    case PT_OP_MOE_ROUTE_GROUPED: exec_moe_route_grouped(cb, &o->moe_route_grouped); break;
     default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
@@ -416,6 +482,76 @@ static int op_rows(const pt_op *o) {
     case PT_OP_GATHER_ROWS: return o->gather_rows.n;
     case PT_OP_ATTENTION_EXT: return o->attention_ext.b.n_tokens;
     case PT_OP_MATMUL_ID: return o->matmul_id.n;
+    case PT_OP_GATHER_COLS: return o->gather_cols.n;
+    case PT_OP_SIGMOID_MUL: return o->sigmoid_mul.n;
+    case PT_OP_CONV1D_SILU: return o->conv1d_silu.b.n_tokens;
+    case PT_OP_GATED_DELTA: return o->gated_delta.b.n_tokens;
+    case PT_OP_MOE_ROUTE_GROUPED: return o->moe_route_grouped.n;
+    default: return 0;
+    }
+}
+
+/* check_op for the recurrent and latent-attention ops: the CPU backend's
+ * refusals (it stops the process; here the step fails with the message),
+ * and the limits of the CUDA kernels. */
+static int check_family_op(cuda_backend *cb, const pt_op *o, const char *name) {
+    char msg[160];
+    switch (o->kind) {
+    case PT_OP_SIGMOID_MUL:
+        if (o->sigmoid_mul.g_d != 1 && o->sigmoid_mul.g_d != o->sigmoid_mul.d) {
+            snprintf(msg, sizeof msg, "gate rows of %d for rows of %d", o->sigmoid_mul.g_d,
+                     o->sigmoid_mul.d);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    case PT_OP_CONV1D_SILU: {
+        const pt_op_conv1d_silu *a = &o->conv1d_silu;
+        if (a->K < 1 || a->C < 1) {
+            snprintf(msg, sizeof msg, "kernel %d over %d channels", a->K, a->C);
+            return cuda_fail(cb, name, msg);
+        }
+        if (a->y == a->x) return cuda_fail(cb, name, "y must not alias x");
+        if (!a->b.state_slot) return cuda_fail(cb, name, "the batch has no recurrent-state slots");
+        return 0;
+    }
+    case PT_OP_GATED_DELTA: {
+        const pt_op_gated_delta *a = &o->gated_delta;
+        if (!a->b.state_slot) return cuda_fail(cb, name, "the batch has no recurrent-state slots");
+        if (a->n_k_heads < 1 || a->n_v_heads % a->n_k_heads) {
+            snprintf(msg, sizeof msg, "%d value heads over %d key heads", a->n_v_heads, a->n_k_heads);
+            return cuda_fail(cb, name, msg);
+        }
+        if (a->dk < 1 || a->dk > CU_DELTA_MAX_DK || a->dv < 1) {
+            snprintf(msg, sizeof msg, "key head dim %d (value %d): the CUDA kernel takes key heads "
+                     "of 1 to %d", a->dk, a->dv, CU_DELTA_MAX_DK);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    }
+    case PT_OP_COPY_COLS: {
+        const pt_op_copy_cols *a = &o->copy_cols;
+        if (a->width < 0 || a->src_off < 0 || a->dst_off < 0 || a->src_off + a->width > a->d_src ||
+            a->dst_off + a->width > a->d_dst) {
+            snprintf(msg, sizeof msg, "columns [%d, %d) of %d into [%d, %d) of %d", a->src_off,
+                     a->src_off + a->width, a->d_src, a->dst_off, a->dst_off + a->width, a->d_dst);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    }
+    case PT_OP_MOE_ROUTE_GROUPED: {
+        const pt_op_moe_route_grouped *a = &o->moe_route_grouped;
+        bool grouped = a->n_groups > 1;
+        if (a->n_experts <= 0 || a->n_experts > CU_MOE_MAX_EXPERTS || a->k <= 0 ||
+            (grouped && (a->n_experts % a->n_groups || a->groups_used <= 0 ||
+                         a->groups_used > a->n_groups ||
+                         a->k > a->groups_used * (a->n_experts / a->n_groups))) ||
+            (!grouped && a->k > a->n_experts)) {
+            snprintf(msg, sizeof msg, "top %d of %d experts in %d groups (%d used)", a->k,
+                     a->n_experts, a->n_groups, a->groups_used);
+            return cuda_fail(cb, name, msg);
+        }
+        return 0;
+    }
     default: return 0;
     }
 }
@@ -439,8 +575,12 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
             return pt_be_fail(&cb->base, name, "%d input slots for top %d", a->x_slots, a->k);
         if (is_quantized(w->dtype)) {
             pt_weight e0 = pt_weight_expert(w, 0);
-            if (check_qweight(cb, &e0, name)) return -1;
-            if (w->expert_stride % 2)
+            cu_qweight q = qweight_of(&e0);
+            if (q.fmt < 0 || !cu_moe_qweight_ok(&q))
+                return pt_be_fail(&cb->base, name, "%s experts of %lldx%lld (bits %d, group %d) not "
+                                  "supported by the CUDA kernels", pt_dtype_name(w->dtype),
+                                  (long long)w->rows, (long long)w->cols, w->bits, w->group_size);
+            if (w->expert_stride % 2 && w->dtype != PT_MXFP4)
                 return cuda_fail(cb, name, "quantized experts at odd byte offsets");
         } else if (dtype_code(w->dtype) < 0) {
             return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
@@ -451,6 +591,8 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
         if (a->n_experts > CU_MOE_MAX_EXPERTS || a->k < 1 || a->k > 32 || a->k > a->n_experts)
             return pt_be_fail(&cb->base, name, "top %d of %d experts is not supported", a->k, a->n_experts);
     }
+    if (o->kind >= PT_OP_GATHER_COLS && o->kind <= PT_OP_MOE_ROUTE_GROUPED)
+        return check_family_op(cb, o, name);
     if (o->kind == PT_OP_ATTENTION_EXT) {
         const pt_kv_view *kv = &o->attention_ext.kv;
         if (kv->codec)
@@ -471,8 +613,8 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
         } else {
             if (dtype_code(kv->dtype) < 0)
                 return cuda_fail(cb, name, "cache type not supported by the CUDA backend");
-            if (o->kind == PT_OP_ATTENTION && kv->head_dim > 512)
-                return cuda_fail(cb, name, "head_dim over 512 is not supported");
+            if (o->kind == PT_OP_ATTENTION && kv->head_dim > CU_ATTN_MAX_HEAD_DIM)
+                return cuda_fail(cb, name, "head_dim over 576 is not supported");
         }
     }
     return 0;
@@ -503,7 +645,8 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
             return grow(cb, &cb->act16, &cb->act16_cap, act, name);
     } else if (o->kind == PT_OP_MATMUL_ID) {
         const pt_op_matmul_id *a = &o->matmul_id;
-        size_t need = cu_moe_sort_scratch(a->n * a->k, a->w.n_experts);
+        int64_t codes = moe_group(&a->w) ? (int64_t)a->n * a->x_slots * a->w.cols : 0;
+        size_t need = cu_moe_scratch(a->n * a->k, a->w.n_experts, codes);
         return grow(cb, &cb->moe_scratch, &cb->moe_cap, need, name);
     } else if (o->kind == PT_OP_ATTENTION) {
         size_t need;
@@ -521,6 +664,46 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
     return 0;
 }
 
+/* PETREL_CUDA_PROFILE: runs o alone between two events and adds its time
+ * to its kind's sum (slot PT_OP_COUNT: matmuls past the GEMV rows), if its
+ * step has the profiled number of tokens. */
+static void exec_profiled(cuda_backend *cb, const pt_op *o) {
+    if (o->kind == PT_OP_EMBED) cb->prof_step = o->embed.n == cb->profile;
+    if (!cb->prof_step) {
+        cuda_exec_op(cb, o);
+        return;
+    }
+    cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
+    cuda_exec_op(cb, o);
+    cudaEventRecord(cb->prof_ev[1], cb->ctx.s);
+    float ms = 0;
+    if (!cuda_ok(cb, cudaEventSynchronize(cb->prof_ev[1]), pt_op_name(o->kind)) ||
+        cudaEventElapsedTime(&ms, cb->prof_ev[0], cb->prof_ev[1]) != cudaSuccess)
+        return;
+    int slot = o->kind;
+    if (o->kind == PT_OP_MATMUL &&
+        o->matmul.n > (is_quantized(o->matmul.w.dtype) ? cb->qgemv_max : cb->gemv_max))
+        slot = PT_OP_COUNT;
+    cb->prof_ms[slot] += ms;
+    cb->prof_calls[slot]++;
+}
+
+static void print_profile(const cuda_backend *cb) {
+    double total = 0;
+    for (int k = 0; k <= PT_OP_COUNT; k++) total += cb->prof_ms[k];
+    fprintf(stderr, "cuda profile (steps of %d tokens, each op timed alone, no graphs): "
+                    "%.1f ms in all\n", cb->profile, total);
+    fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
+    for (int k = 0; k <= PT_OP_COUNT; k++) {
+        if (!cb->prof_calls[k]) continue;
+        fprintf(stderr, "  %-18s %10llu %11.2f %9.2f %5.1f%%\n",
+                k == PT_OP_COUNT ? "matmul (gemm)" : pt_op_name(k),
+                (unsigned long long)cb->prof_calls[k], cb->prof_ms[k],
+                1e3 * cb->prof_ms[k] / (double)cb->prof_calls[k],
+                total > 0 ? 100 * cb->prof_ms[k] / total : 0.0);
+    }
+}
+
 /* The op entry: checks, grows scratch, then records the op or, with graphs
  * off, runs it now. */
 static void cuda_run(pt_backend *be, const pt_op *o) {
@@ -529,7 +712,8 @@ static void cuda_run(pt_backend *be, const pt_op *o) {
     if (check_op(cb, o) || prepare_scratch(cb, o)) return;
     if (!cb->use_graphs) {
         cuda_use_device(cb);
-        cuda_exec_op(cb, o);
+        if (cb->profile) exec_profiled(cb, o);
+        else cuda_exec_op(cb, o);
         op_done(cb, pt_op_name(o->kind));
         return;
     }
@@ -557,6 +741,11 @@ static void cuda_destroy(pt_backend *be) {
         pt_debug("cuda: %llu graph captures, %llu replays", (unsigned long long)cb->n_captures,
                  (unsigned long long)cb->n_replays);
     cuda_drop_graphs(cb);
+    if (cb->profile) {
+        print_profile(cb);
+        cudaEventDestroy(cb->prof_ev[0]);
+        cudaEventDestroy(cb->prof_ev[1]);
+    }
     free(cb->list);
     if (cb->cublas_ws) cudaFree(cb->cublas_ws);
     if (cb->act16) cudaFree(cb->act16);
@@ -568,12 +757,13 @@ static void cuda_destroy(pt_backend *be) {
     free(cb);
 }
 
-/* The kinds exec_op launches: the core ops, none of the model-family ones
- * yet (experts, windowed attention, GeGLU), so the loader refuses models
- * that need those, naming the op, instead of failing mid-forward. */
+/* The kinds cuda_exec_op launches: all of them today.  A kind added to
+ * backend.h without a CUDA kernel stays out of this range, so the loader
+ * refuses a model that needs it, naming the op, instead of failing
+ * mid-forward. */
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
-    return kind >= 0 && kind <= PT_OP_ADD_ID; /* the kinds cuda_exec_op launches */
+    return kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED;
 }
 
 static const pt_backend_ops cuda_ops = {
@@ -660,7 +850,11 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
     cb->sync_each = env_int("PETREL_CUDA_SYNC", 0) != 0;
-    cb->use_graphs = !cb->sync_each && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
+    cb->profile = PT_MAX(env_int("PETREL_CUDA_PROFILE", 0), 0);
+    if (cb->profile && (cudaEventCreate(&cb->prof_ev[0]) != cudaSuccess ||
+                        cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess))
+        cb->profile = 0;
+    cb->use_graphs = !cb->sync_each && !cb->profile && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount,
              prop.totalGlobalMem / 1073741824.0);

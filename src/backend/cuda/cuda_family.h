@@ -2,8 +2,10 @@
  * cuda_family.h - launchers for the ops the model families beyond Llama
  * need (Gemma: attention with a window or soft-capped scores, GeGLU, scale
  * and soft-cap; mixture of experts: routing, the matmul by expert id, the
- * weighted combine).  Kernels in family_ops.cu; the quantized matmul by
- * expert id lives in qmatmul.cu beside the format decoders it uses.
+ * weighted combine).  Kernels in family_ops.cu; the matmul by expert id
+ * (f32/f16/bf16 and quantized experts) in moe.cu.  The Gated DeltaNet ops
+ * (Qwen3-Next, Qwen3.5) are in recurrent.cu, DeepSeek's column copy and
+ * grouped routing in mla.cu.
  *
  * Kept out of cuda_internal.h so that adding a family op recompiles only
  * the files that launch it.  Conventions as in cuda_internal.h: plain
@@ -18,6 +20,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Largest head_dim attention takes (the simple kernel of attention.cu
+ * keeps 18 dims a lane), so that multi-head latent attention's cache
+ * rows run: DeepSeek's kv rank 512 + rope 64. */
+#define CU_ATTN_MAX_HEAD_DIM 576
 
 /* Most experts a routing or a sort takes (the routing keeps a bit per
  * expert per lane: 32 lanes x 32 bits). */
@@ -52,30 +59,100 @@ int cu_moe_route(const cu_ctx *c, int32_t *ids, float *weights, const float *log
 void cu_moe_combine(const cu_ctx *c, float *y, const float *x, const float *weights, int n, int k,
                     int d);
 
-/* Device scratch (bytes) the sort of n*k pairs over n_experts needs. */
-size_t cu_moe_sort_scratch(int pairs, int n_experts);
-/* Groups the pairs (row * k + slot) of ids[pairs] by expert into scratch:
- * order[pairs] then first[n_experts + 1] (expert e's pairs are
- * order[first[e] .. first[e + 1])).  Ids out of range are left out (their
- * output rows are not written).  -1 for too many experts. */
-int cu_moe_sort(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs, int n_experts);
+/* The matmul by expert id (moe.cu), two launches: cu_moe_prep, then
+ * cu_matmul_id or cu_qmatmul_id over its scratch.
+ *
+ * Device scratch (bytes) for pairs = n * k (row, slot) pairs over
+ * n_experts, and code_elems = x rows * cols activations to round (0 for
+ * f32/f16/bf16 experts). */
+size_t cu_moe_scratch(int pairs, int n_experts, int64_t code_elems);
+/* Groups the pairs (row * k + slot) of ids[pairs] by expert into scratch
+ * and lists the experts chosen; ids out of range are left out (their
+ * output rows are not written).  group > 0 (quantized experts: 32, or an
+ * affine weight's group) also rounds x [x_rows][cols] to int16 codes per
+ * activation block of `group`, as the CPU backend does.  -1 for too many
+ * experts, a group that is not 32 * 2^i, or x not 16-byte aligned. */
+int cu_moe_prep(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs, int n_experts,
+                const float *x, int x_rows, int cols, int group);
 
-/* The matmul by expert id over the sort above, y[pair][rows] =
- * x row of pair · W[ids[pair]]ᵀ.  Each block takes one expert and a tile of
- * weight rows, streams that tile once per 8 pairs, and exits at once when
- * no pair chose its expert, so only selected experts are read.  A pair's
- * sum does not depend on the other pairs (batch-invariant).
- * w: n_experts matrices [rows][cols] of wtype (CU_F32/F16/BF16),
- * expert_stride bytes apart. */
+/* y[pair][rows] = x row of pair · W[ids[pair]]ᵀ over the prepared scratch,
+ * x [n][x_slots][cols] (pair = t * k + j reads slot x_slots > 1 ? j : 0).
+ * A block per (8 weight rows, chosen expert): only chosen experts are
+ * read, each row once per 8 of its pairs.  A pair's sum does not depend on
+ * the other pairs (batch-invariant).  w: n_experts matrices [rows][cols]
+ * of wtype (CU_F32/F16/BF16), expert_stride bytes apart. */
 int cu_matmul_id(const cu_ctx *c, float *y, const float *x, const void *w, int wtype,
-                 size_t expert_stride, int rows, int cols, int n_experts, const void *sorted,
+                 size_t expert_stride, int rows, int cols, int n_experts, const void *scratch,
                  int pairs, int k, int x_slots);
-/* The same for quantized experts (qmatmul.cu): w describes expert 0;
- * expert e's codes are e * expert_stride bytes after it, its affine scales
- * and biases e * rows * (cols / group) elements after them. */
-int cu_qmatmul_id(const cu_ctx *c, float *y, const float *x, const cu_qweight *w,
-                  size_t expert_stride, int n_experts, const void *sorted, int pairs, int k,
-                  int x_slots);
+/* The same for quantized experts, x as the codes cu_moe_prep rounded: w
+ * describes expert 0; expert e's codes are e * expert_stride bytes after
+ * it, its affine scales and biases e * rows * (cols / group) elements
+ * after them. */
+int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, size_t expert_stride,
+                  int n_experts, const void *scratch, int pairs, int k, int x_slots);
+/* Whether cu_qmatmul_id takes a stack of experts like w (cu_qweight_ok's
+ * formats, and CU_MXFP4). */
+int cu_moe_qweight_ok(const cu_qweight *w);
+
+/* ---- recurrent.cu: Gated DeltaNet layers ------------------------------------ */
+
+/* dst[t][j] = src[t][idx[j]] for n rows (an index out of range gives 0). */
+void cu_gather_cols(const cu_ctx *c, float *dst, const float *src, const int32_t *idx, int n,
+                    int d_src, int d_dst);
+/* y[t][i] = x[t][i] * sigmoid(g[t][g_d == 1 ? 0 : i]); y may alias x. */
+void cu_sigmoid_mul(const cu_ctx *c, float *y, const float *x, const float *g, int n, int d,
+                    int g_d);
+/* y = x / rms(x) * w * silu(z) for n rows of d; y may alias x. */
+void cu_rmsnorm_gated(const cu_ctx *c, float *y, const float *x, const float *z, const float *w,
+                      int n, int d, float eps);
+
+/* A batch's rows as the state ops see them: row t belongs to batch
+ * sequence seq[t] < n_seqs, whose state lives in slot state_slot[seq]. */
+typedef struct cu_rows {
+    const int32_t *pos, *seq, *state_slot;
+    int n, n_seqs;
+} cu_rows;
+
+/* The causal depthwise conv with its tail state, then SiLU
+ * (pt_op_conv1d_silu): y, x [n][C], w [C][K], state [slots][K-1][C]. */
+void cu_conv1d_silu(const cu_ctx *c, float *y, const float *x, const float *w, float *state,
+                    cu_rows r, int C, int K);
+
+/* Largest key head dim the delta rule takes (a column of the state, dk
+ * floats, lives in the registers of 1, 2 or 4 lanes). */
+#define CU_DELTA_MAX_DK 256
+
+/* The gated delta rule (pt_op_gated_delta; its chunk is not used: the
+ * rows of a sequence go one at a time inside the kernel). */
+typedef struct cu_delta_args {
+    float *out;
+    const float *qkv, *ba, *A, *dt_bias;
+    float *state;
+    cu_rows r;
+    int n_k_heads, n_v_heads, dk, dv, stride, tiled;
+    float l2_eps;
+} cu_delta_args;
+
+/* -1 for dk over CU_DELTA_MAX_DK or value heads not a multiple of key heads. */
+int cu_gated_delta(const cu_ctx *c, const cu_delta_args *a);
+
+/* ---- mla.cu: DeepSeek-V2/V3 ---------------------------------------------- */
+
+/* dst[t][dst_off + j] = src[t][src_off + j] for j < width, n rows. */
+void cu_copy_cols(const cu_ctx *c, float *dst, int d_dst, int dst_off, const float *src, int d_src,
+                  int src_off, int width, int n);
+
+/* DeepSeek's routing (pt_op_moe_route_grouped), one warp per row.  -1 for
+ * more than CU_MOE_MAX_EXPERTS experts or groups that do not divide them. */
+typedef struct cu_route_grouped_args {
+    int32_t *ids;
+    float *weights;
+    const float *logits, *bias;
+    int n, n_experts, k, n_groups, groups_used, gating, renorm;
+    float scale;
+} cu_route_grouped_args;
+
+int cu_moe_route_grouped(const cu_ctx *c, const cu_route_grouped_args *a);
 
 #ifdef __cplusplus
 }

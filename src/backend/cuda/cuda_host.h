@@ -51,6 +51,16 @@ typedef struct cuda_backend {
     bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */
     bool use_graphs;  /* PETREL_CUDA_GRAPHS=0 turns them off */
+    /* PETREL_CUDA_PROFILE=N: the ops of forward steps of exactly N tokens
+     * (the step's embed op says how many) each timed alone (events around
+     * it, then a wait; no graphs), summed per kind, printed when the
+     * backend goes; matmuls split by token rows: the GEMV (<= gemv_max) or
+     * not.  Other steps run untimed. */
+    int profile;
+    bool prof_step; /* the current step is timed */
+    cudaEvent_t prof_ev[2];
+    double prof_ms[PT_OP_COUNT + 1];
+    uint64_t prof_calls[PT_OP_COUNT + 1];
     pt_op *list;      /* ops recorded since the last flush */
     int n_list, list_cap, list_rows;
     graph_slot graphs[GRAPH_SLOTS];

@@ -68,8 +68,10 @@ void cu_convert_from_f32(const cu_ctx *c, void *dst, int dtype, const float *src
 /* ---- qmatmul.cu: quantized weights, as stored in their files ------------- */
 
 /* Weight formats (cu_qweight.fmt).  CU_AFF4/CU_AFF8: MLX affine at 4/8
- * bits (the tuned paths); CU_AFFN: any other width 2..8 (plain decoding). */
-enum { CU_Q8_0 = 16, CU_Q4_0, CU_Q4_K, CU_Q5_K, CU_Q6_K, CU_AFF4, CU_AFF8, CU_AFFN };
+ * bits (the tuned paths); CU_AFFN: any other width 2..8 (plain decoding).
+ * CU_MXFP4 (gpt-oss's experts) only as a stack of experts for matmul_id
+ * (moe.cu): cu_qweight_ok refuses it, so no dense kernel sees it. */
+enum { CU_Q8_0 = 16, CU_Q4_0, CU_Q4_K, CU_Q5_K, CU_Q6_K, CU_AFF4, CU_AFF8, CU_AFFN, CU_MXFP4 };
 
 typedef struct cu_qweight {
     const void *data;            /* rows of blocks (GGUF) or packed u32 codes (affine) */
@@ -125,6 +127,7 @@ typedef struct cu_attn_args {
     int dtype, page_size, n_kv_heads, head_dim;
     const int32_t *pos, *seq, *block_table;
     int max_pages, n, n_heads;
+    int n_seqs; /* sequences the n rows belong to (block_table rows) */
     float scale;
     int tiled_only; /* never the tensor-core kernel (PETREL_CUDA_ATTN=tiled) */
 } cu_attn_args;

@@ -3,9 +3,8 @@
  * GeGLU, scale and soft-cap (Gemma), attention with a window,
  * soft-capped scores and sinks (Gemma's sliding and global layers,
  * gpt-oss), gpt-oss's clamped SwiGLU and bias by expert id, and the
- * mixture-of-experts ops (routing, the sort of (row, slot) pairs by
- * expert, the matmul by expert id for f32/f16/bf16 experts, the weighted
- * combine).  Declared in cuda_family.h.
+ * mixture-of-experts routing and weighted combine (the matmul by expert
+ * id is moe.cu's).  Declared in cuda_family.h.
  *
  * These are the first CUDA versions: each is written to be right and to
  * read only what it must (an unselected expert is never read), not yet to
@@ -224,114 +223,4 @@ extern "C" void cu_moe_combine(const cu_ctx *c, float *y, const float *x, const 
     if (count)
         CU_LAUNCH(moe_combine_kernel, (unsigned)CU_DIV_UP(count, 256), 256, 0, c, y, x, weights, n,
                   k, d);
-}
-
-/* ---- the sort of pairs by expert ------------------------------------------------- */
-
-extern "C" size_t cu_moe_sort_scratch(int pairs, int n_experts) {
-    return sizeof(int32_t) * ((size_t)pairs + (size_t)n_experts + 1);
-}
-
-/* One block: counts per expert in shared memory, a scan by one thread (a
- * few hundred experts), then each pair placed at its expert's cursor.  The
- * order within an expert depends on the atomics; no result does, since
- * every pair is computed on its own. */
-__global__ void __launch_bounds__(1024)
-    moe_sort_kernel(int32_t *order, int32_t *first, const int32_t *ids, int pairs, int E) {
-    extern __shared__ int32_t cnt[]; /* [E] counts, then [E] cursors */
-    cu_grid_trigger();
-    cu_grid_wait();
-    int32_t *cur = cnt + E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t run = 0;
-        for (int e = 0; e < E; e++) {
-            first[e] = run, cur[e] = run;
-            run += cnt[e];
-        }
-        first[E] = run;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) order[atomicAdd(&cur[e], 1)] = i;
-    }
-}
-
-extern "C" int cu_moe_sort(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs,
-                           int n_experts) {
-    if (n_experts < 1 || n_experts > CU_MOE_MAX_EXPERTS) return -1;
-    int32_t *order = (int32_t *)scratch, *first = order + pairs;
-    CU_LAUNCH(moe_sort_kernel, 1, 1024, sizeof(int32_t) * 2 * (size_t)n_experts, c, order, first,
-              ids, pairs, n_experts);
-    return 0;
-}
-
-/* ---- matmul by expert id (f32 / f16 / bf16 experts) ------------------------------- */
-
-#define MID_WARPS 4 /* weight rows per block, a warp each */
-#define MID_PAIRS 8 /* pairs per pass over a weight row */
-
-template <int T>
-__global__ void __launch_bounds__(MID_WARPS * 32)
-    matmul_id_kernel(float *y, const float *x, const void *w, size_t expert_stride, int rows,
-                     int cols, const int32_t *order, const int32_t *first, int k, int x_slots) {
-    cu_grid_trigger();
-    cu_grid_wait();
-    const int e = blockIdx.y, lo = first[e], hi = first[e + 1];
-    const int r = blockIdx.x * MID_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (lo == hi || r >= rows) return; /* an expert no pair chose is never read */
-    const size_t esz = T == CU_F32 ? 4 : 2;
-    const void *wr = (const char *)w + (size_t)e * expert_stride + (size_t)r * cols * esz;
-    for (int p0 = lo; p0 < hi; p0 += MID_PAIRS) {
-        const int np = min(MID_PAIRS, hi - p0);
-        const float *xr[MID_PAIRS];
-        int pair[MID_PAIRS];
-        float acc[MID_PAIRS];
-#pragma unroll
-        for (int i = 0; i < MID_PAIRS; i++) {
-            pair[i] = order[p0 + (i < np ? i : 0)];
-            int t = pair[i] / k, slot = pair[i] % k;
-            xr[i] = x + ((size_t)t * x_slots + (x_slots > 1 ? slot : 0)) * cols;
-            acc[i] = 0.f;
-        }
-        for (int c = lane; c < cols; c += 32) {
-            float wv = cu_load_elem<T>(wr, c);
-#pragma unroll
-            for (int i = 0; i < MID_PAIRS; i++)
-                if (i < np) acc[i] = fmaf(wv, xr[i][c], acc[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < MID_PAIRS; i++) {
-            float v = cu_warp_sum(acc[i]);
-            if (i < np && lane == 0) y[(size_t)pair[i] * rows + r] = v;
-        }
-    }
-}
-
-extern "C" int cu_matmul_id(const cu_ctx *c, float *y, const float *x, const void *w, int wtype,
-                            size_t expert_stride, int rows, int cols, int n_experts,
-                            const void *sorted, int pairs, int k, int x_slots) {
-    if (n_experts < 1 || n_experts > 65535 || rows < 1 || cols < 1) return -1;
-    if (pairs <= 0) return 0;
-    const int32_t *order = (const int32_t *)sorted, *first = order + pairs;
-    dim3 grid(CU_DIV_UP(rows, MID_WARPS), n_experts);
-    if (wtype == CU_F32)
-        CU_LAUNCH((matmul_id_kernel<CU_F32>), grid, MID_WARPS * 32, 0, c, y, x, w, expert_stride,
-                  rows, cols, order, first, k, x_slots);
-    else if (wtype == CU_F16)
-        CU_LAUNCH((matmul_id_kernel<CU_F16>), grid, MID_WARPS * 32, 0, c, y, x, w, expert_stride,
-                  rows, cols, order, first, k, x_slots);
-    else if (wtype == CU_BF16)
-        CU_LAUNCH((matmul_id_kernel<CU_BF16>), grid, MID_WARPS * 32, 0, c, y, x, w, expert_stride,
-                  rows, cols, order, first, k, x_slots);
-    else
-        return -1;
-    return 0;
 }

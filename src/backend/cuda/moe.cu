@@ -1,0 +1,390 @@
+/*
+ * moe.cu - the matmul by expert id on the GPU (cuda_family.h): the sort of
+ * the (row, slot) pairs by expert, the activations' rounding for quantized
+ * experts, and the kernels for f32/f16/bf16 and quantized expert stacks.
+ *
+ * One launch prepares (moe_prep_kernel): block 0 groups the pairs by
+ * expert on the device and lists the experts some pair chose (used[]), so
+ * the ids never go to the host and a decode step stays one graph; the
+ * other blocks round the activation rows to int16 codes per 32-element
+ * chunk exactly as the CPU backend does (qx_chunk), once per call instead
+ * of once per weight row.
+ *
+ * Then one launch multiplies: block (row tile, j) takes the j-th used
+ * expert, so the grid is rows / 8 x min(pairs, experts) and no block
+ * exists for an expert nobody chose (a decode step of Qwen3-30B-A3B: 8 of
+ * 128 experts, 8 blocks wide instead of 128).  A warp owns one weight row
+ * and streams it with 16-byte loads:
+ *
+ *  - quantized (every GGUF and affine format, and gpt-oss's MXFP4, which
+ *    no other op takes): the warp copies the row's bytes 64 chunks (2048 columns)
+ *    at a time into its shared memory with 16-byte cp.async over the
+ *    16-byte words that hold them (so rows that are not 16-byte aligned,
+ *    e.g. q4_0 at 2880 columns = 1620 bytes, take the same path), each
+ *    lane decodes its two chunks there (qf_chunk) and multiplies them with
+ *    every pair's codes (qdot_chunk: exact integer sums, as the GEMV);
+ *  - f32/f16/bf16: each lane reads 16-byte words of the row (2 in flight)
+ *    and multiplies them in f32 with every pair's x row.
+ *
+ * A row is read once per 8 pairs of its expert (decode: once).  Batch
+ * invariance: a pair's sum is taken in an order fixed by the weight's
+ * shape (lane, chunk, warp butterfly), never by which or how many other
+ * pairs share the call, so a token row gets the same bits alone or in a
+ * batch.  Every kernel follows the PDL rule of cu_common.cuh.
+ */
+#include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cuda_family.h"
+#include "backend/cuda/qdecode.cuh"
+
+#define MOE_WARPS 8  /* weight rows per block, a warp each */
+#define MOE_PAIRS 8  /* pairs per pass over a weight row */
+#define MOE_SEG 64   /* chunks of 32 columns per warp pass: two per lane */
+#define MOE_SEG16 137 /* 16-byte words of a pass: 64 q8_0 blocks (2176 B) + 16 B of slack */
+#define MOE_MIN_BLOCKS 4 /* blocks per SM the registers are sized for (64 each): latency hiding */
+
+/* ---- scratch: order, first, used, activation codes -------------------------------- */
+
+/* Byte offsets of the parts of the scratch: order[pairs], first[E + 1],
+ * used[E + 1] (used[0] experts chosen, then their ids), then for quantized
+ * experts the codes (64 bytes per chunk of 32 activations) and per chunk
+ * (dx, s0, s1) as a float4. */
+struct moe_layout {
+    size_t first, used, codes, meta, total;
+};
+
+__host__ __device__ static inline moe_layout moe_layout_of(int pairs, int E, int64_t code_elems) {
+    moe_layout l;
+    l.first = sizeof(int32_t) * (size_t)pairs;
+    l.used = l.first + sizeof(int32_t) * ((size_t)E + 1);
+    l.codes = (l.used + sizeof(int32_t) * ((size_t)E + 1) + 15) & ~(size_t)15;
+    l.meta = l.codes + (size_t)(code_elems / 32) * 64;
+    l.total = l.meta + (size_t)(code_elems / 32) * 16;
+    return l;
+}
+
+extern "C" size_t cu_moe_scratch(int pairs, int n_experts, int64_t code_elems) {
+    return moe_layout_of(pairs, n_experts, code_elems).total;
+}
+
+/* ---- prepare: sort, used experts, activation codes ------------------------------- */
+
+/* Block 0: counts per expert in shared memory, a scan by one thread (a
+ * few hundred experts), then each pair placed at its expert's cursor.  The
+ * order within an expert depends on the atomics; no result does, since
+ * every pair is computed on its own.  Blocks 1..: one warp per 32 chunks
+ * of an activation row (a chunk per lane; an affine group's G chunks on
+ * adjacent lanes), rounded as qx_chunk says. */
+__global__ void __launch_bounds__(1024)
+    moe_prep_kernel(char *scratch, const int32_t *ids, int pairs, int E, const float *x,
+                    int x_rows, int cols, int G) {
+    extern __shared__ int32_t cnt[]; /* [E] counts, then [E] cursors */
+    cu_grid_trigger();
+    cu_grid_wait();
+    const moe_layout L = moe_layout_of(pairs, E, G ? (int64_t)x_rows * cols : 0);
+    if (blockIdx.x > 0) {
+        const int nch = cols / 32, per_row = CU_DIV_UP(nch, 32), lane = threadIdx.x & 31;
+        const int item = (blockIdx.x - 1) * 32 + (threadIdx.x >> 5);
+        if (item >= x_rows * per_row) return; /* the whole warp: qx_chunk shuffles */
+        const int xr = item / per_row, c = item % per_row * 32 + lane;
+        const bool valid = c < nch;
+        uint32_t xw[16];
+        float dx;
+        int s0, s1;
+        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
+        if (!valid) return;
+        const size_t ci = (size_t)xr * nch + c;
+        uint4 *xc = (uint4 *)(scratch + L.codes) + 4 * ci;
+#pragma unroll
+        for (int i = 0; i < 4; i++) xc[i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+        ((float4 *)(scratch + L.meta))[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+        return;
+    }
+    int32_t *order = (int32_t *)scratch, *first = (int32_t *)(scratch + L.first);
+    int32_t *used = (int32_t *)(scratch + L.used), *cur = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        int e = ids[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t run = 0, nu = 0;
+        for (int e = 0; e < E; e++) {
+            first[e] = run, cur[e] = run;
+            if (cnt[e]) used[1 + nu++] = e;
+            run += cnt[e];
+        }
+        first[E] = run, used[0] = nu;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        int e = ids[i];
+        if (e >= 0 && e < E) order[atomicAdd(&cur[e], 1)] = i;
+    }
+}
+
+extern "C" int cu_moe_prep(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs,
+                           int n_experts, const float *x, int x_rows, int cols, int group) {
+    if (n_experts < 1 || n_experts > CU_MOE_MAX_EXPERTS) return -1;
+    int G = group / 32, blocks = 1;
+    if (group) { /* quantized experts: round the activations */
+        if (group % 32 || cols % group || (G & (G - 1)) || G > 32 || !cu_aligned16(x)) return -1;
+        blocks += (int)CU_DIV_UP((int64_t)x_rows * CU_DIV_UP(cols / 32, 32), (int64_t)32);
+    }
+    CU_LAUNCH(moe_prep_kernel, blocks, 1024, sizeof(int32_t) * 2 * (size_t)n_experts, c,
+              (char *)scratch, ids, pairs, n_experts, x, x_rows, cols, G);
+    return 0;
+}
+
+/* ---- the pairs of a block's expert ------------------------------------------------ */
+
+/* The input rows pairs p0 .. p0 + np - 1 of the expert's list read (row t,
+ * slot j: x row t * x_slots + j, or t); the pairs themselves are read
+ * again at the store (registers). */
+__device__ __forceinline__ void moe_xrows(int (&xrow)[MOE_PAIRS], const int32_t *order, int p0,
+                                          int np, int k, int x_slots) {
+#pragma unroll
+    for (int i = 0; i < MOE_PAIRS; i++) {
+        int pair = order[p0 + (i < np ? i : 0)], t = pair / k, slot = pair % k;
+        xrow[i] = t * x_slots + (x_slots > 1 ? slot : 0);
+    }
+}
+
+/* Each pair's sum over the warp (a fixed butterfly), stored by lane 0. */
+__device__ __forceinline__ void moe_store(float *y, const float (&acc)[MOE_PAIRS],
+                                          const int32_t *order, int p0, int np, int64_t rows,
+                                          int64_t r) {
+#pragma unroll
+    for (int i = 0; i < MOE_PAIRS; i++) {
+        float v = cu_warp_sum(acc[i]);
+        if (i < np && (threadIdx.x & 31) == 0) y[(size_t)order[p0 + i] * rows + r] = v;
+    }
+}
+
+/* ---- f32 / f16 / bf16 experts ----------------------------------------------------- */
+
+#define MOE_DEPTH 2 /* 16-byte words in flight per lane (more spills at 64 registers) */
+
+/* VEC: every row 16-byte aligned and x rows too (decided by the launcher
+ * from the shape and the pointers, never from the pairs), else element
+ * loads. */
+template <int T, bool VEC>
+__global__ void __launch_bounds__(MOE_WARPS * 32, MOE_MIN_BLOCKS)
+    moe_matmul_kernel(float *y, const float *x, const void *w, size_t expert_stride, int rows,
+                      int cols, const char *scratch, int pairs, int E, int k, int x_slots) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const moe_layout L = moe_layout_of(pairs, E, 0);
+    const int32_t *order = (const int32_t *)scratch, *first = (const int32_t *)(scratch + L.first);
+    const int32_t *used = (const int32_t *)(scratch + L.used);
+    if ((int)blockIdx.y >= used[0]) return;
+    const int e = used[1 + blockIdx.y], lo = first[e], hi = first[e + 1];
+    const int r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const size_t esz = T == CU_F32 ? 4 : 2;
+    const char *wr = (const char *)w + (size_t)e * expert_stride + (size_t)r * cols * esz;
+    const int PER = cu_chunk<T>::n, nw = cols / PER;
+    for (int p0 = lo; p0 < hi; p0 += MOE_PAIRS) {
+        const int np = min(MOE_PAIRS, hi - p0);
+        int xrow[MOE_PAIRS];
+        float acc[MOE_PAIRS];
+        moe_xrows(xrow, order, p0, np, k, x_slots);
+#pragma unroll
+        for (int i = 0; i < MOE_PAIRS; i++) acc[i] = 0.f;
+        if (VEC) {
+            const uint4 *wp = (const uint4 *)wr;
+            for (int w0 = lane; w0 < nw; w0 += 32 * MOE_DEPTH) {
+                uint4 b[MOE_DEPTH];
+#pragma unroll
+                for (int d = 0; d < MOE_DEPTH; d++)
+                    if (w0 + 32 * d < nw) b[d] = cu_ld_stream(wp + w0 + 32 * d);
+#pragma unroll
+                for (int d = 0; d < MOE_DEPTH; d++) {
+                    const int wi = w0 + 32 * d;
+                    if (wi >= nw) break;
+                    float f[8];
+                    cu_unpack<T>(b[d], f);
+#pragma unroll
+                    for (int i = 0; i < MOE_PAIRS; i++) {
+                        if (i >= np) break;
+                        const float4 *xp = (const float4 *)(x + (size_t)xrow[i] * cols) + wi * PER / 4;
+#pragma unroll
+                        for (int q = 0; q < PER / 4; q++) {
+                            float4 v = __ldg(xp + q);
+                            acc[i] = fmaf(f[4 * q], v.x, acc[i]);
+                            acc[i] = fmaf(f[4 * q + 1], v.y, acc[i]);
+                            acc[i] = fmaf(f[4 * q + 2], v.z, acc[i]);
+                            acc[i] = fmaf(f[4 * q + 3], v.w, acc[i]);
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int c = lane; c < cols; c += 32) {
+                float wv = cu_load_elem<T>(wr, c);
+#pragma unroll
+                for (int i = 0; i < MOE_PAIRS; i++)
+                    if (i < np) acc[i] = fmaf(wv, x[(size_t)xrow[i] * cols + c], acc[i]);
+            }
+        }
+        moe_store(y, acc, order, p0, np, rows, r);
+    }
+}
+
+template <int T>
+static void launch_matmul(const cu_ctx *c, dim3 grid, bool vec, float *y, const float *x,
+                          const void *w, size_t stride, int rows, int cols, const char *s,
+                          int pairs, int E, int k, int x_slots) {
+    if (vec)
+        CU_LAUNCH((moe_matmul_kernel<T, true>), grid, MOE_WARPS * 32, 0, c, y, x, w, stride, rows,
+                  cols, s, pairs, E, k, x_slots);
+    else
+        CU_LAUNCH((moe_matmul_kernel<T, false>), grid, MOE_WARPS * 32, 0, c, y, x, w, stride, rows,
+                  cols, s, pairs, E, k, x_slots);
+}
+
+extern "C" int cu_matmul_id(const cu_ctx *c, float *y, const float *x, const void *w, int wtype,
+                            size_t expert_stride, int rows, int cols, int n_experts,
+                            const void *scratch, int pairs, int k, int x_slots) {
+    if (n_experts < 1 || n_experts > CU_MOE_MAX_EXPERTS || rows < 1 || cols < 1) return -1;
+    if (wtype != CU_F32 && wtype != CU_F16 && wtype != CU_BF16) return -1;
+    if (pairs <= 0) return 0;
+    const size_t esz = wtype == CU_F32 ? 4 : 2;
+    const bool vec = cu_aligned16(w) && expert_stride % 16 == 0 && (size_t)cols * esz % 16 == 0 &&
+                     cu_aligned16(x);
+    dim3 grid(CU_DIV_UP(rows, MOE_WARPS), pairs < n_experts ? pairs : n_experts);
+    const char *s = (const char *)scratch;
+    if (wtype == CU_F32)
+        launch_matmul<CU_F32>(c, grid, vec, y, x, w, expert_stride, rows, cols, s, pairs, n_experts, k, x_slots);
+    else if (wtype == CU_F16)
+        launch_matmul<CU_F16>(c, grid, vec, y, x, w, expert_stride, rows, cols, s, pairs, n_experts, k, x_slots);
+    else
+        launch_matmul<CU_BF16>(c, grid, vec, y, x, w, expert_stride, rows, cols, s, pairs, n_experts, k, x_slots);
+    return 0;
+}
+
+/* ---- quantized experts ------------------------------------------------------------ */
+
+/* A warp pass (MOE_SEG chunks) must fit the warp's buffer with the slack
+ * of a start up to 14 bytes past a 16-byte word: q8_0 is the largest. */
+static_assert(CU_DIV_UP(MOE_SEG * 34 + 14, 16) <= MOE_SEG16, "q8_0 pass");
+
+template <int F>
+__global__ void __launch_bounds__(MOE_WARPS * 32, MOE_MIN_BLOCKS)
+    moe_qmatmul_kernel(float *y, cu_qweight w, size_t expert_stride, const char *scratch,
+                       int pairs, int E, int k, int x_slots, int x_rows) {
+    __shared__ uint4 seg[MOE_WARPS][MOE_SEG16];
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int64_t cols = w.cols;
+    const moe_layout L = moe_layout_of(pairs, E, (int64_t)x_rows * cols);
+    const int32_t *order = (const int32_t *)scratch, *first = (const int32_t *)(scratch + L.first);
+    const int32_t *used = (const int32_t *)(scratch + L.used);
+    if ((int)blockIdx.y >= used[0]) return;
+    const int e = used[1 + blockIdx.y], lo = first[e], hi = first[e + 1];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MOE_WARPS + warp;
+    if (r >= w.rows) return; /* the whole warp; no block barrier below */
+    if (F >= CU_AFF4 && F <= CU_AFFN) { /* this expert's scales and biases */
+        size_t sb = (size_t)w.rows * (size_t)(cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
+        w.scales = (const char *)w.scales + (size_t)e * sb;
+        w.biases = (const char *)w.biases + (size_t)e * sb;
+    }
+    const uint4 *xc = (const uint4 *)(scratch + L.codes);
+    const float4 *xm = (const float4 *)(scratch + L.meta);
+    const int nch = (int)(cols / 32), nseg = CU_DIV_UP(nch, MOE_SEG);
+    const uint8_t *rp = (const uint8_t *)w.data + (size_t)e * expert_stride +
+                        (size_t)r * (size_t)qf_bytes(F, w.bits, cols);
+    /* codes stored as u + 128: back to signed bytes for dp2a */
+    const bool WIDE = F == CU_Q8_0 || F == CU_AFF8 || F == CU_MXFP4;
+    qchunk q[2];
+    for (int p0 = lo; p0 < hi; p0 += MOE_PAIRS) {
+        const int np = min(MOE_PAIRS, hi - p0);
+        int xrow[MOE_PAIRS];
+        float acc[MOE_PAIRS];
+        moe_xrows(xrow, order, p0, np, k, x_slots);
+#pragma unroll
+        for (int i = 0; i < MOE_PAIRS; i++) acc[i] = 0.f;
+        for (int s = 0; s < nseg; s++) {
+            const int c0 = s * MOE_SEG, nc = min(MOE_SEG, nch - c0);
+            if (p0 == lo || nseg > 1) { /* one pass per row: decoded chunks stay in registers */
+                const uint8_t *sb = rp + qf_bytes(F, w.bits, (int64_t)c0 * 32);
+                const uintptr_t a0 = (uintptr_t)sb & ~(uintptr_t)15;
+                const uintptr_t a1 = ((uintptr_t)sb + (uintptr_t)qf_bytes(F, w.bits, (int64_t)nc * 32) + 15) & ~(uintptr_t)15;
+                const int n16 = (int)((a1 - a0) / 16);
+                __syncwarp(); /* every lane is done with the last pass's bytes */
+                for (int i = lane; i < n16; i += 32) cp_async16(&seg[warp][i], (const uint4 *)a0 + i);
+                cp_async_commit();
+                cp_async_wait<0>();
+                __syncwarp();
+                const uint8_t *sp = (const uint8_t *)seg[warp] + (sb - (const uint8_t *)a0);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int cc = lane + 32 * h;
+                    if (cc >= nc) continue;
+                    qf_chunk<F>(q[h], sp, cc, c0 + cc, w, r);
+                    if (WIDE) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) q[h].u[i] ^= 0x80808080u;
+                        q[h].add[0] += 128.f * q[h].mul[0], q[h].add[1] += 128.f * q[h].mul[1];
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < MOE_PAIRS; i++) {
+                if (i >= np) break;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int cc = lane + 32 * h;
+                    if (cc >= nc) continue;
+                    const size_t ci = (size_t)xrow[i] * nch + c0 + cc;
+                    const uint4 *cp = xc + 4 * ci;
+                    uint4 a0 = __ldg(cp), a1 = __ldg(cp + 1), a2 = __ldg(cp + 2), a3 = __ldg(cp + 3);
+                    const uint32_t xw[16] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w,
+                                             a2.x, a2.y, a2.z, a2.w, a3.x, a3.y, a3.z, a3.w};
+                    float4 m = __ldg(xm + ci);
+                    acc[i] = fmaf(m.x, qdot_chunk(q[h], xw, __float_as_int(m.y), __float_as_int(m.z)), acc[i]);
+                }
+            }
+        }
+        moe_store(y, acc, order, p0, np, w.rows, r);
+    }
+}
+
+/* cu_qweight_ok, and MXFP4 (blocks of 32 columns) besides: matmul_id is
+ * the one op that takes it. */
+extern "C" int cu_moe_qweight_ok(const cu_qweight *w) {
+    if (w->fmt == CU_MXFP4) return w->rows >= 1 && w->cols >= 32 && w->cols % 32 == 0 && w->data;
+    return cu_qweight_ok(w);
+}
+
+extern "C" int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, size_t expert_stride,
+                             int n_experts, const void *scratch, int pairs, int k, int x_slots) {
+    /* the 16-byte loads of these formats need every expert 16-byte aligned */
+    bool wide = w->fmt == CU_Q4_K || w->fmt == CU_Q5_K || w->fmt == CU_AFF4 || w->fmt == CU_AFF8;
+    int align = wide ? 16 : w->fmt == CU_MXFP4 ? 1 : 2; /* MXFP4 is read bytewise */
+    if (!cu_moe_qweight_ok(w) || n_experts < 1 || n_experts > CU_MOE_MAX_EXPERTS ||
+        expert_stride % align || w->rows > 0x7fffffffLL * MOE_WARPS)
+        return -1;
+    if (pairs <= 0) return 0;
+    const cu_qweight ww = *w;
+    const char *s = (const char *)scratch;
+    const int x_rows = pairs / k * x_slots;
+    dim3 grid((unsigned)CU_DIV_UP(w->rows, (int64_t)MOE_WARPS), pairs < n_experts ? pairs : n_experts);
+#define QF_ID(F) CU_LAUNCH((moe_qmatmul_kernel<F>), grid, MOE_WARPS * 32, 0, c, y, ww, expert_stride, s, pairs, n_experts, k, x_slots, x_rows); break
+    switch (w->fmt) {
+    case CU_Q8_0: QF_ID(CU_Q8_0);
+    case CU_Q4_0: QF_ID(CU_Q4_0);
+    case CU_Q4_K: QF_ID(CU_Q4_K);
+    case CU_Q5_K: QF_ID(CU_Q5_K);
+    case CU_Q6_K: QF_ID(CU_Q6_K);
+    case CU_AFF4: QF_ID(CU_AFF4);
+    case CU_AFF8: QF_ID(CU_AFF8);
+    case CU_AFFN: QF_ID(CU_AFFN);
+    case CU_MXFP4: QF_ID(CU_MXFP4);
+    default: return -1;
+    }
+#undef QF_ID
+    return 0;
+}
