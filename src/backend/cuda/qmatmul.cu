@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(QC_MAXW * 32, qc_minb<NT>::n)
         uint32_t xw0[16], xw1[16];
         float dx0 = 0.f, dx1 = 0.f;
         int s00 = 0, s01 = 0, s10 = 0, s11 = 0;
-        if (NT == 1) {
+        if constexpr (NT == 1) {
             qx_chunk(x + c0 * 32, valid, 1, xw0, dx0, s00, s01);
             qx_chunk(x + c0 * 32 + 32, valid, 1, xw1, dx1, s10, s11);
         }
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(QC_MAXW * 32, qc_minb<NT>::n)
         else cp_async_wait<2>();
         __syncwarp(); /* ... and the other lanes' */
         const uint32_t *p = (const uint32_t *)(ring + (k % D) * R * S16) + lane * qc_fmt<F>::pw;
-        if (NT == 1) { /* codes rounded while the step was in flight (above) */
+        if constexpr (NT == 1) { /* codes rounded while the step was in flight (above) */
             if (valid) {
 #pragma unroll
                 for (int r = 0; r < R; r++) {
@@ -618,28 +618,27 @@ __global__ void __launch_bounds__(QC_MAXW * 32, qc_minb<NT>::n)
                     acc[r][0] = fmaf(dx1, qdot_chunk(q, xw1, s10, s11), acc[r][0]);
                 }
             }
-            __syncwarp(); /* every lane is done with slot k % D before it is refilled */
-            continue;
-        }
-        /* chunk by chunk (one chunk's codes live at a time), token by
-         * token; a row's terms come in the same order at every NT */
+        } else {
+            /* chunk by chunk (one chunk's codes live at a time), token by
+             * token; a row's terms come in the same order at every NT */
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+            for (int j = 0; j < 2; j++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= n) break;
-                uint32_t xw[16];
-                float dx;
-                int s0, s1;
-                qx_chunk(x + (size_t)t * cols + (c0 + j) * 32, valid, 1, xw, dx, s0, s1);
-                if (!valid) continue; /* the ring past the row holds stale bytes */
+                for (int t = 0; t < NT; t++) {
+                    if (t >= n) break;
+                    uint32_t xw[16];
+                    float dx;
+                    int s0, s1;
+                    qx_chunk(x + (size_t)t * cols + (c0 + j) * 32, valid, 1, xw, dx, s0, s1);
+                    if (!valid) continue; /* the ring past the row holds stale bytes */
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    qchunk q;
-                    qc_block<F>(q, p + r * S16 * 4, j);
-                    acc[r][t] = fmaf(dx, qdot_chunk(q, xw, s0, s1), acc[r][t]);
+                    for (int r = 0; r < R; r++) {
+                        qchunk q;
+                        qc_block<F>(q, p + r * S16 * 4, j);
+                        acc[r][t] = fmaf(dx, qdot_chunk(q, xw, s0, s1), acc[r][t]);
+                    }
                 }
-            }
+        }
         __syncwarp(); /* every lane is done with slot k % D before it is refilled */
     }
 #pragma unroll
