@@ -17,12 +17,15 @@
  * are never assertions.  Loops replay as CUDA graphs (see main).
  *
  * usage: bench_cuda_ops [out.json] [quick | kvq | qmm]   (kvq, qmm: that arm alone;
- *        BENCH_KVQ_DEPTH=D: its one depth D)
+ *        BENCH_KVQ_DEPTH=D: its one depth D; BENCH_QMM_FORMATS=q4_0,q8_0:
+ *        those formats, lm_head too; BENCH_QMM_GEMV_ONLY=1: no cuBLAS arm;
+ *        BENCH_QMM_SHAPE=w_up: that shape alone)
  */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kv/kvcache.h"
 #include "quant/quant.h"
@@ -240,6 +243,8 @@ static qbench_w qbench_make(const pt_weight_format *f, int rows, int cols, const
 }
 
 static void bench_qmatmul(const char *fname, const char *name, int rows, int cols, bool quick) {
+    const char *shape = getenv("BENCH_QMM_SHAPE"); /* one shape by name (profiling) */
+    if (shape && strcmp(shape, name) != 0) return;
     pt_weight_format f;
     if (pt_weight_format_parse(fname, &f)) return;
     pt_rng rng;
@@ -262,12 +267,14 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
     float *y = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
     float *y2 = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
     static const int ns[] = {1, 2, 4, 8, 16, 64, 512};
+    const bool gemv_only = getenv("BENCH_QMM_GEMV_ONLY") != NULL;
     for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
         int n = ns[ni];
         double t_arm[2] = {0, 0};
         for (int arm = 0; arm < 2; arm++) {
             pt_backend *be = arm == 0 ? gemv_be : qblas_be;
             if (arm == 0 && n > 16) continue;
+            if (arm == 1 && gemv_only) continue;
             if (quick && n == 2) continue;
             int iters = n >= 64 ? copies : quick ? 2 * copies : 4 * copies;
             double best = 1e30;
@@ -282,7 +289,7 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
             t_arm[arm] = best;
         }
         double rel = -1;
-        if (n <= 16) {
+        if (n <= 16 && !gemv_only) {
             pt_be_matmul(gemv_be, y, x, &w[0].w, n);
             pt_be_matmul(qblas_be, y2, x, &w[0].w, n);
             size_t cnt = (size_t)n * rows;
@@ -293,7 +300,8 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
             free(a);
             free(b);
         }
-        if (t_arm[1] <= 0) continue;
+        if (t_arm[1] <= 0 && t_arm[0] <= 0) continue;
+        if (t_arm[1] <= 0) t_arm[1] = INFINITY; /* BENCH_QMM_GEMV_ONLY */
         double g0 = t_arm[0] > 0 ? wbytes / t_arm[0] : 0, g1 = wbytes / t_arm[1];
         double tf = 2.0 * rows * cols * n / t_arm[1] / 1e12;
         printf("qmatmul %-10s %-8s %6dx%-6d n=%-3d qgemv %8.1f us %5.1f%%   dequant+cublas %9.1f us "
@@ -556,13 +564,17 @@ int main(int argc, char **argv) {
     static const int depths[] = {1024, 8192, 32768};
     if (!kvq_only) {
         static const char *const qf[] = {"q4_0", "q8_0", "q4_k", "q6_k", "affine4g64", "affine8g64"};
+        /* BENCH_QMM_FORMATS=q4_0,q8_0: those formats alone (with lm_head) */
+        const char *only = getenv("BENCH_QMM_FORMATS");
         for (size_t i = 0; i < PT_ARRAY_LEN(qf); i++) {
+            if (only && !strstr(only, qf[i])) continue;
             bench_qmatmul(qf[i], "wq", 4096, 4096, quick);
             if (i < 2 || !quick) {
                 bench_qmatmul(qf[i], "wk", 1024, 4096, quick);
                 bench_qmatmul(qf[i], "w_up", 14336, 4096, quick);
                 bench_qmatmul(qf[i], "w_down", 4096, 14336, quick);
             }
+            if (only) bench_qmatmul(qf[i], "lm_head", 128256, 4096, quick);
         }
     }
     if (!kvq_only && !qmm_only) {

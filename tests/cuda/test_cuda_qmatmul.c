@@ -16,7 +16,11 @@
  * 2^-9 S for the cuBLAS path (w and x rounded to f16, 2^-11 each).
  * Shapes: one tile, two and three tiles with a partial last one, rows that
  * are not whole 16-byte chunks (the plain kernel), row counts that are not
- * a multiple of the rows per block.
+ * a multiple of the rows per block, and rows long enough that a warp of
+ * the coalesced q4_0/q8_0 GEMV takes two steps (20736 columns).
+ *
+ * test_qmatmul_coalesced_q8_0: q8_0 through the coalesced GEMV, which
+ * only q4_0 takes by default (PETREL_CUDA_QGEMV_CO=2), the same checks.
  *
  * matmul_id (mixture of experts): stacks of experts of every format, the
  * same bounds as matmul's GEMV; 128 experts top 8 at 1, 4 and 16 rows
@@ -196,9 +200,11 @@ static void one_matmul(const fmt *f, const qmat *m, int n) {
 static void test_qmatmul(void **state) {
     (void)state;
     /* cols: 1 tile; 2 tiles, the second partial (4096 + 512); 3 tiles;
-     * 96 (q4_0: 54-byte rows, the plain kernel); 768 (q6_k: 630-byte rows) */
+     * 96 (q4_0: 54-byte rows, the plain kernel); 768 (q6_k: 630-byte rows);
+     * 20736 (q4_0/q8_0's coalesced GEMV: 11 steps of 2048 columns over 8
+     * warps, two per warp, the last partial, through a ring of 1 or 2) */
     static const int shapes[][2] = {{1, 256}, {37, 512}, {301, 4096}, {67, 4608},
-                                    {13, 10240}, {40, 96}, {21, 768}};
+                                    {13, 10240}, {40, 96}, {21, 768}, {9, 20736}};
     static const int ns[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 40};
     char fb[48];
     for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
@@ -252,7 +258,7 @@ static void invariant_qmatmul(const fmt *f, const qmat *m, int n) {
 
 static void test_qbatch_invariance(void **state) {
     (void)state;
-    static const int shapes[][2] = {{301, 4096}, {67, 4608}, {40, 96}};
+    static const int shapes[][2] = {{301, 4096}, {67, 4608}, {40, 96}, {9, 20736}};
     static const int ns[] = {2, 5, 9, 16};
     for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
         const fmt *f = &formats[fi];
@@ -547,6 +553,30 @@ static void test_qmatmul_id_invariance(void **state) {
     }
 }
 
+/* The coalesced GEMV takes q4_0 by default and q8_0 only when asked
+ * (PETREL_CUDA_QGEMV_CO=2): q8_0 through it, on a second GPU backend
+ * standing in for the first, against the CPU and bit-invariant in n. */
+static void test_qmatmul_coalesced_q8_0(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    setenv("PETREL_CUDA_QGEMV_CO", "2", 1);
+    pt_backend *co = pt_backend_cuda_new(0, &err), *saved = be[GPU];
+    unsetenv("PETREL_CUDA_QGEMV_CO");
+    assert_non_null(co);
+    be[GPU] = co;
+    static const int shapes[][2] = {{37, 512}, {301, 4096}, {67, 4608}, {9, 20736}};
+    static const int ns[] = {1, 2, 3, 5, 9, 16};
+    const fmt *f = &formats[0]; /* q8_0 */
+    for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++) {
+        qmat m = qmat_new(f, shapes[si][0], shapes[si][1]);
+        for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) one_matmul(f, &m, ns[ni]);
+        for (size_t ni = 1; ni < PT_ARRAY_LEN(ns); ni++) invariant_qmatmul(f, &m, ns[ni]);
+        qmat_free(&m);
+    }
+    be[GPU] = saved;
+    co->ops->destroy(co);
+}
+
 int main(void) {
     pt_err err = {{0}};
     be[GPU] = pt_backend_cuda_new(0, &err); /* GEMV up to 16 rows: the default */
@@ -567,6 +597,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qmatmul),
         cmocka_unit_test(test_qbatch_invariance),
+        cmocka_unit_test(test_qmatmul_coalesced_q8_0),
         cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_qmatmul_id),
         cmocka_unit_test(test_qmatmul_id_invariance),

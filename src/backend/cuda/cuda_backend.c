@@ -836,6 +836,9 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->ctx.pdl = prop.major >= 9 && env_int("PETREL_CUDA_PDL", 1) != 0;
     cb->ctx.gemv_mode = (env_int("PETREL_CUDA_GEMV_PERSIST", 1) != 0) |
                         (env_int("PETREL_CUDA_GEMV_PDL", 0) != 0) << 1;
+    /* the coalesced GEMV: 0 off, 1 q4_0 (default), 2 q4_0 and q8_0; 4, 8,
+     * 16: both, with that many rows per warp at 1-2 token rows */
+    cb->ctx.qgemv_co = env_int("PETREL_CUDA_QGEMV_CO", 1);
     cu_attention_init();
     cu_kvq_init(&cb->ctx);
     cu_gemv_init(&cb->ctx);

@@ -45,6 +45,8 @@ typedef struct cu_ctx {
                        (PETREL_CUDA_GEMV_PDL, default off: a persistent grid
                        launched early lands unevenly on the SMs) */
     int smem_optin; /* the device's opt-in shared memory per block */
+    int qgemv_co;   /* the coalesced q4_0/q8_0 GEMV (PETREL_CUDA_QGEMV_CO,
+                       default on; 0: the register GEMV, for comparison) */
     /* Persistent grids: blocks of each kernel resident on the whole device
      * at once (0: not measured, the launcher guesses). */
     int gemv_fit[3][CU_GEMV_MAX_ROWS];  /* [CU_F32/F16/BF16][token rows - 1] */

@@ -226,12 +226,15 @@ __device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uin
 #pragma unroll
     for (int p = 0; p < 16; p++) {
         /* rint by adding 1.5 * 2^23 (round to nearest even, like lrintf);
-         * the product rounded first, as on the CPU (no fused multiply-add) */
-        int a = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p], id), 12582912.f)) - 0x4B400000;
-        int b = __float_as_int(__fadd_rn(__fmul_rn(v[2 * p + 1], id), 12582912.f)) - 0x4B400000;
-        xw[p] = ((uint32_t)a & 0xffffu) | (uint32_t)b << 16;
-        if (p < 8) s0 += a + b;
-        else s1 += a + b;
+         * the product rounded first, as on the CPU (no fused multiply-add).
+         * The code is the float's bits minus 0x4B400000, whose low 16 bits
+         * are zero: the bits' low halves are the int16 codes as they are. */
+        uint32_t a = __float_as_uint(__fadd_rn(__fmul_rn(v[2 * p], id), 12582912.f));
+        uint32_t b = __float_as_uint(__fadd_rn(__fmul_rn(v[2 * p + 1], id), 12582912.f));
+        xw[p] = __byte_perm(a, b, 0x5410);
+        /* the sums of the codes: two int16 codes times 1, 1 per dp2a */
+        if (p < 8) s0 = __dp2a_lo((int)xw[p], 0x0101, s0);
+        else s1 = __dp2a_lo((int)xw[p], 0x0101, s1);
     }
     dx = d;
 }

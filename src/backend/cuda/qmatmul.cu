@@ -5,11 +5,15 @@
  *
  * The kernels share the activation rounding and the integer dot product:
  *
+ *  - qgemv_co (decode, q4_0; q8_0 on request; rows of whole 256-element
+ *    units): every lane of a warp on consecutive 16 bytes of one row,
+ *    copied into the warp's shared memory and read back a block pair per
+ *    lane (its comment below).  The decode path of q4_0.
  *  - qgemv_reg (decode, n <= CU_QGEMV_MAX_ROWS token rows; q4_0, q8_0,
  *    q4_k, q5_k, affine 4/8 with rows of whole 256-element units): lane
  *    = weight row, units read with 16-byte loads into registers and
  *    decoded there, no shared-memory staging of weights (its comment
- *    below).  It is the decode path of every format but q6_k.
+ *    below).  It is the decode path of every other format but q6_k.
  *  - qgemv (the staged kernel: q6_k, and affine rows that are not whole
  *    units): a persistent grid
  *    (as many blocks of 128 threads as fit at once) whose blocks walk
@@ -433,6 +437,227 @@ __global__ void __launch_bounds__(QR_WARPS * 32)
     }
 }
 
+/* ---- coalesced GEMV: q4_0, q8_0 ------------------------------------------------- */
+
+/* The register GEMV above gives each lane its own row, so a warp's 16-byte
+ * load touches 32 rows' lines and a lane holds a 2-3 unit ring (169
+ * registers, 8 warps per SM: latency-bound, docs/cuda-notes.md run Q4).
+ * This kernel reads the file's bytes with every lane of a warp on
+ * consecutive 16 bytes of the same row, then transposes them in the
+ * warp's shared memory so that each lane owns whole blocks:
+ *
+ *  - a step is 2048 columns (64 blocks) of QC_R rows; lane l owns blocks
+ *    2l and 2l+1 of each row.  A row's step is 64 * 18 = 1152 bytes (q4_0)
+ *    or 64 * 34 = 2176 (q8_0): whole 16-byte words, 16-byte aligned when a
+ *    row is 256 * k columns.  The warp copies the QC_R row segments into
+ *    its ring with 16-byte cp.async (every lane on consecutive words,
+ *    QC_STAGES steps in flight), so weights take no registers in flight.
+ *  - lane l then reads its block pair (36 or 68 bytes at a stride of 9 or
+ *    17 words: no bank conflicts) with 4-byte shared loads; the first
+ *    block's codes are 2 bytes off a word (one funnel shift per word).
+ *  - the lane rounds its two chunks of activations to int16 codes (as the
+ *    CPU, qx_chunk) once per token and step and uses them for its QC_R
+ *    rows: the rounding, the costliest part per weight, is shared by the
+ *    rows of the warp.
+ *  - a block is W = min(8, steps) warps on the same rows, warp w taking
+ *    steps w, w + W, ...; at the end each warp's lanes are summed with a
+ *    butterfly and the warps' sums added in warp order.
+ *
+ * A row's order of operations depends on cols alone (which lane, step and
+ * warp takes each block), not on the rows per warp QC_R (which varies with
+ * the token count for registers) nor on n: batch-invariant. */
+#define QC_STEP_CHUNKS 64
+#define QC_MAXW 8
+#define QC_STAGES 3
+
+template <int F> struct qc_fmt {
+    static const int bb = F == CU_Q4_0 ? 18 : 34; /* bytes per block */
+    static const int pw = bb / 2;                 /* words per lane's block pair */
+    static const int s16 = QC_STEP_CHUNKS * bb / 16; /* 16-byte words of a row's step */
+};
+
+/* Rows per warp R for NT token rows: more rows share the activation
+ * rounding (q4_0 at 1-2 tokens, where it costs most per byte), fewer keep
+ * the accumulators in registers and the ring small (q8_0).  At 1-2 tokens
+ * PETREL_CUDA_QGEMV_CO=4, 8 or 16 overrides it, to measure.  Blocks per
+ * SM the registers are sized for: 80 registers at 1-2 tokens. */
+template <int F, int NT> struct qc_rows {
+    static const int n = F == CU_Q4_0 && NT <= 2 ? 8 : 4;
+};
+template <int NT> struct qc_minb {
+    static const int n = NT <= 2 ? 3 : NT <= 4 ? 2 : 1;
+};
+
+/* Warps per block for a row of cols columns (steps spread over them). */
+static inline int qc_warps(int64_t cols) {
+    int64_t steps = CU_DIV_UP(cols / 32, (int64_t)QC_STEP_CHUNKS);
+    return steps < QC_MAXW ? (int)steps : QC_MAXW;
+}
+/* Ring slots per warp: up to QC_STAGES, no more than the warp's steps,
+ * and the block's ring within 100 KiB where more than one slot (one slot
+ * per warp is always taken: 72 KiB at most, 8 warps of 9 KiB). */
+static inline int qc_stages(int64_t cols, size_t slot_bytes) {
+    int64_t steps = CU_DIV_UP(cols / 32, (int64_t)QC_STEP_CHUNKS);
+    int W = qc_warps(cols);
+    int64_t per = CU_DIV_UP(steps, (int64_t)W), fit = (100 << 10) / ((size_t)W * slot_bytes);
+    int64_t d = per < QC_STAGES ? per : QC_STAGES;
+    d = d < fit ? d : fit;
+    return d > 1 ? (int)d : 1;
+}
+
+/* Requests step s of the block's rows into ring slot `slot` (one commit
+ * group per call, empty when s is past the row, so the wait count stays
+ * D - 1). */
+template <int F, int R>
+__device__ __forceinline__ void qc_issue(uint4 *slot, const uint4 *w0, size_t row16, int64_t r0,
+                                         int64_t rows, int s, int n_steps, int n_chunks) {
+    const int S16 = qc_fmt<F>::s16, lane = threadIdx.x & 31;
+    if (s < n_steps) {
+        int cv = n_chunks - s * QC_STEP_CHUNKS;
+        cv = cv < QC_STEP_CHUNKS ? cv : QC_STEP_CHUNKS;
+        const int v16 = cv * qc_fmt<F>::bb / 16; /* cv is a multiple of 8 */
+        /* row by row, lanes on consecutive words (few address operations:
+         * a cp.async per 3-4 instructions) */
+        const uint4 *src = w0 + (size_t)s * S16 + lane;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = r0 + r < rows ? r0 + r : rows - 1; /* clamped: never stored */
+            const uint4 *g = src + (size_t)row * row16;
+            uint4 *d = slot + r * S16 + lane;
+#pragma unroll
+            for (int c = 0; c < S16; c += 32)
+                if (c + lane < v16) cp_async16(d + c, g + c);
+        }
+    }
+    cp_async_commit();
+}
+
+/* Block j (0 or 1) of the lane's block pair of one row in the ring (p:
+ * the pair's first word), decoded as qdot_chunk takes it: q4_0 nibbles as
+ * 0..15 with add = -8 d, q8_0 signed bytes with add = 0.  Block 0 has d in
+ * the low half of word 0 and its codes from byte 2 (a funnel shift per
+ * word); block 1 has d in the high half of word NQ and its codes
+ * word-aligned after it. */
+template <int F>
+__device__ __forceinline__ void qc_block(qchunk &q, const uint32_t *p, int j) {
+    const int NQ = F == CU_Q4_0 ? 4 : 8; /* code words per block */
+    uint32_t V[NQ + 1];
+#pragma unroll
+    for (int i = 0; i <= NQ; i++) V[i] = p[j * NQ + i];
+    float d = h2f(j ? V[0] >> 16 : V[0] & 0xffffu);
+#pragma unroll
+    for (int i = 0; i < NQ; i++) {
+        uint32_t c = j ? V[i + 1] : __funnelshift_r(V[i], V[i + 1], 16);
+        if (F == CU_Q4_0) q.u[i] = c & 0x0F0F0F0Fu, q.u[i + 4] = (c >> 4) & 0x0F0F0F0Fu;
+        else q.u[i] = c;
+    }
+    q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = (F == CU_Q4_0 ? -8.f : 0.f) * d;
+}
+
+template <int F, int NT, int R>
+__global__ void __launch_bounds__(QC_MAXW * 32, qc_minb<NT>::n)
+    qgemv_co_kernel(float *y, const float *x, cu_qweight w, int n, int D) {
+    cu_grid_trigger();
+    const int S16 = qc_fmt<F>::s16;
+    extern __shared__ uint4 qc_smem[];
+    __shared__ float red[QC_MAXW][R][NT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
+    const int64_t cols = w.cols, rows = w.rows, r0 = (int64_t)blockIdx.x * R;
+    const int n_chunks = (int)(cols / 32), n_steps = (int)CU_DIV_UP(n_chunks, QC_STEP_CHUNKS);
+    const size_t row16 = (size_t)n_chunks * qc_fmt<F>::bb / 16;
+    const uint4 *w0 = (const uint4 *)w.data;
+    uint4 *ring = qc_smem + (size_t)warp * D * R * S16;
+    const int my_steps = warp < n_steps ? (n_steps - 1 - warp) / W + 1 : 0;
+
+    /* D - 1 steps ahead of the one multiplied, one commit group each */
+    for (int k = 0; k < D - 1; k++)
+        qc_issue<F, R>(ring + k * R * S16, w0, row16, r0, rows, k < my_steps ? warp + k * W : n_steps,
+                       n_steps, n_chunks);
+    cu_grid_wait();
+
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+
+    for (int k = 0; k < my_steps; k++) {
+        const int kn = k + D - 1; /* its slot was step k - 1's: done (syncwarp below) */
+        qc_issue<F, R>(ring + (kn % D) * R * S16, w0, row16, r0, rows,
+                       kn < my_steps ? warp + kn * W : n_steps, n_steps, n_chunks);
+        const int s = warp + k * W;
+        const int64_t c0 = (int64_t)s * QC_STEP_CHUNKS + 2 * lane; /* the lane's first chunk */
+        const bool valid = c0 < n_chunks;
+        /* one token row: its activations' loads and rounding overlap the
+         * weights in flight instead of following them */
+        uint32_t xw0[16], xw1[16];
+        float dx0 = 0.f, dx1 = 0.f;
+        int s00 = 0, s01 = 0, s10 = 0, s11 = 0;
+        if constexpr (NT == 1) {
+            qx_chunk(x + c0 * 32, valid, 1, xw0, dx0, s00, s01);
+            qx_chunk(x + c0 * 32 + 32, valid, 1, xw1, dx1, s10, s11);
+        }
+        /* step k has landed (this lane's part): D - 1 groups may pend */
+        if (D == 1) cp_async_wait<0>();
+        else if (D == 2) cp_async_wait<1>();
+        else cp_async_wait<2>();
+        __syncwarp(); /* ... and the other lanes' */
+        const uint32_t *p = (const uint32_t *)(ring + (k % D) * R * S16) + lane * qc_fmt<F>::pw;
+        if constexpr (NT == 1) { /* codes rounded while the step was in flight (above) */
+            if (valid) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    qchunk q;
+                    qc_block<F>(q, p + r * S16 * 4, 0);
+                    acc[r][0] = fmaf(dx0, qdot_chunk(q, xw0, s00, s01), acc[r][0]);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    qchunk q;
+                    qc_block<F>(q, p + r * S16 * 4, 1);
+                    acc[r][0] = fmaf(dx1, qdot_chunk(q, xw1, s10, s11), acc[r][0]);
+                }
+            }
+        } else {
+            /* chunk by chunk (one chunk's codes live at a time), token by
+             * token; a row's terms come in the same order at every NT */
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= n) break;
+                    uint32_t xw[16];
+                    float dx;
+                    int s0, s1;
+                    qx_chunk(x + (size_t)t * cols + (c0 + j) * 32, valid, 1, xw, dx, s0, s1);
+                    if (!valid) continue; /* the ring past the row holds stale bytes */
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        qchunk q;
+                        qc_block<F>(q, p + r * S16 * 4, j);
+                        acc[r][t] = fmaf(dx, qdot_chunk(q, xw, s0, s1), acc[r][t]);
+                    }
+                }
+        }
+        __syncwarp(); /* every lane is done with slot k % D before it is refilled */
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = cu_warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r][t] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * NT; i += blockDim.x) {
+        const int r = i / NT, t = i - r * NT;
+        if (t >= n || r0 + r >= rows) continue;
+        float v = red[0][r][t];
+        for (int k = 1; k < W; k++) v += red[k][r][t];
+        y[(size_t)t * rows + r0 + r] = v;
+    }
+}
+
 /* Any row size: one block per weight row, chunks decoded from global
  * memory, up to CU_QGEMV_MAX_ROWS token rows. */
 template <int F>
@@ -593,7 +818,20 @@ template <int F> static void qr_init_fmt() {
     cudaFuncSetAttribute(qgemv_reg_kernel<F, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qr_smem_bytes(16));
 }
 
+template <int F, int NT, int R> static void qc_init_one() {
+    /* the largest ring: qc_stages, or one slot of 16 q4_0 rows per warp */
+    const int m = R == 16 ? 8 * 16 * qc_fmt<F>::s16 * 16 : 100 << 10;
+    cudaFuncSetAttribute(qgemv_co_kernel<F, NT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, m);
+}
+template <int F> static void qc_init_fmt() {
+    const int R16 = F == CU_Q4_0 ? 16 : 8;
+    qc_init_one<F, 1, 4>(), qc_init_one<F, 1, 8>(), qc_init_one<F, 1, R16>();
+    qc_init_one<F, 2, 4>(), qc_init_one<F, 2, 8>(), qc_init_one<F, 2, R16>();
+    qc_init_one<F, 4, 4>(), qc_init_one<F, 8, 4>(), qc_init_one<F, 16, 4>();
+}
+
 extern "C" void cu_qgemv_init(cu_ctx *c) {
+    qc_init_fmt<CU_Q4_0>(), qc_init_fmt<CU_Q8_0>();
     qr_init_fmt<CU_Q4_0>(), qr_init_fmt<CU_Q8_0>(), qr_init_fmt<CU_Q4_K>(), qr_init_fmt<CU_Q5_K>();
     qr_init_fmt<CU_AFF4>(), qr_init_fmt<CU_AFF8>();
     qgemv_init_fmt<CU_Q6_K>(c), qgemv_init_fmt<CU_AFF4>(c);
@@ -637,12 +875,58 @@ static void qr_fmt(const cu_ctx *c, float *y, const float *x, const cu_qweight &
     else launch_qr<F, 16>(c, y, x, w, n);
 }
 
+/* W warps of R rows, each with a ring of D slots (dynamic shared memory). */
+template <int F, int NT, int R>
+static void launch_qc(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    const int W = qc_warps(w.cols);
+    const size_t slot = (size_t)R * qc_fmt<F>::s16 * 16;
+    const int D = qc_stages(w.cols, slot);
+    unsigned grid = (unsigned)CU_DIV_UP(w.rows, (int64_t)R);
+    CU_LAUNCH((qgemv_co_kernel<F, NT, R>), grid, W * 32, (size_t)W * D * slot, c, y, x, w, n, D);
+}
+
+template <int F, int NT>
+static void launch_qc_r(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    switch (c->qgemv_co) { /* PETREL_CUDA_QGEMV_CO=4|8|16 */
+    case 4: launch_qc<F, NT, 4>(c, y, x, w, n); break;
+    case 8: launch_qc<F, NT, 8>(c, y, x, w, n); break;
+    case 16: /* q8_0: 8 warps of 16 rows would not fit shared memory */
+        launch_qc<F, NT, F == CU_Q4_0 ? 16 : 8>(c, y, x, w, n);
+        break;
+    default: launch_qc<F, NT, qc_rows<F, NT>::n>(c, y, x, w, n); break;
+    }
+}
+
+template <int F>
+static void qc_fmt_launch(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    if (n == 1) launch_qc_r<F, 1>(c, y, x, w, n);
+    else if (n == 2) launch_qc_r<F, 2>(c, y, x, w, n);
+    else if (n <= 4) launch_qc<F, 4, qc_rows<F, 4>::n>(c, y, x, w, n);
+    else if (n <= 8) launch_qc<F, 8, qc_rows<F, 8>::n>(c, y, x, w, n);
+    else launch_qc<F, 16, qc_rows<F, 16>::n>(c, y, x, w, n);
+}
+
+/* Whether the coalesced GEMV takes w: q4_0 (and q8_0 when
+ * PETREL_CUDA_QGEMV_CO is 2, 4, 8 or 16) rows of 256 * k columns (16-byte
+ * aligned rows and steps).  q8_0 stays on the register GEMV by default:
+ * there the coalesced one was no faster at one token row (docs/cuda-notes.md
+ * run Q5).  A choice by format, never by n: rows stay batch-invariant. */
+static bool qc_ok(const cu_ctx *c, const cu_qweight *w) {
+    bool fmt = w->fmt == CU_Q4_0 || (w->fmt == CU_Q8_0 && c->qgemv_co > 1);
+    return c->qgemv_co && fmt && w->cols % QR_UNIT == 0 && w->rows <= 0x7fffffffLL * 4;
+}
+
 /* The kernel is chosen by the weight's format and shape and x's alignment,
  * never by n, so a token row gets the same bits at every n (batch
  * invariance: speculative verification equals decoding row by row). */
 extern "C" int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n) {
     if (n < 1 || n > CU_QGEMV_MAX_ROWS || !cu_qweight_ok(w)) return -1;
     const cu_qweight ww = *w;
+    if (qc_ok(c, w) && cu_aligned16(x)) {
+        if (w->fmt == CU_Q4_0) qc_fmt_launch<CU_Q4_0>(c, y, x, ww, n);
+        else qc_fmt_launch<CU_Q8_0>(c, y, x, ww, n);
+        return 0;
+    }
     const bool reg = w->fmt != CU_Q6_K && w->fmt != CU_AFFN;
     if (reg && w->cols % QR_UNIT == 0 && w->rows <= 0x7fffffffLL * 32 && cu_aligned16(x)) {
         switch (w->fmt) {
