@@ -212,13 +212,17 @@ static void test_quantized_weights(void **state) {
  * An 8-token prompt runs every matmul as a GEMV in f32, so the GPU must
  * give the CPU's greedy tokens past several windows; a 40-token prompt
  * rounds the dense matmuls' activations to bf16/f16 for cuBLAS, checked
- * with the CPU's tokens fed to both.  Not for gpt_oss: there (H200,
- * session 5) the first decode row after a bf16-rounded 40-row prefill was
- * 5.8% away from the CPU's logits (step 0 within 3%, and every f32 check
- * within 2.2e-6), which fits a top-2 routing choice among close expert
- * logits flipping under the rounding; its long prompt is prefilled in
- * chunks of 16 rows instead, all in f32.  (That variant was written after
- * the session's last device run: not yet run on a GPU.) */
+ * with the CPU's tokens fed to both.  Not for gpt_oss and deepseek_v3:
+ * their tiny routers (top-2 of 8 experts, close logits) flip expert
+ * choices under that rounding.  gpt_oss (H200, session 5): the first
+ * decode row after a bf16-rounded 40-row prefill was 5.8% away from the
+ * CPU's logits, every f32 check within 2.2e-6.  deepseek_v3 (H200,
+ * session 7): step 0 was 0.157 away; the CPU backend with its bf16 matmul
+ * activations rounded to bf16 wherever the GPU's GEMM takes over (more
+ * than 16 rows) gives the same 0.157 from the same prompt (session 8, a
+ * throwaway patch), so the GPU computes what the rounding implies and no
+ * kernel is wrong.  Their long prompts are prefilled in chunks of 16
+ * rows instead, all in f32, where the GPU must give the CPU's tokens. */
 static void test_families(void **state) {
     (void)state;
     static const char *const cases[] = {"qwen3_moe",   "gemma2",      "gemma3_text",
@@ -230,7 +234,7 @@ static void test_families(void **state) {
         snprintf(path, sizeof path, "%s/%s", HF_DIR, cases[i]);
         greedy(path, NULL, PT_F32, NULL, 0, 8, 40, 2e-4, true);
         greedy(path, NULL, PT_F16, NULL, 0, 8, 24, 2e-3, true);
-        if (strcmp(cases[i], "gpt_oss") == 0) /* see below */
+        if (strcmp(cases[i], "gpt_oss") == 0 || strcmp(cases[i], "deepseek_v3") == 0)
             greedy(path, NULL, PT_F32, NULL, 16, 40, 16, 2e-4, true);
         else
             greedy(path, NULL, PT_F32, NULL, 0, 40, 16, 3e-2, false);
