@@ -4,11 +4,14 @@
 #
 #   scripts/llama-ref/quant_check.sh [CASE...]     (default: gemma2 gemma3_text
 #                                                   gpt_oss qwen3_moe)
+#   scripts/llama-ref/quant_check.sh gguf:CASE...  a GGUF fixture and its
+#                                                   committed Q8_0 / Q4_0 files
+#                                                   (quantize_fixtures.sh)
 #
 # For each Hugging Face fixture: hf_to_gguf.py writes it as an f32 GGUF,
 # llama.cpp's llama-quantize makes Q8_0 and Q4_0 files of it, and both
 # engines give logits on the fixture's prompts (make.sh logits,
-# build/petrel-logits from petrel_logits.c).  Printed per quantized file:
+# $BUILD/petrel-logits from petrel_logits.c, BUILD a CPU-only build, default build).  Printed per quantized file:
 # its KL against the f32 file in each engine (kl.py), the two engines' KL
 # on the same quantized file, and whether their greedy continuations agree
 # (crosscheck.py).  Work files go to build-llama/quant/; nothing is
@@ -21,28 +24,37 @@ out=build-llama/quant
 mkdir -p $out
 $ref/make.sh env >/dev/null
 export PYTHONPATH=$PWD/build-llama/llama.cpp/gguf-py
-cc -O2 -std=c11 -D_GNU_SOURCE -Isrc -Iinclude $ref/petrel_logits.c build/libpetrel_model.a \
-  build/libpetrel_kv.a build/libpetrel_backend.a build/libpetrel_quant.a build/libpetrel_io.a \
-  build/libpetrel_base.a -ljansson -lxxhash -lpthread -lm -o build/petrel-logits
+bdir=${BUILD:-build} # a CPU-only build: petrel-logits links no CUDA
+cc -O2 -std=c11 -D_GNU_SOURCE -Isrc -Iinclude $ref/petrel_logits.c $bdir/libpetrel_model.a \
+  $bdir/libpetrel_kv.a $bdir/libpetrel_backend.a $bdir/libpetrel_quant.a $bdir/libpetrel_io.a \
+  $bdir/libpetrel_base.a -ljansson -lxxhash -lpthread -lm -o $bdir/petrel-logits
 
-ids() { # the fixture's prompts as "1,2,3 4,5,6"
+ids() { # the prompts of reference.json $1 as "1,2,3 4,5,6"
   /usr/bin/python3 -c 'import json,sys
-print(" ".join(",".join(map(str, p["tokens"])) for p in json.load(open(sys.argv[1]))["prompts"]))' \
-    "tests/fixtures/hf/$1/reference.json"
+print(" ".join(",".join(map(str, p["tokens"])) for p in json.load(open(sys.argv[1]))["prompts"]))' "$1"
 }
 
 for c in "${@:-gemma2 gemma3_text gpt_oss qwen3_moe}"; do
   for case in $c; do
-    prompts=$(ids "$case")
-    /usr/bin/python3 $ref/hf_to_gguf.py "tests/fixtures/hf/$case" "$out/$case-F32.gguf" >/dev/null
+    if [ "${case#gguf:}" != "$case" ]; then # committed files
+      case=${case#gguf:} fx=tests/fixtures/gguf/$case
+      prompts=$(ids "$fx/reference.json")
+      cp "$fx/model.gguf" "$out/$case-F32.gguf"
+      for t in Q8_0 Q4_0; do cp "$fx/$t.gguf" "$out/$case-$t.gguf"; done
+    else
+      prompts=$(ids "tests/fixtures/hf/$case/reference.json")
+      /usr/bin/python3 $ref/hf_to_gguf.py "tests/fixtures/hf/$case" "$out/$case-F32.gguf" >/dev/null
+      for t in Q8_0 Q4_0; do
+        LD_LIBRARY_PATH=$lcpp $lcpp/llama-quantize "$out/$case-F32.gguf" "$out/$case-$t.gguf" $t \
+          >"$out/$case-$t.log" 2>&1
+      done
+    fi
     for t in F32 Q8_0 Q4_0; do
       f=$out/$case-$t.gguf
-      [ $t = F32 ] || LD_LIBRARY_PATH=$lcpp $lcpp/llama-quantize "$out/$case-F32.gguf" "$f" $t \
-        >"$out/$case-$t.log" 2>&1
       # shellcheck disable=SC2086
       $ref/make.sh logits "$f" 32 $prompts >"$out/$case-$t.llama.json" 2>/dev/null
       # shellcheck disable=SC2086
-      build/petrel-logits "$f" 32 $prompts >"$out/$case-$t.petrel.json"
+      $bdir/petrel-logits "$f" 32 $prompts >"$out/$case-$t.petrel.json"
     done
     for t in Q8_0 Q4_0; do
       b=$out/$case

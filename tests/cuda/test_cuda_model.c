@@ -269,6 +269,30 @@ static void test_families_gguf(void **state) {
     }
 }
 
+/* The same families with quantized weights: the Q8_0 and Q4_0 files that
+ * llama-quantize made of the GGUF fixtures (scripts/llama-ref/
+ * quantize_fixtures.sh: q4_0/q8_0 matrices and expert stacks, q8_0
+ * embeddings and heads where llama-quantize chose them, f32 where a row's
+ * width is no multiple of 32; quant_check.sh reports their KL against the
+ * f32 files in Petrel and in llama.cpp).  An 8-token prompt runs every
+ * quantized matmul as the GPU's GEMV, which computes the CPU's integer
+ * sums, so the greedy tokens must be the same; a 40-token prompt takes the
+ * dequantize-then-cuBLAS path (~1e-3), checked with the CPU's tokens fed
+ * to both. */
+static void test_families_quant(void **state) {
+    (void)state;
+    static const char *const cases[] = {"gemma2", "gemma3_text", "gpt_oss",   "gemma4",
+                                        "gemma4_moe", "qwen35",  "qwen35moe", "deepseek2"};
+    static const char *const types[] = {"Q8_0", "Q4_0"};
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++)
+        for (size_t t = 0; t < PT_ARRAY_LEN(types); t++) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/%s/%s.gguf", GGUF_DIR, cases[i], types[t]);
+            greedy(path, NULL, PT_F32, NULL, 0, 8, 24, 2e-3, true);
+            greedy(path, NULL, PT_F32, NULL, 0, 40, 8, 3e-2, false);
+        }
+}
+
 /* Quantized KV caches (--kv-quant) through whole forward passes: the GPU
  * stores the bytes the CPU would for the same rows, but the rows it
  * encodes come from its own forward (~1e-6 away), so a value on a rounding
@@ -370,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_quantized_weights),
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_families_gguf),
+        cmocka_unit_test(test_families_quant),
         cmocka_unit_test(test_kv_quant),
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),
