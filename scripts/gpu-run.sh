@@ -144,6 +144,17 @@ done
 
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
+    # MLX affine 4- and 8-bit versions of the transformers family fixtures,
+    # made here by petrel convert, for test_cuda_model's test_families_affine.
+    export PETREL_FAMILY_AFFINE_DIR=/tmp/family-affine
+    mkdir -p "$PETREL_FAMILY_AFFINE_DIR"
+    for c in qwen3_moe gemma2 gemma3_text gpt_oss qwen3_next qwen3_5 qwen3_5_moe gemma4_text \
+        gemma4_text_moe deepseek_v3; do
+        for b in 4 8; do
+            "$BIN/petrel" convert -f -t 4 -q $b -g 32 "tests/fixtures/hf/$c" \
+                "$PETREL_FAMILY_AFFINE_DIR/$c-a$b" >/dev/null 2>&1 || echo "convert $c to $b bits failed"
+        done
+    done
     for t in ${TESTS:-test_cuda_kvq test_cuda_ops test_cuda_qmatmul test_cuda_model}; do
         stamp "$t"
         timeout 300 "$BIN/$t"

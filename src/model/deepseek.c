@@ -323,7 +323,7 @@ static int upload_stack(pt_model *m, const float *host, int H, int64_t rows, int
  * Face checkpoints the same as kv_b_proj): per head,
  * nope rows that give the key's no-rope part, then v_head rows that give
  * the value.  Split into the absorbed form's stacks, as f32 (any weight
- * type in, dequantized once): k_b [H][kv_lora][nope] (transposed: it
+ * type in, MLX affine too, dequantized once): k_b [H][kv_lora][nope] (transposed: it
  * multiplies the query) and v_b [H][v_head][kv_lora]. */
 static int split_kv_b(pt_model *m, int l, pt_err *err) {
     const pt_model_config *c = &m->cfg;
@@ -334,16 +334,27 @@ static int split_kv_b(pt_model *m, int l, pt_err *err) {
     else
         snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_b_proj.weight", l);
     const pt_tensor_info *t = pt_model_file_tensor(m->file, name);
-    if (!t || t->ndim != 2 || t->shape[0] != (int64_t)H * (dn + dv) || t->shape[1] != r)
-        return pt_fail(err, "%s: expected tensor %s %lldx%d", m->file->path, name,
-                       (long long)H * (dn + dv), r);
-    static const pt_dtype ok[] = {PT_F32, PT_F16, PT_BF16, PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
-    bool known = false;
-    for (size_t i = 0; i < PT_ARRAY_LEN(ok); i++) known |= t->dtype == ok[i];
-    if (!known || r % pt_dtype_get(t->dtype)->block)
-        return pt_fail(err, "tensor %s: type %s is not supported", name, pt_dtype_name(t->dtype));
-    pt_weight src = {.dtype = t->dtype, .rows = t->shape[0], .cols = r, .data = t->data,
-                     .nbytes = t->nbytes};
+    int64_t rows = (int64_t)H * (dn + dv);
+    pt_weight src;
+    char sname[96];
+    snprintf(sname, sizeof sname, "%.*s.scales", (int)(strlen(name) - strlen(".weight")), name);
+    const pt_tensor_info *sc = m->file->kind == PT_FILE_GGUF ? NULL : pt_model_file_tensor(m->file, sname);
+    if (t && sc) { /* MLX affine */
+        if (pt_model_file_affine(m, t, sc, rows, r, &src, err)) return -1;
+    } else {
+        if (!t || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != r)
+            return pt_fail(err, "%s: expected tensor %s %lldx%d", m->file->path, name,
+                           (long long)rows, r);
+        static const pt_dtype ok[] = {PT_F32,  PT_F16,  PT_BF16, PT_Q8_0,
+                                      PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
+        bool known = false;
+        for (size_t i = 0; i < PT_ARRAY_LEN(ok); i++) known |= t->dtype == ok[i];
+        if (!known || r % pt_dtype_get(t->dtype)->block)
+            return pt_fail(err, "tensor %s: type %s is not supported", name,
+                           pt_dtype_name(t->dtype));
+        src = (pt_weight){.dtype = t->dtype, .rows = rows, .cols = r, .data = t->data,
+                          .nbytes = t->nbytes};
+    }
     float *row = pt_xmalloc(sizeof(float) * (size_t)r);
     float *kb = pt_xmalloc(sizeof(float) * (size_t)H * r * dn);
     float *vb = pt_xmalloc(sizeof(float) * (size_t)H * dv * r);

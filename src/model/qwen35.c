@@ -291,28 +291,55 @@ static const pt_weight_spec qwen35_weights[] = {
 #undef M
 /* clang-format on */
 
+/* Joins n byte arrays of backend memory, one after the other, into a new
+ * allocation of the model. */
+static const void *join_bytes(pt_model *m, const void *const *src, const size_t *bytes, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += bytes[i];
+    void *dev = pt_model_alloc(m, total);
+    if (!dev) return NULL;
+    char *host = pt_xmalloc(total), *p = host;
+    for (int i = 0; i < n; i++) {
+        m->be->ops->download(m->be, p, src[i], bytes[i]);
+        p += bytes[i];
+    }
+    m->be->ops->upload(m->be, dev, host, total);
+    free(host);
+    return dev;
+}
+
 /* w_ba = [w_beta; w_alpha]: the rows of both, one after the other (rows
- * are independent in every matrix format, so the bytes simply follow). */
+ * are independent in every matrix format, so the bytes simply follow; an
+ * MLX affine matrix's codes, scales and biases each follow on their own). */
 static int join_ba(pt_model *m, pt_layer *L, pt_err *err) {
     const pt_weight *b = &L->w_beta, *a = &L->w_alpha;
-    if (b->dtype != a->dtype || b->dtype == PT_AFFINE || b->n_experts || a->n_experts)
+    bool affine = b->dtype == PT_AFFINE;
+    if (b->dtype != a->dtype || b->n_experts || a->n_experts ||
+        (affine && (b->bits != a->bits || b->group_size != a->group_size ||
+                    b->scale_dtype != a->scale_dtype)))
         return pt_fail(err, "ssm_beta and ssm_alpha are stored as %s and %s: joining them "
-                            "needs one plain format",
+                            "needs one format",
                        pt_dtype_name(b->dtype), pt_dtype_name(a->dtype));
-    void *host = pt_xmalloc(b->nbytes + a->nbytes);
-    void *dev = pt_model_alloc(m, b->nbytes + a->nbytes);
-    if (!dev) {
-        free(host);
-        return pt_fail(err, "out of backend memory for the joined b/a projection");
-    }
-    m->be->ops->download(m->be, host, b->data, b->nbytes);
-    m->be->ops->download(m->be, (char *)host + b->nbytes, a->data, a->nbytes);
-    m->be->ops->upload(m->be, dev, host, b->nbytes + a->nbytes);
-    free(host);
     L->w_ba = *b;
-    L->w_ba.data = dev;
     L->w_ba.rows = b->rows + a->rows;
     L->w_ba.nbytes = b->nbytes + a->nbytes;
+    if (affine) {
+        size_t ss = pt_dtype_bytes(b->scale_dtype, (uint64_t)(b->cols / b->group_size));
+        size_t code_bytes[2] = {(size_t)(b->rows * b->cols * b->bits / 8),
+                                (size_t)(a->rows * a->cols * a->bits / 8)};
+        size_t scale_bytes[2] = {(size_t)b->rows * ss, (size_t)a->rows * ss};
+        const void *codes[2] = {b->data, a->data}, *scales[2] = {b->scales, a->scales},
+                   *biases[2] = {b->biases, a->biases};
+        L->w_ba.data = join_bytes(m, codes, code_bytes, 2);
+        L->w_ba.scales = join_bytes(m, scales, scale_bytes, 2);
+        L->w_ba.biases = join_bytes(m, biases, scale_bytes, 2);
+    } else {
+        const void *data[2] = {b->data, a->data};
+        size_t bytes[2] = {b->nbytes, a->nbytes};
+        L->w_ba.data = join_bytes(m, data, bytes, 2);
+    }
+    if (!L->w_ba.data || (affine && (!L->w_ba.scales || !L->w_ba.biases)))
+        return pt_fail(err, "out of backend memory for the joined b/a projection");
     return 0;
 }
 

@@ -184,9 +184,11 @@ static bool is_scale_dtype(pt_dtype t) {
 }
 
 /* An MLX affine matrix: <module>.weight holds rows x (cols * bits / 32)
- * uint32 codes; <module>.scales and .biases rows x (cols / group_size). */
-static int bind_affine(pt_model *m, const pt_tensor_info *t, const pt_tensor_info *sc,
-                       int64_t rows, int64_t cols, pt_weight *w, pt_err *err) {
+ * uint32 codes; <module>.scales and .biases rows x (cols / group_size).
+ * Checks their shapes and describes them in *w with pointers into the
+ * file's mapping (host memory). */
+int pt_model_file_affine(pt_model *m, const pt_tensor_info *t, const pt_tensor_info *sc,
+                         int64_t rows, int64_t cols, pt_weight *w, pt_err *err) {
     char module[160];
     snprintf(module, sizeof module, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
     int bits, gs;
@@ -216,11 +218,22 @@ static int bind_affine(pt_model *m, const pt_tensor_info *t, const pt_tensor_inf
                            (long long)sb[i]->shape[0],
                            (long long)(sb[i]->ndim > 1 ? sb[i]->shape[1] : 1));
     *w = (pt_weight){.dtype = PT_AFFINE, .rows = rows, .cols = cols, .bits = bits,
-                     .group_size = gs, .scale_dtype = sc->dtype};
+                     .group_size = gs, .scale_dtype = sc->dtype, .data = t->data,
+                     .scales = sc->data, .biases = bi->data,
+                     .nbytes = t->nbytes + sc->nbytes + bi->nbytes};
+    return 0;
+}
+
+static int bind_affine(pt_model *m, const pt_tensor_info *t, const pt_tensor_info *sc,
+                       int64_t rows, int64_t cols, pt_weight *w, pt_err *err) {
+    if (pt_model_file_affine(m, t, sc, rows, cols, w, err)) return -1;
+    char bname[176];
+    snprintf(bname, sizeof bname, "%.*s.biases", (int)(strlen(t->name) - strlen(".weight")),
+             t->name);
+    const pt_tensor_info *bi = pt_model_file_tensor(m->file, bname);
     if (!(w->data = bind_bytes(m, t, err)) || !(w->scales = bind_bytes(m, sc, err)) ||
         !(w->biases = bind_bytes(m, bi, err)))
         return -1;
-    w->nbytes = t->nbytes + sc->nbytes + bi->nbytes;
     m->weight_bytes += w->nbytes;
     return 0;
 }

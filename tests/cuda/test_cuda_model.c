@@ -269,6 +269,19 @@ static void test_families_gguf(void **state) {
     }
 }
 
+/* A quantized family model: an 8-token prompt, then a 40-token one.  The
+ * routers of gpt-oss and DeepSeek flip expert choices under the f16
+ * rounding of the 40-token prompt's dequantize-then-cuBLAS path (see
+ * test_families), so theirs is prefilled 8 rows at a time, where every
+ * matmul stays on the GEMV and the greedy tokens must be the CPU's. */
+static void greedy_quantized(const char *path, const char *family) {
+    greedy(path, NULL, PT_F32, NULL, 0, 8, 24, 2e-3, true);
+    if (strcmp(family, "gpt_oss") == 0 || strncmp(family, "deepseek", 8) == 0)
+        greedy(path, NULL, PT_F32, NULL, 8, 40, 8, 2e-3, true);
+    else
+        greedy(path, NULL, PT_F32, NULL, 0, 40, 8, 3e-2, false);
+}
+
 /* The same families with quantized weights: the Q8_0 and Q4_0 files that
  * llama-quantize made of the GGUF fixtures (scripts/llama-ref/
  * quantize_fixtures.sh: q4_0/q8_0 matrices and expert stacks, q8_0
@@ -288,8 +301,30 @@ static void test_families_quant(void **state) {
         for (size_t t = 0; t < PT_ARRAY_LEN(types); t++) {
             char path[1200];
             snprintf(path, sizeof path, "%s/%s/%s.gguf", GGUF_DIR, cases[i], types[t]);
-            greedy(path, NULL, PT_F32, NULL, 0, 8, 24, 2e-3, true);
-            greedy(path, NULL, PT_F32, NULL, 0, 40, 8, 3e-2, false);
+            greedy_quantized(path, cases[i]);
+        }
+}
+
+/* The transformers family fixtures as MLX affine 4- and 8-bit directories
+ * (group 32), which scripts/gpu-run.sh makes with petrel convert into
+ * $PETREL_FAMILY_AFFINE_DIR before this test (skipped without it): the
+ * same two checks as test_families_quant. */
+static void test_families_affine(void **state) {
+    (void)state;
+    const char *dir = getenv("PETREL_FAMILY_AFFINE_DIR");
+    if (!dir) {
+        print_message("PETREL_FAMILY_AFFINE_DIR unset: skipped\n");
+        return;
+    }
+    static const char *const cases[] = {"qwen3_moe",   "gemma2",      "gemma3_text",
+                                        "gpt_oss",     "qwen3_next",  "qwen3_5",
+                                        "qwen3_5_moe", "gemma4_text", "gemma4_text_moe",
+                                        "deepseek_v3"};
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++)
+        for (int bits = 4; bits <= 8; bits += 4) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/%s-a%d", dir, cases[i], bits);
+            greedy_quantized(path, cases[i]);
         }
 }
 
@@ -395,6 +430,7 @@ int main(void) {
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_families_gguf),
         cmocka_unit_test(test_families_quant),
+        cmocka_unit_test(test_families_affine),
         cmocka_unit_test(test_kv_quant),
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),
