@@ -303,6 +303,10 @@ static void test_families_quant(void **state) {
             snprintf(path, sizeof path, "%s/%s/%s.gguf", GGUF_DIR, cases[i], types[t]);
             greedy_quantized(path, cases[i]);
         }
+    /* gpt-oss's released format: MXFP4 expert stacks (moe.cu's decoder) */
+    char path[1200];
+    snprintf(path, sizeof path, "%s/gpt_oss_mxfp4/model.gguf", GGUF_DIR);
+    greedy_quantized(path, "gpt_oss");
 }
 
 /* The transformers family fixtures as MLX affine 4- and 8-bit directories
