@@ -14,14 +14,14 @@
  * channels and value heads run in parallel; rows of one sequence never
  * do.  A row at position 0 starts from a zero state, as on the CPU.
  *
- * The delta rule runs every row in the recurrent form, prefill included
- * (the CPU takes a prefill's rows in the chunkwise form, which is the
- * same function to f32 rounding): first, plain and right; a chunked
- * tensor-core prefill is the next step for speed.  Lanes own columns j of
- * a head's state S [dk][dv] (a column in registers, split over 1, 2 or 4
- * lanes by dk), because column j's update needs only k, q (shared by the
- * warp), v[j] and two scalars: lanes meet only to share the normalized q
- * and k and to add a split column's partial sums.
+ * The delta rule has two kernels, the same function to f32 rounding.
+ * Decode steps run the recurrent form: lanes own columns j of a head's
+ * state S [dk][dv] (a column in registers, split over 1, 2 or 4 lanes by
+ * dk), because column j's update needs only k, q (shared by the warp),
+ * v[j] and two scalars: lanes meet only to share the normalized q and k
+ * and to add a split column's partial sums.  Prefill steps (the caller
+ * picks by rows per sequence) run the chunkwise form, 64 rows at a time,
+ * as the CPU does: see gated_delta_chunk_kernel.
  *
  * Every kernel follows the PDL rule of cu_common.cuh.
  */
@@ -558,11 +558,9 @@ template <int DK> static int launch_delta_chunk(const cu_ctx *c, const cu_delta_
 extern "C" void cu_recurrent_init(void) {
     cudaFuncSetAttribute(gated_delta_chunk_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)delta_layout<64>::bytes);
-    cudaFuncSetAttribute(gated_delta_chunk_kernel<128>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(gated_delta_chunk_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)delta_layout<128>::bytes);
-    cudaFuncSetAttribute(gated_delta_chunk_kernel<256>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(gated_delta_chunk_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)delta_layout<256>::bytes);
     cudaGetLastError(); /* a device that refuses a size: that instance is not launched */
 }
