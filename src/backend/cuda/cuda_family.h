@@ -136,8 +136,9 @@ typedef struct cu_delta_args {
     int chunked;
 } cu_delta_args;
 
-/* Allows the chunkwise kernels their shared memory: once, before any
- * graph capture (after cu_kvq_init has read the device's limit). */
+/* Allows the chunkwise kernels their shared memory (over 48 KiB): once,
+ * before any graph capture.  cu_gated_delta skips an instance whose size
+ * is over c->smem_optin (read by cu_kvq_init). */
 void cu_recurrent_init(void);
 
 /* -1 for dk over CU_DELTA_MAX_DK or value heads not a multiple of key heads. */
