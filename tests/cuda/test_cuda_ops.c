@@ -11,8 +11,11 @@
  * shuffled order, grouped-query heads, long contexts that split).
  *
  * Every code path of the backend is forced at least once through its
- * environment knobs: PETREL_CUDA_GEMV_MAX=0 (cuBLAS for every matmul) and
- * PETREL_CUDA_ATTN=simple (the plain attention kernel).
+ * environment knobs: PETREL_CUDA_GEMV_MAX=0 (cuBLAS for every matmul),
+ * PETREL_CUDA_ATTN=simple (the plain attention kernel) and
+ * PETREL_CUDA_GDN_CHUNK=1 (the chunkwise delta rule for every step, decode
+ * rows too; the default backend takes prefill steps chunkwise and decode
+ * steps row by row).
  *
  * The model-family ops (attention_ext with windows and soft-caps, geglu,
  * scale, softcap, moe_route, matmul_id, moe_combine) are checked the same
@@ -41,7 +44,7 @@
 #include "backend/backend.h"
 
 enum { CPU, GPU, GPU_ALT, N_BE };
-static pt_backend *be[N_BE]; /* GPU_ALT: cuBLAS-only matmul, simple attention */
+static pt_backend *be[N_BE]; /* GPU_ALT: cuBLAS-only matmul, simple attention, chunked delta rule */
 static pt_rng rng;
 
 /* ---- host data on every backend --------------------------------------------- */
@@ -892,11 +895,11 @@ static void check_close_each(const arr *out, int b, double tol, const char *what
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)got[i] - ref[i]);
         if (!(d <= tol * (1 + fabs(ref[i]))))
-            fail_msg("%s [cuda]: [%zu] = %.9g, cpu %.9g (bound %.3g)", what, i, got[i], ref[i],
-                     tol * (1 + fabs(ref[i])));
+            fail_msg("%s [%s]: [%zu] = %.9g, cpu %.9g (bound %.3g)", what,
+                     b == GPU ? "cuda" : "cuda-alt", i, got[i], ref[i], tol * (1 + fabs(ref[i])));
         if (d > worst) worst = d;
     }
-    print_message("%s: worst abs diff %.3g\n", what, worst);
+    print_message("%s [%s]: worst abs diff %.3g\n", what, b == GPU ? "cuda" : "cuda-alt", worst);
     free(ref);
     free(got);
 }
@@ -1032,23 +1035,26 @@ static void one_conv(int C, int K) {
     arr_free(&w), arr_free(&state);
 }
 
-/* The gated delta rule over the three steps; the CPU takes step 0's runs
- * in its chunkwise form (chunk 64), CUDA row by row: the same function to
+/* The gated delta rule over n_steps steps whose sequences keep their
+ * states in slots of a buffer of n_slots (the others must stay as they
+ * are).  The CPU takes runs of a sequence's consecutive rows in its
+ * chunkwise form (chunk 64) and single rows in the recurrent form; CUDA
+ * takes a step chunkwise when its sequences bring 16 rows each on average
+ * (cuda), or always (cuda-alt), else row by row: the same function to
  * f32 rounding (the CPU's own chunked test holds 5e-5 against a double
- * reference); outputs and states within 5e-4 (1 + |cpu|) each, far under
- * what a wrong index or a missed reset gives (order 1). */
-static void one_delta(int nk, int nv, int dk, int dv, bool tiled, float l2_eps) {
-    rec_step st[REC_STEPS];
-    int32_t pos[REC_STEPS][REC_MAX_ROWS], seq[REC_STEPS][REC_MAX_ROWS];
-    rec_steps(st, pos, seq);
+ * reference).  Outputs and states within 5e-4 (1 + |cpu|) each, far under
+ * what a wrong index, a missed reset or a chunk cut wrongly gives (order
+ * 1); each check prints its worst difference. */
+static void run_delta(const rec_step *st, int n_steps, int n_slots, int nk, int nv, int dk, int dv,
+                      bool tiled, float l2_eps) {
     int stride = 2 * nk * dk + nv * dv + 3; /* rows with slack after v, as the conv output's */
     float *h = malloc(sizeof(float) * (size_t)nv);
     for (int i = 0; i < nv; i++) h[i] = -expf(frand(-1.5f, 1.5f)); /* -exp(A_log) */
     arr A = arr_from(h, sizeof(float) * (size_t)nv), dt = arr_rand((size_t)nv, -1, 1);
     free(h);
     size_t per = (size_t)nv * dk * dv;
-    arr state = arr_rand(3 * per, -0.5f, 0.5f);
-    for (int i = 0; i < REC_STEPS; i++) {
+    arr state = arr_rand((size_t)n_slots * per, -0.5f, 0.5f);
+    for (int i = 0; i < n_steps; i++) {
         rec_views v = rec_views_of(&st[i]);
         int n = st[i].n;
         arr qkv = arr_rand((size_t)n * stride, -1, 1), ba = arr_rand((size_t)n * 2 * nv, -3, 3);
@@ -1062,21 +1068,74 @@ static void one_delta(int nk, int nv, int dk, int dv, bool tiled, float l2_eps) 
             pt_be_gated_delta(be[b], &op);
         }
         char what[160];
-        snprintf(what, sizeof what, "gated_delta heads %d/%d dk %d dv %d%s%s step %d", nk, nv, dk,
-                 dv, tiled ? " tiled" : "", l2_eps > 0 ? " ggml-l2" : "", i);
-        check_close_each(&out, GPU, 5e-4, what);
-        strncat(what, " state", sizeof what - strlen(what) - 1);
-        check_close_each(&state, GPU, 5e-4, what);
+        for (int b = GPU; b <= GPU_ALT; b++) {
+            snprintf(what, sizeof what, "gated_delta heads %d/%d dk %d dv %d%s%s step %d (%d rows)",
+                     nk, nv, dk, dv, tiled ? " tiled" : "", l2_eps > 0 ? " ggml-l2" : "", i, n);
+            check_close_each(&out, b, 5e-4, what);
+            strncat(what, " state", sizeof what - strlen(what) - 1);
+            check_close_each(&state, b, 5e-4, what);
+        }
         arr_free(&qkv), arr_free(&ba), arr_free(&out);
         rec_views_free(&v);
     }
     arr_free(&A), arr_free(&dt), arr_free(&state);
 }
 
-/* Shapes: every kernel instance (a column in 1, 2 and 4 lanes), key dims
- * that are not multiples of 32, value dims under and over a warp's 32
- * columns, grouped and tiled value heads, both l2 norms; channels past
- * the conv's 128-thread blocks. */
+/* The three steps of rec_steps. */
+static void one_delta(int nk, int nv, int dk, int dv, bool tiled, float l2_eps) {
+    rec_step st[REC_STEPS];
+    int32_t pos[REC_STEPS][REC_MAX_ROWS], seq[REC_STEPS][REC_MAX_ROWS];
+    rec_steps(st, pos, seq);
+    run_delta(st, REC_STEPS, 3, nk, nv, dk, dv, tiled, l2_eps);
+}
+
+/* Long prefills, where the chunkwise kernel carries a state across
+ * several chunks: three sequences in slots 3, 0 and 1 of 4.
+ *   step 0: sequence 0 from position 0 (rows 0-99), sequence 1 continuing
+ *           its state from position 5 (67 rows: a chunk and 3), sequence
+ *           0 again (100-149), a decode row of sequence 2, sequence 0
+ *           again (150-152): 221 rows, sequence 0's CUDA chunks cross the
+ *           other sequences' rows (the CPU's runs stop there);
+ *   step 1: sequence 1 on (72-99), sequence 0 on (153-283: 131 rows, two
+ *           whole chunks and 3), sequence 1 restarting at position 0 in
+ *           the same step (0-40, its earlier rows' state dropped), two
+ *           rows of sequence 2: 202 rows;
+ *   step 2: a decode row of each, in the order 2, 0, 1. */
+enum { LONG_STEPS = 3, LONG_MAX_ROWS = 224 };
+
+static int add_rows(int32_t *pos, int32_t *seq, int n, int s, int from, int count) {
+    for (int i = 0; i < count; i++) pos[n + i] = from + i, seq[n + i] = s;
+    return n + count;
+}
+
+static void one_delta_long(int nk, int nv, int dk, int dv, bool tiled, float l2_eps) {
+    static const int32_t slots[3] = {3, 0, 1};
+    static int32_t pos[LONG_STEPS][LONG_MAX_ROWS], seq[LONG_STEPS][LONG_MAX_ROWS];
+    rec_step st[LONG_STEPS];
+    int n = add_rows(pos[0], seq[0], 0, 0, 0, 100);
+    n = add_rows(pos[0], seq[0], n, 1, 5, 67);
+    n = add_rows(pos[0], seq[0], n, 0, 100, 50);
+    n = add_rows(pos[0], seq[0], n, 2, 30, 1);
+    n = add_rows(pos[0], seq[0], n, 0, 150, 3);
+    st[0] = (rec_step){n, 3, pos[0], seq[0], slots};
+    n = add_rows(pos[1], seq[1], 0, 1, 72, 28);
+    n = add_rows(pos[1], seq[1], n, 0, 153, 131);
+    n = add_rows(pos[1], seq[1], n, 1, 0, 41);
+    n = add_rows(pos[1], seq[1], n, 2, 31, 2);
+    st[1] = (rec_step){n, 3, pos[1], seq[1], slots};
+    n = add_rows(pos[2], seq[2], 0, 2, 33, 1);
+    n = add_rows(pos[2], seq[2], n, 0, 284, 1);
+    n = add_rows(pos[2], seq[2], n, 1, 41, 1);
+    st[2] = (rec_step){n, 3, pos[2], seq[2], slots};
+    run_delta(st, LONG_STEPS, 4, nk, nv, dk, dv, tiled, l2_eps);
+}
+
+/* Shapes: every kernel instance (a column in 1, 2 and 4 lanes; key dims
+ * up to 64, 128 and 256 chunkwise), key dims that are not multiples of
+ * 32, value dims under and over a warp's 32 columns (and a block's 32
+ * chunkwise), grouped and tiled value heads, both l2 norms; the long
+ * prefills with Qwen3.5's heads; channels past the conv's 128-thread
+ * blocks. */
 static void test_recurrent_state(void **state) {
     (void)state;
     static const int convs[][2] = {{1, 4}, {300, 4}, {1000, 2}, {64, 1}};
@@ -1089,6 +1148,10 @@ static void test_recurrent_state(void **state) {
     one_delta(2, 6, 100, 33, false, 0);
     one_delta(1, 1, 200, 64, false, 0);
     one_delta(1, 1, 256, 70, true, 9.2f); /* the l2 floor (norms ~9.2 here) bites for some rows */
+    one_delta_long(2, 4, 128, 128, false, 0); /* Qwen3.5's head shape */
+    one_delta_long(1, 2, 64, 40, true, 1e-6f);
+    one_delta_long(2, 6, 100, 33, false, 0);
+    one_delta_long(1, 1, 256, 70, false, 0);
 }
 
 /* DeepSeek routing: the CPU's experts in the CPU's order (ids bit for
@@ -1144,9 +1207,11 @@ int main(void) {
     }
     setenv("PETREL_CUDA_GEMV_MAX", "0", 1);
     setenv("PETREL_CUDA_ATTN", "simple", 1);
+    setenv("PETREL_CUDA_GDN_CHUNK", "1", 1);
     be[GPU_ALT] = pt_backend_cuda_new(0, &err);
     unsetenv("PETREL_CUDA_GEMV_MAX");
     unsetenv("PETREL_CUDA_ATTN");
+    unsetenv("PETREL_CUDA_GDN_CHUNK");
     be[CPU] = pt_backend_cpu_new(4, "portable", &err);
     if (!be[CPU] || !be[GPU_ALT]) {
         fprintf(stderr, "test_cuda_ops: %s\n", err.msg);

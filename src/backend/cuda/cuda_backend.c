@@ -44,7 +44,9 @@
  *
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
- * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC.
+ * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
+ * PETREL_CUDA_GDN_CHUNK (rows per sequence from which the gated delta rule
+ * runs chunkwise, default 16; 0: always row by row).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -367,6 +369,11 @@ static void exec_gated_delta(cuda_backend *cb, const pt_op_gated_delta *a) {
                        .dt_bias = a->dt_bias, .state = a->state, .r = rows_of(&a->b),
                        .n_k_heads = a->n_k_heads, .n_v_heads = a->n_v_heads, .dk = a->dk,
                        .dv = a->dv, .stride = a->stride, .tiled = a->tiled, .l2_eps = a->l2_eps};
+    /* Chunkwise when the op allows chunks and the step's sequences bring
+     * gdn_chunk rows each on average (a prefill); a decode step (a row per
+     * sequence) stays recurrent. */
+    d.chunked = a->chunk > 1 && cb->gdn_chunk > 0 &&
+                (int64_t)a->b.n_tokens >= (int64_t)cb->gdn_chunk * a->b.n_seqs;
     if (cu_gated_delta(&cb->ctx, &d)) /* shapes were checked when the op was recorded */
         cuda_fail(cb, "gated_delta", "no kernel for this head shape");
 }
@@ -843,10 +850,12 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_kvq_init(&cb->ctx);
     cu_gemv_init(&cb->ctx);
     cu_qgemv_init(&cb->ctx);
+    cu_recurrent_init();
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", CU_GEMV_DEFAULT_ROWS);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
+    cb->gdn_chunk = PT_MAX(env_int("PETREL_CUDA_GDN_CHUNK", 16), 0);
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;

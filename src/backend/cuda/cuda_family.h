@@ -122,8 +122,10 @@ void cu_conv1d_silu(const cu_ctx *c, float *y, const float *x, const float *w, f
  * floats, lives in the registers of 1, 2 or 4 lanes). */
 #define CU_DELTA_MAX_DK 256
 
-/* The gated delta rule (pt_op_gated_delta; its chunk is not used: the
- * rows of a sequence go one at a time inside the kernel). */
+/* The gated delta rule (pt_op_gated_delta).  chunked: take each sequence's
+ * rows 64 at a time in the chunkwise form (prefill; the caller decides,
+ * by rows per sequence); else row by row in the recurrent form (decode).
+ * The same function to f32 rounding. */
 typedef struct cu_delta_args {
     float *out;
     const float *qkv, *ba, *A, *dt_bias;
@@ -131,7 +133,13 @@ typedef struct cu_delta_args {
     cu_rows r;
     int n_k_heads, n_v_heads, dk, dv, stride, tiled;
     float l2_eps;
+    int chunked;
 } cu_delta_args;
+
+/* Allows the chunkwise kernels their shared memory (over 48 KiB): once,
+ * before any graph capture.  cu_gated_delta skips an instance whose size
+ * is over c->smem_optin (read by cu_kvq_init). */
+void cu_recurrent_init(void);
 
 /* -1 for dk over CU_DELTA_MAX_DK or value heads not a multiple of key heads. */
 int cu_gated_delta(const cu_ctx *c, const cu_delta_args *a);

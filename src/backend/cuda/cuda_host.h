@@ -47,6 +47,8 @@ typedef struct cuda_backend {
     size_t moe_cap;
     int gemv_max;     /* token rows up to which matmul uses the GEMV kernels */
     int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
+    int gdn_chunk;    /* rows per sequence from which gated_delta runs chunkwise
+                         (PETREL_CUDA_GDN_CHUNK; 0: never) */
     bool simple_attn; /* PETREL_CUDA_ATTN=simple: the plain kernel only */
     bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */

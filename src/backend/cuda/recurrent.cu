@@ -14,14 +14,14 @@
  * channels and value heads run in parallel; rows of one sequence never
  * do.  A row at position 0 starts from a zero state, as on the CPU.
  *
- * The delta rule runs every row in the recurrent form, prefill included
- * (the CPU takes a prefill's rows in the chunkwise form, which is the
- * same function to f32 rounding): first, plain and right; a chunked
- * tensor-core prefill is the next step for speed.  Lanes own columns j of
- * a head's state S [dk][dv] (a column in registers, split over 1, 2 or 4
- * lanes by dk), because column j's update needs only k, q (shared by the
- * warp), v[j] and two scalars: lanes meet only to share the normalized q
- * and k and to add a split column's partial sums.
+ * The delta rule has two kernels, the same function to f32 rounding.
+ * Decode steps run the recurrent form: lanes own columns j of a head's
+ * state S [dk][dv] (a column in registers, split over 1, 2 or 4 lanes by
+ * dk), because column j's update needs only k, q (shared by the warp),
+ * v[j] and two scalars: lanes meet only to share the normalized q and k
+ * and to add a split column's partial sums.  Prefill steps (the caller
+ * picks by rows per sequence) run the chunkwise form, 64 rows at a time,
+ * as the CPU does: see gated_delta_chunk_kernel.
  *
  * Every kernel follows the PDL rule of cu_common.cuh.
  */
@@ -238,10 +238,331 @@ __global__ void __launch_bounds__(32) gated_delta_kernel(cu_delta_args a) {
     }
 }
 
+/* ---- gated_delta, chunkwise (prefill) ------------------------------------------- */
+
+/* The chunkwise form of the same rule, for steps whose sequences bring many
+ * rows (a prefill): the CPU's delta_chunk (cpu_recurrent.c has the
+ * derivation), with the work of a chunk spread over a block instead of a
+ * walk of the rows.  For a chunk of c <= DELTA_C consecutive rows of one
+ * sequence, with G_i the running sum of the log-decays and S0 the state
+ * at the chunk's start:
+ *     A[i][j] = beta_i e^{G_i - G_j} k_i·k_j   (j < i)
+ *     P[i][j] =        e^{G_i - G_j} q_i·k_j   (j <= i)
+ *     U0[i]   = beta_i (v_i - e^{G_i} S0ᵀk_i);   (I + A) U = U0
+ *     out_i   = e^{G_i} S0ᵀq_i + sum_j P[i][j] U_j
+ *     S       = e^{G_last} S0 + sum_j e^{G_last - G_j} k_j U_jᵀ.
+ * Every exponent is <= 0: nothing overflows.
+ *
+ * A state column's update needs only that column (of U, of S), so a block
+ * owns DELTA_VB = 32 columns of one value head of one sequence: the f32
+ * state slice S0 [dk][32] stays in shared memory across the chunks, and
+ * only the chunk's matrices A and P (64 x 64, recomputed by each of a
+ * head's dv / 32 blocks) are shared work.  The block finds its sequence's
+ * rows itself (warp 0 scans seq[] with ballots), so positions stay on the
+ * device and a chunk is any DELTA_C rows of the sequence in batch order:
+ * a row at position 0 ends the chunk before it and starts the next one
+ * from a zero state.  All arithmetic is f32 on the CUDA cores (the
+ * matrices are small: 64 x 64 x dk per chunk); the triangular solve is
+ * forward substitution, a warp per 4 columns, so it needs no block
+ * barrier per row. */
+#define DELTA_C 64
+#define DELTA_VB 32
+#define DELTA_THREADS 256
+
+/* Shared memory of the instance for key dims up to DK, in floats:
+ * Q, K [C][DK + 4] (rows padded so float4 reads of 8 rows hit 8 bank
+ * groups), A, P [C][C + 4], U [C][VB + 4] (the solve's 8 row-parts of a
+ * column land in distinct banks), S [DK][VB], and per row G, beta, e^{G},
+ * e^{G_last - G} and the row's batch index. */
+template <int DK> struct delta_layout {
+    static constexpr int KS = DK + 4, PS = DELTA_C + 4, US = DELTA_VB + 4;
+    static constexpr int q = 0, k = q + DELTA_C * KS, a = k + DELTA_C * KS, p = a + DELTA_C * PS;
+    static constexpr int u = p + DELTA_C * PS, s = u + DELTA_C * US, g = s + DK * DELTA_VB;
+    static constexpr int beta = g + DELTA_C, eg = beta + DELTA_C, w = eg + DELTA_C;
+    static constexpr int rows = w + DELTA_C, floats = rows + DELTA_C;
+    static constexpr size_t bytes = sizeof(float) * floats;
+};
+
+/* Warp 0 gathers the next chunk of sequence s: rows from *next on, in
+ * batch order, at most DELTA_C of them, ending before a row at position 0
+ * unless it is the chunk's first (then *fresh: start from zero).  Returns
+ * the chunk's row count (0: the sequence has no rows left) in lane 0's
+ * view; all lanes agree. */
+__device__ int delta_gather(const cu_rows &r, int s, int *next, int *rows, bool *fresh, int lane) {
+    int cn = 0, t0 = *next;
+    bool zero = false, stop = false;
+    const unsigned lt = (1u << lane) - 1;
+    while (!stop && t0 < r.n) {
+        const int t = t0 + lane;
+        const bool match = t < r.n && r.seq[t] == s;
+        const unsigned m = __ballot_sync(0xffffffffu, match);
+        unsigned z = __ballot_sync(0xffffffffu, match && r.pos[t] == 0);
+        unsigned take = m;
+        int end = t0 + 32; /* where the scan resumes */
+        if (m && cn == 0 && (z & m & -m)) { /* the chunk's first row restarts */
+            zero = true;
+            z &= ~(m & -m);
+        }
+        if (z) { /* a restart later: the chunk ends before it */
+            const int b = __ffs(z) - 1;
+            take &= (1u << b) - 1;
+            end = t0 + b;
+            stop = true;
+        }
+        while (__popc(take) > DELTA_C - cn) take &= ~(1u << (31 - __clz(take)));
+        if (__popc(take) == DELTA_C - cn && take) { /* full: resume after its last row */
+            end = t0 + 32 - __clz(take);
+            stop = true;
+        }
+        if (take >> lane & 1) rows[cn + __popc(take & lt)] = t;
+        cn += __popc(take);
+        t0 = end;
+    }
+    *next = t0, *fresh = zero;
+    __syncwarp();
+    return cn;
+}
+
+template <int DK>
+__global__ void __launch_bounds__(DELTA_THREADS, 1) gated_delta_chunk_kernel(cu_delta_args a) {
+    using L = delta_layout<DK>;
+    constexpr int C = DELTA_C, VB = DELTA_VB, KS = L::KS, PS = L::PS, US = L::US;
+    cu_grid_trigger();
+    cu_grid_wait();
+    extern __shared__ float4 smem4[];
+    float *sm = (float *)smem4;
+    float *sQ = sm + L::q, *sK = sm + L::k, *sA = sm + L::a, *sP = sm + L::p, *sU = sm + L::u;
+    float *sS = sm + L::s, *sG = sm + L::g, *sB = sm + L::beta, *sEG = sm + L::eg, *sW = sm + L::w;
+    int *sRows = (int *)(sm + L::rows);
+    __shared__ int s_cn, s_next;
+    __shared__ bool s_fresh;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int j0 = blockIdx.x * VB, h = blockIdx.y, s = blockIdx.z;
+    const int dk = a.dk, dv = a.dv, nk = a.n_k_heads, nv = a.n_v_heads;
+    const int dk4 = (dk + 3) & ~3;
+    const int kh = a.tiled ? h % nk : h / (nv / nk);
+    const float qscale = 1.0f / sqrtf((float)dk);
+    const int slot = a.r.state_slot[s];
+    if (slot < 0) return; /* the whole block: slot is uniform */
+    float *st = a.state + ((size_t)slot * nv + h) * dk * dv;
+
+    for (int i = tid; i < DK * VB; i += DELTA_THREADS) {
+        const int m = i / VB, c = i % VB;
+        sS[i] = m < dk && j0 + c < dv ? st[(size_t)m * dv + j0 + c] : 0.f;
+    }
+    if (tid == 0) s_next = 0;
+    bool any = false;
+    __syncthreads();
+    for (;;) {
+        if (warp == 0) {
+            int next = s_next;
+            bool fresh;
+            int cn = delta_gather(a.r, s, &next, sRows, &fresh, lane);
+            if (lane == 0) s_cn = cn, s_next = next, s_fresh = fresh;
+        }
+        __syncthreads();
+        const int cn = s_cn;
+        if (cn == 0) break;
+        any = true;
+        if (s_fresh)
+            for (int i = tid; i < DK * VB; i += DELTA_THREADS) sS[i] = 0.f;
+
+        /* Rows' inputs: normalized q and k (zero past dk4 and past cn),
+         * log-decay and beta; a warp per row. */
+        for (int i = warp; i < C; i += DELTA_THREADS / 32) {
+            float *q = sQ + i * KS, *k = sK + i * KS;
+            if (i < cn) {
+                const int t = sRows[i];
+                const float *row = a.qkv + (size_t)t * a.stride;
+                l2norm_warp(q, row + (size_t)kh * dk, dk, qscale, a.l2_eps, lane);
+                l2norm_warp(k, row + (size_t)(nk + kh) * dk, dk, 1.0f, a.l2_eps, lane);
+                for (int m = dk + lane; m < dk4; m += 32) q[m] = k[m] = 0.f;
+                if (lane == 0) {
+                    const float *ba = a.ba + (size_t)t * 2 * nv;
+                    sG[i] = a.A[h] * softplus_f(ba[nv + h] + a.dt_bias[h]);
+                    sB[i] = sigmoid_f(ba[h]);
+                }
+            } else {
+                for (int m = lane; m < dk4; m += 32) q[m] = k[m] = 0.f;
+                if (lane == 0) sG[i] = 0.f, sB[i] = 0.f;
+            }
+        }
+        __syncthreads();
+        if (tid == 0) { /* the running sum in row order, as the CPU's */
+            float acc = 0.f;
+            for (int i = 0; i < cn; i++) sG[i] = acc += sG[i];
+            for (int i = cn; i < C; i++) sG[i] = acc;
+        }
+        __syncthreads();
+        if (tid < C) {
+            sEG[tid] = tid < cn ? expf(sG[tid]) : 0.f;
+            sW[tid] = tid < cn ? expf(sG[C - 1] - sG[tid]) : 0.f;
+        }
+
+        /* A and P: thread (ti, tj) takes rows ti + 16x, columns tj + 16y,
+         * y <= x (the blocks on or under the diagonal). */
+        {
+            const int ti = tid >> 4, tj = tid & 15;
+            float kk[4][4] = {}, qk[4][4] = {};
+            for (int m = 0; m < dk4; m += 4) {
+                float4 kj[4], ki[4], qi[4];
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    kj[x] = *(const float4 *)(sK + (tj + 16 * x) * KS + m);
+                    ki[x] = *(const float4 *)(sK + (ti + 16 * x) * KS + m);
+                    qi[x] = *(const float4 *)(sQ + (ti + 16 * x) * KS + m);
+                }
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+#pragma unroll
+                    for (int y = 0; y <= x; y++) {
+                        kk[x][y] += ki[x].x * kj[y].x + ki[x].y * kj[y].y + ki[x].z * kj[y].z +
+                                    ki[x].w * kj[y].w;
+                        qk[x][y] += qi[x].x * kj[y].x + qi[x].y * kj[y].y + qi[x].z * kj[y].z +
+                                    qi[x].w * kj[y].w;
+                    }
+            }
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+#pragma unroll
+                for (int y = 0; y < 4; y++) {
+                    const int i = ti + 16 * x, j = tj + 16 * y;
+                    float av = 0.f, pv = 0.f;
+                    if (y <= x && j <= i && i < cn) {
+                        const float e = expf(sG[i] - sG[j]);
+                        if (j < i) av = sB[i] * e * kk[x][y];
+                        pv = e * qk[x][y];
+                    }
+                    sA[i * PS + j] = av;
+                    sP[i * PS + j] = pv;
+                }
+        }
+
+        /* U0 and the state's part of the output: lane = column, the warp's
+         * rows warp + 8x. */
+        float o[C / 8];
+        {
+            float uk[C / 8] = {}, uq[C / 8] = {};
+            for (int m = 0; m < dk4; m += 4) {
+                const float s0 = sS[(m + 0) * VB + lane], s1 = sS[(m + 1) * VB + lane];
+                const float s2 = sS[(m + 2) * VB + lane], s3 = sS[(m + 3) * VB + lane];
+#pragma unroll
+                for (int x = 0; x < C / 8; x++) {
+                    const float4 k4 = *(const float4 *)(sK + (warp + 8 * x) * KS + m);
+                    const float4 q4 = *(const float4 *)(sQ + (warp + 8 * x) * KS + m);
+                    uk[x] += k4.x * s0 + k4.y * s1 + k4.z * s2 + k4.w * s3;
+                    uq[x] += q4.x * s0 + q4.y * s1 + q4.z * s2 + q4.w * s3;
+                }
+            }
+            __syncthreads(); /* sEG, sW written */
+            const bool col = j0 + lane < dv;
+#pragma unroll
+            for (int x = 0; x < C / 8; x++) {
+                const int i = warp + 8 * x;
+                float u = 0.f;
+                if (i < cn && col) {
+                    const float v = a.qkv[(size_t)sRows[i] * a.stride + (size_t)2 * nk * dk +
+                                          (size_t)h * dv + j0 + lane];
+                    u = sB[i] * (v - sEG[i] * uk[x]);
+                }
+                sU[i * US + lane] = u;
+                o[x] = sEG[i] * uq[x];
+            }
+        }
+        __syncthreads();
+
+        /* (I + A) U = U0 by forward substitution: warp w solves columns
+         * 4w .. 4w+3, lane l column 4w + l % 4 over the rows j = l / 4
+         * (mod 8) of each sum; the parts meet by shuffles. */
+        {
+            const int c = 4 * warp + (lane & 3), part = lane >> 2;
+            for (int i = 1; i < cn; i++) {
+                float sum = 0.f;
+                for (int j = part; j < i; j += 8) sum += sA[i * PS + j] * sU[j * US + c];
+                sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+                if (part == 0) sU[i * US + c] -= sum;
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+
+        /* out = e^G S0ᵀq + P U (lane = column, rows warp + 8x), and the
+         * state: rows warp * DK/8 .. +DK/8 of it, lane = column. */
+        {
+            const int cn4 = (cn + 3) & ~3;
+            for (int j = 0; j < cn4; j += 4) {
+                const float u0 = sU[(j + 0) * US + lane], u1 = sU[(j + 1) * US + lane];
+                const float u2 = sU[(j + 2) * US + lane], u3 = sU[(j + 3) * US + lane];
+#pragma unroll
+                for (int x = 0; x < C / 8; x++) {
+                    const float4 p = *(const float4 *)(sP + (warp + 8 * x) * PS + j);
+                    o[x] += p.x * u0 + p.y * u1 + p.z * u2 + p.w * u3;
+                }
+            }
+            if (j0 + lane < dv)
+#pragma unroll
+                for (int x = 0; x < C / 8; x++) {
+                    const int i = warp + 8 * x;
+                    if (i < cn) a.out[((size_t)sRows[i] * nv + h) * dv + j0 + lane] = o[x];
+                }
+
+            constexpr int R = DK / 8;
+            const int m0 = warp * R;
+            const float keep = expf(sG[C - 1]);
+            float acc[R];
+#pragma unroll
+            for (int x = 0; x < R; x++) acc[x] = sS[(m0 + x) * VB + lane] * keep;
+            for (int i = 0; i < cn; i++) {
+                const float u = sU[i * US + lane], w = sW[i];
+#pragma unroll
+                for (int x = 0; x < R; x += 4)
+                    if (m0 + x < dk4) { /* rows past dk: no key there (sK is not set) */
+                        const float4 k4 = *(const float4 *)(sK + i * KS + m0 + x);
+                        acc[x + 0] += w * k4.x * u;
+                        acc[x + 1] += w * k4.y * u;
+                        acc[x + 2] += w * k4.z * u;
+                        acc[x + 3] += w * k4.w * u;
+                    }
+            }
+#pragma unroll
+            for (int x = 0; x < R; x++) sS[(m0 + x) * VB + lane] = acc[x];
+        }
+        __syncthreads();
+    }
+    if (!any) return;
+    for (int i = tid; i < dk * VB; i += DELTA_THREADS) {
+        const int m = i / VB, c = i % VB;
+        if (j0 + c < dv) st[(size_t)m * dv + j0 + c] = sS[i];
+    }
+}
+
 /* The smallest instance whose RPL * SPLIT holds dk. */
 template <int RPL, int SPLIT> static void launch_delta(const cu_ctx *c, const cu_delta_args *a) {
     dim3 grid(CU_DIV_UP(a->dv, 32 / SPLIT), a->n_v_heads, a->r.n_seqs);
     CU_LAUNCH((gated_delta_kernel<RPL, SPLIT>), grid, 32, 0, c, *a);
+}
+
+template <int DK> static int launch_delta_chunk(const cu_ctx *c, const cu_delta_args *a) {
+    if (delta_layout<DK>::bytes > (size_t)c->smem_optin) return -1;
+    dim3 grid(CU_DIV_UP(a->dv, DELTA_VB), a->n_v_heads, a->r.n_seqs);
+    CU_LAUNCH(gated_delta_chunk_kernel<DK>, grid, DELTA_THREADS, delta_layout<DK>::bytes, c, *a);
+    return 0;
+}
+
+/* Shared memory over 48 KiB must be allowed per kernel, and not while a
+ * graph is being captured: once, up front (a device with less than an
+ * instance needs runs the recurrent kernel instead). */
+extern "C" void cu_recurrent_init(void) {
+    cudaFuncSetAttribute(gated_delta_chunk_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)delta_layout<64>::bytes);
+    cudaFuncSetAttribute(gated_delta_chunk_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)delta_layout<128>::bytes);
+    cudaFuncSetAttribute(gated_delta_chunk_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)delta_layout<256>::bytes);
+    cudaGetLastError(); /* a device that refuses a size: that instance is not launched */
 }
 
 extern "C" int cu_gated_delta(const cu_ctx *c, const cu_delta_args *a) {
@@ -249,6 +570,12 @@ extern "C" int cu_gated_delta(const cu_ctx *c, const cu_delta_args *a) {
         a->n_v_heads % a->n_k_heads)
         return -1;
     if (a->r.n <= 0 || a->r.n_seqs <= 0) return 0;
+    if (a->chunked) {
+        int rc = a->dk <= 64 ? launch_delta_chunk<64>(c, a)
+                 : a->dk <= 128 ? launch_delta_chunk<128>(c, a)
+                                : launch_delta_chunk<256>(c, a);
+        if (rc == 0) return 0;
+    }
     if (a->dk <= 64) launch_delta<64, 1>(c, a); /* <32, 1> spills (ptxas 13.0), this does not */
     else if (a->dk <= 128) launch_delta<64, 2>(c, a);
     else launch_delta<64, 4>(c, a);
