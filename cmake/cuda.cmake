@@ -74,8 +74,31 @@ if(PETREL_CUDA)
     $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr -Xptxas=-warn-spills>)
   target_compile_definitions(petrel_backend PUBLIC PETREL_CUDA)
   target_link_libraries(petrel_backend PUBLIC CUDA::cudart CUDA::cublas)
+
+  # NCCL, for tensor parallel's all_reduce across GPUs (src/backend/comm.h,
+  # docs/tensor-parallel.md).  AUTO links it when nccl.h and libnccl are
+  # found (the CUDA 13 toolkit on the build machines ships both); without
+  # it the CUDA backend lacks the all_reduce op and --tensor-parallel on
+  # cuda says so.
+  set(PETREL_NCCL AUTO CACHE STRING "Link NCCL for tensor parallel: AUTO, ON or OFF")
+  set(petrel_nccl_found OFF)
+  if(NOT PETREL_NCCL STREQUAL "OFF")
+    find_path(PETREL_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME
+              PATH_SUFFIXES include)
+    find_library(PETREL_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ENV NCCL_HOME
+                 PATH_SUFFIXES lib lib64)
+    if(PETREL_NCCL_INCLUDE_DIR AND PETREL_NCCL_LIBRARY)
+      target_include_directories(petrel_backend PUBLIC ${PETREL_NCCL_INCLUDE_DIR})
+      target_link_libraries(petrel_backend PUBLIC ${PETREL_NCCL_LIBRARY})
+      target_compile_definitions(petrel_backend PUBLIC PETREL_NCCL)
+      set(petrel_nccl_found ON)
+    elseif(PETREL_NCCL STREQUAL "ON")
+      message(FATAL_ERROR "PETREL_NCCL=ON, but nccl.h and libnccl were not found "
+                          "(set NCCL_HOME, or -DPETREL_NCCL=OFF)")
+    endif()
+  endif()
   message(STATUS "Petrel: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
-                 "architectures ${CMAKE_CUDA_ARCHITECTURES})")
+                 "architectures ${CMAKE_CUDA_ARCHITECTURES}; NCCL ${petrel_nccl_found})")
 else()
   message(STATUS "Petrel: CUDA backend OFF")
 endif()
