@@ -191,6 +191,7 @@ typedef enum pt_op_kind {
     PT_OP_MOE_ROUTE_GROUPED,
     /* Tensor parallel (docs/tensor-parallel.md): optional. */
     PT_OP_ALL_REDUCE,
+    PT_OP_MOE_LOCAL,
     PT_OP_COUNT
 } pt_op_kind;
 
@@ -315,7 +316,9 @@ typedef struct pt_op_moe_route {
 /* Matmul by expert id (ggml's mul_mat_id): for row t and slot j,
  * y[t][j] = x[t][x_slots > 1 ? j : 0] · W[ids[t][j]]ᵀ, with w a stack of
  * experts (n_experts > 0); x is [n][x_slots][w.cols], y [n][k][w.rows].
- * Reads only the experts some row selects, each once per call. */
+ * Reads only the experts some row selects, each once per call.  An id of
+ * -1 (moe_local: another rank's expert) skips its slot: y[t][j] is zero
+ * (the CPU backend; the CUDA one never sees one: it lacks moe_local). */
 typedef struct pt_op_matmul_id {
     float *y;
     const float *x;
@@ -453,6 +456,16 @@ enum pt_moe_gating { PT_MOE_SOFTMAX, PT_MOE_SIGMOID };
  * in place (tensor parallel: the partial outputs of a row-parallel matmul).
  * Every rank runs it, with its own buffer and count, in the same order of
  * calls; afterwards every rank holds the same floats. */
+/* Expert parallel: this rank holds experts [first, first + count) of the
+ * routing's.  Each slot of ids[n][k] that chose one of them is renumbered
+ * from 0; every other slot becomes id -1 with weight 0, which matmul_id
+ * skips (a zero row) and moe_combine adds as nothing. */
+typedef struct pt_op_moe_local {
+    int32_t *ids;
+    float *weights;
+    int n, k, first, count;
+} pt_op_moe_local;
+
 typedef struct pt_op_all_reduce {
     float *buf;
     struct pt_comm *comm;
@@ -490,6 +503,7 @@ typedef struct pt_op {
         pt_op_copy_cols copy_cols;
         pt_op_moe_route_grouped moe_route_grouped;
         pt_op_all_reduce all_reduce;
+        pt_op_moe_local moe_local;
     };
 } pt_op;
 
@@ -831,6 +845,16 @@ static inline void pt_be_moe_route_grouped(pt_backend *be, const pt_op_moe_route
     r->n = a->n, r->n_experts = a->n_experts, r->k = a->k, r->n_groups = a->n_groups;
     r->groups_used = a->groups_used, r->gating = a->gating, r->scale = a->scale;
     r->renorm = a->renorm;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_moe_local(pt_backend *be, int32_t *ids, float *weights, int n, int k,
+                                   int first, int count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MOE_LOCAL;
+    o.moe_local.ids = ids, o.moe_local.weights = weights, o.moe_local.n = n;
+    o.moe_local.k = k, o.moe_local.first = first, o.moe_local.count = count;
     pt_be_run(be, &o);
 }
 

@@ -144,6 +144,8 @@ static void moe_ffn(pt_model *m, int l, const pt_step *s) {
         pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
                         c->expert_renorm);
     }
+    if (m->expert_count) /* expert parallel: this rank's experts only; the others' slots add 0 */
+        pt_be_moe_local(be, ws->moe_ids, ws->moe_w, n, k, m->expert_first, m->expert_count);
     pt_be_matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
     pt_be_matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
     if (L->b_gate_exps) pt_be_add_id(be, ws->gate, L->b_gate_exps, ws->moe_ids, n, k, f);
@@ -156,7 +158,7 @@ static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     pt_be_matmul_id(be, ws->moe_out, ws->gate, &L->w_down, ws->moe_ids, n, k, k);
     if (L->b_down_exps) pt_be_add_id(be, ws->moe_out, L->b_down_exps, ws->moe_ids, n, k, c->dim);
     pt_be_moe_combine(be, ws->h, ws->moe_out, ws->moe_w, n, k, c->dim);
-    reduce(m, ws->h, (size_t)n * c->dim); /* a rank's slice of each expert gives part of h */
+    reduce(m, ws->h, (size_t)n * c->dim); /* a rank's experts (or slice of each) give part of h */
 }
 
 /* h = (act(h·Wgate) * h·Wup)·Wdown: a dense gated FFN (SwiGLU, or GeGLU
@@ -224,6 +226,8 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
         return *why = "scaled embeddings", PT_OP_SCALE;
     if (m->comm && !pt_be_has_op(be, PT_OP_ALL_REDUCE))
         return *why = "tensor parallel", PT_OP_ALL_REDUCE;
+    if (m->expert_count && !pt_be_has_op(be, PT_OP_MOE_LOCAL))
+        return *why = "expert parallel", PT_OP_MOE_LOCAL;
     if (c->final_softcap > 0 && !pt_be_has_op(be, PT_OP_SOFTCAP))
         return *why = "soft-capped logits", PT_OP_SOFTCAP;
     static const int moe_ops[] = {PT_OP_MOE_ROUTE, PT_OP_MATMUL_ID, PT_OP_MOE_COMBINE};

@@ -270,6 +270,10 @@ typedef struct pt_model {
      * tp NULL: an ordinary model, today's forward op for op. */
     struct pt_comm *comm;
     int rank, n_ranks, vocab_first;
+    /* Expert parallel (a rank of a split MoE model): its expert stacks are
+     * the routing's experts [expert_first, expert_first + expert_count);
+     * 0: it holds every expert (or a slice of each). */
+    int expert_first, expert_count;
     bool comm_owned;  /* comm is freed with the model (pt_model_attach_comm) */
     bool keep_layout; /* weights stay in the file's layout (no repacking): a front
                        * model's are sliced into ranks */

@@ -11,11 +11,14 @@
  *             its output is a partial sum: all_reduce, then Wo's bias.
  *   gate, up  column-parallel: ffn_dim / N intermediate rows (views).
  *   down      row-parallel: the matching columns (a copy); all_reduce.
- *   experts   every expert's intermediate dimension split the same way
- *             (each rank holds 1/N of every expert: copies); the router is
- *             whole on every rank, so each rank picks the same experts with
- *             the same weights, and the combined partial outputs are summed
- *             by one all_reduce, as the dense FFN's.
+ *   experts   expert parallel when N divides n_experts: rank r holds
+ *             experts [r E/N, (r+1) E/N) whole (views of the stacks).  The
+ *             router is whole on every rank, so every rank picks the same
+ *             experts with the same weights; moe_local keeps the slots of
+ *             its own experts (others weigh 0), and the combined partial
+ *             outputs are summed by one all_reduce, as the dense FFN's.
+ *             Otherwise each expert's intermediate rows split as the dense
+ *             FFN's (each rank 1/N of every expert: copies).
  *   norms     whole on every rank (the residual stream x is replicated).
  * The embedding table is whole on every rank (a view); the output head is
  * split by vocabulary rows (a view), and each rank writes its columns of
@@ -48,6 +51,7 @@
 
 struct pt_tp {
     int n;
+    bool ep;         /* MoE layers expert parallel (else each expert sliced) */
     pt_comm *comm;
     pt_backend **be; /* [n] the ranks' backends (owned) */
     pt_model **rank; /* [n] */
@@ -121,16 +125,19 @@ static int check_split(const pt_model *m, int n, pt_err *err) {
         if (p->n_kv_heads != c->n_kv_heads || p->head_dim != c->head_dim || p->kv_layer != l)
             return pt_fail(err, "--tensor-parallel %d: layers of other attention shapes are not "
                                 "split yet", n);
-        int64_t f = p->ffn == PT_FFN_MOE ? c->expert_ffn_dim : p->ffn_dim;
-        if (f % n) return split_fail(err, n, "FFN intermediate rows", f);
         if (!cols_split(&L->wo, (int64_t)c->n_heads / n * p->head_dim))
             return pt_fail(err, "--tensor-parallel %d: the o projection's %s blocks do not split "
                                 "at %d heads", n, pt_dtype_name(L->wo.dtype), c->n_heads / n);
+        if (L->wo.layout != PT_LAYOUT_FILE)
+            return pt_fail(err, "--tensor-parallel %d: repacked weights cannot be split", n);
+        if (p->ffn == PT_FFN_MOE && c->n_experts % n == 0) continue; /* whole experts each */
+        int64_t f = p->ffn == PT_FFN_MOE ? c->expert_ffn_dim : p->ffn_dim;
+        if (f % n) return split_fail(err, n, "FFN intermediate rows", f);
         if (!cols_split(&L->w_down, f / n))
             return pt_fail(err, "--tensor-parallel %d: the down projection's %s blocks do not "
                                 "split at %lld columns", n, pt_dtype_name(L->w_down.dtype),
                            (long long)(f / n));
-        if (L->wo.layout != PT_LAYOUT_FILE || L->w_down.layout != PT_LAYOUT_FILE)
+        if (L->w_down.layout != PT_LAYOUT_FILE)
             return pt_fail(err, "--tensor-parallel %d: repacked weights cannot be split", n);
     }
     return 0;
@@ -157,6 +164,23 @@ static pt_weight rows_view(const pt_weight *w, int64_t first, int64_t rows) {
         v.scales = (const char *)w->scales + (size_t)first * sb;
         v.biases = (const char *)w->biases + (size_t)first * sb;
         v.nbytes += 2 * (size_t)rows * sb;
+    }
+    return v;
+}
+
+/* Experts [first, first + count) of the stack w: a view (a stack keeps
+ * each expert's codes, and its scales and biases, in one run). */
+static pt_weight experts_view(const pt_weight *w, int first, int count) {
+    pt_weight v = *w;
+    v.data = (const char *)w->data + (size_t)first * w->expert_stride;
+    v.n_experts = count;
+    v.nbytes = (size_t)count * w->expert_stride;
+    if (w->dtype == PT_AFFINE) {
+        size_t sb = (size_t)w->rows * (size_t)(w->cols / w->group_size) *
+                    (w->scale_dtype == PT_F32 ? 4 : 2); /* one expert's scales */
+        v.scales = (const char *)w->scales + (size_t)first * sb;
+        v.biases = (const char *)w->biases + (size_t)first * sb;
+        v.nbytes += 2 * (size_t)count * sb;
     }
     return v;
 }
@@ -227,9 +251,15 @@ static int shard_layer(const pt_tp *tp, const pt_model *m, pt_model *rm, int r, 
     R->bv = L->bv ? place(L->bv + kv0) : NULL;
     R->bo = place(L->bo); /* added once, after the sum */
     if (copy_slice(m, rm, &L->wo, 0, L->wo.rows, q0, q, &R->wo, err)) return -1;
-    if (p->ffn == PT_FFN_MOE) {
-        int64_t f = c->expert_ffn_dim / n;
+    if (p->ffn == PT_FFN_MOE && tp->ep) {
+        int e = c->n_experts / n;
         R->w_router = L->w_router; /* whole: every rank routes alike */
+        R->w_gate = experts_view(&L->w_gate, r * e, e);
+        R->w_up = experts_view(&L->w_up, r * e, e);
+        R->w_down = experts_view(&L->w_down, r * e, e);
+    } else if (p->ffn == PT_FFN_MOE) {
+        int64_t f = c->expert_ffn_dim / n;
+        R->w_router = L->w_router;
         if (copy_slice(m, rm, &L->w_gate, r * f, f, 0, L->w_gate.cols, &R->w_gate, err) ||
             copy_slice(m, rm, &L->w_up, r * f, f, 0, L->w_up.cols, &R->w_up, err) ||
             copy_slice(m, rm, &L->w_down, 0, L->w_down.rows, r * f, f, &R->w_down, err))
@@ -254,7 +284,8 @@ static int make_rank(pt_tp *tp, const pt_model *m, int r, pt_err *err) {
     rm->cfg.n_heads = c->n_heads / n;
     rm->cfg.n_kv_heads = tp->kv_heads;
     rm->cfg.ffn_dim = c->ffn_dim / n;
-    rm->cfg.expert_ffn_dim = c->expert_ffn_dim / n;
+    rm->cfg.expert_ffn_dim = tp->ep ? c->expert_ffn_dim : c->expert_ffn_dim / n;
+    if (tp->ep) rm->expert_first = r * (c->n_experts / n), rm->expert_count = c->n_experts / n;
     rm->family = m->family;
     rm->be = tp->be[r];
     rm->max_batch = m->max_batch;
@@ -297,6 +328,7 @@ int pt_model_split(pt_model *m, int n, const char *kernels, pt_err *err) {
     pt_tp *tp = pt_xcalloc(1, sizeof *tp);
     tp->n = n;
     tp->kv_heads = n <= m->cfg.n_kv_heads ? m->cfg.n_kv_heads / n : 1;
+    tp->ep = m->cfg.n_experts > 0 && m->cfg.n_experts % n == 0;
     tp->comm = pt_comm_host_new(n);
     tp->be = pt_xcalloc((size_t)n, sizeof *tp->be);
     tp->rank = pt_xcalloc((size_t)n, sizeof *tp->rank);
@@ -311,10 +343,14 @@ int pt_model_split(pt_model *m, int n, const char *kernels, pt_err *err) {
             return -1;
         }
     m->tp = tp;
-    pt_log(PT_LOG_INFO, "tensor parallel: %d ranks of %d heads, %d KV heads, %d FFN rows%s", n,
-           m->cfg.n_heads / n, tp->kv_heads,
-           (m->cfg.n_experts ? m->cfg.expert_ffn_dim : m->cfg.ffn_dim) / n,
-           m->cfg.n_experts ? " of each expert" : "");
+    const pt_model_config *c = &m->cfg;
+    if (tp->ep)
+        pt_log(PT_LOG_INFO, "tensor parallel: %d ranks of %d heads, %d KV heads, %d whole experts",
+               n, c->n_heads / n, tp->kv_heads, c->n_experts / n);
+    else
+        pt_log(PT_LOG_INFO, "tensor parallel: %d ranks of %d heads, %d KV heads, %d FFN rows%s",
+               n, c->n_heads / n, tp->kv_heads, (c->n_experts ? c->expert_ffn_dim : c->ffn_dim) / n,
+               c->n_experts ? " of each expert" : "");
     return 0;
 }
 

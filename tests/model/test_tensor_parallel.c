@@ -20,8 +20,11 @@
  * replicates each KV head on two ranks); and two dummy configs with 8
  * heads, 2 KV heads and a vocabulary of 250 (not a multiple of N) at N =
  * 2, 4, 8: a dense Qwen2-shaped one in q8_0 (the column slices of Wo and
- * Wdown cut q8_0 blocks at their boundaries) and a Qwen3-MoE one in bf16
- * (8 experts, top 2).  Then the refusals: heads that do not split, a
+ * Wdown cut q8_0 blocks at their boundaries), a Qwen3-MoE one with 8
+ * experts in q8_0 (whole experts per rank: expert parallel at every N) and
+ * one with 6 in bf16 (expert parallel at N = 2; at 4 and 8 each expert's
+ * rows split).  The qwen3_moe fixture's 6 experts likewise go whole at
+ * N = 2 and sliced at N = 4.  Then the refusals: heads that do not split, a
  * family that is not split yet; and --tensor-parallel 1 on the CPU being
  * today's path exactly (bit-identical logits).
  */
@@ -200,9 +203,16 @@ static void test_dummy_dense_q8_0(void **state) {
     dummy_case("dense.json", "q8_0");
 }
 
-static void test_dummy_moe_bf16(void **state) {
+/* 8 experts: whole experts per rank (expert parallel) at every N. */
+static void test_dummy_moe_experts_q8_0(void **state) {
     (void)state;
-    dummy_case("moe.json", "bf16");
+    dummy_case("moe.json", "q8_0");
+}
+
+/* 6 experts: expert parallel at N = 2, each expert's rows split at 4 and 8. */
+static void test_dummy_moe_slices_bf16(void **state) {
+    (void)state;
+    dummy_case("moe6.json", "bf16");
 }
 
 /* A split that cannot be made fails at load with the reason. */
@@ -246,7 +256,8 @@ int main(void) {
         cmocka_unit_test(test_qwen2_bias_tied),
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_dummy_dense_q8_0),
-        cmocka_unit_test(test_dummy_moe_bf16),
+        cmocka_unit_test(test_dummy_moe_experts_q8_0),
+        cmocka_unit_test(test_dummy_moe_slices_bf16),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_one_rank_is_today),
     };

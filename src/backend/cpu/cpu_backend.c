@@ -173,6 +173,11 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
         pt_comm_host_all_reduce(a->comm, a->rank, a->buf, a->count);
         return true;
     }
+    case PT_OP_MOE_LOCAL: {
+        const pt_op_moe_local *a = &o->moe_local;
+        pt_cpu_moe_local(a->ids, a->weights, a->n, a->k, a->first, a->count);
+        return true;
+    }
     default: return false;
     }
 }
