@@ -24,7 +24,8 @@
  * experts in q8_0 (whole experts per rank: expert parallel at every N) and
  * one with 6 in bf16 (expert parallel at N = 2; at 4 and 8 each expert's
  * rows split).  The qwen3_moe fixture's 6 experts likewise go whole at
- * N = 2 and sliced at N = 4.  Then the refusals: heads that do not split, a
+ * N = 2 and sliced at N = 4.  And a Qwen2-shaped one whose second layer
+ * has an 8-position sliding window (the KV cache's window group) in f32.  Then the refusals: heads that do not split, a
  * family that is not split yet; and --tensor-parallel 1 on the CPU being
  * today's path exactly (bit-identical logits).
  */
@@ -203,6 +204,13 @@ static void test_dummy_dense_q8_0(void **state) {
     dummy_case("dense.json", "q8_0");
 }
 
+/* Layer 1 attends through an 8-position window (the cache's window group,
+ * replicated per rank), over a 37-position run. */
+static void test_dummy_window_f32(void **state) {
+    (void)state;
+    dummy_case("dense_swa.json", "f32");
+}
+
 /* 8 experts: whole experts per rank (expert parallel) at every N. */
 static void test_dummy_moe_experts_q8_0(void **state) {
     (void)state;
@@ -256,6 +264,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2_bias_tied),
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_dummy_dense_q8_0),
+        cmocka_unit_test(test_dummy_window_f32),
         cmocka_unit_test(test_dummy_moe_experts_q8_0),
         cmocka_unit_test(test_dummy_moe_slices_bf16),
         cmocka_unit_test(test_refusals),
