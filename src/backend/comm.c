@@ -49,8 +49,10 @@ void pt_comm_host_all_reduce(pt_comm *c, int rank, float *buf, size_t count) {
     size_t lo = count * (size_t)rank / (size_t)n, hi = count * (size_t)(rank + 1) / (size_t)n;
     for (size_t i = lo; i < hi; i++) {
         float s = c->bufs[0][i];
-        for (int r = 1; r < n; r++) s += c->bufs[r][i];
-        for (int r = 0; r < n; r++) c->bufs[r][i] = s;
+        for (int r = 1; r < n; r++)
+            s += c->bufs[r][i];
+        for (int r = 0; r < n; r++)
+            c->bufs[r][i] = s;
     }
     pthread_barrier_wait(&c->barrier);
 }
@@ -88,8 +90,9 @@ int pt_comm_nccl_new(pt_comm **out, const int *devices, int n, pt_err *err) {
     return 0;
 #else
     (void)devices;
-    return pt_fail(err, "tensor parallel on CUDA (%d rank%s) needs NCCL, and this build has none "
-                        "(cmake -DPETREL_NCCL=ON where nccl.h and libnccl are installed)",
+    return pt_fail(err,
+                   "tensor parallel on CUDA (%d rank%s) needs NCCL, and this build has none "
+                   "(cmake -DPETREL_NCCL=ON where nccl.h and libnccl are installed)",
                    n, n == 1 ? "" : "s");
 #endif
 }

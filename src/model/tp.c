@@ -51,7 +51,7 @@
 
 struct pt_tp {
     int n;
-    bool ep;         /* MoE layers expert parallel (else each expert sliced) */
+    bool ep; /* MoE layers expert parallel (else each expert sliced) */
     pt_comm *comm;
     pt_backend **be; /* [n] the ranks' backends (owned) */
     pt_model **rank; /* [n] */
@@ -103,40 +103,48 @@ static int check_split(const pt_model *m, int n, pt_err *err) {
     for (size_t i = 0; i < PT_ARRAY_LEN(tp_families); i++)
         known |= strcmp(m->family->name, tp_families[i]) == 0;
     if (!known)
-        return pt_fail(err, "--tensor-parallel %d: the %s family (%s) is not split yet; the llama "
-                            "(llama, mistral, qwen2, qwen3) and qwen3moe families are",
+        return pt_fail(err,
+                       "--tensor-parallel %d: the %s family (%s) is not split yet; the llama "
+                       "(llama, mistral, qwen2, qwen3) and qwen3moe families are",
                        n, m->family->name, c->arch);
     if (!m->be->host_memory)
         return pt_fail(err, "--tensor-parallel %d: splitting runs on the cpu backend only so far",
                        n);
     if ((int64_t)n * c->n_layers > 64 * 16)
-        return pt_fail(err, "--tensor-parallel %d: %d layers x %d ranks is more than the KV "
-                            "cache's 1024 layers", n, c->n_layers, n);
+        return pt_fail(err,
+                       "--tensor-parallel %d: %d layers x %d ranks is more than the KV "
+                       "cache's 1024 layers",
+                       n, c->n_layers, n);
     if (c->n_heads % n) return split_fail(err, n, "attention heads", c->n_heads);
     if (n <= c->n_kv_heads ? c->n_kv_heads % n : n % c->n_kv_heads)
-        return pt_fail(err, "--tensor-parallel %d: %d KV heads neither split evenly over %d ranks "
-                            "nor replicate evenly onto them (N must divide n_kv_heads or be a "
-                            "multiple of it)", n, c->n_kv_heads, n);
-    if (c->expert_bias) return pt_fail(err, "--tensor-parallel %d: biased experts are not split "
-                                            "yet", n);
+        return pt_fail(err,
+                       "--tensor-parallel %d: %d KV heads neither split evenly over %d ranks "
+                       "nor replicate evenly onto them (N must divide n_kv_heads or be a "
+                       "multiple of it)",
+                       n, c->n_kv_heads, n);
+    if (c->expert_bias)
+        return pt_fail(err, "--tensor-parallel %d: biased experts are not split yet", n);
     for (int l = 0; l < c->n_layers; l++) {
         const pt_layer_plan *p = &m->plan[l];
         const pt_layer *L = &m->layers[l];
         if (p->n_kv_heads != c->n_kv_heads || p->head_dim != c->head_dim || p->kv_layer != l)
-            return pt_fail(err, "--tensor-parallel %d: layers of other attention shapes are not "
-                                "split yet", n);
+            return pt_fail(err, "--tensor-parallel %d: layers of other shapes are not split yet",
+                           n);
         if (!cols_split(&L->wo, (int64_t)c->n_heads / n * p->head_dim))
-            return pt_fail(err, "--tensor-parallel %d: the o projection's %s blocks do not split "
-                                "at %d heads", n, pt_dtype_name(L->wo.dtype), c->n_heads / n);
+            return pt_fail(err,
+                           "--tensor-parallel %d: the o projection's %s blocks do not split "
+                           "at %d heads",
+                           n, pt_dtype_name(L->wo.dtype), c->n_heads / n);
         if (L->wo.layout != PT_LAYOUT_FILE)
             return pt_fail(err, "--tensor-parallel %d: repacked weights cannot be split", n);
         if (p->ffn == PT_FFN_MOE && c->n_experts % n == 0) continue; /* whole experts each */
         int64_t f = p->ffn == PT_FFN_MOE ? c->expert_ffn_dim : p->ffn_dim;
         if (f % n) return split_fail(err, n, "FFN intermediate rows", f);
         if (!cols_split(&L->w_down, f / n))
-            return pt_fail(err, "--tensor-parallel %d: the down projection's %s blocks do not "
-                                "split at %lld columns", n, pt_dtype_name(L->w_down.dtype),
-                           (long long)(f / n));
+            return pt_fail(err,
+                           "--tensor-parallel %d: the down projection's %s blocks do not "
+                           "split at %lld columns",
+                           n, pt_dtype_name(L->w_down.dtype), (long long)(f / n));
         if (L->w_down.layout != PT_LAYOUT_FILE)
             return pt_fail(err, "--tensor-parallel %d: repacked weights cannot be split", n);
     }
@@ -194,12 +202,14 @@ static int copy_slice(const pt_model *front, pt_model *rm, const pt_weight *w, i
     bool aff = w->dtype == PT_AFFINE;
     size_t src_rb = col_bytes(w, w->cols), rb = col_bytes(w, nc), off = col_bytes(w, c0);
     size_t sb = aff ? (w->scale_dtype == PT_F32 ? 4 : 2) : 0; /* bytes of a scale */
-    size_t src_g = aff ? (size_t)(w->cols / w->group_size) : 0, g = aff ? (size_t)(nc / w->group_size) : 0;
+    size_t src_g = aff ? (size_t)(w->cols / w->group_size) : 0,
+           g = aff ? (size_t)(nc / w->group_size) : 0;
     size_t g0 = aff ? (size_t)(c0 / w->group_size) : 0;
     size_t data_e = (size_t)nr * rb, scales_e = (size_t)nr * g * sb; /* per expert */
     size_t total = (size_t)E * (data_e + 2 * scales_e);
     char *host = pt_alloc_big(total);
-    if (!host) return pt_fail(err, "cannot allocate %.1f MiB for a rank's weight", total / 1048576.0);
+    if (!host)
+        return pt_fail(err, "cannot allocate %.1f MiB for a rank's weight", total / 1048576.0);
     char *hs = host + (size_t)E * data_e, *hb = hs + (size_t)E * scales_e;
     for (int e = 0; e < E; e++) {
         const char *src = (const char *)w->data + (size_t)e * w->expert_stride;
@@ -207,8 +217,10 @@ static int copy_slice(const pt_model *front, pt_model *rm, const pt_weight *w, i
             memcpy(host + e * data_e + (size_t)r * rb, src + (size_t)(r0 + r) * src_rb + off, rb);
         for (int64_t r = 0; aff && r < nr; r++) {
             size_t from = ((size_t)e * (size_t)w->rows + (size_t)(r0 + r)) * src_g + g0;
-            memcpy(hs + e * scales_e + (size_t)r * g * sb, (const char *)w->scales + from * sb, g * sb);
-            memcpy(hb + e * scales_e + (size_t)r * g * sb, (const char *)w->biases + from * sb, g * sb);
+            memcpy(hs + e * scales_e + (size_t)r * g * sb, (const char *)w->scales + from * sb,
+                   g * sb);
+            memcpy(hb + e * scales_e + (size_t)r * g * sb, (const char *)w->biases + from * sb,
+                   g * sb);
         }
     }
     char *dst = pt_model_alloc(rm, total);
@@ -221,7 +233,8 @@ static int copy_slice(const pt_model *front, pt_model *rm, const pt_weight *w, i
     out->data = dst;
     out->expert_stride = w->n_experts ? data_e : 0;
     out->nbytes = total;
-    if (aff) out->scales = dst + (size_t)E * data_e, out->biases = dst + (size_t)E * (data_e + scales_e);
+    if (aff)
+        out->scales = dst + (size_t)E * data_e, out->biases = dst + (size_t)E * (data_e + scales_e);
     return 0;
 }
 
@@ -231,7 +244,8 @@ static int kv_first(int n_kv, int n, int r) {
     return n <= n_kv ? r * (n_kv / n) : r / (n / n_kv);
 }
 
-static int shard_layer(const pt_tp *tp, const pt_model *m, pt_model *rm, int r, int l, pt_err *err) {
+static int shard_layer(const pt_tp *tp, const pt_model *m, pt_model *rm, int r, int l,
+                       pt_err *err) {
     const pt_model_config *c = &m->cfg;
     const pt_layer *L = &m->layers[l];
     const pt_layer_plan *p = &m->plan[l];
@@ -348,8 +362,8 @@ int pt_model_split(pt_model *m, int n, const char *kernels, pt_err *err) {
         pt_log(PT_LOG_INFO, "tensor parallel: %d ranks of %d heads, %d KV heads, %d whole experts",
                n, c->n_heads / n, tp->kv_heads, c->n_experts / n);
     else
-        pt_log(PT_LOG_INFO, "tensor parallel: %d ranks of %d heads, %d KV heads, %d FFN rows%s",
-               n, c->n_heads / n, tp->kv_heads, (c->n_experts ? c->expert_ffn_dim : c->ffn_dim) / n,
+        pt_log(PT_LOG_INFO, "tensor parallel: %d ranks of %d heads, %d KV heads, %d FFN rows%s", n,
+               c->n_heads / n, tp->kv_heads, (c->n_experts ? c->expert_ffn_dim : c->ffn_dim) / n,
                c->n_experts ? " of each expert" : "");
     return 0;
 }
@@ -405,20 +419,22 @@ int pt_tp_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits
             pt_kv_cache *kr = rank_kv(tp, kv, r);
             pt_batch_view *v = &tp->views[2 * r];
             if (pt_model_upload_batch(tp->rank[r], kr, b, first, rows, v, &n_out, err)) return -1;
-            tp->steps[r] = (pt_step){.kv = kr, .b = &v[0], .bw = &v[1], .n = rows,
-                                     .n_out = n_out, .logits = logits};
+            tp->steps[r] = (pt_step){
+                .kv = kr, .b = &v[0], .bw = &v[1], .n = rows, .n_out = n_out, .logits = logits};
         }
         /* every rank runs the whole forward; they meet at each all_reduce */
         rank_job jobs[n];
         pthread_t th[n];
-        for (int r = 0; r < n; r++) jobs[r] = (rank_job){tp->rank[r], &tp->steps[r]};
+        for (int r = 0; r < n; r++)
+            jobs[r] = (rank_job){tp->rank[r], &tp->steps[r]};
         for (int r = 1; r < n; r++)
             if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
                 fprintf(stderr, "petrel: cannot start a tensor-parallel rank thread\n");
                 abort(); /* the started ranks would wait for it at their first sum */
             }
         rank_main(&jobs[0]);
-        for (int r = 1; r < n; r++) pthread_join(th[r], NULL);
+        for (int r = 1; r < n; r++)
+            pthread_join(th[r], NULL);
         if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
     }
     int rc = 0;

@@ -44,7 +44,8 @@ static void *rank_main(void *p) {
     float buf[MAX_COUNT];
     for (int k = 0; k < ROUNDS; k++) {
         int c = count_of(k);
-        for (int i = 0; i < c; i++) buf[i] = part(k, a->rank, i);
+        for (int i = 0; i < c; i++)
+            buf[i] = part(k, a->rank, i);
         pt_be_all_reduce(a->be, a->comm, a->rank, buf, (size_t)c);
         memcpy(a->out[k], buf, sizeof(float) * (size_t)c);
     }
@@ -63,18 +64,22 @@ static void check_ranks(int n) {
         a[r].be = pt_backend_cpu_new(1, "auto", &err);
         assert_non_null(a[r].be);
     }
-    for (int r = 0; r < n; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &a[r]), 0);
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++)
+        assert_int_equal(pthread_create(&th[r], NULL, rank_main, &a[r]), 0);
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
     for (int k = 0; k < ROUNDS; k++)
         for (int i = 0; i < count_of(k); i++) {
             float want = part(k, 0, i);
-            for (int r = 1; r < n; r++) want += part(k, r, i);
+            for (int r = 1; r < n; r++)
+                want += part(k, r, i);
             for (int r = 0; r < n; r++)
                 if (memcmp(&a[r].out[k][i], &want, sizeof want) != 0)
-                    fail_msg("%d ranks, round %d, element %d: rank %d has %.9g, want %.9g", n, k,
-                             i, r, a[r].out[k][i], want);
+                    fail_msg("%d ranks, round %d, element %d: rank %d has %.9g, want %.9g", n, k, i,
+                             r, a[r].out[k][i], want);
         }
-    for (int r = 0; r < n; r++) a[r].be->ops->destroy(a[r].be);
+    for (int r = 0; r < n; r++)
+        a[r].be->ops->destroy(a[r].be);
     free(a);
     free(th);
     pt_comm_free(comm);
@@ -82,7 +87,8 @@ static void check_ranks(int n) {
 
 static void test_host_all_reduce(void **state) {
     (void)state;
-    for (int n = 1; n <= 8; n++) check_ranks(n);
+    for (int n = 1; n <= 8; n++)
+        check_ranks(n);
 }
 
 /* Without NCCL in the build, asking for it fails with the reason. */

@@ -40,14 +40,21 @@ static void test_expert_split_sums_to_whole(void **state) {
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
     float wdata[E * ROWS * COLS], x[N * COLS];
-    for (int i = 0; i < E * ROWS * COLS; i++) wdata[i] = sinf((float)i * 0.37f);
-    for (int i = 0; i < N * COLS; i++) x[i] = cosf((float)i * 0.11f);
+    for (int i = 0; i < E * ROWS * COLS; i++)
+        wdata[i] = sinf((float)i * 0.37f);
+    for (int i = 0; i < N * COLS; i++)
+        x[i] = cosf((float)i * 0.11f);
     int32_t ids[N * K];
     float wts[N * K];
     for (int t = 0; t < N; t++)
-        for (int j = 0; j < K; j++) ids[t * K + j] = (t + 2 * j) % E, wts[t * K + j] = 0.1f * (j + 1);
-    pt_weight w = {.dtype = PT_F32, .rows = ROWS, .cols = COLS, .data = wdata,
-                   .nbytes = sizeof wdata, .n_experts = E,
+        for (int j = 0; j < K; j++)
+            ids[t * K + j] = (t + 2 * j) % E, wts[t * K + j] = 0.1f * (j + 1);
+    pt_weight w = {.dtype = PT_F32,
+                   .rows = ROWS,
+                   .cols = COLS,
+                   .data = wdata,
+                   .nbytes = sizeof wdata,
+                   .n_experts = E,
                    .expert_stride = ROWS * COLS * sizeof(float)};
     float y[N * K * ROWS], whole[N * ROWS], sum[N * ROWS] = {0};
     pt_be_matmul_id(be, y, x, &w, ids, N, K, 1);
@@ -65,11 +72,14 @@ static void test_expert_split_sums_to_whole(void **state) {
         memset(y, 0x7f, sizeof y); /* skipped rows must be written as zero */
         pt_be_matmul_id(be, y, x, &v, lid, N, K, 1);
         for (int i = 0; i < N * K; i++)
-            for (int o = 0; o < ROWS && lid[i] < 0; o++) assert_true(y[i * ROWS + o] == 0.0f);
+            for (int o = 0; o < ROWS && lid[i] < 0; o++)
+                assert_true(y[i * ROWS + o] == 0.0f);
         pt_be_moe_combine(be, part, y, lw, N, K, ROWS);
-        for (int i = 0; i < N * ROWS; i++) sum[i] += part[i];
+        for (int i = 0; i < N * ROWS; i++)
+            sum[i] += part[i];
     }
-    for (int i = 0; i < N * ROWS; i++) assert_true(fabsf(sum[i] - whole[i]) <= 1e-6f * (1 + fabsf(whole[i])));
+    for (int i = 0; i < N * ROWS; i++)
+        assert_true(fabsf(sum[i] - whole[i]) <= 1e-6f * (1 + fabsf(whole[i])));
     assert_false(be->failed);
     be->ops->destroy(be);
 }

@@ -28,14 +28,14 @@
 
 static int failures;
 
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                 \
-            fprintf(stderr, "\n");                        \
-            failures++;                                   \
-        }                                                 \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 typedef struct rank_arg {
@@ -52,7 +52,8 @@ static float value(int rank, int i) {
 static void *rank_main(void *p) {
     rank_arg *a = p;
     float *host = malloc(sizeof(float) * COUNT);
-    for (int i = 0; i < COUNT; i++) host[i] = value(a->rank, i);
+    for (int i = 0; i < COUNT; i++)
+        host[i] = value(a->rank, i);
     float *dev = a->be->ops->alloc(a->be, sizeof(float) * COUNT);
     a->be->ops->upload(a->be, dev, host, sizeof(float) * COUNT);
     pt_be_all_reduce(a->be, a->comm, a->rank, dev, COUNT);
@@ -67,7 +68,8 @@ static void *rank_main(void *p) {
 static void check_ranks(int n) {
     pt_err err = {{0}};
     int *devs = calloc((size_t)n, sizeof *devs);
-    for (int i = 0; i < n; i++) devs[i] = i;
+    for (int i = 0; i < n; i++)
+        devs[i] = i;
     pt_comm *comm;
     if (pt_comm_nccl_new(&comm, devs, n, &err)) {
         CHECK(0, "%d ranks: %s", n, err.msg);
@@ -83,13 +85,16 @@ static void check_ranks(int n) {
         CHECK(a[r].be != NULL, "device %d: %s", r, err.msg);
         CHECK(pt_be_has_op(a[r].be, PT_OP_ALL_REDUCE), "the cuda backend lacks all_reduce");
     }
-    for (int r = 0; r < n; r++) pthread_create(&th[r], NULL, rank_main, &a[r]);
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++)
+        pthread_create(&th[r], NULL, rank_main, &a[r]);
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
     int bad = 0;
     for (int r = 0; r < n; r++)
         for (int i = 0; i < COUNT; i++) {
             float want = 0;
-            for (int q = 0; q < n; q++) want += value(q, i);
+            for (int q = 0; q < n; q++)
+                want += value(q, i);
             bad += a[r].got[i] != want;
         }
     CHECK(bad == 0, "%d ranks: %d of %d sums wrong", n, bad, n * COUNT);
@@ -112,15 +117,26 @@ static int run_model(pt_model *m, float *out, int n_prompt, int n_gen, pt_err *e
     pt_kv_seq *seqs[1] = {&seq};
     int32_t tok[64], pos[64], sid[64] = {0};
     bool want[64];
-    for (int i = 0; i < n_prompt + n_gen; i++) tok[i] = (i * 131 + 7) % 2000, pos[i] = i, want[i] = true;
+    for (int i = 0; i < n_prompt + n_gen; i++)
+        tok[i] = (i * 131 + 7) % 2000, pos[i] = i, want[i] = true;
     int V = m->cfg.vocab_size, rc = 0;
-    pt_batch b = {.n_tokens = n_prompt, .tokens = tok, .pos = pos, .seq = sid, .logits = want,
-                  .n_seqs = 1, .seqs = seqs};
+    pt_batch b = {.n_tokens = n_prompt,
+                  .tokens = tok,
+                  .pos = pos,
+                  .seq = sid,
+                  .logits = want,
+                  .n_seqs = 1,
+                  .seqs = seqs};
     rc = pt_model_run(m, &kv, &b, out, err);
     for (int g = 0; g < n_gen && !rc; g++) {
         int i = n_prompt + g;
-        pt_batch d = {.n_tokens = 1, .tokens = tok + i, .pos = pos + i, .seq = sid, .logits = want,
-                      .n_seqs = 1, .seqs = seqs};
+        pt_batch d = {.n_tokens = 1,
+                      .tokens = tok + i,
+                      .pos = pos + i,
+                      .seq = sid,
+                      .logits = want,
+                      .n_seqs = 1,
+                      .seqs = seqs};
         rc = pt_model_run(m, &kv, &d, out + (size_t)i * V, err);
     }
     pt_kv_seq_release(&kv, &seq);

@@ -49,10 +49,10 @@
 
 #define HF_DIR PETREL_SOURCE_DIR "/tests/fixtures/hf/"
 #define TP_DIR PETREL_SOURCE_DIR "/tests/model/tp/"
-#define ROWS 8    /* rows per forward call */
-#define N_GEN 16  /* greedy steps */
+#define ROWS 8   /* rows per forward call */
+#define N_GEN 16 /* greedy steps */
 #define MAX_POS 64
-#define TOL 1e-4  /* float weights */
+#define TOL 1e-4   /* float weights */
 #define TOL_Q 1e-3 /* quantized weights: activations rounded to int16 per block */
 
 typedef struct run {
@@ -79,8 +79,11 @@ static void run_model(run *r, const char *path, const char *dtype, int tp, const
     pt_err err = {{0}};
     r->be = pt_backend_cpu_new(2, "auto", &err);
     assert_non_null(r->be);
-    pt_model_opts o = {.backend = r->be, .max_batch = ROWS, .dummy_dtype = dtype,
-                       .dummy_seed = 7, .tensor_parallel = tp};
+    pt_model_opts o = {.backend = r->be,
+                       .max_batch = ROWS,
+                       .dummy_dtype = dtype,
+                       .dummy_seed = 7,
+                       .tensor_parallel = tp};
     if (pt_model_load(&r->m, path, &o, &err)) fail_msg("%s at %d ranks: %s", path, tp, err.msg);
     assert_int_equal(pt_model_tp_ranks(r->m), tp > 1 ? tp : 1);
     if (pt_model_kv_init(r->m, &r->kv, MAX_POS, PT_F32, NULL, &err)) fail_msg("%s", err.msg);
@@ -92,9 +95,15 @@ static void run_model(run *r, const char *path, const char *dtype, int tp, const
     pt_kv_seq *seqs[1] = {&seq};
     int32_t pos[MAX_POS], sid[MAX_POS] = {0}, tok[MAX_POS];
     bool want[MAX_POS];
-    for (int i = 0; i < n_prompt; i++) pos[i] = i, want[i] = true, tok[i] = prompt[i];
-    pt_batch b = {.n_tokens = n_prompt, .tokens = tok, .pos = pos, .seq = sid, .logits = want,
-                  .n_seqs = 1, .seqs = seqs};
+    for (int i = 0; i < n_prompt; i++)
+        pos[i] = i, want[i] = true, tok[i] = prompt[i];
+    pt_batch b = {.n_tokens = n_prompt,
+                  .tokens = tok,
+                  .pos = pos,
+                  .seq = sid,
+                  .logits = want,
+                  .n_seqs = 1,
+                  .seqs = seqs};
     if (pt_model_run(r->m, &r->kv, &b, r->prompt_logits, &err)) fail_msg("%s", err.msg);
 
     float *row = malloc(sizeof(float) * (size_t)r->vocab);
@@ -103,8 +112,13 @@ static void run_model(run *r, const char *path, const char *dtype, int tp, const
         r->greedy[g] = next;
         int32_t p = n_prompt + g, s0 = 0;
         bool w = true;
-        pt_batch d = {.n_tokens = 1, .tokens = &next, .pos = &p, .seq = &s0, .logits = &w,
-                      .n_seqs = 1, .seqs = seqs};
+        pt_batch d = {.n_tokens = 1,
+                      .tokens = &next,
+                      .pos = &p,
+                      .seq = &s0,
+                      .logits = &w,
+                      .n_seqs = 1,
+                      .seqs = seqs};
         if (pt_model_run(r->m, &r->kv, &d, row, &err)) fail_msg("%s", err.msg);
         next = argmax(row, r->vocab);
     }
@@ -124,7 +138,8 @@ static void free_run(run *r) {
 static void compare(const run *whole, const run *split, const char *what, int n, double tol) {
     size_t count = (size_t)whole->n_prompt * whole->vocab;
     double big = 1, worst = 0;
-    for (size_t i = 0; i < count; i++) big = fmax(big, fabs(whole->prompt_logits[i]));
+    for (size_t i = 0; i < count; i++)
+        big = fmax(big, fabs(whole->prompt_logits[i]));
     for (size_t i = 0; i < count; i++)
         worst = fmax(worst, fabs(whole->prompt_logits[i] - split->prompt_logits[i]));
     printf("  %-22s N=%d: max |logit diff| %.3g (largest |logit| %.3g)\n", what, n, worst, big);
@@ -146,8 +161,10 @@ static int fixture_prompt(const char *name, int32_t *tokens, int32_t *greedy) {
     json_t *t = json_object_get(p, "tokens"), *g = json_object_get(p, "greedy");
     int n = (int)json_array_size(t);
     assert_true(n > 0 && n + N_GEN <= MAX_POS && json_array_size(g) >= N_GEN);
-    for (int i = 0; i < n; i++) tokens[i] = (int32_t)json_integer_value(json_array_get(t, (size_t)i));
-    for (int i = 0; i < N_GEN; i++) greedy[i] = (int32_t)json_integer_value(json_array_get(g, (size_t)i));
+    for (int i = 0; i < n; i++)
+        tokens[i] = (int32_t)json_integer_value(json_array_get(t, (size_t)i));
+    for (int i = 0; i < N_GEN; i++)
+        greedy[i] = (int32_t)json_integer_value(json_array_get(g, (size_t)i));
     json_decref(r);
     return n;
 }
@@ -159,12 +176,14 @@ static void fixture_case(const char *name, const int *ns, int n_ns) {
     snprintf(dir, sizeof dir, HF_DIR "%s", name);
     run whole;
     run_model(&whole, dir, NULL, 0, prompt, n);
-    for (int g = 0; g < N_GEN; g++) assert_int_equal(whole.greedy[g], ref[g]);
+    for (int g = 0; g < N_GEN; g++)
+        assert_int_equal(whole.greedy[g], ref[g]);
     for (int i = 0; i < n_ns; i++) {
         run split;
         run_model(&split, dir, NULL, ns[i], prompt, n);
         compare(&whole, &split, name, ns[i], TOL);
-        for (int g = 0; g < N_GEN; g++) assert_int_equal(split.greedy[g], ref[g]);
+        for (int g = 0; g < N_GEN; g++)
+            assert_int_equal(split.greedy[g], ref[g]);
         free_run(&split);
     }
     free_run(&whole);
@@ -174,7 +193,8 @@ static void dummy_case_at(const char *file, const char *dtype, const int *ns, in
     char path[512];
     snprintf(path, sizeof path, "dummy:" TP_DIR "%s", file);
     int32_t prompt[21];
-    for (int i = 0; i < 21; i++) prompt[i] = (int32_t)((i * 37 + 11) % 250);
+    for (int i = 0; i < 21; i++)
+        prompt[i] = (int32_t)((i * 37 + 11) % 250);
     run whole;
     run_model(&whole, path, dtype, 0, prompt, 21);
     for (int i = 0; i < n_ns; i++) {

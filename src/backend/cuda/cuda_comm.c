@@ -27,7 +27,8 @@ int pt_cuda_nccl_init_all(void **comms, const int *devices, int n, char *msg, si
         free(c);
         return -1;
     }
-    for (int i = 0; i < n; i++) comms[i] = c[i];
+    for (int i = 0; i < n; i++)
+        comms[i] = c[i];
     free(c);
     return 0;
 }
