@@ -49,6 +49,12 @@
 #include "backend/comm.h"
 #include "model/model_int.h"
 
+/* One rank's forward of one chunk, on its thread. */
+typedef struct rank_job {
+    pt_model *m;
+    const pt_step *s;
+} rank_job;
+
 struct pt_tp {
     int n;
     bool ep; /* MoE layers expert parallel (else each expert sliced) */
@@ -60,6 +66,8 @@ struct pt_tp {
     pt_kv_cache *kv;      /* [n] each rank's view of the cache */
     pt_batch_view *views; /* [2n] */
     pt_step *steps;       /* [n] */
+    rank_job *jobs;       /* [n] */
+    pthread_t *threads;   /* [n] (0 unused: rank 0 runs on the caller's) */
 };
 
 /* Families whose forward is the shared pre-norm layer (blocks.c), which
@@ -334,6 +342,8 @@ void pt_tp_free(pt_tp *tp) {
     free(tp->kv);
     free(tp->views);
     free(tp->steps);
+    free(tp->jobs);
+    free(tp->threads);
     free(tp);
 }
 
@@ -349,6 +359,8 @@ int pt_model_split(pt_model *m, int n, const char *kernels, pt_err *err) {
     tp->kv = pt_xcalloc((size_t)n, sizeof *tp->kv);
     tp->views = pt_xcalloc(2 * (size_t)n, sizeof *tp->views);
     tp->steps = pt_xcalloc((size_t)n, sizeof *tp->steps);
+    tp->jobs = pt_xcalloc((size_t)n, sizeof *tp->jobs);
+    tp->threads = pt_xcalloc((size_t)n, sizeof *tp->threads);
     int threads = PT_MAX(1, m->be->n_threads / n);
     for (int r = 0; r < n; r++)
         if (!(tp->be[r] = pt_backend_cpu_new(threads, kernels ? kernels : "auto", err)) ||
@@ -398,11 +410,6 @@ static pt_kv_cache *rank_kv(pt_tp *tp, const pt_kv_cache *kv, int r) {
 }
 
 /* ---- The forward -------------------------------------------------------------- */
-
-typedef struct rank_job {
-    pt_model *m;
-    const pt_step *s;
-} rank_job;
 
 static void *rank_main(void *arg) {
     rank_job *j = arg;
