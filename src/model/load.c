@@ -307,7 +307,8 @@ int pt_model_load(pt_model **out, const char *path, const pt_model_opts *o, pt_e
     int rc =
         strncmp(path, "dummy:", 6) == 0 ? load_dummy(m, path + 6, o, err) : load_file(m, path, err);
     if (rc == 0) rc = finish_load(m, o, err);
-    if (rc == 0 && o->tensor_parallel > 1) rc = pt_model_split(m, o->tensor_parallel, o->kernels, err);
+    if (rc == 0 && o->tensor_parallel > 1)
+        rc = pt_model_split(m, o->tensor_parallel, o->kernels, err);
     if (rc) {
         pt_model_free(m);
         return -1;
