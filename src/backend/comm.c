@@ -1,6 +1,7 @@
 /*
  * comm.c - communicators (comm.h): the host kind, and the NCCL kind's
- * setup (its all_reduce is enqueued by the CUDA backend, cuda/cuda_comm.c).
+ * setup (NCCL itself, opened at run time, and its all_reduce are the CUDA
+ * backend's: cuda/cuda_comm.c).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -60,14 +61,15 @@ void pt_comm_host_all_reduce(pt_comm *c, int rank, float *buf, size_t count) {
 /* ---- NCCL ------------------------------------------------------------------- */
 
 #ifdef PETREL_NCCL
-/* cuda/cuda_comm.c */
+/* cuda/cuda_comm.c: NCCL, opened at run time */
+bool pt_cuda_nccl_available(void);
 int pt_cuda_nccl_init_all(void **comms, const int *devices, int n, char *msg, size_t cap);
 void pt_cuda_nccl_destroy(void *comm);
 #endif
 
 bool pt_comm_have_nccl(void) {
 #ifdef PETREL_NCCL
-    return true;
+    return pt_cuda_nccl_available();
 #else
     return false;
 #endif

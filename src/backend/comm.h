@@ -9,8 +9,9 @@
  *         buffer, a barrier.  All ranks end with the same floats, and the
  *         same ones from run to run (the order of the additions is fixed).
  *   nccl  ranks are CUDA devices (ncclCommInitAll, one process): the CUDA
- *         backend enqueues ncclAllReduce on its stream.  Built only with
- *         NCCL (cmake PETREL_NCCL); NCCL chooses its own summation order.
+ *         backend enqueues ncclAllReduce on its stream.  Built with nccl.h
+ *         (cmake PETREL_NCCL) and libnccl.so.2 found at run time; NCCL
+ *         chooses its own summation order.
  *
  * Model code reaches both through the all_reduce op (backend.h), which the
  * backend of each rank runs with the rank's index.
@@ -33,7 +34,8 @@ void pt_comm_free(pt_comm *c);
 
 int pt_comm_size(const pt_comm *c);
 int pt_comm_kind(const pt_comm *c);
-/* Whether this build can make NCCL communicators. */
+/* Whether NCCL communicators can be made: built with nccl.h, and
+ * libnccl.so.2 loads. */
 bool pt_comm_have_nccl(void);
 
 /* The host kind's all_reduce: rank's buf[count] becomes the sum over the

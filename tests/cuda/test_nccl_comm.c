@@ -13,7 +13,8 @@
  *    is captured too) give bit-identical logits to the same model without
  *    the communicator.
  *
- * Exits 77 (skipped) without a CUDA device or without NCCL in the build.
+ * Exits 77 (skipped) without a CUDA device, or without NCCL (a build
+ * without nccl.h, or libnccl.so.2 not on the library path).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -181,7 +182,7 @@ static void check_model(void) {
 
 int main(void) {
     if (!pt_comm_have_nccl()) {
-        printf("this build has no NCCL: skipped\n");
+        printf("no NCCL (a build without nccl.h, or libnccl.so.2 not found): skipped\n");
         return SKIP;
     }
     int devices = pt_backend_cuda_devices();
