@@ -71,9 +71,11 @@ struct pt_tp {
     pthread_t *threads;   /* [n] (0 unused: rank 0 runs on the caller's) */
 };
 
-/* Families whose forward is the shared pre-norm layer (blocks.c), which
- * is where the all_reduce calls are. */
-static const char *const tp_families[] = {"llama", "qwen3moe"};
+/* Families whose layers are the shared attention and FFN blocks
+ * (blocks.c), which is where the all_reduce calls are: the pre-norm layer
+ * (llama, qwen3moe), and Gemma 2/3's, whose norms after each block read
+ * the summed output. */
+static const char *const tp_families[] = {"llama", "qwen3moe", "gemma"};
 
 int pt_model_tp_ranks(const pt_model *m) {
     return m->tp ? m->tp->n : PT_MAX(m->n_ranks, 1);
@@ -114,7 +116,8 @@ static int check_split(const pt_model *m, int n, pt_err *err) {
     if (!known)
         return pt_fail(err,
                        "--tensor-parallel %d: the %s family (%s) is not split yet; the llama "
-                       "(llama, mistral, qwen2, qwen3) and qwen3moe families are",
+                       "(llama, mistral, qwen2, qwen3), qwen3moe and gemma (gemma2, "
+                       "gemma3_text) families are",
                        n, m->family->name, c->arch);
     if (!m->be->host_memory)
         return pt_fail(err, "--tensor-parallel %d: splitting runs on the cpu backend only so far",
@@ -265,6 +268,8 @@ static int shard_layer(const pt_tp *tp, const pt_model *m, pt_model *rm, int r, 
     R->ffn_norm = place(L->ffn_norm);
     R->q_norm = place(L->q_norm);
     R->k_norm = place(L->k_norm);
+    R->post_attn_norm = place(L->post_attn_norm); /* Gemma's, after each block */
+    R->post_ffn_norm = place(L->post_ffn_norm);
     R->wq = rows_view(&L->wq, q0, q);
     R->wk = rows_view(&L->wk, kv0, kv);
     R->wv = rows_view(&L->wv, kv0, kv);

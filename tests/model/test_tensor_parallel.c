@@ -18,8 +18,9 @@
  * their range (measured: at most 6.5e-5 relative).  The transformers fixtures also have
  * transformers' own greedy continuation, which the split model must give.
  *
- * Cases: Qwen3 and Qwen2 (biases on q, k, v; tied embeddings) and
- * Qwen3-MoE fixtures at N = 2 and 4 (their 4 heads and 2 KV heads: N = 4
+ * Cases: Qwen3, Qwen2 (biases on q, k, v; tied embeddings), Gemma 2 and 3
+ * (window layers, soft-capping, post-block norms) and Qwen3-MoE fixtures
+ * at N = 2 and 4 (their 4 heads and 2 KV heads: N = 4
  * replicates each KV head on two ranks); and two dummy configs with 8
  * heads, 2 KV heads and a vocabulary of 250 (not a multiple of N) at N =
  * 2, 4, 8: a dense Qwen2-shaped one in q8_0 (the column slices of Wo and
@@ -226,6 +227,15 @@ static void test_qwen2_bias_tied(void **state) {
     fixture_case("qwen2", ns, 2);
 }
 
+/* Gemma 2: window layers, score and logit soft-capping, norms after each
+ * block; Gemma 3: q/k norms, a rope base per layer kind. */
+static void test_gemma(void **state) {
+    (void)state;
+    static const int ns[] = {2, 4};
+    fixture_case("gemma2", ns, 2);
+    fixture_case("gemma3_text", ns, 2);
+}
+
 static void test_qwen3_moe(void **state) {
     (void)state;
     static const int ns[] = {2, 4};
@@ -284,7 +294,7 @@ static void test_refusals(void **state) {
     (void)state;
     expect_refused(HF_DIR "qwen3", 3, "attention heads (4) do not split evenly over 3 ranks");
     expect_refused(HF_DIR "qwen3", 8, "attention heads (4) do not split evenly over 8 ranks");
-    expect_refused(HF_DIR "gemma2", 2, "the gemma family (gemma2) is not split yet");
+    expect_refused(HF_DIR "qwen3_next", 2, "the qwen3next family (qwen3_next) is not split yet");
 }
 
 /* --tensor-parallel 1 on the CPU is the whole model's path: the same bits. */
@@ -315,6 +325,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_qwen2_bias_tied),
         cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_dummy_dense_q8_0),
         cmocka_unit_test(test_dummy_window_f32),
         cmocka_unit_test(test_dummy_moe_experts_q8_0),
