@@ -74,8 +74,33 @@ if(PETREL_CUDA)
     $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr -Xptxas=-warn-spills>)
   target_compile_definitions(petrel_backend PUBLIC PETREL_CUDA)
   target_link_libraries(petrel_backend PUBLIC CUDA::cudart CUDA::cublas)
+
+  # NCCL, for tensor parallel's all_reduce across GPUs (src/backend/comm.h,
+  # docs/tensor-parallel.md).  AUTO uses it when nccl.h and libnccl are
+  # found (the CUDA 13 toolkit on the build machines ships both).  It is
+  # compiled against nccl.h and opened at run time (cuda/cuda_comm.c:
+  # libnccl.so.2, else the library found here), not linked, so binaries
+  # start where NCCL is absent; the CUDA backend then lacks all_reduce.
+  set(PETREL_NCCL AUTO CACHE STRING "Use NCCL for tensor parallel: AUTO, ON or OFF")
+  set(petrel_nccl_found OFF)
+  if(NOT PETREL_NCCL STREQUAL "OFF")
+    find_path(PETREL_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME
+              PATH_SUFFIXES include)
+    find_library(PETREL_NCCL_LIBRARY NAMES libnccl.so.2 nccl HINTS ${CUDAToolkit_LIBRARY_DIR}
+                 ENV NCCL_HOME PATH_SUFFIXES lib lib64)
+    if(PETREL_NCCL_INCLUDE_DIR AND PETREL_NCCL_LIBRARY)
+      target_include_directories(petrel_backend PRIVATE ${PETREL_NCCL_INCLUDE_DIR})
+      target_compile_definitions(petrel_backend PUBLIC PETREL_NCCL)
+      target_compile_definitions(petrel_backend PRIVATE PETREL_NCCL_LIB="${PETREL_NCCL_LIBRARY}")
+      target_link_libraries(petrel_backend PUBLIC ${CMAKE_DL_LIBS})
+      set(petrel_nccl_found ON)
+    elseif(PETREL_NCCL STREQUAL "ON")
+      message(FATAL_ERROR "PETREL_NCCL=ON, but nccl.h and libnccl were not found "
+                          "(set NCCL_HOME, or -DPETREL_NCCL=OFF)")
+    endif()
+  endif()
   message(STATUS "Petrel: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
-                 "architectures ${CMAKE_CUDA_ARCHITECTURES})")
+                 "architectures ${CMAKE_CUDA_ARCHITECTURES}; NCCL ${petrel_nccl_found})")
 else()
   message(STATUS "Petrel: CUDA backend OFF")
 endif()

@@ -60,7 +60,7 @@ if [ "${1:-}" = --stage ]; then
     mkdir -p "$STAGE/lib"
     # Each target on its own: a half-written part of the tree must not stop
     # the others from being staged.
-    for t in petrel test_cuda_ops test_cuda_model test_cuda_kvq test_cuda_qmatmul bench_cuda_ops; do
+    for t in petrel test_cuda_ops test_cuda_model test_cuda_kvq test_cuda_qmatmul test_nccl_comm bench_cuda_ops; do
         if cmake --build build-cuda -j"$(nproc)" --target "$t" >"build-cuda/stage-$t.log" 2>&1; then
             f=build-cuda/$t; [ -x "$f" ] || f=build-cuda/tests/$t
             cp "$f" "$STAGE/" && echo "staged $t"
@@ -69,9 +69,11 @@ if [ "${1:-}" = --stage ]; then
         fi
     done
     # Libraries outside glibc, libstdc++ and CUDA: the GPU machine may lack them.
+    # NCCL (218 MB) is not carried: the GPU image's pip wheel nvidia-nccl-cu13
+    # has libnccl.so.2 (found below).
     for b in "$STAGE"/*; do [ -f "$b" ] && ldd "$b"; done |
         awk '/=> \// {print $3}' | sort -u |
-        grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda|libcudart|libcublas|libcublasLt)[.-]' |
+        grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda|libcudart|libcublas|libcublasLt|libnccl)[.-]' |
         while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
     for b in "$STAGE"/*; do [ -f "$b" ] && strip --strip-debug "$b"; done
     du -sh "$STAGE"
@@ -113,10 +115,10 @@ elif [ "$deps_ok" = 1 ] && command -v cmake >/dev/null && command -v nvcc >/dev/
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
          -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null &&
        cmake --build build-gpu -j"$(nproc)" --target petrel test_cuda_ops test_cuda_model \
-           test_cuda_kvq test_cuda_qmatmul bench_cuda_ops; then
+           test_cuda_kvq test_cuda_qmatmul test_nccl_comm bench_cuda_ops; then
         BIN=build-gpu/bin; mkdir -p "$BIN"
         cp build-gpu/petrel build-gpu/tests/test_cuda_ops build-gpu/tests/test_cuda_model \
-           build-gpu/tests/test_cuda_kvq build-gpu/tests/test_cuda_qmatmul \
+           build-gpu/tests/test_cuda_kvq build-gpu/tests/test_cuda_qmatmul build-gpu/tests/test_nccl_comm \
            build-gpu/tests/bench_cuda_ops "$BIN/" 2>/dev/null
     else
         stamp "build here failed; trying the staged build"
@@ -136,6 +138,12 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
     [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
 done
+# NCCL (tensor parallel): the toolkit's, or the pip wheel nvidia-nccl-cu13's
+for d in /usr/local/cuda/lib64 \
+         "$(python3 -c 'import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__)+"/lib")' 2>/dev/null)"; do
+    [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; break; }
+done
+export NCCL_NVLS_ENABLE=0 # never NVLink multicast (KINDS.md): shared GPUs
 export LD_LIBRARY_PATH
 export PETREL_SOURCE_DIR=$PWD
 for b in petrel test_cuda_ops bench_cuda_ops; do
@@ -155,7 +163,7 @@ if has tests; then
                 "$PETREL_FAMILY_AFFINE_DIR/$c-a$b" >/dev/null 2>&1 || echo "convert $c to $b bits failed"
         done
     done
-    for t in ${TESTS:-test_cuda_kvq test_cuda_ops test_cuda_qmatmul test_cuda_model}; do
+    for t in ${TESTS:-test_cuda_kvq test_cuda_ops test_cuda_qmatmul test_cuda_model test_nccl_comm}; do
         stamp "$t"
         timeout 300 "$BIN/$t"
         echo "$t: exit $?"

@@ -19,7 +19,8 @@ static const char *const op_names[PT_OP_COUNT] = {
     [PT_OP_GATHER_COLS] = "gather_cols", [PT_OP_SIGMOID_MUL] = "sigmoid_mul",
     [PT_OP_CONV1D_SILU] = "conv1d_silu", [PT_OP_GATED_DELTA] = "gated_delta",
     [PT_OP_RMSNORM_GATED] = "rmsnorm_gated", [PT_OP_COPY_COLS] = "copy_cols",
-    [PT_OP_MOE_ROUTE_GROUPED] = "moe_route_grouped",
+    [PT_OP_MOE_ROUTE_GROUPED] = "moe_route_grouped", [PT_OP_ALL_REDUCE] = "all_reduce",
+    [PT_OP_MOE_LOCAL] = "moe_local",
 };
 
 const char *pt_op_name(int kind) {
@@ -79,3 +80,13 @@ pt_backend *pt_backend_open(const char *device, int n_threads, const char *kerne
     pt_fail(err, "unknown device '%s' (cpu, cuda or cuda:N)", device);
     return NULL;
 }
+
+bool pt_backend_is_cuda(const char *device) {
+    return device && (strcmp(device, "cuda") == 0 || strncmp(device, "cuda:", 5) == 0);
+}
+
+#ifndef PETREL_CUDA
+int pt_backend_cuda_devices(void) {
+    return 0;
+}
+#endif

@@ -50,8 +50,8 @@ typedef struct pt_weight {
      * biases likewise, rows * (cols / group_size) elements each); nbytes
      * counts them all.  0 for a plain matrix, the only kind matmul takes. */
     int n_experts;
-    /* Tensor parallel (not yet): a sharded weight will say here which slice
-     * of the full matrix this device holds; 0 for now. */
+    /* Tensor parallel shards are plain matrices (row slices are views,
+     * column slices copies: model/tp.c), so nothing here marks them. */
     int pad_;
     size_t expert_stride;
     /* enum pt_weight_layout: how data is arranged.  The file's layout
@@ -189,8 +189,9 @@ typedef enum pt_op_kind {
     /* Multi-head latent attention and DeepSeek routing (issue 17): optional. */
     PT_OP_COPY_COLS,
     PT_OP_MOE_ROUTE_GROUPED,
-    /* Reserved, not implemented: PT_OP_ALL_REDUCE (tensor parallel), a sum of
-     * a buffer over the devices of a group after a row-sharded matmul. */
+    /* Tensor parallel (docs/tensor-parallel.md): optional. */
+    PT_OP_ALL_REDUCE,
+    PT_OP_MOE_LOCAL,
     PT_OP_COUNT
 } pt_op_kind;
 
@@ -315,7 +316,9 @@ typedef struct pt_op_moe_route {
 /* Matmul by expert id (ggml's mul_mat_id): for row t and slot j,
  * y[t][j] = x[t][x_slots > 1 ? j : 0] · W[ids[t][j]]ᵀ, with w a stack of
  * experts (n_experts > 0); x is [n][x_slots][w.cols], y [n][k][w.rows].
- * Reads only the experts some row selects, each once per call. */
+ * Reads only the experts some row selects, each once per call.  An id of
+ * -1 (moe_local: another rank's expert) skips its slot: y[t][j] is zero
+ * (the CPU backend; the CUDA one never sees one: it lacks moe_local). */
 typedef struct pt_op_matmul_id {
     float *y;
     const float *x;
@@ -449,6 +452,28 @@ typedef struct pt_op_moe_route_grouped {
 
 enum pt_moe_gating { PT_MOE_SOFTMAX, PT_MOE_SIGMOID };
 
+/* buf[count] = the sum of buf over the ranks of comm (backend/comm.h),
+ * in place (tensor parallel: the partial outputs of a row-parallel matmul).
+ * Every rank runs it, with its own buffer and count, in the same order of
+ * calls; afterwards every rank holds the same floats. */
+/* Expert parallel: this rank holds experts [first, first + count) of the
+ * routing's.  Each slot of ids[n][k] that chose one of them is renumbered
+ * from 0; every other slot becomes id -1 with weight 0, which matmul_id
+ * skips (a zero row) and moe_combine adds as nothing. */
+typedef struct pt_op_moe_local {
+    int32_t *ids;
+    float *weights;
+    int n, k, first, count;
+} pt_op_moe_local;
+
+typedef struct pt_op_all_reduce {
+    float *buf;
+    struct pt_comm *comm;
+    size_t count;
+    int rank;
+    int pad_;
+} pt_op_all_reduce;
+
 typedef struct pt_op {
     pt_op_kind kind;
     union {
@@ -477,6 +502,8 @@ typedef struct pt_op {
         pt_op_rmsnorm_gated rmsnorm_gated;
         pt_op_copy_cols copy_cols;
         pt_op_moe_route_grouped moe_route_grouped;
+        pt_op_all_reduce all_reduce;
+        pt_op_moe_local moe_local;
     };
 } pt_op;
 
@@ -821,6 +848,29 @@ static inline void pt_be_moe_route_grouped(pt_backend *be, const pt_op_moe_route
     pt_be_run(be, &o);
 }
 
+static inline void pt_be_moe_local(pt_backend *be, int32_t *ids, float *weights, int n, int k,
+                                   int first, int count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MOE_LOCAL;
+    o.moe_local.ids = ids, o.moe_local.weights = weights, o.moe_local.n = n;
+    o.moe_local.k = k, o.moe_local.first = first, o.moe_local.count = count;
+    pt_be_run(be, &o);
+}
+
+/* Runs even after a failure: the other ranks wait for this rank's part,
+ * and a rank that skipped it would leave them waiting for ever (its sum
+ * is garbage then, and so is theirs; each forward reports its error). */
+static inline void pt_be_all_reduce(pt_backend *be, struct pt_comm *comm, int rank, float *buf,
+                                    size_t count) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ALL_REDUCE;
+    o.all_reduce.buf = buf, o.all_reduce.comm = comm, o.all_reduce.count = count;
+    o.all_reduce.rank = rank;
+    be->ops->run(be, &o);
+}
+
 /* CPU backend.  n_threads <= 0 means one per online core.  kernels:
  * "auto" (the best this CPU supports), "avx2" or "portable". */
 pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err);
@@ -828,5 +878,10 @@ pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err);
 pt_backend *pt_backend_cuda_new(int device, pt_err *err);
 /* By name: "cpu" (also for NULL) or "cuda". */
 pt_backend *pt_backend_open(const char *device, int n_threads, const char *kernels, pt_err *err);
+/* CUDA devices this process sees; 0 without a driver, a device or a build
+ * with CUDA. */
+int pt_backend_cuda_devices(void);
+/* Whether a device name ("cpu", "cuda", "cuda:N") is a CUDA device. */
+bool pt_backend_is_cuda(const char *device);
 
 #endif

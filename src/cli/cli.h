@@ -57,6 +57,7 @@ typedef struct cli_model_args {
         *kv_disk, *kv_disk_size, *dummy_dtype;
     int threads, ctx, batch;
     int gpu_layers; /* -ngl; -1: not given */
+    int tensor_parallel; /* --tensor-parallel; 0: not given */
     uint64_t dummy_seed;
     bool verbose;
     bool no_tokenizer; /* set by commands that read token ids, not a flag */

@@ -19,6 +19,7 @@ cli_model_args cli_margs;
  * are in engine/gen_limits.c).  0 is the default where a help line says so. */
 static const pt_gen_limit k_cli_limits[] = {
     {"threads", "threads", 0, 4096, true},
+    {"tensor-parallel", "tensor-parallel", 1, 64, true},
     {"gpu-layers", "gpu-layers", 0, INT_MAX, true},
     {"ctx", "ctx", 0, INT_MAX, true},
     {"batch", "batch", 0, 1 << 20, true},
@@ -52,6 +53,7 @@ const cli_opt cli_model_opts[] = {
     {"gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "llama.cpp's -ngl/--n-gpu-layers, as device selection: N > 0 runs the whole model on cuda (no partial offload), 0 on the cpu"},
     {"n-gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "the same as --gpu-layers (also -ngl)"},
     {"threads", 't', CLI_INT, &cli_margs.threads, "N", "CPU threads (default: one per core)"},
+    {"tensor-parallel", 0, CLI_INT, &cli_margs.tensor_parallel, "N", "split the model over N ranks (Megatron-style: heads and FFN rows, one sum per block; docs/tensor-parallel.md). cpu: N > 1 runs the split reference forward, one thread per rank (for correctness, not speed); cuda: 1 runs through a one-rank NCCL communicator, N > 1 needs N GPUs and is not implemented yet (default: not split)"},
     {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx2, portable"},
     {"ctx", 'c', CLI_INT, &cli_margs.ctx, "N", "KV cache positions (default: min(model, 4096))"},
     {"ctx-size", 0, CLI_INT, &cli_margs.ctx, "N", "the same as --ctx (llama.cpp's spelling)"},
@@ -296,6 +298,7 @@ static int open_draft(pt_engine *e, const pt_engine_opts *target) {
     o.kv_budget = NULL, o.kv_disk = NULL, o.kv_disk_size = NULL;
     o.no_prefix_cache = true;
     o.no_tokenizer = true; /* pt_engine_attach_draft loads it to compare */
+    o.tensor_parallel = 0; /* the draft model runs whole */
     pt_engine *d;
     pt_err err = {{0}};
     if (pt_engine_open(&d, &o, &err)) {
@@ -347,7 +350,8 @@ int cli_open_engine_at(const char *path, pt_engine **e) {
                         .no_tokenizer = a->no_tokenizer,
                         .max_seqs = a->max_seqs,
                         .dummy_dtype = a->dummy_dtype,
-                        .dummy_seed = a->dummy_seed};
+                        .dummy_seed = a->dummy_seed,
+                        .tensor_parallel = a->tensor_parallel};
     int kt = pt_parse_kv_dtype(a->kv_type);
     if (kt < 0) {
         fprintf(stderr, "petrel: --kv-type '%s' is not f32, f16 or bf16\n", a->kv_type);

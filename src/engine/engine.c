@@ -3,6 +3,7 @@
  */
 #include "engine/engine.h"
 
+#include "backend/comm.h"
 #include "engine/core.h"
 #include "engine/runner.h"
 
@@ -146,6 +147,8 @@ uint64_t pt_engine_cache_salt(const pt_engine *e, const char *dummy_dtype, uint6
         XXH3_64bits_update(&st, t->data, k);
         XXH3_64bits_update(&st, (const char *)t->data + t->nbytes - k, k);
     }
+    int ranks = pt_model_tp_ranks(e->model); /* a split model's pages hold its ranks' layers */
+    if (ranks > 1) XXH3_64bits_update(&st, &ranks, sizeof ranks);
     char fmt[64];
     pt_kv_format_name(&e->kv.cfg, fmt, sizeof fmt);
     XXH3_64bits_update(&st, fmt, strlen(fmt));
@@ -153,8 +156,34 @@ uint64_t pt_engine_cache_salt(const pt_engine *e, const char *dummy_dtype, uint6
     return XXH3_64bits_digest(&st);
 }
 
+/* What --tensor-parallel N asks of the device, checked before any load. */
+static int check_tensor_parallel(const pt_engine_opts *o, pt_err *err) {
+    int n = o->tensor_parallel;
+    if (n < 0 || n > 64) return pt_fail(err, "--tensor-parallel %d: expected 1..64 ranks", n);
+    if (n <= 1 || !pt_backend_is_cuda(o->device)) return 0;
+    int found = pt_backend_cuda_devices();
+    if (found < n)
+        return pt_fail(err, "--tensor-parallel %d on cuda needs %d CUDA devices, found %d", n, n,
+                       found);
+    return pt_fail(err, "--tensor-parallel %d on cuda: the multi-GPU forward is not implemented "
+                        "yet (docs/tensor-parallel.md); --device cpu runs the split model's "
+                        "reference forward", n);
+}
+
+/* --tensor-parallel 1 on cuda: the model is the one rank of an NCCL
+ * communicator, so the forward runs the all_reduce ops (a sum over one
+ * rank) the way each GPU of a split model will. */
+static int attach_one_rank(pt_engine *e, const pt_engine_opts *o, pt_err *err) {
+    int device = strcmp(o->device, "cuda") == 0 ? 0 : atoi(o->device + 5);
+    pt_comm *c;
+    if (pt_comm_nccl_new(&c, &device, 1, err)) return -1;
+    pt_model_attach_comm(e->model, c, 0, true);
+    return pt_model_check_ops(e->model, err);
+}
+
 int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     *out = NULL;
+    if (check_tensor_parallel(o, err)) return -1;
     double t0 = pt_now();
     pt_engine *e = pt_xcalloc(1, sizeof *e);
     e->be = pt_backend_open(o->device, o->n_threads, o->kernels, err);
@@ -165,8 +194,12 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
     pt_model_opts mo = {.backend = e->be,
                         .max_batch = o->max_batch,
                         .dummy_dtype = o->dummy_dtype,
-                        .dummy_seed = o->dummy_seed};
+                        .dummy_seed = o->dummy_seed,
+                        .tensor_parallel = e->be->host_memory ? o->tensor_parallel : 0,
+                        .kernels = o->kernels};
     if (pt_model_load(&e->model, o->model_path, &mo, err)) goto fail;
+    if (o->tensor_parallel == 1 && pt_backend_is_cuda(o->device) && attach_one_rank(e, o, err))
+        goto fail;
     if (e->model->file && !o->no_tokenizer && pt_tokenizer_load(&e->tok, e->model->file, err))
         goto fail;
     if (e->tok && pt_tokenizer_n_vocab(e->tok) > e->model->cfg.vocab_size)

@@ -38,6 +38,11 @@ typedef struct pt_engine_opts {
                           * pool (kvcache.h); 0: unknown, the pool holds n_ctx */
     const char *dummy_dtype;
     uint64_t dummy_seed;
+    /* --tensor-parallel N (docs/tensor-parallel.md): 0 one model, today's
+     * path; N > 1 on the cpu the split model's reference forward; 1 on
+     * cuda the forward through a one-rank NCCL communicator; N > 1 on
+     * cuda needs N devices (and is not implemented yet). */
+    int tensor_parallel;
 } pt_engine_opts;
 
 typedef struct pt_engine {

@@ -31,6 +31,13 @@ static void project(pt_backend *be, float *y, const float *x, const pt_weight *w
     if (bias) pt_be_add_bias(be, y, bias, n, (int)w->rows);
 }
 
+/* Tensor parallel: y (count floats) becomes the sum over the ranks of
+ * their partial outputs of a row-parallel matmul (model/tp.c); nothing for
+ * a model that is not a rank. */
+static void reduce(pt_model *m, float *y, size_t count) {
+    if (m->comm) pt_be_all_reduce(m->be, m->comm, m->rank, y, count);
+}
+
 /* x = embed(tokens), times the config's embedding scale (Gemma: sqrt(dim)). */
 void pt_block_embed(pt_model *m, const pt_step *s) {
     pt_be_embed(m->be, m->ws->x, &m->tok_embd, m->ws->tokens, s->n);
@@ -95,7 +102,9 @@ void pt_block_attention(pt_model *m, int l, const pt_step *s) {
     } else {
         pt_be_attention(be, ws->att, ws->q, &kv, b, c->n_heads, p->attn_scale);
     }
-    project(be, ws->h, ws->att, &L->wo, L->bo, s->n);
+    pt_be_matmul(be, ws->h, ws->att, &L->wo, s->n);
+    reduce(m, ws->h, (size_t)s->n * c->dim); /* a rank's heads give part of h */
+    if (L->bo) pt_be_add_bias(be, ws->h, L->bo, s->n, c->dim);
 }
 
 /* y = act(gate) * up over count floats, the plan's activation. */
@@ -135,6 +144,8 @@ static void moe_ffn(pt_model *m, int l, const pt_step *s) {
         pt_be_moe_route(be, ws->moe_ids, ws->moe_w, ws->router, n, p->n_experts, k,
                         c->expert_renorm);
     }
+    if (m->expert_count) /* expert parallel: this rank's experts only; the others' slots add 0 */
+        pt_be_moe_local(be, ws->moe_ids, ws->moe_w, n, k, m->expert_first, m->expert_count);
     pt_be_matmul_id(be, ws->gate, ws->h, &L->w_gate, ws->moe_ids, n, k, 1);
     pt_be_matmul_id(be, ws->up, ws->h, &L->w_up, ws->moe_ids, n, k, 1);
     if (L->b_gate_exps) pt_be_add_id(be, ws->gate, L->b_gate_exps, ws->moe_ids, n, k, f);
@@ -147,6 +158,7 @@ static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     pt_be_matmul_id(be, ws->moe_out, ws->gate, &L->w_down, ws->moe_ids, n, k, k);
     if (L->b_down_exps) pt_be_add_id(be, ws->moe_out, L->b_down_exps, ws->moe_ids, n, k, c->dim);
     pt_be_moe_combine(be, ws->h, ws->moe_out, ws->moe_w, n, k, c->dim);
+    reduce(m, ws->h, (size_t)n * c->dim); /* a rank's experts (or slice of each) give part of h */
 }
 
 /* h = (act(h·Wgate) * h·Wup)·Wdown: a dense gated FFN (SwiGLU, or GeGLU
@@ -165,6 +177,7 @@ void pt_block_ffn(pt_model *m, int l, const pt_step *s) {
     pt_be_matmul(be, ws->up, ws->h, &L->w_up, n);
     gated(be, m->plan[l].act, ws->gate, ws->up, (size_t)n * m->plan[l].ffn_dim);
     pt_be_matmul(be, ws->h, ws->gate, &L->w_down, n);
+    reduce(m, ws->h, (size_t)n * m->cfg.dim); /* a rank's FFN rows give part of h */
 }
 
 /* x += h (every plan's residual scale is 1 so far). */
@@ -175,20 +188,28 @@ void pt_block_residual(pt_model *m, const pt_step *s) {
 
 /* Final norm and output projection for the wanted rows, PT_OUT_ROWS at a
  * time, straight into the caller's buffer; logits soft-capped if the config
- * says (Gemma 2). */
+ * says (Gemma 2).  A tensor-parallel rank's output head is its slice of
+ * the vocabulary (output.rows from vocab_first): it writes those columns
+ * of each row, and the ranks together fill the rows. */
 void pt_block_output(pt_model *m, const pt_step *s) {
     pt_backend *be = m->be;
     pt_workspace *ws = m->ws;
     const pt_model_config *c = &m->cfg;
+    size_t w = (size_t)m->output.rows, vocab = (size_t)c->vocab_size;
     for (int i = 0; i < s->n_out; i += PT_OUT_ROWS) {
         int k = PT_MIN(PT_OUT_ROWS, s->n_out - i);
         pt_be_gather_rows(be, ws->out_h, ws->x, ws->out_idx + i, k, c->dim);
         pt_be_rmsnorm(be, ws->out_h, ws->out_h, m->output_norm, k, c->dim, c->norm_eps);
         pt_be_matmul(be, ws->logits, ws->out_h, &m->output, k);
-        if (c->final_softcap > 0)
-            pt_be_softcap(be, ws->logits, c->final_softcap, (size_t)k * c->vocab_size);
-        be->ops->download(be, s->logits + (size_t)i * c->vocab_size, ws->logits,
-                          sizeof(float) * (size_t)k * c->vocab_size);
+        if (c->final_softcap > 0) pt_be_softcap(be, ws->logits, c->final_softcap, (size_t)k * w);
+        float *out = s->logits + (size_t)i * vocab;
+        if (w == vocab) {
+            be->ops->download(be, out, ws->logits, sizeof(float) * (size_t)k * vocab);
+            continue;
+        }
+        for (int j = 0; j < k; j++)
+            be->ops->download(be, out + (size_t)j * vocab + m->vocab_first, ws->logits + j * w,
+                              sizeof(float) * w);
     }
 }
 
@@ -203,6 +224,10 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
     *layer = -1;
     if (c->embed_scale > 0 && c->embed_scale != 1.0f && !pt_be_has_op(be, PT_OP_SCALE))
         return *why = "scaled embeddings", PT_OP_SCALE;
+    if (m->comm && !pt_be_has_op(be, PT_OP_ALL_REDUCE))
+        return *why = "tensor parallel", PT_OP_ALL_REDUCE;
+    if (m->expert_count && !pt_be_has_op(be, PT_OP_MOE_LOCAL))
+        return *why = "expert parallel", PT_OP_MOE_LOCAL;
     if (c->final_softcap > 0 && !pt_be_has_op(be, PT_OP_SOFTCAP))
         return *why = "soft-capped logits", PT_OP_SOFTCAP;
     static const int moe_ops[] = {PT_OP_MOE_ROUTE, PT_OP_MATMUL_ID, PT_OP_MOE_COMBINE};

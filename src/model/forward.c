@@ -77,8 +77,8 @@ static int state_rows(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, pt_
 /* Uploads rows [first, first+n) and the block tables (a grouped cache's
  * window tables after group 0's); fills the views (v[1]: the window
  * group's) and the indices of the rows whose logits are wanted. */
-static int upload_batch(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, int first, int n,
-                        pt_batch_view v[2], int *n_out, pt_err *err) {
+int pt_model_upload_batch(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, int first, int n,
+                          pt_batch_view v[2], int *n_out, pt_err *err) {
     pt_backend *be = m->be;
     pt_workspace *ws = m->ws;
     int max_pages = 1, n_groups = kv->grouped ? 2 : 1;
@@ -114,10 +114,11 @@ int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *log
      * an earlier one has moved a recurrent state */
     if (check_rows(m, kv, b, 0, b->n_tokens, err)) return -1;
     if (pt_model_recurrent(m) && state_rows(m, kv, b, err)) return -1;
+    if (m->tp) return pt_tp_forward(m, kv, b, logits, err); /* a split model: its ranks */
     for (int first = 0; first < b->n_tokens; first += m->max_batch) {
         int n = PT_MIN(m->max_batch, b->n_tokens - first), n_out;
         pt_batch_view v[2];
-        if (upload_batch(m, kv, b, first, n, v, &n_out, err)) return -1;
+        if (pt_model_upload_batch(m, kv, b, first, n, v, &n_out, err)) return -1;
         pt_step s = {.kv = kv, .b = &v[0], .bw = &v[1], .n = n, .n_out = n_out, .logits = logits};
         m->family->forward(m, &s);
         if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;

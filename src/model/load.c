@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/comm.h"
 #include "model/model_int.h"
 
 /* ---- Allocations owned by the model ----------------------------------------- */
@@ -51,7 +52,7 @@ void pt_model_free_owned(pt_model *m) {
 
 static int moe_workspace(pt_model *m, int cap, pt_err *err);
 
-static int workspace_init(pt_model *m, int cap, pt_err *err) {
+int pt_model_workspace_init(pt_model *m, int cap, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     pt_workspace *ws = pt_xcalloc(1, sizeof *ws);
     m->ws = ws;
@@ -251,7 +252,7 @@ static int finish_load(pt_model *m, const pt_model_opts *o, pt_err *err) {
     if (m->family->finish && m->family->finish(m, err)) return -1;
     if (rope_tables(m, err)) return -1;
     m->max_batch = o->max_batch > 0 ? o->max_batch : 512;
-    return workspace_init(m, m->max_batch, err);
+    return pt_model_workspace_init(m, m->max_batch, err);
 }
 
 static int load_dummy(pt_model *m, const char *spec, const pt_model_opts *o, pt_err *err) {
@@ -302,9 +303,12 @@ int pt_model_load(pt_model **out, const char *path, const pt_model_opts *o, pt_e
     if (!o || !o->backend) return pt_fail(err, "pt_model_load: no backend");
     pt_model *m = pt_xcalloc(1, sizeof *m);
     m->be = o->backend;
+    m->keep_layout = o->tensor_parallel > 1; /* the ranks slice the file's layout */
     int rc =
         strncmp(path, "dummy:", 6) == 0 ? load_dummy(m, path + 6, o, err) : load_file(m, path, err);
     if (rc == 0) rc = finish_load(m, o, err);
+    if (rc == 0 && o->tensor_parallel > 1)
+        rc = pt_model_split(m, o->tensor_parallel, o->kernels, err);
     if (rc) {
         pt_model_free(m);
         return -1;
@@ -315,6 +319,8 @@ int pt_model_load(pt_model **out, const char *path, const pt_model_opts *o, pt_e
 
 void pt_model_free(pt_model *m) {
     if (!m) return;
+    pt_tp_free(m->tp);
+    if (m->comm_owned) pt_comm_free(m->comm);
     workspace_free(m);
     pt_model_free_owned(m);
     free(m->layers);
@@ -379,6 +385,7 @@ int pt_model_kv_init_seqs(const pt_model *m, pt_kv_cache *kv, int n_positions, i
     kv_window_group(m, &kc, max_seqs, slack);
     for (int l = 0; l < c->n_layers && l < 64 * (int)PT_ARRAY_LEN(kc.no_kv); l++)
         if (m->plan[l].kv_layer != l) kc.no_kv[l / 64] |= 1ull << (l % 64);
+    if (m->tp) pt_tp_kv_config(m, &kc); /* every rank's layers, of its KV heads */
     if (pt_model_recurrent(m)) { /* group 2: the recurrent state, per sequence */
         int64_t conv_dim = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim +
                            (int64_t)c->lin_v_heads * c->lin_v_dim;

@@ -234,6 +234,12 @@ typedef struct pt_model_opts {
     int max_batch;        /* rows per forward call; default 512 */
     const char *dummy_dtype; /* dummy weights: "bf16", "f16", "f32", "q4_0", "affine4"... */
     uint64_t dummy_seed;
+    /* Tensor parallel (docs/tensor-parallel.md): > 1 splits the model over
+     * that many ranks, each on a CPU backend of its own (kernels as named,
+     * threads the backend's divided among them); 0 or 1: one model.  A
+     * host-memory backend only: the GPU side is pt_model_attach_comm. */
+    int tensor_parallel;
+    const char *kernels;
 } pt_model_opts;
 
 typedef struct pt_workspace pt_workspace;
@@ -256,8 +262,32 @@ typedef struct pt_model {
     int max_batch;
     pt_workspace *ws;
     void *owned; /* backend allocations to free (list) */
+    /* Tensor parallel (model/tp.c).  A rank of a split model: its weights
+     * are its shard, and its blocks sum their row-parallel outputs over
+     * comm (all_reduce); its output rows are the vocabulary [vocab_first,
+     * vocab_first + output.rows).  The model callers hold (the front) has
+     * tp set instead, and runs each forward as its ranks.  comm NULL and
+     * tp NULL: an ordinary model, today's forward op for op. */
+    struct pt_comm *comm;
+    int rank, n_ranks, vocab_first;
+    /* Expert parallel (a rank of a split MoE model): its expert stacks are
+     * the routing's experts [expert_first, expert_first + expert_count);
+     * 0: it holds every expert (or a slice of each). */
+    int expert_first, expert_count;
+    bool comm_owned;  /* comm is freed with the model (pt_model_attach_comm) */
+    bool keep_layout; /* weights stay in the file's layout (no repacking): a front
+                       * model's are sliced into ranks */
+    struct pt_tp *tp;
     struct pt_progress *progress; /* while weights are bound or made, else NULL */
 } pt_model;
+
+/* Makes m rank `rank` of communicator c (its blocks then all_reduce
+ * their row-parallel outputs), with every weight whole: a group of one,
+ * so that one GPU runs the tensor-parallel path (an NCCL communicator of
+ * one rank).  owned: c is freed with m. */
+void pt_model_attach_comm(pt_model *m, struct pt_comm *c, int rank, bool owned);
+/* Ranks of m's tensor-parallel group (1: unsplit). */
+int pt_model_tp_ranks(const pt_model *m);
 
 /* Loads a GGUF file, a Hugging Face directory, or (dummy weights) a
  * config.json / preset name prefixed "dummy:" e.g. "dummy:llama-1b". */

@@ -254,6 +254,27 @@ struct pt_workspace {
     int32_t *idx_ple;
 };
 
+/* The workspace for cap rows (load.c; a split model's ranks get theirs in tp.c). */
+int pt_model_workspace_init(pt_model *m, int cap, pt_err *err);
+/* Uploads rows [first, first + n) of b and the block tables into m's
+ * workspace, fills the views (v[1]: the window group's) and counts the
+ * rows whose logits are wanted (forward.c). */
+int pt_model_upload_batch(pt_model *m, const pt_kv_cache *kv, const pt_batch *b, int first, int n,
+                          pt_batch_view v[2], int *n_out, pt_err *err);
+
+/* ---- Tensor parallel (tp.c) ---------------------------------------------------- */
+
+typedef struct pt_tp pt_tp;
+/* Splits loaded model m over n ranks on CPU backends of their own
+ * (m->tp); -1 with the reason if its family or shapes do not split. */
+int pt_model_split(pt_model *m, int n, const char *kernels, pt_err *err);
+void pt_tp_free(pt_tp *tp);
+/* The KV geometry of a split model: n x n_layers layers of its ranks' KV
+ * heads (rank r's layer l is r * n_layers + l). */
+void pt_tp_kv_config(const pt_model *m, pt_kv_config *kc);
+/* pt_model_forward of a split model, after the batch checks. */
+int pt_tp_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits, pt_err *err);
+
 /* Grows the block-table buffers to need entries (load.c). */
 int pt_workspace_block_table(pt_model *m, size_t need, pt_err *err);
 

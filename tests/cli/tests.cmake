@@ -71,3 +71,9 @@ add_test(NAME cli/progress_modes
                  ${CMAKE_CURRENT_LIST_DIR}/progress_modes.py $<TARGET_FILE:petrel>)
 set_tests_properties(cli/progress_modes PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
                      TIMEOUT 600 SKIP_RETURN_CODE 77)
+
+# --tensor-parallel N: the split reference forward gives the same greedy
+# text; refusals name what does not split and the devices it needs.
+add_test(NAME cli/tensor_parallel
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/tensor_parallel.sh $<TARGET_FILE:petrel>)
+set_tests_properties(cli/tensor_parallel PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} TIMEOUT 300)

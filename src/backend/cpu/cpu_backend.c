@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/comm.h"
 #include "backend/repack.h"
 
 /* Below this many elements an op runs on the calling thread alone: waking
@@ -165,13 +166,25 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
     case PT_OP_RMSNORM_GATED: pt_cpu_rmsnorm_gated(be, &o->rmsnorm_gated); return true;
     case PT_OP_COPY_COLS: pt_cpu_copy_cols(be, &o->copy_cols); return true;
     case PT_OP_MOE_ROUTE_GROUPED: pt_cpu_moe_route_grouped(be, &o->moe_route_grouped); return true;
+    case PT_OP_ALL_REDUCE: {
+        const pt_op_all_reduce *a = &o->all_reduce;
+        if (pt_comm_kind(a->comm) != PT_COMM_HOST)
+            pt_cpu_die("all_reduce: the cpu backend takes host communicators only");
+        pt_comm_host_all_reduce(a->comm, a->rank, a->buf, a->count);
+        return true;
+    }
+    case PT_OP_MOE_LOCAL: {
+        const pt_op_moe_local *a = &o->moe_local;
+        pt_cpu_moe_local(a->ids, a->weights, a->n, a->k, a->first, a->count);
+        return true;
+    }
     default: return false;
     }
 }
 
 /* One op record, run now on the thread pool: the CPU's only op entry. */
 static void cpu_run_op(pt_backend *be, const pt_op *o) {
-    if (injected_fault(pt_cpu(be), o)) {
+    if (o->kind != PT_OP_ALL_REDUCE && injected_fault(pt_cpu(be), o)) {
         pt_be_fail(be, pt_op_name(o->kind), "injected fault (PETREL_FAULT_OP)");
         return;
     }

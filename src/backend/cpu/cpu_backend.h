@@ -101,6 +101,9 @@ void pt_cpu_moe_route(pt_backend *be, int32_t *ids, float *weights, const float 
                       int n_experts, int k, bool renorm);
 void pt_cpu_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight *w,
                       const int32_t *ids, int n, int k, int x_slots);
+/* Expert parallel: keeps the slots of experts [first, first + count),
+ * renumbered; others become id -1, weight 0 (backend.h: moe_local). */
+void pt_cpu_moe_local(int32_t *ids, float *weights, int n, int k, int first, int count);
 void pt_cpu_moe_combine(pt_backend *be, float *y, const float *x, const float *weights, int n,
                         int k, int d);
 /* cpu_recurrent.c: hybrid recurrent layers (Gated DeltaNet) */

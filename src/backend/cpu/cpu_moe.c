@@ -94,15 +94,18 @@ static void copy_task(void *ctx, int ith, int nth) {
 }
 
 /* Pairs (row * k + slot) sorted by expert: expert e's are
- * order[first[e] .. first[e + 1]).  first has n_experts + 1 entries. */
+ * order[first[e] .. first[e + 1]).  first has n_experts + 1 entries.
+ * Skipped pairs (id -1) are left out. */
 static void sort_by_expert(const int32_t *ids, int pairs, int n_experts, int32_t *order,
                            int32_t *first) {
     memset(first, 0, sizeof(int32_t) * (size_t)(n_experts + 1));
-    for (int i = 0; i < pairs; i++) first[ids[i] + 1]++;
+    for (int i = 0; i < pairs; i++)
+        if (ids[i] >= 0) first[ids[i] + 1]++;
     for (int e = 0; e < n_experts; e++) first[e + 1] += first[e];
     int32_t *fill = first + n_experts + 1; /* scratch cursor per expert */
     memcpy(fill, first, sizeof(int32_t) * (size_t)n_experts);
-    for (int i = 0; i < pairs; i++) order[fill[ids[i]]++] = i;
+    for (int i = 0; i < pairs; i++)
+        if (ids[i] >= 0) order[fill[ids[i]]++] = i;
 }
 
 void pt_cpu_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight *w,
@@ -112,10 +115,12 @@ void pt_cpu_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight 
     if (E <= 0) pt_cpu_die("matmul_id: weight is not a stack of experts");
     if (k <= 0 || (x_slots != 1 && x_slots != k))
         pt_cpu_die("matmul_id: %d input slots for top %d", x_slots, k);
-    for (int i = 0; i < pairs; i++)
-        if (ids[i] < 0 || ids[i] >= E) pt_cpu_die("matmul_id: expert id %d of %d", ids[i], E);
-    if (pairs <= 0) return;
     int64_t rows = w->rows, cols = w->cols;
+    for (int i = 0; i < pairs; i++) {
+        if (ids[i] < -1 || ids[i] >= E) pt_cpu_die("matmul_id: expert id %d of %d", ids[i], E);
+        if (ids[i] < 0) memset(y + (int64_t)i * rows, 0, sizeof(float) * (size_t)rows); /* skipped */
+    }
+    if (pairs <= 0) return;
     /* one buffer: order [pairs], first [2E + 1], then gathered x and y rows */
     size_t ints = (size_t)pairs + 2 * (size_t)E + 1, head = (ints * 4 + 63) & ~(size_t)63;
     size_t bytes = head + 4 * (size_t)pairs * (size_t)(cols + rows);
@@ -168,4 +173,17 @@ void pt_cpu_moe_combine(pt_backend *be, float *y, const float *x, const float *w
                         int k, int d) {
     combine_job j = {y, x, weights, n, k, d};
     pt_cpu_run(pt_cpu(be), combine_task, &j, (double)n * k * d);
+}
+
+/* ---- moe_local (expert parallel) ------------------------------------------------ */
+
+void pt_cpu_moe_local(int32_t *ids, float *weights, int n, int k, int first, int count) {
+    for (int64_t i = 0; i < (int64_t)n * k; i++) {
+        if (ids[i] >= first && ids[i] < first + count) {
+            ids[i] -= first;
+        } else {
+            ids[i] = -1;
+            weights[i] = 0;
+        }
+    }
 }

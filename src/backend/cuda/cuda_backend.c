@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/comm.h"
 #include "backend/cuda/cuda_family.h"
 #include "backend/cuda/cuda_host.h"
 
@@ -397,6 +398,7 @@ static void exec_moe_route(cuda_backend *cb, const pt_op_moe_route *a) {
 void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
     const cu_ctx *c = &cb->ctx;
     switch (o->kind) {
+    case PT_OP_ALL_REDUCE: cuda_all_reduce(cb, &o->all_reduce); break;
     case PT_OP_MATMUL:
         if (is_quantized(o->matmul.w.dtype)) exec_qmatmul(cb, &o->matmul);
         else exec_matmul(cb, &o->matmul);
@@ -771,7 +773,8 @@ static void cuda_destroy(pt_backend *be) {
  * mid-forward. */
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
-    return kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED;
+    return (kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED) ||
+           (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
 }
 
 static const pt_backend_ops cuda_ops = {

@@ -94,6 +94,9 @@ void cuda_flush(cuda_backend *cb);
 /* Forgets every captured graph (they hold scratch pointers that moved). */
 void cuda_drop_graphs(cuda_backend *cb);
 
+/* cuda_comm.c: enqueues ncclAllReduce (fails the op without NCCL). */
+void cuda_all_reduce(cuda_backend *cb, const pt_op_all_reduce *a);
+
 /* cuda_bandwidth.c */
 double cuda_read_bandwidth(pt_backend *be);
 
