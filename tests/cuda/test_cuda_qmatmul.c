@@ -673,6 +673,10 @@ int main(void) {
         cmocka_unit_test(test_qmatmul_id_invariance),
         cmocka_unit_test(test_qmatmul_id_mxfp4),
     };
+    /* CMOCKA_FILTER / CMOCKA_SKIP (patterns with * and ?): a subset, for
+     * short device runs */
+    if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
+    if (getenv("CMOCKA_SKIP")) cmocka_set_skip_filter(getenv("CMOCKA_SKIP"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
     return rc;
