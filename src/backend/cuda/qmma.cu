@@ -57,8 +57,9 @@
 #define QX_THREADS (QX_WARPS * 32)
 #define QX_BN (QX_WARPS * 32) /* weight rows per block */
 #define QX_KT 256             /* columns per stage */
-#define QX_AROW (QX_KT * 2 + 16) /* bytes of a token's stage: padded so the 8 rows of
-                                    an ldmatrix fall in distinct banks */
+/* bytes of a token's activations in a stage: padded so the 8 rows of an
+ * ldmatrix fall in distinct banks */
+#define QX_AROW (QX_KT * 2 + 16)
 #define QX_MAX_SPLITS 16
 #define QX_COUNTERS 4096 /* tiles that may split K at once */
 
@@ -123,13 +124,13 @@ __device__ __forceinline__ void qx_decode(const uint8_t *b, int t, uint32_t p[2]
         uint32_t q = lds16(b + 2 + 2 * t) | lds16(b + 10 + 2 * t) << 16;
         uint32_t q1 = q >> 8;
         const uint32_t LO = 0x000F000Fu, HI = 0x00F000F0u, EX = 0x64006400u;
-        const __half2 k1032 = u2h(0x64086408u);          /* 1024 + 8 */
-        const __half2 k16 = u2h(0x2C002C00u);            /* 1/16 */
-        const __half2 km72 = u2h(0xD480D480u);           /* -(64 + 8) */
+        const __half2 k1032 = u2h(0x64086408u); /* 1024 + 8 */
+        const __half2 k16 = u2h(0x2C002C00u);   /* 1/16 */
+        const __half2 km72 = u2h(0xD480D480u);  /* -(64 + 8) */
         /* 1024 + n - 1032 and (1024 + 16 n) / 16 - 72 are exact */
-        p[0][0] = h2u(__hmul2(__hsub2(u2h((q & LO) | EX), k1032), d));   /* 2t, 2t+8 */
-        p[0][1] = h2u(__hmul2(__hsub2(u2h((q1 & LO) | EX), k1032), d));  /* 2t+1, 2t+9 */
-        p[1][0] = h2u(__hmul2(__hfma2(u2h((q & HI) | EX), k16, km72), d));  /* +16 */
+        p[0][0] = h2u(__hmul2(__hsub2(u2h((q & LO) | EX), k1032), d));     /* 2t, 2t+8 */
+        p[0][1] = h2u(__hmul2(__hsub2(u2h((q1 & LO) | EX), k1032), d));    /* 2t+1, 2t+9 */
+        p[1][0] = h2u(__hmul2(__hfma2(u2h((q & HI) | EX), k16, km72), d)); /* +16 */
         p[1][1] = h2u(__hmul2(__hfma2(u2h((q1 & HI) | EX), k16, km72), d));
     } else {
         const __half2 k1152 = u2h(0x64806480u); /* 1024 + 128 */
@@ -184,8 +185,8 @@ __device__ __forceinline__ void qx_load(uint8_t *smem, const cu_qweight &w, cons
 /* Grid: (token tiles of BM, row tiles of QX_BN, K splits of kt_per stages). */
 template <int F, int BM>
 __global__ void __launch_bounds__(QX_THREADS, 1)
-    qmma_kernel(float *y, const __half *xa, cu_qweight w, int M, int64_t kp, int stride,
-                int kt_per, float *part, int *counters) {
+    qmma_kernel(float *y, const __half *xa, cu_qweight w, int M, int64_t kp, int stride, int kt_per,
+                float *part, int *counters) {
     typedef qx_fmt<F> Q;
     const int NT = BM / 8, S = Q::stages;
     extern __shared__ __align__(16) uint8_t qx_smem_buf[];
@@ -204,13 +205,15 @@ __global__ void __launch_bounds__(QX_THREADS, 1)
      * activations after */
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
-        if (s < nkt) qx_load<F, BM>(qx_smem_buf, w, xa, kp, M, m0, r0, stride, stage_bytes, s,
-                                    kt0 + s, true, false);
+        if (s < nkt)
+            qx_load<F, BM>(qx_smem_buf, w, xa, kp, M, m0, r0, stride, stage_bytes, s, kt0 + s, true,
+                           false);
     cu_grid_wait();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < nkt) qx_load<F, BM>(qx_smem_buf, w, xa, kp, M, m0, r0, stride, stage_bytes, s,
-                                    kt0 + s, false, true);
+        if (s < nkt)
+            qx_load<F, BM>(qx_smem_buf, w, xa, kp, M, m0, r0, stride, stage_bytes, s, kt0 + s,
+                           false, true);
         cp_async_commit();
     }
 
@@ -220,7 +223,8 @@ __global__ void __launch_bounds__(QX_THREADS, 1)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+            for (int e = 0; e < 4; e++)
+                acc[i][j][e] = 0.f;
 
     /* this lane's 4 weight rows: warp's 32, m tile mt, half h (g or g + 8) */
     int64_t myrow[2][2];
@@ -236,8 +240,8 @@ __global__ void __launch_bounds__(QX_THREADS, 1)
         cp_async_wait<S - 2>();
         __syncthreads(); /* stage it is in for every thread; slot it - 1 is free */
         if (it + S - 1 < nkt)
-            qx_load<F, BM>(qx_smem_buf, w, xa, kp, M, m0, r0, stride, stage_bytes,
-                           (it + S - 1) % S, kt0 + it + S - 1, true, true);
+            qx_load<F, BM>(qx_smem_buf, w, xa, kp, M, m0, r0, stride, stage_bytes, (it + S - 1) % S,
+                           kt0 + it + S - 1, true, true);
         cp_async_commit();
 
         const uint8_t *st = qx_smem_buf + (size_t)(it % S) * stage_bytes;
@@ -346,7 +350,8 @@ __global__ void qx_act_kernel(__half *xa, const float *x, int M, int64_t cols, i
         }
     } else {
 #pragma unroll
-        for (int q = 0; q < 16; q++) v[q] = 0.f;
+        for (int q = 0; q < 16; q++)
+            v[q] = 0.f;
     }
     uint32_t o[8];
 #pragma unroll
@@ -458,16 +463,22 @@ extern "C" int cu_qmma(const cu_ctx *c, float *y, const float *x, const cu_qweig
     const int64_t threads = (int64_t)n * (kp / 16);
     const unsigned blocks = (unsigned)CU_DIV_UP(threads, (int64_t)256);
     __half *xa = (__half *)act;
-    if (w->fmt == CU_Q4_0) CU_LAUNCH((qx_act_kernel<true>), blocks, 256, 0, c, xa, x, n, w->cols, kp);
-    else CU_LAUNCH((qx_act_kernel<false>), blocks, 256, 0, c, xa, x, n, w->cols, kp);
+    if (w->fmt == CU_Q4_0)
+        CU_LAUNCH((qx_act_kernel<true>), blocks, 256, 0, c, xa, x, n, w->cols, kp);
+    else
+        CU_LAUNCH((qx_act_kernel<false>), blocks, 256, 0, c, xa, x, n, w->cols, kp);
     const cu_qweight ww = *w;
     float *pf = (float *)part;
     if (w->fmt == CU_Q4_0) {
-        if (p.bm == 32) qx_launch<CU_Q4_0, 32>(c, p, y, xa, ww, n, pf, counters);
-        else qx_launch<CU_Q4_0, 64>(c, p, y, xa, ww, n, pf, counters);
+        if (p.bm == 32)
+            qx_launch<CU_Q4_0, 32>(c, p, y, xa, ww, n, pf, counters);
+        else
+            qx_launch<CU_Q4_0, 64>(c, p, y, xa, ww, n, pf, counters);
     } else {
-        if (p.bm == 32) qx_launch<CU_Q8_0, 32>(c, p, y, xa, ww, n, pf, counters);
-        else qx_launch<CU_Q8_0, 64>(c, p, y, xa, ww, n, pf, counters);
+        if (p.bm == 32)
+            qx_launch<CU_Q8_0, 32>(c, p, y, xa, ww, n, pf, counters);
+        else
+            qx_launch<CU_Q8_0, 64>(c, p, y, xa, ww, n, pf, counters);
     }
     return 0;
 }
