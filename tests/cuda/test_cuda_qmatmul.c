@@ -590,7 +590,8 @@ static size_t count_differing(const qmat *m, int n, pt_backend *other) {
     int rows = (int)m->w[GPU].rows, cols = (int)m->w[GPU].cols;
     size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
     float *x = malloc(sizeof(float) * nx);
-    for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frand(-1, 1);
     void *dx = to_backend(GPU, x, sizeof(float) * nx);
     void *y1 = be[GPU]->ops->alloc(be[GPU], sizeof(float) * ny);
     void *y2 = be[GPU]->ops->alloc(be[GPU], sizeof(float) * ny);
@@ -600,7 +601,8 @@ static size_t count_differing(const qmat *m, int n, pt_backend *other) {
     float *h2 = malloc(sizeof(float) * ny);
     other->ops->download(other, h2, y2, sizeof(float) * ny);
     size_t diff = 0;
-    for (size_t i = 0; i < ny; i++) diff += h1[i] != h2[i];
+    for (size_t i = 0; i < ny; i++)
+        diff += h1[i] != h2[i];
     be[GPU]->ops->free(be[GPU], dx, sizeof(float) * nx);
     be[GPU]->ops->free(be[GPU], y1, sizeof(float) * ny);
     be[GPU]->ops->free(be[GPU], y2, sizeof(float) * ny);
@@ -634,7 +636,8 @@ static void test_qmma(void **state) {
     for (size_t fi = 0; fi < PT_ARRAY_LEN(fs); fi++) {
         for (size_t ci = 0; ci < PT_ARRAY_LEN(cases); ci++) {
             qmat m = qmat_new(fs[fi], cases[ci].rows, cases[ci].cols);
-            for (int i = 0; cases[ci].ns[i]; i++) one_matmul(fs[fi], &m, cases[ci].ns[i]);
+            for (int i = 0; cases[ci].ns[i]; i++)
+                one_matmul(fs[fi], &m, cases[ci].ns[i]);
             size_t d = count_differing(&m, cases[ci].ns[0], off);
             print_message("qmma %s %dx%d: %zu of %d outputs differ from the cuBLAS path\n",
                           fname(fs[fi], fb, sizeof fb), cases[ci].rows, cases[ci].cols, d,

@@ -272,18 +272,24 @@ static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
                "matmul (cublasGemmEx)");
 }
 
-/* Whether an n-row matmul by w takes the tensor-core GEMM (qmma.cu). */
-static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, int n) {
-    return n > cb->qgemv_max && n <= cb->qmma_max && cb->qmma_cnt && cu_qmma_takes(w, n);
+/* Whether an n-row matmul of x by w takes the tensor-core GEMM (qmma.cu);
+ * decided the same way when the op is recorded (its scratch) and run, so
+ * a call it takes never falls back to the cuBLAS path, whose weight
+ * scratch was not grown. */
+static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
+    return n > cb->qgemv_max && n <= cb->qmma_max && cb->qmma_cnt && ((uintptr_t)x & 15) == 0 &&
+           cu_qmma_takes(w, n);
 }
 
 static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     cu_qweight w = qweight_of(&a->w);
     int n = a->n;
     if (n <= cb->qgemv_max && cu_qgemv(&cb->ctx, a->y, a->x, &w, n) == 0) return;
-    if (use_qmma(cb, &w, n) &&
-        cu_qmma(&cb->ctx, a->y, a->x, &w, n, cb->act16, cb->qmma_part, cb->qmma_cnt) == 0)
+    if (use_qmma(cb, &w, a->x, n)) {
+        if (cu_qmma(&cb->ctx, a->y, a->x, &w, n, cb->act16, cb->qmma_part, cb->qmma_cnt))
+            cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
         return;
+    }
     /* Prefill: the weight as f16 into scratch, then the tensor cores. */
     if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w))
         cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
@@ -652,10 +658,12 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         if (is_quantized(a->w.dtype)) {
             if (a->n <= cb->qgemv_max) return 0;
             cu_qweight w = qweight_of(&a->w);
-            if (use_qmma(cb, &w, a->n))
-                return grow(cb, &cb->act16, &cb->act16_cap, cu_qmma_act_bytes(&w, a->n), name) ||
-                       grow(cb, &cb->qmma_part, &cb->qmma_part_cap,
-                            cu_qmma_part_bytes(&cb->ctx, &w, a->n), name) ? -1 : 0;
+            if (use_qmma(cb, &w, a->x, a->n)) {
+                size_t part = cu_qmma_part_bytes(&cb->ctx, &w, a->n);
+                if (grow(cb, &cb->act16, &cb->act16_cap, cu_qmma_act_bytes(&w, a->n), name))
+                    return -1;
+                return grow(cb, &cb->qmma_part, &cb->qmma_part_cap, part, name);
+            }
             size_t wneed = (size_t)a->w.rows * (size_t)a->w.cols * 2;
             return grow(cb, &cb->wdeq, &cb->wdeq_cap, wneed, name) ||
                    grow(cb, &cb->act16, &cb->act16_cap, act, name) ? -1 : 0;

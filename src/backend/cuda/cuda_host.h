@@ -43,7 +43,7 @@ typedef struct cuda_backend {
     size_t wdeq_cap;
     void *qmma_part; /* qmma.cu: partial sums of K splits */
     size_t qmma_part_cap;
-    int *qmma_cnt; /* qmma.cu: a counter per tile whose K is split */
+    int *qmma_cnt;      /* qmma.cu: a counter per tile whose K is split */
     void *attn_scratch; /* split-context partial results */
     size_t attn_cap;
     void *moe_scratch; /* matmul_id: pairs sorted by expert */
