@@ -875,8 +875,10 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
-    /* the tensor-core GEMM up to 256 rows: past that, dequantizing to f16
-     * once and cuBLAS were faster (docs/cuda.md, "Tensor-core GEMM") */
+    /* the tensor-core GEMM up to 256 rows: prefill steps (512 rows) stay
+     * on dequantize + cuBLAS, whose large-M speed a mma.sync kernel is not
+     * expected to reach; the crossover is not measured yet (docs/cuda.md,
+     * "Tensor-core GEMM") */
     cb->qmma_max = env_int("PETREL_CUDA_QMMA", 1) ? env_int("PETREL_CUDA_QMMA_MAX", 256) : 0;
     if (cb->qmma_max > 0 && cu_qmma_init(&cb->qmma_cnt)) cb->qmma_max = 0;
     const char *attn = getenv("PETREL_CUDA_ATTN");
