@@ -24,7 +24,12 @@
 #                                     identical on the GPU, 8B decode,
 #                                     batched decode, prefix reuse,
 #                                     oracle speculation; prof = every op
-#                                     timed alone, 1 and 64 sequences
+#                                     timed alone, 1 and 64 sequences;
+#                                     qmma = the q4_0/q8_0 tensor-core GEMM
+#                                     (qmma.cu): its tests, then profile and
+#                                     batched decode with PETREL_CUDA_QMMA
+#                                     =0 and =1, bf16 for reference, and
+#                                     prefill with it forced to 4096 rows
 #
 # The llama phase: the 8B-shape F16 GGUF (make-llama8b-gguf.py, needs
 # torch and llama.cpp's gguf-py), llama-quantize to LLAMA_QUANTS (default
@@ -267,6 +272,31 @@ if has prof; then
             done
         done
     done
+fi
+
+if has qmma; then
+    stamp "qmma: test_qmatmul and test_qmma"
+    CMOCKA_FILTER='test_qm*' CMOCKA_SKIP='test_qmatmul_*' timeout 120 "$BIN/test_cuda_qmatmul" \
+        >"$OUT/qmma-test.txt" 2>&1
+    echo "test_qmatmul + test_qmma: exit $?"; grep -E "qmma|PASSED|FAILED|matmul q" "$OUT/qmma-test.txt" | tail -20
+    M="--device cuda -m dummy:llama-8b"
+    for q in 0 1; do
+        stamp "PETREL_CUDA_QMMA=$q PETREL_CUDA_PROFILE=64, q4_0, 64 sequences"
+        PETREL_CUDA_QMMA=$q PETREL_CUDA_PROFILE=64 timeout 120 "$BIN/petrel" bench $M \
+            --dummy-dtype q4_0 -p 128 -d 0 -g 64 -r 1 -P 64 >"$OUT/qmma-prof$q.txt" 2>&1
+        echo "exit $?"; grep -v "making dummy" "$OUT/qmma-prof$q.txt" | tail -30
+    done
+    for arm in q4_0:1 q4_0:0 bf16:1; do
+        dt=${arm%:*} q=${arm#*:}
+        stamp "PETREL_CUDA_QMMA=$q petrel bench $dt -p 512,4096 -P 1,8,32,64"
+        PETREL_CUDA_QMMA=$q timeout 200 "$BIN/petrel" bench $M --dummy-dtype "$dt" -p 512,4096 -d 0 \
+            -g 64 -P 1,8,32,64 >"$OUT/qmma-bench-$dt-$q.txt" 2>&1
+        echo "exit $?"; grep -v "making dummy" "$OUT/qmma-bench-$dt-$q.txt" | tail -14
+    done
+    stamp "PETREL_CUDA_QMMA_MAX=4096: prefill on the tensor-core GEMM"
+    PETREL_CUDA_QMMA_MAX=4096 timeout 120 "$BIN/petrel" bench $M --dummy-dtype q4_0 -p 512,4096 -d 0 \
+        -g 16 -r 2 -P 64 >"$OUT/qmma-bench-max.txt" 2>&1
+    echo "exit $?"; grep -v "making dummy" "$OUT/qmma-bench-max.txt" | tail -12
 fi
 
 if has qmodels; then

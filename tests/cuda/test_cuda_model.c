@@ -439,6 +439,9 @@ int main(void) {
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),
     };
+    /* CMOCKA_FILTER / CMOCKA_SKIP (patterns with * and ?): a subset */
+    if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
+    if (getenv("CMOCKA_SKIP")) cmocka_set_skip_filter(getenv("CMOCKA_SKIP"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
     return rc;

@@ -19,6 +19,14 @@
  * a multiple of the rows per block, and rows long enough that a warp of
  * the coalesced q4_0/q8_0 GEMV takes two steps (20736 columns).
  *
+ * test_qmma: q4_0 and q8_0 at 17..256 token rows take the tensor-core
+ * GEMM (qmma.cu; 257 rows: cuBLAS), same bounds as the cuBLAS path (w and
+ * x rounded to f16): rows not a multiple of its 256-row tiles, token rows
+ * not a multiple of its 8/32/64-token tiles, K a multiple of 256 and not
+ * (2880, 1056: rows not 16-byte aligned, a partial last stage), K split
+ * across blocks and not; and it must differ from the cuBLAS path
+ * (PETREL_CUDA_QMMA=0) somewhere, or the test did not run it.
+ *
  * test_qmatmul_coalesced_q8_0: q8_0 through the coalesced GEMV, which
  * only q4_0 takes by default (PETREL_CUDA_QGEMV_CO=2), the same checks.
  *
@@ -577,6 +585,70 @@ static void test_qmatmul_coalesced_q8_0(void **state) {
     co->ops->destroy(co);
 }
 
+/* Outputs of an n-row matmul that differ between be[GPU] and `other`. */
+static size_t count_differing(const qmat *m, int n, pt_backend *other) {
+    int rows = (int)m->w[GPU].rows, cols = (int)m->w[GPU].cols;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
+    float *x = malloc(sizeof(float) * nx);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frand(-1, 1);
+    void *dx = to_backend(GPU, x, sizeof(float) * nx);
+    void *y1 = be[GPU]->ops->alloc(be[GPU], sizeof(float) * ny);
+    void *y2 = be[GPU]->ops->alloc(be[GPU], sizeof(float) * ny);
+    pt_be_matmul(be[GPU], y1, dx, &m->w[GPU], n);
+    float *h1 = download(GPU, y1, ny);
+    pt_be_matmul(other, y2, dx, &m->w[GPU], n); /* same device: same pointers */
+    float *h2 = malloc(sizeof(float) * ny);
+    other->ops->download(other, h2, y2, sizeof(float) * ny);
+    size_t diff = 0;
+    for (size_t i = 0; i < ny; i++)
+        diff += h1[i] != h2[i];
+    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * nx);
+    be[GPU]->ops->free(be[GPU], y1, sizeof(float) * ny);
+    be[GPU]->ops->free(be[GPU], y2, sizeof(float) * ny);
+    free(x), free(h1), free(h2);
+    return diff;
+}
+
+static void test_qmma(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    setenv("PETREL_CUDA_QMMA", "0", 1);
+    pt_backend *off = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QMMA");
+    assert_non_null(off);
+    /* rows, cols, token counts (0 ends): 300 rows = one full and one
+     * partial 256-row tile, 16 K stages split over blocks; 2880 columns:
+     * 1620-byte q4_0 rows (4-byte aligned), 11.25 stages; 1056: 594-byte
+     * rows (2-byte aligned), one full and one 1-block stage; 40000 rows of
+     * 256: 157 row tiles, one stage, no split */
+    static const struct {
+        int rows, cols, ns[8];
+    } cases[] = {
+        {300, 4096, {17, 33, 64, 100, 256, 257, 0}},
+        {260, 2880, {17, 31, 64, 65, 0}},
+        {37, 1056, {17, 40, 200, 0}},
+        {513, 512, {24, 64, 129, 0}},
+        {40000, 256, {17, 64, 0}},
+    };
+    const fmt *fs[] = {&formats[1], &formats[0]}; /* q4_0, q8_0 */
+    char fb[48];
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(fs); fi++) {
+        for (size_t ci = 0; ci < PT_ARRAY_LEN(cases); ci++) {
+            qmat m = qmat_new(fs[fi], cases[ci].rows, cases[ci].cols);
+            for (int i = 0; cases[ci].ns[i]; i++)
+                one_matmul(fs[fi], &m, cases[ci].ns[i]);
+            size_t d = count_differing(&m, cases[ci].ns[0], off);
+            print_message("qmma %s %dx%d: %zu of %d outputs differ from the cuBLAS path\n",
+                          fname(fs[fi], fb, sizeof fb), cases[ci].rows, cases[ci].cols, d,
+                          cases[ci].rows * cases[ci].ns[0]);
+            assert_true(d > 0);
+            qmat_free(&m);
+        }
+    }
+    off->ops->destroy(off);
+}
+
 int main(void) {
     pt_err err = {{0}};
     be[GPU] = pt_backend_cuda_new(0, &err); /* GEMV up to 16 rows: the default */
@@ -598,11 +670,16 @@ int main(void) {
         cmocka_unit_test(test_qmatmul),
         cmocka_unit_test(test_qbatch_invariance),
         cmocka_unit_test(test_qmatmul_coalesced_q8_0),
+        cmocka_unit_test(test_qmma),
         cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_qmatmul_id),
         cmocka_unit_test(test_qmatmul_id_invariance),
         cmocka_unit_test(test_qmatmul_id_mxfp4),
     };
+    /* CMOCKA_FILTER / CMOCKA_SKIP (patterns with * and ?): a subset, for
+     * short device runs */
+    if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
+    if (getenv("CMOCKA_SKIP")) cmocka_set_skip_filter(getenv("CMOCKA_SKIP"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
     return rc;

@@ -38,13 +38,17 @@
  *
  * Quantized weights (GGUF q8_0/q4_0/q4_k/q5_k/q6_k, MLX affine) stay as the
  * file stores them: up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
- * default 16) run the quantized GEMV of qmatmul.cu, more rows dequantize
- * the weight to f16 in a scratch buffer and run cublasGemmEx; quantized
- * embedding tables are dequantized row by row.
+ * default 16) run the quantized GEMV of qmatmul.cu; q4_0/q8_0 weights
+ * up to qmma_max rows (PETREL_CUDA_QMMA_MAX, default 256; PETREL_CUDA_QMMA=0
+ * turns it off) run the tensor-core GEMM of qmma.cu, which reads the
+ * weight once; other calls dequantize the weight to f16 in a scratch
+ * buffer and run cublasGemmEx; quantized embedding tables are dequantized
+ * row by row.
  *
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
- * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
+ * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX,
+ * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
  * PETREL_CUDA_GDN_CHUNK (rows per sequence from which the gated delta rule
  * runs chunkwise, default 16; 0: always row by row).
  */
@@ -57,6 +61,7 @@
 #include "backend/comm.h"
 #include "backend/cuda/cuda_family.h"
 #include "backend/cuda/cuda_host.h"
+#include "backend/cuda/qmma.h"
 
 #define CUBLAS_WORKSPACE ((size_t)32 << 20)
 
@@ -270,10 +275,24 @@ static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
                "matmul (cublasGemmEx)");
 }
 
+/* Whether an n-row matmul of x by w takes the tensor-core GEMM (qmma.cu);
+ * decided the same way when the op is recorded (its scratch) and run, so
+ * a call it takes never falls back to the cuBLAS path, whose weight
+ * scratch was not grown. */
+static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
+    return n > cb->qgemv_max && n <= cb->qmma_max && cb->qmma_cnt && ((uintptr_t)x & 15) == 0 &&
+           cu_qmma_takes(w, n);
+}
+
 static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     cu_qweight w = qweight_of(&a->w);
     int n = a->n;
     if (n <= cb->qgemv_max && cu_qgemv(&cb->ctx, a->y, a->x, &w, n) == 0) return;
+    if (use_qmma(cb, &w, a->x, n)) {
+        if (cu_qmma(&cb->ctx, a->y, a->x, &w, n, cb->act16, cb->qmma_part, cb->qmma_cnt))
+            cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
+        return;
+    }
     /* Prefill: the weight as f16 into scratch, then the tensor cores. */
     if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w))
         cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
@@ -647,6 +666,13 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         size_t act = (size_t)a->n * (size_t)a->w.cols * 2;
         if (is_quantized(a->w.dtype)) {
             if (a->n <= cb->qgemv_max) return 0;
+            cu_qweight w = qweight_of(&a->w);
+            if (use_qmma(cb, &w, a->x, a->n)) {
+                size_t part = cu_qmma_part_bytes(&cb->ctx, &w, a->n);
+                if (grow(cb, &cb->act16, &cb->act16_cap, cu_qmma_act_bytes(&w, a->n), name))
+                    return -1;
+                return grow(cb, &cb->qmma_part, &cb->qmma_part_cap, part, name);
+            }
             size_t wneed = (size_t)a->w.rows * (size_t)a->w.cols * 2;
             return grow(cb, &cb->wdeq, &cb->wdeq_cap, wneed, name) ||
                    grow(cb, &cb->act16, &cb->act16_cap, act, name) ? -1 : 0;
@@ -762,6 +788,8 @@ static void cuda_destroy(pt_backend *be) {
     if (cb->attn_scratch) cudaFree(cb->attn_scratch);
     if (cb->moe_scratch) cudaFree(cb->moe_scratch);
     if (cb->wdeq) cudaFree(cb->wdeq);
+    if (cb->qmma_part) cudaFree(cb->qmma_part);
+    if (cb->qmma_cnt) cudaFree(cb->qmma_cnt);
     if (cb->cublas) cublasDestroy(cb->cublas);
     if (cb->ctx.s) cudaStreamDestroy(cb->ctx.s);
     free(cb);
@@ -859,6 +887,12 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     cb->gdn_chunk = PT_MAX(env_int("PETREL_CUDA_GDN_CHUNK", 16), 0);
+    /* the tensor-core GEMM up to 256 rows: prefill steps (512 rows) stay
+     * on dequantize + cuBLAS, whose large-M speed a mma.sync kernel is not
+     * expected to reach; the crossover is not measured yet (docs/cuda.md,
+     * "Tensor-core GEMM") */
+    cb->qmma_max = env_int("PETREL_CUDA_QMMA", 1) ? env_int("PETREL_CUDA_QMMA_MAX", 256) : 0;
+    if (cb->qmma_max > 0 && cu_qmma_init(&cb->qmma_cnt)) cb->qmma_max = 0;
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;

@@ -41,6 +41,9 @@ typedef struct cuda_backend {
     size_t act16_cap;
     void *wdeq; /* a quantized weight dequantized to f16 (prefill) */
     size_t wdeq_cap;
+    void *qmma_part; /* qmma.cu: partial sums of K splits */
+    size_t qmma_part_cap;
+    int *qmma_cnt;      /* qmma.cu: a counter per tile whose K is split */
     void *attn_scratch; /* split-context partial results */
     size_t attn_cap;
     void *moe_scratch; /* matmul_id: pairs sorted by expert */
@@ -49,6 +52,9 @@ typedef struct cuda_backend {
     int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
     int gdn_chunk;    /* rows per sequence from which gated_delta runs chunkwise
                          (PETREL_CUDA_GDN_CHUNK; 0: never) */
+    int qmma_max;     /* past qgemv_max and up to this many rows, q4_0/q8_0 take the
+                         tensor-core GEMM of qmma.cu (PETREL_CUDA_QMMA=0: never;
+                         PETREL_CUDA_QMMA_MAX) */
     bool simple_attn; /* PETREL_CUDA_ATTN=simple: the plain kernel only */
     bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */
