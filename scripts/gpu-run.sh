@@ -25,6 +25,8 @@
 #                                     batched decode, prefix reuse,
 #                                     oracle speculation; prof = every op
 #                                     timed alone, 1 and 64 sequences;
+#                                     rows = qwen3.5-27b and deepseek-v2-lite
+#                                     decode at depth 0 and 32k (ROWS_MODELS);
 #                                     qmma = the q4_0/q8_0 tensor-core GEMM
 #                                     (qmma.cu): its tests, then profile and
 #                                     batched decode with PETREL_CUDA_QMMA
@@ -280,23 +282,25 @@ if has qmma; then
         >"$OUT/qmma-test.txt" 2>&1
     echo "test_qmatmul + test_qmma: exit $?"; grep -E "qmma|PASSED|FAILED|matmul q" "$OUT/qmma-test.txt" | tail -20
     M="--device cuda -m dummy:llama-8b"
-    for q in 0 1; do
+    for q in ${QMMA_PROF-0 1}; do
         stamp "PETREL_CUDA_QMMA=$q PETREL_CUDA_PROFILE=64, q4_0, 64 sequences"
         PETREL_CUDA_QMMA=$q PETREL_CUDA_PROFILE=64 timeout 120 "$BIN/petrel" bench $M \
             --dummy-dtype q4_0 -p 128 -d 0 -g 64 -r 1 -P 64 >"$OUT/qmma-prof$q.txt" 2>&1
         echo "exit $?"; grep -v "making dummy" "$OUT/qmma-prof$q.txt" | tail -30
     done
-    for arm in q4_0:1 q4_0:0 bf16:1; do
+    for arm in ${QMMA_ARMS:-q4_0:1 q4_0:0 bf16:1}; do
         dt=${arm%:*} q=${arm#*:}
         stamp "PETREL_CUDA_QMMA=$q petrel bench $dt -p 512,4096 -P 1,8,32,64"
-        PETREL_CUDA_QMMA=$q timeout 200 "$BIN/petrel" bench $M --dummy-dtype "$dt" -p 512,4096 -d 0 \
+        PETREL_CUDA_QMMA=$q timeout 200 "$BIN/petrel" bench $M --dummy-dtype "$dt" -p "${QMMA_PROMPTS:-512,4096}" -d 0 \
             -g 64 -P 1,8,32,64 >"$OUT/qmma-bench-$dt-$q.txt" 2>&1
         echo "exit $?"; grep -v "making dummy" "$OUT/qmma-bench-$dt-$q.txt" | tail -14
     done
-    stamp "PETREL_CUDA_QMMA_MAX=4096: prefill on the tensor-core GEMM"
-    PETREL_CUDA_QMMA_MAX=4096 timeout 120 "$BIN/petrel" bench $M --dummy-dtype q4_0 -p 512,4096 -d 0 \
-        -g 16 -r 2 -P 64 >"$OUT/qmma-bench-max.txt" 2>&1
-    echo "exit $?"; grep -v "making dummy" "$OUT/qmma-bench-max.txt" | tail -12
+    if [ -z "${QMMA_NO_MAX:-}" ]; then
+        stamp "PETREL_CUDA_QMMA_MAX=4096: prefill on the tensor-core GEMM"
+        PETREL_CUDA_QMMA_MAX=4096 timeout 120 "$BIN/petrel" bench $M --dummy-dtype q4_0 -p 512,4096 -d 0 \
+            -g 16 -r 2 -P 64 >"$OUT/qmma-bench-max.txt" 2>&1
+        echo "exit $?"; grep -v "making dummy" "$OUT/qmma-bench-max.txt" | tail -12
+    fi
 fi
 
 if has qmodels; then
@@ -385,6 +389,16 @@ if has ab; then
             python3 -c 'import json,sys; j=json.load(open("/tmp/ab.json")); j["arm"]=sys.argv[1]; print(json.dumps(j))' \
                 "$arm" >>"$OUT/ab.jsonl" || echo "A/B $m $arm failed"
         done
+    done
+fi
+
+# ---- the hybrid and latent-attention shapes at depth 0 and 32k (issue 17) ----
+if has rows; then
+    for m in ${ROWS_MODELS:-qwen3.5-27b deepseek-v2-lite}; do
+        stamp "petrel bench dummy:$m -d 0,32768"
+        timeout "${ROWS_CAP:-150}" "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
+            -p 512 -d 0,32768 -g 16 -r 1 -o "$OUT/rows-$m.json" >"$OUT/rows-$m.txt" 2>&1
+        echo "petrel bench $m: exit $?"; grep -v "making dummy" "$OUT/rows-$m.txt" | tail -12
     done
 fi
 
