@@ -19,13 +19,14 @@
  * a multiple of the rows per block, and rows long enough that a warp of
  * the coalesced q4_0/q8_0 GEMV takes two steps (20736 columns).
  *
- * test_qmma: q4_0 and q8_0 at 17..256 token rows take the tensor-core
- * GEMM (qmma.cu; 257 rows: cuBLAS), same bounds as the cuBLAS path (w and
+ * test_qmma: q4_0 and q8_0 at 17..256 token rows on a backend with the
+ * tensor-core GEMM (PETREL_CUDA_QMMA=1, off by default; qmma.cu; 257
+ * rows: cuBLAS), same bounds as the cuBLAS path (w and
  * x rounded to f16): rows not a multiple of its 256-row tiles, token rows
  * not a multiple of its 8/32/64-token tiles, K a multiple of 256 and not
  * (2880, 1056: rows not 16-byte aligned, a partial last stage), K split
  * across blocks and not; and it must differ from the cuBLAS path
- * (PETREL_CUDA_QMMA=0) somewhere, or the test did not run it.
+ * somewhere in each format's cases, or the test did not run it.
  *
  * test_qmatmul_coalesced_q8_0: q8_0 through the coalesced GEMV, which
  * only q4_0 takes by default (PETREL_CUDA_QGEMV_CO=2), the same checks.
@@ -613,10 +614,11 @@ static size_t count_differing(const qmat *m, int n, pt_backend *other) {
 static void test_qmma(void **state) {
     (void)state;
     pt_err err = {{0}};
-    setenv("PETREL_CUDA_QMMA", "0", 1);
-    pt_backend *off = pt_backend_cuda_new(0, &err);
+    setenv("PETREL_CUDA_QMMA", "1", 1); /* off by default: a backend with it */
+    pt_backend *on = pt_backend_cuda_new(0, &err), *off = be[GPU];
     unsetenv("PETREL_CUDA_QMMA");
-    assert_non_null(off);
+    assert_non_null(on);
+    be[GPU] = on;
     /* rows, cols, token counts (0 ends): 300 rows = one full and one
      * partial 256-row tile, 16 K stages split over blocks; 2880 columns:
      * 1620-byte q4_0 rows (4-byte aligned), 11.25 stages; 1056: 594-byte
@@ -634,6 +636,7 @@ static void test_qmma(void **state) {
     const fmt *fs[] = {&formats[1], &formats[0]}; /* q4_0, q8_0 */
     char fb[48];
     for (size_t fi = 0; fi < PT_ARRAY_LEN(fs); fi++) {
+        size_t differ = 0;
         for (size_t ci = 0; ci < PT_ARRAY_LEN(cases); ci++) {
             qmat m = qmat_new(fs[fi], cases[ci].rows, cases[ci].cols);
             for (int i = 0; cases[ci].ns[i]; i++)
@@ -642,11 +645,16 @@ static void test_qmma(void **state) {
             print_message("qmma %s %dx%d: %zu of %d outputs differ from the cuBLAS path\n",
                           fname(fs[fi], fb, sizeof fb), cases[ci].rows, cases[ci].cols, d,
                           cases[ci].rows * cases[ci].ns[0]);
-            assert_true(d > 0);
+            differ += d;
             qmat_free(&m);
         }
+        /* K = 256 is one stage of 16 mma steps, which may sum exactly as
+         * cuBLAS does (H200: 0 of 680000 differed), so only the format's
+         * cases together must show the kernel ran */
+        assert_true(differ > 0);
     }
-    off->ops->destroy(off);
+    be[GPU] = off;
+    on->ops->destroy(on);
 }
 
 int main(void) {

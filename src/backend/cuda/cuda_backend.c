@@ -887,11 +887,11 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     cb->gdn_chunk = PT_MAX(env_int("PETREL_CUDA_GDN_CHUNK", 16), 0);
-    /* the tensor-core GEMM up to 256 rows: prefill steps (512 rows) stay
-     * on dequantize + cuBLAS, whose large-M speed a mma.sync kernel is not
-     * expected to reach; the crossover is not measured yet (docs/cuda.md,
-     * "Tensor-core GEMM") */
-    cb->qmma_max = env_int("PETREL_CUDA_QMMA", 1) ? env_int("PETREL_CUDA_QMMA_MAX", 256) : 0;
+    /* the tensor-core GEMM (qmma.cu) only when asked: on the H200 (session
+     * 8) it ran 124.5 us/call at 64 decoding sequences of the 8B shape,
+     * against 81.6 for dequantize + cuBLAS (docs/cuda.md, "Tensor-core
+     * GEMM"); PETREL_CUDA_QMMA=1 takes it up to PETREL_CUDA_QMMA_MAX rows */
+    cb->qmma_max = env_int("PETREL_CUDA_QMMA", 0) ? env_int("PETREL_CUDA_QMMA_MAX", 256) : 0;
     if (cb->qmma_max > 0 && cu_qmma_init(&cb->qmma_cnt)) cb->qmma_max = 0;
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
