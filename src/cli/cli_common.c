@@ -52,7 +52,7 @@ const cli_opt cli_model_opts[] = {
     {"gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "llama.cpp's -ngl/--n-gpu-layers, as device selection: N > 0 runs the whole model on cuda (no partial offload), 0 on the cpu"},
     {"n-gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "the same as --gpu-layers (also -ngl)"},
     {"threads", 't', CLI_INT, &cli_margs.threads, "N", "CPU threads (default: one per core)"},
-    {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx2, portable"},
+    {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx512, avx2, portable"},
     {"ctx", 'c', CLI_INT, &cli_margs.ctx, "N", "KV cache positions (default: min(model, 4096))"},
     {"ctx-size", 0, CLI_INT, &cli_margs.ctx, "N", "the same as --ctx (llama.cpp's spelling)"},
     {"batch", 'b', CLI_INT, &cli_margs.batch, "N", "rows per forward pass (default 512)"},

@@ -35,20 +35,26 @@
 
 /* ---- fixtures: the backends under test, one RNG ---------------------------------- */
 
-static pt_backend *backends[8];
+static pt_backend *backends[12]; /* 3 sets x 1..3 threads */
 static int n_backends;
 static pt_rng rng;
 /* The largest error seen as a fraction of its bound, per check: printed so
  * a tolerance that is too loose (or nearly hit) is visible. */
 static double worst_matmul, worst_attention;
 
-/* The backend's own check, seen from outside: "avx2" is refused exactly
- * when the CPU lacks it. */
-static bool have_avx2(void) {
+/* The backend's own check, seen from outside: an explicit set is refused
+ * exactly when the CPU lacks it. */
+static bool have_set(const char *name) {
     pt_err err;
-    pt_backend *be = pt_backend_cpu_new(1, "avx2", &err);
+    pt_backend *be = pt_backend_cpu_new(1, name, &err);
     if (be) be->ops->destroy(be);
     return be != NULL;
+}
+static bool have_avx2(void) {
+    return have_set("avx2");
+}
+static bool have_avx512(void) {
+    return have_set("avx512");
 }
 
 static int setup(void **state) {
@@ -58,10 +64,10 @@ static int setup(void **state) {
     print_message("seed %llu (PETREL_TEST_SEED=%llu replays it)\n", (unsigned long long)seed,
                   (unsigned long long)seed);
     pt_rng_seed(&rng, seed);
-    const char *sets[] = {"portable", "avx2"};
-    for (int k = 0; k < 2; k++) {
-        if (k == 1 && !have_avx2()) {
-            print_message("note: no AVX2 on this CPU; only the portable kernels are tested\n");
+    const char *sets[] = {"portable", "avx2", "avx512"};
+    for (int k = 0; k < 3; k++) {
+        if (!have_set(sets[k])) {
+            print_message("note: no %s on this CPU; its kernels are not tested\n", sets[k]);
             continue;
         }
         for (int nth = 1; nth <= 3; nth++) {
@@ -226,7 +232,9 @@ static void test_quantized_handoff(void **state) {
     pt_weight w = {.dtype = PT_Q8_0, .rows = rows, .cols = cols, .data = wq, .nbytes = rb * (size_t)rows};
     for (int b = 0; b < n_backends; b++) {
         pt_backend *be = backends[b];
-        pt_qk_ctx ctx = {.avx2 = strstr(be->detail, "avx2") != NULL,
+        bool avx512 = strstr(be->detail, "avx512") != NULL;
+        pt_qk_ctx ctx = {.avx2 = avx512 || strstr(be->detail, "avx2") != NULL,
+                         .avx512 = avx512,
                          .i8 = strstr(be->detail, "int8") != NULL,
                          .i8_decode = strstr(be->detail, "int8 quantized matmuls") != NULL};
         for (int n = 1; n <= 9; n += 4) {
@@ -400,10 +408,11 @@ static void test_swiglu(void **state) {
  * over the whole range whose result is a normal float. */
 static void test_exp_accuracy(void **state) {
     (void)state;
-    const pt_cpu_kernels *sets[2] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL};
+    const pt_cpu_kernels *sets[3] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL,
+                                     have_avx512() ? pt_cpu_kernels_avx512() : NULL};
     const int64_t n = 1 << 20;
     float *x = malloc(sizeof(float) * (size_t)n);
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         if (!sets[s]) continue;
         for (int64_t i = 0; i < n; i++) x[i] = -87.0f + 175.0f * (float)i / (float)n;
         float *in = malloc(sizeof(float) * (size_t)n);
@@ -433,11 +442,12 @@ static void test_exp_accuracy(void **state) {
  * kernel sets (NaNs only need to stay NaNs). */
 static void test_half_conversions(void **state) {
     (void)state;
-    const pt_cpu_kernels *sets[2] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL};
+    const pt_cpu_kernels *sets[3] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL,
+                                     have_avx512() ? pt_cpu_kernels_avx512() : NULL};
     uint16_t *h = malloc(sizeof(uint16_t) * 65536);
     float *f = malloc(sizeof(float) * 65536);
     for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         if (!sets[s]) continue;
         for (int t = 0; t < 2; t++) {
             pt_dtype dt = t ? PT_BF16 : PT_F16;
@@ -1150,7 +1160,10 @@ static void test_kernel_choice(void **state) {
     assert_string_equal(be->name, "cpu");
     assert_true(be->host_memory);
     assert_int_equal(be->n_threads, 2);
-    assert_non_null(strstr(be->detail, have_avx2() ? "avx2" : "portable"));
+    /* auto: the widest set the CPU has */
+    assert_non_null(strstr(be->detail, have_avx512() ? "avx512" : have_avx2() ? "avx2" : "portable"));
+    assert_true(have_avx512() == pt_qk_cpu_has_avx512());
+    assert_true(!have_avx512() || have_avx2());
     be->ops->destroy(be);
 
     setenv("PETREL_CPU_KERNELS", "portable", 1);
@@ -1161,6 +1174,16 @@ static void test_kernel_choice(void **state) {
         be = pt_backend_cpu_new(1, "avx2", &err);
         assert_non_null(strstr(be->detail, "avx2"));
         be->ops->destroy(be);
+    }
+    setenv("PETREL_CPU_KERNELS", "avx512", 1);
+    be = pt_backend_cpu_new(1, "auto", &err);
+    if (have_avx512()) { /* the environment names a set like --kernels does */
+        assert_non_null(be);
+        assert_string_equal(be->detail, "avx512 + int8 quantized matmuls, 1 thread");
+        be->ops->destroy(be);
+    } else { /* and is refused, never silently replaced, where the CPU lacks it */
+        assert_null(be);
+        assert_non_null(strstr(err.msg, "avx512"));
     }
     unsetenv("PETREL_CPU_KERNELS");
 

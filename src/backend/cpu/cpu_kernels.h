@@ -2,11 +2,12 @@
  * cpu_kernels.h - the inner loops of the CPU backend, as a table.
  *
  * A kernel set is a struct of function pointers: one set of portable C
- * (kernels_portable.c) and one for AVX2+FMA+F16C (kernels_avx2.c), chosen
- * once when the backend is created.  The drivers (cpu_matmul.c,
+ * (kernels_portable.c), one for AVX2+FMA+F16C (kernels_avx2.c) and one for
+ * AVX-512 with VNNI (kernels_avx512.c), chosen once when the backend is
+ * created.  The drivers (cpu_matmul.c,
  * cpu_elementwise.c, cpu_attention.c) split work across threads and call
- * only these pointers, so every op runs on either set and the tests can check
- * both on one machine.
+ * only these pointers, so every op runs on any set and the tests can check
+ * each one the machine has.
  *
  * Everything that depends on a weight's element type lives in one pt_cpu_wops
  * entry, indexed by pt_dtype.  Adding a quantized format (q8_0, q4_k...) means
@@ -52,7 +53,7 @@ typedef struct pt_cpu_wops {
 } pt_cpu_wops;
 
 typedef struct pt_cpu_kernels {
-    const char *name; /* "portable", "avx2" */
+    const char *name; /* "portable", "avx2", "avx512" */
     pt_cpu_wops w[PT_DTYPE_COUNT];
 
     /* Packed GEMM, the prefill path.  A panel holds PT_CPU_NR weight rows of
@@ -115,5 +116,8 @@ typedef struct pt_cpu_kernels {
 const pt_cpu_kernels *pt_cpu_kernels_portable(void);
 /* NULL when this build has no AVX2 set; the caller checks the CPU. */
 const pt_cpu_kernels *pt_cpu_kernels_avx2(void);
+/* The AVX-512 set (kernels_avx512.c): AVX2's with the kernels that gain
+ * from 512-bit registers replaced; the caller checks the CPU. */
+const pt_cpu_kernels *pt_cpu_kernels_avx512(void);
 
 #endif

@@ -68,7 +68,7 @@ double pt_cpu_compute_peak(pt_backend *be, pt_dtype wt, char *note, size_t note_
     if (cb->peak[kind] <= 0) cb->peak[kind] = measure(cb, quant ? cb->k->peak_i8 : cb->k->peak_f32);
     if (note && note_len)
         snprintf(note, note_len, "%s %s multiply-adds, %d thread%s; bandwidth probe: %s",
-                 cb->k->name, quant ? "u8 x s8 (vpmaddubsw)" : "f32 fma", be->n_threads,
+                 cb->k->name, !quant ? "f32 fma" : cb->quant.avx512 ? "u8 x s8 (vpdpbusd)" : "u8 x s8 (vpmaddubsw)", be->n_threads,
                  be->n_threads == 1 ? "" : "s", cb->bandwidth_how[0] ? cb->bandwidth_how : "not run");
     return cb->peak[kind];
 }
