@@ -26,9 +26,12 @@
 #include "base/dtype.h"
 
 /* Packed GEMM geometry (see gemm_tile): a tile is up to PT_CPU_MR token rows
- * by PT_CPU_NR weight rows, sized for 16 AVX2 registers (12 accumulators). */
+ * by PT_CPU_NR weight rows, sized for 16 AVX2 registers (12 accumulators).
+ * A set may use wider panels (pt_cpu_kernels.nr, at most PT_CPU_NR_MAX):
+ * the AVX-512 set's 6 x 32 tile keeps 12 zmm accumulators. */
 #define PT_CPU_MR 6
 #define PT_CPU_NR 16
+#define PT_CPU_NR_MAX 32
 /* matmul_small takes at most this many token rows per call. */
 #define PT_CPU_SMALL_NT 4
 
@@ -56,11 +59,13 @@ typedef struct pt_cpu_kernels {
     const char *name; /* "portable", "avx2", "avx512" */
     pt_cpu_wops w[PT_DTYPE_COUNT];
 
-    /* Packed GEMM, the prefill path.  A panel holds PT_CPU_NR weight rows of
+    /* Rows per GEMM panel and tile: PT_CPU_NR, or PT_CPU_NR_MAX (avx512). */
+    int nr;
+    /* Packed GEMM, the prefill path.  A panel holds nr weight rows of
      * kb columns, k-major and converted to f32: panel[k * NR + j] = element k
      * of row j, where w points at the panel's first column in row 0 (on a
      * block boundary); rows j >= nr are zero.  tmp has room for NR * kb
-     * floats. */
+     * floats.  (NR is the set's nr; the argument nr is the rows present.) */
     void (*pack_panel)(float *panel, const pt_cpu_wops *wo, const void *w, size_t row_bytes, int nr,
                        int kb, float *tmp);
     /* y[t*ldy + j] = (accumulate ? y[t*ldy + j] : 0) + sum over k < kb of

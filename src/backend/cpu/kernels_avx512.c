@@ -11,10 +11,10 @@
  *   - matvec (decode, f32/f16/bf16): 16 columns per step, 8 rows side by
  *     side with a software prefetch in each row, masked loads for the last
  *     columns: half the instructions per byte of the AVX2 loop;
- *   - gemm_tile (prefill): the same 6 x 16 tile as AVX2 in 6 zmm
- *     accumulators, one panel load and 6 broadcasts per k; each output is
- *     the same chain of FMAs in the same order, so prefill results equal the
- *     AVX2 set's bit for bit;
+ *   - pack_panel and gemm_tile (prefill): panels of 32 rows and a 6 x 32
+ *     tile in 12 zmm accumulators; each output is the same chain of FMAs
+ *     in the same order as AVX2's, so prefill results equal the AVX2 set's
+ *     bit for bit;
  *   - sum (the bandwidth probe's read) and the compute-peak loops: zmm, and
  *     peak_i8 counts vpdpbusd, what the int8 GEMM of quant_i8_avx512.c
  *     issues.
@@ -115,30 +115,122 @@ static void bf16_matvec(float *y, const void *w, size_t rb, int64_t nr, const fl
     matvec_body(bf16_load16, y, w, rb, nr, x, cols, 2);
 }
 
-/* ---- packed GEMM tile --------------------------------------------------------------
- * PT_CPU_MR tokens x PT_CPU_NR (16) rows: one zmm accumulator per token,
- * one panel load and MR broadcasts per k.  Lane j of token t's accumulator
- * runs the same FMAs in the same order as the AVX2 tile's. */
-#if PT_CPU_NR != 16
-#error "the AVX-512 tile holds PT_CPU_NR = 16 rows in one register"
-#endif
+/* ---- packed GEMM: panels of 32 rows, a 6 x 32 tile ------------------------------
+ * The AVX2 tile is 6 tokens x 16 rows in 12 ymm accumulators.  In zmm, 16
+ * rows are one register and a 6 x 16 tile leaves only 6 FMA chains, fewer
+ * than latency x units (4 x 2); panels of NR = 32 rows give 12 chains
+ * again: per k, two panel loads, 6 broadcasts, 12 FMAs.  Lane j of token
+ * t's accumulator runs the same FMAs in the same order as in the AVX2 tile
+ * (k in order within a column block, blocks added in order), so prefill
+ * results equal the AVX2 set's bit for bit. */
+#define NR PT_CPU_NR_MAX
+#define NV (NR / 16)
+
+typedef __m256 (*load8_fn)(const void *base, int64_t i);
+INLINE __m256 f32_load8(const void *p, int64_t i) {
+    return _mm256_loadu_ps((const float *)p + i);
+}
+INLINE __m256 f16_load8(const void *p, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+}
+INLINE __m256 bf16_load8(const void *p, int64_t i) {
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+typedef float (*load1_fn)(const void *base, int64_t i);
+INLINE float f32_load1(const void *p, int64_t i) {
+    return ((const float *)p)[i];
+}
+INLINE float f16_load1(const void *p, int64_t i) {
+    return _cvtsh_ss(((const uint16_t *)p)[i]);
+}
+INLINE float bf16_load1(const void *p, int64_t i) {
+    return pt_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* An 8 x 8 block: rows src[0..7] at column k to 8 panel columns, ldd apart. */
+INLINE void transpose8(float *dst, int64_t ldd, const void *const *src, int64_t k, load8_fn load) {
+    __m256 r[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r[i] = load(src[i], k);
+#pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    }
+}
+
+/* Rows j < nr of w converted and transposed straight into the panel; the
+ * missing rows read zero (zero bytes in every float format). */
+INLINE void pack_direct(float *panel, const void *w, size_t row_bytes, int nr, int kb, float *zero,
+                        load8_fn load8, load1_fn load1) {
+    const void *src[NR];
+    if (nr < NR) memset(zero, 0, (size_t)kb * sizeof(float));
+    for (int j = 0; j < NR; j++) src[j] = j < nr ? (const char *)w + (size_t)j * row_bytes : (const void *)zero;
+    int k = 0;
+    for (; k + 8 <= kb; k += 8) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NR / 8; v++) transpose8(panel + k * NR + 8 * v, NR, src + 8 * v, k, load8);
+    }
+    for (; k < kb; k++) /* a matrix's last columns, fewer than 8 */
+        for (int j = 0; j < NR; j++) panel[k * NR + j] = load1(src[j], k);
+}
+
+static void pack_panel(float *panel, const pt_cpu_wops *wo, const void *w, size_t row_bytes, int nr,
+                       int kb, float *tmp) {
+    if (wo->matvec == f32_matvec) pack_direct(panel, w, row_bytes, nr, kb, tmp, f32_load8, f32_load1);
+    else if (wo->matvec == f16_matvec) pack_direct(panel, w, row_bytes, nr, kb, tmp, f16_load8, f16_load1);
+    else if (wo->matvec == bf16_matvec) pack_direct(panel, w, row_bytes, nr, kb, tmp, bf16_load8, bf16_load1);
+    else { /* any other format: rows through tmp (nr < NR leaves its last row for the zeros) */
+        for (int j = 0; j < nr; j++) wo->to_f32(tmp + (size_t)j * kb, (const char *)w + (size_t)j * row_bytes, kb);
+        pack_direct(panel, tmp, (size_t)kb * sizeof(float), nr, kb, tmp + (size_t)(NR - 1) * kb, f32_load8, f32_load1);
+    }
+}
 
 INLINE void tile_body(float *y, int64_t ldy, const float *xp, const float *p, int kb, int nr,
                       int accumulate, const int NT) {
-    __m512 c[PT_CPU_MR];
+    __m512 c[PT_CPU_MR][NV];
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) c[t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) c[t][v] = _mm512_setzero_ps();
     for (int k = 0; k < kb; k++) {
-        __m512 b = _mm512_load_ps(p + k * PT_CPU_NR);
+        __m512 b[NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) b[v] = _mm512_load_ps(p + k * NR + 16 * v);
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) c[t] = _mm512_fmadd_ps(_mm512_set1_ps(xp[k * PT_CPU_MR + t]), b, c[t]);
+        for (int t = 0; t < NT; t++) {
+            __m512 a = _mm512_set1_ps(xp[k * PT_CPU_MR + t]);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) c[t][v] = _mm512_fmadd_ps(a, b[v], c[t][v]);
+        }
     }
-    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    __mmask16 m[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; v++) {
+        int left = nr - 16 * v;
+        m[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+    }
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         float *yt = y + t * ldy;
-        if (accumulate) c[t] = _mm512_add_ps(c[t], _mm512_maskz_loadu_ps(m, yt));
-        _mm512_mask_storeu_ps(yt, m, c[t]);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            if (accumulate) c[t][v] = _mm512_add_ps(c[t][v], _mm512_maskz_loadu_ps(m[v], yt + 16 * v));
+            _mm512_mask_storeu_ps(yt + 16 * v, m[v], c[t][v]);
+        }
     }
 }
 
@@ -148,10 +240,8 @@ static void gemm_tile(float *y, int64_t ldy, const float *xp, const float *panel
     case 1: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 1); break;
     case 2: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 2); break;
     case 3: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 3); break;
-#if PT_CPU_MR > 4
     case 4: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 4); break;
     case 5: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 5); break;
-#endif
     default: tile_body(y, ldy, xp, panel, kb, nr, accumulate, PT_CPU_MR); break;
     }
 }
@@ -221,6 +311,8 @@ static void init(void) {
     avx512.w[PT_F32].matvec = f32_matvec;
     avx512.w[PT_F16].matvec = f16_matvec;
     avx512.w[PT_BF16].matvec = bf16_matvec;
+    avx512.nr = NR;
+    avx512.pack_panel = pack_panel;
     avx512.gemm_tile = gemm_tile;
     avx512.sum = sum;
     avx512.peak_f32 = peak_f32;
