@@ -62,8 +62,8 @@ INLINE void prefetch_ahead(const char *row, size_t rb, int64_t k, const int ESIZ
     __builtin_prefetch((const void *)((uintptr_t)row + at + (at >= rb ? (R - 1) * rb : 0)));
 }
 
-INLINE void matvec_body(load16_fn ld, float *y, const void *w, size_t rb, int64_t nr, const float *x,
-                        int64_t cols, const int ESIZE) {
+INLINE void matvec_body(load16_fn ld, float *y, const void *w, size_t rb, int64_t nr,
+                        const float *x, int64_t cols, const int ESIZE) {
     const int64_t c16 = cols & ~(int64_t)15;
     const __mmask16 all = 0xffff, tail = (__mmask16)((1u << (cols & 15)) - 1);
     int64_t r = 0;
@@ -71,25 +71,30 @@ INLINE void matvec_body(load16_fn ld, float *y, const void *w, size_t rb, int64_
         const char *wr = (const char *)w + r * rb;
         __m512 acc[8];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) acc[i] = _mm512_setzero_ps();
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm512_setzero_ps();
         for (int64_t k = 0; k < c16; k += 16) {
             /* one line per row every 64 bytes: every step for f32, every
              * other one for f16/bf16 (32 bytes per step) */
             if (ESIZE == 4 || (k & 31) == 0) {
 #pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) prefetch_ahead(wr + i * rb, rb, k, ESIZE, 8);
+                for (int i = 0; i < 8; i++)
+                    prefetch_ahead(wr + i * rb, rb, k, ESIZE, 8);
             }
             __m512 xv = _mm512_loadu_ps(x + k);
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) acc[i] = _mm512_fmadd_ps(ld(wr + i * rb, k, all), xv, acc[i]);
+            for (int i = 0; i < 8; i++)
+                acc[i] = _mm512_fmadd_ps(ld(wr + i * rb, k, all), xv, acc[i]);
         }
         if (tail) {
             __m512 xv = _mm512_maskz_loadu_ps(tail, x + c16);
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) acc[i] = _mm512_fmadd_ps(ld(wr + i * rb, c16, tail), xv, acc[i]);
+            for (int i = 0; i < 8; i++)
+                acc[i] = _mm512_fmadd_ps(ld(wr + i * rb, c16, tail), xv, acc[i]);
         }
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) y[r + i] = _mm512_reduce_add_ps(acc[i]);
+        for (int i = 0; i < 8; i++)
+            y[r + i] = _mm512_reduce_add_ps(acc[i]);
     }
     for (; r < nr; r++) { /* the last nr % 8 rows, one at a time */
         const char *w0 = (const char *)w + r * rb;
@@ -99,19 +104,23 @@ INLINE void matvec_body(load16_fn ld, float *y, const void *w, size_t rb, int64_
             a0 = _mm512_fmadd_ps(ld(w0, k, all), _mm512_loadu_ps(x + k), a0);
             a1 = _mm512_fmadd_ps(ld(w0, k + 16, all), _mm512_loadu_ps(x + k + 16), a1);
         }
-        for (; k < c16; k += 16) a0 = _mm512_fmadd_ps(ld(w0, k, all), _mm512_loadu_ps(x + k), a0);
+        for (; k < c16; k += 16)
+            a0 = _mm512_fmadd_ps(ld(w0, k, all), _mm512_loadu_ps(x + k), a0);
         if (tail) a1 = _mm512_fmadd_ps(ld(w0, c16, tail), _mm512_maskz_loadu_ps(tail, x + c16), a1);
         y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
     }
 }
 
-static void f32_matvec(float *y, const void *w, size_t rb, int64_t nr, const float *x, int64_t cols) {
+static void f32_matvec(float *y, const void *w, size_t rb, int64_t nr, const float *x,
+                       int64_t cols) {
     matvec_body(f32_load16, y, w, rb, nr, x, cols, 4);
 }
-static void f16_matvec(float *y, const void *w, size_t rb, int64_t nr, const float *x, int64_t cols) {
+static void f16_matvec(float *y, const void *w, size_t rb, int64_t nr, const float *x,
+                       int64_t cols) {
     matvec_body(f16_load16, y, w, rb, nr, x, cols, 2);
 }
-static void bf16_matvec(float *y, const void *w, size_t rb, int64_t nr, const float *x, int64_t cols) {
+static void bf16_matvec(float *y, const void *w, size_t rb, int64_t nr, const float *x,
+                        int64_t cols) {
     matvec_body(bf16_load16, y, w, rb, nr, x, cols, 2);
 }
 
@@ -152,7 +161,8 @@ INLINE float bf16_load1(const void *p, int64_t i) {
 INLINE void transpose8(float *dst, int64_t ldd, const void *const *src, int64_t k, load8_fn load) {
     __m256 r[8], t[8], u[8];
 #pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) r[i] = load(src[i], k);
+    for (int i = 0; i < 8; i++)
+        r[i] = load(src[i], k);
 #pragma GCC unroll 4
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
@@ -178,24 +188,32 @@ INLINE void pack_direct(float *panel, const void *w, size_t row_bytes, int nr, i
                         load8_fn load8, load1_fn load1) {
     const void *src[NR];
     if (nr < NR) memset(zero, 0, (size_t)kb * sizeof(float));
-    for (int j = 0; j < NR; j++) src[j] = j < nr ? (const char *)w + (size_t)j * row_bytes : (const void *)zero;
+    for (int j = 0; j < NR; j++)
+        src[j] = j < nr ? (const char *)w + (size_t)j * row_bytes : (const void *)zero;
     int k = 0;
     for (; k + 8 <= kb; k += 8) {
 #pragma GCC unroll 4
-        for (int v = 0; v < NR / 8; v++) transpose8(panel + k * NR + 8 * v, NR, src + 8 * v, k, load8);
+        for (int v = 0; v < NR / 8; v++)
+            transpose8(panel + k * NR + 8 * v, NR, src + 8 * v, k, load8);
     }
     for (; k < kb; k++) /* a matrix's last columns, fewer than 8 */
-        for (int j = 0; j < NR; j++) panel[k * NR + j] = load1(src[j], k);
+        for (int j = 0; j < NR; j++)
+            panel[k * NR + j] = load1(src[j], k);
 }
 
 static void pack_panel(float *panel, const pt_cpu_wops *wo, const void *w, size_t row_bytes, int nr,
                        int kb, float *tmp) {
-    if (wo->matvec == f32_matvec) pack_direct(panel, w, row_bytes, nr, kb, tmp, f32_load8, f32_load1);
-    else if (wo->matvec == f16_matvec) pack_direct(panel, w, row_bytes, nr, kb, tmp, f16_load8, f16_load1);
-    else if (wo->matvec == bf16_matvec) pack_direct(panel, w, row_bytes, nr, kb, tmp, bf16_load8, bf16_load1);
+    if (wo->matvec == f32_matvec)
+        pack_direct(panel, w, row_bytes, nr, kb, tmp, f32_load8, f32_load1);
+    else if (wo->matvec == f16_matvec)
+        pack_direct(panel, w, row_bytes, nr, kb, tmp, f16_load8, f16_load1);
+    else if (wo->matvec == bf16_matvec)
+        pack_direct(panel, w, row_bytes, nr, kb, tmp, bf16_load8, bf16_load1);
     else { /* any other format: rows through tmp (nr < NR leaves its last row for the zeros) */
-        for (int j = 0; j < nr; j++) wo->to_f32(tmp + (size_t)j * kb, (const char *)w + (size_t)j * row_bytes, kb);
-        pack_direct(panel, tmp, (size_t)kb * sizeof(float), nr, kb, tmp + (size_t)(NR - 1) * kb, f32_load8, f32_load1);
+        for (int j = 0; j < nr; j++)
+            wo->to_f32(tmp + (size_t)j * kb, (const char *)w + (size_t)j * row_bytes, kb);
+        pack_direct(panel, tmp, (size_t)kb * sizeof(float), nr, kb, tmp + (size_t)(NR - 1) * kb,
+                    f32_load8, f32_load1);
     }
 }
 
@@ -205,30 +223,36 @@ INLINE void tile_body(float *y, int64_t ldy, const float *xp, const float *p, in
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++)
 #pragma GCC unroll 2
-        for (int v = 0; v < NV; v++) c[t][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++)
+            c[t][v] = _mm512_setzero_ps();
     for (int k = 0; k < kb; k++) {
         __m512 b[NV];
 #pragma GCC unroll 2
-        for (int v = 0; v < NV; v++) b[v] = _mm512_load_ps(p + k * NR + 16 * v);
+        for (int v = 0; v < NV; v++)
+            b[v] = _mm512_load_ps(p + k * NR + 16 * v);
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             __m512 a = _mm512_set1_ps(xp[k * PT_CPU_MR + t]);
 #pragma GCC unroll 2
-            for (int v = 0; v < NV; v++) c[t][v] = _mm512_fmadd_ps(a, b[v], c[t][v]);
+            for (int v = 0; v < NV; v++)
+                c[t][v] = _mm512_fmadd_ps(a, b[v], c[t][v]);
         }
     }
     __mmask16 m[NV];
 #pragma GCC unroll 2
     for (int v = 0; v < NV; v++) {
         int left = nr - 16 * v;
-        m[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+        m[v] = left >= 16  ? (__mmask16)0xffff
+               : left <= 0 ? (__mmask16)0
+                           : (__mmask16)((1u << left) - 1);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         float *yt = y + t * ldy;
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++) {
-            if (accumulate) c[t][v] = _mm512_add_ps(c[t][v], _mm512_maskz_loadu_ps(m[v], yt + 16 * v));
+            if (accumulate)
+                c[t][v] = _mm512_add_ps(c[t][v], _mm512_maskz_loadu_ps(m[v], yt + 16 * v));
             _mm512_mask_storeu_ps(yt + 16 * v, m[v], c[t][v]);
         }
     }
@@ -237,12 +261,24 @@ INLINE void tile_body(float *y, int64_t ldy, const float *xp, const float *p, in
 static void gemm_tile(float *y, int64_t ldy, const float *xp, const float *panel, int kb, int nt,
                       int nr, int accumulate) {
     switch (nt) {
-    case 1: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 1); break;
-    case 2: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 2); break;
-    case 3: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 3); break;
-    case 4: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 4); break;
-    case 5: tile_body(y, ldy, xp, panel, kb, nr, accumulate, 5); break;
-    default: tile_body(y, ldy, xp, panel, kb, nr, accumulate, PT_CPU_MR); break;
+    case 1:
+        tile_body(y, ldy, xp, panel, kb, nr, accumulate, 1);
+        break;
+    case 2:
+        tile_body(y, ldy, xp, panel, kb, nr, accumulate, 2);
+        break;
+    case 3:
+        tile_body(y, ldy, xp, panel, kb, nr, accumulate, 3);
+        break;
+    case 4:
+        tile_body(y, ldy, xp, panel, kb, nr, accumulate, 4);
+        break;
+    case 5:
+        tile_body(y, ldy, xp, panel, kb, nr, accumulate, 5);
+        break;
+    default:
+        tile_body(y, ldy, xp, panel, kb, nr, accumulate, PT_CPU_MR);
+        break;
     }
 }
 
@@ -257,8 +293,10 @@ static float sum(const float *x, size_t n) {
         s2 = _mm512_add_ps(s2, _mm512_loadu_ps(x + i + 32));
         s3 = _mm512_add_ps(s3, _mm512_loadu_ps(x + i + 48));
     }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_add_ps(s0, _mm512_loadu_ps(x + i));
-    if (i < n) s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1), x + i));
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(x + i));
+    if (i < n)
+        s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1), x + i));
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 

@@ -22,9 +22,15 @@ AI float scale_at(const void *p, int64_t i, pt_dtype t) {
     uint16_t h;
     float f;
     switch (t) {
-    case PT_F16: memcpy(&h, (const uint8_t *)p + 2 * i, 2); return _cvtsh_ss(h);
-    case PT_BF16: memcpy(&h, (const uint8_t *)p + 2 * i, 2); return pt_bf16_to_f32(h);
-    default: memcpy(&f, (const uint8_t *)p + 4 * i, 4); return f;
+    case PT_F16:
+        memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+        return _cvtsh_ss(h);
+    case PT_BF16:
+        memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+        return pt_bf16_to_f32(h);
+    default:
+        memcpy(&f, (const uint8_t *)p + 4 * i, 4);
+        return f;
     }
 }
 
@@ -41,12 +47,18 @@ AI void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
 /* Bytes of one row of w. */
 static size_t row_bytes_of(const pt_weight *w) {
     switch (w->dtype) {
-    case PT_Q8_0: return (size_t)(w->cols / 32) * 34;
-    case PT_Q4_0: return (size_t)(w->cols / 32) * 18;
-    case PT_Q4_K: return (size_t)(w->cols / 256) * 144;
-    case PT_Q5_K: return (size_t)(w->cols / 256) * 176;
-    case PT_Q6_K: return (size_t)(w->cols / 256) * 210;
-    default: return (size_t)(w->cols / 2); /* affine 4-bit */
+    case PT_Q8_0:
+        return (size_t)(w->cols / 32) * 34;
+    case PT_Q4_0:
+        return (size_t)(w->cols / 32) * 18;
+    case PT_Q4_K:
+        return (size_t)(w->cols / 256) * 144;
+    case PT_Q5_K:
+        return (size_t)(w->cols / 256) * 176;
+    case PT_Q6_K:
+        return (size_t)(w->cols / 256) * 210;
+    default:
+        return (size_t)(w->cols / 2); /* affine 4-bit */
     }
 }
 
@@ -105,7 +117,8 @@ AI __m256i decode(const pt_weight *w, const uint8_t *row, int64_t r, int64_t c, 
     *mul = scale_at(w->scales, r * groups + g, w->scale_dtype);
     *add = scale_at(w->biases, r * groups + g, w->scale_dtype);
     __m128i v = _mm_loadu_si128((const __m128i *)(row + 16 * (size_t)c));
-    __m128i m = _mm_set1_epi8(15), lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    __m128i m = _mm_set1_epi8(15), lo = _mm_and_si128(v, m),
+            hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(lo, hi)),
                                    _mm_unpackhi_epi8(lo, hi), 1);
 }

@@ -44,8 +44,8 @@ typedef struct pblock {
 
 /* Packs blocks [c0, c0 + kc) of rows [r, r + nr) of w into p; rows past
  * nr read zero codes and zero scales. */
-AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr, int64_t c0,
-             int kc, const int F) {
+AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr, int64_t c0, int kc,
+             const int F) {
     if (F == F_Q4_0X8) { /* two 8-row groups of the layout (the second absent if nr == 8) */
         const int64_t nc = w->cols / 32;
         const uint8_t *u0 = (const uint8_t *)w->data + (size_t)((r / 8) * nc + c0) * 144;
@@ -53,14 +53,17 @@ AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr,
         const __m512i m = _mm512_set1_epi8(15);
         for (int c = 0; c < kc; c++, u0 += 144, u1 = u1 ? u1 + 144 : NULL) {
             __m128i h1 = u1 ? _mm_loadu_si128((const __m128i *)u1) : _mm_setzero_si128();
-            __m512 d = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u0))),
-                                          _mm256_cvtph_ps(h1), 1);
+            __m512 d = _mm512_insertf32x8(
+                _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u0))),
+                _mm256_cvtph_ps(h1), 1);
             _mm512_storeu_ps(p[c].mul, d);
             _mm512_storeu_ps(p[c].add, _mm512_mul_ps(d, _mm512_set1_ps(-8)));
             for (int v = 0; v < 4; v++) {
-                __m256i q1 = u1 ? _mm256_loadu_si256((const __m256i *)(u1 + 16 + 32 * v)) : _mm256_setzero_si256();
-                __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(u0 + 16 + 32 * v))),
-                                               q1, 1);
+                __m256i q1 = u1 ? _mm256_loadu_si256((const __m256i *)(u1 + 16 + 32 * v))
+                                : _mm256_setzero_si256();
+                __m512i q = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(u0 + 16 + 32 * v))),
+                    q1, 1);
                 p[c].codes[v] = _mm512_and_si512(q, m);
                 p[c].codes[v + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
             }
@@ -114,9 +117,12 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             const int32_t *s = sq[t] + 2 * c;
-            if (F == F_Q8_0) isum[t] = _mm512_set1_epi32(-128 * (s[0] + s[1]));
-            else if (F == F_Q6_K) isum[t] = _mm512_set1_epi32(-32 * s[0]), isum2[t] = _mm512_set1_epi32(-32 * s[1]);
-            else isum[t] = _mm512_setzero_si512();
+            if (F == F_Q8_0)
+                isum[t] = _mm512_set1_epi32(-128 * (s[0] + s[1]));
+            else if (F == F_Q6_K)
+                isum[t] = _mm512_set1_epi32(-32 * s[0]), isum2[t] = _mm512_set1_epi32(-32 * s[1]);
+            else
+                isum[t] = _mm512_setzero_si512();
         }
         /* group by group, so each group's codes are loaded once for all
          * tokens; the tokens' sums are independent chains */
@@ -126,8 +132,10 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 __m512i xb = _mm512_set1_epi32(load_i32(x[t] + 32 * c + 4 * g));
-                if (F == F_Q6_K && g >= 4) isum2[t] = _mm512_dpbusd_epi32(isum2[t], cg, xb);
-                else isum[t] = _mm512_dpbusd_epi32(isum[t], cg, xb);
+                if (F == F_Q6_K && g >= 4)
+                    isum2[t] = _mm512_dpbusd_epi32(isum2[t], cg, xb);
+                else
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], cg, xb);
             }
         }
         __m512 mul = _mm512_load_ps(b->mul), add = _mm512_load_ps(b->add);
@@ -136,8 +144,8 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
             __m512 dxt = _mm512_set1_ps(dx[t][c]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(mul, dxt), acc[t]);
             if (F == F_Q6_K)
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[t]), _mm512_mul_ps(_mm512_load_ps(b->mul2), dxt),
-                                         acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[t]),
+                                         _mm512_mul_ps(_mm512_load_ps(b->mul2), dxt), acc[t]);
             else if (F != F_Q8_0)
                 acc[t] = _mm512_fmadd_ps(add, _mm512_set1_ps(ds[t][c]), acc[t]);
         }
@@ -156,10 +164,12 @@ AI void tokens(const pblock *panel, int kc, const pt_qact8 *a, float *y, int64_t
                int nr, int t0, int64_t c0, const int NT, const int F) {
     __m512 acc[TT];
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; t++)
+        acc[t] = _mm512_setzero_ps();
     tile(panel, kc, a, t0, c0, NT, F, acc);
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) store(y + (size_t)(t0 + t) * (size_t)rows + (size_t)r, acc[t], nr, c0 > 0);
+    for (int t = 0; t < NT; t++)
+        store(y + (size_t)(t0 + t) * (size_t)rows + (size_t)r, acc[t], nr, c0 > 0);
 }
 
 AI void rows_i8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1,
@@ -172,7 +182,8 @@ AI void rows_i8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int
             int kc = (int)PT_MIN(KC, a->n_chunks - c0);
             pack(panel, w, row_bytes, r, nr, c0, kc, F);
             int t0 = 0;
-            for (; t0 + 8 <= a->n; t0 += 8) tokens(panel, kc, a, y, w->rows, r, nr, t0, c0, 8, F);
+            for (; t0 + 8 <= a->n; t0 += 8)
+                tokens(panel, kc, a, y, w->rows, r, nr, t0, c0, 8, F);
             if (t0 + 4 <= a->n) tokens(panel, kc, a, y, w->rows, r, nr, t0, c0, 4, F), t0 += 4;
             if (t0 + 2 <= a->n) tokens(panel, kc, a, y, w->rows, r, nr, t0, c0, 2, F), t0 += 2;
             if (t0 < a->n) tokens(panel, kc, a, y, w->rows, r, nr, t0, c0, 1, F);
@@ -195,13 +206,20 @@ ROWS(rows_q4_0x8, F_Q4_0X8)
 pt_qk_rows8_fn pt_qk_avx512_rows8(const pt_weight *w) {
     if (w->layout == PT_LAYOUT_Q4_0X8) return rows_q4_0x8;
     switch (w->dtype) {
-    case PT_Q8_0: return rows_q8_0;
-    case PT_Q4_0: return rows_q4_0;
-    case PT_Q4_K: return rows_q4_k;
-    case PT_Q5_K: return rows_q5_k;
-    case PT_Q6_K: return rows_q6_k;
-    case PT_AFFINE: return w->bits == 4 ? rows_aff4 : NULL;
-    default: return NULL;
+    case PT_Q8_0:
+        return rows_q8_0;
+    case PT_Q4_0:
+        return rows_q4_0;
+    case PT_Q4_K:
+        return rows_q4_k;
+    case PT_Q5_K:
+        return rows_q5_k;
+    case PT_Q6_K:
+        return rows_q6_k;
+    case PT_AFFINE:
+        return w->bits == 4 ? rows_aff4 : NULL;
+    default:
+        return NULL;
     }
 }
 
@@ -231,15 +249,17 @@ AI __m256i q4_codes(const uint8_t *blk) {
 /* lane j (and j + 4): the sums of the low (high) 4 lanes of s[j]: 4 rows'
  * sums side by side, as quant_i8_avx2.c's rows4. */
 AI __m256i rows4(const __m256i s[4]) {
-    __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(s[0], s[1]), _mm256_unpackhi_epi32(s[0], s[1]));
-    __m256i b = _mm256_add_epi32(_mm256_unpacklo_epi32(s[2], s[3]), _mm256_unpackhi_epi32(s[2], s[3]));
+    __m256i a =
+        _mm256_add_epi32(_mm256_unpacklo_epi32(s[0], s[1]), _mm256_unpackhi_epi32(s[0], s[1]));
+    __m256i b =
+        _mm256_add_epi32(_mm256_unpacklo_epi32(s[2], s[3]), _mm256_unpackhi_epi32(s[2], s[3]));
     return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
 }
 
 /* y[t][r + j] for j < NR_ (rows r.. of w, rb bytes apart) and every token;
  * two groups of 4 rows, each scaled as the AVX2 kernel scales its 4. */
-AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, size_t rb, const int NR_,
-                 const int F, bool prefetch) {
+AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, size_t rb,
+                 const int NR_, const int F, bool prefetch) {
     const int bb = F == F_Q8_0 ? 34 : 18;
     const int G = NR_ > 4 ? 2 : 1; /* groups of 4 rows */
     const uint8_t *row0 = (const uint8_t *)w->data + (size_t)r * rb;
@@ -250,12 +270,15 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
         __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int64_t c = 0; c < a->n_chunks; c++) {
             const uint8_t *blk = row0 + (size_t)bb * (size_t)c;
-            if (prefetch && t == 0 && ((size_t)c * (size_t)bb) % 64 < (size_t)bb) /* once per line */
+            if (prefetch && t == 0 &&
+                ((size_t)c * (size_t)bb) % 64 < (size_t)bb) /* once per line */
 #pragma GCC unroll 8
-                for (int j = 0; j < NR_; j++) __builtin_prefetch(blk + (size_t)(VR + j) * rb);
+                for (int j = 0; j < NR_; j++)
+                    __builtin_prefetch(blk + (size_t)(VR + j) * rb);
             __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * c));
             /* the lanes' offset: q8_0 128, q4_0 8 times their codes' sum */
-            __m256i off = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, x));
+            __m256i off = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, x));
             __m256 dxc = _mm256_set1_ps(dx[c]);
 #pragma GCC unroll 2
             for (int gi = 0; gi < G; gi++) {
@@ -271,8 +294,10 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
                     uint16_t hj;
                     memcpy(&hj, b, 2);
                     h |= (uint64_t)hj << (16 * j);
-                    __m256i q = F == F_Q4_0 ? q4_codes(b)
-                                            : _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), bias);
+                    __m256i q =
+                        F == F_Q4_0
+                            ? q4_codes(b)
+                            : _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), bias);
                     s[j] = _mm256_dpbusd_epi32(off, q, x);
                 }
                 __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi64x((long long)h)), dxc);
@@ -281,7 +306,8 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
         }
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
-            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[gi]), _mm256_extractf128_ps(acc[gi], 1));
+            __m128 v =
+                _mm_add_ps(_mm256_castps256_ps128(acc[gi]), _mm256_extractf128_ps(acc[gi], 1));
             float out[4];
             _mm_storeu_ps(out, v);
             for (int j = 0; j < 4 && 4 * gi + j < NR_; j++)
@@ -290,12 +316,16 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
     }
 }
 
-AI void vec_i8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1, const int F) {
+AI void vec_i8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1,
+               const int F) {
     size_t rb = row_bytes_of(w);
     int64_t r = r0;
-    for (; r + VR <= r1; r += VR) vec_rows(w, a, y, r, rb, VR, F, r + 2 * VR <= r1);
-    for (; r + 4 <= r1; r += 4) vec_rows(w, a, y, r, rb, 4, F, false);
-    for (; r < r1; r++) vec_rows(w, a, y, r, rb, 1, F, false);
+    for (; r + VR <= r1; r += VR)
+        vec_rows(w, a, y, r, rb, VR, F, r + 2 * VR <= r1);
+    for (; r + 4 <= r1; r += 4)
+        vec_rows(w, a, y, r, rb, 4, F, false);
+    for (; r < r1; r++)
+        vec_rows(w, a, y, r, rb, 1, F, false);
 }
 
 #ifndef X8_AHEAD
@@ -328,11 +358,12 @@ static void vec_q4_0x8_one(const pt_weight *w, const pt_qact8 *a, float *y, int6
             for (int v = 0; v < 4; v++) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)(u + 16 + 32 * v));
                 s0 = _mm256_dpbusd_epi32(s0, _mm256_and_si256(q, m), bcast4(x + 4 * v));
-                s1 = _mm256_dpbusd_epi32(s1, _mm256_and_si256(_mm256_srli_epi16(q, 4), m), bcast4(x + 16 + 4 * v));
+                s1 = _mm256_dpbusd_epi32(s1, _mm256_and_si256(_mm256_srli_epi16(q, 4), m),
+                                         bcast4(x + 16 + 4 * v));
             }
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_mul_ps(d, _mm256_broadcast_ss(dx + c)),
-                                  acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)),
+                                  _mm256_mul_ps(d, _mm256_broadcast_ss(dx + c)), acc);
             off = _mm256_fmadd_ps(d, _mm256_broadcast_ss(ds + c), off);
         }
         acc = _mm256_fmadd_ps(off, _mm256_set1_ps(-8), acc);
@@ -362,16 +393,19 @@ static void vec_q4_0x8_two(const pt_weight *w, const pt_qact8 *a, float *y, int6
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int v = 0; v < 4; v++) {
-                __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(u + 16 + 32 * v))),
-                                               _mm256_loadu_si256((const __m256i *)(u + gb + 16 + 32 * v)), 1);
-                s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, m), _mm512_set1_epi32(load_i32(x + 4 * v)));
+                __m512i q = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(u + 16 + 32 * v))),
+                    _mm256_loadu_si256((const __m256i *)(u + gb + 16 + 32 * v)), 1);
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, m),
+                                         _mm512_set1_epi32(load_i32(x + 4 * v)));
                 s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(q, 4), m),
                                          _mm512_set1_epi32(load_i32(x + 16 + 4 * v)));
             }
-            __m512 d = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u))),
-                                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + gb))), 1);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, _mm512_set1_ps(dx[c])),
-                                  acc);
+            __m512 d = _mm512_insertf32x8(
+                _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u))),
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + gb))), 1);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                  _mm512_mul_ps(d, _mm512_set1_ps(dx[c])), acc);
             off = _mm512_fmadd_ps(d, _mm512_set1_ps(ds[c]), off);
         }
         acc = _mm512_fmadd_ps(off, _mm512_set1_ps(-8), acc);
@@ -382,8 +416,10 @@ static void vec_q4_0x8_two(const pt_weight *w, const pt_qact8 *a, float *y, int6
 /* Rows [r0, r1) are whole groups of 8 (callers split in runs of 8). */
 static void vec_q4_0x8(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
     int64_t r = r0;
-    for (; r + 16 <= r1; r += 16) vec_q4_0x8_two(w, a, y, r);
-    for (; r < r1; r += 8) vec_q4_0x8_one(w, a, y, r);
+    for (; r + 16 <= r1; r += 16)
+        vec_q4_0x8_two(w, a, y, r);
+    for (; r < r1; r += 8)
+        vec_q4_0x8_one(w, a, y, r);
 }
 
 static void vec_q8_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
@@ -396,8 +432,11 @@ static void vec_q4_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0
 pt_qk_rows8_fn pt_qk_avx512_vec8(const pt_weight *w) {
     if (w->layout == PT_LAYOUT_Q4_0X8) return vec_q4_0x8;
     switch (w->dtype) {
-    case PT_Q8_0: return vec_q8_0;
-    case PT_Q4_0: return vec_q4_0;
-    default: return NULL;
+    case PT_Q8_0:
+        return vec_q8_0;
+    case PT_Q4_0:
+        return vec_q4_0;
+    default:
+        return NULL;
     }
 }
