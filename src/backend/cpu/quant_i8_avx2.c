@@ -36,9 +36,9 @@
  *     sum, so each goes through vpmaddwd.
  * Every block's integer sum is exact; it is scaled once in f32.
  *
- * Where AVX-512 VNNI is present, vpdpbusd would replace maddubs + madd and
- * 512-bit registers hold 16 rows; such a kernel slots in beside this one
- * through pt_qk_avx2_rows8's table, tested on a machine that has it.
+ * Where AVX-512 VNNI is present, quant_i8_avx512.c runs the same kernels
+ * with vpdpbusd in place of maddubs + madd and 16 rows per zmm panel; its
+ * outputs equal these bit for bit (tests/quant/test_kernels.c).
  */
 #include "backend/cpu/quant_i8.h"
 

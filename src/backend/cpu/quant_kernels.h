@@ -29,7 +29,9 @@
  * against int16 on a random TinyLlama-shape Q8_0 model, half what Q8_0
  * weights cost against F16 there (docs/benchmarks.md).  Decode of q4_0
  * and q8_0 on AVX2 takes int8 activations too (the rows kernels at the end
- * of quant_i8_avx2.c), as llama.cpp does for these formats.
+ * of quant_i8_avx2.c), as llama.cpp does for these formats.  With the
+ * avx512 kernel set the same int8 paths run on AVX-512 VNNI
+ * (quant_i8_avx512.c), bit-identical to the AVX2 ones.
  * PETREL_CPU_INT8 (read when the backend is created): 0 keeps every call
  * on int16, "prefill" keeps decode there.  Where both int8 paths run, q4_0
  * matrices are repacked at load 8 rows at a time (PT_LAYOUT_Q4_0X8,
