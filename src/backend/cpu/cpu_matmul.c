@@ -26,8 +26,6 @@
  * and never read the same weight bytes; when there are fewer row panels than
  * threads (small projections at large n) the tokens are split instead.
  */
-#include <stdatomic.h>
-
 #include "backend/cpu/cpu_backend.h"
 
 /* Packed GEMM blocking: columns per panel (a multiple of every quantized
@@ -36,12 +34,6 @@
 #define NB 192
 /* Weight rows per chunk: a chunk's y block (NB x RC floats) stays in L2. */
 #define RC 128
-/* Decode rows per work item handed out from an atomic counter: threads that
- * finish early take more, so a core shared with another job does not hold
- * the token back (a static split waits for its slowest half: on a loaded
- * 2-vCPU Zen 5, F16 decode on 2 threads ran no faster than on 1, where
- * llama.cpp's chunked split scaled).  A multiple of 16: one cache line of y. */
-#define MATVEC_ROWS 64
 /* Target bytes of weights per chunk of the small-batch path (fits L2). */
 #define SMALL_CHUNK_BYTES (256 * 1024)
 
@@ -59,18 +51,14 @@ typedef struct matmul_job {
     float *const *scratch;
     int64_t t0, t1; /* packed path: the token block in xp */
     float *xp;
-    _Atomic int64_t next; /* decode: the next MATVEC_ROWS item */
 } matmul_job;
 
 static void matvec_task(void *ctx, int ith, int nth) {
-    matmul_job *j = ctx;
-    (void)ith, (void)nth;
-    for (;;) {
-        int64_t r0 = atomic_fetch_add_explicit(&j->next, MATVEC_ROWS, memory_order_relaxed);
-        if (r0 >= j->rows) break;
-        int64_t r1 = PT_MIN(j->rows, r0 + MATVEC_ROWS);
-        j->wo->matvec(j->y + r0, j->w + r0 * j->row_bytes, j->row_bytes, r1 - r0, j->x, j->cols);
-    }
+    const matmul_job *j = ctx;
+    int64_t r0, r1;
+    /* 16 rows = one cache line of y, so no two threads share a line. */
+    pt_cpu_split(j->rows, ith, nth, 16, &r0, &r1);
+    if (r1 > r0) j->wo->matvec(j->y + r0, j->w + r0 * j->row_bytes, j->row_bytes, r1 - r0, j->x, j->cols);
 }
 
 static void small_task(void *ctx, int ith, int nth) {

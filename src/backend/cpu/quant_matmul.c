@@ -4,7 +4,6 @@
  * (split across threads, each thread doing all tokens of its rows, so each
  * weight byte is read once per call).
  */
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -49,14 +48,7 @@ typedef struct job {
     float *y;
     pt_qk_rows_fn rows;
     bool avx2;
-    _Atomic int64_t next; /* the next item of ROWS_ITEM rows */
 } job;
-
-/* Rows per work item handed out from an atomic counter, so threads that
- * finish early take more (a core shared with another job does not hold a
- * decode step back, as with a static split); a multiple of 16: whole int8
- * panels and q4_0x8 pairs, and cache lines of y. */
-#define ROWS_ITEM 64
 
 static void act_part(void *ctx, int ith, int nth) {
     job *j = ctx;
@@ -67,16 +59,14 @@ static void act_part(void *ctx, int ith, int nth) {
     else pt_qk_quantize_act(&j->a, j->x, t0, t1);
 }
 
+/* Rows in runs of 8, so threads do not share the cache lines of y. */
 static void rows_part(void *ctx, int ith, int nth) {
     job *j = ctx;
-    (void)ith, (void)nth;
-    for (;;) {
-        int64_t r0 = atomic_fetch_add_explicit(&j->next, ROWS_ITEM, memory_order_relaxed);
-        if (r0 >= j->w->rows) break;
-        int64_t r1 = PT_MIN(j->w->rows, r0 + ROWS_ITEM);
-        if (j->rows8) j->rows8(j->w, &j->a8, j->y, r0, r1);
-        else j->rows(j->w, &j->a, j->y, r0, r1);
-    }
+    int64_t runs = (j->w->rows + 7) / 8;
+    int64_t r0 = runs * ith / nth * 8, r1 = PT_MIN(j->w->rows, runs * (ith + 1) / nth * 8);
+    if (r0 >= r1) return;
+    if (j->rows8) j->rows8(j->w, &j->a8, j->y, r0, r1);
+    else j->rows(j->w, &j->a, j->y, r0, r1);
 }
 
 /* Activations up to this many elements are quantized on the calling thread. */
