@@ -9,7 +9,8 @@
  *   /tmp/quant_gemm [threads] [n] [reps]
  *
  * One thread is timed by its CPU time (a shared machine), several by wall
- * time.  Prints GOP/s (2 per multiply-add) per arm and their ratio; for
+ * time.  Prints GOP/s (2 per multiply-add) per arm and their ratio (and,
+ * on a CPU with AVX-512 VNNI, its int8 kernels against AVX2's); for
  * q4_0 also the int8 kernels on the load-time layout (PT_LAYOUT_Q4_0X8)
  * against the file layout.  Under
  * `valgrind --tool=callgrind` use reps 1 to count instructions per arm.
@@ -41,6 +42,10 @@ static double run(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const
     return now(!pool) - t0;
 }
 
+static double ops_of(int64_t rows, int64_t cols, int n) {
+    return 2.0 * (double)rows * (double)cols * n;
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1, n = argc > 2 ? atoi(argv[2]) : 128;
     int reps = argc > 3 ? atoi(argv[3]) : 5;
@@ -65,17 +70,26 @@ int main(int argc, char **argv) {
             }
             pt_weight w = {.dtype = ts[f], .rows = rows, .cols = cols, .data = data};
             pt_qk_ctx i8 = {.avx2 = true, .i8 = true, .i8_decode = true}, i16 = {.avx2 = true};
-            double b8 = 1e30, b16 = 1e30;
+            pt_qk_ctx i8z = {.avx2 = true, .avx512 = true, .i8 = true, .i8_decode = true};
+            bool z = pt_qk_cpu_has_avx512();
+            double b8 = 1e30, b16 = 1e30, bz = 1e30;
             for (int r = 0; r < reps; r++) {
                 b8 = PT_MIN(b8, run(&i8, pool, y, x, &w, n));
                 b16 = PT_MIN(b16, run(&i16, pool, y, x, &w, n));
+                if (z) bz = PT_MIN(bz, run(&i8z, pool, y, x, &w, n));
             }
+            if (z) /* the AVX-512 VNNI kernels against the AVX2 int8 ones */
+                printf("%-5s %5lldx%-5lld n=%d t=%d  %-17s %7.1f GOP/s %5.1f GB/s   avx2 int8 %7.1f GOP/s   ratio %.2f\n",
+                       pt_dtype_name(ts[f]), (long long)rows, (long long)cols, n, threads, pt_qk_path(&i8z, &w, n),
+                       ops_of(rows, cols, n) / bz / 1e9, (double)(rb * (size_t)rows) / bz / 1e9,
+                       ops_of(rows, cols, n) / b8 / 1e9, b8 / bz);
             double ops = 2.0 * (double)rows * (double)cols * n;
             printf("%-5s %5lldx%-5lld n=%d t=%d  %-15s %7.1f GOP/s %5.1f GB/s   avx2 int16 %7.1f GOP/s %5.1f GB/s   ratio %.2f\n",
                    pt_dtype_name(ts[f]), (long long)rows, (long long)cols, n, threads,
                    pt_qk_path(&i8, &w, n), ops / b8 / 1e9, (double)(rb * (size_t)rows) / b8 / 1e9,
                    ops / b16 / 1e9, (double)(rb * (size_t)rows) / b16 / 1e9, b16 / b8);
             if (pt_layout_fits(PT_LAYOUT_Q4_0X8, ts[f], rows, cols)) { /* the load-time repack */
+                if (z) i8 = i8z; /* the widest int8 kernels on both layouts */
                 pt_weight wl = w;
                 wl.data = malloc(rb * (size_t)rows);
                 wl.layout = PT_LAYOUT_Q4_0X8;

@@ -84,10 +84,13 @@ run_llama() {
 }
 
 # One petrel bench run: "pp_tok_s tg_tok_s bytes_per_token bandwidth_gbs peak_gops pp_gflops".
+# One untimed prefill and decode first, as llama-bench's warmup run: without
+# it Petrel's one timed prefill paid the first touch of the mmap'd weights
+# (F16, 1 thread: 20.6 tok/s cold against 57.6 warm, Zen 5, 2026-12-02).
 run_petrel() {
   local js
   js=$(mktemp)
-  $p bench -m "$1" -t "$2" -p 128 -d 0 -g ${GEN:-16} -r 1 -o "$js" >/dev/null 2>&1
+  $p bench -m "$1" -t "$2" -p 128 -d 0 -g ${GEN:-16} -r 1 --warmup 1 -o "$js" >/dev/null 2>&1
   jq -r '[.prefill[0].tok_s, .decode[0].tok_s, .decode[0].bytes_per_token, .read_bandwidth_gbs,
           .compute_peak_gops, .prefill[0].gflops] | map(tostring) | join(" ")' "$js"
   rm -f "$js"

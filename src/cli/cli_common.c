@@ -54,7 +54,7 @@ const cli_opt cli_model_opts[] = {
     {"n-gpu-layers", 0, CLI_INT, &cli_margs.gpu_layers, "N", "the same as --gpu-layers (also -ngl)"},
     {"threads", 't', CLI_INT, &cli_margs.threads, "N", "CPU threads (default: one per core)"},
     {"tensor-parallel", 0, CLI_INT, &cli_margs.tensor_parallel, "N", "split the model over N ranks (Megatron-style: heads and FFN rows, one sum per block; docs/tensor-parallel.md). cpu: N > 1 runs the split reference forward, one thread per rank (for correctness, not speed); cuda: 1 runs through a one-rank NCCL communicator, N > 1 needs N GPUs and is not implemented yet (default: not split)"},
-    {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx2, portable"},
+    {"kernels", 0, CLI_STR, &cli_margs.kernels, "K", "CPU kernels: auto, avx512, avx2, portable"},
     {"ctx", 'c', CLI_INT, &cli_margs.ctx, "N", "KV cache positions (default: min(model, 4096))"},
     {"ctx-size", 0, CLI_INT, &cli_margs.ctx, "N", "the same as --ctx (llama.cpp's spelling)"},
     {"batch", 'b', CLI_INT, &cli_margs.batch, "N", "rows per forward pass (default 512)"},

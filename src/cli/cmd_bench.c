@@ -21,7 +21,7 @@
 
 static struct {
     const char *prompt_lens, *depths, *json, *parallel;
-    int gen, reps, par_prompt, par_gen, max_seqs, reuse;
+    int gen, reps, warmup, par_prompt, par_gen, max_seqs, reuse;
 } b;
 
 static const cli_opt bench_opts[] = {
@@ -29,6 +29,9 @@ static const cli_opt bench_opts[] = {
     {"depths", 'd', CLI_STR, &b.depths, "D,D..", "decode context depths (default 0,512)"},
     {"gen", 'g', CLI_INT, &b.gen, "N", "decode steps timed per depth (default 32)"},
     {"reps", 'r', CLI_INT, &b.reps, "N", "repetitions; the best is kept (default 3)"},
+    {"warmup", 0, CLI_INT, &b.warmup, "N",
+     "untimed prefills and decodes before the timed ones (default 0; llama-bench does 1: the first "
+     "pass over mmap'd weights pays their page faults)"},
     {"json", 'o', CLI_STR, &b.json, "FILE", "also write the results as JSON"},
     {"parallel", 'P', CLI_STR, &b.parallel, "N,N..",
      "also run N concurrent requests through the scheduler and report aggregate decode "
@@ -249,7 +252,7 @@ int cmd_bench(int argc, char **argv) {
     if (rc) return rc < 0 ? 2 : 0;
     int lens[16], depths[16], pars[16], n_pars = 0;
     int n_lens = parse_list(b.prompt_lens, lens, 16), n_depths = parse_list(b.depths, depths, 16);
-    if (n_lens < 0 || n_depths < 0 || b.gen < 1 || b.reps < 1) {
+    if (n_lens < 0 || n_depths < 0 || b.gen < 1 || b.reps < 1 || b.warmup < 0) {
         fprintf(stderr, "petrel bench: bad --prompt-lens, --depths, --gen or --reps\n");
         return 2;
     }
@@ -332,6 +335,8 @@ int cmd_bench(int argc, char **argv) {
     printf("%-10s %8s %12s %12s %10s\n", "prefill", "tokens", "tok/s", "GFLOP/s", "of peak");
     for (int i = 0; i < n_lens; i++) {
         double best = 1e30, t;
+        for (int r = 0; r < b.warmup; r++)
+            if (time_prefill(e, lens[i], b.reps + r, &t, &err)) goto fail;
         for (int r = 0; r < b.reps; r++) {
             if (time_prefill(e, lens[i], r, &t, &err)) goto fail;
             if (t < best) best = t;
@@ -347,6 +352,8 @@ int cmd_bench(int argc, char **argv) {
            "roofline", "fraction");
     for (int i = 0; i < n_depths; i++) {
         double best = 1e30, t;
+        for (int r = 0; r < b.warmup; r++)
+            if (time_decode(e, depths[i], b.gen, &t, &err)) goto fail;
         for (int r = 0; r < b.reps; r++) {
             if (time_decode(e, depths[i], b.gen, &t, &err)) goto fail;
             if (t < best) best = t;

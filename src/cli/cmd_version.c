@@ -28,7 +28,7 @@ int cmd_version(int argc, char **argv) {
     printf("commit:      %s\n", petrel_build_commit);
     printf("build:       %s\n", petrel_build_type);
     printf("cuda:        %s\n", petrel_build_cuda ? "on" : "off (rebuild with nvcc for --device cuda)");
-    printf("cpu kernels: avx2, portable (this CPU: %s)\n",
-           pt_qk_cpu_has_avx2() ? "avx2" : "portable");
+    printf("cpu kernels: avx512, avx2, portable (this CPU: %s)\n",
+           pt_qk_cpu_has_avx512() ? "avx512" : pt_qk_cpu_has_avx2() ? "avx2" : "portable");
     return 0;
 }

@@ -35,20 +35,26 @@
 
 /* ---- fixtures: the backends under test, one RNG ---------------------------------- */
 
-static pt_backend *backends[8];
+static pt_backend *backends[12]; /* 3 sets x 1..3 threads */
 static int n_backends;
 static pt_rng rng;
 /* The largest error seen as a fraction of its bound, per check: printed so
  * a tolerance that is too loose (or nearly hit) is visible. */
 static double worst_matmul, worst_attention;
 
-/* The backend's own check, seen from outside: "avx2" is refused exactly
- * when the CPU lacks it. */
-static bool have_avx2(void) {
+/* The backend's own check, seen from outside: an explicit set is refused
+ * exactly when the CPU lacks it. */
+static bool have_set(const char *name) {
     pt_err err;
-    pt_backend *be = pt_backend_cpu_new(1, "avx2", &err);
+    pt_backend *be = pt_backend_cpu_new(1, name, &err);
     if (be) be->ops->destroy(be);
     return be != NULL;
+}
+static bool have_avx2(void) {
+    return have_set("avx2");
+}
+static bool have_avx512(void) {
+    return have_set("avx512");
 }
 
 static int setup(void **state) {
@@ -58,10 +64,10 @@ static int setup(void **state) {
     print_message("seed %llu (PETREL_TEST_SEED=%llu replays it)\n", (unsigned long long)seed,
                   (unsigned long long)seed);
     pt_rng_seed(&rng, seed);
-    const char *sets[] = {"portable", "avx2"};
-    for (int k = 0; k < 2; k++) {
-        if (k == 1 && !have_avx2()) {
-            print_message("note: no AVX2 on this CPU; only the portable kernels are tested\n");
+    const char *sets[] = {"portable", "avx2", "avx512"};
+    for (int k = 0; k < 3; k++) {
+        if (!have_set(sets[k])) {
+            print_message("note: no %s on this CPU; its kernels are not tested\n", sets[k]);
             continue;
         }
         for (int nth = 1; nth <= 3; nth++) {
@@ -208,6 +214,42 @@ static void test_matmul_prefill(void **state) {
         }
 }
 
+/* The packed GEMM runs the same FMAs per output in the same order in the
+ * avx2 set (6 x 16 tiles) and the avx512 set (6 x 32 tiles, 32-row
+ * panels): prefill results are equal bit for bit, ragged panels, column
+ * blocks and token tiles included. */
+static void test_matmul_prefill_sets_agree(void **state) {
+    (void)state;
+    if (!have_avx512()) {
+        print_message("note: no AVX-512 on this CPU; nothing to compare\n");
+        return;
+    }
+    pt_err err;
+    pt_backend *a2 = pt_backend_cpu_new(2, "avx2", &err), *a5 = pt_backend_cpu_new(2, "avx512", &err);
+    assert_non_null(a2);
+    assert_non_null(a5);
+    static const int64_t shapes[][3] = {{67, 260, 200}, {261, 47, 389}, {300, 520, 203}, {8, 40, 77}, {33, 515, 64}};
+    for (size_t d = 0; d < PT_ARRAY_LEN(float_types); d++)
+        for (size_t s = 0; s < PT_ARRAY_LEN(shapes); s++) {
+            int64_t rows = shapes[s][0], cols = shapes[s][1];
+            int n = (int)shapes[s][2];
+            pt_weight w = make_weight(a2, float_types[d], rows, cols);
+            float *x = rnd_floats((size_t)(n * cols), 1.0f), *y2 = poisoned((size_t)(n * rows));
+            float *y5 = poisoned((size_t)(n * rows));
+            pt_be_matmul(a2, y2, x, &w, n);
+            pt_be_matmul(a5, y5, x, &w, n);
+            check_written(y5, (size_t)(n * rows), "matmul avx512", a5);
+            for (int64_t i = 0; i < n * rows; i++)
+                if (memcmp(&y2[i], &y5[i], sizeof(float)))
+                    fail_msg("matmul %s %lldx%lld n=%d: output %lld avx512 %.9g, avx2 %.9g", pt_dtype_name(float_types[d]),
+                             (long long)rows, (long long)cols, n, (long long)i, y5[i], y2[i]);
+            free(x), free(y2), free(y5);
+            free_weight(a2, &w);
+        }
+    a2->ops->destroy(a2);
+    a5->ops->destroy(a5);
+}
+
 /* Quantized weights are not computed here but handed to quant_kernels.h
  * (tested in tests/quant): the backend's matmul and embed must give exactly
  * what that driver gives with the same kernel flavour. */
@@ -226,7 +268,9 @@ static void test_quantized_handoff(void **state) {
     pt_weight w = {.dtype = PT_Q8_0, .rows = rows, .cols = cols, .data = wq, .nbytes = rb * (size_t)rows};
     for (int b = 0; b < n_backends; b++) {
         pt_backend *be = backends[b];
-        pt_qk_ctx ctx = {.avx2 = strstr(be->detail, "avx2") != NULL,
+        bool avx512 = strstr(be->detail, "avx512") != NULL;
+        pt_qk_ctx ctx = {.avx2 = avx512 || strstr(be->detail, "avx2") != NULL,
+                         .avx512 = avx512,
                          .i8 = strstr(be->detail, "int8") != NULL,
                          .i8_decode = strstr(be->detail, "int8 quantized matmuls") != NULL};
         for (int n = 1; n <= 9; n += 4) {
@@ -400,10 +444,11 @@ static void test_swiglu(void **state) {
  * over the whole range whose result is a normal float. */
 static void test_exp_accuracy(void **state) {
     (void)state;
-    const pt_cpu_kernels *sets[2] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL};
+    const pt_cpu_kernels *sets[3] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL,
+                                     have_avx512() ? pt_cpu_kernels_avx512() : NULL};
     const int64_t n = 1 << 20;
     float *x = malloc(sizeof(float) * (size_t)n);
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         if (!sets[s]) continue;
         for (int64_t i = 0; i < n; i++) x[i] = -87.0f + 175.0f * (float)i / (float)n;
         float *in = malloc(sizeof(float) * (size_t)n);
@@ -433,11 +478,12 @@ static void test_exp_accuracy(void **state) {
  * kernel sets (NaNs only need to stay NaNs). */
 static void test_half_conversions(void **state) {
     (void)state;
-    const pt_cpu_kernels *sets[2] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL};
+    const pt_cpu_kernels *sets[3] = {pt_cpu_kernels_portable(), have_avx2() ? pt_cpu_kernels_avx2() : NULL,
+                                     have_avx512() ? pt_cpu_kernels_avx512() : NULL};
     uint16_t *h = malloc(sizeof(uint16_t) * 65536);
     float *f = malloc(sizeof(float) * 65536);
     for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         if (!sets[s]) continue;
         for (int t = 0; t < 2; t++) {
             pt_dtype dt = t ? PT_BF16 : PT_F16;
@@ -1150,7 +1196,10 @@ static void test_kernel_choice(void **state) {
     assert_string_equal(be->name, "cpu");
     assert_true(be->host_memory);
     assert_int_equal(be->n_threads, 2);
-    assert_non_null(strstr(be->detail, have_avx2() ? "avx2" : "portable"));
+    /* auto: the widest set the CPU has */
+    assert_non_null(strstr(be->detail, have_avx512() ? "avx512" : have_avx2() ? "avx2" : "portable"));
+    assert_true(have_avx512() == pt_qk_cpu_has_avx512());
+    assert_true(!have_avx512() || have_avx2());
     be->ops->destroy(be);
 
     setenv("PETREL_CPU_KERNELS", "portable", 1);
@@ -1161,6 +1210,16 @@ static void test_kernel_choice(void **state) {
         be = pt_backend_cpu_new(1, "avx2", &err);
         assert_non_null(strstr(be->detail, "avx2"));
         be->ops->destroy(be);
+    }
+    setenv("PETREL_CPU_KERNELS", "avx512", 1);
+    be = pt_backend_cpu_new(1, "auto", &err);
+    if (have_avx512()) { /* the environment names a set like --kernels does */
+        assert_non_null(be);
+        assert_string_equal(be->detail, "avx512 + int8 quantized matmuls, 1 thread");
+        be->ops->destroy(be);
+    } else { /* and is refused, never silently replaced, where the CPU lacks it */
+        assert_null(be);
+        assert_non_null(strstr(err.msg, "avx512"));
     }
     unsetenv("PETREL_CPU_KERNELS");
 
@@ -1187,6 +1246,7 @@ int main(void) {
         cmocka_unit_test(test_kernel_choice),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_prefill),
+        cmocka_unit_test(test_matmul_prefill_sets_agree),
         cmocka_unit_test(test_quantized_handoff),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_gather_rows),

@@ -31,7 +31,7 @@ head -n 1 "$tmp/v1" | grep -Eq '^petrel [0-9]+\.[0-9]+\.[0-9]+$' || fail "first 
 grep -Eq '^commit: +[0-9a-f]{12}(-dirty)?$|^commit: +unknown$' "$tmp/v1" || fail "no commit line"
 grep -Eq '^build: +(Release|Debug|RelWithDebInfo|MinSizeRel)$' "$tmp/v1" || fail "no build line"
 grep -Eq '^cuda: +(on|off)' "$tmp/v1" || fail "no cuda line"
-grep -Eq '^cpu kernels: .*this CPU: (avx2|portable)' "$tmp/v1" || fail "no cpu kernels line"
+grep -Eq '^cpu kernels: .*this CPU: (avx512|avx2|portable)' "$tmp/v1" || fail "no cpu kernels line"
 "$bin" version extra >/dev/null 2>&1 && fail "version took an argument"
 
 # --- llama.cpp spellings ------------------------------------------------------

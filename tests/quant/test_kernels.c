@@ -178,7 +178,9 @@ static void test_gguf_all(void **state) {
     for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_format((fmt){ts[i], 0, 0, PT_F16}, pt_dtype_name(ts[i]));
 }
 
-/* The int8-activation GEMM (q8_0, q4_0, q4_k, q5_k, q6_k, affine 4-bit prefill) against the reference
+/* The int8-activation GEMM (q8_0, q4_0, q4_k, q5_k, q6_k, affine 4-bit prefill), AVX2 and
+ * (where the CPU has it) AVX-512 VNNI, whose every output must equal AVX2's bit for bit,
+ * against the reference
  * weights times the activations rounded as it rounds them (to f32 rounding,
  * 1e-5 of sum |w x|), and against the exact activations within the int8
  * rounding bound sum |w_i| * d_x / 2, d_x = max|x| / 127.  Shapes cover
@@ -244,6 +246,7 @@ static void check_i8(fmt f, bool decode, bool repack) {
     pt_rng rng;
     pt_rng_seed(&rng, 77 + (uint64_t)t * 10 + (uint64_t)f.gs + (uint64_t)f.st);
     pt_pool *pool = pt_pool_new(2);
+    bool avx512 = pt_qk_cpu_has_avx512();
     for (size_t ri = 0; ri < PT_ARRAY_LEN(row_counts); ri++)
         for (int64_t cols = 32; cols <= 4096; cols *= 8) {
             int64_t rows = row_counts[ri] * (repack ? 8 : 1); /* the layout takes groups of 8 */
@@ -267,6 +270,19 @@ static void check_i8(fmt f, bool decode, bool repack) {
                 assert_string_equal(pt_qk_path(&ctx, &q.w, n), decode ? "avx2 int8 rows" : "avx2 int8 gemm");
                 pt_qk_matmul(&ctx, pool, y, x, &q.w, n);
                 pt_qk_matmul(&ctx, NULL, y1, x, &q.w, n);
+                if (avx512) { /* the same integer sums scaled the same way: equal bit for bit */
+                    pt_qk_ctx c5 = {.avx2 = true, .avx512 = true, .i8 = true, .i8_decode = decode};
+                    float *y5 = malloc(sizeof(float) * (size_t)(n * rows));
+                    assert_string_equal(pt_qk_path(&c5, &q.w, n), decode ? "avx512 int8 rows" : "avx512 int8 gemm");
+                    pt_qk_matmul(&c5, pool, y5, x, &q.w, n);
+                    for (int64_t i = 0; i < (int64_t)n * rows; i++)
+                        if (memcmp(&y5[i], &y[i], sizeof(float)))
+                            fail_msg("%s/%d avx512 int8 %s %lldx%lld n=%d, output %lld: %.9g, avx2 %.9g",
+                                     pt_dtype_name(t), f.gs, decode ? "rows" : "gemm", (long long)rows,
+                                     (long long)cols, n, (long long)i, y5[i], y[i]);
+                    pt_qk_ctx_free(&c5);
+                    free(y5);
+                }
                 for (int k = 0; k < n; k++)
                     for (int64_t r = 0; r < rows; r++) {
                         double same = 0, exact = 0, mag = 0, bound = 0;
@@ -376,6 +392,11 @@ static void test_layout_choice(void **state) {
     assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_FILE);
     unsetenv("PETREL_CPU_REPACK");
     be->ops->destroy(be);
+    if (!pt_qk_cpu_has_avx512()) return;
+    be = pt_backend_cpu_new(1, "avx512", &err); /* its int8 kernels read the layout too */
+    assert_non_null(be);
+    assert_int_equal(be->ops->weight_layout(be, &w), PT_LAYOUT_Q4_0X8);
+    be->ops->destroy(be);
 }
 
 /* The AVX2 activation quantizer gives the portable one's codes, scales and
@@ -403,12 +424,23 @@ static void test_i8_quantize_same(void **state) {
     assert_memory_equal(a.q, b.q, N * COLS);
     assert_memory_equal(a.d, b.d, sizeof(float) * N * COLS / 32);
     assert_memory_equal(a.ds, b.ds, sizeof(float) * N * COLS / 32);
+    assert_memory_equal(a.sq, b.sq, sizeof(int32_t) * 2 * N * COLS / 32);
+    for (int c = 0; c < N * COLS / 32; c++) { /* the half sums, and ds from their total */
+        int lo = 0, hi = 0;
+        for (int i = 0; i < 16; i++) lo += a.q[32 * c + i], hi += a.q[32 * c + 16 + i];
+        assert_int_equal(a.sq[2 * c], lo);
+        assert_int_equal(a.sq[2 * c + 1], hi);
+        assert_true(a.ds[c] == a.d[c] * (float)(lo + hi));
+    }
     assert_int_equal(a.q[65], -14); /* -14.5 -> -14 */
     assert_int_equal(a.q[66], -14); /* -13.5 -> -14 */
 }
 
 static void test_handles(void **state) {
     (void)state;
+    print_message("this CPU: avx2 %s, avx512 (F/BW/VL/DQ/VNNI) %s\n", pt_qk_cpu_has_avx2() ? "yes" : "no",
+                  pt_qk_cpu_has_avx512() ? "yes" : "no");
+    if (pt_qk_cpu_has_avx512()) assert_true(pt_qk_cpu_has_avx2());
     assert_true(pt_qk_handles(PT_AFFINE) && pt_qk_handles(PT_Q4_K) && pt_qk_handles(PT_Q8_0));
     assert_false(pt_qk_handles(PT_F32) || pt_qk_handles(PT_BF16));
     if (!pt_qk_cpu_has_avx2()) print_message("note: no AVX2 on this CPU; only portable kernels tested\n");

@@ -422,7 +422,7 @@ void pt_cpu_kvq_attention(pt_backend *be, float *out, const float *q, const pt_k
     pt_cpu_check_rows("attention", kv, b);
     if (b->n_tokens <= 0) return;
     const pt_kvq_kernels *qk = pt_kvq_kernels_avx2();
-    if (!qk || cb->k != pt_cpu_kernels_avx2()) qk = pt_kvq_kernels_portable();
+    if (!qk || !cb->quant.avx2) qk = pt_kvq_kernels_portable(); /* the avx2 and avx512 sets */
     int max_rows = PT_MAX(1, PT_MIN(MAX_BLOCK, BLOCK_HEADS / n_heads));
     if (pt_cpu_scratch_reserve(cb, state_floats(max_rows * n_heads, kv->head_dim), "attention"))
         return;

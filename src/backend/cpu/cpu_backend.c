@@ -268,22 +268,30 @@ static const pt_backend_ops cpu_ops = {
 
 /* ---- choosing a kernel set -------------------------------------------------- */
 
-/* "auto" (or NULL/empty) may be overridden by PETREL_CPU_KERNELS; an explicit
- * request is taken as is and fails if this CPU cannot run it. */
+/* "auto" (or NULL/empty) may be overridden by PETREL_CPU_KERNELS, then
+ * picks the widest set this CPU runs; an explicit request is taken as is
+ * and fails if this CPU cannot run it (never a silent fallback). */
 static const pt_cpu_kernels *choose_kernels(const char *want, pt_err *err) {
     if (!want || !*want || strcmp(want, "auto") == 0) {
         const char *env = getenv("PETREL_CPU_KERNELS");
         want = env && *env ? env : "auto";
     }
+    bool any = strcmp(want, "auto") == 0;
     if (strcmp(want, "portable") == 0) return pt_cpu_kernels_portable();
-    if (strcmp(want, "avx2") == 0 || strcmp(want, "auto") == 0) {
-        const pt_cpu_kernels *k = pt_cpu_kernels_avx2();
-        if (k && pt_qk_cpu_has_avx2()) return k;
-        if (strcmp(want, "auto") == 0) return pt_cpu_kernels_portable();
+    if (any || strcmp(want, "avx512") == 0) {
+        if (pt_qk_cpu_has_avx512()) return pt_cpu_kernels_avx512();
+        if (!any) {
+            pt_fail(err, "cpu kernels \"avx512\": this CPU lacks AVX-512 F/BW/VL/DQ/VNNI (or AVX2, FMA, F16C)");
+            return NULL;
+        }
+    }
+    if (any || strcmp(want, "avx2") == 0) {
+        if (pt_qk_cpu_has_avx2()) return pt_cpu_kernels_avx2();
+        if (any) return pt_cpu_kernels_portable();
         pt_fail(err, "cpu kernels \"avx2\": this CPU lacks AVX2, FMA or F16C");
         return NULL;
     }
-    pt_fail(err, "cpu kernels \"%s\": expected auto, avx2 or portable", want);
+    pt_fail(err, "cpu kernels \"%s\": expected auto, avx512, avx2 or portable", want);
     return NULL;
 }
 
@@ -304,7 +312,8 @@ pt_backend *pt_backend_cpu_new(int n_threads, const char *kernels, pt_err *err) 
     }
     cb->scratch = pt_xcalloc((size_t)n_threads, sizeof *cb->scratch);
     read_fault(cb);
-    cb->quant.avx2 = k == pt_cpu_kernels_avx2();
+    cb->quant.avx512 = k == pt_cpu_kernels_avx512();
+    cb->quant.avx2 = cb->quant.avx512 || k == pt_cpu_kernels_avx2();
     /* PETREL_CPU_INT8=0 keeps quantized matmuls on the int16 kernels,
      * =prefill keeps only decode there (A/B runs, docs/quantization.md). */
     const char *i8 = getenv("PETREL_CPU_INT8");

@@ -2,11 +2,12 @@
  * cpu_kernels.h - the inner loops of the CPU backend, as a table.
  *
  * A kernel set is a struct of function pointers: one set of portable C
- * (kernels_portable.c) and one for AVX2+FMA+F16C (kernels_avx2.c), chosen
- * once when the backend is created.  The drivers (cpu_matmul.c,
+ * (kernels_portable.c), one for AVX2+FMA+F16C (kernels_avx2.c) and one for
+ * AVX-512 with VNNI (kernels_avx512.c), chosen once when the backend is
+ * created.  The drivers (cpu_matmul.c,
  * cpu_elementwise.c, cpu_attention.c) split work across threads and call
- * only these pointers, so every op runs on either set and the tests can check
- * both on one machine.
+ * only these pointers, so every op runs on any set and the tests can check
+ * each one the machine has.
  *
  * Everything that depends on a weight's element type lives in one pt_cpu_wops
  * entry, indexed by pt_dtype.  Adding a quantized format (q8_0, q4_k...) means
@@ -25,9 +26,12 @@
 #include "base/dtype.h"
 
 /* Packed GEMM geometry (see gemm_tile): a tile is up to PT_CPU_MR token rows
- * by PT_CPU_NR weight rows, sized for 16 AVX2 registers (12 accumulators). */
+ * by PT_CPU_NR weight rows, sized for 16 AVX2 registers (12 accumulators).
+ * A set may use wider panels (pt_cpu_kernels.nr, at most PT_CPU_NR_MAX):
+ * the AVX-512 set's 6 x 32 tile keeps 12 zmm accumulators. */
 #define PT_CPU_MR 6
 #define PT_CPU_NR 16
+#define PT_CPU_NR_MAX 32
 /* matmul_small takes at most this many token rows per call. */
 #define PT_CPU_SMALL_NT 4
 
@@ -52,14 +56,16 @@ typedef struct pt_cpu_wops {
 } pt_cpu_wops;
 
 typedef struct pt_cpu_kernels {
-    const char *name; /* "portable", "avx2" */
+    const char *name; /* "portable", "avx2", "avx512" */
     pt_cpu_wops w[PT_DTYPE_COUNT];
 
-    /* Packed GEMM, the prefill path.  A panel holds PT_CPU_NR weight rows of
+    /* Rows per GEMM panel and tile: PT_CPU_NR, or PT_CPU_NR_MAX (avx512). */
+    int nr;
+    /* Packed GEMM, the prefill path.  A panel holds nr weight rows of
      * kb columns, k-major and converted to f32: panel[k * NR + j] = element k
      * of row j, where w points at the panel's first column in row 0 (on a
      * block boundary); rows j >= nr are zero.  tmp has room for NR * kb
-     * floats. */
+     * floats.  (NR is the set's nr; the argument nr is the rows present.) */
     void (*pack_panel)(float *panel, const pt_cpu_wops *wo, const void *w, size_t row_bytes, int nr,
                        int kb, float *tmp);
     /* y[t*ldy + j] = (accumulate ? y[t*ldy + j] : 0) + sum over k < kb of
@@ -115,5 +121,8 @@ typedef struct pt_cpu_kernels {
 const pt_cpu_kernels *pt_cpu_kernels_portable(void);
 /* NULL when this build has no AVX2 set; the caller checks the CPU. */
 const pt_cpu_kernels *pt_cpu_kernels_avx2(void);
+/* The AVX-512 set (kernels_avx512.c): AVX2's with the kernels that gain
+ * from 512-bit registers replaced; the caller checks the CPU. */
+const pt_cpu_kernels *pt_cpu_kernels_avx512(void);
 
 #endif

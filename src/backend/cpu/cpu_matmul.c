@@ -12,7 +12,8 @@
  *                         tokens, x is packed once into k-major tiles of
  *                         PT_CPU_MR tokens; weight rows go in chunks of RC
  *                         (the chunk's y block stays in L2), and for each
- *                         block of KB columns, PT_CPU_NR rows are converted
+ *                         block of KB columns, a panel of rows (16, or 32 for
+ *                         the avx512 set) is converted
  *                         to f32 into a k-major panel that stays in L1 while
  *                         the register tiles sweep the token tiles.  Weight
  *                         conversion is paid once per NB tokens; each y
@@ -82,7 +83,7 @@ static void small_task(void *ctx, int ith, int nth) {
  * 10.6% of samples in f16_to_f32 against 36.8% in gemm_tile). */
 static void prefetch_panel(const matmul_job *j, int64_t r, int64_t r1, size_t koff, int kb) {
     size_t bytes = pt_dtype_bytes(j->dt, (uint64_t)kb);
-    for (int64_t i = r; i < PT_MIN(r1, r + PT_CPU_NR); i++)
+    for (int64_t i = r; i < PT_MIN(r1, r + j->k->nr); i++)
         for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(j->w + i * j->row_bytes + koff + off);
 }
 
@@ -115,18 +116,19 @@ static void pack_x_task(void *ctx, int ith, int nth) {
  * still converted exactly once. */
 static void gemm_range(const matmul_job *j, float *scratch, int64_t r0, int64_t r1, int64_t t0,
                        int64_t t1) {
-    float *panel = scratch, *tmp = panel + PT_CPU_NR * KB;
+    const int NR = j->k->nr; /* rows per panel: 16, or 32 (avx512) */
+    float *panel = scratch, *tmp = panel + NR * KB;
     for (int64_t rc = r0; rc < r1; rc += RC) {
         int64_t rc_end = PT_MIN(r1, rc + RC);
         for (int64_t k0 = 0; k0 < j->cols; k0 += KB) {
             int kb = (int)PT_MIN(KB, j->cols - k0);
             size_t koff = pt_dtype_bytes(j->dt, (uint64_t)k0);
-            for (int64_t r = rc; r < rc_end; r += PT_CPU_NR) {
-                int nr = (int)PT_MIN(PT_CPU_NR, rc_end - r);
+            for (int64_t r = rc; r < rc_end; r += NR) {
+                int nr = (int)PT_MIN(NR, rc_end - r);
                 j->k->pack_panel(panel, j->wo, j->w + r * j->row_bytes + koff, j->row_bytes, nr, kb,
                                  tmp);
-                if (r + PT_CPU_NR < rc_end) /* the next panel: next rows, next column block, next chunk */
-                    prefetch_panel(j, r + PT_CPU_NR, rc_end, koff, kb);
+                if (r + NR < rc_end) /* the next panel: next rows, next column block, next chunk */
+                    prefetch_panel(j, r + NR, rc_end, koff, kb);
                 else if (k0 + KB < j->cols)
                     prefetch_panel(j, rc, rc_end, pt_dtype_bytes(j->dt, (uint64_t)(k0 + KB)),
                                    (int)PT_MIN(KB, j->cols - k0 - KB));
@@ -149,7 +151,7 @@ static void gemm_task(void *ctx, int ith, int nth) {
         pt_cpu_split(j->t1 - j->t0, ith, nth, PT_CPU_MR, &lo, &hi);
         if (hi > lo) gemm_range(j, j->scratch[ith], 0, j->rows, j->t0 + lo, j->t0 + hi);
     } else {
-        pt_cpu_split(j->rows, ith, nth, PT_CPU_NR, &lo, &hi);
+        pt_cpu_split(j->rows, ith, nth, j->k->nr, &lo, &hi);
         if (hi > lo) gemm_range(j, j->scratch[ith], lo, hi, j->t0, j->t1);
     }
 }
@@ -181,9 +183,9 @@ void pt_cpu_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w,
     } else if (n <= j.wo->small_max) {
         pt_cpu_run(cb, small_task, &j, work);
     } else {
-        int64_t panels = (w->rows + PT_CPU_NR - 1) / PT_CPU_NR;
+        int64_t panels = (w->rows + cb->k->nr - 1) / cb->k->nr;
         j.split_tokens = panels < 2 * be->n_threads && n >= 2 * PT_CPU_MR * be->n_threads;
-        if (pt_cpu_scratch_reserve(cb, 2 * PT_CPU_NR * KB, "matmul")) return;
+        if (pt_cpu_scratch_reserve(cb, 2 * (size_t)cb->k->nr * KB, "matmul")) return;
         j.scratch = cb->scratch;
         size_t tiles = (size_t)(PT_MIN(n, NB) + PT_CPU_MR - 1) / PT_CPU_MR;
         j.xp = pt_cpu_grow(&cb->xpack, &cb->xpack_cap, tiles * PT_CPU_MR * (size_t)j.cols * sizeof(float));

@@ -6,7 +6,8 @@
  * f32, f16 and bf16 weights run the packed f32 GEMM (cpu_matmul.c): its
  * ceiling is f32 FMAs.  Quantized weights with an int8 GEMM (q8_0, q4_0 on
  * AVX2: q8_0, q4_0, q4_k, q5_k, q6_k, affine 4-bit) run u8 x s8 multiply-adds: its ceiling is vpmaddubsw's rate, 32
- * products per instruction.  That kernel needs vpmaddwd, a sign and a
+ * products per instruction (on the avx512 set vpdpbusd's, 64 per
+ * instruction, accumulated in 32 bits).  That kernel needs vpmaddwd, a sign and a
  * convert beside each vpmaddubsw, so its practical ceiling is below this
  * one; the peak is an upper bound, never a target that can be beaten.
  * Other quantized formats run int16 row kernels (vpmaddwd, half the rate
@@ -68,7 +69,7 @@ double pt_cpu_compute_peak(pt_backend *be, pt_dtype wt, char *note, size_t note_
     if (cb->peak[kind] <= 0) cb->peak[kind] = measure(cb, quant ? cb->k->peak_i8 : cb->k->peak_f32);
     if (note && note_len)
         snprintf(note, note_len, "%s %s multiply-adds, %d thread%s; bandwidth probe: %s",
-                 cb->k->name, quant ? "u8 x s8 (vpmaddubsw)" : "f32 fma", be->n_threads,
+                 cb->k->name, !quant ? "f32 fma" : cb->quant.avx512 ? "u8 x s8 (vpdpbusd)" : "u8 x s8 (vpmaddubsw)", be->n_threads,
                  be->n_threads == 1 ? "" : "s", cb->bandwidth_how[0] ? cb->bandwidth_how : "not run");
     return cb->peak[kind];
 }

@@ -631,6 +631,7 @@ static double peak_i8(int64_t iters, float *sink) {
 
 static const pt_cpu_kernels avx2 = {
     .name = "avx2",
+    .nr = PT_CPU_NR,
     .w = {[PT_F32] = WOPS(f32, 10), [PT_F16] = WOPS(f16, 20), [PT_BF16] = WOPS(bf16, 20)},
     .pack_panel = pack_panel,
     .gemm_tile = gemm_tile,

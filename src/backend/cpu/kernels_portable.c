@@ -245,6 +245,7 @@ static double peak_f32(int64_t iters, float *sink) {
 
 static const pt_cpu_kernels portable = {
     .name = "portable",
+    .nr = PT_CPU_NR,
     .w = {[PT_F32] = WOPS(f32), [PT_F16] = WOPS(f16), [PT_BF16] = WOPS(bf16)},
     .pack_panel = pack_panel,
     .gemm_tile = gemm_tile,

@@ -29,7 +29,9 @@
  * against int16 on a random TinyLlama-shape Q8_0 model, half what Q8_0
  * weights cost against F16 there (docs/benchmarks.md).  Decode of q4_0
  * and q8_0 on AVX2 takes int8 activations too (the rows kernels at the end
- * of quant_i8_avx2.c), as llama.cpp does for these formats.
+ * of quant_i8_avx2.c), as llama.cpp does for these formats.  With the
+ * avx512 kernel set the same int8 paths run on AVX-512 VNNI
+ * (quant_i8_avx512.c), bit-identical to the AVX2 ones.
  * PETREL_CPU_INT8 (read when the backend is created): 0 keeps every call
  * on int16, "prefill" keeps decode there.  Where both int8 paths run, q4_0
  * matrices are repacked at load 8 rows at a time (PT_LAYOUT_Q4_0X8,
@@ -79,6 +81,10 @@ typedef struct pt_qact8 {
     int8_t *q; /* [n][cols], 32-byte aligned rows */
     float *d;  /* [n][n_chunks] */
     float *ds; /* [n][n_chunks] d * sum of the chunk's codes */
+    /* [n][n_chunks][2] sums of the codes of columns 0..15 and 16..31 of
+     * each chunk: the AVX-512 kernels read signed weights as unsigned
+     * (q8_0: w + 128; q6_k: q, not q - 32) and take the offset off with these. */
+    int32_t *sq;
 } pt_qact8;
 
 typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0,
@@ -92,6 +98,7 @@ typedef void (*pt_qk_rows8_fn)(const pt_weight *w, const pt_qact8 *a, float *y, 
 
 typedef struct pt_qk_ctx {
     bool avx2;     /* use the AVX2 kernels (the caller checked the CPU) */
+    bool avx512;   /* with avx2: the int8 kernels on AVX-512 VNNI (quant_i8_avx512.c) */
     bool i8;       /* with avx2: the int8 GEMM for n >= PT_QK_I8_MIN_TOKENS where one exists */
     bool i8_decode; /* with i8: int8 rows below that too (q4_0, q8_0) */
     void *scratch; /* activation codes and scales, grown on demand */
@@ -102,6 +109,8 @@ typedef struct pt_qk_ctx {
 bool pt_qk_handles(pt_dtype t);
 /* AVX2, FMA and F16C present on this CPU. */
 bool pt_qk_cpu_has_avx2(void);
+/* AVX-512 F, BW, VL, DQ and VNNI present (and AVX2 as above). */
+bool pt_qk_cpu_has_avx512(void);
 
 /* y[n][w.rows] = x[n][w.cols] . w^T on the pool (NULL: this thread). */
 void pt_qk_matmul(pt_qk_ctx *ctx, pt_pool *pool, float *y, const float *x, const pt_weight *w,
@@ -129,13 +138,17 @@ pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w);
 /* The int8-activation decode kernel for w (q8_0, q4_0): rows in their file
  * layout, any n (meant for n < PT_QK_I8_MIN_TOKENS), or NULL. */
 pt_qk_rows8_fn pt_qk_avx2_vec8(const pt_weight *w);
+/* The same on AVX-512 VNNI (quant_i8_avx512.c): bit-identical results. */
+pt_qk_rows8_fn pt_qk_avx512_rows8(const pt_weight *w);
+pt_qk_rows8_fn pt_qk_avx512_vec8(const pt_weight *w);
 size_t pt_qk_act8_bytes(int n, int64_t cols);
 void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols);
 void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
 /* The same codes and scales, bit for bit, 8 lanes at a time. */
 void pt_qk_avx2_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1);
-/* The kernels pt_qk_matmul would run for w with n tokens: "int8 gemm",
- * "avx2 int16" or "portable int16" (bench and tests report it). */
+/* The kernels pt_qk_matmul would run for w with n tokens: "avx2 int8 gemm",
+ * "avx512 int8 rows", "avx2 int16", "portable int16"... (bench and tests
+ * report it). */
 const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n);
 
 #endif

@@ -26,6 +26,19 @@ bool pt_qk_cpu_has_avx2(void) {
 #endif
 }
 
+/* The AVX-512 subset the int8 kernels of quant_i8_avx512.c are compiled
+ * for; the CPU backend's "avx512" kernel set requires it too. */
+bool pt_qk_cpu_has_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return pt_qk_cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
 typedef struct job {
     pt_qact a;
     pt_qact8 a8;
@@ -66,12 +79,16 @@ static void run(pt_pool *pool, pt_pool_fn fn, job *j) {
 
 static pt_qk_rows8_fn rows8_for(const pt_qk_ctx *ctx, const pt_weight *w, int n) {
     if (!ctx->avx2 || !ctx->i8) return NULL;
-    if (n >= PT_QK_I8_MIN_TOKENS) return pt_qk_avx2_rows8(w);
-    return ctx->i8_decode ? pt_qk_avx2_vec8(w) : NULL;
+    if (n >= PT_QK_I8_MIN_TOKENS) return ctx->avx512 ? pt_qk_avx512_rows8(w) : pt_qk_avx2_rows8(w);
+    if (!ctx->i8_decode) return NULL;
+    return ctx->avx512 ? pt_qk_avx512_vec8(w) : pt_qk_avx2_vec8(w);
 }
 
 const char *pt_qk_path(const pt_qk_ctx *ctx, const pt_weight *w, int n) {
-    if (rows8_for(ctx, w, n)) return n >= PT_QK_I8_MIN_TOKENS ? "avx2 int8 gemm" : "avx2 int8 rows";
+    if (rows8_for(ctx, w, n)) {
+        if (ctx->avx512) return n >= PT_QK_I8_MIN_TOKENS ? "avx512 int8 gemm" : "avx512 int8 rows";
+        return n >= PT_QK_I8_MIN_TOKENS ? "avx2 int8 gemm" : "avx2 int8 rows";
+    }
     if (ctx->avx2 && pt_qk_avx2_rows(w)) return "avx2 int16";
     return pt_qk_portable_rows(w) ? "portable int16" : "none";
 }

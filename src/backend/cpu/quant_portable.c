@@ -69,7 +69,7 @@ void pt_qk_quantize_act(pt_qact *a, const float *x, int t0, int t1) {
 }
 
 size_t pt_qk_act8_bytes(int n, int64_t cols) {
-    return (size_t)n * (size_t)cols + 2 * (size_t)n * (size_t)(cols / 32) * sizeof(float) + 64;
+    return (size_t)n * (size_t)cols + 4 * (size_t)n * (size_t)(cols / 32) * sizeof(float) + 64;
 }
 
 void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols) {
@@ -80,6 +80,7 @@ void pt_qk_act8_init(pt_qact8 *a, void *scratch, int n, int64_t cols) {
     a->q = (int8_t *)p;
     a->d = (float *)(p + (size_t)n * (size_t)cols); /* cols is a multiple of 32 */
     a->ds = a->d + (size_t)n * (size_t)a->n_chunks;
+    a->sq = (int32_t *)(a->ds + (size_t)n * (size_t)a->n_chunks);
 }
 
 void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1) {
@@ -90,8 +91,14 @@ void pt_qk_quantize_act8(pt_qact8 *a, const float *x, int t0, int t1) {
             float amax = 0;
             for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
             float d = amax / 127, id = d > 0 ? 1 / d : 0;
-            int sum = 0;
-            for (int i = 0; i < 32; i++) sum += q[i] = (int8_t)lrintf(v[i] * id);
+            int sum = 0, half = 0;
+            for (int i = 0; i < 32; i++) {
+                sum += q[i] = (int8_t)lrintf(v[i] * id);
+                if (i == 15) half = sum;
+            }
+            int32_t *sq = a->sq + 2 * ((size_t)t * (size_t)a->n_chunks + (size_t)c);
+            sq[0] = half;
+            sq[1] = sum - half;
             a->d[(size_t)t * (size_t)a->n_chunks + (size_t)c] = d;
             a->ds[(size_t)t * (size_t)a->n_chunks + (size_t)c] = d * (float)sum;
         }
