@@ -323,8 +323,8 @@ static int upload_stack(pt_model *m, const float *host, int H, int64_t rows, int
  * Face checkpoints the same as kv_b_proj): per head,
  * nope rows that give the key's no-rope part, then v_head rows that give
  * the value.  Split into the absorbed form's stacks, as f32 (any weight
- * type in, MLX affine too, dequantized once): k_b [H][kv_lora][nope] (transposed: it
- * multiplies the query) and v_b [H][v_head][kv_lora]. */
+ * type in, MLX affine too, dequantized once): k_b [H][kv_lora][nope]
+ * (transposed: it multiplies the query) and v_b [H][v_head][kv_lora]. */
 static int split_kv_b(pt_model *m, int l, pt_err *err) {
     const pt_model_config *c = &m->cfg;
     int H = c->n_heads, r = c->kv_lora_rank, dn = c->head_dim - c->n_rot, dv = c->v_head_dim;
@@ -338,7 +338,8 @@ static int split_kv_b(pt_model *m, int l, pt_err *err) {
     pt_weight src;
     char sname[96];
     snprintf(sname, sizeof sname, "%.*s.scales", (int)(strlen(name) - strlen(".weight")), name);
-    const pt_tensor_info *sc = m->file->kind == PT_FILE_GGUF ? NULL : pt_model_file_tensor(m->file, sname);
+    const pt_tensor_info *sc =
+        m->file->kind == PT_FILE_GGUF ? NULL : pt_model_file_tensor(m->file, sname);
     if (t && sc) { /* MLX affine */
         if (pt_model_file_affine(m, t, sc, rows, r, &src, err)) return -1;
     } else {
