@@ -9,7 +9,9 @@
 #                                     into build-gpu-carry/, and packed into
 #                                     build-gpu-pack/carry.tar.xz (carry that:
 #                                     the binaries share their kernels, so xz
-#                                     packs ~55 MB into ~7)
+#                                     packs ~55 MB into ~9); llama.cpp's
+#                                     source into build-anchors/ (carry it
+#                                     for the phases llama, batch, frows)
 #   scripts/gpu-run.sh [PHASES...]    on the GPU machine; phases: tests, ops,
 #                                     models, kvq, ab (default: tests ops
 #                                     models kvq); kvq = decode with and
@@ -19,7 +21,9 @@
 #                                     qmodels = dummy 8B with quantized
 #                                     weights (QMODEL_DTYPES); llama =
 #                                     llama.cpp and Petrel on the same GGUF
-#                                     files, same call (below); core =
+#                                     files, same call (below); batch =
+#                                     aggregate decode against
+#                                     llama-batched-bench (below); core =
 #                                     speculation and --kv-disk outputs
 #                                     identical on the GPU, 8B decode,
 #                                     batched decode, prefix reuse,
@@ -38,11 +42,17 @@
 # Q4_0 Q8_0), then per file llama-bench (-p 512 -n 128 -d 0,8192 -fa 1
 # -ngl 99) and petrel bench (-p 512 -d 0,8192 -g 128), and a table of
 # Petrel / llama.cpp ratios (best repetition against best repetition:
-# llama-bench's samples_ts, petrel bench's kept best).  Inputs, by default
-# from ../shared/anchors: LLAMA_CPP_TAR (the prebuilt CUDA tools, a tarball
-# whose top folder holds llama-bench and llama-quantize), GGUF_PY (gguf-py
-# folder), MAKE_LLAMA8B (the script); GGUF_DIR (default /tmp/gguf8b) keeps
-# the files.  QUICK=1 there: one repetition each.
+# llama-bench's samples_ts, petrel bench's kept best).  The batch phase:
+# llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32,64 against petrel bench
+# -P 1,8,32,64 on the same files (BATCH_FILES, default q4_0 f16).  Inputs
+# come from ANCHORS (default ../shared/anchors, else a carried
+# build-anchors/ holding llama.cpp-34af94cd-src.tar.xz and
+# make-llama8b-gguf.py): the prebuilt CUDA tools LLAMA_CPP_TAR if present,
+# else llama.cpp built from LLAMA_SRC_TAR in the background at the start
+# (the prebuilt 44 MB does not fit beside the tree in a 64 MiB call).
+# GGUF_DIR (default /tmp/gguf8b) keeps the files, and /tmp/llama.cpp-build
+# the tools, for a next call on the same warm machine.  QUICK=1: one
+# repetition each.
 #
 # Environment: QUICK=1 (shorter benchmarks), MODELS="llama-1b llama-8b ..."
 # (dummy presets to bench), DEPTHS (decode depths, default 0,1024,8192),
@@ -87,6 +97,12 @@ if [ "${1:-}" = --stage ]; then
     ls "$STAGE" "$STAGE/lib"
     mkdir -p build-gpu-pack
     tar -cf - "$STAGE" | xz -9 -T2 >build-gpu-pack/carry.tar.xz && du -sh build-gpu-pack/carry.tar.xz
+    # The phases llama, batch and frows need llama.cpp's source (built there)
+    # and the 8B file script: carry build-anchors too (6 MB).
+    if [ -d ../shared/anchors ]; then
+        mkdir -p build-anchors
+        cp ../shared/anchors/llama.cpp-34af94cd-src.tar.xz ../shared/anchors/make-llama8b-gguf.py build-anchors/
+    fi
     exit 0
 fi
 
@@ -157,6 +173,62 @@ for b in petrel test_cuda_ops bench_cuda_ops; do
     ldd "$BIN/$b" | grep -q "not found" && { echo "$b: missing libraries:"; ldd "$BIN/$b" | grep "not found"; }
 done
 
+# ---- llama.cpp, started early (phases llama, batch, frows) -----------------------
+# The prebuilt CUDA tools (44 MB packed) do not fit beside the tree in one
+# call, so without them llama.cpp is built here from the trimmed source
+# (~4.5 min on 16 cores) in the background while the tests run; the 8B F16
+# file is written at the same time.  Every timing phase waits for both first
+# (quiet), so no benchmark shares the CPUs with the compiler.  Inputs, from
+# ../shared/anchors or a carried build-anchors/ (see the header).
+A=${ANCHORS:-../shared/anchors}; [ -d "$A" ] || A=build-anchors
+LLAMA_SRC_TAR=${LLAMA_SRC_TAR:-$A/llama.cpp-34af94cd-src.tar.xz}
+LLAMA_CPP_TAR=${LLAMA_CPP_TAR:-$A/llama.cpp-34af94cd-cuda-sm90-ubuntu24.tar.xz}
+GGUF_DIR=${GGUF_DIR:-/tmp/gguf8b}
+LLB=/tmp/llama.cpp-build/bin
+bg_pids=
+llama_tools() {
+    if [ -x "$LLB/llama-bench" ]; then echo "llama.cpp: tools already here"; return 0; fi
+    if [ -f "$LLAMA_CPP_TAR" ]; then
+        mkdir -p /tmp/llama.cpp-bin && tar -xJf "$LLAMA_CPP_TAR" -C /tmp/llama.cpp-bin || return 1
+        mkdir -p "$LLB" && cp -a "$(dirname "$(find /tmp/llama.cpp-bin -name llama-bench -type f | head -1)")"/. "$LLB/"
+        return 0
+    fi
+    mkdir -p /tmp/llama.cpp-src &&
+        tar -xJf "$LLAMA_SRC_TAR" -C /tmp/llama.cpp-src --strip-components=1 || return 1
+    gen=; command -v ninja >/dev/null && gen="-G Ninja"
+    cmake -S /tmp/llama.cpp-src -B /tmp/llama.cpp-build $gen -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >/dev/null &&
+        cmake --build /tmp/llama.cpp-build -j"$(nproc)" \
+            --target llama-bench llama-batched-bench llama-quantize
+}
+make_f16() {
+    [ -s "$GGUF_DIR/f16.gguf" ] && return 0
+    mkdir -p "$GGUF_DIR" /tmp/gguf-py-src
+    tar -xJf "$LLAMA_SRC_TAR" -C /tmp/gguf-py-src --strip-components=1 --wildcards '*/gguf-py/*' &&
+        PYTHONPATH=/tmp/gguf-py-src/gguf-py${PYTHONPATH:+:$PYTHONPATH} \
+            python3 "$A/make-llama8b-gguf.py" "$GGUF_DIR/f16.gguf.tmp" &&
+        mv "$GGUF_DIR/f16.gguf.tmp" "$GGUF_DIR/f16.gguf"
+}
+if has llama || has batch || has frows; then
+    stamp "llama.cpp: tools and the 8B F16 file, in the background (/tmp/llama-build.log)"
+    (llama_tools >/tmp/llama-build.log 2>&1; echo "llama.cpp tools: exit $?" >>/tmp/llama-build.log) &
+    bg_pids="$bg_pids $!"
+    if has llama || has batch; then
+        (make_f16 >/tmp/make-f16.log 2>&1; echo "make f16: exit $?" >>/tmp/make-f16.log) &
+        bg_pids="$bg_pids $!"
+    fi
+fi
+quiet() { # before any timing: the compiler and the file writer are done
+    [ -n "$bg_pids" ] || return 0
+    stamp "waiting for the llama.cpp build and the F16 file"
+    for p in $bg_pids; do wait "$p"; done
+    bg_pids=
+    tail -3 /tmp/llama-build.log; tail -2 /tmp/make-f16.log 2>/dev/null
+    stamp "quiet"
+}
+
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
     # MLX affine 4- and 8-bit versions of the transformers family fixtures,
@@ -179,6 +251,7 @@ fi
 
 # ---- kernels ---------------------------------------------------------------------
 if has ops; then
+    quiet
     stamp "bench_cuda_ops"
     timeout 300 "$BIN/bench_cuda_ops" "$OUT/bench_ops.json" ${OPS_ARM:-${QUICK:+quick}}
     echo "bench_cuda_ops: exit $?"
@@ -186,6 +259,7 @@ fi
 
 # ---- models ---------------------------------------------------------------------
 if has models; then
+    quiet
     for m in ${MODELS:-llama-1b llama-8b qwen3-8b}; do
         stamp "petrel bench dummy:$m"
         timeout 200 "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
@@ -199,6 +273,7 @@ fi
 # Each depth is filled by a prefill first (quantized prefill attention runs
 # the decode kernel row by row: seconds at 32k), so 32k runs one rep.
 if has kvq; then
+    quiet
     m=${KVQ_MODEL:-llama-8b}
     for kq in ${KVQ_FORMATS:-none turbo}; do
         for dr in "${KVQ_DEPTHS:-0,8192}:2" "${KVQ_LONG:-32768}:1"; do
@@ -217,6 +292,7 @@ fi
 # TurboQuant KV); then the 8B dummy's decode, batched decode through the
 # scheduler, prefix reuse cold/RAM/disk and oracle speculation.
 if has core; then
+    quiet
     P="Once upon a time, there was a little girl named Lily. She loved to play outside in the sun."
     for kq in none turbo:k8v3:anydim; do
         rm -rf /tmp/kvd-core
@@ -262,6 +338,7 @@ fi
 # PROF_MODELS and weight type of PROF_DTYPES: the per-kind table goes to
 # $OUT/prof-<model>-<dtype>-<n>.txt.
 if has prof; then
+    quiet
     for m in ${PROF_MODELS:-llama-8b}; do
         for dt in ${PROF_DTYPES:-bf16}; do
             for par in 1 ${PROF_PAR:-64}; do
@@ -277,6 +354,7 @@ if has prof; then
 fi
 
 if has qmma; then
+    quiet
     stamp "qmma: test_qmatmul and test_qmma"
     CMOCKA_FILTER='test_qm*' CMOCKA_SKIP='test_qmatmul_*' timeout 120 "$BIN/test_cuda_qmatmul" \
         >"$OUT/qmma-test.txt" 2>&1
@@ -304,6 +382,7 @@ if has qmma; then
 fi
 
 if has qmodels; then
+    quiet
     for dt in ${QMODEL_DTYPES:-q4_0 q8_0 affine4g64 affine8g64 q4_k}; do
         stamp "petrel bench dummy:llama-8b --dummy-dtype $dt"
         timeout 200 "$BIN/petrel" bench --device cuda -m dummy:llama-8b --dummy-dtype "$dt" \
@@ -315,31 +394,17 @@ if has qmodels; then
 fi
 
 # ---- llama.cpp and Petrel on the same GGUF files, same call -----------------
-if has llama; then
-    A=../shared/anchors
-    LLAMA_CPP_TAR=${LLAMA_CPP_TAR:-$A/llama.cpp-34af94cd-cuda-sm90-ubuntu24.tar.xz}
-    MAKE_LLAMA8B=${MAKE_LLAMA8B:-$A/make-llama8b-gguf.py}
-    GGUF_DIR=${GGUF_DIR:-/tmp/gguf8b}
-    LL=/tmp/llama.cpp-bin
-    mkdir -p "$GGUF_DIR" "$LL"
-    stamp "llama: unpacking $LLAMA_CPP_TAR"
-    tar -xJf "$LLAMA_CPP_TAR" -C "$LL" || echo "llama: cannot unpack $LLAMA_CPP_TAR"
-    LLB=$(dirname "$(find "$LL" -name llama-bench -type f | head -1)")
-    if [ -z "${GGUF_PY:-}" ]; then
-        GGUF_PY=/tmp/llama.cpp-src/gguf-py
-        [ -d "$GGUF_PY" ] || { mkdir -p /tmp/llama.cpp-src &&
-            tar -xJf "$A/llama.cpp-34af94cd-src.tar.xz" -C /tmp/llama.cpp-src --strip-components=1 \
-                --wildcards '*/gguf-py/*'; }
-    fi
-    if [ ! -s "$GGUF_DIR/f16.gguf" ]; then
-        stamp "llama: making the 8B-shape F16 GGUF"
-        PYTHONPATH="$GGUF_PY${PYTHONPATH:+:$PYTHONPATH}" python3 "$MAKE_LLAMA8B" "$GGUF_DIR/f16.gguf" ||
-            echo "llama: make-llama8b-gguf.py failed"
-    fi
+# llama: llama-bench against petrel bench, per file.  batch: aggregate
+# decode of N sequences, llama-batched-bench -npp 128 -ntg 128 against
+# petrel bench -P (128 + 128 per sequence, through the scheduler).
+if has llama || has batch; then
+    quiet
+    [ -x "$LLB/llama-bench" ] || { echo "llama: no llama.cpp tools:"; tail -20 /tmp/llama-build.log; }
+    export LD_LIBRARY_PATH="$LLB:$LD_LIBRARY_PATH"
     files=f16
     for q in ${LLAMA_QUANTS:-Q4_0 Q8_0}; do
         lq=$(echo "$q" | tr 'A-Z' 'a-z')
-        if [ ! -s "$GGUF_DIR/$lq.gguf" ]; then
+        if [ ! -s "$GGUF_DIR/$lq.gguf" ] && [ -s "$GGUF_DIR/f16.gguf" ]; then
             stamp "llama: llama-quantize $q"
             "$LLB/llama-quantize" "$GGUF_DIR/f16.gguf" "$GGUF_DIR/$lq.gguf" "$q" "$(nproc)" \
                 >"/tmp/quantize-$lq.log" 2>&1 || { echo "llama-quantize $q failed:"; tail -5 "/tmp/quantize-$lq.log"; }
@@ -347,16 +412,18 @@ if has llama; then
         files="$lq $files"
     done
     reps=3; [ -n "${QUICK:-}" ] && reps=1
+fi
+if has llama; then
     for f in ${LLAMA_FILES:-$files}; do
         g=$GGUF_DIR/$f.gguf
         [ -s "$g" ] || { echo "llama: no $g"; continue; }
         stamp "llama-bench $f"
-        timeout 300 "$LLB/llama-bench" -m "$g" -p 512 -n 128 -d 0,8192 -fa 1 -ngl 99 -r "$reps" \
-            -o json >"/tmp/llama-$f.json" 2>"/tmp/llama-$f.err"
+        timeout 300 "$LLB/llama-bench" -m "$g" -p 512 -n 128 -d ${LLAMA_DEPTHS:-0,8192} -fa 1 -ngl 99 \
+            -r "$reps" -o json >"/tmp/llama-$f.json" 2>"/tmp/llama-$f.err"
         echo "llama-bench $f: exit $?"
         stamp "petrel bench $f"
-        timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 512 -d 0,8192 -g 128 -r "$reps" \
-            -o "/tmp/petrel-$f.json"
+        timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 512 -d ${LLAMA_DEPTHS:-0,8192} -g 128 \
+            -r "$reps" -o "/tmp/petrel-$f.json"
         echo "petrel bench $f: exit $?"
         python3 - "$f" "/tmp/llama-$f.json" "/tmp/petrel-$f.json" >>"$OUT/llama.jsonl" <<'PY'
 import json, sys
@@ -370,9 +437,35 @@ print(json.dumps(row))
 PY
     done
 fi
+if has batch; then
+    for f in ${BATCH_FILES:-q4_0 f16}; do
+        g=$GGUF_DIR/$f.gguf
+        [ -s "$g" ] || { echo "batch: no $g"; continue; }
+        stamp "llama-batched-bench $f"
+        timeout 300 "$LLB/llama-batched-bench" -m "$g" -c 17408 -b 2048 -ub 512 -npp 128 -ntg 128 \
+            -npl ${BATCH_NPL:-1,8,32,64} -fa on -ngl 99 --output-format jsonl \
+            >"/tmp/batched-$f.txt" 2>"/tmp/batched-$f.err"
+        echo "llama-batched-bench $f: exit $?"
+        stamp "petrel bench -P $f"
+        timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 128 -d 0 -g 2 -r 1 \
+            -P ${BATCH_NPL:-1,8,32,64} -o "/tmp/petrel-batch-$f.json"
+        echo "petrel bench -P $f: exit $?"
+        python3 - "$f" "/tmp/batched-$f.txt" "/tmp/petrel-batch-$f.json" >>"$OUT/batch.jsonl" <<'PY'
+import json, sys
+f, lt, pj = sys.argv[1:4]
+row = {"file": f, "llama": []}
+for line in open(lt):
+    if line.startswith("{"): row["llama"].append(json.loads(line))
+try: row["petrel"] = json.load(open(pj)).get("parallel", [])
+except Exception as e: row["petrel_error"] = str(e)
+print(json.dumps(row))
+PY
+    done
+fi
 
 # ---- A/B: what graphs and programmatic dependent launch buy, same run ----
 if has ab; then
+    quiet
     for m in ${AB_MODELS:-llama-1b llama-8b}; do
         for arm in ${AB_ARMS:-default no-pdl no-graphs}; do
             case $arm in
@@ -394,6 +487,7 @@ fi
 
 # ---- the hybrid and latent-attention shapes at depth 0 and 32k (issue 17) ----
 if has rows; then
+    quiet
     for m in ${ROWS_MODELS:-qwen3.5-27b deepseek-v2-lite}; do
         stamp "petrel bench dummy:$m -d 0,32768"
         timeout "${ROWS_CAP:-150}" "$BIN/petrel" bench --device cuda -m "dummy:$m" --dummy-dtype bf16 \
@@ -455,6 +549,16 @@ if os.path.exists(f):
             ratio = pt / lb if lb else float("nan")
             fr = f"{100*frac:8.1f}%" if frac is not None else ""
             print(f"  {j['file']:6s} {name:14s} {pt:9.1f} {lb:9.1f} [{lm:7.1f}] {ratio:6.2f} {fr:>9s}")
+f = os.path.join(out, "batch.jsonl")
+if os.path.exists(f):
+    print("aggregate decode, N sequences of 128 + 128: Petrel / llama-batched-bench (S_TG tok/s)")
+    for line in open(f):
+        j = json.loads(line)
+        L = {r["pl"]: r["speed_tg"] for r in j.get("llama", [])}
+        for r in j.get("petrel", []):
+            lb = L.get(r["seqs"], 0)
+            print(f"  {j['file']:6s} {r['seqs']:3d} seqs  petrel {r['decode_tok_s']:9.1f}  llama.cpp {lb:9.1f}  "
+                  f"ratio {r['decode_tok_s'] / lb if lb else float('nan'):5.2f}")
 f = os.path.join(out, "bench_ops.json")
 if os.path.exists(f):
     try:
