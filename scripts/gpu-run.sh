@@ -220,6 +220,19 @@ if has llama || has batch || has frows; then
         bg_pids="$bg_pids $!"
     fi
 fi
+# One row of the llama table: llama-bench's and petrel bench's JSON for $1.
+join_row() {
+    python3 - "$1" "/tmp/llama-$1.json" "/tmp/petrel-$1.json" >>"$OUT/llama.jsonl" <<'PY'
+import json, sys
+f, lj, pj = sys.argv[1:4]
+row = {"file": f}
+try: row["llama"] = json.load(open(lj))
+except Exception as e: row["llama_error"] = str(e)
+try: row["petrel"] = json.load(open(pj))
+except Exception as e: row["petrel_error"] = str(e)
+print(json.dumps(row))
+PY
+}
 quiet() { # before any timing: the compiler and the file writer are done
     [ -n "$bg_pids" ] || return 0
     stamp "waiting for the llama.cpp build and the F16 file"
@@ -425,16 +438,7 @@ if has llama; then
         timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 512 -d ${LLAMA_DEPTHS:-0,8192} -g 128 \
             -r "$reps" -o "/tmp/petrel-$f.json"
         echo "petrel bench $f: exit $?"
-        python3 - "$f" "/tmp/llama-$f.json" "/tmp/petrel-$f.json" >>"$OUT/llama.jsonl" <<'PY'
-import json, sys
-f, lj, pj = sys.argv[1:4]
-row = {"file": f}
-try: row["llama"] = json.load(open(lj))
-except Exception as e: row["llama_error"] = str(e)
-try: row["petrel"] = json.load(open(pj))
-except Exception as e: row["petrel_error"] = str(e)
-print(json.dumps(row))
-PY
+        join_row "$f"
     done
 fi
 if has batch; then
@@ -460,6 +464,36 @@ try: row["petrel"] = json.load(open(pj)).get("parallel", [])
 except Exception as e: row["petrel_error"] = str(e)
 print(json.dumps(row))
 PY
+    done
+fi
+
+# ---- the new families' real shapes, same GGUF file for both engines -------
+# frows: scripts/llama-ref/dummy_gguf.py writes a random-weight GGUF of each
+# preset's shapes (FROWS_MODELS) in llama.cpp's layout (FROWS_TYPE, default
+# Q4_0; gpt-oss experts MXFP4), then llama-bench and petrel bench time it;
+# the rows join the llama table.  Each file is deleted after its row (disk).
+if has frows; then
+    quiet
+    export LD_LIBRARY_PATH="$LLB:$LD_LIBRARY_PATH"
+    [ -d /tmp/gguf-py-src/gguf-py ] || { mkdir -p /tmp/gguf-py-src &&
+        tar -xJf "$LLAMA_SRC_TAR" -C /tmp/gguf-py-src --strip-components=1 --wildcards '*/gguf-py/*'; }
+    ft=${FROWS_TYPE:-Q4_0}
+    for m in ${FROWS_MODELS:-qwen3-30b-a3b gpt-oss-20b gemma3-12b qwen3.5-27b deepseek-v2-lite}; do
+        g=/tmp/frows-$m.gguf
+        stamp "frows: dummy_gguf.py $m --type $ft"
+        PYTHONPATH=/tmp/gguf-py-src/gguf-py${PYTHONPATH:+:$PYTHONPATH} \
+            python3 scripts/llama-ref/dummy_gguf.py "$m" --type "$ft" "$g" >"/tmp/frows-$m.log" 2>&1 ||
+            { echo "frows: dummy_gguf.py $m failed:"; tail -5 "/tmp/frows-$m.log"; continue; }
+        stamp "frows: llama-bench $m"
+        timeout 300 "$LLB/llama-bench" -m "$g" -p 512 -n 128 -d 0 -fa 1 -ngl 99 -r "${FROWS_REPS:-2}" \
+            -o json >"/tmp/llama-$m.json" 2>"/tmp/llama-$m.err"
+        echo "llama-bench $m: exit $?"; grep -i "error\|unknown\|failed" "/tmp/llama-$m.err" | head -3
+        stamp "frows: petrel bench $m"
+        timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 512 -d 0 -g 128 -r "${FROWS_REPS:-2}" \
+            -o "/tmp/petrel-$m.json"
+        echo "petrel bench $m: exit $?"
+        join_row "$m"
+        rm -f "$g"
     done
 fi
 
@@ -529,7 +563,7 @@ if os.path.exists(f):
 f = os.path.join(out, "llama.jsonl")
 if os.path.exists(f):
     print("same GGUF file, same call: Petrel / llama.cpp (tok/s, best repetition of each; llama.cpp mean in brackets)")
-    print(f"  {'file':6s} {'test':14s} {'petrel':>9s} {'llama.cpp':>18s} {'ratio':>6s} {'roofline':>9s}")
+    print(f"  {'file':16s} {'test':14s} {'petrel':>9s} {'llama.cpp':>18s} {'ratio':>6s} {'roofline':>9s}")
     for line in open(f):
         j = json.loads(line)
         L, P = j.get("llama") or [], j.get("petrel") or {}
@@ -544,11 +578,11 @@ if os.path.exists(f):
             if p["tokens"] == 512: rows.append(("pp512", p["tok_s"], lbest(512, 0, 0), None))
         for d in P.get("decode", []):
             rows.append((f"tg128 d={d['depth']}", d["tok_s"], lbest(0, 128, d["depth"]), d.get("fraction")))
-        if not rows: print(f"  {j['file']:6s} (no petrel result: {j.get('petrel_error', '')})")
+        if not rows: print(f"  {j['file']:16s} (no petrel result: {j.get('petrel_error', '')})")
         for name, pt, (lb, lm), frac in rows:
             ratio = pt / lb if lb else float("nan")
             fr = f"{100*frac:8.1f}%" if frac is not None else ""
-            print(f"  {j['file']:6s} {name:14s} {pt:9.1f} {lb:9.1f} [{lm:7.1f}] {ratio:6.2f} {fr:>9s}")
+            print(f"  {j['file']:16s} {name:14s} {pt:9.1f} {lb:9.1f} [{lm:7.1f}] {ratio:6.2f} {fr:>9s}")
 f = os.path.join(out, "batch.jsonl")
 if os.path.exists(f):
     print("aggregate decode, N sequences of 128 + 128: Petrel / llama-batched-bench (S_TG tok/s)")
