@@ -122,7 +122,9 @@ static void gated(pt_backend *be, int act, float *y, const float *up, size_t cou
  * clamped SwiGLU; its top-k-then-softmax router is moe_route with renorm
  * (a softmax over all experts renormalized over the k is the same).
  * DeepSeek routes with moe_route_grouped (sigmoid or softmax scores, a
- * selection bias, groups, scaled weights: config router_grouped). */
+ * selection bias, groups, scaled weights: config router_grouped).  Other
+ * routing without expert parallel goes to moe_ffn, the same ops as one
+ * (the CUDA backend fuses them into two kernels at decode). */
 static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;

@@ -1,6 +1,8 @@
 /*
  * cpu_moe.c - the mixture-of-experts ops: routing (softmax, top-k,
- * renormalization), the matmul by expert id, and the weighted combine.
+ * renormalization), the matmul by expert id, the weighted combine, and
+ * moe_ffn (the routed FFN as one op: here exactly the sequence of the
+ * others, the reference the CUDA backend's fused kernels are checked by).
  *
  * matmul_id groups the (row, slot) pairs of a call by expert with a
  * counting sort, then runs each selected expert once as an ordinary matmul

@@ -12,6 +12,8 @@
  * gather_cols, sigmoid_mul, conv1d_silu, gated_delta, rmsnorm_gated; and
  * DeepSeek's copy_cols and moe_route_grouped; cuda_family.h) have first,
  * plain kernels:
+ * moe_ffn (the routed FFN as one op) runs as two fused kernels at decode,
+ * else as the launchers of the ops it stands for;
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
  * never come to the host, so a decode step stays one graph) and launches
  * blocks only for the experts some row chose (moe.cu); the state ops walk
@@ -49,6 +51,8 @@
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
  * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX,
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
+ * PETREL_CUDA_MOE_FUSED (token rows up to which moe_ffn with quantized
+ * experts runs as moe.cu's two fused kernels, default 8; 0: never),
  * PETREL_CUDA_GDN_CHUNK (rows per sequence from which the gated delta rule
  * runs chunkwise, default 16; 0: always row by row).
  */

@@ -1,7 +1,8 @@
 /*
  * moe.cu - the matmul by expert id on the GPU (cuda_family.h): the sort of
  * the (row, slot) pairs by expert, the activations' rounding for quantized
- * experts, and the kernels for f32/f16/bf16 and quantized expert stacks.
+ * experts, and the kernels for f32/f16/bf16 and quantized expert stacks;
+ * and moe_ffn's two fused kernels for decode (the section at the end).
  *
  * One launch prepares (moe_prep_kernel): block 0 groups the pairs by
  * expert on the device and lists the experts some pair chose (used[]), so
