@@ -934,8 +934,10 @@ static void one_moe_ffn(const ffn_case *c) {
     arr gb = arr_rand((size_t)E * f, -1, 1), ub = arr_rand((size_t)E * f, -1, 1);
     arr db = arr_rand((size_t)E * dim, -1, 1);
     arr y = arr_poison(sizeof(float) * (size_t)n * dim);
-    arr ids = arr_poison(sizeof(int32_t) * (size_t)n * k), w = arr_poison(sizeof(float) * (size_t)n * k);
-    arr sg = arr_poison(sizeof(float) * (size_t)n * k * f), su = arr_poison(sizeof(float) * (size_t)n * k * f);
+    arr ids = arr_poison(sizeof(int32_t) * (size_t)n * k);
+    arr w = arr_poison(sizeof(float) * (size_t)n * k);
+    arr sg = arr_poison(sizeof(float) * (size_t)n * k * f);
+    arr su = arr_poison(sizeof(float) * (size_t)n * k * f);
     arr so = arr_poison(sizeof(float) * (size_t)n * k * dim);
     pt_weight wgb[N_BE], wub[N_BE], wdb[N_BE];
     for (int b = 0; b < N_BE; b++) {
@@ -955,7 +957,9 @@ static void one_moe_ffn(const ffn_case *c) {
              tname(c->gt), tname(c->dt), E, dim, f, n, k, c->act, c->bias);
     int32_t *ic = (int32_t *)arr_get(&ids, CPU), *ig = (int32_t *)arr_get(&ids, GPU);
     for (int i = 0; i < n * k; i++)
-        if (ic[i] != ig[i]) fail_msg("%s: row %d slot %d: expert %d on cuda, %d on cpu", what, i / k, i % k, ig[i], ic[i]);
+        if (ic[i] != ig[i])
+            fail_msg("%s: row %d slot %d: expert %d on cuda, %d on cpu", what, i / k, i % k, ig[i],
+                     ic[i]);
     free(ic), free(ig);
     check_out(&w, GPU, 1e-6, "%s: weights", what);
     check_out(&y, GPU, 1e-4, "%s", what);

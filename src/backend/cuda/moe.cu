@@ -477,7 +477,8 @@ __device__ __forceinline__ void ffn_codes(uint4 *xc, float4 *xm, const float *x,
         if (!valid) continue;
         const int ci = xr * nch + c;
 #pragma unroll
-        for (int i = 0; i < 4; i++) xc[4 * ci + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+        for (int i = 0; i < 4; i++)
+            xc[4 * ci + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
         xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
     }
 }
@@ -598,8 +599,10 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     for (int i = 0; i < rpw; i++) {
         const int r = r0 + i * FFN_WARPS;
         if (r >= f) break;
+        /* each row where ffn_stage put it: as far into its words as into memory's */
         const uint8_t *gs = (const uint8_t *)(mine + 2 * i * words) + ((uintptr_t)(gr + r * rb) & 15);
-        const uint8_t *us = (const uint8_t *)(mine + (2 * i + 1) * words) + ((uintptr_t)(ur + r * rb) & 15);
+        const uint8_t *us =
+            (const uint8_t *)(mine + (2 * i + 1) * words) + ((uintptr_t)(ur + r * rb) & 15);
         float g = ffn_dot<F>(gs, wg, r, nch, xc, xm, lane);
         float u = ffn_dot<F>(us, wu, r, nch, xc, xm, lane);
         if (a.gate_bias) g = g + a.gate_bias[(size_t)e * f + r];
@@ -638,7 +641,8 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     for (int j = 0; j < k; j++) {
         const int e = ids[j];
         const cu_qweight w = ffn_expert<F>(a.down, a.down_stride, e);
-        const uint8_t *rs = (const uint8_t *)(mine + j * words) + (((uintptr_t)w.data + r * rb) & 15);
+        const uint8_t *rs =
+            (const uint8_t *)(mine + j * words) + (((uintptr_t)w.data + r * rb) & 15);
         float v = ffn_dot<F>(rs, w, r, nch, xc + 4 * j * nch, xm + j * nch, lane);
         if (a.down_bias) v = v + a.down_bias[(size_t)e * d + r];
         out = fmaf(a.weights[(size_t)t * k + j], v, out);
