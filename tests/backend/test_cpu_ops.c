@@ -1237,7 +1237,8 @@ static void check_moe_ffn(pt_backend *be, pt_dtype dt, int E, int dim, int f, in
         }
     }
     if (!(sqrt(num / den) <= 1e-5))
-        fail_msg("%s [%s]: y off the reference by %.3g (relative)", what, be->detail, sqrt(num / den));
+        fail_msg("%s [%s]: y off the reference by %.3g (relative)", what, be->detail,
+                 sqrt(num / den));
     free(h), free(x), free(lg), free(gb), free(ub), free(db), free(y), free(wts), free(g), free(u),
         free(o), free(ids);
     free_weight(be, &wg), free_weight(be, &wu), free_weight(be, &wd);
