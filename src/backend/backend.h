@@ -192,6 +192,8 @@ typedef enum pt_op_kind {
     /* Tensor parallel (docs/tensor-parallel.md): optional. */
     PT_OP_ALL_REDUCE,
     PT_OP_MOE_LOCAL,
+    /* A routed-experts FFN in one op (decode's fused kernels): optional. */
+    PT_OP_MOE_FFN,
     PT_OP_COUNT
 } pt_op_kind;
 
@@ -466,6 +468,39 @@ typedef struct pt_op_moe_local {
     int n, k, first, count;
 } pt_op_moe_local;
 
+/* The activation of moe_ffn's experts (act(gate, up), as the ops swiglu,
+ * geglu and swiglu_oai compute it). */
+enum pt_moe_act { PT_MOE_SWIGLU, PT_MOE_GEGLU, PT_MOE_SWIGLU_OAI };
+
+/* A routed-experts FFN, the op sequence moe_route, matmul_id (gate, up),
+ * add_id (gate_bias, up_bias, when given), the activation, matmul_id
+ * (down, an input per slot), add_id (down_bias), moe_combine, as one op:
+ *
+ *     ids, weights = moe_route(logits, k, renorm)        [n][k]
+ *     gate[t][j] = x[t] · Wgate[ids[t][j]]ᵀ (+ gate_bias[ids[t][j]]), up likewise
+ *     gate = act(gate, up)                                [n][k][F]
+ *     out[t][j] = gate[t][j] · Wdown[ids[t][j]]ᵀ (+ down_bias)   [n][k][d]
+ *     y[t] = sum over j of weights[t][j] · out[t][j]       [n][d]
+ *
+ * The CPU backend runs exactly those ops (the reference); the CUDA backend
+ * runs them as two kernels at decode (moe.cu), with the same arithmetic.
+ * ids and weights hold the routing afterwards; gate, up and out are
+ * scratch of those sizes, their contents afterwards unspecified.  The
+ * weights are read through their pointers when the op runs (on CUDA, when
+ * the step is flushed or replayed), so they must outlive it, as a model's
+ * layers do.  y may alias x. */
+typedef struct pt_op_moe_ffn {
+    float *y;
+    const float *x, *logits;
+    const pt_weight *w_gate, *w_up, *w_down;
+    const float *gate_bias, *up_bias, *down_bias; /* [n_experts][F or d], or NULL */
+    int32_t *ids;
+    float *weights, *gate, *up, *out;
+    int n, n_experts, k, act; /* act: enum pt_moe_act */
+    float alpha, limit;       /* PT_MOE_SWIGLU_OAI's */
+    bool renorm;
+} pt_op_moe_ffn;
+
 typedef struct pt_op_all_reduce {
     float *buf;
     struct pt_comm *comm;
@@ -504,6 +539,7 @@ typedef struct pt_op {
         pt_op_moe_route_grouped moe_route_grouped;
         pt_op_all_reduce all_reduce;
         pt_op_moe_local moe_local;
+        pt_op_moe_ffn moe_ffn;
     };
 } pt_op;
 
@@ -749,6 +785,21 @@ static inline void pt_be_moe_combine(pt_backend *be, float *y, const float *x,
     o.kind = PT_OP_MOE_COMBINE;
     o.moe_combine.y = y, o.moe_combine.x = x, o.moe_combine.weights = weights;
     o.moe_combine.n = n, o.moe_combine.k = k, o.moe_combine.d = d;
+    pt_be_run(be, &o);
+}
+
+/* The record is filled field by field (see "Op records"). */
+static inline void pt_be_moe_ffn(pt_backend *be, const pt_op_moe_ffn *a) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_MOE_FFN;
+    pt_op_moe_ffn *r = &o.moe_ffn;
+    r->y = a->y, r->x = a->x, r->logits = a->logits;
+    r->w_gate = a->w_gate, r->w_up = a->w_up, r->w_down = a->w_down;
+    r->gate_bias = a->gate_bias, r->up_bias = a->up_bias, r->down_bias = a->down_bias;
+    r->ids = a->ids, r->weights = a->weights, r->gate = a->gate, r->up = a->up, r->out = a->out;
+    r->n = a->n, r->n_experts = a->n_experts, r->k = a->k, r->act = a->act;
+    r->alpha = a->alpha, r->limit = a->limit, r->renorm = a->renorm;
     pt_be_run(be, &o);
 }
 

@@ -122,7 +122,9 @@ static void gated(pt_backend *be, int act, float *y, const float *up, size_t cou
  * clamped SwiGLU; its top-k-then-softmax router is moe_route with renorm
  * (a softmax over all experts renormalized over the k is the same).
  * DeepSeek routes with moe_route_grouped (sigmoid or softmax scores, a
- * selection bias, groups, scaled weights: config router_grouped). */
+ * selection bias, groups, scaled weights: config router_grouped).  Other
+ * routing without expert parallel goes to moe_ffn, the same ops as one
+ * (the CUDA backend fuses them into two kernels at decode). */
 static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     pt_backend *be = m->be;
     const pt_model_config *c = &m->cfg;
@@ -132,6 +134,21 @@ static void moe_ffn(pt_model *m, int l, const pt_step *s) {
     int n = s->n, k = p->top_k, f = c->expert_ffn_dim;
 
     project(be, ws->router, ws->h, &L->w_router, L->b_router, n);
+    if (!c->router_grouped && !m->expert_count && pt_be_has_op(be, PT_OP_MOE_FFN)) {
+        /* the same ops as below, as one (CUDA: two kernels at decode) */
+        pt_op_moe_ffn a = {
+            .y = ws->h, .x = ws->h, .logits = ws->router, .w_gate = &L->w_gate,
+            .w_up = &L->w_up, .w_down = &L->w_down, .gate_bias = L->b_gate_exps,
+            .up_bias = L->b_up_exps, .down_bias = L->b_down_exps, .ids = ws->moe_ids,
+            .weights = ws->moe_w, .gate = ws->gate, .up = ws->up, .out = ws->moe_out, .n = n,
+            .n_experts = p->n_experts, .k = k, .alpha = c->act_alpha, .limit = c->act_limit,
+            .renorm = c->expert_renorm,
+            .act = p->act == PT_ACT_SWIGLU_OAI ? PT_MOE_SWIGLU_OAI
+                   : p->act == PT_ACT_GELU_TANH ? PT_MOE_GEGLU : PT_MOE_SWIGLU};
+        pt_be_moe_ffn(be, &a);
+        reduce(m, ws->h, (size_t)n * c->dim);
+        return;
+    }
     if (c->router_grouped) {
         pt_op_moe_route_grouped r = {
             .ids = ws->moe_ids, .weights = ws->moe_w, .logits = ws->router,

@@ -1156,6 +1156,103 @@ static void test_matmul_id_mxfp4(void **state) {
         }
 }
 
+/* moe_ffn (the routed FFN as one op, backend.h) against the whole FFN
+ * computed here in double from its definition: softmax, the top k (ties:
+ * lower expert), renormalized or not, gate and up by expert with their
+ * biases, the activation, down with its bias, the weighted sum.  The ids
+ * must be the reference's and y within 1e-5 of it (relative, over the
+ * output: every product here is an f32 sum of a few hundred terms). */
+static double act_ref(int act, double g, double u) {
+    if (act == PT_MOE_SWIGLU_OAI) {
+        g = fmin(g, 7.0), u = fmax(-7.0, fmin(u, 7.0));
+        return (u + 1) * g / (1 + exp(-1.702 * g));
+    }
+    if (act == PT_MOE_GEGLU)
+        return 0.5 * g * (1 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
+    return g / (1 + exp(-g)) * u;
+}
+
+static void check_moe_ffn(pt_backend *be, pt_dtype dt, int E, int dim, int f, int n, int k,
+                          int act, bool bias, bool renorm) {
+    bool used[64];
+    for (int e = 0; e < E; e++) used[e] = true;
+    pt_weight wg = make_stack(be, dt, E, f, dim, used), wu = make_stack(be, dt, E, f, dim, used);
+    pt_weight wd = make_stack(be, dt, E, dim, f, used);
+    float *x = rnd_floats((size_t)n * dim, 1.0f), *lg = rnd_floats((size_t)n * E, 4.0f);
+    float *gb = rnd_floats((size_t)E * f, 1.0f), *ub = rnd_floats((size_t)E * f, 1.0f);
+    float *db = rnd_floats((size_t)E * dim, 1.0f), *y = poisoned((size_t)n * dim);
+    float *wts = poisoned((size_t)n * k), *g = poisoned((size_t)n * k * f);
+    float *u = poisoned((size_t)n * k * f), *o = poisoned((size_t)n * k * dim);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    pt_op_moe_ffn a = {.y = y, .x = x, .logits = lg, .w_gate = &wg, .w_up = &wu, .w_down = &wd,
+                       .gate_bias = bias ? gb : NULL, .up_bias = bias ? ub : NULL,
+                       .down_bias = bias ? db : NULL, .ids = ids, .weights = wts, .gate = g,
+                       .up = u, .out = o, .n = n, .n_experts = E, .k = k, .act = act,
+                       .alpha = 1.702f, .limit = 7.0f, .renorm = renorm};
+    pt_be_moe_ffn(be, &a);
+    char what[128];
+    snprintf(what, sizeof what, "moe_ffn %s E=%d %dx%d n=%d k=%d act=%d bias=%d renorm=%d",
+             pt_dtype_name(dt), E, dim, f, n, k, act, bias, renorm);
+    check_written(y, (size_t)n * dim, what, be);
+    double *h = malloc(sizeof(double) * (size_t)k * f), num = 0, den = 0;
+    for (int t = 0; t < n; t++) {
+        const float *l = lg + (size_t)t * E;
+        double mx = -INFINITY, sum = 0, kept = 0, p[32];
+        int sel[32];
+        for (int e = 0; e < E; e++) mx = fmax(mx, l[e]);
+        for (int e = 0; e < E; e++) sum += exp(l[e] - mx);
+        for (int j = 0; j < k; j++) { /* the j-th largest, lower expert first among equals */
+            sel[j] = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++) taken |= sel[i] == e;
+                if (!taken && (sel[j] < 0 || l[e] > l[sel[j]])) sel[j] = e;
+            }
+            p[j] = exp(l[sel[j]] - mx) / sum, kept += p[j];
+            if (ids[t * k + j] != sel[j])
+                fail_msg("%s [%s]: row %d slot %d is expert %d, reference %d", what, be->detail, t,
+                         j, ids[t * k + j], sel[j]);
+        }
+        for (int j = 0; j < k; j++) /* each slot's activations */
+            for (int i = 0; i < f; i++) {
+                size_t e = (size_t)sel[j], row = e * f + i;
+                double gs = bias ? gb[row] : 0, us = bias ? ub[row] : 0;
+                for (int c = 0; c < dim; c++) {
+                    gs += load_elt(dt, wg.data, row * dim + c) * x[(size_t)t * dim + c];
+                    us += load_elt(dt, wu.data, row * dim + c) * x[(size_t)t * dim + c];
+                }
+                h[(size_t)j * f + i] = act_ref(act, gs, us);
+            }
+        for (int r = 0; r < dim; r++) {
+            double ref = 0;
+            for (int j = 0; j < k; j++) {
+                size_t e = (size_t)sel[j];
+                double od = bias ? db[e * dim + r] : 0;
+                for (int i = 0; i < f; i++)
+                    od += load_elt(dt, wd.data, (e * dim + r) * f + i) * h[(size_t)j * f + i];
+                ref += (renorm ? p[j] / kept : p[j]) * od;
+            }
+            double d = y[(size_t)t * dim + r] - ref;
+            num += d * d, den += ref * ref;
+        }
+    }
+    if (!(sqrt(num / den) <= 1e-5))
+        fail_msg("%s [%s]: y off the reference by %.3g (relative)", what, be->detail,
+                 sqrt(num / den));
+    free(h), free(x), free(lg), free(gb), free(ub), free(db), free(y), free(wts), free(g), free(u),
+        free(o), free(ids);
+    free_weight(be, &wg), free_weight(be, &wu), free_weight(be, &wd);
+}
+
+static void test_moe_ffn(void **state) {
+    (void)state;
+    for (int b = 0; b < n_backends; b++) {
+        check_moe_ffn(backends[b], PT_F32, 16, 64, 48, 1, 4, PT_MOE_SWIGLU, false, true);
+        check_moe_ffn(backends[b], PT_F32, 8, 40, 24, 5, 2, PT_MOE_SWIGLU_OAI, true, true);
+        check_moe_ffn(backends[b], PT_BF16, 12, 32, 16, 3, 3, PT_MOE_GEGLU, false, false);
+    }
+}
+
 static void test_moe_combine(void **state) {
     (void)state;
     static const int shapes[][3] = {{1, 2, 64}, {7, 3, 17}, {200, 8, 33}}; /* n, k, d */
@@ -1270,6 +1367,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_id),
         cmocka_unit_test(test_matmul_id_mxfp4),
         cmocka_unit_test(test_moe_combine),
+        cmocka_unit_test(test_moe_ffn),
         cmocka_unit_test(test_read_bandwidth),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

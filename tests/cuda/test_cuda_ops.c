@@ -19,7 +19,11 @@
  *
  * The model-family ops (attention_ext with windows and soft-caps, geglu,
  * scale, softcap, moe_route, matmul_id, moe_combine) are checked the same
- * way; routing must pick the CPU's experts in the CPU's order.  So are the
+ * way; routing must pick the CPU's experts in the CPU's order.  moe_ffn
+ * (the routed FFN as one op; two fused kernels at decode for quantized
+ * experts) against the CPU's op sequence, and its fused kernels against
+ * the CUDA op sequence (GPU_ALT) and a batch's rows against each row
+ * alone, bit for bit.  So are the
  * hybrid recurrent ops (gather_cols, sigmoid_mul, rmsnorm_gated,
  * conv1d_silu and gated_delta over several sequences' states, prefill,
  * decode and a restart) and DeepSeek's (copy_cols, moe_route_grouped).
@@ -42,9 +46,12 @@
 #include <cmocka.h>
 
 #include "backend/backend.h"
+#include "quant/quant.h"
 
 enum { CPU, GPU, GPU_ALT, N_BE };
-static pt_backend *be[N_BE]; /* GPU_ALT: cuBLAS-only matmul, simple attention, chunked delta rule */
+/* GPU_ALT: cuBLAS-only matmul, simple attention, chunked delta rule, and
+ * moe_ffn as its op sequence (PETREL_CUDA_MOE_FUSED=0) */
+static pt_backend *be[N_BE];
 static pt_rng rng;
 
 /* ---- host data on every backend --------------------------------------------- */
@@ -871,6 +878,148 @@ static void test_moe(void **state) {
     }
 }
 
+/* ---- moe_ffn ------------------------------------------------------------------------- */
+
+/* A stack of E random matrices [rows][cols] of type t on every backend
+ * (GGUF blocks quantized from f32, or f32/bf16 as they are). */
+static arr expert_stack(pt_dtype t, int E, int rows, int cols, pt_weight *w) {
+    size_t n = (size_t)E * rows * cols;
+    arr a;
+    if (t == PT_F32 || t == PT_BF16 || t == PT_F16) {
+        a = arr_rand_typed(t, n, -1, 1);
+    } else {
+        float *x = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) x[i] = frand(-1, 1);
+        void *blocks = malloc(pt_dtype_bytes(t, n));
+        pt_gguf_quantize(t, x, blocks, (int64_t)n);
+        a = arr_from(blocks, pt_dtype_bytes(t, n));
+        free(blocks), free(x);
+    }
+    *w = (pt_weight){.dtype = t, .rows = rows, .cols = cols, .nbytes = a.nbytes, .n_experts = E,
+                     .expert_stride = a.nbytes / (size_t)E};
+    return a;
+}
+
+/* Backends a and b hold the same bytes of out. */
+static void check_bits(const arr *out, int a, int b, const char *what) {
+    float *x = arr_get(out, a), *y = arr_get(out, b);
+    if (memcmp(x, y, out->nbytes)) {
+        size_t i = 0;
+        while (!memcmp(x + i, y + i, sizeof(float))) i++;
+        fail_msg("%s: float %zu: 0x%08x (fused) vs 0x%08x (op by op)", what, i,
+                 ((uint32_t *)x)[i], ((uint32_t *)y)[i]);
+    }
+    free(x), free(y);
+}
+
+typedef struct ffn_case {
+    pt_dtype gt, dt; /* gate/up, down */
+    int E, dim, f, n, k, act;
+    bool bias, renorm;
+} ffn_case;
+
+/* moe_ffn on every backend from the same routing logits, inputs and
+ * experts.  The CPU runs the op sequence (the reference): the GPU's routing
+ * must match it and y agree to 1e-4 relative (int16 activation codes on
+ * both sides; an f32 sum order apart); the default GPU backend (fused
+ * kernels up to 8 rows of quantized experts) and GPU_ALT (the CUDA op
+ * sequence) must agree bit for bit; and each row of the batch on the GPU
+ * must be the row computed alone (n = 1: the fused kernels). */
+static void one_moe_ffn(const ffn_case *c) {
+    int n = c->n, k = c->k, E = c->E, dim = c->dim, f = c->f;
+    pt_weight wg, wu, wd;
+    arr g = expert_stack(c->gt, E, f, dim, &wg), u = expert_stack(c->gt, E, f, dim, &wu);
+    arr d = expert_stack(c->dt, E, dim, f, &wd);
+    arr x = arr_rand((size_t)n * dim, -1, 1), lg = arr_rand((size_t)n * E, -4, 4);
+    arr gb = arr_rand((size_t)E * f, -1, 1), ub = arr_rand((size_t)E * f, -1, 1);
+    arr db = arr_rand((size_t)E * dim, -1, 1);
+    arr y = arr_poison(sizeof(float) * (size_t)n * dim);
+    arr ids = arr_poison(sizeof(int32_t) * (size_t)n * k);
+    arr w = arr_poison(sizeof(float) * (size_t)n * k);
+    arr sg = arr_poison(sizeof(float) * (size_t)n * k * f);
+    arr su = arr_poison(sizeof(float) * (size_t)n * k * f);
+    arr so = arr_poison(sizeof(float) * (size_t)n * k * dim);
+    pt_weight wgb[N_BE], wub[N_BE], wdb[N_BE];
+    for (int b = 0; b < N_BE; b++) {
+        wgb[b] = wg, wub[b] = wu, wdb[b] = wd;
+        wgb[b].data = g.d[b], wub[b].data = u.d[b], wdb[b].data = d.d[b];
+        pt_op_moe_ffn a = {
+            .y = y.d[b], .x = x.d[b], .logits = lg.d[b], .w_gate = &wgb[b], .w_up = &wub[b],
+            .w_down = &wdb[b], .gate_bias = c->bias ? gb.d[b] : NULL,
+            .up_bias = c->bias ? ub.d[b] : NULL, .down_bias = c->bias ? db.d[b] : NULL,
+            .ids = ids.d[b], .weights = w.d[b], .gate = sg.d[b], .up = su.d[b], .out = so.d[b],
+            .n = n, .n_experts = E, .k = k, .act = c->act, .alpha = 1.702f, .limit = 7.0f,
+            .renorm = c->renorm};
+        pt_be_moe_ffn(be[b], &a);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "moe_ffn %s/%s E=%d dim=%d f=%d n=%d k=%d act=%d bias=%d",
+             tname(c->gt), tname(c->dt), E, dim, f, n, k, c->act, c->bias);
+    int32_t *ic = (int32_t *)arr_get(&ids, CPU), *ig = (int32_t *)arr_get(&ids, GPU);
+    for (int i = 0; i < n * k; i++)
+        if (ic[i] != ig[i])
+            fail_msg("%s: row %d slot %d: expert %d on cuda, %d on cpu", what, i / k, i % k, ig[i],
+                     ic[i]);
+    free(ic), free(ig);
+    check_out(&w, GPU, 1e-6, "%s: weights", what);
+    check_out(&y, GPU, 1e-4, "%s", what);
+    check_bits(&y, GPU, GPU_ALT, what);
+    check_bits(&ids, GPU, GPU_ALT, what);
+    check_bits(&w, GPU, GPU_ALT, what);
+    /* each row alone on the GPU */
+    float *yn = arr_get(&y, GPU), *xh = arr_get(&x, CPU), *lh = arr_get(&lg, CPU);
+    for (int t = 0; t < n && n > 1; t++) {
+        void *dx = gpu_put(xh + (size_t)t * dim, sizeof(float) * dim);
+        void *dl = gpu_put(lh + (size_t)t * E, sizeof(float) * E);
+        float *y1 = malloc(sizeof(float) * dim);
+        memset(y1, 0xff, sizeof(float) * dim);
+        void *dy = gpu_put(y1, sizeof(float) * dim);
+        pt_op_moe_ffn a = {
+            .y = dy, .x = dx, .logits = dl, .w_gate = &wgb[GPU], .w_up = &wub[GPU],
+            .w_down = &wdb[GPU], .gate_bias = c->bias ? gb.d[GPU] : NULL,
+            .up_bias = c->bias ? ub.d[GPU] : NULL, .down_bias = c->bias ? db.d[GPU] : NULL,
+            .ids = ids.d[GPU], .weights = w.d[GPU], .gate = sg.d[GPU], .up = su.d[GPU],
+            .out = so.d[GPU], .n = 1, .n_experts = E, .k = k, .act = c->act, .alpha = 1.702f,
+            .limit = 7.0f, .renorm = c->renorm};
+        pt_be_moe_ffn(be[GPU], &a);
+        gpu_get(y1, dy, sizeof(float) * dim);
+        if (memcmp(y1, yn + (size_t)t * dim, sizeof(float) * dim)) {
+            int i = 0;
+            while (!memcmp(&y1[i], &yn[(size_t)t * dim + i], sizeof(float))) i++;
+            fail_msg("%s: row %d of %d differs from the row alone at [%d]: %.9g vs %.9g", what, t,
+                     n, i, yn[(size_t)t * dim + i], y1[i]);
+        }
+        be[GPU]->ops->free(be[GPU], dx, sizeof(float) * dim);
+        be[GPU]->ops->free(be[GPU], dl, sizeof(float) * E);
+        be[GPU]->ops->free(be[GPU], dy, sizeof(float) * dim);
+        free(y1);
+    }
+    free(yn), free(xh), free(lh);
+    arr *all[] = {&g, &u, &d, &x, &lg, &gb, &ub, &db, &y, &ids, &w, &sg, &su, &so};
+    for (size_t i = 0; i < PT_ARRAY_LEN(all); i++) arr_free(all[i]);
+}
+
+static void test_moe_ffn(void **state) {
+    (void)state;
+    static const ffn_case cases[] = {
+        /* Qwen3-MoE's shape at a smaller width: 128 experts, top 8, decode */
+        {PT_Q4_0, PT_Q4_0, 128, 512, 192, 1, 8, PT_MOE_SWIGLU, false, true},
+        {PT_Q4_0, PT_Q4_0, 128, 512, 192, 8, 8, PT_MOE_SWIGLU, false, true},
+        /* past the fused rows: the op sequence, rows sharing experts */
+        {PT_Q4_0, PT_Q4_0, 128, 512, 192, 12, 8, PT_MOE_SWIGLU, false, true},
+        /* gpt-oss: 2880 wide (q4_0 rows not 16-byte aligned), biases, clamped SwiGLU */
+        {PT_Q4_0, PT_Q4_0, 4, 2880, 2880, 1, 4, PT_MOE_SWIGLU_OAI, true, true},
+        {PT_Q8_0, PT_Q8_0, 6, 2880, 1440, 3, 3, PT_MOE_SWIGLU_OAI, true, true},
+        /* Q4_K_M's mix (q4_k gate/up, q6_k down), GeGLU, no renormalization */
+        {PT_Q4_K, PT_Q6_K, 16, 512, 256, 2, 3, PT_MOE_GEGLU, false, false},
+        {PT_Q8_0, PT_Q4_0, 6, 256, 96, 5, 2, PT_MOE_SWIGLU, true, false},
+        /* float experts: the op sequence on every backend */
+        {PT_BF16, PT_BF16, 16, 256, 96, 2, 4, PT_MOE_SWIGLU, false, true},
+        {PT_F32, PT_F32, 8, 128, 64, 3, 2, PT_MOE_SWIGLU_OAI, true, true},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) one_moe_ffn(&cases[i]);
+}
+
 /* ---- hybrid recurrent and latent-attention ops (recurrent.cu, mla.cu) ------------ */
 
 /* Backend b's copy of out is the CPU's, byte for byte. */
@@ -1208,10 +1357,12 @@ int main(void) {
     setenv("PETREL_CUDA_GEMV_MAX", "0", 1);
     setenv("PETREL_CUDA_ATTN", "simple", 1);
     setenv("PETREL_CUDA_GDN_CHUNK", "1", 1);
+    setenv("PETREL_CUDA_MOE_FUSED", "0", 1);
     be[GPU_ALT] = pt_backend_cuda_new(0, &err);
     unsetenv("PETREL_CUDA_GEMV_MAX");
     unsetenv("PETREL_CUDA_ATTN");
     unsetenv("PETREL_CUDA_GDN_CHUNK");
+    unsetenv("PETREL_CUDA_MOE_FUSED");
     be[CPU] = pt_backend_cpu_new(4, "portable", &err);
     if (!be[CPU] || !be[GPU_ALT]) {
         fprintf(stderr, "test_cuda_ops: %s\n", err.msg);
@@ -1224,10 +1375,12 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_attention_ext), cmocka_unit_test(test_family_elementwise),
-        cmocka_unit_test(test_moe), cmocka_unit_test(test_recurrent_elementwise),
+        cmocka_unit_test(test_moe), cmocka_unit_test(test_moe_ffn),
+        cmocka_unit_test(test_recurrent_elementwise),
         cmocka_unit_test(test_recurrent_state), cmocka_unit_test(test_route_grouped),
         cmocka_unit_test(test_read_bandwidth),
     };
+    if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
     return rc;

@@ -10,7 +10,8 @@ if(PETREL_CUDA)
     set_tests_properties(cuda/${t} PROPERTIES WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
                          TIMEOUT 900 SKIP_RETURN_CODE 77 LABELS cuda)
   endforeach()
-  target_link_libraries(test_cuda_ops PRIVATE petrel_backend PkgConfig::CMOCKA)
+  # petrel_quant: moe_ffn's quantized experts (GGUF blocks)
+  target_link_libraries(test_cuda_ops PRIVATE petrel_quant PkgConfig::CMOCKA)
   target_link_libraries(test_cuda_model PRIVATE petrel_model PkgConfig::CMOCKA)
   # Quantized KV caches (kv_store and attention over packed pages).
   target_link_libraries(test_cuda_kvq PRIVATE petrel_kv PkgConfig::CMOCKA)

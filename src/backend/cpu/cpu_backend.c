@@ -166,6 +166,7 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
     case PT_OP_RMSNORM_GATED: pt_cpu_rmsnorm_gated(be, &o->rmsnorm_gated); return true;
     case PT_OP_COPY_COLS: pt_cpu_copy_cols(be, &o->copy_cols); return true;
     case PT_OP_MOE_ROUTE_GROUPED: pt_cpu_moe_route_grouped(be, &o->moe_route_grouped); return true;
+    case PT_OP_MOE_FFN: pt_cpu_moe_ffn(be, &o->moe_ffn); return true;
     case PT_OP_ALL_REDUCE: {
         const pt_op_all_reduce *a = &o->all_reduce;
         if (pt_comm_kind(a->comm) != PT_COMM_HOST)

@@ -106,6 +106,7 @@ void pt_cpu_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight 
 void pt_cpu_moe_local(int32_t *ids, float *weights, int n, int k, int first, int count);
 void pt_cpu_moe_combine(pt_backend *be, float *y, const float *x, const float *weights, int n,
                         int k, int d);
+void pt_cpu_moe_ffn(pt_backend *be, const pt_op_moe_ffn *a);
 /* cpu_recurrent.c: hybrid recurrent layers (Gated DeltaNet) */
 void pt_cpu_gather_cols(pt_backend *be, float *dst, const float *src, const int32_t *idx, int n,
                         int d_src, int d_dst);

@@ -1,6 +1,8 @@
 /*
  * cpu_moe.c - the mixture-of-experts ops: routing (softmax, top-k,
- * renormalization), the matmul by expert id, and the weighted combine.
+ * renormalization), the matmul by expert id, the weighted combine, and
+ * moe_ffn (the routed FFN as one op: here exactly the sequence of the
+ * others, the reference the CUDA backend's fused kernels are checked by).
  *
  * matmul_id groups the (row, slot) pairs of a call by expert with a
  * counting sort, then runs each selected expert once as an ordinary matmul
@@ -186,4 +188,27 @@ void pt_cpu_moe_local(int32_t *ids, float *weights, int n, int k, int first, int
             weights[i] = 0;
         }
     }
+}
+
+/* ---- moe_ffn: the reference, the ops it stands for -------------------------------- */
+
+/* Runs exactly the op sequence backend.h gives for moe_ffn, so a model that
+ * calls it computes on the CPU what it computed op by op. */
+void pt_cpu_moe_ffn(pt_backend *be, const pt_op_moe_ffn *a) {
+    int n = a->n, k = a->k, f = (int)a->w_gate->rows, d = (int)a->w_down->rows;
+    size_t count = (size_t)n * k * f;
+    pt_cpu_moe_route(be, a->ids, a->weights, a->logits, n, a->n_experts, k, a->renorm);
+    pt_cpu_matmul_id(be, a->gate, a->x, a->w_gate, a->ids, n, k, 1);
+    pt_cpu_matmul_id(be, a->up, a->x, a->w_up, a->ids, n, k, 1);
+    if (a->gate_bias) pt_cpu_add_id(be, a->gate, a->gate_bias, a->ids, n, k, f);
+    if (a->up_bias) pt_cpu_add_id(be, a->up, a->up_bias, a->ids, n, k, f);
+    if (a->act == PT_MOE_SWIGLU_OAI)
+        pt_cpu_swiglu_oai(be, a->gate, a->gate, a->up, count, a->alpha, a->limit);
+    else if (a->act == PT_MOE_GEGLU)
+        pt_cpu_geglu(be, a->gate, a->gate, a->up, count);
+    else
+        pt_cpu_swiglu(be, a->gate, a->gate, a->up, count);
+    pt_cpu_matmul_id(be, a->out, a->gate, a->w_down, a->ids, n, k, k);
+    if (a->down_bias) pt_cpu_add_id(be, a->out, a->down_bias, a->ids, n, k, d);
+    pt_cpu_moe_combine(be, a->y, a->out, a->weights, n, k, d);
 }

@@ -74,6 +74,28 @@ __device__ __forceinline__ float cu_warp_max(float v) {
     return v;
 }
 
+/* The gated activations, one definition for the elementwise kernels (ops.cu,
+ * family_ops.cu) and the fused expert kernels (moe.cu), so both give the
+ * same bits.  SwiGLU: silu(g) * u. */
+__device__ __forceinline__ float cu_silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* transformers' gelu_pytorch_tanh, written as the CPU backend writes it
+ * (x / (1 + e^-2z) = 0.5 x (1 + tanh z) without the cancellation). */
+__device__ __forceinline__ float cu_gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    float z = c * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * z));
+}
+
+/* gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, ±limit),
+ * (u + 1) * g * sigmoid(alpha * g). */
+__device__ __forceinline__ float cu_swiglu_oai(float gate, float up, float alpha, float limit) {
+    float g = fminf(gate, limit), u = fmaxf(-limit, fminf(up, limit));
+    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
 /* Programmatic dependent launch (sm_90): every kernel is launched allowed
  * to start while the kernel before it in the stream finishes.  Each kernel
  * lets its successor launch at once (trigger), and waits for its

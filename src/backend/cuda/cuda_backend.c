@@ -12,6 +12,8 @@
  * gather_cols, sigmoid_mul, conv1d_silu, gated_delta, rmsnorm_gated; and
  * DeepSeek's copy_cols and moe_route_grouped; cuda_family.h) have first,
  * plain kernels:
+ * moe_ffn (the routed FFN as one op) runs as two fused kernels at decode,
+ * else as the launchers of the ops it stands for;
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
  * never come to the host, so a decode step stays one graph) and launches
  * blocks only for the experts some row chose (moe.cu); the state ops walk
@@ -49,6 +51,8 @@
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
  * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX,
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
+ * PETREL_CUDA_MOE_FUSED (token rows up to which moe_ffn with quantized
+ * experts runs as moe.cu's two fused kernels, default 8; 0: never),
  * PETREL_CUDA_GDN_CHUNK (rows per sequence from which the gated delta rule
  * runs chunkwise, default 16; 0: always row by row).
  */
@@ -355,11 +359,12 @@ static int moe_group(const pt_weight *w) {
     return w->dtype == PT_AFFINE ? w->group_size : 32;
 }
 
-static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
-    const pt_weight *w = &a->w;
-    int pairs = a->n * a->k, rc;
-    if (cu_moe_prep(&cb->ctx, cb->moe_scratch, a->ids, pairs, w->n_experts, a->x,
-                    a->n * a->x_slots, (int)w->cols, moe_group(w))) {
+/* y = x · W[ids]ᵀ: the sort and codes (cu_moe_prep), then the matmul. */
+static void run_matmul_id(cuda_backend *cb, float *y, const float *x, const pt_weight *w,
+                          const int32_t *ids, int n, int k, int x_slots) {
+    int pairs = n * k, rc;
+    if (cu_moe_prep(&cb->ctx, cb->moe_scratch, ids, pairs, w->n_experts, x, n * x_slots,
+                    (int)w->cols, moe_group(w))) {
         cuda_fail(cb, "matmul_id", "no kernel for this stack of experts (too many experts, or an "
                                    "input that is not 16-byte aligned)");
         return;
@@ -367,14 +372,64 @@ static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
     if (is_quantized(w->dtype)) {
         pt_weight e0 = pt_weight_expert(w, 0);
         cu_qweight q = qweight_of(&e0);
-        rc = cu_qmatmul_id(&cb->ctx, a->y, &q, w->expert_stride, w->n_experts, cb->moe_scratch,
-                           pairs, a->k, a->x_slots);
+        rc = cu_qmatmul_id(&cb->ctx, y, &q, w->expert_stride, w->n_experts, cb->moe_scratch,
+                           pairs, k, x_slots);
     } else {
-        rc = cu_matmul_id(&cb->ctx, a->y, a->x, w->data, dtype_code(w->dtype), w->expert_stride,
-                          (int)w->rows, (int)w->cols, w->n_experts, cb->moe_scratch, pairs, a->k,
-                          a->x_slots);
+        rc = cu_matmul_id(&cb->ctx, y, x, w->data, dtype_code(w->dtype), w->expert_stride,
+                          (int)w->rows, (int)w->cols, w->n_experts, cb->moe_scratch, pairs, k,
+                          x_slots);
     }
     if (rc) cuda_fail(cb, "matmul_id", "no kernel for this stack of experts");
+}
+
+static void exec_matmul_id(cuda_backend *cb, const pt_op_matmul_id *a) {
+    run_matmul_id(cb, a->y, a->x, &a->w, a->ids, a->n, a->k, a->x_slots);
+}
+
+/* The two fused kernels of moe.cu (decode, quantized experts); -1 when
+ * they do not take the op. */
+static int moe_ffn_fused(cuda_backend *cb, const pt_op_moe_ffn *a) {
+    const pt_weight *w[3] = {a->w_gate, a->w_up, a->w_down};
+    if (a->n > cb->moe_fused) return -1;
+    for (int i = 0; i < 3; i++)
+        if (!is_quantized(w[i]->dtype)) return -1;
+    pt_weight g0 = pt_weight_expert(a->w_gate, 0), u0 = pt_weight_expert(a->w_up, 0);
+    pt_weight d0 = pt_weight_expert(a->w_down, 0);
+    cu_moe_ffn_args f = {
+        .y = a->y, .x = a->x, .logits = a->logits, .gate = qweight_of(&g0),
+        .up = qweight_of(&u0), .down = qweight_of(&d0), .gate_stride = a->w_gate->expert_stride,
+        .up_stride = a->w_up->expert_stride, .down_stride = a->w_down->expert_stride,
+        .gate_bias = a->gate_bias, .up_bias = a->up_bias, .down_bias = a->down_bias,
+        .ids = a->ids, .weights = a->weights, .act = a->gate, .n = a->n,
+        .n_experts = a->n_experts, .k = a->k, .act_kind = a->act, .renorm = a->renorm,
+        .alpha = a->alpha, .limit = a->limit};
+    return cu_moe_ffn(&cb->ctx, &f);
+}
+
+/* moe_ffn: two kernels at decode, else the op sequence it stands for
+ * (backend.h), launcher by launcher. */
+static void exec_moe_ffn(cuda_backend *cb, const pt_op_moe_ffn *a) {
+    const cu_ctx *c = &cb->ctx;
+    int n = a->n, k = a->k, f = (int)a->w_gate->rows, d = (int)a->w_down->rows;
+    size_t count = (size_t)n * k * f;
+    if (moe_ffn_fused(cb, a) == 0) return;
+    if (cu_moe_route(c, a->ids, a->weights, a->logits, n, a->n_experts, k, a->renorm)) {
+        pt_be_fail(&cb->base, "moe_ffn", "no kernel for top %d of %d experts", k, a->n_experts);
+        return;
+    }
+    run_matmul_id(cb, a->gate, a->x, a->w_gate, a->ids, n, k, 1);
+    run_matmul_id(cb, a->up, a->x, a->w_up, a->ids, n, k, 1);
+    if (a->gate_bias) cu_add_id(c, a->gate, a->gate_bias, a->ids, n, k, f);
+    if (a->up_bias) cu_add_id(c, a->up, a->up_bias, a->ids, n, k, f);
+    if (a->act == PT_MOE_SWIGLU_OAI)
+        cu_swiglu_oai(c, a->gate, a->gate, a->up, count, a->alpha, a->limit);
+    else if (a->act == PT_MOE_GEGLU)
+        cu_geglu(c, a->gate, a->gate, a->up, count);
+    else
+        cu_swiglu(c, a->gate, a->gate, a->up, count);
+    run_matmul_id(cb, a->out, a->gate, a->w_down, a->ids, n, k, k);
+    if (a->down_bias) cu_add_id(c, a->out, a->down_bias, a->ids, n, k, d);
+    cu_moe_combine(c, a->y, a->out, a->weights, n, k, d);
 }
 
 /* The rows of a batch as the state ops read them. */
@@ -492,6 +547,7 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
         break;
     }
     case PT_OP_MOE_ROUTE_GROUPED: exec_moe_route_grouped(cb, &o->moe_route_grouped); break;
+    case PT_OP_MOE_FFN: exec_moe_ffn(cb, &o->moe_ffn); break;
     default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
@@ -515,6 +571,7 @@ static int op_rows(const pt_op *o) {
     case PT_OP_CONV1D_SILU: return o->conv1d_silu.b.n_tokens;
     case PT_OP_GATED_DELTA: return o->gated_delta.b.n_tokens;
     case PT_OP_MOE_ROUTE_GROUPED: return o->moe_route_grouped.n;
+    case PT_OP_MOE_FFN: return o->moe_ffn.n;
     default: return 0;
     }
 }
@@ -585,6 +642,25 @@ static int check_family_op(cuda_backend *cb, const pt_op *o, const char *name) {
     }
 }
 
+/* -1 (sticky error) for a stack of experts matmul_id's kernels do not take. */
+static int check_experts(cuda_backend *cb, const pt_weight *w, const char *name) {
+    if (w->n_experts < 1 || w->n_experts > CU_MOE_MAX_EXPERTS)
+        return pt_be_fail(&cb->base, name, "a stack of %d experts is not supported", w->n_experts);
+    if (is_quantized(w->dtype)) {
+        pt_weight e0 = pt_weight_expert(w, 0);
+        cu_qweight q = qweight_of(&e0);
+        if (q.fmt < 0 || !cu_moe_qweight_ok(&q))
+            return pt_be_fail(&cb->base, name, "%s experts of %lldx%lld (bits %d, group %d) not "
+                              "supported by the CUDA kernels", pt_dtype_name(w->dtype),
+                              (long long)w->rows, (long long)w->cols, w->bits, w->group_size);
+        if (w->expert_stride % 2 && w->dtype != PT_MXFP4)
+            return cuda_fail(cb, name, "quantized experts at odd byte offsets");
+    } else if (dtype_code(w->dtype) < 0) {
+        return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
+    }
+    return 0;
+}
+
 /* -1 (sticky error) for arguments the kernels do not take, before anything
  * is queued. */
 static int check_op(cuda_backend *cb, const pt_op *o) {
@@ -597,23 +673,23 @@ static int check_op(cuda_backend *cb, const pt_op *o) {
     }
     if (o->kind == PT_OP_MATMUL_ID) {
         const pt_op_matmul_id *a = &o->matmul_id;
-        const pt_weight *w = &a->w;
-        if (w->n_experts < 1 || w->n_experts > CU_MOE_MAX_EXPERTS)
-            return pt_be_fail(&cb->base, name, "a stack of %d experts is not supported", w->n_experts);
         if (a->k < 1 || (a->x_slots != 1 && a->x_slots != a->k))
             return pt_be_fail(&cb->base, name, "%d input slots for top %d", a->x_slots, a->k);
-        if (is_quantized(w->dtype)) {
-            pt_weight e0 = pt_weight_expert(w, 0);
-            cu_qweight q = qweight_of(&e0);
-            if (q.fmt < 0 || !cu_moe_qweight_ok(&q))
-                return pt_be_fail(&cb->base, name, "%s experts of %lldx%lld (bits %d, group %d) not "
-                                  "supported by the CUDA kernels", pt_dtype_name(w->dtype),
-                                  (long long)w->rows, (long long)w->cols, w->bits, w->group_size);
-            if (w->expert_stride % 2 && w->dtype != PT_MXFP4)
-                return cuda_fail(cb, name, "quantized experts at odd byte offsets");
-        } else if (dtype_code(w->dtype) < 0) {
-            return cuda_fail(cb, name, "weight type not supported by the CUDA backend");
-        }
+        return check_experts(cb, &a->w, name);
+    }
+    if (o->kind == PT_OP_MOE_FFN) {
+        const pt_op_moe_ffn *a = &o->moe_ffn;
+        if (a->n_experts > CU_MOE_MAX_EXPERTS || a->k < 1 || a->k > 32 || a->k > a->n_experts)
+            return pt_be_fail(&cb->base, name, "top %d of %d experts is not supported", a->k,
+                              a->n_experts);
+        if (a->w_up->rows != a->w_gate->rows || a->w_up->cols != a->w_gate->cols ||
+            a->w_down->cols != a->w_gate->rows || a->w_down->rows != a->w_gate->cols ||
+            a->w_gate->n_experts != a->n_experts || a->w_up->n_experts != a->n_experts ||
+            a->w_down->n_experts != a->n_experts)
+            return cuda_fail(cb, name, "gate, up and down stacks of mismatched shapes");
+        if (check_experts(cb, a->w_gate, name) || check_experts(cb, a->w_up, name))
+            return -1;
+        return check_experts(cb, a->w_down, name);
     }
     if (o->kind == PT_OP_MOE_ROUTE) {
         const pt_op_moe_route *a = &o->moe_route;
@@ -683,6 +759,13 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         const pt_op_matmul_id *a = &o->matmul_id;
         int64_t codes = moe_group(&a->w) ? (int64_t)a->n * a->x_slots * a->w.cols : 0;
         size_t need = cu_moe_scratch(a->n * a->k, a->w.n_experts, codes);
+        return grow(cb, &cb->moe_scratch, &cb->moe_cap, need, name);
+    } else if (o->kind == PT_OP_MOE_FFN) { /* the op sequence's matmul_id calls */
+        const pt_op_moe_ffn *a = &o->moe_ffn;
+        int pairs = a->n * a->k;
+        int64_t up = moe_group(a->w_gate) ? (int64_t)a->n * a->w_gate->cols : 0;
+        int64_t down = moe_group(a->w_down) ? (int64_t)pairs * a->w_down->cols : 0;
+        size_t need = cu_moe_scratch(pairs, a->n_experts, up > down ? up : down);
         return grow(cb, &cb->moe_scratch, &cb->moe_cap, need, name);
     } else if (o->kind == PT_OP_ATTENTION) {
         size_t need;
@@ -774,8 +857,9 @@ static void cuda_destroy(pt_backend *be) {
     cuda_flush(cb);
     cudaStreamSynchronize(cb->ctx.s);
     if (cb->n_captures || cb->n_replays)
-        pt_debug("cuda: %llu graph captures, %llu replays", (unsigned long long)cb->n_captures,
-                 (unsigned long long)cb->n_replays);
+        pt_debug("cuda: %llu graph captures, %llu replays, %zu nodes in the last graph",
+                 (unsigned long long)cb->n_captures, (unsigned long long)cb->n_replays,
+                 cb->graph_nodes);
     cuda_drop_graphs(cb);
     if (cb->profile) {
         print_profile(cb);
@@ -801,7 +885,7 @@ static void cuda_destroy(pt_backend *be) {
  * mid-forward. */
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
-    return (kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED) ||
+    return (kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED) || kind == PT_OP_MOE_FFN ||
            (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
 }
 
@@ -882,11 +966,13 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_gemv_init(&cb->ctx);
     cu_qgemv_init(&cb->ctx);
     cu_recurrent_init();
+    cu_moe_init(&cb->ctx);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", CU_GEMV_DEFAULT_ROWS);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     cb->gdn_chunk = PT_MAX(env_int("PETREL_CUDA_GDN_CHUNK", 16), 0);
+    cb->moe_fused = PT_MAX(env_int("PETREL_CUDA_MOE_FUSED", 8), 0);
     /* the tensor-core GEMM (qmma.cu) only when asked: on the H200 (session
      * 8) it ran 124.5 us/call at 64 decoding sequences of the 8B shape,
      * against 81.6 for dequantize + cuBLAS (docs/cuda.md, "Tensor-core

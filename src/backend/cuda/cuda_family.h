@@ -94,6 +94,33 @@ int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, size_t expert_
  * formats, and CU_MXFP4). */
 int cu_moe_qweight_ok(const cu_qweight *w);
 
+/* The routed-experts FFN of pt_op_moe_ffn in two launches (moe.cu), for
+ * quantized experts: the same bits as the op sequence it stands for
+ * (cu_moe_route, the matmuls by id, cu_add_id, the activation,
+ * cu_moe_combine).  gate, up and down describe expert 0 of their stacks
+ * (as cu_qmatmul_id's w); act is scratch of n * k * gate.rows floats. */
+enum { CU_MOE_SWIGLU, CU_MOE_GEGLU, CU_MOE_SWIGLU_OAI }; /* = enum pt_moe_act */
+
+typedef struct cu_moe_ffn_args {
+    float *y;
+    const float *x, *logits;
+    cu_qweight gate, up, down;
+    size_t gate_stride, up_stride, down_stride;
+    const float *gate_bias, *up_bias, *down_bias;
+    int32_t *ids;
+    float *weights, *act;
+    int n, n_experts, k, act_kind, renorm;
+    float alpha, limit;
+} cu_moe_ffn_args;
+
+/* -1 (nothing queued) for shapes the kernels do not take: formats that
+ * differ between gate and up, more than 32 slots, rows too large for
+ * shared memory; the caller runs the op sequence then. */
+int cu_moe_ffn(const cu_ctx *c, const cu_moe_ffn_args *a);
+/* Allows the fused kernels their shared memory (over 48 KiB): once, after
+ * cu_kvq_init has read c->smem_optin, before any graph capture. */
+void cu_moe_init(const cu_ctx *c);
+
 /* ---- recurrent.cu: Gated DeltaNet layers ------------------------------------ */
 
 /* dst[t][j] = src[t][idx[j]] for n rows (an index out of range gives 0). */

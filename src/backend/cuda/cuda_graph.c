@@ -71,6 +71,7 @@ static graph_slot *capture(cuda_backend *cb) {
             return NULL;
         }
     }
+    if (cudaGraphGetNodes(graph, NULL, &cb->graph_nodes) != cudaSuccess) cudaGetLastError();
     cudaGraphDestroy(graph);
     g->recs = pt_xrealloc(g->recs, sizeof(pt_op) * (size_t)cb->n_list);
     memcpy(g->recs, cb->list, sizeof(pt_op) * (size_t)cb->n_list);

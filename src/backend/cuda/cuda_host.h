@@ -52,6 +52,8 @@ typedef struct cuda_backend {
     int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
     int gdn_chunk;    /* rows per sequence from which gated_delta runs chunkwise
                          (PETREL_CUDA_GDN_CHUNK; 0: never) */
+    int moe_fused;    /* moe_ffn with quantized experts runs as two kernels up to
+                         this many token rows (PETREL_CUDA_MOE_FUSED; 0: never) */
     int qmma_max;     /* past qgemv_max and up to this many rows, q4_0/q8_0 take the
                          tensor-core GEMM of qmma.cu (PETREL_CUDA_QMMA=0: never;
                          PETREL_CUDA_QMMA_MAX) */
@@ -73,6 +75,7 @@ typedef struct cuda_backend {
     int n_list, list_cap, list_rows;
     graph_slot graphs[GRAPH_SLOTS];
     uint64_t clock, n_captures, n_replays;
+    size_t graph_nodes; /* kernels and copies of the last graph captured */
     double read_bw;
     char detail[192];
 } cuda_backend;

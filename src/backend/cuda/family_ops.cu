@@ -18,19 +18,11 @@
 
 /* ---- elementwise -------------------------------------------------------------- */
 
-/* transformers' gelu_pytorch_tanh, written as the CPU backend writes it
- * (x / (1 + e^-2z) = 0.5 x (1 + tanh z) without the cancellation). */
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    float z = c * (x + 0.044715f * x * x * x);
-    return x / (1.0f + expf(-2.0f * z));
-}
-
 __global__ void geglu_kernel(float *y, const float *gate, const float *up, size_t count) {
     cu_grid_trigger();
     cu_grid_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < count) y[i] = gelu_tanh(gate[i]) * up[i];
+    if (i < count) y[i] = cu_gelu_tanh(gate[i]) * up[i];
 }
 
 extern "C" void cu_geglu(const cu_ctx *c, float *y, const float *gate, const float *up,
@@ -55,8 +47,7 @@ __global__ void swiglu_oai_kernel(float *y, const float *gate, const float *up, 
     cu_grid_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    float g = fminf(gate[i], limit), u = fmaxf(-limit, fminf(up[i], limit));
-    y[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+    y[i] = cu_swiglu_oai(gate[i], up[i], alpha, limit);
 }
 
 extern "C" void cu_swiglu_oai(const cu_ctx *c, float *y, const float *gate, const float *up,
@@ -213,7 +204,8 @@ __global__ void moe_combine_kernel(float *y, const float *x, const float *w, int
     if (i >= (size_t)n * d) return;
     size_t t = i / d, c = i % d;
     float acc = 0.f;
-    for (int s = 0; s < k; s++) acc += w[t * k + s] * x[(t * k + s) * d + c];
+    /* an explicit fused multiply-add, as moe.cu's fused down kernel sums */
+    for (int s = 0; s < k; s++) acc = fmaf(w[t * k + s], x[(t * k + s) * d + c], acc);
     y[i] = acc;
 }
 

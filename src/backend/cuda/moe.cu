@@ -1,7 +1,8 @@
 /*
  * moe.cu - the matmul by expert id on the GPU (cuda_family.h): the sort of
  * the (row, slot) pairs by expert, the activations' rounding for quantized
- * experts, and the kernels for f32/f16/bf16 and quantized expert stacks.
+ * experts, and the kernels for f32/f16/bf16 and quantized expert stacks;
+ * and moe_ffn's two fused kernels for decode (the section at the end).
  *
  * One launch prepares (moe_prep_kernel): block 0 groups the pairs by
  * expert on the device and lists the experts some pair chose (used[]), so
@@ -386,5 +387,333 @@ extern "C" int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, siz
     default: return -1;
     }
 #undef QF_ID
+    return 0;
+}
+
+/* ---- moe_ffn: the routed FFN of a decode step in two launches ----------------------
+ *
+ * The op sequence moe_route, matmul_id (gate, up), add_id, activation,
+ * matmul_id (down), add_id, moe_combine costs eleven launches, each of a
+ * few microseconds of work at one token.  For up to PETREL_CUDA_MOE_FUSED
+ * token rows and quantized experts it is two:
+ *
+ *  - up (grid: row tiles x (token, slot) pairs): each block routes its
+ *    token itself (softmax, top k, renormalization: no launch, no host),
+ *    so it knows its expert before anything else; each warp then copies
+ *    its RPW gate rows and RPW up rows whole into its shared memory with
+ *    16-byte cp.async (all in flight at once), the block rounds the token's
+ *    activations to int16 codes meanwhile, and each warp takes its rows'
+ *    products, adds the experts' biases and applies the activation:
+ *    act[t][j][r] = act(gate, up).
+ *  - down (grid: row tiles x tokens): a warp owns output row r of its
+ *    token and copies row r of each of the k chosen experts (k rows in
+ *    flight), the block rounds the k activation rows to codes, and the
+ *    warp sums w_j (row · act_j + bias_j) over j = 0 .. k-1 in that order:
+ *    the weighted combine needs no atomics and no other launch.
+ *
+ * Every number is computed as the op sequence computes it on this device:
+ * the routing as moe_route_kernel (the same max, sum and slot order), each
+ * product with moe_qmatmul_kernel's chunk order, lane sums and butterfly,
+ * the biases as single adds, the activations by cu_common.cuh's functions
+ * and the combine by fmaf in slot order, as moe_combine_kernel.  So a
+ * token row gets the same bits through either path, alone or in a batch
+ * (test_cuda_ops test_moe_ffn compares them bit for bit): batch invariance
+ * holds across PETREL_CUDA_MOE_FUSED's threshold.
+ */
+
+#define FFN_WARPS 8
+#define FFN_RPW_MAX 2              /* gate/up rows per warp (each with its up row) */
+#define FFN_SMEM_2ROWS (100 << 10) /* two rows a warp while two blocks fit an SM */
+
+/* 16-byte words of shared memory a staged row of `bytes` needs: its
+ * aligned words, one more when it starts inside a word. */
+static inline __host__ __device__ int ffn_words(int64_t bytes) {
+    return (int)((bytes + 15) / 16) + 1;
+}
+
+/* Shared memory (in 16-byte words) of the up and down kernels: the
+ * activation codes (64 bytes and a float4 of scales per chunk), the up
+ * kernel's routing row and slots, and the warps' rows. */
+static inline __host__ __device__ int ffn_up_words(int nch, int E, int rpw, int words) {
+    return 5 * nch + (CU_DIV_UP(E, 4) * 4 + 32) / 4 + FFN_WARPS * rpw * 2 * words;
+}
+static inline __host__ __device__ int ffn_down_words(int nch, int k, int words) {
+    return 5 * k * nch + FFN_WARPS * k * words;
+}
+
+/* Expert e of a stack whose expert 0 is w: its codes, and its affine
+ * scales and biases (rows * cols / group of each per expert). */
+template <int F>
+__device__ __forceinline__ cu_qweight ffn_expert(cu_qweight w, size_t stride, int e) {
+    w.data = (const uint8_t *)w.data + (size_t)e * stride;
+    if (F >= CU_AFF4 && F <= CU_AFFN) {
+        size_t sb = (size_t)w.rows * (size_t)(w.cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
+        w.scales = (const char *)w.scales + (size_t)e * sb;
+        w.biases = (const char *)w.biases + (size_t)e * sb;
+    }
+    return w;
+}
+
+/* The warp copies a whole row (the 16-byte words that hold it) to dst;
+ * the row starts ((uintptr_t)row & 15) bytes into dst. */
+__device__ __forceinline__ void ffn_stage(uint4 *dst, const uint8_t *row, int64_t bytes, int lane) {
+    const uintptr_t a0 = (uintptr_t)row & ~(uintptr_t)15;
+    const int n16 = (int)((((uintptr_t)row + (uintptr_t)bytes + 15) & ~(uintptr_t)15) - a0) / 16;
+    for (int i = lane; i < n16; i += 32) cp_async16(dst + i, (const uint4 *)a0 + i);
+}
+
+/* rows x rows of nch chunks at x (contiguous) as int16 codes into shared
+ * memory, as moe_prep_kernel rounds them: a warp per 32 chunks of a row. */
+__device__ __forceinline__ void ffn_codes(uint4 *xc, float4 *xm, const float *x, int rows, int nch,
+                                          int G, int warp, int lane) {
+    const int per_row = CU_DIV_UP(nch, 32);
+    for (int item = warp; item < rows * per_row; item += FFN_WARPS) {
+        const int xr = item / per_row, c = item % per_row * 32 + lane;
+        const bool valid = c < nch;
+        uint32_t xw[16];
+        float dx;
+        int s0, s1;
+        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
+        if (!valid) continue;
+        const int ci = xr * nch + c;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            xc[4 * ci + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+        xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+    }
+}
+
+/* A staged row (sp: its first byte) times one activation row's codes, in
+ * moe_qmatmul_kernel's order: per pass of MOE_SEG chunks, chunk lane then
+ * lane + 32, then the warp's butterfly.  Every lane gets the sum. */
+template <int F>
+__device__ __forceinline__ float ffn_dot(const uint8_t *sp, const cu_qweight &w, int64_t r, int nch,
+                                         const uint4 *xc, const float4 *xm, int lane) {
+    const bool WIDE = F == CU_Q8_0 || F == CU_AFF8 || F == CU_MXFP4;
+    float acc = 0.f;
+    for (int c0 = 0; c0 < nch; c0 += MOE_SEG) {
+        const int nc = min(MOE_SEG, nch - c0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int cc = lane + 32 * h;
+            if (cc >= nc) continue;
+            qchunk q;
+            qf_chunk<F>(q, sp, c0 + cc, c0 + cc, w, r);
+            if (WIDE) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) q.u[i] ^= 0x80808080u;
+                q.add[0] += 128.f * q.mul[0], q.add[1] += 128.f * q.mul[1];
+            }
+            const uint4 *cp = xc + 4 * (c0 + cc);
+            const uint4 a0 = cp[0], a1 = cp[1], a2 = cp[2], a3 = cp[3];
+            const uint32_t xw[16] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w,
+                                     a2.x, a2.y, a2.z, a2.w, a3.x, a3.y, a3.z, a3.w};
+            const float4 m = xm[c0 + cc];
+            acc = fmaf(m.x, qdot_chunk(q, xw, __float_as_int(m.y), __float_as_int(m.z)), acc);
+        }
+    }
+    return cu_warp_sum(acc);
+}
+
+__device__ __forceinline__ float ffn_act(const cu_moe_ffn_args &a, float g, float u) {
+    if (a.act_kind == CU_MOE_SWIGLU_OAI) return cu_swiglu_oai(g, u, a.alpha, a.limit);
+    if (a.act_kind == CU_MOE_GEGLU) return cu_gelu_tanh(g) * u;
+    return cu_silu_mul(g, u);
+}
+
+/* Token t's routing into the block's shared memory: sel[s] = the expert
+ * of slot s, by rank (larger logit first, the lower expert among equals:
+ * moe_route_kernel's order), one thread per expert. */
+__device__ __forceinline__ void ffn_route(float *lg, int *sel, const float *logits, int E, int k) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = logits[e];
+    if (threadIdx.x < 32) sel[threadIdx.x] = 0; /* NaN logits can leave a slot unranked */
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = lg[e];
+        int rank = 0;
+        for (int i = 0; i < E; i++) {
+            const float o = lg[i];
+            rank += o > v || (o == v && i < e);
+        }
+        if (rank < k) sel[rank] = e;
+    }
+    __syncthreads();
+}
+
+/* Slot j's routing weight, as moe_route_kernel computes it (one warp). */
+__device__ __forceinline__ float ffn_weight(const float *lg, const int *sel, int E, int k, int j,
+                                            int renorm, int lane) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    mx = cu_warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) sum += expf(lg[e] - mx);
+    sum = cu_warp_sum(sum);
+    float kept = 0.f, wj = 0.f;
+    for (int s = 0; s < k; s++) {
+        float w = expf(lg[sel[s]] - mx) / sum;
+        kept += w;
+        if (s == j) wj = w;
+    }
+    return renorm ? wj / kept : wj;
+}
+
+template <int F>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 2)
+    moe_ffn_up_kernel(cu_moe_ffn_args a, int rpw, int words) {
+    extern __shared__ uint4 sm[];
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int nch = (int)(a.gate.cols / 32), E = a.n_experts, f = (int)a.gate.rows;
+    const int p = blockIdx.y, t = p / a.k, j = p % a.k;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *xc = sm;
+    float4 *xm = (float4 *)(sm + 4 * nch);
+    float *lg = (float *)(sm + 5 * nch);
+    int *sel = (int *)(lg + CU_DIV_UP(E, 4) * 4);
+    uint4 *mine = sm + ffn_up_words(nch, E, 0, 0) + warp * rpw * 2 * words;
+
+    ffn_route(lg, sel, a.logits + (size_t)t * E, E, a.k);
+    const int e = min(max(sel[j], 0), E - 1);
+    const cu_qweight wg = ffn_expert<F>(a.gate, a.gate_stride, e);
+    const cu_qweight wu = ffn_expert<F>(a.up, a.up_stride, e);
+    const int64_t rb = qf_bytes(F, wg.bits, wg.cols);
+    const uint8_t *gr = (const uint8_t *)wg.data, *ur = (const uint8_t *)wu.data;
+    const int r0 = blockIdx.x * FFN_WARPS * rpw + warp;
+    for (int i = 0; i < rpw; i++) {
+        const int r = r0 + i * FFN_WARPS;
+        if (r >= f) break;
+        ffn_stage(mine + 2 * i * words, gr + r * rb, rb, lane);
+        ffn_stage(mine + (2 * i + 1) * words, ur + r * rb, rb, lane);
+    }
+    cp_async_commit();
+    if (blockIdx.x == 0 && warp == 0) {
+        float w = ffn_weight(lg, sel, E, a.k, j, a.renorm, lane);
+        if (lane == 0) a.ids[p] = e, a.weights[p] = w;
+    }
+    ffn_codes(xc, xm, a.x + (size_t)t * a.gate.cols, 1, nch, a.gate.group ? a.gate.group / 32 : 1,
+              warp, lane);
+    __syncthreads();
+    cp_async_wait<0>();
+    __syncwarp();
+    for (int i = 0; i < rpw; i++) {
+        const int r = r0 + i * FFN_WARPS;
+        if (r >= f) break;
+        /* each row where ffn_stage put it: as far into its words as into memory's */
+        const uint8_t *gs = (const uint8_t *)(mine + 2 * i * words) + ((uintptr_t)(gr + r * rb) & 15);
+        const uint8_t *us =
+            (const uint8_t *)(mine + (2 * i + 1) * words) + ((uintptr_t)(ur + r * rb) & 15);
+        float g = ffn_dot<F>(gs, wg, r, nch, xc, xm, lane);
+        float u = ffn_dot<F>(us, wu, r, nch, xc, xm, lane);
+        if (a.gate_bias) g = g + a.gate_bias[(size_t)e * f + r];
+        if (a.up_bias) u = u + a.up_bias[(size_t)e * f + r];
+        if (lane == 0) a.act[(size_t)p * f + r] = ffn_act(a, g, u);
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 2)
+    moe_ffn_down_kernel(cu_moe_ffn_args a, int words) {
+    extern __shared__ uint4 sm[];
+    cu_grid_trigger();
+    cu_grid_wait();
+    const int k = a.k, nch = (int)(a.down.cols / 32), d = (int)a.down.rows, t = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * FFN_WARPS + warp;
+    uint4 *xc = sm;
+    float4 *xm = (float4 *)(sm + 4 * k * nch);
+    uint4 *mine = sm + 5 * k * nch + warp * k * words;
+    const int32_t *ids = a.ids + (size_t)t * k;
+    const int64_t rb = qf_bytes(F, a.down.bits, a.down.cols);
+    if (r < d)
+        for (int j = 0; j < k; j++) {
+            const cu_qweight w = ffn_expert<F>(a.down, a.down_stride, ids[j]);
+            ffn_stage(mine + j * words, (const uint8_t *)w.data + r * rb, rb, lane);
+        }
+    cp_async_commit();
+    ffn_codes(xc, xm, a.act + (size_t)t * k * a.down.cols, k, nch,
+              a.down.group ? a.down.group / 32 : 1, warp, lane);
+    __syncthreads();
+    cp_async_wait<0>();
+    __syncwarp();
+    if (r >= d) return;
+    float out = 0.f;
+    for (int j = 0; j < k; j++) {
+        const int e = ids[j];
+        const cu_qweight w = ffn_expert<F>(a.down, a.down_stride, e);
+        const uint8_t *rs =
+            (const uint8_t *)(mine + j * words) + (((uintptr_t)w.data + r * rb) & 15);
+        float v = ffn_dot<F>(rs, w, r, nch, xc + 4 * j * nch, xm + j * nch, lane);
+        if (a.down_bias) v = v + a.down_bias[(size_t)e * d + r];
+        out = fmaf(a.weights[(size_t)t * k + j], v, out);
+    }
+    if (lane == 0) a.y[(size_t)t * d + r] = out;
+}
+
+#define FFN_FORMATS(X)                                                                             \
+    X(CU_Q8_0) X(CU_Q4_0) X(CU_Q4_K) X(CU_Q5_K) X(CU_Q6_K) X(CU_AFF4) X(CU_AFF8) X(CU_AFFN) X(CU_MXFP4)
+
+/* Shared memory beyond 48 KiB needs an opt-in, per kernel and device. */
+extern "C" void cu_moe_init(const cu_ctx *c) {
+#define X(F)                                                                                       \
+    cudaFuncSetAttribute(moe_ffn_up_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,        \
+                         c->smem_optin);                                                           \
+    cudaFuncSetAttribute(moe_ffn_down_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,      \
+                         c->smem_optin);
+    FFN_FORMATS(X)
+#undef X
+    cudaGetLastError();
+}
+
+/* The activation block (32 columns, or an affine group) as a count of
+ * chunks, if the codes' rounding takes it; 0 if not. */
+static int ffn_group(const cu_qweight *w) {
+    if (w->fmt < CU_AFF4 || w->fmt > CU_AFFN) return 1;
+    int G = w->group / 32;
+    return w->group % 32 || w->cols % w->group || (G & (G - 1)) || G > 32 ? 0 : G;
+}
+
+/* What cu_qmatmul_id asks of a stack of experts. */
+static bool ffn_stack_ok(const cu_qweight *w, size_t stride) {
+    bool wide = w->fmt == CU_Q4_K || w->fmt == CU_Q5_K || w->fmt == CU_AFF4 || w->fmt == CU_AFF8;
+    size_t align = wide ? 16 : w->fmt == CU_MXFP4 ? 1 : 2;
+    return cu_moe_qweight_ok(w) && stride % align == 0 && ffn_group(w) && w->rows <= 0x7fffffff &&
+           w->cols <= 0x7fffffff;
+}
+
+extern "C" int cu_moe_ffn(const cu_ctx *c, const cu_moe_ffn_args *a) {
+    const cu_qweight *g = &a->gate, *u = &a->up, *dn = &a->down;
+    if (a->n < 1 || a->n_experts < 1 || a->n_experts > CU_MOE_MAX_EXPERTS || a->k < 1 ||
+        a->k > 32 || a->k > a->n_experts || a->n * a->k > 65535)
+        return -1;
+    if (g->fmt != u->fmt || g->bits != u->bits || g->group != u->group ||
+        g->scale_type != u->scale_type || g->rows != u->rows || g->cols != u->cols ||
+        dn->cols != g->rows || !ffn_stack_ok(g, a->gate_stride) || !ffn_stack_ok(u, a->up_stride) ||
+        !ffn_stack_ok(dn, a->down_stride) || !cu_aligned16(a->x) || !cu_aligned16(a->act))
+        return -1;
+    const int nch = (int)(g->cols / 32), nchd = (int)(dn->cols / 32);
+    const int wu = ffn_words(qf_bytes(g->fmt, g->bits, g->cols));
+    const int wd = ffn_words(qf_bytes(dn->fmt, dn->bits, dn->cols));
+    const size_t limit = c->smem_optin > 0 ? (size_t)c->smem_optin : 48 << 10;
+    int rpw = FFN_RPW_MAX;
+    while (rpw > 1 && 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu) > FFN_SMEM_2ROWS) rpw--;
+    const size_t up_smem = 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu);
+    const size_t down_smem = 16 * (size_t)ffn_down_words(nchd, a->k, wd);
+    if (up_smem > limit || down_smem > limit) return -1;
+    const cu_moe_ffn_args args = *a;
+    dim3 up_grid((unsigned)CU_DIV_UP(g->rows, (int64_t)FFN_WARPS * rpw), (unsigned)(a->n * a->k));
+    dim3 down_grid((unsigned)CU_DIV_UP(dn->rows, (int64_t)FFN_WARPS), (unsigned)a->n);
+#define UP(F) case F: CU_LAUNCH(moe_ffn_up_kernel<F>, up_grid, FFN_WARPS * 32, up_smem, c, args, rpw, wu); break;
+#define DOWN(F) case F: CU_LAUNCH(moe_ffn_down_kernel<F>, down_grid, FFN_WARPS * 32, down_smem, c, args, wd); break;
+    switch (g->fmt) {
+        FFN_FORMATS(UP)
+    default: return -1;
+    }
+    switch (dn->fmt) {
+        FFN_FORMATS(DOWN)
+    default: return -1; /* not reached: ffn_stack_ok took the format */
+    }
+#undef UP
+#undef DOWN
     return 0;
 }

@@ -128,16 +128,12 @@ extern "C" void cu_add_bias(const cu_ctx *c, float *y, const float *bias, int n,
     CU_LAUNCH((add_bias_kernel), grid_for((size_t)n * d, 256), 256, 0, c, y, bias, n, d);
 }
 
-__device__ __forceinline__ float silu_mul(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
-}
-
 __global__ void swiglu_kernel(float *y, const float *gate, const float *up, size_t count) {
     cu_grid_trigger();
     cu_grid_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
          i += (size_t)gridDim.x * blockDim.x)
-        y[i] = silu_mul(gate[i], up[i]);
+        y[i] = cu_silu_mul(gate[i], up[i]);
 }
 
 extern "C" void cu_swiglu(const cu_ctx *c, float *y, const float *gate, const float *up,
