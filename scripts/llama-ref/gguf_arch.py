@@ -194,9 +194,10 @@ def qwen35_shapes(cfg):
     if not every and cfg.get("layer_types"):
         every = cfg["layer_types"].index("full_attention") + 1
     sect = list(rp.get("mrope_section") or [])
-    if not sect:  # Qwen3.5's [11, 11, 10] for 32 pairs; text takes one position anyway
+    if not sect:  # as Qwen3.5's [11, 11, 10] for 32 pairs: every pair on the text position
         pairs = n_rot // 2
-        sect = [(pairs + 2) // 3, (pairs + 2) // 3, pairs - 2 * ((pairs + 2) // 3)]
+        sect = [(pairs + 2) // 3, (pairs + 1) // 3]
+        sect.append(pairs - sum(sect))
     return n_rot, every or 4, (sect + [0, 0, 0, 0])[:4]
 
 
