@@ -9,6 +9,9 @@ from Debian's python3-numpy):
       [--seed S] [--shapes] [--decoded] OUT.gguf
   ... dummy_gguf.py --list [--type T]     the presets, their file sizes and
                                           the H200 commands (below)
+  ... dummy_gguf.py PRESET --bytes [--type T]   three numbers, no file: the
+      matrix bytes all in T (Petrel's dummy count), as the file types them
+      (Petrel's count when it loads the file), and all the tensor data
 
 PRESET is a name from Petrel's src/model/registry.c (the shapes `petrel bench
 -m dummy:PRESET` runs, read from that file's table); CONFIG.json a Hugging
@@ -447,7 +450,7 @@ def main():
     for a in it:
         if a in ("--type", "--seed"):
             flags[a] = next(it, None)
-        elif a in ("--list", "--shapes", "--decoded"):
+        elif a in ("--list", "--shapes", "--decoded", "--bytes"):
             flags[a] = True
         else:
             args.append(a)
@@ -456,6 +459,11 @@ def main():
         sys.exit(f"--type {qname}: one of {', '.join(TYPES)}")
     if flags.get("--list"):
         return list_presets(qname)
+    if flags.get("--bytes") and len(args) == 1:  # sizes only, nothing written
+        ts = plan(load_config(args[0]), TYPES[qname])
+        print(petrel_matrix_bytes(ts, TYPES[qname]), file_matrix_bytes(ts),
+              sum(nbytes(s, ty) for _, s, _, ty in ts))
+        return 0
     if len(args) != 2:
         sys.exit(__doc__)
     cfg = load_config(args[0])

@@ -363,6 +363,50 @@ static void check_dummy_case(const char *family) {
     remove(q8);
 }
 
+/* Every preset's file (src/model/registry.c's shapes, read from there by
+ * the tool) holds the matrices `petrel bench -m dummy:PRESET` makes: with
+ * every matrix in one format, the tool's byte count is Petrel's, to the
+ * byte (a missing, extra or misshapen tensor would show). */
+static void test_dummy_preset_bytes(void **state) {
+    (void)state;
+    if (!dummy_tools()) skip();
+    char names[512];
+    pt_config_preset_names(names, sizeof names);
+    int n = 0;
+    for (char *name = strtok(names, ", "); name; name = strtok(NULL, ", ")) {
+        json_error_t je;
+        json_t *j = json_loads(pt_config_preset(name), 0, &je);
+        assert_non_null(j);
+        pt_model_config cfg;
+        pt_err err = {{0}};
+        memset(&cfg, 0, sizeof cfg);
+        if (pt_config_from_json(j, &cfg, &err)) fail_msg("%s: %s", name, err.msg);
+        json_decref(j);
+        static const char *const types[] = {"q4_0", "q8_0"};
+        for (int t = 0; t < 2; t++) {
+            size_t want;
+            if (pt_model_dummy_bytes(&cfg, types[t], &want, &err)) fail_msg("%s", err.msg);
+            char cmd[512];
+            snprintf(cmd, sizeof cmd,
+                     "/usr/bin/python3 " PETREL_SOURCE_DIR "/scripts/llama-ref/dummy_gguf.py %s "
+                     "--bytes --type %s", name, types[t]);
+            FILE *f = popen(cmd, "r");
+            assert_non_null(f);
+            unsigned long long got = 0;
+            char line[256] = "";
+            while (fgets(line + strlen(line), (int)(sizeof line - strlen(line)), f)) {}
+            int ok = sscanf(line, "%llu", &got);
+            assert_int_equal(pclose(f), 0);
+            assert_int_equal(ok, 1);
+            if (got != want)
+                fail_msg("%s in %s: dummy_gguf.py counts %llu matrix bytes, Petrel's dummy %zu",
+                         name, types[t], got, want);
+        }
+        n++;
+    }
+    print_message("%d presets: dummy_gguf.py's matrix bytes are Petrel's dummy bytes\n", n);
+}
+
 #define DUMMY_CASE(n)                                                                              \
     static void test_dummy_##n(void **state) {                                                     \
         (void)state;                                                                               \
@@ -1019,6 +1063,7 @@ int main(void) {
         cmocka_unit_test(test_dummy_gpt_oss),
         cmocka_unit_test(test_dummy_deepseek_v2),
         cmocka_unit_test(test_dummy_qwen3_5_text),
+        cmocka_unit_test(test_dummy_preset_bytes),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_qwen35_config_refused),
         cmocka_unit_test(test_bad_config),
