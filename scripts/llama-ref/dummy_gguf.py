@@ -51,20 +51,24 @@ the logits stay O(1)).  F16 weights are normal with that RMS.  Norm gains
 are 1 + 0.1 u, biases 0.02 n, gpt-oss's sinks n, the Gated DeltaNet decay
 terms as scripts/llama-ref/qwen35.py sets them.  Seeded: one seed, one file.
 
-Speed: numpy's integers() at about 3 GB/s makes the bytes; a 30B-A3B Q4_0
-file (16.4 GiB) takes about a minute where the disk keeps up.
+Speed: numpy's integers() makes the bytes, in 64 MiB chunks on up to 16
+threads (each chunk from its own generator, seeded by seed, tensor and
+chunk: the same file at any thread count).  The 16 GiB qwen3-30b-a3b Q4_0
+file took 28 s of user CPU time on this project's 2-core VM; the disk
+sets the pace.
 
-Checked (docs/model.md, "Dummy GGUF files"): tiny configs of every family
+Checked (docs/benchmarks.md, "The same GGUF in both engines"): tiny configs of every family
 load and run in llama.cpp 34af94cd and in Petrel, whose logits agree
 (tests/fixtures/gguf/dummy_*, test_hf_reference); the presets' matrix
 bytes equal what `petrel bench -m dummy:PRESET --dummy-dtype q4_0` reports.
 
-H200 recipe (--list prints it per preset; the coordinator runs it):
-  F=/tmp/PRESET-q4_0.gguf
-  dummy_gguf.py PRESET --type Q4_0 $F
+H200 recipe (--list prints it with the sizes; the coordinator runs it):
+  PYTHONPATH=$GGUF_PY python3 scripts/llama-ref/dummy_gguf.py PRESET --type Q4_0 $F
   llama-bench -m $F -p 512 -n 128 -d 0 -fa 1 -ngl 99 -o json
   petrel bench --device cuda -m $F -p 512 -d 0 -g 128
 """
+import collections
+import concurrent.futures
 import json
 import math
 import os
@@ -300,26 +304,27 @@ CODE_MS = {Q.Q4_0: 21.0, Q.Q8_0: (127 * 128 * 129 / 3 * 2 / 256), Q.MXFP4: 8.562
 CHUNK = 1 << 26  # bytes made and written at a time
 
 
-def blocks(rng, qtype, n_blocks, rms):
-    """n_blocks random blocks of qtype, elements of RMS about rms, in chunks."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    per = max(1, CHUNK // size)
-    d = rms / math.sqrt(CODE_MS[qtype])
-    for at in range(0, n_blocks, per):
-        n = min(per, n_blocks - at)
-        raw = rng.integers(0, 1 << 64, size=(n * size + 7) // 8, dtype=np.uint64,
-                           endpoint=False).view(np.uint8)[:n * size].reshape(n, size)
-        if qtype == Q.MXFP4:  # e8m0 scale, then 16 bytes of E2M1 nibbles
-            raw[:, 0] = 127 + round(math.log2(d))
-        else:
-            var = 0.75 + raw[:, 0].astype(np.float32) / 512  # per-block scale spread
-            raw[:, 2:] |= 0x11 if qtype == Q.Q4_0 else 0x01  # odd codes: mean zero
-            raw[:, 0:2] = (var * np.float32(d)).astype("<f2").view(np.uint8).reshape(n, 2)
-        yield raw
+# Each chunk of a tensor has its own generator, seeded by (seed, tensor,
+# chunk): the threads that make them in parallel give the same file at any
+# thread count.
+
+def block_chunk(key, qtype, n, d):
+    """n random blocks of qtype whose elements have RMS about d x the code's."""
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    rng = np.random.default_rng(key)
+    raw = rng.integers(0, 1 << 64, size=(n * size + 7) // 8, dtype=np.uint64,
+                       endpoint=False).view(np.uint8)[:n * size].reshape(n, size)
+    if qtype == Q.MXFP4:  # e8m0 scale, then 16 bytes of E2M1 nibbles
+        raw[:, 0] = 127 + round(math.log2(d))
+    else:
+        var = 0.75 + raw[:, 0].astype(np.float32) / 512  # per-block scale spread
+        raw[:, 2:] |= 0x11 if qtype == Q.Q4_0 else 0x01  # odd codes: mean zero
+        raw[:, 0:2] = (var * np.float32(d)).astype("<f2").view(np.uint8).reshape(n, 2)
+    return raw
 
 
-def floats(rng, shape, role, rms, dtype):
-    n = math.prod(shape)
+def float_chunk(key, role, n, rms, dtype):
+    rng = np.random.default_rng(key)
     if role == "norm":
         x = 1 + 0.1 * (rng.random(n, dtype=np.float32) * 2 - 1)
     elif role == "bias":
@@ -333,11 +338,21 @@ def floats(rng, shape, role, rms, dtype):
     elif role == "ssm_a":  # -exp(A_log), A_log = log(U(1, 16)), damped as qwen35.py does
         x = (-rng.uniform(1, 16, n) / 8).astype(np.float32)
     else:
-        per = max(1, CHUNK // 4)
-        for at in range(0, n, per):
-            yield (np.float32(rms) * rng.standard_normal(min(per, n - at), dtype=np.float32)).astype(dtype)
-        return
-    yield x.astype(dtype)
+        x = np.float32(rms) * rng.standard_normal(n, dtype=np.float32)
+    return x.astype(dtype)
+
+
+def chunks(seed, ti, shape, role, ty, rms):
+    """The jobs (function, arguments) that make tensor ti's bytes in order."""
+    if ty in (Q.F32, Q.F16):
+        n, per = math.prod(shape), CHUNK // 4
+        dt = np.float32 if ty == Q.F32 else np.float16
+        return [(float_chunk, ((seed, ti, at), role, min(per, n - at), rms, dt))
+                for at in range(0, n, per)]
+    block, size = gguf.GGML_QUANT_SIZES[ty]
+    n, per = math.prod(shape) // block, max(1, CHUNK // size)
+    d = rms / math.sqrt(CODE_MS[ty])
+    return [(block_chunk, ((seed, ti, at), ty, min(per, n - at), d)) for at in range(0, n, per)]
 
 
 def plan(cfg, qtype):
@@ -383,20 +398,29 @@ def write(cfg, qtype, seed, path, name, decoded=False):
     w.write_ti_data_to_file()
     f = w.fout[0]
     w.write_padding(f, f.tell())
-    rng = np.random.default_rng(seed)
-    total = 0
-    for n, s, r, ty in ts:
-        rms = rms_of(cfg, s, r, tied)
-        if ty in (Q.F32, Q.F16):
-            parts = floats(rng, s, r, rms, np.float32 if ty == Q.F32 else np.float16)
-        else:
-            parts = blocks(rng, ty, math.prod(s) // gguf.GGML_QUANT_SIZES[ty][0], rms)
-        quant = ty not in (Q.F32, Q.F16)
-        for x in parts:
+    total, workers = 0, min(16, os.cpu_count() or 1)
+    ahead = collections.deque()  # (tensor, its last chunk?, chunk being made), in file order
+
+    def drain(keep):
+        nonlocal total
+        while len(ahead) > keep:
+            ti, last, fut = ahead.popleft()
+            n, s, r, ty = ts[ti]
+            quant = ty not in (Q.F32, Q.F16)
+            x = fut.result()
             (gguf.quants.dequantize(x, ty) if decoded and quant else x).tofile(f)
-        n_out = nbytes(s, Q.F32 if decoded and quant else ty)
-        total += n_out
-        w.write_padding(f, n_out)
+            if last:
+                n_out = nbytes(s, Q.F32 if decoded and quant else ty)
+                total += n_out
+                w.write_padding(f, n_out)
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for ti, (n, s, r, ty) in enumerate(ts):
+            jobs = chunks(seed, ti, s, r, ty, rms_of(cfg, s, r, tied))
+            for k, (fn, a) in enumerate(jobs):
+                ahead.append((ti, k == len(jobs) - 1, pool.submit(fn, *a)))
+                drain(2 * workers)
+        drain(0)
     w.close()
     return ts, total
 
@@ -417,7 +441,7 @@ def file_matrix_bytes(ts):
 
 
 LLAMA_ARCHS = {"llama", "qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss", "deepseek2", "qwen35",
-               "qwen35moe"}  # all load in llama.cpp 34af94cd (docs/model.md)
+               "qwen35moe"}  # load in llama.cpp 34af94cd (docs/benchmarks.md)
 
 
 def list_presets(qtype_name):
@@ -434,13 +458,13 @@ def list_presets(qtype_name):
               f"{'+'.join(types)}")
     t = qtype_name.lower()
     print(f"""
-H200 commands, per preset P (the file needs its size in free disk):
-  PYTHONPATH=build-llama/llama.cpp/gguf-py /usr/bin/python3 scripts/llama-ref/dummy_gguf.py \\
-      P --type {qtype_name} /tmp/P-{t}.gguf
-  LD_LIBRARY_PATH=LLAMA_CUDA_DIR LLAMA_CUDA_DIR/llama-bench -m /tmp/P-{t}.gguf \\
-      -p 512 -n 128 -d 0 -fa 1 -ngl 99 -o json
-  build/petrel bench --device cuda -m /tmp/P-{t}.gguf -p 512 -d 0 -g 128
-  (and at depth: llama-bench -d 32768, petrel bench -d 32768)
+H200, per preset P, one file at a time (the largest is 16 GiB of a 64 GiB
+disk); gpu-run.sh's llama phase has LLB (the anchors' CUDA tools) and
+GGUF_PY (gguf-py), and its python3 has numpy (make-llama8b-gguf.py uses it):
+  PYTHONPATH=$GGUF_PY python3 scripts/llama-ref/dummy_gguf.py P --type {qtype_name} /tmp/P-{t}.gguf
+  $LLB/llama-bench -m /tmp/P-{t}.gguf -p 512 -n 128 -d 0 -fa 1 -ngl 99 -r 3 -o json
+  $BIN/petrel bench --device cuda -m /tmp/P-{t}.gguf -p 512 -d 0 -g 128 -r 3 -o P.json
+  (depth: -d 0,32768 in both; issue 17 wants qwen3.5-27b and deepseek-v2-lite at 32k)
   rm /tmp/P-{t}.gguf""")
 
 
