@@ -3,8 +3,9 @@
 in llama.cpp's layout, so that Petrel and llama.cpp can be timed on the same
 file (issues 16 and 17: "llama.cpp on the same GGUF, as ratios").
 
-Usage (after scripts/llama-ref/make.sh env, which unpacks gguf-py; numpy
-from Debian's python3-numpy):
+Usage (after scripts/llama-ref/make.sh gguf-py, which unpacks llama.cpp's
+gguf-py from the anchors, or with it on PYTHONPATH; numpy from Debian's
+python3-numpy):
   /usr/bin/python3 scripts/llama-ref/dummy_gguf.py PRESET|CONFIG.json --type Q4_0|Q8_0|F16 \\
       [--seed S] [--shapes] [--decoded] OUT.gguf
   ... dummy_gguf.py --list [--type T]     the presets, their file sizes and
@@ -30,7 +31,7 @@ every 2-D / 3-D weight in --type, except what llama-quantize never
 quantizes - norms, 1-D tensors and biases (F32), the MoE routers
 (ffn_gate_inp, F32) and the Gated DeltaNet conv (ssm_conv1d, F32) - and
 gpt-oss's experts, which are MXFP4 as the released model's are.  A matrix
-whose rows no 32-block divides would be F16 (none of the presets has one).
+whose row length no 32-block divides would be F16 (no preset has one).
 The vocabulary is a SentencePiece-style list of vocab_size pieces
 (gguf_arch.add_vocab): benchmarks feed token ids, so only its size matters.
 Two departures from the real models, both without effect on shapes or
@@ -57,10 +58,14 @@ chunk: the same file at any thread count).  The 16 GiB qwen3-30b-a3b Q4_0
 file took 28 s of user CPU time on this project's 2-core VM; the disk
 sets the pace.
 
-Checked (docs/benchmarks.md, "The same GGUF in both engines"): tiny configs of every family
-load and run in llama.cpp 34af94cd and in Petrel, whose logits agree
-(tests/fixtures/gguf/dummy_*, test_hf_reference); the presets' matrix
-bytes equal what `petrel bench -m dummy:PRESET --dummy-dtype q4_0` reports.
+Checked (docs/benchmarks.md, "The same GGUF in both engines"): tiny
+configs of every family load and run in llama.cpp 34af94cd and in Petrel,
+whose logits agree (tests/fixtures/gguf/dummy_*, test_hf_reference); every
+preset's matrix bytes equal what `petrel bench -m dummy:PRESET
+--dummy-dtype q4_0|q8_0` allocates (test_dummy_preset_bytes).  One count
+differs by design, in no preset: qwen35moe's shared-expert gate
+(ffn_gate_inp_shexp) is a 1-D f32 vector as llama.cpp loads it, a 1 x dim
+matrix in Petrel's dummy.
 
 H200 recipe (--list prints it with the sizes; the coordinator runs it):
   PYTHONPATH=$GGUF_PY python3 scripts/llama-ref/dummy_gguf.py PRESET --type Q4_0 $F

@@ -326,9 +326,9 @@ GGUF_CASE(gemma4_moe)
 static bool dummy_tools(void) {
     static int ok = -1;
     if (ok < 0)
-        ok = system("cd " PETREL_SOURCE_DIR " && scripts/llama-ref/make.sh gguf-py >/dev/null 2>&1 && "
-                    "/usr/bin/python3 -c 'import sys; sys.path.insert(0, \"build-llama/llama.cpp/"
-                    "gguf-py\"); import numpy, gguf' 2>/dev/null") == 0;
+        ok = system("cd " PETREL_SOURCE_DIR " && scripts/llama-ref/make.sh gguf-py >/dev/null "
+                    "2>&1 && /usr/bin/python3 -c 'import sys; sys.path.insert(0, \"build-llama/"
+                    "llama.cpp/gguf-py\"); import numpy, gguf' 2>/dev/null") == 0;
     return ok;
 }
 
@@ -343,7 +343,8 @@ static void dummy_write(const char *family, const char *flags, const char *out) 
 
 static void check_dummy_case(const char *family) {
     if (!dummy_tools()) {
-        print_message("dummy_%s: skipped (no /usr/bin/python3 with numpy, or no anchors' gguf-py)\n",
+        print_message("dummy_%s: skipped (no /usr/bin/python3 with numpy, or no anchors' "
+                      "gguf-py)\n",
                       family);
         skip();
     }
