@@ -52,6 +52,8 @@ import sys
 import numpy as np
 import gguf
 
+from gguf_arch import add_vocab, meta_gemma, meta_gpt_oss, meta_qwen3_moe
+
 
 # ---- safetensors ---------------------------------------------------------------
 
@@ -85,56 +87,6 @@ def read_safetensors(hf_dir):
 
 
 # ---- common pieces ---------------------------------------------------------------
-
-def swa_period(types):
-    """llama.cpp's scalar sliding_window_pattern that gives these layer types."""
-    swa = [t == "sliding_attention" for t in types]
-    for p in range(0, len(swa) + 2):
-        if [p == 0 or l % p < p - 1 for l in range(len(swa))] == swa:
-            return p
-    sys.exit(f"layer_types {types} is not a period llama.cpp can express")
-
-
-def add_vocab(w, n, cfg):
-    if n < 3 + 256:
-        sys.exit(f"vocab {n} too small for the byte tokens")
-    toks, types = ["<unk>", "<s>", "</s>"], [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL,
-                                              gguf.TokenType.CONTROL]
-    toks += [f"<0x{b:02X}>" for b in range(256)]
-    types += [gguf.TokenType.BYTE] * 256
-    toks += [f"t{i}" for i in range(len(toks), n)]
-    types += [gguf.TokenType.NORMAL] * (n - len(types))
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores([-float(i) for i in range(n)])
-    w.add_token_types(types)
-    w.add_bos_token_id(cfg.get("bos_token_id") or 1)
-    w.add_eos_token_id(cfg.get("eos_token_id") or 2)
-
-
-def add_common(w, cfg, ffn):
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    return hd
-
-
-def rope_params(cfg, layer_type=None):
-    rp = cfg.get("rope_parameters") or {}
-    if layer_type and layer_type in rp:
-        rp = rp[layer_type]
-    theta = cfg.get("rope_theta") or rp.get("rope_theta") or 10000.0
-    scaling = cfg.get("rope_scaling") or (rp if rp.get("rope_type", "default") != "default" else None)
-    return theta, scaling
-
 
 ATTN = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
         "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
@@ -170,26 +122,7 @@ def gguf_name(hf, family):
 
 def gemma(w, cfg, t, gemma3):
     L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
-    hd = add_common(w, cfg, cfg["intermediate_size"])
-    types = cfg.get("layer_types")
-    theta, scaling = rope_params(cfg, "full_attention")
-    w.add_rope_freq_base(theta)
-    if scaling:
-        if scaling.get("rope_type", scaling.get("type")) != "linear":
-            sys.exit(f"rope scaling {scaling} not handled")
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(scaling["factor"])
-    if cfg.get("sliding_window"):
-        w.add_sliding_window(cfg["sliding_window"])
-        w.add_sliding_window_pattern(swa_period(types) if types else (6 if gemma3 else 2))
-        if gemma3:
-            w.add_rope_freq_base_swa(rope_params(cfg, "sliding_attention")[0]
-                                     if "sliding_attention" in (cfg.get("rope_parameters") or {})
-                                     else cfg.get("rope_local_base_freq", 10000.0))
-    if cfg.get("attn_logit_softcapping"):
-        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
-    if cfg.get("final_logit_softcapping"):
-        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    hd = meta_gemma(w, cfg, gemma3)
     # llama.cpp's score scale (src/models/gemma{2,3}.cpp): 1/sqrt(head_dim),
     # or 1/sqrt(dim/heads) for the 27B layer counts.
     big = L == (62 if gemma3 else 46)
@@ -229,22 +162,8 @@ def mxfp4_to_f32(blocks, scales):
 
 
 def gpt_oss(w, cfg, t, experts_f32, requant):
-    add_common(w, cfg, cfg["intermediate_size"])
-    E, L = cfg["num_local_experts"], cfg["num_hidden_layers"]
-    w.add_expert_count(E)
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["intermediate_size"])
-    w.add_sliding_window(cfg["sliding_window"])
-    if cfg.get("layer_types"):
-        w.add_sliding_window_pattern(swa_period(cfg["layer_types"]))
-    theta, rs = rope_params(cfg)
-    w.add_rope_freq_base(theta)
-    if rs and "--no-rope-scaling" not in sys.argv:
-        if rs.get("rope_type") != "yarn" or rs.get("beta_fast", 32) != 32 or rs.get("beta_slow", 1) != 1:
-            sys.exit(f"rope scaling {rs} not handled")
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rs["factor"])
-        w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+    meta_gpt_oss(w, cfg, "--no-rope-scaling" not in sys.argv)
+    L = cfg["num_hidden_layers"]
     out = {}
     for name, x in t.items():
         if ".mlp.experts." in name:
@@ -281,12 +200,8 @@ def gpt_oss(w, cfg, t, experts_f32, requant):
 
 
 def qwen3_moe(w, cfg, t):
-    add_common(w, cfg, cfg["intermediate_size"])
+    meta_qwen3_moe(w, cfg)
     E, L = cfg.get("num_experts") or cfg["num_local_experts"], cfg["num_hidden_layers"]
-    w.add_expert_count(E)
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_rope_freq_base(rope_params(cfg)[0])
     out = {}
     for name, x in t.items():
         if ".mlp.experts." in name:

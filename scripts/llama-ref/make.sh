@@ -5,6 +5,8 @@
 #                                     tools, headers, gguf-py) into build-llama/
 #                                     and build build-llama/llama-ref-logits;
 #                                     prints the PYTHONPATH and python to use
+#   scripts/llama-ref/make.sh gguf-py  only unpack gguf-py (what dummy_gguf.py
+#                                     needs; tests/model's dummy cases run it)
 #   scripts/llama-ref/make.sh logits MODEL.gguf N_GREEDY IDS [IDS...]
 #                                     llama.cpp's logits for those token ids
 #                                     (llama_ref_logits.c says what is printed)
@@ -50,6 +52,12 @@ prepare() {
 }
 
 case "${1:-}" in
+  gguf-py)
+    if [ ! -d $src/gguf-py ]; then
+      mkdir -p $dir
+      tar -C $dir -xJf "$(find_anchors)/llama.cpp-34af94cd-src.tar.xz" --wildcards '*/gguf-py/*'
+    fi
+    ;;
   env)
     prepare
     echo "PYTHONPATH=$(cd $src/gguf-py && pwd) /usr/bin/python3"
@@ -61,7 +69,7 @@ case "${1:-}" in
     LLAMA_CPP_DIR=$lcpp $dir/llama-ref-logits "$@" 2> >(grep -v '^llama_\|^load\|^print_info\|^\.\|^graph\|^sched\|^set_abort' >&2)
     ;;
   *)
-    sed -n '2,17p' "$0"
+    sed -n '2,19p' "$0"
     exit 2
     ;;
 esac

@@ -181,9 +181,10 @@ static void run_prompt(pt_model *m, pt_kv_cache *kv, json_t *p, const char *name
     free(tok), free(greedy), free(pos), free(seq), free(want), free(logits);
 }
 
-/* path: the model (a directory, or a GGUF file); ref: its reference.json */
-static void check_model(const char *name, const char *path, const char *ref, const char *kernels,
-                        int threads) {
+/* path: the model (a directory, or a GGUF file); ref: its reference.json;
+ * force: tolerances that replace the reference's (NULL: its own) */
+static void check_model_tol(const char *name, const char *path, const char *ref,
+                            const char *kernels, int threads, const tols *force) {
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(threads, kernels, &err);
     assert_non_null(be);
@@ -199,7 +200,7 @@ static void check_model(const char *name, const char *path, const char *ref, con
     size_t i;
     tols worst = {0, 0};
     json_array_foreach(json_object_get(r, "prompts"), i, p)
-        run_prompt(m, &kv, p, name, tols_of(r), &worst);
+        run_prompt(m, &kv, p, name, force ? *force : tols_of(r), &worst);
     print_message("%s (%s, %s): max |logit diff| prompt %.3g, decode %.3g\n", name,
                   strstr(ref, "/gguf/") ? "llama.cpp" : "transformers", kernels, worst.prompt,
                   worst.greedy);
@@ -208,6 +209,11 @@ static void check_model(const char *name, const char *path, const char *ref, con
     pt_kv_cache_free(&kv);
     pt_model_free(m);
     be->ops->destroy(be);
+}
+
+static void check_model(const char *name, const char *path, const char *ref, const char *kernels,
+                        int threads) {
+    check_model_tol(name, path, ref, kernels, threads, NULL);
 }
 
 static void check_case(const char *name, const char *kernels, int threads) {
@@ -301,6 +307,119 @@ static void test_qwen3_5_text(void **state) {
 /* Gemma 4 (scripts/llama-ref/gemma4.py): dense with per-layer inputs, and MoE */
 GGUF_CASE(gemma4)
 GGUF_CASE(gemma4_moe)
+
+/* ---- dummy_gguf.py's files ------------------------------------------------------ *
+ * scripts/llama-ref/dummy_gguf.py writes random-weight GGUF files of real
+ * models' shapes for the speed comparisons with llama.cpp; here it writes
+ * tests/fixtures/gguf/dummy_<family>/config.json's tiny model (seed 0) as
+ * Q8_0 blocks, and as the f32 values those blocks decode to (--decoded).
+ * The f32 file must give llama.cpp's logits on it (reference.json,
+ * recorded by scripts/llama-ref/dummy_fixtures.sh, at its tolerance): the
+ * names, shapes, metadata and block layout the tool writes are the model
+ * llama.cpp runs.  The Q8_0 file must load and stay within 0.5 of them at
+ * every position (measured: at most 0.10, the int8 activations of the
+ * quantized matmul; the logits have standard deviation 1.0, so a tensor
+ * read wrongly misses by whole units), with the reference's argmax where
+ * its margin exceeds 1.0.  Needs /usr/bin/python3 with numpy and the
+ * anchors' gguf-py (scripts/llama-ref/make.sh gguf-py): skipped without. */
+
+static bool dummy_tools(void) {
+    static int ok = -1;
+    if (ok < 0)
+        ok = system("cd " PETREL_SOURCE_DIR " && scripts/llama-ref/make.sh gguf-py >/dev/null "
+                    "2>&1 && /usr/bin/python3 -c 'import sys; sys.path.insert(0, \"build-llama/"
+                    "llama.cpp/gguf-py\"); import numpy, gguf' 2>/dev/null") == 0;
+    return ok;
+}
+
+static void dummy_write(const char *family, const char *flags, const char *out) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 " PETREL_SOURCE_DIR "/scripts/llama-ref/dummy_gguf.py "
+             GGUF_DIR "dummy_%s/config.json --type Q8_0 %s %s >/dev/null",
+             family, flags, out);
+    if (system(cmd) != 0) fail_msg("%s: failed", cmd);
+}
+
+static void check_dummy_case(const char *family) {
+    if (!dummy_tools()) {
+        print_message("dummy_%s: skipped (no /usr/bin/python3 with numpy, or no anchors' "
+                      "gguf-py)\n",
+                      family);
+        skip();
+    }
+    char name[64], f32[512], q8[512], ref[512];
+    snprintf(name, sizeof name, "dummy_%s", family);
+    snprintf(f32, sizeof f32, PETREL_BINARY_DIR "/dummy_%s-%d-f32.gguf", family, (int)getpid());
+    snprintf(q8, sizeof q8, PETREL_BINARY_DIR "/dummy_%s-%d-q8_0.gguf", family, (int)getpid());
+    snprintf(ref, sizeof ref, GGUF_DIR "dummy_%s/reference.json", family);
+    dummy_write(family, "--decoded", f32);
+    dummy_write(family, "", q8);
+    check_model(name, f32, ref, "auto", 2);
+    check_model(name, f32, ref, "portable", 1);
+    tols quant = {0.5, 0.5};
+    strcat(name, " q8_0");
+    check_model_tol(name, q8, ref, "auto", 2, &quant);
+    remove(f32);
+    remove(q8);
+}
+
+/* Every preset's file (src/model/registry.c's shapes, read from there by
+ * the tool) holds the matrices `petrel bench -m dummy:PRESET` makes: with
+ * every matrix in one format, the tool's byte count is Petrel's, to the
+ * byte (a missing, extra or misshapen tensor would show). */
+static void test_dummy_preset_bytes(void **state) {
+    (void)state;
+    if (!dummy_tools()) skip();
+    char names[512];
+    pt_config_preset_names(names, sizeof names);
+    int n = 0;
+    for (char *name = strtok(names, ", "); name; name = strtok(NULL, ", ")) {
+        json_error_t je;
+        json_t *j = json_loads(pt_config_preset(name), 0, &je);
+        assert_non_null(j);
+        pt_model_config cfg;
+        pt_err err = {{0}};
+        memset(&cfg, 0, sizeof cfg);
+        if (pt_config_from_json(j, &cfg, &err)) fail_msg("%s: %s", name, err.msg);
+        json_decref(j);
+        static const char *const types[] = {"q4_0", "q8_0"};
+        for (int t = 0; t < 2; t++) {
+            size_t want;
+            if (pt_model_dummy_bytes(&cfg, types[t], &want, &err)) fail_msg("%s", err.msg);
+            char cmd[512];
+            snprintf(cmd, sizeof cmd,
+                     "/usr/bin/python3 " PETREL_SOURCE_DIR "/scripts/llama-ref/dummy_gguf.py %s "
+                     "--bytes --type %s", name, types[t]);
+            FILE *f = popen(cmd, "r");
+            assert_non_null(f);
+            unsigned long long got = 0;
+            char line[256] = "";
+            while (fgets(line + strlen(line), (int)(sizeof line - strlen(line)), f)) {}
+            int ok = sscanf(line, "%llu", &got);
+            assert_int_equal(pclose(f), 0);
+            assert_int_equal(ok, 1);
+            if (got != want)
+                fail_msg("%s in %s: dummy_gguf.py counts %llu matrix bytes, Petrel's dummy %zu",
+                         name, types[t], got, want);
+        }
+        n++;
+    }
+    print_message("%d presets: dummy_gguf.py's matrix bytes are Petrel's dummy bytes\n", n);
+}
+
+#define DUMMY_CASE(n)                                                                              \
+    static void test_dummy_##n(void **state) {                                                     \
+        (void)state;                                                                               \
+        check_dummy_case(#n);                                                                      \
+    }
+DUMMY_CASE(llama)
+DUMMY_CASE(qwen3_moe)
+DUMMY_CASE(gemma2)
+DUMMY_CASE(gemma3_text)
+DUMMY_CASE(gpt_oss)
+DUMMY_CASE(deepseek_v2)
+DUMMY_CASE(qwen3_5_text)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -938,6 +1057,14 @@ int main(void) {
         cmocka_unit_test(test_qwen3_5_text),
         cmocka_unit_test(test_gguf_gemma4),
         cmocka_unit_test(test_gguf_gemma4_moe),
+        cmocka_unit_test(test_dummy_llama),
+        cmocka_unit_test(test_dummy_qwen3_moe),
+        cmocka_unit_test(test_dummy_gemma2),
+        cmocka_unit_test(test_dummy_gemma3_text),
+        cmocka_unit_test(test_dummy_gpt_oss),
+        cmocka_unit_test(test_dummy_deepseek_v2),
+        cmocka_unit_test(test_dummy_qwen3_5_text),
+        cmocka_unit_test(test_dummy_preset_bytes),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_qwen35_config_refused),
         cmocka_unit_test(test_bad_config),
