@@ -724,7 +724,8 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
             const uint16_t *Vs = VK ? Ks : Ks + KT * KS;
             if (L::stages == 2 && it + 1 < ntiles) {
                 uint16_t *Kn = stage0 + ((it + 1) & 1) * tile_elems;
-                wide_load_tile<HD, KT, VK>(Kn, Kn + KT * KS, a, btrow, kvh, kbeg + (it + 1) * KT, kend);
+                wide_load_tile<HD, KT, VK>(Kn, Kn + KT * KS, a, btrow, kvh, kbeg + (it + 1) * KT,
+                                           kend);
                 asm volatile("cp.async.wait_group 1;" ::: "memory");
             } else {
                 asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -737,14 +738,17 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
                 float sc[SPW][4];
 #pragma unroll
                 for (int s = 0; s < SPW; s++) sc[s][0] = sc[s][1] = sc[s][2] = sc[s][3] = 0.f;
-                const uint32_t *qh = Qh + (smt * 16 + g) * QS + t4, *ql = Ql + (smt * 16 + g) * QS + t4;
+                const uint32_t *qh = Qh + (smt * 16 + g) * QS + t4;
+                const uint32_t *ql = Ql + (smt * 16 + g) * QS + t4;
 #pragma unroll 4
                 for (int kk = 0; kk < HD / 16; kk++) {
-                    uint32_t ah[4] = {qh[kk * 8], qh[8 * QS + kk * 8], qh[kk * 8 + 4], qh[8 * QS + kk * 8 + 4]};
-                    uint32_t al[4] = {ql[kk * 8], ql[8 * QS + kk * 8], ql[kk * 8 + 4], ql[8 * QS + kk * 8 + 4]};
+                    const int c = kk * 8;
+                    uint32_t ah[4] = {qh[c], qh[8 * QS + c], qh[c + 4], qh[8 * QS + c + 4]};
+                    uint32_t al[4] = {ql[c], ql[8 * QS + c], ql[c + 4], ql[8 * QS + c + 4]};
 #pragma unroll
                     for (int s = 0; s < SPW; s++) {
-                        const uint32_t *kr = (const uint32_t *)(Ks + ((snt + s) * 8 + g) * KS) + kk * 8 + t4;
+                        const uint32_t *kr =
+                            (const uint32_t *)(Ks + ((snt + s) * 8 + g) * KS) + kk * 8 + t4;
                         uint32_t b0 = kr[0], b1 = kr[4];
                         mma16816<T>(sc[s], ah, b0, b1);
                         mma16816<T>(sc[s], al, b0, b1);
@@ -770,7 +774,8 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
                     mx = fmaxf(mx, e[j]);
                 }
 #pragma unroll
-                for (int off = TPR / 2; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                for (int off = TPR / 2; off > 0; off >>= 1)
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
                 const float mn = fmaxf(m, mx), alpha = exp2f(m - mn);
                 float sum = 0.f;
 #pragma unroll
@@ -779,7 +784,8 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
                     sum += e[j];
                 }
 #pragma unroll
-                for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+                for (int off = TPR / 2; off > 0; off >>= 1)
+                    sum += __shfl_xor_sync(0xffffffffu, sum, off);
                 l = fmaf(l, alpha, sum);
                 m = mn;
 #pragma unroll
