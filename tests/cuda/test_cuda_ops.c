@@ -398,6 +398,9 @@ typedef struct seq_setup {
  * soft-cap settings (its own scale) instead of attention. */
 static const pt_attn_params *g_ext;
 static bool g_sinks; /* with g_ext: random sink logits per head (gpt-oss) */
+/* V is a view of K (MLA's latent rows: kvcache.h v_is_k): one cache,
+ * stored once, as DeepSeek's layers pass it. */
+static bool g_v_is_k;
 
 /* Builds a paged cache holding n_seqs sequences of the given lengths, pages
  * handed out in shuffled order, K/V stored through kv_store (itself
@@ -442,10 +445,10 @@ static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int
     arr k = arr_rand((size_t)n_store * n_kv * hd, -1, 1), v = arr_rand((size_t)n_store * n_kv * hd, -1, 1);
     pt_kv_view kv[N_BE];
     for (int b = 0; b < N_BE; b++) {
-        kv[b] = (pt_kv_view){.k = kc.d[b], .v = vc.d[b], .dtype = kt, .page_size = page_size,
-                             .n_kv_heads = n_kv, .head_dim = hd};
+        kv[b] = (pt_kv_view){.k = kc.d[b], .v = g_v_is_k ? kc.d[b] : vc.d[b], .dtype = kt,
+                             .page_size = page_size, .n_kv_heads = n_kv, .head_dim = hd};
         pt_batch_view bv = {.n_tokens = n_store, .pos = spa.d[b], .seq = ssa.d[b], .block_table = bta.d[b], .max_pages = max_pages, .n_seqs = n_seqs};
-        pt_be_kv_store(be[b], &kv[b], &bv, k.d[b], v.d[b]);
+        pt_be_kv_store(be[b], &kv[b], &bv, k.d[b], g_v_is_k ? k.d[b] : v.d[b]);
     }
     /* compare the stored pages (only pages in use: the rest stay poisoned) */
     {
@@ -484,10 +487,10 @@ static void one_attention(pt_dtype kt, int page_size, int n_heads, int n_kv, int
     /* 16-bit caches with 64+ rows take the tensor cores, queries and
      * probabilities split in two 16-bit parts: ~1e-5 instead of ~1e-6 */
     double tol = kt == PT_F32 || g_ext ? 2e-5 : 6e-5;
-    check_out(&out, GPU, tol, "attention %s ps=%d heads %d/%d hd=%d rows=%d", tname(kt), page_size,
-              n_heads, n_kv, hd, nq);
-    check_out(&out, GPU_ALT, 2e-5, "attention %s ps=%d heads %d/%d hd=%d rows=%d", tname(kt),
-              page_size, n_heads, n_kv, hd, nq);
+    check_out(&out, GPU, tol, "attention %s ps=%d heads %d/%d hd=%d%s rows=%d", tname(kt),
+              page_size, n_heads, n_kv, hd, g_v_is_k ? " (v is k)" : "", nq);
+    check_out(&out, GPU_ALT, 2e-5, "attention %s ps=%d heads %d/%d hd=%d%s rows=%d", tname(kt),
+              page_size, n_heads, n_kv, hd, g_v_is_k ? " (v is k)" : "", nq);
 
     arr_free(&sinks);
     arr_free(&kc), arr_free(&vc), arr_free(&bta), arr_free(&spa), arr_free(&ssa);
@@ -510,6 +513,10 @@ static void attention_batches(pt_dtype kt, int page_size, int n_heads, int n_kv,
     int32_t ds[128], dp[128];
     for (int s = 0; s < n_seqs; s++) ds[nd] = s, dp[nd++] = lens[s] - 1;
     one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, ds, dp, nd);
+    /* a verify step: the last min(len, 7) positions of sequence 0 */
+    n = 0;
+    for (int p = PT_MAX(0, lens[0] - 7); p < lens[0]; p++) qs[n] = 0, qp[n++] = p;
+    one_attention(kt, page_size, n_heads, n_kv, hd, lens, n_seqs, qs, qp, n);
     /* mixed: decode rows interleaved with a prefill run, in odd order */
     n = 0;
     for (int s = n_seqs - 1; s >= 0; s--) {
@@ -534,6 +541,7 @@ static void test_attention(void **state) {
     int lens_a[] = {37, 1, 200, 16};
     int lens_b[] = {1500, 130};
     int lens_c[] = {5000};
+    int lens_e[] = {257, 1, 5000};
     /* batched decode: 70 sequences, one row each (the tiled kernel a row a
      * block, not the tensor cores' passes), and a mixed batch of them */
     int lens_d[70];
@@ -555,6 +563,20 @@ static void test_attention(void **state) {
         attention_batches(t, 16, 32, 2, 64, lens_b, 2);
         /* DeepSeek's latent rows: 576 dims, every head over one KV head */
         attention_batches(t, 16, 16, 1, 576, lens_a, 4);
+        /* the wide kernel (16-bit caches): head_dim 256 with groups 6
+         * (Qwen3.5), 1, 4, 16, across split boundaries (1, 257, 5000 keys);
+         * and the latent rows as DeepSeek stores them (V a view of K), 16
+         * and 128 heads */
+        if (t == PT_F32) continue;
+        attention_batches(t, 16, 24, 4, 256, lens_e, 3);
+        attention_batches(t, 16, 8, 8, 256, lens_a, 4);
+        attention_batches(t, 7, 16, 4, 256, lens_b, 2);
+        attention_batches(t, 16, 16, 1, 256, lens_c, 1);
+        g_v_is_k = true;
+        attention_batches(t, 16, 16, 1, 576, lens_e, 3);
+        attention_batches(t, 16, 16, 1, 576, lens_c, 1);
+        attention_batches(t, 16, 128, 1, 576, lens_a, 4);
+        g_v_is_k = false;
     }
 }
 
@@ -625,11 +647,11 @@ static void invariant_attention(pt_dtype kt, int n_heads, int n_kv, int hd, int 
     void *dk = gpu_put(kv, sizeof(float) * (size_t)len * n_kv * hd);
     for (size_t i = 0; i < (size_t)len * n_kv * hd; i++) kv[i] = frand(-1, 1);
     void *dv = gpu_put(kv, sizeof(float) * (size_t)len * n_kv * hd);
-    pt_kv_view view = {.k = kc, .v = vc, .dtype = kt, .page_size = ps, .n_kv_heads = n_kv,
-                       .head_dim = hd};
+    pt_kv_view view = {.k = kc, .v = g_v_is_k ? kc : vc, .dtype = kt, .page_size = ps,
+                       .n_kv_heads = n_kv, .head_dim = hd};
     pt_batch_view all = {.n_tokens = len, .pos = dpos, .seq = dseq, .block_table = dbt,
                          .max_pages = pages, .n_seqs = 1};
-    pt_be_kv_store(be[GPU], &view, &all, dk, dv);
+    pt_be_kv_store(be[GPU], &view, &all, dk, g_v_is_k ? dk : dv);
     float *q = malloc(sizeof(float) * n * row), *on = malloc(sizeof(float) * n * row),
           *o1 = malloc(sizeof(float) * row);
     for (size_t i = 0; i < n * row; i++) q[i] = frand(-1, 1);
@@ -689,6 +711,14 @@ static void test_batch_invariance(void **state) {
         for (size_t pi = 0; pi < PT_ARRAY_LEN(ps); pi++) {
             invariant_attention(types[ti], 32, 8, 128, ps[pi], 5);
             invariant_attention(types[ti], 16, 8, 64, ps[pi], 16);
+            /* the wide kernel: head_dim 256 (16 query vectors a block), latent rows
+             * (V a view of K; 128 heads take 64 query vectors a block) */
+            invariant_attention(types[ti], 24, 4, 256, ps[pi], 5);
+            invariant_attention(types[ti], 16, 16, 256, ps[pi], 16);
+            g_v_is_k = true;
+            invariant_attention(types[ti], 16, 1, 576, ps[pi], 16);
+            invariant_attention(types[ti], 128, 1, 576, ps[pi], 5);
+            g_v_is_k = false;
         }
 }
 
@@ -1380,7 +1410,9 @@ int main(void) {
         cmocka_unit_test(test_recurrent_state), cmocka_unit_test(test_route_grouped),
         cmocka_unit_test(test_read_bandwidth),
     };
+    /* CMOCKA_FILTER / CMOCKA_SKIP (patterns with * and ?): a subset */
     if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
+    if (getenv("CMOCKA_SKIP")) cmocka_set_skip_filter(getenv("CMOCKA_SKIP"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
     return rc;

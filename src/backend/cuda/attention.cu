@@ -27,6 +27,10 @@
  * passes, one per sequence, so any batch is correct; the scheduler's common
  * batches (one prefill sequence, or one decode row per sequence) take one.
  *
+ * The tensor-core kernel takes prefill chunks of head_dim 64 and 128; the
+ * wide kernel head_dim 256 and MLA's 576-wide latent rows (V a view of K),
+ * decode and prefill (its own comment below).
+ *
  * The simple kernel (one warp per row and query head, lanes over head_dim)
  * serves every other shape and is the cross-check in the tests.
  */
@@ -41,9 +45,11 @@
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_SPLIT_KEYS 256 /* keys per split of the tiled kernel */
 #define ATT_SPLIT_MAX 128  /* splits before the split size grows */
+#define WIDE_SPLIT_MAX 256 /* the same for the wide kernel: one latent KV head fills few blocks */
 
 typedef struct att_plan {
-    int mma; /* 1: the tensor-core kernel (prefill-sized batches) */
+    int mma;  /* 1: prefill-sized batches (the tensor-core kernel, or the wide one's MT 4) */
+    int wide; /* 0, or the wide kernel's MT (query vectors / 16): head_dim 256 and 576 */
     int gq, qr, chunk, n_splits;
     float *part_acc; /* [n_splits][n][n_heads][head_dim] */
     float *part_ml;  /* [n_splits][n][n_heads][2]: running max, sum */
@@ -565,6 +571,310 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(cu_attn_args a
     }
 }
 
+/* ---- the wide kernel (head_dim 256; DeepSeek's 576-wide latent rows) ---------------- */
+
+/* Heads too wide for the kernels above: 16 query vectors of head_dim 256
+ * or 576 hold 64 or 144 f32 accumulators a lane in a warp that owns all
+ * their columns, and their queries alone would fill the registers the
+ * tensor-core kernel keeps them in.  So 8 warps share one query tile of
+ * QV = 16 * MT query vectors (MT = 1 for decode, 4 for prefill and wide
+ * groups) and split every 16-key step three ways:
+ *
+ *   1. scores: each warp computes SPW of the QV x KT tile's 16x8 pieces
+ *      (mma, queries from shared memory, split hi + lo as in the
+ *      tensor-core kernel) into a shared score tile;
+ *   2. softmax: TPR threads per query vector take KPT keys each, mask,
+ *      update that vector's running max and sum (base 2) and write the
+ *      probabilities, split hi + lo, and the rescale factor;
+ *   3. P·V: each warp owns head_dim / 8 output columns for all QV vectors
+ *      (mma, V through ldmatrix.trans) and rescales them.
+ *
+ * A K/V tile is read once for all QV query vectors: for MLA (one latent
+ * KV head, V the same row as K: `VK`, no V tile) that is 16 heads a block
+ * in decode, 64 in prefill.  Every output column is computed, the latent
+ * rows' rope part too, so the result is attention's over the whole row.
+ *
+ * Batch invariance: decode and verification take the same instance (MT
+ * from the group size alone), the fixed splits of the tiled kernel, and
+ * a query vector's arithmetic does not depend on the others in the tile
+ * (an mma row is its own dot products; the softmax reductions stay inside
+ * the vector's own lanes); keys past its position are exact no-ops. */
+#define WIDE_WARPS 8
+
+template <int HD, int MT, int VK> struct wide_layout {
+    static const int QV = 16 * MT;
+    static const int KT = MT == 1 ? 64 : 32; /* keys a tile: 8 or 16 score pieces */
+    static const int ks = HD + 8;            /* K/V row stride, elements */
+    static const int qs = HD / 2 + 4;        /* Q row stride, 32-bit pairs */
+    static const int ss = KT + 8;            /* score row stride, floats */
+    static const int ps = KT / 2 + 4;        /* P row stride, 32-bit pairs */
+    static const int q_bytes = 2 * QV * qs * 4;
+    static const int s_bytes = QV * ss * 4;
+    static const int p_bytes = 2 * QV * ps * 4;
+    static const int row_bytes = 2 * QV * 4; /* per query vector: alpha, final sum */
+    static const int tile_bytes = KT * ks * 2 * (VK ? 1 : 2);
+    static const int fixed = q_bytes + s_bytes + p_bytes + row_bytes;
+    static const int stages = fixed + 2 * tile_bytes <= 227 * 1024 ? 2 : 1;
+    static const int bytes = fixed + stages * tile_bytes;
+};
+
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void *smem) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
+
+/* Copies keys [ks, ks + KT) of kv head kvh into a stage (zeros past kend). */
+template <int HD, int KT, int VK>
+__device__ __forceinline__ void wide_load_tile(uint16_t *Kst, uint16_t *Vst, const cu_attn_args &a,
+                                               const int32_t *btrow, int kvh, int ks, int kend) {
+    const int CPR = HD / 8, KS = HD + 8;
+    const uint16_t *kc = (const uint16_t *)a.k, *vc = (const uint16_t *)a.v;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < KT * CPR; c += WIDE_WARPS * 32) {
+        int j = c / CPR, part = c % CPR, kk = ks + j;
+        uint16_t *kd = Kst + j * KS + part * 8, *vd = Vst + j * KS + part * 8;
+        if (kk < kend) {
+            int slot = btrow[kk / a.page_size] * a.page_size + kk % a.page_size;
+            size_t off = ((size_t)slot * a.n_kv_heads + kvh) * HD + part * 8;
+            cp_async16(kd, kc + off);
+            if (!VK) cp_async16(vd, vc + off);
+        } else {
+            *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+            if (!VK) *(uint4 *)vd = make_uint4(0, 0, 0, 0);
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int HD, int MT, int VK, int T>
+__global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_args a, att_plan p) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    typedef wide_layout<HD, MT, VK> L;
+    const int QV = L::QV, KT = L::KT, KS = L::ks, QS = L::qs, SS = L::ss, PS = L::ps;
+    const int TPR = WIDE_WARPS * 32 / QV; /* softmax threads a query vector: 16 or 4 */
+    const int KPT = KT / TPR;             /* keys a softmax thread: 4 or 8 */
+    const int ND = HD / 64;               /* 8-column output pieces a warp */
+    const int SPW = MT * KT / 64;         /* 16x8 score pieces a warp */
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint32_t *Qh = (uint32_t *)smem, *Ql = Qh + QV * QS;
+    float *S = (float *)(Ql + QV * QS);
+    uint32_t *Ph = (uint32_t *)(S + QV * SS), *Pl = Ph + QV * PS;
+    float *Rw = (float *)(Pl + QV * PS); /* [QV] alpha of the tile, [QV] final sums */
+    uint16_t *stage0 = (uint16_t *)(Rw + 2 * QV);
+    const int tile_elems = L::tile_bytes / 2;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int G = a.n_heads / a.n_kv_heads, hgroups = G / p.gq, gq = p.gq;
+    const int kvh = blockIdx.x / hgroups, head0 = kvh * G + (blockIdx.x % hgroups) * gq;
+    const int t0 = blockIdx.y * p.qr, nrows = min(p.qr, a.n - t0);
+    const int split = blockIdx.z, kbeg = split * p.chunk;
+    const float qscale = a.scale * ATT_LOG2E;
+    const int sv = threadIdx.x / TPR, sk = (threadIdx.x % TPR) * KPT; /* softmax role */
+    const int c0 = warp * (HD / 8);                                   /* P·V columns */
+    const int smt = (warp * SPW) / (KT / 8), snt = (warp * SPW) % (KT / 8); /* score pieces */
+
+    uint64_t done = 0;
+    for (;;) {
+        int first = -1;
+        for (int r = 0; r < nrows; r++)
+            if (!((done >> r) & 1)) {
+                first = r;
+                break;
+            }
+        if (first < 0) break;
+        const int sq = a.seq[t0 + first];
+        uint64_t active = 0;
+        int pmax = -1;
+        for (int r = 0; r < nrows; r++)
+            if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
+                active |= 1ull << r;
+                pmax = max(pmax, a.pos[t0 + r]);
+            }
+        done |= active;
+        const int kend = min(kbeg + p.chunk, pmax + 1);
+        if (kend <= kbeg) continue;
+
+        __syncthreads(); /* the previous pass is done with shared memory */
+        for (int i = threadIdx.x; i < QV * (HD / 2); i += WIDE_WARPS * 32) {
+            int qv = i / (HD / 2), d2 = i % (HD / 2), r = qv / gq, h = qv % gq;
+            float2 x = make_float2(0.f, 0.f);
+            if (r < nrows && ((active >> r) & 1))
+                x = *(const float2 *)(a.q + ((size_t)(t0 + r) * a.n_heads + head0 + h) * HD + 2 * d2);
+            split2<T>(x.x * qscale, x.y * qscale, Qh[qv * QS + d2], Ql[qv * QS + d2]);
+        }
+        int spos; /* the softmax row's position; -1: no row */
+        {
+            int r = sv / gq;
+            spos = r < nrows && ((active >> r) & 1) ? a.pos[t0 + r] : -1;
+        }
+        float m = -FLT_MAX, l = 0.f, o[MT][ND][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+
+        const int32_t *btrow = a.block_table + (size_t)sq * a.max_pages;
+        const int ntiles = CU_DIV_UP(kend - kbeg, KT);
+        wide_load_tile<HD, KT, VK>(stage0, stage0 + KT * KS, a, btrow, kvh, kbeg, kend);
+        for (int it = 0; it < ntiles; it++) {
+            uint16_t *Ks = stage0 + (L::stages == 2 ? (it & 1) * tile_elems : 0);
+            const uint16_t *Vs = VK ? Ks : Ks + KT * KS;
+            if (L::stages == 2 && it + 1 < ntiles) {
+                uint16_t *Kn = stage0 + ((it + 1) & 1) * tile_elems;
+                wide_load_tile<HD, KT, VK>(Kn, Kn + KT * KS, a, btrow, kvh, kbeg + (it + 1) * KT,
+                                           kend);
+                asm volatile("cp.async.wait_group 1;" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            }
+            __syncthreads(); /* the tile, and (first tile) the queries, are in */
+            const int ks = kbeg + it * KT;
+
+            /* 1. scores of pieces (smt, snt .. snt + SPW - 1) */
+            {
+                float sc[SPW][4];
+#pragma unroll
+                for (int s = 0; s < SPW; s++) sc[s][0] = sc[s][1] = sc[s][2] = sc[s][3] = 0.f;
+                const uint32_t *qh = Qh + (smt * 16 + g) * QS + t4;
+                const uint32_t *ql = Ql + (smt * 16 + g) * QS + t4;
+#pragma unroll 4
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const int c = kk * 8;
+                    uint32_t ah[4] = {qh[c], qh[8 * QS + c], qh[c + 4], qh[8 * QS + c + 4]};
+                    uint32_t al[4] = {ql[c], ql[8 * QS + c], ql[c + 4], ql[8 * QS + c + 4]};
+#pragma unroll
+                    for (int s = 0; s < SPW; s++) {
+                        const uint32_t *kr =
+                            (const uint32_t *)(Ks + ((snt + s) * 8 + g) * KS) + kk * 8 + t4;
+                        uint32_t b0 = kr[0], b1 = kr[4];
+                        mma16816<T>(sc[s], ah, b0, b1);
+                        mma16816<T>(sc[s], al, b0, b1);
+                    }
+                }
+#pragma unroll
+                for (int s = 0; s < SPW; s++) {
+                    float *sr = S + (smt * 16 + g) * SS + (snt + s) * 8 + 2 * t4;
+                    *(float2 *)sr = make_float2(sc[s][0], sc[s][1]);
+                    *(float2 *)(sr + 8 * SS) = make_float2(sc[s][2], sc[s][3]);
+                }
+            }
+            __syncthreads();
+
+            /* 2. softmax of query vector sv over keys sk .. sk + KPT - 1 */
+            {
+                const float *sr = S + sv * SS + sk;
+                float e[KPT], mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < KPT; j++) {
+                    int key = ks + sk + j;
+                    e[j] = key < kend && key <= spos ? sr[j] : -INFINITY;
+                    mx = fmaxf(mx, e[j]);
+                }
+#pragma unroll
+                for (int off = TPR / 2; off > 0; off >>= 1)
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                const float mn = fmaxf(m, mx), alpha = exp2f(m - mn);
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < KPT; j++) {
+                    e[j] = exp2f(e[j] - mn);
+                    sum += e[j];
+                }
+#pragma unroll
+                for (int off = TPR / 2; off > 0; off >>= 1)
+                    sum += __shfl_xor_sync(0xffffffffu, sum, off);
+                l = fmaf(l, alpha, sum);
+                m = mn;
+#pragma unroll
+                for (int j = 0; j < KPT; j += 2)
+                    split2<T>(e[j], e[j + 1], Ph[sv * PS + (sk + j) / 2], Pl[sv * PS + (sk + j) / 2]);
+                if (sk == 0) Rw[sv] = alpha;
+            }
+            __syncthreads();
+
+            /* 3. O = O * alpha + P·V over this warp's columns */
+            {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const float a0 = Rw[mt * 16 + g], a1 = Rw[mt * 16 + g + 8];
+#pragma unroll
+                    for (int n = 0; n < ND; n++) o[mt][n][0] *= a0, o[mt][n][1] *= a0, o[mt][n][2] *= a1, o[mt][n][3] *= a1;
+                }
+                /* m-tiles outer: B fragments are read again per m-tile, but
+                 * only one m-tile's probabilities are live (MT 4 at 576
+                 * columns holds 144 accumulators a lane already) */
+#pragma unroll
+                for (int k16 = 0; k16 < KT / 16; k16++)
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        const uint32_t *hr = Ph + (mt * 16 + g) * PS + k16 * 8 + t4;
+                        const uint32_t *lr = Pl + (mt * 16 + g) * PS + k16 * 8 + t4;
+                        uint32_t ph[4] = {hr[0], hr[8 * PS], hr[4], hr[8 * PS + 4]};
+                        uint32_t pl[4] = {lr[0], lr[8 * PS], lr[4], lr[8 * PS + 4]};
+                        const uint16_t *vrow =
+                            Vs + (k16 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + c0 + (lane >> 4) * 8;
+#pragma unroll
+                        for (int n = 0; n < ND; n += 2) {
+                            if (n + 1 < ND) {
+                                uint32_t b[4];
+                                ldmatrix_x4_trans(b, vrow + 8 * n);
+                                mma16816<T>(o[mt][n], ph, b[0], b[1]);
+                                mma16816<T>(o[mt][n], pl, b[0], b[1]);
+                                mma16816<T>(o[mt][n + 1], ph, b[2], b[3]);
+                                mma16816<T>(o[mt][n + 1], pl, b[2], b[3]);
+                            } else {
+                                uint32_t b[2];
+                                ldmatrix_x2_trans(b, vrow + 8 * n);
+                                mma16816<T>(o[mt][n], ph, b[0], b[1]);
+                                mma16816<T>(o[mt][n], pl, b[0], b[1]);
+                            }
+                        }
+                    }
+            }
+            __syncthreads(); /* the stage, scores and probabilities are reused */
+            if (L::stages == 1 && it + 1 < ntiles)
+                wide_load_tile<HD, KT, VK>(stage0, stage0 + KT * KS, a, btrow, kvh,
+                                           kbeg + (it + 1) * KT, kend);
+        }
+
+        /* The softmax rows' totals, then this warp's columns out. */
+        if (sk == 0 && spos >= 0) {
+            Rw[QV + sv] = l;
+            if (p.n_splits > 1) {
+                int r = sv / gq, h = sv % gq;
+                size_t pi = ((size_t)split * a.n + t0 + r) * a.n_heads + head0 + h;
+                p.part_ml[2 * pi] = m;
+                p.part_ml[2 * pi + 1] = l;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int qv = mt * 16 + g + 8 * half, r = qv / gq, h = qv % gq;
+                if (!(r < nrows && ((active >> r) & 1))) continue;
+                const int t = t0 + r, head = head0 + h;
+                if (p.n_splits == 1) {
+                    float *dst = a.out + ((size_t)t * a.n_heads + head) * HD + c0 + 2 * t4;
+                    const float inv = 1.0f / Rw[QV + qv];
+#pragma unroll
+                    for (int n = 0; n < ND; n++)
+                        *(float2 *)(dst + 8 * n) = make_float2(o[mt][n][2 * half] * inv, o[mt][n][2 * half + 1] * inv);
+                } else {
+                    size_t pi = ((size_t)split * a.n + t) * a.n_heads + head;
+                    float *dst = p.part_acc + pi * HD + c0 + 2 * t4;
+#pragma unroll
+                    for (int n = 0; n < ND; n++)
+                        *(float2 *)(dst + 8 * n) = make_float2(o[mt][n][2 * half], o[mt][n][2 * half + 1]);
+                }
+            }
+    }
+}
+
 /* ---- the plain kernel ------------------------------------------------------- */
 
 /* head_dim <= 576: DeepSeek's latent cache rows (kv rank 512 + rope 64) */
@@ -628,16 +938,13 @@ extern "C" void cu_attention_simple(const cu_ctx *c, const cu_attn_args *a) {
 #define MMA_MIN_ROWS 64
 #define MMA_MIN_SEQ_ROWS 16 /* rows a sequence, on average, for tensor cores */
 
-/* Fills the plan for the tiled or tensor-core kernel; -1 if this shape
- * needs the simple one. */
+/* Fills the plan for the tiled, tensor-core or wide kernel; -1 if this
+ * shape needs the simple one. */
 static int make_plan(const cu_attn_args *a, int n_sm, att_plan *p) {
     if (a->n <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads) return -1;
-    if (a->dtype == CU_F32 || (a->head_dim != 64 && a->head_dim != 128)) return -1;
+    if (a->dtype == CU_F32) return -1;
     if (!cu_aligned16(a->q) || !cu_aligned16(a->k) || !cu_aligned16(a->v)) return -1;
-    int G = a->n_heads / a->n_kv_heads;
-    int gq = G <= 8 ? G : (G % 8 == 0 ? 8 : 0);
-    if (gq != 1 && gq != 2 && gq != 4 && gq != 8) return -1;
-    p->gq = gq;
+    int G = a->n_heads / a->n_kv_heads, hd = a->head_dim;
     /* Rows of one sequence share K/V tiles, so a block takes several:
      * prefill chunks (many rows a sequence) the tensor-core kernel, short
      * runs the tiled kernel with 8 / gq rows a block.  Rows that share
@@ -646,24 +953,47 @@ static int make_plan(const cu_attn_args *a, int n_sm, att_plan *p) {
      * (batched decode) stay on the tiled kernel for the same reason. */
     int per_seq = a->n_seqs > 0 ? a->n / a->n_seqs : a->n;
     p->mma = a->n >= MMA_MIN_ROWS && per_seq >= MMA_MIN_SEQ_ROWS && !a->tiled_only;
-    p->qr = p->mma ? MMA_QV / gq : per_seq > 1 ? 8 / gq : 1;
+    int kt;
+    if (hd == 64 || hd == 128) {
+        int gq = G <= 8 ? G : (G % 8 == 0 ? 8 : 0);
+        if (gq != 1 && gq != 2 && gq != 4 && gq != 8) return -1;
+        p->wide = 0;
+        p->gq = gq;
+        p->qr = p->mma ? MMA_QV / gq : per_seq > 1 ? 8 / gq : 1;
+        kt = MMA_KT;
+    } else if (hd == 256 || (hd == 576 && a->k == a->v)) {
+        /* The wide kernel: 64 query vectors a block for prefill and for
+         * groups over 16 heads (MLA's 128), else 16.  Outside prefill the
+         * choice depends on the group alone, so a row decoded and the same
+         * row verified take one instance (batch invariance). */
+        int mt = p->mma || G > 16 ? 4 : 1, qv = 16 * mt;
+        int gq = G <= qv ? G : (G % qv == 0 ? qv : 0);
+        if (!gq) return -1;
+        p->wide = mt;
+        p->gq = gq;
+        p->qr = p->mma || per_seq > 1 ? qv / gq : 1;
+        kt = mt == 1 ? 64 : 32;
+    } else {
+        return -1;
+    }
     long rowgroups = CU_DIV_UP(a->n, p->qr);
-    long base = (long)a->n_kv_heads * (G / gq) * rowgroups;
+    long base = (long)a->n_kv_heads * (G / p->gq) * rowgroups;
     long max_ctx = (long)a->max_pages * a->page_size;
     long chunk;
     if (p->mma) {
         /* Enough blocks for three per multiprocessor (what fits in shared
          * memory), each split at least one tile of keys. */
-        long tiles = CU_DIV_UP(max_ctx, MMA_KT);
+        long tiles = CU_DIV_UP(max_ctx, kt);
         long splits = CU_DIV_UP(3L * n_sm, base);
         if (splits > tiles) splits = tiles;
         if (splits < 1) splits = 1;
-        chunk = CU_DIV_UP(CU_DIV_UP(max_ctx, splits), MMA_KT) * MMA_KT;
+        chunk = CU_DIV_UP(CU_DIV_UP(max_ctx, splits), kt) * kt;
     } else {
         /* A fixed split, not one sized from the batch: a row's splits (and
          * so its bits) must not depend on the other rows (file comment). */
+        long most = p->wide ? WIDE_SPLIT_MAX : ATT_SPLIT_MAX;
         chunk = ATT_SPLIT_KEYS;
-        while (max_ctx > chunk * ATT_SPLIT_MAX) chunk *= 2;
+        while (max_ctx > chunk * most) chunk *= 2;
     }
     p->chunk = (int)chunk;
     p->n_splits = (int)CU_DIV_UP(max_ctx, chunk);
@@ -696,6 +1026,27 @@ static void dispatch_nq(const cu_ctx *c, const cu_attn_args *a, const att_plan *
     }
 }
 
+template <int HD, int MT, int VK, int T>
+static void launch_wide(const cu_ctx *c, const cu_attn_args *a, const att_plan *p) {
+    int G = a->n_heads / a->n_kv_heads;
+    const int bytes = wide_layout<HD, MT, VK>::bytes;
+    dim3 grid(a->n_kv_heads * (G / p->gq), CU_DIV_UP(a->n, p->qr), p->n_splits);
+    CU_LAUNCH((attn_wide_kernel<HD, MT, VK, T>), grid, WIDE_WARPS * 32, bytes, c, *a, *p);
+}
+
+template <int HD, int VK, int T>
+static void dispatch_wide(const cu_ctx *c, const cu_attn_args *a, const att_plan *p) {
+    if (p->wide == 1) launch_wide<HD, 1, VK, T>(c, a, p);
+    else launch_wide<HD, 4, VK, T>(c, a, p);
+}
+
+template <int HD, int VK, int T> static void set_wide_limits() {
+    cudaFuncSetAttribute(attn_wide_kernel<HD, 1, VK, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         wide_layout<HD, 1, VK>::bytes);
+    cudaFuncSetAttribute(attn_wide_kernel<HD, 4, VK, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         wide_layout<HD, 4, VK>::bytes);
+}
+
 template <int HD, int NQ, int T> static void set_smem_limit() {
     cudaFuncSetAttribute(attn_tiled_kernel<HD, NQ, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          att_layout<HD, NQ>::bytes);
@@ -719,6 +1070,10 @@ extern "C" void cu_attention_init(void) {
     set_smem_limits<64, CU_BF16>();
     set_smem_limits<128, CU_F16>();
     set_smem_limits<128, CU_BF16>();
+    set_wide_limits<256, 0, CU_F16>();
+    set_wide_limits<256, 0, CU_BF16>();
+    set_wide_limits<576, 1, CU_F16>();
+    set_wide_limits<576, 1, CU_BF16>();
 }
 
 extern "C" void cu_attention(const cu_ctx *c, const cu_attn_args *a, int n_sm, void *scratch) {
@@ -732,7 +1087,15 @@ extern "C" void cu_attention(const cu_ctx *c, const cu_attn_args *a, int n_sm, v
         p.part_acc = (float *)scratch;
         p.part_ml = p.part_acc + (size_t)p.n_splits * a->n * a->n_heads * a->head_dim;
     }
-    if (p.mma) {
+    if (p.wide) {
+        if (a->head_dim == 256) {
+            if (a->dtype == CU_F16) dispatch_wide<256, 0, CU_F16>(c, a, &p);
+            else dispatch_wide<256, 0, CU_BF16>(c, a, &p);
+        } else {
+            if (a->dtype == CU_F16) dispatch_wide<576, 1, CU_F16>(c, a, &p);
+            else dispatch_wide<576, 1, CU_BF16>(c, a, &p);
+        }
+    } else if (p.mma) {
         int G = a->n_heads / a->n_kv_heads;
         dim3 grid(a->n_kv_heads * (G / p.gq), CU_DIV_UP(a->n, p.qr), p.n_splits);
         if (a->head_dim == 64) {
