@@ -67,10 +67,11 @@ enum pt_weight_layout {
     /* q4_0, rows a multiple of 8: rows interleaved 8 at a time so that a
      * 32-byte load holds 4 bytes of each of 8 rows (quant/repack.c). */
     PT_LAYOUT_Q4_0X8,
-    /* q4_0 or q8_0, cols a multiple of 256 (16-byte aligned rows): each
-     * row keeps its place and size, its block codes first (16 or 32 bytes
-     * a block, in block order) then its f16 scales, so that a GPU lane's
-     * 16-byte load holds whole codes (repack.c, the CUDA GEMV). */
+    /* q4_0 or q8_0: groups of 1-8 rows (whole 16-byte words; one row at
+     * 256 * k columns) keep their place and size, their rows' block codes
+     * first (16 or 32 bytes a block, in block order) then their f16
+     * scales, so that a GPU lane's 16-byte load holds whole codes
+     * (repack.c, the CUDA GEMV). */
     PT_LAYOUT_ROWSPLIT,
 };
 

@@ -342,10 +342,12 @@ static void test_qembed(void **state) {
  * over 2-8 warps (few rows) and not (2500 and 4500 rows: more warps than
  * 16 an SM, persistent blocks taking several row groups); rows not a
  * multiple of a block's 16; 14336 columns (4 token rows a launch: 5 and 16
- * rows take 2 and 4 launches). */
-static const int split_shapes[][2] = {{1, 256},   {37, 512},   {301, 4096}, {67, 4608},
-                                      {13, 10240}, {21, 768},  {9, 20736},  {5, 4352},
-                                      {70, 14336}, {4500, 512}, {2500, 2048}};
+ * rows take 2 and 4 launches); gpt-oss's 2880 columns (rows in groups of 4,
+ * 3 q4_0 steps, the last of 26 lanes) and 1056 (groups of 8). */
+static const int split_shapes[][2] = {{1, 256},    {37, 512},   {301, 4096}, {67, 4608},
+                                      {13, 10240}, {21, 768},   {9, 20736},  {5, 4352},
+                                      {70, 14336}, {4500, 512}, {2500, 2048}, {260, 2880},
+                                      {8, 1056},   {1000, 2880}};
 static const fmt *split_formats[] = {&formats[1], &formats[0]}; /* q4_0, q8_0 */
 
 /* Against the double product and the CPU at 1..16 rows (17 and 40: the
@@ -388,7 +390,7 @@ static void test_qrepack_split(void **state) {
     (void)state;
     for (size_t fi = 0; fi < PT_ARRAY_LEN(split_formats); fi++) {
         const fmt *f = split_formats[fi];
-        static const int shapes[][2] = {{37, 512}, {3, 4352}, {1, 256}};
+        static const int shapes[][2] = {{37, 512}, {3, 4352}, {1, 256}, {12, 2880}, {16, 1056}};
         for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++) {
             qmat m = qmat_new(f, shapes[si][0], shapes[si][1]);
             size_t nb = m.nb[0];

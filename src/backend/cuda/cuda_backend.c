@@ -37,8 +37,8 @@
  * f32 accumulation and f32 output.
  *
  * Quantized weights (GGUF q8_0/q4_0/q4_k/q5_k/q6_k, MLX affine) stay as the
- * file stores them, except q4_0/q8_0 matrices of 256 * k columns, which the
- * loader has this backend rewrite in place (weight_layout, repack: each
+ * file stores them, except q4_0/q8_0 matrices, which the loader has this
+ * backend rewrite in place (weight_layout, repack: each
  * row's codes, then its scales; PETREL_CUDA_REPACK=0 keeps the file's):
  * up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
  * default 16) run the quantized GEMV of qmatmul.cu; q4_0/q8_0 weights
@@ -811,9 +811,9 @@ static bool cuda_has_op(pt_backend *be, int kind) {
            (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
 }
 
-/* q4_0 and q8_0 matrices whose rows are 256 * k columns are rewritten at
- * load, row by row in place, as their codes then their scales, for the
- * split GEMV (qmatmul.cu); the same size, so row views stay valid.
+/* q4_0 and q8_0 matrices are rewritten at load, in groups of 1-8 rows in
+ * place, as their codes then their scales (repack.c), for the split GEMV
+ * (qmatmul.cu); the same size, so views of whole row groups stay valid.
  * PETREL_CUDA_REPACK=0 keeps the file's layout (A/B runs). */
 static int cuda_weight_layout(pt_backend *be, const pt_weight *w) {
     cuda_backend *cb = (cuda_backend *)be;

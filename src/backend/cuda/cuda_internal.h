@@ -78,7 +78,7 @@ void cu_convert_from_f32(const cu_ctx *c, void *dst, int dtype, const float *src
 enum { CU_Q8_0 = 16, CU_Q4_0, CU_Q4_K, CU_Q5_K, CU_Q6_K, CU_AFF4, CU_AFF8, CU_AFFN, CU_MXFP4 };
 
 /* cu_qweight.layout: the file's, or PT_LAYOUT_ROWSPLIT (backend.h): q4_0 and
- * q8_0 rows rewritten at load as their codes then their f16 scales. */
+ * q8_0 row groups rewritten at load as their codes then their f16 scales. */
 enum { CU_LAYOUT_FILE = 0, CU_LAYOUT_SPLIT = 1 };
 
 typedef struct cu_qweight {
@@ -101,8 +101,8 @@ typedef struct cu_qweight {
 void cu_qgemv_init(cu_ctx *c);
 /* Whether the kernels take this weight (format, shape, 16-byte aligned). */
 int cu_qweight_ok(const cu_qweight *w);
-/* Whether the split GEMV takes w once repacked (q4_0/q8_0, cols a
- * multiple of 256, one token row's codes within its shared memory). */
+/* Whether the split GEMV takes w once repacked (q4_0/q8_0, rows a whole
+ * number of row groups, one token row's codes within shared memory). */
 int cu_qsplit_ok(const cu_qweight *w);
 /* Writes w (file layout) into dst (w's size) as CU_LAYOUT_SPLIT. */
 int cu_qrepack(const cu_ctx *c, void *dst, const cu_qweight *w);

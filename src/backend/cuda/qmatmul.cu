@@ -77,23 +77,43 @@ __device__ __forceinline__ void qf_get8(const qchunk &q, int g, float out[8]) {
     }
 }
 
+/* Rows of a split matrix are in groups of 2^gs, the fewest whose bytes are
+ * whole 16-byte words (1 row at 256 * k columns, 4 at gpt-oss's 2880, at
+ * most 8), each group its rows' codes (cr bytes a row), then their scales
+ * (sr bytes): every row's codes start 16-byte aligned, and a group sits
+ * where the file had it. */
+__host__ __device__ __forceinline__ int qs_gshift(int f, int64_t cols) {
+    const int64_t rb = cols / 32 * (f == CU_Q4_0 ? 18 : 34);
+    int gs = 0;
+    while ((rb << gs) & 15) gs++;
+    return gs;
+}
+__device__ __forceinline__ const uint8_t *qs_row(const uint8_t *w0, int64_t r, int gs, size_t cr,
+                                                 size_t sr, const uint8_t **scales) {
+    const uint8_t *g = w0 + (size_t)(r >> gs) * ((cr + sr) << gs);
+    const size_t i = (size_t)(r & ((1 << gs) - 1));
+    *scales = g + (cr << gs) + i * sr;
+    return g + i * cr;
+}
+
 /* Chunk c of a CU_LAYOUT_SPLIT q4_0/q8_0 row (its codes, then its scales),
  * as qf_chunk decodes the file's block. */
 template <int F>
-__device__ __forceinline__ void qs_chunk(qchunk &q, const uint8_t *row, int64_t c, int64_t cols) {
+__device__ __forceinline__ void qs_chunk(qchunk &q, const void *w0, int64_t r, int64_t c, int64_t cols) {
+    const int nc = (int)(cols / 32), cb = F == CU_Q4_0 ? 16 : 32;
+    const uint8_t *sp, *row = qs_row((const uint8_t *)w0, r, qs_gshift(F, cols), (size_t)nc * cb, (size_t)nc * 2, &sp);
+    const float d = h2f(ld16(sp + 2 * c));
     if (F == CU_Q4_0) {
         const uint4 a = *(const uint4 *)(row + 16 * c);
         const uint32_t v[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) q.u[i] = v[i] & 0x0F0F0F0Fu, q.u[i + 4] = (v[i] >> 4) & 0x0F0F0F0Fu;
-        const float d = h2f(ld16(row + cols / 2 + 2 * c));
         q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -8.f * d;
     } else {
         const uint4 a = *(const uint4 *)(row + 32 * c), e = *(const uint4 *)(row + 32 * c + 16);
         const uint32_t v[8] = {a.x, a.y, a.z, a.w, e.x, e.y, e.z, e.w};
 #pragma unroll
         for (int i = 0; i < 8; i++) q.u[i] = v[i] ^ 0x80808080u;
-        const float d = h2f(ld16(row + cols + 2 * c));
         q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -128.f * d;
     }
 }
@@ -694,7 +714,7 @@ __global__ void __launch_bounds__(QM_THREADS)
     const bool split = (F == CU_Q4_0 || F == CU_Q8_0) && w.layout == CU_LAYOUT_SPLIT;
     for (int64_t c = threadIdx.x; c * 32 < cols; c += QM_THREADS) {
         qchunk q;
-        if (split) qs_chunk<F>(q, rp, c, cols);
+        if (split) qs_chunk<F>(q, w.data, row, c, cols);
         else qf_chunk<F>(q, rp, (int)c, c, w, row);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -781,16 +801,16 @@ static inline size_t qs_smem(int nt, int64_t cols) {
  * (rows past the matrix read its last row: computed, never stored). */
 template <int F>
 __device__ __forceinline__ void qs_issue(uint4 (&b)[QS_R], uint32_t (&sc)[QS_R], const uint8_t *w0,
-                                         size_t rb, size_t sc_off, int64_t rows, int64_t r0, int st,
-                                         int np) {
+                                         int gs, size_t cr, size_t sr, int64_t rows, int64_t r0,
+                                         int st, int np) {
     const int p = st * 32 + (threadIdx.x & 31);
     if (p >= np) return;
 #pragma unroll
     for (int r = 0; r < QS_R; r++) {
         const int64_t row = r0 + r < rows ? r0 + r : rows - 1;
-        const uint8_t *rp = w0 + (size_t)row * rb;
-        b[r] = cu_ld_stream((const uint4 *)(rp + 16 * (size_t)p));
-        sc[r] = __ldg((const unsigned short *)(rp + sc_off) + (F == CU_Q4_0 ? p : p >> 1));
+        const uint8_t *sp, *cp = qs_row(w0, row, gs, cr, sr, &sp);
+        b[r] = cu_ld_stream((const uint4 *)(cp + 16 * (size_t)p));
+        sc[r] = __ldg((const unsigned short *)sp + (F == CU_Q4_0 ? p : p >> 1));
     }
 }
 
@@ -873,7 +893,8 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
     const int64_t per_cg = (int64_t)rgs * QS_R, n_cg = CU_DIV_UP(rows, per_cg);
     const int my_cg = (int64_t)blockIdx.x < n_cg ? (int)((n_cg - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
     const int total = my_cg * S;
-    const size_t rb = (size_t)nc * (qs_fmt<F>::cb + 2), sc_off = (size_t)nc * qs_fmt<F>::cb;
+    const size_t cr = (size_t)nc * qs_fmt<F>::cb, sr = (size_t)nc * 2;
+    const int gs = qs_gshift(F, cols);
     const uint8_t *w0 = (const uint8_t *)w.data;
     uint4 *xs = qs_smem_buf;
     float2 *xm = (float2 *)(xs + (size_t)NT * 4 * nc);
@@ -886,7 +907,7 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
     for (int j = 0; j < P; j++) {
         if (j < total) {
             const int64_t r0 = ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R;
-            qs_issue<F>(b[j], sc[j], w0, rb, sc_off, rows, r0, kw + hs * ks, np);
+            qs_issue<F>(b[j], sc[j], w0, gs, cr, sr, rows, r0, kw + hs * ks, np);
             if (++hs == S) hs = 0, hl++;
         }
     }
@@ -922,7 +943,7 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
             qs_item<F, NT>(acc, b[j], sc[j], xs, xm, nc, kw + ts * ks, np, n);
             if (i0 + j + P < total) {
                 const int64_t r0 = ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R;
-                qs_issue<F>(b[j], sc[j], w0, rb, sc_off, rows, r0, kw + hs * ks, np);
+                qs_issue<F>(b[j], sc[j], w0, gs, cr, sr, rows, r0, kw + hs * ks, np);
                 if (++hs == S) hs = 0, hl++;
             }
             if (++ts < S) continue;
@@ -958,18 +979,19 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
     }
 }
 
-/* Rewrites each row of a q4_0/q8_0 matrix (src, the file's blocks of bb
- * bytes) as its codes then its scales (dst, the same size): a thread a
- * block, 2-byte copies (blocks are 2-byte aligned). */
-__global__ void qrepack_kernel(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t nb, int bb) {
+/* Rewrites a q4_0/q8_0 matrix (src, the file's blocks of bb bytes) as
+ * groups of 2^gs rows, their codes then their scales (dst, the same size):
+ * a thread a block, 2-byte copies (blocks are 2-byte aligned). */
+__global__ void qrepack_kernel(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t nb, int bb,
+                               int gs) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * nb) return;
     const int64_t r = i / nb, c = i - r * nb;
     const uint16_t *s = (const uint16_t *)(src + (size_t)i * bb);
-    uint8_t *row = dst + (size_t)r * nb * bb;
-    uint16_t *codes = (uint16_t *)(row + (size_t)c * (bb - 2));
+    const uint8_t *sp, *cp = qs_row(dst, r, gs, (size_t)nb * (bb - 2), (size_t)nb * 2, &sp);
+    uint16_t *codes = (uint16_t *)(cp + (size_t)c * (bb - 2));
     for (int k = 1; k < bb / 2; k++) codes[k - 1] = s[k];
-    ((uint16_t *)(row + (size_t)nb * (bb - 2)))[c] = s[0];
+    ((uint16_t *)sp)[c] = s[0];
 }
 
 /* ---- dequantization: prefill (f16 for cuBLAS) and embeddings (f32) ------------ */
@@ -988,7 +1010,7 @@ __global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
     const bool split = (F == CU_Q4_0 || F == CU_Q8_0) && w.layout == CU_LAYOUT_SPLIT;
     for (int64_t c = threadIdx.x; c * 32 < cols; c += blockDim.x) {
         qchunk q;
-        if (ok && split) qs_chunk<F>(q, rp, c, cols);
+        if (ok && split) qs_chunk<F>(q, w.data, r, c, cols);
         else if (ok) qf_chunk<F>(q, rp, (int)c, c, w, r);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -1038,9 +1060,7 @@ __global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
 extern "C" int cu_qweight_ok(const cu_qweight *w) {
     if (w->rows < 1 || w->cols < 1 || w->cols % qf_block(w->fmt) || !cu_aligned16(w->data))
         return 0;
-    if (w->layout != CU_LAYOUT_FILE &&
-        (w->layout != CU_LAYOUT_SPLIT || (w->fmt != CU_Q4_0 && w->fmt != CU_Q8_0) || w->cols % 256))
-        return 0;
+    if (w->layout != CU_LAYOUT_FILE && (w->layout != CU_LAYOUT_SPLIT || !cu_qsplit_ok(w))) return 0;
     if (w->fmt >= CU_AFF4) {
         if (w->bits < 2 || w->bits > 8 || w->group < 32 || w->group % 32 || w->cols % w->group ||
             !w->scales || !w->biases)
@@ -1262,8 +1282,9 @@ static void qs_fmt_launch(const cu_ctx *c, float *y, const float *x, const cu_qw
 }
 
 extern "C" int cu_qsplit_ok(const cu_qweight *w) {
-    return (w->fmt == CU_Q4_0 || w->fmt == CU_Q8_0) && w->cols % 256 == 0 && w->rows >= 1 &&
-           w->rows <= 0x7fffffffLL && qs_tile(w->cols) >= 1;
+    return (w->fmt == CU_Q4_0 || w->fmt == CU_Q8_0) && w->cols % 32 == 0 && w->rows >= 1 &&
+           w->rows % (1 << qs_gshift(w->fmt, w->cols)) == 0 && w->rows <= 0x7fffffffLL &&
+           qs_tile(w->cols) >= 1;
 }
 
 extern "C" int cu_qrepack(const cu_ctx *c, void *dst, const cu_qweight *w) {
@@ -1271,7 +1292,7 @@ extern "C" int cu_qrepack(const cu_ctx *c, void *dst, const cu_qweight *w) {
     const int64_t nb = w->cols / 32, blocks = w->rows * nb;
     const int bb = w->fmt == CU_Q4_0 ? 18 : 34;
     qrepack_kernel<<<(unsigned)CU_DIV_UP(blocks, (int64_t)256), 256, 0, c->s>>>(
-        (uint8_t *)dst, (const uint8_t *)w->data, w->rows, nb, bb);
+        (uint8_t *)dst, (const uint8_t *)w->data, w->rows, nb, bb, qs_gshift(w->fmt, w->cols));
     return 0;
 }
 
