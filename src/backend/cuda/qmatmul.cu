@@ -796,21 +796,31 @@ static inline size_t qs_smem(int nt, int64_t cols) {
     return (size_t)nt * (size_t)(cols / 32) * 72;
 }
 
-/* Requests item (row group cg, step st) of this warp into b and sc: lane
- * l's piece st * 32 + l of each of its QS_R rows, and that piece's scale
- * (rows past the matrix read its last row: computed, never stored). */
+/* Where the codes and scales of this warp's QS_R rows from r0 start (rows
+ * past the matrix read its last row: computed, never stored); set once a
+ * row group, so that a request is two loads and two adds a row. */
+__device__ __forceinline__ void qs_rows(const uint8_t *(&cp)[QS_R], const unsigned short *(&sp)[QS_R],
+                                        const uint8_t *w0, int gs, size_t cr, size_t sr,
+                                        int64_t rows, int64_t r0) {
+#pragma unroll
+    for (int r = 0; r < QS_R; r++) {
+        const uint8_t *s;
+        cp[r] = qs_row(w0, r0 + r < rows ? r0 + r : rows - 1, gs, cr, sr, &s);
+        sp[r] = (const unsigned short *)s;
+    }
+}
+
+/* Requests piece p (lane's 16 bytes of a step) of the rows at cp, sp into
+ * b and sc. */
 template <int F>
-__device__ __forceinline__ void qs_issue(uint4 (&b)[QS_R], uint32_t (&sc)[QS_R], const uint8_t *w0,
-                                         int gs, size_t cr, size_t sr, int64_t rows, int64_t r0,
-                                         int st, int np) {
-    const int p = st * 32 + (threadIdx.x & 31);
+__device__ __forceinline__ void qs_issue(uint4 (&b)[QS_R], uint32_t (&sc)[QS_R],
+                                         const uint8_t *const (&cp)[QS_R],
+                                         const unsigned short *const (&sp)[QS_R], int p, int np) {
     if (p >= np) return;
 #pragma unroll
     for (int r = 0; r < QS_R; r++) {
-        const int64_t row = r0 + r < rows ? r0 + r : rows - 1;
-        const uint8_t *sp, *cp = qs_row(w0, row, gs, cr, sr, &sp);
-        b[r] = cu_ld_stream((const uint4 *)(cp + 16 * (size_t)p));
-        sc[r] = __ldg((const unsigned short *)sp + (F == CU_Q4_0 ? p : p >> 1));
+        b[r] = cu_ld_stream((const uint4 *)cp[r] + p);
+        sc[r] = __ldg(sp[r] + (F == CU_Q4_0 ? p : p >> 1));
     }
 }
 
@@ -903,12 +913,18 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
     uint4 b[P][QS_R];
     uint32_t sc[P][QS_R];
     int hl = 0, hs = 0;
+    const uint8_t *hc[QS_R];
+    const unsigned short *hsc[QS_R];
+    qs_rows(hc, hsc, w0, gs, cr, sr, rows, (int64_t)blockIdx.x * per_cg + rg * QS_R);
 #pragma unroll
     for (int j = 0; j < P; j++) {
         if (j < total) {
-            const int64_t r0 = ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R;
-            qs_issue<F>(b[j], sc[j], w0, gs, cr, sr, rows, r0, kw + hs * ks, np);
-            if (++hs == S) hs = 0, hl++;
+            qs_issue<F>(b[j], sc[j], hc, hsc, (kw + hs * ks) * 32 + lane, np);
+            if (++hs == S) {
+                hs = 0, hl++;
+                qs_rows(hc, hsc, w0, gs, cr, sr, rows,
+                        ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R);
+            }
         }
     }
     cu_grid_wait();
@@ -942,9 +958,12 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
             if (i0 + j >= total) break; /* the same for every warp of the block */
             qs_item<F, NT>(acc, b[j], sc[j], xs, xm, nc, kw + ts * ks, np, n);
             if (i0 + j + P < total) {
-                const int64_t r0 = ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R;
-                qs_issue<F>(b[j], sc[j], w0, gs, cr, sr, rows, r0, kw + hs * ks, np);
-                if (++hs == S) hs = 0, hl++;
+                qs_issue<F>(b[j], sc[j], hc, hsc, (kw + hs * ks) * 32 + lane, np);
+                if (++hs == S) {
+                    hs = 0, hl++;
+                    qs_rows(hc, hsc, w0, gs, cr, sr, rows,
+                            ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R);
+                }
             }
             if (++ts < S) continue;
             /* row group tl done: its sums */
