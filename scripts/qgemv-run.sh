@@ -2,7 +2,8 @@
 # qgemv-run.sh - one device call for the split q4_0/q8_0 GEMV (issue 15,
 # docs/cuda.md "Split GEMV"): its tests, the per-matrix table with the
 # split layout and with the file's (PETREL_CUDA_REPACK=0, same binary), and
-# dummy 8B decode for both, each figure printed and saved under $OUT.
+# dummy 8B decode for both, each figure printed and saved under $OUT
+# (text only: at most 8 files come back from a device call).
 #
 #   here:   scripts/qgemv-run.sh --stage DIR   (after building build/: packs
 #           petrel, test_cuda_qmatmul, test_cuda_model, bench_cuda_ops and
@@ -60,7 +61,7 @@ if has qmm; then
         stamp "bench_cuda_ops qmm, $arm layout"
         rep=1; [ $arm = file ] && rep=0
         PETREL_CUDA_REPACK=$rep BENCH_QMM_FORMATS=q4_0,q8_0 BENCH_QMM_GEMV_ONLY=1 \
-            timeout 150 "$B/bench_cuda_ops" "$OUT/qmm-$arm.json" qmm 2>&1 | grep -v "^$" | tee "$OUT/qmm-$arm.txt" |
+            timeout 150 "$B/bench_cuda_ops" "/tmp/qmm-$arm.json" qmm 2>&1 | grep -v "^$" | tee "$OUT/qmm-$arm.txt" |
             grep "n=1 \|n=2 \|n=16 \|bandwidth"
     done
 fi
@@ -69,7 +70,7 @@ if has models; then
         for rep in 1 0; do
             stamp "petrel bench dummy:llama-8b $dt PETREL_CUDA_REPACK=$rep"
             PETREL_CUDA_REPACK=$rep timeout 120 "$B/petrel" bench --device cuda -m dummy:llama-8b \
-                --dummy-dtype "$dt" -p 16 -d 0 -g 128 -r 2 -o "$OUT/bench-$dt-$rep.json" 2>&1 |
+                --dummy-dtype "$dt" -p 16 -d 0 -g 128 -r 2 -o "/tmp/bench-$dt-$rep.json" 2>&1 |
                 tee "$OUT/bench-$dt-$rep.txt" | tail -4
         done
     done

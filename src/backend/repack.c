@@ -94,5 +94,6 @@ void pt_rowsplit_repack(void *dst, const void *src, pt_dtype t, int64_t rows, in
 
 void pt_weight_repack(int layout, void *dst, const pt_weight *w) {
     if (layout == PT_LAYOUT_Q4_0X8) pt_q4_0x8_repack(dst, w->data, w->rows, w->cols);
-    else if (layout == PT_LAYOUT_ROWSPLIT) pt_rowsplit_repack(dst, w->data, w->dtype, w->rows, w->cols);
+    else if (layout == PT_LAYOUT_ROWSPLIT)
+        pt_rowsplit_repack(dst, w->data, w->dtype, w->rows, w->cols);
 }

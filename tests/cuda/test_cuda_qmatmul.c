@@ -379,7 +379,8 @@ static void test_qbatch_invariance_split(void **state) {
             if (split_shapes[si][0] > 2000) continue; /* n + 1 calls each: long enough below */
             qmat m = qmat_new(split_formats[fi], split_shapes[si][0], split_shapes[si][1]);
             qmat_split(&m);
-            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) invariant_qmatmul(split_formats[fi], &m, ns[ni]);
+            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++)
+                invariant_qmatmul(split_formats[fi], &m, ns[ni]);
             qmat_free(&m);
         }
 }

@@ -286,7 +286,8 @@ static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
  * a call it takes never falls back to the cuBLAS path, whose weight
  * scratch was not grown. */
 static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
-    return w->layout == CU_LAYOUT_FILE && n > cb->qgemv_max && n <= cb->qmma_max && cb->qmma_cnt && ((uintptr_t)x & 15) == 0 &&
+    return w->layout == CU_LAYOUT_FILE && n > cb->qgemv_max && n <= cb->qmma_max && cb->qmma_cnt &&
+           ((uintptr_t)x & 15) == 0 &&
            cu_qmma_takes(w, n);
 }
 
@@ -817,7 +818,8 @@ static bool cuda_has_op(pt_backend *be, int kind) {
  * PETREL_CUDA_REPACK=0 keeps the file's layout (A/B runs). */
 static int cuda_weight_layout(pt_backend *be, const pt_weight *w) {
     cuda_backend *cb = (cuda_backend *)be;
-    if (!cb->repack || w->n_experts || !pt_layout_fits(PT_LAYOUT_ROWSPLIT, w->dtype, w->rows, w->cols))
+    if (!cb->repack || w->n_experts ||
+        !pt_layout_fits(PT_LAYOUT_ROWSPLIT, w->dtype, w->rows, w->cols))
         return PT_LAYOUT_FILE;
     cu_qweight q = qweight_of(w);
     return cu_qsplit_ok(&q) ? PT_LAYOUT_ROWSPLIT : PT_LAYOUT_FILE;
@@ -838,8 +840,8 @@ static int cuda_repack(pt_backend *be, const pt_weight *w, int layout) {
     }
     int rc = cu_qrepack(&cb->ctx, tmp, &q);
     if (rc == 0 && cuda_ok(cb, cudaGetLastError(), "repack") &&
-        cuda_ok(cb, cudaMemcpyAsync((void *)w->data, tmp, w->nbytes, cudaMemcpyDeviceToDevice, cb->ctx.s),
-                "repack") &&
+        cuda_ok(cb, cudaMemcpyAsync((void *)w->data, tmp, w->nbytes, cudaMemcpyDeviceToDevice,
+                                    cb->ctx.s), "repack") &&
         cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "repack"))
         rc = 0;
     else

@@ -99,15 +99,18 @@ __device__ __forceinline__ const uint8_t *qs_row(const uint8_t *w0, int64_t r, i
 /* Chunk c of a CU_LAYOUT_SPLIT q4_0/q8_0 row (its codes, then its scales),
  * as qf_chunk decodes the file's block. */
 template <int F>
-__device__ __forceinline__ void qs_chunk(qchunk &q, const void *w0, int64_t r, int64_t c, int64_t cols) {
+__device__ __forceinline__ void qs_chunk(qchunk &q, const void *w0, int64_t r, int64_t c,
+                                         int64_t cols) {
     const int nc = (int)(cols / 32), cb = F == CU_Q4_0 ? 16 : 32;
-    const uint8_t *sp, *row = qs_row((const uint8_t *)w0, r, qs_gshift(F, cols), (size_t)nc * cb, (size_t)nc * 2, &sp);
+    const uint8_t *sp, *row = qs_row((const uint8_t *)w0, r, qs_gshift(F, cols), (size_t)nc * cb,
+                                     (size_t)nc * 2, &sp);
     const float d = h2f(ld16(sp + 2 * c));
     if (F == CU_Q4_0) {
         const uint4 a = *(const uint4 *)(row + 16 * c);
         const uint32_t v[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) q.u[i] = v[i] & 0x0F0F0F0Fu, q.u[i + 4] = (v[i] >> 4) & 0x0F0F0F0Fu;
+        for (int i = 0; i < 4; i++)
+            q.u[i] = v[i] & 0x0F0F0F0Fu, q.u[i + 4] = (v[i] >> 4) & 0x0F0F0F0Fu;
         q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -8.f * d;
     } else {
         const uint4 a = *(const uint4 *)(row + 32 * c), e = *(const uint4 *)(row + 32 * c + 16);
@@ -799,9 +802,9 @@ static inline size_t qs_smem(int nt, int64_t cols) {
 /* Where the codes and scales of this warp's QS_R rows from r0 start (rows
  * past the matrix read its last row: computed, never stored); set once a
  * row group, so that a request is two loads and two adds a row. */
-__device__ __forceinline__ void qs_rows(const uint8_t *(&cp)[QS_R], const unsigned short *(&sp)[QS_R],
-                                        const uint8_t *w0, int gs, size_t cr, size_t sr,
-                                        int64_t rows, int64_t r0) {
+__device__ __forceinline__ void qs_rows(const uint8_t *(&cp)[QS_R],
+                                        const unsigned short *(&sp)[QS_R], const uint8_t *w0,
+                                        int gs, size_t cr, size_t sr, int64_t rows, int64_t r0) {
 #pragma unroll
     for (int r = 0; r < QS_R; r++) {
         const uint8_t *s;
@@ -840,7 +843,8 @@ __device__ __forceinline__ void qs_item(float (&acc)[QS_R][NT], const uint4 (&b)
         for (int r = 0; r < QS_R; r++) {
             const uint32_t v[4] = {b[r].x, b[r].y, b[r].z, b[r].w};
 #pragma unroll
-            for (int i = 0; i < 4; i++) lo[r][i] = v[i] & 0x0F0F0F0Fu, hi[r][i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+            for (int i = 0; i < 4; i++)
+                lo[r][i] = v[i] & 0x0F0F0F0Fu, hi[r][i] = (v[i] >> 4) & 0x0F0F0F0Fu;
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -901,7 +905,8 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
     const int n_steps = CU_DIV_UP(np, 32), S = n_steps / ks; /* ks divides n_steps */
     const int rgs = QS_WARPS / ks, kw = warp % ks, rg = warp / ks;
     const int64_t per_cg = (int64_t)rgs * QS_R, n_cg = CU_DIV_UP(rows, per_cg);
-    const int my_cg = (int64_t)blockIdx.x < n_cg ? (int)((n_cg - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
+    const int my_cg =
+        (int64_t)blockIdx.x < n_cg ? (int)((n_cg - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
     const int total = my_cg * S;
     const size_t cr = (size_t)nc * qs_fmt<F>::cb, sr = (size_t)nc * 2;
     const int gs = qs_gshift(F, cols);
@@ -967,7 +972,8 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
             }
             if (++ts < S) continue;
             /* row group tl done: its sums */
-            const int64_t g0 = ((int64_t)blockIdx.x + (int64_t)tl * gridDim.x) * per_cg, r0 = g0 + rg * QS_R;
+            const int64_t g0 = ((int64_t)blockIdx.x + (int64_t)tl * gridDim.x) * per_cg;
+            const int64_t r0 = g0 + rg * QS_R;
             ts = 0, tl++;
 #pragma unroll
             for (int r = 0; r < QS_R; r++)
@@ -1157,9 +1163,11 @@ static int qs_tile(int64_t cols) {
 }
 
 template <int F, int NT> static void qs_init_one(cu_ctx *c) {
-    cudaFuncSetAttribute(qgemv_split_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, QS_SMEM_MAX);
+    cudaFuncSetAttribute(qgemv_split_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         QS_SMEM_MAX);
     int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_split_kernel<F, NT>, QS_WARPS * 32, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_split_kernel<F, NT>, QS_WARPS * 32,
+                                                  0);
     c->qsplit_fit[F == CU_Q8_0][qgemv_slot<NT>()] = per_sm > 0 ? per_sm : 1;
 }
 template <int F> static void qs_init_fmt(cu_ctx *c) {
@@ -1170,7 +1178,8 @@ template <int F> static void qs_init_fmt(cu_ctx *c) {
 extern "C" void cu_qgemv_init(cu_ctx *c) {
     int dev = 0;
     cudaGetDevice(&dev);
-    if (cudaDeviceGetAttribute(&c->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
+    if (cudaDeviceGetAttribute(&c->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+        cudaSuccess)
         c->smem_sm = 0;
     qs_init_fmt<CU_Q4_0>(c), qs_init_fmt<CU_Q8_0>(c);
     qc_init_fmt<CU_Q4_0>(), qc_init_fmt<CU_Q8_0>();
@@ -1266,18 +1275,21 @@ static int qs_ksplit(const cu_qweight &w, int n_sm) {
     const int64_t np = w.cols / (w.fmt == CU_Q4_0 ? 32 : 16), steps = CU_DIV_UP(np, (int64_t)32);
     const int64_t groups = CU_DIV_UP(w.rows, (int64_t)QS_R);
     int ks = 1;
-    while (2 * ks <= QS_WARPS && steps % (2 * ks) == 0 && groups * 2 * ks <= (int64_t)n_sm * 16) ks *= 2;
+    while (2 * ks <= QS_WARPS && steps % (2 * ks) == 0 && groups * 2 * ks <= (int64_t)n_sm * 16)
+        ks *= 2;
     return ks;
 }
 
 /* One launch of NT token rows; the grid is what fits at once (registers
  * and shared memory), balanced over the row groups. */
 template <int F, int NT>
-static void qs_launch(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n, int ks) {
+static void qs_launch(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n,
+                      int ks) {
     const size_t smem = qs_smem(NT, w.cols);
     const int64_t n_cg = CU_DIV_UP(w.rows, (int64_t)(QS_WARPS / ks) * QS_R);
     int per_sm = c->qsplit_fit[F == CU_Q8_0][qgemv_slot<NT>()];
-    const int by_smem = c->smem_sm > 0 ? (int)(c->smem_sm / (smem + sizeof(float) * 2 * QS_WARPS * QS_R * NT + 1024)) : 1;
+    const size_t block_smem = smem + sizeof(float) * 2 * QS_WARPS * QS_R * NT + 1024;
+    const int by_smem = c->smem_sm > 0 ? (int)(c->smem_sm / block_smem) : 1;
     per_sm = per_sm < by_smem ? per_sm : by_smem;
     const int64_t cap = (int64_t)(c->n_sm > 0 ? c->n_sm : 132) * (per_sm > 0 ? per_sm : 1);
     const int64_t grid = n_cg <= cap ? n_cg : CU_DIV_UP(n_cg, CU_DIV_UP(n_cg, cap));
@@ -1327,8 +1339,11 @@ extern "C" int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qwei
         return 0;
     }
     if (w->layout == CU_LAYOUT_SPLIT) { /* x not 16-byte aligned: the plain kernel */
-        if (w->fmt == CU_Q4_0) CU_LAUNCH((qgemv_plain_kernel<CU_Q4_0>), (unsigned)ww.rows, QM_THREADS, 0, c, y, x, ww, n);
-        else CU_LAUNCH((qgemv_plain_kernel<CU_Q8_0>), (unsigned)ww.rows, QM_THREADS, 0, c, y, x, ww, n);
+        const unsigned grid = (unsigned)ww.rows;
+        if (w->fmt == CU_Q4_0)
+            CU_LAUNCH((qgemv_plain_kernel<CU_Q4_0>), grid, QM_THREADS, 0, c, y, x, ww, n);
+        else
+            CU_LAUNCH((qgemv_plain_kernel<CU_Q8_0>), grid, QM_THREADS, 0, c, y, x, ww, n);
         return 0;
     }
     if (qc_ok(c, w) && cu_aligned16(x)) {
