@@ -67,6 +67,12 @@ enum pt_weight_layout {
     /* q4_0, rows a multiple of 8: rows interleaved 8 at a time so that a
      * 32-byte load holds 4 bytes of each of 8 rows (quant/repack.c). */
     PT_LAYOUT_Q4_0X8,
+    /* q4_0 or q8_0: groups of 1-8 rows (whole 16-byte words; one row at
+     * 256 * k columns) keep their place and size, their rows' block codes
+     * first (16 or 32 bytes a block, in block order) then their f16
+     * scales, so that a GPU lane's 16-byte load holds whole codes
+     * (repack.c, the CUDA GEMV). */
+    PT_LAYOUT_ROWSPLIT,
 };
 
 /* Expert e of a stack as a plain matrix (its codes, and its scales and
@@ -590,6 +596,11 @@ typedef struct pt_backend_ops {
      * matrix w fastest in; the loader then keeps a repacked copy
      * (pt_model_repack_weight).  NULL: always the file's. */
     int (*weight_layout)(pt_backend *be, const pt_weight *w);
+    /* For a backend whose memory is not host memory: rearranges w's data
+     * in place (same bytes, same address) into layout, the one
+     * weight_layout asked for; 0 done, -1 not done (w stays in the file's
+     * layout, nothing failed).  NULL: never. */
+    int (*repack)(pt_backend *be, const pt_weight *w, int layout);
     void (*destroy)(pt_backend *be);
 } pt_backend_ops;
 
@@ -617,6 +628,17 @@ int pt_be_take_error(pt_backend *be, pt_err *err);
 
 static inline void pt_be_run(pt_backend *be, pt_op *o) {
     if (!be->failed) be->ops->run(be, o); /* after a failure the inputs are garbage */
+}
+
+/* Puts the plain matrix w, already in backend memory, into the layout the
+ * backend runs fastest, where the backend rearranges its memory in place
+ * (ops.repack; a host-memory backend gets a repacked copy from the loader
+ * instead, pt_model_repack_weight).  Nothing changes when it declines. */
+static inline void pt_be_repack_weight(pt_backend *be, pt_weight *w) {
+    if (!be->ops->weight_layout || !be->ops->repack || w->n_experts || w->layout != PT_LAYOUT_FILE)
+        return;
+    int layout = be->ops->weight_layout(be, w);
+    if (layout != PT_LAYOUT_FILE && be->ops->repack(be, w, layout) == 0) w->layout = layout;
 }
 
 static inline void pt_be_matmul(pt_backend *be, float *y, const float *x, const pt_weight *w,

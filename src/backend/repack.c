@@ -18,6 +18,16 @@
  * follow each other, so a group streams as one sequential read.  The size
  * is the file's (8 * 18 = 144 bytes per unit).  The same idea as
  * llama.cpp's CPU_REPACK; this arrangement is Petrel's own.
+ *
+ * PT_LAYOUT_ROWSPLIT (the CUDA backend's, made on the device): a q4_0 or
+ * q8_0 matrix in groups of g rows (pt_rowsplit_group: the fewest rows whose
+ * bytes are whole 16-byte words, 1 at 256 * k columns, 4 at 2880, at most
+ * 8), each group where the file had it: its rows' block codes first (16 or
+ * 32 bytes a block, in block order, each row's 16-byte aligned: one 16-byte
+ * load a q4_0 block or half a q8_0 block), then their f16 scales, row after
+ * row.  Views of whole groups of rows stay valid.  pt_rowsplit_repack is
+ * the host's version, the reference the CUDA test checks the device's
+ * against.
  */
 #include "backend/repack.h"
 
@@ -53,10 +63,37 @@ bool pt_layout_fits(int layout, pt_dtype t, int64_t rows, int64_t cols) {
     switch (layout) {
     case PT_LAYOUT_FILE: return true;
     case PT_LAYOUT_Q4_0X8: return t == PT_Q4_0 && rows > 0 && rows % 8 == 0 && cols % 32 == 0;
+    case PT_LAYOUT_ROWSPLIT:
+        return (t == PT_Q4_0 || t == PT_Q8_0) && rows > 0 && cols % 32 == 0 &&
+               rows % pt_rowsplit_group(t, cols) == 0;
     default: return false;
+    }
+}
+
+int pt_rowsplit_group(pt_dtype t, int64_t cols) {
+    size_t rb = (size_t)(cols / 32) * (t == PT_Q4_0 ? 18 : 34);
+    int g = 1;
+    while ((rb * (size_t)g) % 16) g *= 2;
+    return g;
+}
+
+void pt_rowsplit_repack(void *dst, const void *src, pt_dtype t, int64_t rows, int64_t cols) {
+    int64_t nb = cols / 32, g = pt_rowsplit_group(t, cols);
+    size_t bb = t == PT_Q4_0 ? 18 : 34, cb = bb - 2, rb = (size_t)nb * bb;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *s = (const uint8_t *)src + (size_t)r * rb;
+        uint8_t *grp = (uint8_t *)dst + (size_t)(r / g) * g * rb;
+        uint8_t *codes = grp + (size_t)(r % g) * nb * cb;
+        uint8_t *scales = grp + (size_t)g * nb * cb + (size_t)(r % g) * nb * 2;
+        for (int64_t c = 0; c < nb; c++) {
+            memcpy(codes + (size_t)c * cb, s + (size_t)c * bb + 2, cb);
+            memcpy(scales + 2 * (size_t)c, s + (size_t)c * bb, 2);
+        }
     }
 }
 
 void pt_weight_repack(int layout, void *dst, const pt_weight *w) {
     if (layout == PT_LAYOUT_Q4_0X8) pt_q4_0x8_repack(dst, w->data, w->rows, w->cols);
+    else if (layout == PT_LAYOUT_ROWSPLIT)
+        pt_rowsplit_repack(dst, w->data, w->dtype, w->rows, w->cols);
 }

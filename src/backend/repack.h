@@ -17,5 +17,9 @@ void pt_weight_repack(int layout, void *dst, const pt_weight *w);
  * (18 bytes) out of a repacked matrix src of cols columns. */
 void pt_q4_0x8_repack(void *dst, const void *src, int64_t rows, int64_t cols);
 void pt_q4_0x8_block(void *dst, const void *src, int64_t cols, int64_t r, int64_t c);
+/* PT_LAYOUT_ROWSPLIT of a q4_0/q8_0 matrix (src: the file's layout), and
+ * the rows of its groups. */
+int pt_rowsplit_group(pt_dtype t, int64_t cols);
+void pt_rowsplit_repack(void *dst, const void *src, pt_dtype t, int64_t rows, int64_t cols);
 
 #endif

@@ -381,9 +381,10 @@ pt_weight *pt_model_weight_named(pt_model *m, const char *name);
 /* Backend buffer owned by the model (freed with it).  NULL on failure. */
 void *pt_model_alloc(pt_model *m, size_t nbytes);
 /* Gives the plain matrix w the layout its backend runs fastest
- * (pt_backend_ops.weight_layout; host-memory backends only): a repacked
- * copy in memory the model owns, or, with owned (w's buffer is the model's
- * own, not the file's mapping), repacked in place. */
+ * (pt_backend_ops.weight_layout): on a host-memory backend a repacked copy
+ * in memory the model owns, or, with owned (w's buffer is the model's own,
+ * not the file's mapping), repacked in place; on a device (CUDA) the
+ * backend rearranges its copy in place (pt_be_repack_weight). */
 int pt_model_repack_weight(pt_model *m, pt_weight *w, bool owned, pt_err *err);
 
 /* An MLX affine matrix of the model's file (t: <module>.weight, sc: its

@@ -240,9 +240,12 @@ static int bind_affine(pt_model *m, const pt_tensor_info *t, const pt_tensor_inf
 
 int pt_model_repack_weight(pt_model *m, pt_weight *w, bool owned, pt_err *err) {
     const pt_backend_ops *ops = m->be->ops;
-    if (!ops->weight_layout || !m->be->host_memory || w->n_experts || w->layout != PT_LAYOUT_FILE ||
-        m->keep_layout)
+    if (!ops->weight_layout || w->n_experts || w->layout != PT_LAYOUT_FILE || m->keep_layout)
         return 0;
+    if (!m->be->host_memory) { /* in backend memory already: rearranged there, in place */
+        pt_be_repack_weight(m->be, w);
+        return 0;
+    }
     int layout = ops->weight_layout(m->be, w);
     if (layout == PT_LAYOUT_FILE) return 0;
     void *dst = owned ? pt_alloc_big(w->nbytes) : pt_model_alloc(m, w->nbytes);

@@ -10,7 +10,9 @@
  *     the f16 cache of the same run, same geometry and data;
  *   - a GPU-only consistency check: GEMV against cuBLAS on the same data;
  *   - matmul with quantized weights (q4_0, q8_0, q4_k, q6_k, affine 4/8-bit
- *     g64) of the 8B shapes: the quantized GEMV (1..16 rows) against
+ *     g64) of the 8B shapes, laid out as the loader leaves them (q4_0/q8_0
+ *     rewritten for the split GEMV unless PETREL_CUDA_REPACK=0; "gpt-oss"
+ *     rows of 2880 columns besides): the quantized GEMV (1..16 rows) against
  *     dequantize-to-f16 + cuBLAS (PETREL_CUDA_QGEMV_MAX=0), and the latter
  *     at prefill sizes; fractions are of the quantized bytes.
  * Writes a table to stdout and, given a path, JSON.  Not a test: timings
@@ -239,6 +241,7 @@ static qbench_w qbench_make(const pt_weight_format *f, int rows, int cols, const
     }
     q.w.data = q.p[0], q.w.scales = q.p[1], q.w.biases = q.p[2];
     q.w.nbytes = nb[0] + nb[1] + nb[2];
+    pt_be_repack_weight(be, &q.w); /* as the loader does (PETREL_CUDA_REPACK=0: not) */
     return q;
 }
 
@@ -575,6 +578,7 @@ int main(int argc, char **argv) {
                 bench_qmatmul(qf[i], "w_down", 4096, 14336, quick);
             }
             if (only) bench_qmatmul(qf[i], "lm_head", 128256, 4096, quick);
+            if (only) bench_qmatmul(qf[i], "oss_q", 4096, 2880, quick); /* gpt-oss's dense rows */
         }
     }
     if (!kvq_only && !qmm_only) {

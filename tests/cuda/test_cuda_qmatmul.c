@@ -42,6 +42,14 @@
  * embed: rows of each format against the CPU's dequantization, 1e-6
  * relative (the same products; the GPU fuses one multiply-add).
  *
+ * The split GEMV (q4_0/q8_0 rewritten at load as each row's codes then its
+ * scales, PT_LAYOUT_ROWSPLIT, the CUDA backend's default for rows of 256 * k
+ * columns): test_qmatmul_split (the same bounds as the GEMV; odd row
+ * counts, partial steps, K split and not, persistent blocks, token tiles),
+ * test_qbatch_invariance_split (bit for bit), test_qrepack_split (the
+ * device's rewrite equals repack.c's, embeddings from it).  The other
+ * tests keep the file's layout (tensor parallel ranks, PETREL_CUDA_REPACK=0).
+ *
  * Without a CUDA device the test exits 77 (skipped).
  */
 #include <math.h>
@@ -57,6 +65,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/quant_kernels.h"
+#include "backend/repack.h"
 #include "quant/quant.h"
 
 enum { CPU, GPU, N_BE };
@@ -280,13 +289,20 @@ static void test_qbatch_invariance(void **state) {
     }
 }
 
-static void test_qembed(void **state) {
-    (void)state;
+/* The GPU copy of m rewritten as the CUDA backend does at load
+ * (PT_LAYOUT_ROWSPLIT: each row's codes, then its scales); fails unless it
+ * took the layout, so a test cannot pass on the file's layout. */
+static void qmat_split(qmat *m) {
+    pt_be_repack_weight(be[GPU], &m->w[GPU]);
+    assert_int_equal(m->w[GPU].layout, PT_LAYOUT_ROWSPLIT);
+}
+
+static void embed_rows(const fmt *f, bool split) {
     char fb[48];
-    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
-        const fmt *f = &formats[fi];
+    {
         int rows = 301, cols = 512, n = 19;
         qmat m = qmat_new(f, rows, cols);
+        if (split) qmat_split(&m);
         int32_t ids[19];
         for (int i = 0; i < n; i++) ids[i] = (int32_t)(pt_rng_next(&rng) % rows);
         ids[3] = ids[7]; /* a repeat */
@@ -311,6 +327,85 @@ static void test_qembed(void **state) {
         }
         free(poison), free(yc), free(yg);
         qmat_free(&m);
+    }
+}
+
+static void test_qembed(void **state) {
+    (void)state;
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) embed_rows(&formats[fi], false);
+}
+
+/* ---- the split GEMV (q4_0, q8_0 rewritten at load) ----------------------------- */
+
+/* Shapes: one step (q4_0: 32 blocks, q8_0: 16) and less; partial last
+ * steps (4352: 136 q4_0 blocks, 5 steps, the last of 8 lanes); K split
+ * over 2-8 warps (few rows) and not (2500 and 4500 rows: more warps than
+ * 16 an SM, persistent blocks taking several row groups); rows not a
+ * multiple of a block's 16; 14336 columns (4 token rows a launch: 5 and 16
+ * rows take 2 and 4 launches); gpt-oss's 2880 columns (rows in groups of 4,
+ * 3 q4_0 steps, the last of 26 lanes) and 1056 (groups of 8). */
+static const int split_shapes[][2] = {{1, 256},    {37, 512},   {301, 4096}, {67, 4608},
+                                      {13, 10240}, {21, 768},   {9, 20736},  {5, 4352},
+                                      {70, 14336}, {4500, 512}, {2500, 2048}, {260, 2880},
+                                      {8, 1056},   {1000, 2880}};
+static const fmt *split_formats[] = {&formats[1], &formats[0]}; /* q4_0, q8_0 */
+
+/* Against the double product and the CPU at 1..16 rows (17 and 40: the
+ * dequantize + cuBLAS path reading the split rows). */
+static void test_qmatmul_split(void **state) {
+    (void)state;
+    static const int ns[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 40};
+    char fb[48];
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(split_formats); fi++) {
+        const fmt *f = split_formats[fi];
+        for (size_t si = 0; si < PT_ARRAY_LEN(split_shapes); si++) {
+            qmat m = qmat_new(f, split_shapes[si][0], split_shapes[si][1]);
+            qmat_split(&m);
+            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) one_matmul(f, &m, ns[ni]);
+            qmat_free(&m);
+        }
+        print_message("split matmul %s: %zu shapes x %zu token counts\n", fname(f, fb, sizeof fb),
+                      PT_ARRAY_LEN(split_shapes), PT_ARRAY_LEN(ns));
+    }
+}
+
+/* Each row of 2..16-row calls bit for bit the row alone (the token tiles
+ * of 14336 columns included). */
+static void test_qbatch_invariance_split(void **state) {
+    (void)state;
+    static const int ns[] = {2, 5, 9, 16};
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(split_formats); fi++)
+        for (size_t si = 0; si < PT_ARRAY_LEN(split_shapes); si++) {
+            if (split_shapes[si][0] > 2000) continue; /* n + 1 calls each: long enough below */
+            qmat m = qmat_new(split_formats[fi], split_shapes[si][0], split_shapes[si][1]);
+            qmat_split(&m);
+            for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++)
+                invariant_qmatmul(split_formats[fi], &m, ns[ni]);
+            qmat_free(&m);
+        }
+}
+
+/* The device's rewrite, byte for byte the host's (repack.c), and the
+ * embedding rows read from it. */
+static void test_qrepack_split(void **state) {
+    (void)state;
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(split_formats); fi++) {
+        const fmt *f = split_formats[fi];
+        static const int shapes[][2] = {{37, 512}, {3, 4352}, {1, 256}, {12, 2880}, {16, 1056}};
+        for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++) {
+            qmat m = qmat_new(f, shapes[si][0], shapes[si][1]);
+            size_t nb = m.nb[0];
+            uint8_t *file = malloc(nb), *want = malloc(nb), *got = malloc(nb);
+            be[GPU]->ops->download(be[GPU], file, m.d[GPU][0], nb);
+            qmat_split(&m);
+            be[GPU]->ops->download(be[GPU], got, m.d[GPU][0], nb);
+            pt_rowsplit_repack(want, file, f->t, shapes[si][0], shapes[si][1]);
+            assert_memory_equal(got, want, nb);
+            assert_memory_not_equal(got, file, nb);
+            free(file), free(want), free(got);
+            qmat_free(&m);
+        }
+        embed_rows(f, true);
     }
 }
 
@@ -680,6 +775,9 @@ int main(void) {
         cmocka_unit_test(test_qmatmul_coalesced_q8_0),
         cmocka_unit_test(test_qmma),
         cmocka_unit_test(test_qembed),
+        cmocka_unit_test(test_qmatmul_split),
+        cmocka_unit_test(test_qbatch_invariance_split),
+        cmocka_unit_test(test_qrepack_split),
         cmocka_unit_test(test_qmatmul_id),
         cmocka_unit_test(test_qmatmul_id_invariance),
         cmocka_unit_test(test_qmatmul_id_mxfp4),

@@ -39,7 +39,10 @@
  * f32 accumulation and f32 output.
  *
  * Quantized weights (GGUF q8_0/q4_0/q4_k/q5_k/q6_k, MLX affine) stay as the
- * file stores them: up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
+ * file stores them, except q4_0/q8_0 matrices, which the loader has this
+ * backend rewrite in place (weight_layout, repack: each
+ * row's codes, then its scales; PETREL_CUDA_REPACK=0 keeps the file's):
+ * up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
  * default 16) run the quantized GEMV of qmatmul.cu; q4_0/q8_0 weights
  * up to qmma_max rows (PETREL_CUDA_QMMA_MAX, default 256; PETREL_CUDA_QMMA=0
  * turns it off) run the tensor-core GEMM of qmma.cu, which reads the
@@ -49,7 +52,7 @@
  *
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
- * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX,
+ * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_REPACK,
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
  * PETREL_CUDA_MOE_FUSED (token rows up to which moe_ffn with quantized
  * experts runs as moe.cu's two fused kernels, default 8; 0: never),
@@ -63,6 +66,7 @@
 #include <stdlib.h>
 
 #include "backend/comm.h"
+#include "backend/repack.h"
 #include "backend/cuda/cuda_family.h"
 #include "backend/cuda/cuda_host.h"
 #include "backend/cuda/qmma.h"
@@ -202,7 +206,9 @@ static bool is_quantized(pt_dtype t) {
 
 /* The kernels' view of a quantized weight (fmt -1: not a format they know). */
 static cu_qweight qweight_of(const pt_weight *w) {
-    cu_qweight q = {w->data, w->scales, w->biases, w->rows, w->cols, -1, 0, 0, 0};
+    cu_qweight q = {w->data, w->scales, w->biases, w->rows, w->cols, -1, 0, 0, 0, CU_LAYOUT_FILE};
+    if (w->layout == PT_LAYOUT_ROWSPLIT) q.layout = CU_LAYOUT_SPLIT;
+    else if (w->layout != PT_LAYOUT_FILE) q.layout = -1; /* another backend's: refused */
     switch (w->dtype) {
     case PT_Q8_0: q.fmt = CU_Q8_0; break;
     case PT_Q4_0: q.fmt = CU_Q4_0; break;
@@ -284,7 +290,8 @@ static void exec_matmul(cuda_backend *cb, const pt_op_matmul *a) {
  * a call it takes never falls back to the cuBLAS path, whose weight
  * scratch was not grown. */
 static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
-    return n > cb->qgemv_max && n <= cb->qmma_max && cb->qmma_cnt && ((uintptr_t)x & 15) == 0 &&
+    return w->layout == CU_LAYOUT_FILE && n > cb->qgemv_max && n <= cb->qmma_max && cb->qmma_cnt &&
+           ((uintptr_t)x & 15) == 0 &&
            cu_qmma_takes(w, n);
 }
 
@@ -889,6 +896,44 @@ static bool cuda_has_op(pt_backend *be, int kind) {
            (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
 }
 
+/* q4_0 and q8_0 matrices are rewritten at load, in groups of 1-8 rows in
+ * place, as their codes then their scales (repack.c), for the split GEMV
+ * (qmatmul.cu); the same size, so views of whole row groups stay valid.
+ * PETREL_CUDA_REPACK=0 keeps the file's layout (A/B runs). */
+static int cuda_weight_layout(pt_backend *be, const pt_weight *w) {
+    cuda_backend *cb = (cuda_backend *)be;
+    if (!cb->repack || w->n_experts ||
+        !pt_layout_fits(PT_LAYOUT_ROWSPLIT, w->dtype, w->rows, w->cols))
+        return PT_LAYOUT_FILE;
+    cu_qweight q = qweight_of(w);
+    return cu_qsplit_ok(&q) ? PT_LAYOUT_ROWSPLIT : PT_LAYOUT_FILE;
+}
+
+/* Rewrites w in place through a scratch copy: the kernel writes the new
+ * layout into scratch, which is copied back over w.  -1 (w untouched, no
+ * error) when the scratch cannot be had. */
+static int cuda_repack(pt_backend *be, const pt_weight *w, int layout) {
+    cuda_backend *cb = cb_of(be);
+    cu_qweight q = qweight_of(w);
+    if (layout != PT_LAYOUT_ROWSPLIT || cb->base.failed || !cu_qsplit_ok(&q)) return -1;
+    cuda_flush(cb);
+    void *tmp = NULL;
+    if (cudaMalloc(&tmp, w->nbytes) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is not sticky: keep the file's layout */
+        return -1;
+    }
+    int rc = cu_qrepack(&cb->ctx, tmp, &q);
+    if (rc == 0 && cuda_ok(cb, cudaGetLastError(), "repack") &&
+        cuda_ok(cb, cudaMemcpyAsync((void *)w->data, tmp, w->nbytes, cudaMemcpyDeviceToDevice,
+                                    cb->ctx.s), "repack") &&
+        cuda_ok(cb, cudaStreamSynchronize(cb->ctx.s), "repack"))
+        rc = 0;
+    else
+        rc = -1;
+    cudaFree(tmp);
+    return rc;
+}
+
 static const pt_backend_ops cuda_ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -901,6 +946,8 @@ static const pt_backend_ops cuda_ops = {
     .kv_quant_check = cuda_kv_quant_check,
     .free_memory = cuda_free_memory,
     .read_bandwidth = cuda_read_bandwidth,
+    .weight_layout = cuda_weight_layout,
+    .repack = cuda_repack,
     .destroy = cuda_destroy,
 };
 
@@ -969,6 +1016,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_moe_init(&cb->ctx);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", CU_GEMV_DEFAULT_ROWS);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
+    cb->repack = env_int("PETREL_CUDA_REPACK", 1) != 0;
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     cb->gdn_chunk = PT_MAX(env_int("PETREL_CUDA_GDN_CHUNK", 16), 0);

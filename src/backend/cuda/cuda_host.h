@@ -50,6 +50,8 @@ typedef struct cuda_backend {
     size_t moe_cap;
     int gemv_max;     /* token rows up to which matmul uses the GEMV kernels */
     int qgemv_max;    /* the same for quantized weights (PETREL_CUDA_QGEMV_MAX) */
+    int repack;       /* q4_0/q8_0 matrices rewritten at load for the split GEMV
+                         (PETREL_CUDA_REPACK, default 1; 0: the file's layout) */
     int gdn_chunk;    /* rows per sequence from which gated_delta runs chunkwise
                          (PETREL_CUDA_GDN_CHUNK; 0: never) */
     int moe_fused;    /* moe_ffn with quantized experts runs as two kernels up to

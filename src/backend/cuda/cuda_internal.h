@@ -51,6 +51,10 @@ typedef struct cu_ctx {
      * at once (0: not measured, the launcher guesses). */
     int gemv_fit[3][CU_GEMV_MAX_ROWS];  /* [CU_F32/F16/BF16][token rows - 1] */
     int qgemv_fit[CU_QFMT_COUNT][5];    /* [fmt - CU_Q8_0][1, 2, 4, 8, 16 rows] */
+    /* The split GEMV (qmatmul.cu): its blocks per SM as its registers allow
+     * ([q4_0, q8_0][1, 2, 4, 8, 16 rows]), and shared memory per SM. */
+    int qsplit_fit[2][5];
+    int smem_sm;
 } cu_ctx;
 
 /* ---- matmul.cu ---------------------------------------------------------- */
@@ -73,11 +77,16 @@ void cu_convert_from_f32(const cu_ctx *c, void *dst, int dtype, const float *src
  * (moe.cu): cu_qweight_ok refuses it, so no dense kernel sees it. */
 enum { CU_Q8_0 = 16, CU_Q4_0, CU_Q4_K, CU_Q5_K, CU_Q6_K, CU_AFF4, CU_AFF8, CU_AFFN, CU_MXFP4 };
 
+/* cu_qweight.layout: the file's, or PT_LAYOUT_ROWSPLIT (backend.h): q4_0 and
+ * q8_0 row groups rewritten at load as their codes then their f16 scales. */
+enum { CU_LAYOUT_FILE = 0, CU_LAYOUT_SPLIT = 1 };
+
 typedef struct cu_qweight {
     const void *data;            /* rows of blocks (GGUF) or packed u32 codes (affine) */
     const void *scales, *biases; /* affine: [rows][cols / group] of scale_type */
     int64_t rows, cols;
     int fmt, bits, group, scale_type; /* scale_type: CU_F32, CU_F16 or CU_BF16 */
+    int layout;                       /* CU_LAYOUT_* */
 } cu_qweight;
 
 /* Token rows up to which the quantized GEMV runs (it keeps one accumulator
@@ -92,6 +101,11 @@ typedef struct cu_qweight {
 void cu_qgemv_init(cu_ctx *c);
 /* Whether the kernels take this weight (format, shape, 16-byte aligned). */
 int cu_qweight_ok(const cu_qweight *w);
+/* Whether the split GEMV takes w once repacked (q4_0/q8_0, rows a whole
+ * number of row groups, one token row's codes within shared memory). */
+int cu_qsplit_ok(const cu_qweight *w);
+/* Writes w (file layout) into dst (w's size) as CU_LAYOUT_SPLIT. */
+int cu_qrepack(const cu_ctx *c, void *dst, const cu_qweight *w);
 /* y[n][rows] = x[n][cols] · wᵀ for n <= CU_QGEMV_MAX_ROWS; -1: not taken. */
 int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n);
 /* The whole weight as f16 [rows][cols] into out (prefill: then cuBLAS). */

@@ -77,6 +77,50 @@ __device__ __forceinline__ void qf_get8(const qchunk &q, int g, float out[8]) {
     }
 }
 
+/* Rows of a split matrix are in groups of 2^gs, the fewest whose bytes are
+ * whole 16-byte words (1 row at 256 * k columns, 4 at gpt-oss's 2880, at
+ * most 8), each group its rows' codes (cr bytes a row), then their scales
+ * (sr bytes): every row's codes start 16-byte aligned, and a group sits
+ * where the file had it. */
+__host__ __device__ __forceinline__ int qs_gshift(int f, int64_t cols) {
+    const int64_t rb = cols / 32 * (f == CU_Q4_0 ? 18 : 34);
+    int gs = 0;
+    while ((rb << gs) & 15) gs++;
+    return gs;
+}
+__device__ __forceinline__ const uint8_t *qs_row(const uint8_t *w0, int64_t r, int gs, size_t cr,
+                                                 size_t sr, const uint8_t **scales) {
+    const uint8_t *g = w0 + (size_t)(r >> gs) * ((cr + sr) << gs);
+    const size_t i = (size_t)(r & ((1 << gs) - 1));
+    *scales = g + (cr << gs) + i * sr;
+    return g + i * cr;
+}
+
+/* Chunk c of a CU_LAYOUT_SPLIT q4_0/q8_0 row (its codes, then its scales),
+ * as qf_chunk decodes the file's block. */
+template <int F>
+__device__ __forceinline__ void qs_chunk(qchunk &q, const void *w0, int64_t r, int64_t c,
+                                         int64_t cols) {
+    const int nc = (int)(cols / 32), cb = F == CU_Q4_0 ? 16 : 32;
+    const uint8_t *sp, *row = qs_row((const uint8_t *)w0, r, qs_gshift(F, cols), (size_t)nc * cb,
+                                     (size_t)nc * 2, &sp);
+    const float d = h2f(ld16(sp + 2 * c));
+    if (F == CU_Q4_0) {
+        const uint4 a = *(const uint4 *)(row + 16 * c);
+        const uint32_t v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q.u[i] = v[i] & 0x0F0F0F0Fu, q.u[i + 4] = (v[i] >> 4) & 0x0F0F0F0Fu;
+        q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -8.f * d;
+    } else {
+        const uint4 a = *(const uint4 *)(row + 32 * c), e = *(const uint4 *)(row + 32 * c + 16);
+        const uint32_t v[8] = {a.x, a.y, a.z, a.w, e.x, e.y, e.z, e.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) q.u[i] = v[i] ^ 0x80808080u;
+        q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -128.f * d;
+    }
+}
+
 /* ---- decode GEMV ----------------------------------------------------------------- */
 
 /* Work item k of this block: row group blockIdx.x + (k / n_tiles) *
@@ -670,9 +714,11 @@ __global__ void __launch_bounds__(QM_THREADS)
     float acc[CU_QGEMV_MAX_ROWS];
 #pragma unroll
     for (int t = 0; t < CU_QGEMV_MAX_ROWS; t++) acc[t] = 0.f;
+    const bool split = (F == CU_Q4_0 || F == CU_Q8_0) && w.layout == CU_LAYOUT_SPLIT;
     for (int64_t c = threadIdx.x; c * 32 < cols; c += QM_THREADS) {
         qchunk q;
-        qf_chunk<F>(q, rp, (int)c, c, w, row);
+        if (split) qs_chunk<F>(q, w.data, row, c, cols);
+        else qf_chunk<F>(q, rp, (int)c, c, w, row);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             float wf[8];
@@ -698,6 +744,281 @@ __global__ void __launch_bounds__(QM_THREADS)
     }
 }
 
+/* ---- split GEMV: q4_0, q8_0 repacked at load (PT_LAYOUT_ROWSPLIT) ----------------- */
+
+/* The file's 18- and 34-byte blocks put a block's codes 2 bytes off the
+ * 16-byte grid, so every kernel above either copies them through shared
+ * memory or gives each lane whole 144-byte runs of one row (169 registers,
+ * scattered loads): neither read more than ~40 % of the bandwidth
+ * (docs/cuda-notes.md runs Q4, Q5).  At load the backend rewrites each row
+ * in place as its block codes (16 or 32 bytes a block, in order) followed by
+ * its f16 scales (cuda_repack, qrepack_kernel below), the same bytes.
+ * Then:
+ *
+ *  - a piece is one 16-byte load: a q4_0 block (32 weights) or half a q8_0
+ *    block (16).  A step is 32 consecutive pieces of a row, one a lane: a
+ *    warp's load is 512 consecutive bytes, fully coalesced.
+ *  - an item is a step of QS_R rows.  A warp walks its items with a ring
+ *    of qs_depth items in flight in registers (unrolled: no register copy
+ *    waits on a load), across row groups, so it is never one load and done
+ *    (the coalesced GEMV's limit).  The first items are requested before
+ *    the kernel waits for its predecessor (PDL).
+ *  - the block rounds the activations to int16 codes once, as the CPU does
+ *    (qx_chunk), into shared memory: chunk c's 64 bytes of codes as four
+ *    16-byte quarters, stored so that the quarters the lanes of a warp read
+ *    together are consecutive (no bank conflicts), with (dx, sum of codes).
+ *  - a lane's product of a piece is one exact integer sum (dp2a: two int16
+ *    codes times two int8 weight codes), started at -8 * sum for q4_0 (its
+ *    nibbles are code + 8), then one f32 multiply-add by d * dx.
+ *  - the block's 8 warps are KS groups along K (KS by the shape alone:
+ *    small matrices split K to fill the GPU) times 8 / KS row groups; a row
+ *    group's sum is a butterfly over its lanes, then the KS warps' sums in
+ *    warp order.  The grid is persistent: blocks take row groups blockIdx.x,
+ *    + gridDim.x, ..., balanced so that none takes two more than another.
+ *
+ * Token rows are tiles of up to NT (the activations of NT rows must fit
+ * shared memory: 16 rows at 4096 columns, 4 at 14336); each token row's
+ * arithmetic is the same in every tile size and every tile, and KS depends
+ * on the shape only, so a row gets the same bits alone or among 16. */
+#define QS_WARPS 8
+#define QS_R 2
+#define QS_SMEM_MAX (200 << 10)
+
+template <int F> struct qs_fmt {
+    static const int cb = F == CU_Q4_0 ? 16 : 32; /* code bytes per block */
+    static const int pc = F == CU_Q4_0 ? 32 : 16; /* columns per piece */
+};
+/* Items in flight per warp: more where an item is quick to multiply. */
+template <int NT> struct qs_depth {
+    static const int n = NT <= 2 ? 4 : 2;
+};
+
+/* Shared memory of the activation codes for NT token rows of cols columns:
+ * 64 bytes of codes and 8 of (dx, sum) per chunk of 32. */
+static inline size_t qs_smem(int nt, int64_t cols) {
+    return (size_t)nt * (size_t)(cols / 32) * 72;
+}
+
+/* Where the codes and scales of this warp's QS_R rows from r0 start (rows
+ * past the matrix read its last row: computed, never stored); set once a
+ * row group, so that a request is two loads and two adds a row. */
+__device__ __forceinline__ void qs_rows(const uint8_t *(&cp)[QS_R],
+                                        const unsigned short *(&sp)[QS_R], const uint8_t *w0,
+                                        int gs, size_t cr, size_t sr, int64_t rows, int64_t r0) {
+#pragma unroll
+    for (int r = 0; r < QS_R; r++) {
+        const uint8_t *s;
+        cp[r] = qs_row(w0, r0 + r < rows ? r0 + r : rows - 1, gs, cr, sr, &s);
+        sp[r] = (const unsigned short *)s;
+    }
+}
+
+/* Requests piece p (lane's 16 bytes of a step) of the rows at cp, sp into
+ * b and sc. */
+template <int F>
+__device__ __forceinline__ void qs_issue(uint4 (&b)[QS_R], uint32_t (&sc)[QS_R],
+                                         const uint8_t *const (&cp)[QS_R],
+                                         const unsigned short *const (&sp)[QS_R], int p, int np) {
+    if (p >= np) return;
+#pragma unroll
+    for (int r = 0; r < QS_R; r++) {
+        b[r] = cu_ld_stream((const uint4 *)cp[r] + p);
+        sc[r] = __ldg(sp[r] + (F == CU_Q4_0 ? p : p >> 1));
+    }
+}
+
+/* One item: lane's piece of QS_R rows times the NT token rows' codes. */
+template <int F, int NT>
+__device__ __forceinline__ void qs_item(float (&acc)[QS_R][NT], const uint4 (&b)[QS_R],
+                                        const uint32_t (&sc)[QS_R], const uint4 *xs,
+                                        const float2 *xm, int nc, int st, int np, int n) {
+    const int p = st * 32 + (threadIdx.x & 31);
+    if (p >= np) return;
+    float d[QS_R];
+#pragma unroll
+    for (int r = 0; r < QS_R; r++) d[r] = h2f(sc[r]);
+    if (F == CU_Q4_0) {
+        uint32_t lo[QS_R][4], hi[QS_R][4];
+#pragma unroll
+        for (int r = 0; r < QS_R; r++) {
+            const uint32_t v[4] = {b[r].x, b[r].y, b[r].z, b[r].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                lo[r][i] = v[i] & 0x0F0F0F0Fu, hi[r][i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            const uint4 *q = xs + (size_t)t * 4 * nc + p; /* chunk p's quarters, nc apart */
+            const uint4 a0 = q[0], a1 = q[nc], a2 = q[2 * nc], a3 = q[3 * nc];
+            const uint32_t xw[16] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w,
+                                     a2.x, a2.y, a2.z, a2.w, a3.x, a3.y, a3.z, a3.w};
+            const float2 m = xm[(size_t)t * nc + p];
+#pragma unroll
+            for (int r = 0; r < QS_R; r++) {
+                /* byte i of word k: low nibble element 4k + i, high 16 + 4k + i */
+                int h = -8 * __float_as_int(m.y);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    h = __dp2a_lo((int)xw[2 * k], (int)lo[r][k], h);
+                    h = __dp2a_hi((int)xw[2 * k + 1], (int)lo[r][k], h);
+                    h = __dp2a_lo((int)xw[8 + 2 * k], (int)hi[r][k], h);
+                    h = __dp2a_hi((int)xw[9 + 2 * k], (int)hi[r][k], h);
+                }
+                acc[r][t] = fmaf((float)h, __fmul_rn(d[r], m.x), acc[r][t]);
+            }
+        }
+    } else {
+        const int c = p >> 1, np2 = 2 * nc;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            const uint4 *q = xs + (size_t)t * 2 * np2 + p; /* half p's quarters, 2 nc apart */
+            const uint4 a0 = q[0], a1 = q[np2];
+            const uint32_t xw[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float dx = xm[(size_t)t * nc + c].x;
+#pragma unroll
+            for (int r = 0; r < QS_R; r++) {
+                const uint32_t v[4] = {b[r].x, b[r].y, b[r].z, b[r].w};
+                int h = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    h = __dp2a_lo((int)xw[2 * k], (int)v[k], h);
+                    h = __dp2a_hi((int)xw[2 * k + 1], (int)v[k], h);
+                }
+                acc[r][t] = fmaf((float)h, __fmul_rn(d[r], dx), acc[r][t]);
+            }
+        }
+    }
+}
+
+template <int F, int NT>
+__global__ void __launch_bounds__(QS_WARPS * 32, 2)
+    qgemv_split_kernel(float *y, const float *x, cu_qweight w, int n, int ks) {
+    cu_grid_trigger();
+    const int P = qs_depth<NT>::n;
+    extern __shared__ uint4 qs_smem_buf[];
+    __shared__ float red[2][QS_WARPS][QS_R][NT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t cols = w.cols, rows = w.rows;
+    const int nc = (int)(cols / 32), np = (int)(cols / qs_fmt<F>::pc);
+    const int n_steps = CU_DIV_UP(np, 32), S = n_steps / ks; /* ks divides n_steps */
+    const int rgs = QS_WARPS / ks, kw = warp % ks, rg = warp / ks;
+    const int64_t per_cg = (int64_t)rgs * QS_R, n_cg = CU_DIV_UP(rows, per_cg);
+    const int my_cg =
+        (int64_t)blockIdx.x < n_cg ? (int)((n_cg - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
+    const int total = my_cg * S;
+    const size_t cr = (size_t)nc * qs_fmt<F>::cb, sr = (size_t)nc * 2;
+    const int gs = qs_gshift(F, cols);
+    const uint8_t *w0 = (const uint8_t *)w.data;
+    uint4 *xs = qs_smem_buf;
+    float2 *xm = (float2 *)(xs + (size_t)NT * 4 * nc);
+
+    /* the ring: item i of this warp in slot i % P; head = next to request */
+    uint4 b[P][QS_R];
+    uint32_t sc[P][QS_R];
+    int hl = 0, hs = 0;
+    const uint8_t *hc[QS_R];
+    const unsigned short *hsc[QS_R];
+    qs_rows(hc, hsc, w0, gs, cr, sr, rows, (int64_t)blockIdx.x * per_cg + rg * QS_R);
+#pragma unroll
+    for (int j = 0; j < P; j++) {
+        if (j < total) {
+            qs_issue<F>(b[j], sc[j], hc, hsc, (kw + hs * ks) * 32 + lane, np);
+            if (++hs == S) {
+                hs = 0, hl++;
+                qs_rows(hc, hsc, w0, gs, cr, sr, rows,
+                        ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R);
+            }
+        }
+    }
+    cu_grid_wait();
+
+    /* the activations as int16 codes, once per block */
+    for (int i = threadIdx.x; i < n * nc; i += blockDim.x) {
+        const int t = i / nc, c = i - t * nc;
+        uint32_t xw[16];
+        float dx;
+        int s0, s1;
+        qx_chunk(x + (size_t)t * cols + (size_t)c * 32, true, 1, xw, dx, s0, s1);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint4 v = make_uint4(xw[4 * j], xw[4 * j + 1], xw[4 * j + 2], xw[4 * j + 3]);
+            if (F == CU_Q4_0) xs[((size_t)t * 4 + j) * nc + c] = v;
+            else xs[((size_t)t * 2 + (j & 1)) * 2 * nc + 2 * c + (j >> 1)] = v;
+        }
+        xm[(size_t)t * nc + c] = make_float2(dx, __int_as_float(s0 + s1));
+    }
+    __syncthreads();
+
+    float acc[QS_R][NT];
+#pragma unroll
+    for (int r = 0; r < QS_R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+    int tl = 0, ts = 0, par = 0; /* tail: the item multiplied next */
+    for (int i0 = 0; i0 < total; i0 += P) {
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            if (i0 + j >= total) break; /* the same for every warp of the block */
+            qs_item<F, NT>(acc, b[j], sc[j], xs, xm, nc, kw + ts * ks, np, n);
+            if (i0 + j + P < total) {
+                qs_issue<F>(b[j], sc[j], hc, hsc, (kw + hs * ks) * 32 + lane, np);
+                if (++hs == S) {
+                    hs = 0, hl++;
+                    qs_rows(hc, hsc, w0, gs, cr, sr, rows,
+                            ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R);
+                }
+            }
+            if (++ts < S) continue;
+            /* row group tl done: its sums */
+            const int64_t g0 = ((int64_t)blockIdx.x + (int64_t)tl * gridDim.x) * per_cg;
+            const int64_t r0 = g0 + rg * QS_R;
+            ts = 0, tl++;
+#pragma unroll
+            for (int r = 0; r < QS_R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= n) break;
+                    const float v = cu_warp_sum(acc[r][t]);
+                    acc[r][t] = 0.f;
+                    if (ks == 1) {
+                        if (lane == 0 && r0 + r < rows) y[(size_t)t * rows + r0 + r] = v;
+                    } else if (lane == 0) {
+                        red[par][warp][r][t] = v;
+                    }
+                }
+            if (ks > 1) { /* the ks warps of each row group, in warp order */
+                __syncthreads();
+                for (int k = threadIdx.x; k < rgs * QS_R * NT; k += blockDim.x) {
+                    const int g = k / (QS_R * NT), r = (k / NT) % QS_R, t = k % NT;
+                    const int64_t row = g0 + g * QS_R + r;
+                    if (t >= n || row >= rows) continue;
+                    float v = red[par][g * ks][r][t];
+                    for (int q = 1; q < ks; q++) v += red[par][g * ks + q][r][t];
+                    y[(size_t)t * rows + row] = v;
+                }
+                par ^= 1; /* the next group writes the other half before the next barrier */
+            }
+        }
+    }
+}
+
+/* Rewrites a q4_0/q8_0 matrix (src, the file's blocks of bb bytes) as
+ * groups of 2^gs rows, their codes then their scales (dst, the same size):
+ * a thread a block, 2-byte copies (blocks are 2-byte aligned). */
+__global__ void qrepack_kernel(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t nb, int bb,
+                               int gs) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nb) return;
+    const int64_t r = i / nb, c = i - r * nb;
+    const uint16_t *s = (const uint16_t *)(src + (size_t)i * bb);
+    const uint8_t *sp, *cp = qs_row(dst, r, gs, (size_t)nb * (bb - 2), (size_t)nb * 2, &sp);
+    uint16_t *codes = (uint16_t *)(cp + (size_t)c * (bb - 2));
+    for (int k = 1; k < bb / 2; k++) codes[k - 1] = s[k];
+    ((uint16_t *)sp)[c] = s[0];
+}
+
 /* ---- dequantization: prefill (f16 for cuBLAS) and embeddings (f32) ------------ */
 
 /* out row i = weight row ids[i] (ids NULL: row i; an id out of range gives
@@ -711,9 +1032,11 @@ __global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
     bool ok = r >= 0 && r < w.rows;
     const uint8_t *rp = (const uint8_t *)w.data + (size_t)(ok ? r : 0) * qf_bytes(F, w.bits, cols);
     O *dst = out + (size_t)i * cols;
+    const bool split = (F == CU_Q4_0 || F == CU_Q8_0) && w.layout == CU_LAYOUT_SPLIT;
     for (int64_t c = threadIdx.x; c * 32 < cols; c += blockDim.x) {
         qchunk q;
-        if (ok) qf_chunk<F>(q, rp, (int)c, c, w, r);
+        if (ok && split) qs_chunk<F>(q, w.data, r, c, cols);
+        else if (ok) qf_chunk<F>(q, rp, (int)c, c, w, r);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             float wf[8];
@@ -762,6 +1085,7 @@ __global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
 extern "C" int cu_qweight_ok(const cu_qweight *w) {
     if (w->rows < 1 || w->cols < 1 || w->cols % qf_block(w->fmt) || !cu_aligned16(w->data))
         return 0;
+    if (w->layout != CU_LAYOUT_FILE && (w->layout != CU_LAYOUT_SPLIT || !cu_qsplit_ok(w))) return 0;
     if (w->fmt >= CU_AFF4) {
         if (w->bits < 2 || w->bits > 8 || w->group < 32 || w->group % 32 || w->cols % w->group ||
             !w->scales || !w->biases)
@@ -830,7 +1154,34 @@ template <int F> static void qc_init_fmt() {
     qc_init_one<F, 4, 4>(), qc_init_one<F, 8, 4>(), qc_init_one<F, 16, 4>();
 }
 
+/* Token rows per launch of the split GEMV kernel (a power of two, at
+ * most 16) whose activation codes fit its shared memory; 0: none. */
+static int qs_tile(int64_t cols) {
+    int nt = 16;
+    while (nt > 0 && qs_smem(nt, cols) > QS_SMEM_MAX) nt >>= 1;
+    return nt;
+}
+
+template <int F, int NT> static void qs_init_one(cu_ctx *c) {
+    cudaFuncSetAttribute(qgemv_split_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         QS_SMEM_MAX);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_split_kernel<F, NT>, QS_WARPS * 32,
+                                                  0);
+    c->qsplit_fit[F == CU_Q8_0][qgemv_slot<NT>()] = per_sm > 0 ? per_sm : 1;
+}
+template <int F> static void qs_init_fmt(cu_ctx *c) {
+    qs_init_one<F, 1>(c), qs_init_one<F, 2>(c), qs_init_one<F, 4>(c);
+    qs_init_one<F, 8>(c), qs_init_one<F, 16>(c);
+}
+
 extern "C" void cu_qgemv_init(cu_ctx *c) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&c->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+        cudaSuccess)
+        c->smem_sm = 0;
+    qs_init_fmt<CU_Q4_0>(c), qs_init_fmt<CU_Q8_0>(c);
     qc_init_fmt<CU_Q4_0>(), qc_init_fmt<CU_Q8_0>();
     qr_init_fmt<CU_Q4_0>(), qr_init_fmt<CU_Q8_0>(), qr_init_fmt<CU_Q4_K>(), qr_init_fmt<CU_Q5_K>();
     qr_init_fmt<CU_AFF4>(), qr_init_fmt<CU_AFF8>();
@@ -916,12 +1267,85 @@ static bool qc_ok(const cu_ctx *c, const cu_qweight *w) {
     return c->qgemv_co && fmt && w->cols % QR_UNIT == 0 && w->rows <= 0x7fffffffLL * 4;
 }
 
+/* K split of the split GEMV, by the shape alone (batch invariance): the
+ * most warps along K (a power of two dividing the steps, at most 8) that
+ * keep the warps of the whole matrix within 16 an SM, so a small matrix
+ * (wk: 1024 rows) still fills the GPU. */
+static int qs_ksplit(const cu_qweight &w, int n_sm) {
+    const int64_t np = w.cols / (w.fmt == CU_Q4_0 ? 32 : 16), steps = CU_DIV_UP(np, (int64_t)32);
+    const int64_t groups = CU_DIV_UP(w.rows, (int64_t)QS_R);
+    int ks = 1;
+    while (2 * ks <= QS_WARPS && steps % (2 * ks) == 0 && groups * 2 * ks <= (int64_t)n_sm * 16)
+        ks *= 2;
+    return ks;
+}
+
+/* One launch of NT token rows; the grid is what fits at once (registers
+ * and shared memory), balanced over the row groups. */
+template <int F, int NT>
+static void qs_launch(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n,
+                      int ks) {
+    const size_t smem = qs_smem(NT, w.cols);
+    const int64_t n_cg = CU_DIV_UP(w.rows, (int64_t)(QS_WARPS / ks) * QS_R);
+    int per_sm = c->qsplit_fit[F == CU_Q8_0][qgemv_slot<NT>()];
+    const size_t block_smem = smem + sizeof(float) * 2 * QS_WARPS * QS_R * NT + 1024;
+    const int by_smem = c->smem_sm > 0 ? (int)(c->smem_sm / block_smem) : 1;
+    per_sm = per_sm < by_smem ? per_sm : by_smem;
+    const int64_t cap = (int64_t)(c->n_sm > 0 ? c->n_sm : 132) * (per_sm > 0 ? per_sm : 1);
+    const int64_t grid = n_cg <= cap ? n_cg : CU_DIV_UP(n_cg, CU_DIV_UP(n_cg, cap));
+    CU_LAUNCH((qgemv_split_kernel<F, NT>), (unsigned)grid, QS_WARPS * 32, smem, c, y, x, w, n, ks);
+}
+
+/* n token rows in tiles of at most qs_tile(cols). */
+template <int F>
+static void qs_fmt_launch(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
+    const int tile = qs_tile(w.cols), ks = qs_ksplit(w, c->n_sm > 0 ? c->n_sm : 132);
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        const int m = n - t0 < tile ? n - t0 : tile;
+        float *yt = y + (size_t)t0 * w.rows;
+        const float *xt = x + (size_t)t0 * w.cols;
+        if (m == 1) qs_launch<F, 1>(c, yt, xt, w, m, ks);
+        else if (m == 2) qs_launch<F, 2>(c, yt, xt, w, m, ks);
+        else if (m <= 4) qs_launch<F, 4>(c, yt, xt, w, m, ks);
+        else if (m <= 8) qs_launch<F, 8>(c, yt, xt, w, m, ks);
+        else qs_launch<F, 16>(c, yt, xt, w, m, ks);
+    }
+}
+
+extern "C" int cu_qsplit_ok(const cu_qweight *w) {
+    return (w->fmt == CU_Q4_0 || w->fmt == CU_Q8_0) && w->cols % 32 == 0 && w->rows >= 1 &&
+           w->rows % (1 << qs_gshift(w->fmt, w->cols)) == 0 && w->rows <= 0x7fffffffLL &&
+           qs_tile(w->cols) >= 1;
+}
+
+extern "C" int cu_qrepack(const cu_ctx *c, void *dst, const cu_qweight *w) {
+    if (!cu_qsplit_ok(w) || w->layout != CU_LAYOUT_FILE) return -1;
+    const int64_t nb = w->cols / 32, blocks = w->rows * nb;
+    const int bb = w->fmt == CU_Q4_0 ? 18 : 34;
+    qrepack_kernel<<<(unsigned)CU_DIV_UP(blocks, (int64_t)256), 256, 0, c->s>>>(
+        (uint8_t *)dst, (const uint8_t *)w->data, w->rows, nb, bb, qs_gshift(w->fmt, w->cols));
+    return 0;
+}
+
 /* The kernel is chosen by the weight's format and shape and x's alignment,
  * never by n, so a token row gets the same bits at every n (batch
  * invariance: speculative verification equals decoding row by row). */
 extern "C" int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n) {
     if (n < 1 || n > CU_QGEMV_MAX_ROWS || !cu_qweight_ok(w)) return -1;
     const cu_qweight ww = *w;
+    if (w->layout == CU_LAYOUT_SPLIT && cu_aligned16(x)) {
+        if (w->fmt == CU_Q4_0) qs_fmt_launch<CU_Q4_0>(c, y, x, ww, n);
+        else qs_fmt_launch<CU_Q8_0>(c, y, x, ww, n);
+        return 0;
+    }
+    if (w->layout == CU_LAYOUT_SPLIT) { /* x not 16-byte aligned: the plain kernel */
+        const unsigned grid = (unsigned)ww.rows;
+        if (w->fmt == CU_Q4_0)
+            CU_LAUNCH((qgemv_plain_kernel<CU_Q4_0>), grid, QM_THREADS, 0, c, y, x, ww, n);
+        else
+            CU_LAUNCH((qgemv_plain_kernel<CU_Q8_0>), grid, QM_THREADS, 0, c, y, x, ww, n);
+        return 0;
+    }
     if (qc_ok(c, w) && cu_aligned16(x)) {
         if (w->fmt == CU_Q4_0) qc_fmt_launch<CU_Q4_0>(c, y, x, ww, n);
         else qc_fmt_launch<CU_Q8_0>(c, y, x, ww, n);
