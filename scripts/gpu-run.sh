@@ -52,7 +52,7 @@
 # (the prebuilt 44 MB does not fit beside the tree in a 64 MiB call).
 # GGUF_DIR (default /tmp/gguf8b) keeps the files, and /tmp/llama.cpp-build
 # the tools, for a next call on the same warm machine.  QUICK=1: one
-# repetition each.
+# repetition each (LLAMA_REPS sets the number, default 3).
 #
 # Environment: QUICK=1 (shorter benchmarks), MODELS="llama-1b llama-8b ..."
 # (dummy presets to bench), DEPTHS (decode depths, default 0,1024,8192),
@@ -424,7 +424,7 @@ if has llama || has batch; then
         fi
         files="$lq $files"
     done
-    reps=3; [ -n "${QUICK:-}" ] && reps=1
+    reps=${LLAMA_REPS:-3}; [ -n "${QUICK:-}" ] && reps=1
 fi
 if has llama; then
     for f in ${LLAMA_FILES:-$files}; do
