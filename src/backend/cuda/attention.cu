@@ -35,9 +35,11 @@
  * serves every other shape and is the cross-check in the tests.
  */
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 
 #include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cuda_family.h"
 
 #define ATT_WARPS 4
 #define ATT_KT 32 /* keys per warp per tile */
@@ -281,24 +283,57 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 }
 
 /* Merges the splits of each (row, head): split s holds keys
- * [s*chunk, (s+1)*chunk) and exists for row t only if s*chunk <= pos[t]. */
-__global__ void attn_merge_kernel(cu_attn_args a, att_plan p) {
+ * [s*chunk, (s+1)*chunk) and exists for row t only if s*chunk <= pos[t].
+ * A block per (row, head) and 32 columns: the split weights 2^(m_s - M)
+ * go to shared memory once, warp w sums the splits s = w (mod 8) for its
+ * lane's column, and the 8 warps' sums are added in warp order (fixed:
+ * the bits depend on the row alone).  Latency bounds it, not bytes: a
+ * thread per column walking all 129 splits of a 32k row, one dependent
+ * load after another, took about as long as the attention itself
+ * (qwen3.5-27b's 32k decode row: ~60 µs a layer). */
+#define MERGE_WARPS 8
+#define MERGE_MAX_SPLITS 512
+
+__global__ void __launch_bounds__(MERGE_WARPS * 32) attn_merge_kernel(cu_attn_args a, att_plan p) {
     cu_grid_trigger();
     cu_grid_wait();
-    const int t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads, hd = a.head_dim;
+    __shared__ float fs[MERGE_MAX_SPLITS], ls[MERGE_MAX_SPLITS], red[MERGE_WARPS];
+    __shared__ float wa[MERGE_WARPS][32], wl[MERGE_WARPS];
+    const int t = blockIdx.x / a.n_heads, hd = a.head_dim;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, d = blockIdx.y * 32 + lane;
     const int nvalid = min(p.n_splits, a.pos[t] / p.chunk + 1);
-    float M = -FLT_MAX;
-    for (int s = 0; s < nvalid; s++)
-        M = fmaxf(M, p.part_ml[2 * (((size_t)s * a.n + t) * a.n_heads + h)]);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float Lsum = 0.f, A = 0.f;
-        for (int s = 0; s < nvalid; s++) {
-            size_t pi = ((size_t)s * a.n + t) * a.n_heads + h;
-            float f = exp2f(p.part_ml[2 * pi] - M);
-            Lsum = fmaf(p.part_ml[2 * pi + 1], f, Lsum);
-            A = fmaf(p.part_acc[pi * hd + d], f, A);
-        }
-        a.out[((size_t)t * a.n_heads + h) * hd + d] = A / Lsum;
+    /* (row, head) = blockIdx.x; its split s is partial row s * stride + blockIdx.x */
+    const size_t stride = (size_t)a.n * a.n_heads;
+    float mx = -FLT_MAX;
+    for (int s = threadIdx.x; s < nvalid; s += MERGE_WARPS * 32)
+        mx = fmaxf(mx, p.part_ml[2 * (s * stride + blockIdx.x)]);
+    mx = cu_warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    float M = red[0];
+#pragma unroll
+    for (int w = 1; w < MERGE_WARPS; w++) M = fmaxf(M, red[w]);
+    for (int s = threadIdx.x; s < nvalid; s += MERGE_WARPS * 32) {
+        size_t pi = s * stride + blockIdx.x;
+        fs[s] = exp2f(p.part_ml[2 * pi] - M);
+        ls[s] = p.part_ml[2 * pi + 1];
+    }
+    __syncthreads();
+    float A = 0.f, L = 0.f;
+#pragma unroll 4
+    for (int s = warp; s < nvalid; s += MERGE_WARPS) {
+        const float f = fs[s];
+        L = fmaf(ls[s], f, L);
+        if (d < hd) A = fmaf(p.part_acc[(s * stride + blockIdx.x) * hd + d], f, A);
+    }
+    wa[warp][lane] = A;
+    if (lane == 0) wl[warp] = L;
+    __syncthreads();
+    if (warp == 0 && d < hd) {
+        float As = wa[0][lane], Ls = wl[0];
+#pragma unroll
+        for (int w = 1; w < MERGE_WARPS; w++) As += wa[w][lane], Ls += wl[w];
+        a.out[(size_t)blockIdx.x * hd + d] = As / Ls;
     }
 }
 
@@ -626,16 +661,19 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void *
 }
 
 /* Copies keys [ks, ks + KT) of kv head kvh into a stage (zeros past kend). */
+/* Copies keys [ks, ks + KT) of kv head kvh into a stage, zeros outside
+ * [klo, kend): below a window the pages may be recycled (kvcache.h). */
 template <int HD, int KT, int VK>
 __device__ __forceinline__ void wide_load_tile(uint16_t *Kst, uint16_t *Vst, const cu_attn_args &a,
-                                               const int32_t *btrow, int kvh, int ks, int kend) {
+                                               const int32_t *btrow, int kvh, int ks, int klo,
+                                               int kend) {
     const int CPR = HD / 8, KS = HD + 8;
     const uint16_t *kc = (const uint16_t *)a.k, *vc = (const uint16_t *)a.v;
 #pragma unroll 4
     for (int c = threadIdx.x; c < KT * CPR; c += WIDE_WARPS * 32) {
         int j = c / CPR, part = c % CPR, kk = ks + j;
         uint16_t *kd = Kst + j * KS + part * 8, *vd = Vst + j * KS + part * 8;
-        if (kk < kend) {
+        if (kk >= klo && kk < kend) {
             int slot = btrow[kk / a.page_size] * a.page_size + kk % a.page_size;
             size_t off = ((size_t)slot * a.n_kv_heads + kvh) * HD + part * 8;
             cp_async16(kd, kc + off);
@@ -687,15 +725,21 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
         if (first < 0) break;
         const int sq = a.seq[t0 + first];
         uint64_t active = 0;
-        int pmax = -1;
+        int pmax = -1, pmin = INT_MAX;
         for (int r = 0; r < nrows; r++)
             if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
                 active |= 1ull << r;
                 pmax = max(pmax, a.pos[t0 + r]);
+                pmin = min(pmin, a.pos[t0 + r]);
             }
         done |= active;
         const int kend = min(kbeg + p.chunk, pmax + 1);
         if (kend <= kbeg) continue;
+        /* With a window, keys below every row's window are neither read
+         * nor walked; tiles stay on the split's KT grid (batch invariance).
+         * A split wholly below them writes an empty partial. */
+        const int klo = a.window > 0 ? max(kbeg, pmin - a.window + 1) : kbeg;
+        const int kfirst = kbeg + (klo - kbeg) / KT * KT;
 
         __syncthreads(); /* the previous pass is done with shared memory */
         for (int i = threadIdx.x; i < QV * (HD / 2); i += WIDE_WARPS * 32) {
@@ -710,6 +754,8 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
             int r = sv / gq;
             spos = r < nrows && ((active >> r) & 1) ? a.pos[t0 + r] : -1;
         }
+        const int slo = a.window > 0 ? spos - a.window + 1 : 0; /* its first key */
+        const float cap = a.softcap * ATT_LOG2E; /* the soft-cap in the log2 domain */
         float m = -FLT_MAX, l = 0.f, o[MT][ND][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -717,21 +763,21 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
             for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
 
         const int32_t *btrow = a.block_table + (size_t)sq * a.max_pages;
-        const int ntiles = CU_DIV_UP(kend - kbeg, KT);
-        wide_load_tile<HD, KT, VK>(stage0, stage0 + KT * KS, a, btrow, kvh, kbeg, kend);
+        const int ntiles = kend > kfirst ? CU_DIV_UP(kend - kfirst, KT) : 0;
+        if (ntiles) wide_load_tile<HD, KT, VK>(stage0, stage0 + KT * KS, a, btrow, kvh, kfirst, klo, kend);
         for (int it = 0; it < ntiles; it++) {
             uint16_t *Ks = stage0 + (L::stages == 2 ? (it & 1) * tile_elems : 0);
             const uint16_t *Vs = VK ? Ks : Ks + KT * KS;
             if (L::stages == 2 && it + 1 < ntiles) {
                 uint16_t *Kn = stage0 + ((it + 1) & 1) * tile_elems;
-                wide_load_tile<HD, KT, VK>(Kn, Kn + KT * KS, a, btrow, kvh, kbeg + (it + 1) * KT,
-                                           kend);
+                wide_load_tile<HD, KT, VK>(Kn, Kn + KT * KS, a, btrow, kvh, kfirst + (it + 1) * KT,
+                                           klo, kend);
                 asm volatile("cp.async.wait_group 1;" ::: "memory");
             } else {
                 asm volatile("cp.async.wait_group 0;" ::: "memory");
             }
             __syncthreads(); /* the tile, and (first tile) the queries, are in */
-            const int ks = kbeg + it * KT;
+            const int ks = kfirst + it * KT;
 
             /* 1. scores of pieces (smt, snt .. snt + SPW - 1) */
             {
@@ -770,7 +816,9 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
 #pragma unroll
                 for (int j = 0; j < KPT; j++) {
                     int key = ks + sk + j;
-                    e[j] = key < kend && key <= spos ? sr[j] : -INFINITY;
+                    float v = sr[j];
+                    if (cap > 0.f) v = cap * tanhf(v / cap);
+                    e[j] = key < kend && key <= spos && key >= slo ? v : -INFINITY;
                     mx = fmaxf(mx, e[j]);
                 }
 #pragma unroll
@@ -837,7 +885,7 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
             __syncthreads(); /* the stage, scores and probabilities are reused */
             if (L::stages == 1 && it + 1 < ntiles)
                 wide_load_tile<HD, KT, VK>(stage0, stage0 + KT * KS, a, btrow, kvh,
-                                           kbeg + (it + 1) * KT, kend);
+                                           kfirst + (it + 1) * KT, klo, kend);
         }
 
         /* The softmax rows' totals, then this warp's columns out. */
@@ -954,7 +1002,7 @@ static int make_plan(const cu_attn_args *a, int n_sm, att_plan *p) {
     int per_seq = a->n_seqs > 0 ? a->n / a->n_seqs : a->n;
     p->mma = a->n >= MMA_MIN_ROWS && per_seq >= MMA_MIN_SEQ_ROWS && !a->tiled_only;
     int kt;
-    if (hd == 64 || hd == 128) {
+    if ((hd == 64 || hd == 128) && a->window <= 0 && a->softcap <= 0.f) {
         int gq = G <= 8 ? G : (G % 8 == 0 ? 8 : 0);
         if (gq != 1 && gq != 2 && gq != 4 && gq != 8) return -1;
         p->wide = 0;
@@ -986,6 +1034,7 @@ static int make_plan(const cu_attn_args *a, int n_sm, att_plan *p) {
         long tiles = CU_DIV_UP(max_ctx, kt);
         long splits = CU_DIV_UP(3L * n_sm, base);
         if (splits > tiles) splits = tiles;
+        if (splits > MERGE_MAX_SPLITS) splits = MERGE_MAX_SPLITS;
         if (splits < 1) splits = 1;
         chunk = CU_DIV_UP(CU_DIV_UP(max_ctx, splits), kt) * kt;
     } else {
@@ -1080,7 +1129,8 @@ extern "C" void cu_attention(const cu_ctx *c, const cu_attn_args *a, int n_sm, v
     att_plan p;
     if (a->n <= 0) return;
     if (make_plan(a, n_sm, &p)) {
-        cu_attention_simple(c, a);
+        if (a->window > 0 || a->softcap > 0.f) cu_attention_ext(c, a, a->window, a->softcap, NULL);
+        else cu_attention_simple(c, a);
         return;
     }
     if (p.n_splits > 1) {
@@ -1112,5 +1162,8 @@ extern "C" void cu_attention(const cu_ctx *c, const cu_attn_args *a, int n_sm, v
         if (a->dtype == CU_F16) dispatch_nq<128, CU_F16>(c, a, &p);
         else dispatch_nq<128, CU_BF16>(c, a, &p);
     }
-    if (p.n_splits > 1) CU_LAUNCH((attn_merge_kernel), a->n * a->n_heads, 128, 0, c, *a, p);
+    if (p.n_splits > 1) {
+        dim3 grid(a->n * a->n_heads, CU_DIV_UP(a->head_dim, 32));
+        CU_LAUNCH((attn_merge_kernel), grid, MERGE_WARPS * 32, 0, c, *a, p);
+    }
 }

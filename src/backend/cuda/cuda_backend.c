@@ -353,10 +353,25 @@ static void exec_attention(cuda_backend *cb, const pt_op_attention *a) {
     else cu_attention(&cb->ctx, &r, cb->ctx.n_sm, cb->attn_scratch);
 }
 
-static void exec_attention_ext(cuda_backend *cb, const pt_op_attention_ext *a) {
+/* Windows and soft-caps take attention.cu's kernels where they have
+ * them (the wide kernel: head_dim 256, latent rows; Gemma 2/3), which
+ * hand other shapes to the ext kernel; sinks (gpt-oss) go to it always. */
+static cu_attn_args ext_args(const cuda_backend *cb, const pt_op_attention_ext *a) {
     pt_op_attention plain = {a->out, a->q, a->kv, a->b, a->n_heads, a->p.scale};
     cu_attn_args r = attn_args(cb, &plain);
-    cu_attention_ext(&cb->ctx, &r, a->p.window, a->p.softcap, a->p.sinks);
+    r.window = a->p.window;
+    r.softcap = a->p.softcap;
+    return r;
+}
+
+static bool ext_fast(const cuda_backend *cb, const pt_op_attention_ext *a) {
+    return !a->p.sinks && !cb->simple_attn;
+}
+
+static void exec_attention_ext(cuda_backend *cb, const pt_op_attention_ext *a) {
+    cu_attn_args r = ext_args(cb, a);
+    if (ext_fast(cb, a)) cu_attention(&cb->ctx, &r, cb->ctx.n_sm, cb->attn_scratch);
+    else cu_attention_ext(&cb->ctx, &r, a->p.window, a->p.softcap, a->p.sinks);
 }
 
 /* Activation block the quantized experts round x by: an affine group, or
@@ -785,6 +800,10 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         } else {
             return 0;
         }
+        return grow(cb, &cb->attn_scratch, &cb->attn_cap, need, name);
+    } else if (o->kind == PT_OP_ATTENTION_EXT && ext_fast(cb, &o->attention_ext)) {
+        cu_attn_args r = ext_args(cb, &o->attention_ext);
+        size_t need = cu_attention_scratch(&r, cb->ctx.n_sm);
         return grow(cb, &cb->attn_scratch, &cb->attn_cap, need, name);
     }
     return 0;

@@ -144,6 +144,8 @@ typedef struct cu_attn_args {
     int n_seqs; /* sequences the n rows belong to (block_table rows) */
     float scale;
     int tiled_only; /* never the tensor-core kernel (PETREL_CUDA_ATTN=tiled) */
+    int window;     /* > 0: row t sees positions pos[t] - window + 1 .. pos[t] */
+    float softcap;  /* > 0: scores are softcap * tanh(score / softcap) */
 } cu_attn_args;
 
 /* Device scratch the attention of this shape needs (0: none), for the
