@@ -1,7 +1,7 @@
 /*
- * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k, q6_k and MLX
- * affine 4-bit weights: a GEMM with int8 activations on AVX2, weights repacked
- * into panels of 8 rows.
+ * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k, q6_k, MXFP4 and
+ * MLX affine 4-bit weights: a GEMM with int8 activations on AVX2, weights
+ * repacked into panels of 8 rows (and int8 decode rows, at the end).
  *
  * Prefill is compute-bound.  The int16 row kernels of quant_avx2.c read
  * 2 bytes of activation per multiply-add from L2 and finish every 32-wide
@@ -22,6 +22,9 @@
  * q6_k is read like q8_0 (signed codes q - 32, the sign trick; |w| <= 32
  * lets 4 groups share an i16 sum), with a second mul for the block's
  * columns 16..31 (its int8 scales cover 16 columns).
+ * MXFP4 is read like q8_0 (its codes, twice the e2m1 value, are integers
+ * in [-12, 12]: quant_i8.h), and |w| <= 12 lets all 8 groups share one
+ * i16 sum; its mul is half the e8m0 scale and it has no add.
  * Every other format is read as unsigned codes c with, per block of 32,
  * weight = mul * c + add (q4_0: d, -8d; q4_k, q5_k: d * sc, -dmin * m;
  * affine: the group's scale and bias).  Products use vpmaddubsw (u8 x s8,

@@ -1,8 +1,8 @@
 /*
  * quant_i8_avx512.c - the int8-activation kernels of quant_i8_avx2.c on
  * AVX-512 with VNNI: the prefill GEMM (q8_0, q4_0, q4_k, q5_k, q6_k,
- * affine 4-bit, and q4_0 in PT_LAYOUT_Q4_0X8) and the decode rows (q8_0,
- * q4_0, either layout).
+ * MXFP4, affine 4-bit, and q4_0 in PT_LAYOUT_Q4_0X8) and the decode rows
+ * (q8_0, q4_0 in either layout, MXFP4).
  *
  * Compiled with -mavx512f/bw/vl/dq/vnni (the build does this for
  * *_avx512.c) and reached only when cpu_backend.c found those on the CPU.
@@ -20,7 +20,8 @@
  *     offset taken off the integer sum once per block and token: q8_0 is
  *     read as w + 128 (sum - 128 * sum of x), q6_k as its raw 6-bit q
  *     instead of q - 32 (sum - 32 * sum of x, per half block since its
- *     scales cover 16 columns); the activations' sums of codes come with
+ *     scales cover 16 columns), MXFP4 as twice its e2m1 value plus 12
+ *     (sum - 12 * sum of x); the activations' sums of codes come with
  *     them (pt_qact8.sq).
  * The integer sums are the AVX2 kernels' exactly, and they are scaled by
  * the same f32 operations in the same order (per row: block by block, 1024
