@@ -3,8 +3,10 @@
  * portable) against the scalar reference of src/quant.
  *
  * For every format (MLX affine at every bits x group size, with f16, bf16
- * and f32 scales; GGUF q8_0, q4_0, q4_k, q5_k, q6_k, MXFP4), odd shapes (1, 7, 13
- * and 37 rows; several blocks per row) and token counts (1, 2, 3, 5, 9):
+ * and f32 scales; GGUF q8_0, q4_0, q4_k, q5_k, q6_k; MXFP4, whose
+ * reference is its OCP definition here: src/quant has no MXFP4), odd
+ * shapes (1, 7, 13 and 37 rows; several blocks per row) and token counts
+ * (1, 2, 3, 5, 9):
  *   - against the reference weights times the activations as the kernels
  *     quantize them (int16, blocks of 32 or of the group), in double: equal
  *     to f32 rounding;
@@ -25,6 +27,27 @@
 #include "backend/cpu/quant_kernels.h"
 #include "backend/repack.h"
 #include "quant/quant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* quant_i8.h's e8m0 scale decoders, compiled here for AVX2 (called only
+ * where the CPU has it). */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "backend/cpu/quant_i8.h"
+static bool e8m0_matches_ldexpf(void) {
+    (void)row_bytes_of; /* the header's, unused here */
+    for (int e = 0; e < 256; e++) {
+        float want = ldexpf(1.0f, e - 128), v[4];
+        _mm_storeu_ps(v, e8m0_half4(_mm_setr_epi32(e, 255 - e, e / 2, 1)));
+        if (memcmp(&want, (float[]){e8m0_half((uint8_t)e)}, 4) || memcmp(&want, &v[0], 4)) return false;
+        float other = ldexpf(1.0f, 255 - e - 128), half = ldexpf(1.0f, e / 2 - 128);
+        if (memcmp(&other, &v[1], 4) || memcmp(&half, &v[2], 4) || v[3] != ldexpf(1.0f, -127)) return false;
+    }
+    return true;
+}
+#pragma GCC pop_options
+#define HAVE_E8M0_CHECK 1
+#endif
 
 typedef struct fmt {
     pt_dtype t;
@@ -461,6 +484,17 @@ static void test_i8_quantize_same(void **state) {
     assert_int_equal(a.q[66], -14); /* -13.5 -> -14 */
 }
 
+/* The int8 kernels' MXFP4 block scale, 2^(e - 128) built from exponent
+ * bits (scalar and 4 lanes), equals ldexpf's for every byte, the
+ * subnormals 2^-128 and 2^-127 included: their contribution to a
+ * product is below any tolerance the matmul tests could apply. */
+static void test_e8m0_scale(void **state) {
+    (void)state;
+#ifdef HAVE_E8M0_CHECK
+    if (pt_qk_cpu_has_avx2()) assert_true(e8m0_matches_ldexpf());
+#endif
+}
+
 static void test_handles(void **state) {
     (void)state;
     print_message("this CPU: avx2 %s, avx512 (F/BW/VL/DQ/VNNI) %s\n", pt_qk_cpu_has_avx2() ? "yes" : "no",
@@ -481,6 +515,7 @@ int main(void) {
         cmocka_unit_test(test_q4_0x8_layout),
         cmocka_unit_test(test_layout_choice),
         cmocka_unit_test(test_i8_quantize_same),
+        cmocka_unit_test(test_e8m0_scale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
