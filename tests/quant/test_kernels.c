@@ -3,8 +3,10 @@
  * portable) against the scalar reference of src/quant.
  *
  * For every format (MLX affine at every bits x group size, with f16, bf16
- * and f32 scales; GGUF q8_0, q4_0, q4_k, q5_k, q6_k), odd shapes (1, 7, 13
- * and 37 rows; several blocks per row) and token counts (1, 2, 3, 5, 9):
+ * and f32 scales; GGUF q8_0, q4_0, q4_k, q5_k, q6_k; MXFP4, whose
+ * reference is its OCP definition here: src/quant has no MXFP4), odd
+ * shapes (1, 7, 13 and 37 rows; several blocks per row) and token counts
+ * (1, 2, 3, 5, 9):
  *   - against the reference weights times the activations as the kernels
  *     quantize them (int16, blocks of 32 or of the group), in double: equal
  *     to f32 rounding;
@@ -25,6 +27,27 @@
 #include "backend/cpu/quant_kernels.h"
 #include "backend/repack.h"
 #include "quant/quant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* quant_i8.h's e8m0 scale decoders, compiled here for AVX2 (called only
+ * where the CPU has it). */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "backend/cpu/quant_i8.h"
+static bool e8m0_matches_ldexpf(void) {
+    (void)row_bytes_of; /* the header's, unused here */
+    for (int e = 0; e < 256; e++) {
+        float want = ldexpf(1.0f, e - 128), v[4];
+        _mm_storeu_ps(v, e8m0_half4(_mm_setr_epi32(e, 255 - e, e / 2, 1)));
+        if (memcmp(&want, (float[]){e8m0_half((uint8_t)e)}, 4) || memcmp(&want, &v[0], 4)) return false;
+        float other = ldexpf(1.0f, 255 - e - 128), half = ldexpf(1.0f, e / 2 - 128);
+        if (memcmp(&other, &v[1], 4) || memcmp(&half, &v[2], 4) || v[3] != ldexpf(1.0f, -127)) return false;
+    }
+    return true;
+}
+#pragma GCC pop_options
+#define HAVE_E8M0_CHECK 1
+#endif
 
 typedef struct fmt {
     pt_dtype t;
@@ -57,6 +80,13 @@ static void make_weight(qw *q, fmt f, int64_t rows, int64_t cols, pt_rng *rng) {
         }
         q->w.scales = q->s;
         q->w.biases = q->b;
+    } else if (f.t == PT_MXFP4) { /* no quantizer here: random codes, scales 2^-17..2^6 */
+        size_t nb = pt_dtype_bytes(f.t, (uint64_t)(rows * cols));
+        q->data = malloc(nb);
+        for (size_t i = 0; i < nb; i++) ((uint8_t *)q->data)[i] = (uint8_t)(pt_rng_next(rng) >> 24);
+        for (size_t i = 0; i < nb; i += 17) ((uint8_t *)q->data)[i] = (uint8_t)(110 + pt_rng_next(rng) % 24);
+        ((uint8_t *)q->data)[0] = 1; /* subnormal half scales: 2^-127 and 2^-128 */
+        if (nb > 17) ((uint8_t *)q->data)[17] = 0;
     } else {
         size_t rb = pt_dtype_bytes(f.t, (uint64_t)cols);
         q->data = malloc(rb * (size_t)rows);
@@ -67,6 +97,22 @@ static void make_weight(qw *q, fmt f, int64_t rows, int64_t cols, pt_rng *rng) {
     }
     q->w.data = q->data;
     free(row);
+}
+
+/* Row r of w as f32 by the reference: src/quant, or for MXFP4 (which it
+ * lacks) the OCP definition, e2m1 value x 2^(e - 127), in double. */
+static void ref_row(const pt_weight *w, int64_t r, float *out) {
+    if (w->dtype != PT_MXFP4) {
+        pt_weight_dequantize_row(w, r, out);
+        return;
+    }
+    static const double fp4[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6};
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * (size_t)(w->cols / 32) * 17;
+    for (int64_t c = 0; c < w->cols; c++) {
+        const uint8_t *b = row + (c / 32) * 17;
+        int i = (int)(c % 32), code = i < 16 ? b[1 + i] & 15 : b[1 + i - 16] >> 4;
+        out[c] = (float)(fp4[code] * ldexp(1.0, b[0] - 127));
+    }
 }
 
 static void free_weight(qw *q) {
@@ -102,7 +148,7 @@ static void check_format(fmt f, const char *label) {
         make_weight(&q, f, rows, cols, &rng);
         float *wref = malloc(sizeof(float) * (size_t)(rows * cols)), *wk = malloc(sizeof(float) * (size_t)cols);
         for (int64_t r = 0; r < rows; r++) {
-            pt_weight_dequantize_row(&q.w, r, wref + r * cols);
+            ref_row(&q.w, r, wref + r * cols);
             pt_qk_dequant_row(&q.w, r, wk);
             for (int64_t i = 0; i < cols; i++) {
                 float a = wref[r * cols + i], b = wk[i];
@@ -174,7 +220,7 @@ static void test_affine_all(void **state) {
 
 static void test_gguf_all(void **state) {
     (void)state;
-    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
+    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K, PT_MXFP4};
     for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_format((fmt){ts[i], 0, 0, PT_F16}, pt_dtype_name(ts[i]));
 }
 
@@ -255,7 +301,7 @@ static void check_i8(fmt f, bool decode, bool repack) {
             make_weight(&q, f, rows, cols, &rng);
             if (t == PT_Q8_0) ((int8_t *)q.data)[2] = -128; /* row 0, element 0: |w| = 128 */
             float *wref = malloc(sizeof(float) * (size_t)(rows * cols));
-            for (int64_t r = 0; r < rows; r++) pt_weight_dequantize_row(&q.w, r, wref + r * cols);
+            for (int64_t r = 0; r < rows; r++) ref_row(&q.w, r, wref + r * cols);
             void *repacked = repack ? repack_q4_0x8(&q, pool) : NULL;
             for (size_t ni = 0; ni < n_ns; ni++) {
                 int n = ns[ni];
@@ -319,7 +365,7 @@ static void test_i8_gemm(void **state) {
         print_message("note: no AVX2 on this CPU; int8 GEMM not tested\n");
         return;
     }
-    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K};
+    static const pt_dtype ts[] = {PT_Q8_0, PT_Q4_0, PT_Q4_K, PT_Q5_K, PT_Q6_K, PT_MXFP4};
     for (size_t i = 0; i < PT_ARRAY_LEN(ts); i++) check_i8((fmt){ts[i], 0, 0, PT_F16}, false, false);
     static const int gss[] = {32, 64, 128};
     static const pt_dtype sts[] = {PT_F16, PT_BF16, PT_F32};
@@ -332,8 +378,9 @@ static void test_i8_gemm(void **state) {
     assert_string_equal(pt_qk_path(&ctx, &w, 64), "avx2 int16");
 }
 
-/* The int8 decode rows (q8_0, q4_0, below PT_QK_I8_MIN_TOKENS tokens) by
- * the same two bounds as the GEMM; every other format stays on int16 there. */
+/* The int8 decode rows (q8_0, q4_0, MXFP4, below PT_QK_I8_MIN_TOKENS
+ * tokens) by the same two bounds as the GEMM; every other format stays on
+ * int16 there. */
 static void test_i8_decode(void **state) {
     (void)state;
     if (!pt_qk_cpu_has_avx2()) {
@@ -342,6 +389,7 @@ static void test_i8_decode(void **state) {
     }
     check_i8((fmt){PT_Q8_0, 0, 0, PT_F16}, true, false);
     check_i8((fmt){PT_Q4_0, 0, 0, PT_F16}, true, false);
+    check_i8((fmt){PT_MXFP4, 0, 0, PT_F16}, true, false);
     pt_qk_ctx ctx = {.avx2 = true, .i8 = true, .i8_decode = true};
     pt_weight w = {.dtype = PT_Q4_K, .rows = 1, .cols = 256};
     assert_string_equal(pt_qk_path(&ctx, &w, 1), "avx2 int16");
@@ -436,6 +484,17 @@ static void test_i8_quantize_same(void **state) {
     assert_int_equal(a.q[66], -14); /* -13.5 -> -14 */
 }
 
+/* The int8 kernels' MXFP4 block scale, 2^(e - 128) built from exponent
+ * bits (scalar and 4 lanes), equals ldexpf's for every byte, the
+ * subnormals 2^-128 and 2^-127 included: their contribution to a
+ * product is below any tolerance the matmul tests could apply. */
+static void test_e8m0_scale(void **state) {
+    (void)state;
+#ifdef HAVE_E8M0_CHECK
+    if (pt_qk_cpu_has_avx2()) assert_true(e8m0_matches_ldexpf());
+#endif
+}
+
 static void test_handles(void **state) {
     (void)state;
     print_message("this CPU: avx2 %s, avx512 (F/BW/VL/DQ/VNNI) %s\n", pt_qk_cpu_has_avx2() ? "yes" : "no",
@@ -456,6 +515,7 @@ int main(void) {
         cmocka_unit_test(test_q4_0x8_layout),
         cmocka_unit_test(test_layout_choice),
         cmocka_unit_test(test_i8_quantize_same),
+        cmocka_unit_test(test_e8m0_scale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

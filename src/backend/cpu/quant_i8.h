@@ -16,7 +16,40 @@
 #define AI static inline __attribute__((always_inline))
 
 /* The formats, as the template parameter of the kernels. */
-enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4, F_Q6_K, F_Q4_0X8 /* PT_LAYOUT_Q4_0X8 */ };
+enum { F_Q8_0, F_Q4_0, F_Q4_K, F_Q5_K, F_AFF4, F_Q6_K, F_Q4_0X8 /* PT_LAYOUT_Q4_0X8 */, F_MXFP4 };
+
+/* MXFP4's e2m1 codes as twice their value, all integers in [-12, 12]
+ * (quant_portable.c's chunk_mxfp4 reads the same), and the same plus 12,
+ * in [0, 24], for kernels that want the weight unsigned (the offset
+ * 12 * sum of the activation codes comes off the integer sum).  A block's
+ * mul is then half its e8m0 scale: 2^(e - 128). */
+#define MXFP4_TWICE 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+#define MXFP4_BIASED 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+
+/* 2^(e - 128) exactly, as f32 bits: a normal number for e >= 2, the
+ * subnormals 2^-128 and 2^-127 below (ldexpf's values; no NaN for 255). */
+AI float e8m0_half(uint8_t e) {
+    uint32_t b = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* The same for 4 scale bytes (e in the low byte of each 32-bit lane). */
+AI __m128 e8m0_half4(__m128i e) {
+    __m128i normal = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+    __m128i sub = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+    __m128i small = _mm_cmplt_epi32(e, _mm_set1_epi32(2));
+    return _mm_castsi128_ps(_mm_blendv_epi8(normal, sub, small));
+}
+
+/* The 16 bytes of nibbles at p as 32 codes in natural order (q4_0's and
+ * MXFP4's order: low nibbles are elements 0..15, high ones 16..31). */
+AI __m256i nibbles32(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+}
 
 AI float scale_at(const void *p, int64_t i, pt_dtype t) {
     uint16_t h;
@@ -57,13 +90,16 @@ static size_t row_bytes_of(const pt_weight *w) {
         return (size_t)(w->cols / 256) * 176;
     case PT_Q6_K:
         return (size_t)(w->cols / 256) * 210;
+    case PT_MXFP4:
+        return (size_t)(w->cols / 32) * 17;
     default:
         return (size_t)(w->cols / 2); /* affine 4-bit */
     }
 }
 
 /* The 32 codes of block c of row r, natural order, and the block's mul and
- * add (and q6_k's mul2).  q8_0, q6_k: signed bytes; the others unsigned. */
+ * add (and q6_k's mul2).  q8_0, q6_k, MXFP4: signed bytes; the others
+ * unsigned. */
 AI __m256i decode(const pt_weight *w, const uint8_t *row, int64_t r, int64_t c, const int F,
                   float *mul, float *add, float *mul2) {
     if (F == F_Q6_K) { /* codes q - 32 in [-32, 31]; int8 scales per 16 columns */
@@ -82,6 +118,12 @@ AI __m256i decode(const pt_weight *w, const uint8_t *row, int64_t r, int64_t c, 
         return _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 4)), _mm256_set1_epi8(32));
     }
     *mul2 = 0;
+    if (F == F_MXFP4) {
+        const uint8_t *blk = row + 17 * (size_t)c;
+        *mul = e8m0_half(blk[0]);
+        *add = 0;
+        return _mm256_shuffle_epi8(_mm256_setr_epi8(MXFP4_TWICE, MXFP4_TWICE), nibbles32(blk + 1));
+    }
     if (F == F_Q8_0 || F == F_Q4_0) {
         const uint8_t *blk = row + (F == F_Q8_0 ? 34 : 18) * (size_t)c;
         float d = _cvtsh_ss((uint16_t)(blk[0] | blk[1] << 8));

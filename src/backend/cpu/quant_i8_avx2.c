@@ -1,7 +1,7 @@
 /*
- * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k, q6_k and MLX
- * affine 4-bit weights: a GEMM with int8 activations on AVX2, weights repacked
- * into panels of 8 rows.
+ * quant_i8_avx2.c - prefill for GGUF q8_0, q4_0, q4_k, q5_k, q6_k, MXFP4 and
+ * MLX affine 4-bit weights: a GEMM with int8 activations on AVX2, weights
+ * repacked into panels of 8 rows (and int8 decode rows, at the end).
  *
  * Prefill is compute-bound.  The int16 row kernels of quant_avx2.c read
  * 2 bytes of activation per multiply-add from L2 and finish every 32-wide
@@ -22,6 +22,9 @@
  * q6_k is read like q8_0 (signed codes q - 32, the sign trick; |w| <= 32
  * lets 4 groups share an i16 sum), with a second mul for the block's
  * columns 16..31 (its int8 scales cover 16 columns).
+ * MXFP4 is read like q8_0 (its codes, twice the e2m1 value, are integers
+ * in [-12, 12]: quant_i8.h), and |w| <= 12 lets all 8 groups share one
+ * i16 sum; its mul is half the e8m0 scale and it has no add.
  * Every other format is read as unsigned codes c with, per block of 32,
  * weight = mul * c + add (q4_0: d, -8d; q4_k, q5_k: d * sc, -dmin * m;
  * affine: the group's scale and bias).  Products use vpmaddubsw (u8 x s8,
@@ -92,7 +95,8 @@ AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr,
         transpose8(v);
         for (int g = 0; g < 8; g++) {
             p[c].codes[g] = v[g];
-            if (F == F_Q8_0 || F == F_Q6_K) p[c].abs[g] = _mm256_sign_epi8(v[g], v[g]); /* -128 -> 128 as u8 */
+            if (F == F_Q8_0 || F == F_Q6_K || F == F_MXFP4)
+                p[c].abs[g] = _mm256_sign_epi8(v[g], v[g]); /* -128 -> 128 as u8 */
         }
     }
 }
@@ -133,6 +137,13 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
                 }
                 isum[t] = sh[0];
                 isum2[t] = sh[1];
+            } else if (F == F_MXFP4) { /* |w| <= 12: a pair <= 3048, all 8 groups in one i16 sum */
+                __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++)
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_load_si256(&b->abs[g]),
+                                                                    _mm256_sign_epi8(bcast4(xt + 4 * g), b->codes[g])));
+                isum[t] = _mm256_madd_epi16(s16, ones);
             } else if (F != F_Q8_0) {
                 __m256i s = _mm256_setzero_si256();
 #pragma GCC unroll 2
@@ -166,7 +177,7 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[t]),
                                          _mm256_mul_ps(_mm256_load_ps(b->mul2), _mm256_broadcast_ss(dx[t] + c)),
                                          acc[t]);
-            else if (F != F_Q8_0)
+            else if (F != F_Q8_0 && F != F_MXFP4)
                 acc[t] = _mm256_fmadd_ps(add, _mm256_broadcast_ss(ds[t] + c), acc[t]);
         }
     }
@@ -221,6 +232,7 @@ ROWS(rows_q5_k, F_Q5_K)
 ROWS(rows_aff4, F_AFF4)
 ROWS(rows_q6_k, F_Q6_K)
 ROWS(rows_q4_0x8, F_Q4_0X8)
+ROWS(rows_mxfp4, F_MXFP4)
 
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
     if (w->layout == PT_LAYOUT_Q4_0X8) return rows_q4_0x8;
@@ -231,6 +243,7 @@ pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
     case PT_Q5_K: return rows_q5_k;
     case PT_Q6_K: return rows_q6_k;
     case PT_AFFINE: return w->bits == 4 ? rows_aff4 : NULL; /* groups of 32, 64, 128 */
+    case PT_MXFP4: return rows_mxfp4;
     default: return NULL;
     }
 }
@@ -257,8 +270,9 @@ pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w) {
  * apart, and the next group starts cold otherwise. */
 #define VR 4 /* rows per pass */
 
-AI __m256i q4_codes(const uint8_t *blk) {
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+/* nibbles32(p) by a broadcast and a per-lane shift (no lane insert). */
+AI __m256i q4_codes(const uint8_t *p) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     return _mm256_and_si256(v, _mm256_set1_epi8(15));
 }
@@ -272,15 +286,25 @@ AI __m256i rows4(const __m256i s[4]) {
     return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
 }
 
+/* The 4 rows' block scales, gathered as below, as f32 in both halves. */
+AI __m256 scales4(uint64_t h, const int F) {
+    if (F != F_MXFP4) return _mm256_cvtph_ps(_mm_set1_epi64x((long long)h));
+    __m128 s = e8m0_half4(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)h)));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(s), s, 1);
+}
+
 /* y[t][r + j] for j < NR_ (rows r.. of w, rb bytes apart) and every token.
- * The 4 rows' f16 scales of a block are gathered into one 64-bit word by
- * integer ops (which leave the vector pipes to the dot products) and
- * widened once; rows j >= NR_ are read as zero. */
+ * The 4 rows' scales of a block (f16, or MXFP4's e8m0 bytes) are gathered
+ * into one 64-bit word by integer ops (which leave the vector pipes to the
+ * dot products) and widened once; rows j >= NR_ are read as zero.  MXFP4
+ * goes as q4_0 does, its nibbles looked up as twice their value plus 12
+ * (unsigned) and the offset 12 taken off as q4_0's 8. */
 AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, size_t rb,
                  const int NR_, const int F, bool prefetch) {
-    const int bb = F == F_Q8_0 ? 34 : 18;
+    const int bb = F == F_Q8_0 ? 34 : F == F_MXFP4 ? 17 : 18;
     const uint8_t *row0 = (const uint8_t *)w->data + (size_t)r * rb;
-    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
+    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8(F == F_MXFP4 ? 12 : 8);
+    const __m256i lut = _mm256_setr_epi8(MXFP4_BIASED, MXFP4_BIASED);
     for (int t = 0; t < a->n; t++) {
         const int8_t *xq = a->q + (size_t)t * (size_t)a->cols;
         const float *dx = a->d + (size_t)t * (size_t)a->n_chunks;
@@ -291,7 +315,7 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
 #pragma GCC unroll 4
                 for (int j = 0; j < NR_; j++) __builtin_prefetch(blk + (size_t)(VR + j) * rb);
             __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * c)), off = ones;
-            if (F == F_Q4_0) off = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, x), ones);
+            if (F != F_Q8_0) off = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, x), ones);
             __m256i s[VR];
             uint64_t h = 0;
 #pragma GCC unroll 4
@@ -301,18 +325,24 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
                     s[j] = _mm256_setzero_si256();
                     continue;
                 }
+                if (F == F_MXFP4) {
+                    h |= (uint64_t)b[0] << (8 * j);
+                    __m256i q = _mm256_shuffle_epi8(lut, q4_codes(b + 1));
+                    s[j] = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones), off);
+                    continue;
+                }
                 uint16_t hj;
                 memcpy(&hj, b, 2);
                 h |= (uint64_t)hj << (16 * j);
                 if (F == F_Q4_0) {
-                    s[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(q4_codes(b), x), ones);
+                    s[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(q4_codes(b + 2), x), ones);
                     s[j] = _mm256_sub_epi32(s[j], off);
                 } else {
                     __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
                     s[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), ones);
                 }
             }
-            __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi64x((long long)h)), _mm256_broadcast_ss(dx + c));
+            __m256 sc = _mm256_mul_ps(scales4(h, F), _mm256_broadcast_ss(dx + c));
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4(s)), sc, acc);
         }
         __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
@@ -386,12 +416,16 @@ static void vec_q8_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0
 static void vec_q4_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
     vec_i8(w, a, y, r0, r1, F_Q4_0);
 }
+static void vec_mxfp4(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
+    vec_i8(w, a, y, r0, r1, F_MXFP4);
+}
 
 pt_qk_rows8_fn pt_qk_avx2_vec8(const pt_weight *w) {
     if (w->layout == PT_LAYOUT_Q4_0X8) return vec_q4_0x8;
     switch (w->dtype) {
     case PT_Q8_0: return vec_q8_0;
     case PT_Q4_0: return vec_q4_0;
+    case PT_MXFP4: return vec_mxfp4;
     default: return NULL;
     }
 }

@@ -1,8 +1,8 @@
 /*
  * quant_i8_avx512.c - the int8-activation kernels of quant_i8_avx2.c on
  * AVX-512 with VNNI: the prefill GEMM (q8_0, q4_0, q4_k, q5_k, q6_k,
- * affine 4-bit, and q4_0 in PT_LAYOUT_Q4_0X8) and the decode rows (q8_0,
- * q4_0, either layout).
+ * MXFP4, affine 4-bit, and q4_0 in PT_LAYOUT_Q4_0X8) and the decode rows
+ * (q8_0, q4_0 in either layout, MXFP4).
  *
  * Compiled with -mavx512f/bw/vl/dq/vnni (the build does this for
  * *_avx512.c) and reached only when cpu_backend.c found those on the CPU.
@@ -20,7 +20,8 @@
  *     offset taken off the integer sum once per block and token: q8_0 is
  *     read as w + 128 (sum - 128 * sum of x), q6_k as its raw 6-bit q
  *     instead of q - 32 (sum - 32 * sum of x, per half block since its
- *     scales cover 16 columns); the activations' sums of codes come with
+ *     scales cover 16 columns), MXFP4 as twice its e2m1 value plus 12
+ *     (sum - 12 * sum of x); the activations' sums of codes come with
  *     them (pt_qact8.sq).
  * The integer sums are the AVX2 kernels' exactly, and they are scaled by
  * the same f32 operations in the same order (per row: block by block, 1024
@@ -78,6 +79,7 @@ AI void pack(pblock *p, const pt_weight *w, size_t row_bytes, int64_t r, int nr,
                 v[j] = decode(w, row, r + j, c0 + c, F, &p[c].mul[j], &p[c].add[j], &p[c].mul2[j]);
                 if (F == F_Q8_0) v[j] = _mm256_xor_si256(v[j], _mm256_set1_epi8((char)0x80));
                 if (F == F_Q6_K) v[j] = _mm256_add_epi8(v[j], _mm256_set1_epi8(32));
+                if (F == F_MXFP4) v[j] = _mm256_add_epi8(v[j], _mm256_set1_epi8(12));
             } else {
                 v[j] = _mm256_setzero_si256();
                 p[c].mul[j] = p[c].add[j] = p[c].mul2[j] = 0;
@@ -119,6 +121,8 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
             const int32_t *s = sq[t] + 2 * c;
             if (F == F_Q8_0)
                 isum[t] = _mm512_set1_epi32(-128 * (s[0] + s[1]));
+            else if (F == F_MXFP4)
+                isum[t] = _mm512_set1_epi32(-12 * (s[0] + s[1]));
             else if (F == F_Q6_K)
                 isum[t] = _mm512_set1_epi32(-32 * s[0]), isum2[t] = _mm512_set1_epi32(-32 * s[1]);
             else
@@ -146,7 +150,7 @@ AI void tile(const pblock *p, int kc, const pt_qact8 *a, int t0, int64_t c0, con
             if (F == F_Q6_K)
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[t]),
                                          _mm512_mul_ps(_mm512_load_ps(b->mul2), dxt), acc[t]);
-            else if (F != F_Q8_0)
+            else if (F != F_Q8_0 && F != F_MXFP4)
                 acc[t] = _mm512_fmadd_ps(add, _mm512_set1_ps(ds[t][c]), acc[t]);
         }
     }
@@ -202,6 +206,7 @@ ROWS(rows_q5_k, F_Q5_K)
 ROWS(rows_aff4, F_AFF4)
 ROWS(rows_q6_k, F_Q6_K)
 ROWS(rows_q4_0x8, F_Q4_0X8)
+ROWS(rows_mxfp4, F_MXFP4)
 
 pt_qk_rows8_fn pt_qk_avx512_rows8(const pt_weight *w) {
     if (w->layout == PT_LAYOUT_Q4_0X8) return rows_q4_0x8;
@@ -218,6 +223,8 @@ pt_qk_rows8_fn pt_qk_avx512_rows8(const pt_weight *w) {
         return rows_q6_k;
     case PT_AFFINE:
         return w->bits == 4 ? rows_aff4 : NULL;
+    case PT_MXFP4:
+        return rows_mxfp4;
     default:
         return NULL;
     }
@@ -240,8 +247,8 @@ pt_qk_rows8_fn pt_qk_avx512_rows8(const pt_weight *w) {
  * free to keep more loads in flight (docs/backend-cpu.md). */
 #define VR 8 /* rows per pass: 8 streams */
 
-AI __m256i q4_codes(const uint8_t *blk) {
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+AI __m256i q4_codes(const uint8_t *p) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     return _mm256_and_si256(v, _mm256_set1_epi8(15));
 }
@@ -256,14 +263,23 @@ AI __m256i rows4(const __m256i s[4]) {
     return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
 }
 
+/* The 4 rows' block scales as f32 in both halves, as quant_i8_avx2.c's. */
+AI __m256 scales4(uint64_t h, const int F) {
+    if (F != F_MXFP4) return _mm256_cvtph_ps(_mm_set1_epi64x((long long)h));
+    __m128 s = e8m0_half4(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)h)));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(s), s, 1);
+}
+
 /* y[t][r + j] for j < NR_ (rows r.. of w, rb bytes apart) and every token;
- * two groups of 4 rows, each scaled as the AVX2 kernel scales its 4. */
+ * two groups of 4 rows, each scaled as the AVX2 kernel scales its 4.
+ * MXFP4: codes twice the value plus 12, offset 12 (as q4_0's 8). */
 AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, size_t rb,
                  const int NR_, const int F, bool prefetch) {
-    const int bb = F == F_Q8_0 ? 34 : 18;
+    const int bb = F == F_Q8_0 ? 34 : F == F_MXFP4 ? 17 : 18;
     const int G = NR_ > 4 ? 2 : 1; /* groups of 4 rows */
     const uint8_t *row0 = (const uint8_t *)w->data + (size_t)r * rb;
-    const __m256i bias = _mm256_set1_epi8(F == F_Q8_0 ? (char)0x80 : 8);
+    const __m256i bias = _mm256_set1_epi8(F == F_Q8_0 ? (char)0x80 : F == F_MXFP4 ? 12 : 8);
+    const __m256i lut = _mm256_setr_epi8(MXFP4_BIASED, MXFP4_BIASED);
     for (int t = 0; t < a->n; t++) {
         const int8_t *xq = a->q + (size_t)t * (size_t)a->cols;
         const float *dx = a->d + (size_t)t * (size_t)a->n_chunks;
@@ -276,7 +292,7 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
                 for (int j = 0; j < NR_; j++)
                     __builtin_prefetch(blk + (size_t)(VR + j) * rb);
             __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * c));
-            /* the lanes' offset: q8_0 128, q4_0 8 times their codes' sum */
+            /* the lanes' offset: q8_0 128, q4_0 8, MXFP4 12 times their codes' sum */
             __m256i off = _mm256_sub_epi32(_mm256_setzero_si256(),
                                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, x));
             __m256 dxc = _mm256_set1_ps(dx[c]);
@@ -291,16 +307,21 @@ AI void vec_rows(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r, siz
                         s[j] = _mm256_setzero_si256();
                         continue;
                     }
-                    uint16_t hj;
-                    memcpy(&hj, b, 2);
-                    h |= (uint64_t)hj << (16 * j);
-                    __m256i q =
-                        F == F_Q4_0
-                            ? q4_codes(b)
-                            : _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), bias);
+                    __m256i q;
+                    if (F == F_MXFP4) {
+                        h |= (uint64_t)b[0] << (8 * j);
+                        q = _mm256_shuffle_epi8(lut, q4_codes(b + 1));
+                    } else {
+                        uint16_t hj;
+                        memcpy(&hj, b, 2);
+                        h |= (uint64_t)hj << (16 * j);
+                        q = F == F_Q4_0
+                                ? q4_codes(b + 2)
+                                : _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), bias);
+                    }
                     s[j] = _mm256_dpbusd_epi32(off, q, x);
                 }
-                __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi64x((long long)h)), dxc);
+                __m256 sc = _mm256_mul_ps(scales4(h, F), dxc);
                 acc[gi] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4(s)), sc, acc[gi]);
             }
         }
@@ -428,6 +449,9 @@ static void vec_q8_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0
 static void vec_q4_0(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
     vec_i8(w, a, y, r0, r1, F_Q4_0);
 }
+static void vec_mxfp4(const pt_weight *w, const pt_qact8 *a, float *y, int64_t r0, int64_t r1) {
+    vec_i8(w, a, y, r0, r1, F_MXFP4);
+}
 
 pt_qk_rows8_fn pt_qk_avx512_vec8(const pt_weight *w) {
     if (w->layout == PT_LAYOUT_Q4_0X8) return vec_q4_0x8;
@@ -436,6 +460,8 @@ pt_qk_rows8_fn pt_qk_avx512_vec8(const pt_weight *w) {
         return vec_q8_0;
     case PT_Q4_0:
         return vec_q4_0;
+    case PT_MXFP4:
+        return vec_mxfp4;
     default:
         return NULL;
     }

@@ -27,8 +27,8 @@
  * coarser rounding, 2-4x the speed.  Measured cost: 0.6-0.9% of the logit
  * range on test_convert's 4-bit models (int16: < 0.1%), KL 5e-4 nats
  * against int16 on a random TinyLlama-shape Q8_0 model, half what Q8_0
- * weights cost against F16 there (docs/benchmarks.md).  Decode of q4_0
- * and q8_0 on AVX2 takes int8 activations too (the rows kernels at the end
+ * weights cost against F16 there (docs/benchmarks.md).  Decode of q4_0,
+ * q8_0 and MXFP4 on AVX2 takes int8 activations too (the rows kernels at the end
  * of quant_i8_avx2.c), as llama.cpp does for these formats.  With the
  * avx512 kernel set the same int8 paths run on AVX-512 VNNI
  * (quant_i8_avx512.c), bit-identical to the AVX2 ones.
@@ -133,9 +133,9 @@ pt_qk_rows_fn pt_qk_portable_rows(const pt_weight *w);
 pt_qk_rows_fn pt_qk_avx2_rows(const pt_weight *w);
 int pt_qk_avx2_perm(const pt_weight *w);
 /* The int8-activation GEMM for w (q8_0, q4_0, q4_k, q5_k, q6_k, affine
- * 4-bit), or NULL. */
+ * 4-bit, MXFP4), or NULL. */
 pt_qk_rows8_fn pt_qk_avx2_rows8(const pt_weight *w);
-/* The int8-activation decode kernel for w (q8_0, q4_0): rows in their file
+/* The int8-activation decode kernel for w (q8_0, q4_0, MXFP4): rows in their file
  * layout, any n (meant for n < PT_QK_I8_MIN_TOKENS), or NULL. */
 pt_qk_rows8_fn pt_qk_avx2_vec8(const pt_weight *w);
 /* The same on AVX-512 VNNI (quant_i8_avx512.c): bit-identical results. */
