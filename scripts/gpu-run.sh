@@ -35,7 +35,9 @@
 #                                     (qmma.cu): its tests, then profile and
 #                                     batched decode with PETREL_CUDA_QMMA
 #                                     =0 and =1, bf16 for reference, and
-#                                     prefill with it forced to 4096 rows
+#                                     prefill with it forced to 4096 rows; kvqab = the quantized
+#                                     KV attention kernels alone, tensor-core
+#                                     and FMA (PETREL_CUDA_KVQ_MMA=1, 0)
 #
 # The llama phase: the 8B-shape F16 GGUF (make-llama8b-gguf.py, needs
 # torch and llama.cpp's gguf-py), llama-quantize to LLAMA_QUANTS (default
@@ -259,6 +261,11 @@ if has tests; then
         stamp "$t"
         timeout 300 "$BIN/$t"
         echo "$t: exit $?"
+        if [ "$t" = test_cuda_kvq ]; then # the FMA kernel the tensor-core one replaced, too
+            stamp "$t with PETREL_CUDA_KVQ_MMA=0"
+            PETREL_CUDA_KVQ_MMA=0 timeout 300 "$BIN/$t"
+            echo "$t (PETREL_CUDA_KVQ_MMA=0): exit $?"
+        fi
     done
 fi
 
@@ -279,6 +286,16 @@ if has models; then
             -p "${PROMPTS:-512,4096}" -d "${DEPTHS:-0,1024,8192}" -g 32 -r "${REPS:-2}" \
             -o "$OUT/bench-$m.json"
         echo "petrel bench $m: exit $?"
+    done
+fi
+
+# ---- quantized KV attention: the tensor-core kernel against the FMA one, same call ----
+if has kvqab; then
+    quiet
+    for mma in 1 0; do
+        stamp "bench_cuda_ops kvq, PETREL_CUDA_KVQ_MMA=$mma"
+        PETREL_CUDA_KVQ_MMA=$mma timeout 300 "$BIN/bench_cuda_ops" "$OUT/kvq-ops-mma$mma.json" kvq
+        echo "bench_cuda_ops kvq (PETREL_CUDA_KVQ_MMA=$mma): exit $?"
     done
 fi
 

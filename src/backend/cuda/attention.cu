@@ -356,44 +356,6 @@ template <int HD> struct mma_layout {
     static const int bytes = 2 * stage_elems * 2;
 };
 
-template <int T> __device__ __forceinline__ uint32_t pack2(float a, float b) {
-    if (T == CU_BF16) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-        return *(uint32_t *)&h;
-    }
-    __half2 h = __floats2half2_rn(a, b);
-    return *(uint32_t *)&h;
-}
-
-/* hi = (a, b) rounded to 16 bits; lo = what rounding left out. */
-template <int T> __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    hi = pack2<T>(a, b);
-    float ha, hb;
-    if (T == CU_BF16) {
-        ha = __uint_as_float(hi << 16);
-        hb = __uint_as_float(hi & 0xffff0000u);
-    } else {
-        float2 f = __half22float2(*(__half2 *)&hi);
-        ha = f.x, hb = f.y;
-    }
-    lo = pack2<T>(a - ha, b - hb);
-}
-
-template <int T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    if (T == CU_BF16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *smem) {
     unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -296,16 +296,22 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 /* The warp copies rows (row bytes each) of the first n keys of a tile, key
  * j's from src + slot_j * stride (slot_j in lane j's slot_l), to dst + j *
  * row.  Rows keep their global alignment, so CH = the largest of 16, 8, 4
- * dividing row. */
+ * dividing row.  The n * cpr pieces of CH bytes are dealt to the lanes in
+ * turn (piece c: row c / cpr, part c % cpr), so every lane copies on every
+ * step: a loop over rows instead would leave most lanes idle and spend
+ * more instructions on the copy than the kernels spend on the math. */
 template <int CH>
 __device__ __forceinline__ void stage_rows_ch(uint8_t *dst, const uint8_t *src, size_t stride,
                                               int row, uint32_t slot_l, int n) {
-    const int lane = threadIdx.x & 31, cpr = row / CH;
-#pragma unroll 8
-    for (int r = 0; r < n; r++) {
-        const uint32_t slot = __shfl_sync(0xffffffffu, slot_l, r);
-        for (int c = lane; c < cpr; c += 32)
-            cp_async<CH>(dst + (size_t)r * row + c * CH, src + (size_t)slot * stride + c * CH);
+    const int lane = threadIdx.x & 31, cpr = row / CH, total = n * cpr;
+    const int step_r = 32 / cpr, step_p = 32 % cpr;
+    int r = lane / cpr, part = lane % cpr;
+    for (int c0 = 0; c0 < total; c0 += 32) { /* uniform trip count: the shuffle needs all lanes */
+        const uint32_t slot = __shfl_sync(0xffffffffu, slot_l, r & 31);
+        if (c0 + lane < total)
+            cp_async<CH>(dst + r * row + part * CH, src + (size_t)slot * stride + part * CH);
+        r += step_r, part += step_p;
+        if (part >= cpr) part -= cpr, r++;
     }
 }
 
@@ -490,6 +496,63 @@ __device__ void block_unrotate(float *y, int d, const float *signs, float mul, f
     __syncthreads();
 }
 
+/* The end of a block's walk: the warps' results ws[warp][GM][d + 2] (the
+ * accumulator of each head's dims, then its max and sum; max -inf for a
+ * warp without positions) merged into the split's partial (several splits)
+ * or, with one split, into the output rows, un-rotated (TurboQuant) or
+ * normalized.  y (d floats) follows ws.  Every thread of the block calls
+ * it, after the barrier that made ws visible. */
+__device__ void kvq_block_merge(const cu_kvq_args &a, const float *ws, int GM, int G, int t,
+                                int kvh, int split, int n_splits, float *part) {
+    const int d = a.head_dim;
+    float *y = (float *)ws + KVQ_WARPS * GM * (d + 2);
+    if (n_splits > 1) { /* every (head, dim) at once, no more barriers */
+        for (int e = threadIdx.x; e < G * d; e += blockDim.x) {
+            const int h = e / d, i = e - h * d;
+            float mx = -INFINITY, s = 0, lsum = 0;
+            for (int wp = 0; wp < KVQ_WARPS; wp++)
+                mx = fmaxf(mx, ws[((size_t)wp * GM + h) * (d + 2) + d]);
+            for (int wp = 0; wp < KVQ_WARPS; wp++) {
+                const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
+                if (w[d] == -INFINITY) continue; /* a warp without positions */
+                const float c = exp2f(w[d] - mx);
+                s += w[i] * c, lsum += w[d + 1] * c;
+            }
+            float *pp = part + (((size_t)split * a.n + t) * a.n_heads + kvh * G + h) * (d + 2);
+            pp[i] = s;
+            if (i == 0) pp[d] = mx, pp[d + 1] = lsum;
+        }
+        return;
+    }
+    for (int h = 0; h < G; h++) {
+        float mx = -INFINITY, lsum = 0;
+        for (int wp = 0; wp < KVQ_WARPS; wp++)
+            mx = fmaxf(mx, ws[((size_t)wp * GM + h) * (d + 2) + d]);
+        for (int wp = 0; wp < KVQ_WARPS; wp++) {
+            const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
+            if (w[d] != -INFINITY) lsum += w[d + 1] * exp2f(w[d] - mx);
+        }
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float s = 0;
+            for (int wp = 0; wp < KVQ_WARPS; wp++) {
+                const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
+                if (w[d] != -INFINITY) s += w[i] * exp2f(w[d] - mx);
+            }
+            y[i] = s;
+        }
+        const int head = kvh * G + h;
+        float *o = a.out + ((size_t)t * a.n_heads + head) * d;
+        if (a.kvq == KVQ_TURBO) {
+            block_unrotate(y, d, a.tables, 1.0f / lsum, o);
+        } else {
+            __syncthreads();
+            for (int i = threadIdx.x; i < d; i += blockDim.x)
+                o[i] = y[i] / lsum;
+            __syncthreads();
+        }
+    }
+}
+
 /* Shared memory of the attention kernel, in bytes: q [GM][d], centroids
  * [256], scores [warps][GM][32] (floats), then one region that first holds
  * the warps' tile buffers [warps][nbuf][32 K rows, 32 V rows] and after the
@@ -613,7 +676,7 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
             for (int o = lpv; o < 32; o <<= 1)
                 acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
     __syncthreads();
-    float *ws = (float *)region, *y = ws + KVQ_WARPS * GM * (d + 2);
+    float *ws = (float *)region;
 #pragma unroll
     for (int h = 0; h < GM; h++) { /* register arrays: constant indices only */
         float *w = ws + ((size_t)warp * GM + h) * (d + 2);
@@ -628,51 +691,244 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
     }
     __syncthreads();
 
-    if (n_splits > 1) { /* every (head, dim) at once, no more barriers */
-        for (int e = threadIdx.x; e < G * d; e += blockDim.x) {
-            const int h = e / d, i = e - h * d;
-            float mx = -INFINITY, s = 0, lsum = 0;
-            for (int wp = 0; wp < KVQ_WARPS; wp++)
-                mx = fmaxf(mx, ws[((size_t)wp * GM + h) * (d + 2) + d]);
-            for (int wp = 0; wp < KVQ_WARPS; wp++) {
-                const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
-                if (w[d] == -INFINITY) continue; /* a warp without positions */
-                const float c = exp2f(w[d] - mx);
-                s += w[i] * c, lsum += w[d + 1] * c;
-            }
-            float *pp = part + (((size_t)split * a.n + t) * a.n_heads + kvh * G + h) * (d + 2);
-            pp[i] = s;
-            if (i == 0) pp[d] = mx, pp[d + 1] = lsum;
-        }
-        return;
+    kvq_block_merge(a, ws, GM, G, t, kvh, split, n_splits, part);
+}
+
+/* ---- the tensor-core kernel: TurboQuant keys of 8 bits, values of 2-4 -------------- */
+
+/* The kernel above issues ~160 instructions per cached (position, KV head)
+ * row and is bound by them, not by memory (docs/kv-quant.md).  This one
+ * computes the same sums as mma.sync products (f32 accumulation) on the
+ * exact codes, for TurboQuant k8 with 2-, 3- or 4-bit values at head_dim
+ * 64 or 128 (the common formats; the others keep the kernel above).  The
+ * block, split and staging layout is the same; a warp takes tiles of 32
+ * keys, and the scores never leave its registers.
+ *
+ *  - Scores, per 32-dim group: A = the query heads (G <= 8) in f16, their
+ *    high parts in rows 0-7 and remainders in rows 8-15, so one product
+ *    carries both (the two rows are summed after); B = 8 keys' codes, which
+ *    are exact in f16 (a byte permute makes 1024 + 128 + code, minus 1152).
+ *    The key's group scale and zero point then apply in f32, as above.
+ *  - P·V, per 32-dim group: A = the probabilities times the key's value
+ *    scale (exact in f16), split hi/lo the same way; B = the centroids of
+ *    16 keys x 8 dims, looked up in a table of centroid pairs (the two
+ *    keys a B register holds: one 64-bit shared load gives both their high
+ *    and their low parts), multiplied once with each.
+ *  - Within a group the dims may sit in any order along a product's inner
+ *    (scores) or column (P·V) index, as long as both operands agree: a lane
+ *    then reads 8 contiguous key bytes, and 4 contiguous value codes.
+ *
+ * The errors are those of the split operands (~2^-22 relative), like the
+ * f16 cache's tensor-core kernel (attention.cu). */
+#define KVQ_MMA_H 8 /* query heads a warp's products hold (rows 0-7 of A) */
+
+/* Two f16 lanes 1024 + 128 + c from bytes (b, b + 1) of u, the signed codes
+ * already biased by 128 (x ^ 0x80), minus 1152: (c_b, c_b+1) exactly. */
+__device__ __forceinline__ uint32_t kvq_codes_f16x2(uint32_t u, int sel) {
+    uint32_t x = __byte_perm(u, 0x64646464u, sel);
+    __half2 h = __hsub2(*(__half2 *)&x, __floats2half2_rn(1152.0f, 1152.0f));
+    return *(uint32_t *)&h;
+}
+
+template <int D, int VB>
+__global__ void __launch_bounds__(KVQ_WARPS * 32, 3)
+    kvq_mma_kernel(cu_kvq_args a, int n_splits, int nbuf, float *part) {
+    constexpr int NG = D / 32, VMASK = (1 << VB) - 1;
+    constexpr int KCB = D, VCB = D * VB / 8; /* code bytes of a K and a V row */
+    cu_grid_trigger();
+    cu_grid_wait();
+    extern __shared__ float4 sm4[];
+    const int G = a.n_heads / a.n_kv_heads;
+    const int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads, split = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, tq = lane & 3;
+    float *qs = (float *)sm4, *qsum = qs + KVQ_MMA_H * D; /* qsum [8][NG] */
+    uint2 *tab = (uint2 *)(qsum + KVQ_MMA_H * NG); /* [code of key 2t | code of key 2t+1 << VB] */
+    uint4 *qf = (uint4 *)(tab + (1 << 2 * VB));    /* A of the scores [NG][2][lane] */
+    uint8_t *region = (uint8_t *)(qf + NG * 2 * 32); /* 16-byte aligned */
+    const int tile_bytes = KVQ_TILE * (a.k_row + a.v_row);
+    uint8_t *stage = region + (size_t)warp * nbuf * tile_bytes;
+
+    const float qscale = a.scale * KVQ_LOG2E;
+    for (int i = threadIdx.x; i < KVQ_MMA_H * D; i += blockDim.x) /* heads past G: zeros */
+        qs[i] = i < G * D ? a.q[((size_t)t * a.n_heads + kvh * G) * D + i] * qscale : 0.0f;
+    for (int e = threadIdx.x; e < 1 << 2 * VB; e += blockDim.x) {
+        uint32_t hi, lo;
+        split2<CU_F16>(a.tables[D + (e & VMASK)], a.tables[D + (e >> VB)], hi, lo);
+        tab[e] = make_uint2(hi, lo);
     }
-    for (int h = 0; h < G; h++) {
-        float mx = -INFINITY, lsum = 0;
-        for (int wp = 0; wp < KVQ_WARPS; wp++)
-            mx = fmaxf(mx, ws[((size_t)wp * GM + h) * (d + 2) + d]);
-        for (int wp = 0; wp < KVQ_WARPS; wp++) {
-            const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
-            if (w[d] != -INFINITY) lsum += w[d + 1] * exp2f(w[d] - mx);
-        }
-        for (int i = threadIdx.x; i < d; i += blockDim.x) {
-            float s = 0;
-            for (int wp = 0; wp < KVQ_WARPS; wp++) {
-                const float *w = ws + ((size_t)wp * GM + h) * (d + 2);
-                if (w[d] != -INFINITY) s += w[i] * exp2f(w[d] - mx);
-            }
-            y[i] = s;
-        }
-        const int head = kvh * G + h;
-        float *o = a.out + ((size_t)t * a.n_heads + head) * d;
-        if (a.kvq == KVQ_TURBO) {
-            block_unrotate(y, d, a.tables, 1.0f / lsum, o);
+
+    const int n_pos = a.pos[t] + 1;
+    const int chunk = kvq_chunk(n_pos, n_splits);
+    const int p0 = min(n_pos, split * chunk), p1 = min(n_pos, p0 + chunk);
+    if (p0 >= p1) return; /* a split past the context: the combine does not read it */
+    const int32_t *bt = a.block_table + (size_t)a.seq[t] * a.max_pages;
+    const uint8_t *kb = a.k + (size_t)kvh * a.k_row, *vb = a.v + (size_t)kvh * a.v_row;
+    const size_t kstride = (size_t)a.n_kv_heads * a.k_row, vstride = (size_t)a.n_kv_heads * a.v_row;
+    auto stage_tile = [&](int base, int b) {
+        const int n = min(KVQ_TILE, p1 - base);
+        const uint32_t slot_l = lane < n ? kvq_slot_index(bt, a.page_size, base + lane) : 0;
+        uint8_t *dst = stage + (size_t)b * tile_bytes;
+        stage_rows(dst, kb, kstride, a.k_row, slot_l, n);
+        stage_rows(dst + KVQ_TILE * a.k_row, vb, vstride, a.v_row, slot_l, n);
+    };
+    const int first = p0 + warp * KVQ_TILE, step = KVQ_WARPS * KVQ_TILE;
+    if (nbuf == 2 && first < p1) stage_tile(first, 0);
+    cp_async_commit();
+    __syncthreads(); /* q and the table */
+
+    /* A of the scores, per group gr and k-step st, kept in shared memory
+     * (registers hold the accumulators): lane (g8, tq) holds head g8's dims
+     * gr * 32 + 8 tq + 4 st + {0, 1} (cols 2t..) and + {2, 3} (cols 2t + 8..).
+     * Then each head's sum over each group (the zero points'). */
+    for (int e = threadIdx.x; e < NG * 2 * 32; e += blockDim.x) {
+        const int ln = e & 31, st = (e >> 5) & 1, gr = e >> 6;
+        const float *q4 = qs + (ln >> 2) * D + gr * 32 + 8 * (ln & 3) + 4 * st;
+        uint4 f;
+        split2<CU_F16>(q4[0], q4[1], f.x, f.y);
+        split2<CU_F16>(q4[2], q4[3], f.z, f.w);
+        qf[e] = f;
+    }
+    for (int e = threadIdx.x; e < KVQ_MMA_H * NG; e += blockDim.x) {
+        float s = 0;
+        for (int i = 0; i < 32; i++)
+            s += qs[(e / NG) * D + (e % NG) * 32 + i];
+        qsum[e] = s;
+    }
+    __syncthreads();
+
+    /* P·V accumulators, per group and n-tile i: rows g8 (high parts of head
+     * g8's probabilities) and g8 + 8 (remainders), cols 2 tq and 2 tq + 1:
+     * dims gr * 32 + 8 tq + i and gr * 32 + 8 tq + 4 + i. */
+    float acc[NG][4][4];
+#pragma unroll
+    for (int gr = 0; gr < NG; gr++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[gr][i][e] = 0;
+    float m = -INFINITY, l = 0; /* head g8's max; the lane's part of its sum */
+
+    for (int base = first, it = 0; base < p1; base += step, it++) {
+        const int b = nbuf == 2 ? it & 1 : 0;
+        if (nbuf == 2) {
+            if (base + step < p1) stage_tile(base + step, b ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
         } else {
-            __syncthreads();
-            for (int i = threadIdx.x; i < d; i += blockDim.x)
-                o[i] = y[i] / lsum;
-            __syncthreads();
+            stage_tile(base, 0);
+            cp_async_commit();
+            cp_async_wait<0>();
         }
+        __syncwarp();
+        const uint8_t *kst = stage + (size_t)b * tile_bytes, *vst = kst + KVQ_TILE * a.k_row;
+        const int n = min(KVQ_TILE, p1 - base);
+
+        /* Scores of head g8 for keys 8 j + 2 tq + {0, 1}. */
+        float sc[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+#pragma unroll
+        for (int gr = 0; gr < NG; gr++) {
+            const uint4 f0 = qf[(gr * 2) * 32 + lane], f1 = qf[(gr * 2 + 1) * 32 + lane];
+            const uint32_t qa0[4] = {f0.x, f0.y, f0.z, f0.w}, qa1[4] = {f1.x, f1.y, f1.z, f1.w};
+            const float qz = qsum[g8 * NG + gr];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint8_t *krow = kst + (size_t)(8 * j + g8) * a.k_row;
+                const uint8_t *ka = kst + (size_t)(8 * j + 2 * tq) * a.k_row, *kb2 = ka + a.k_row;
+                const uint2 w = *(const uint2 *)(krow + gr * 32 + 8 * tq);
+                const uint32_t u0 = w.x ^ 0x80808080u, u1 = w.y ^ 0x80808080u;
+                float c[4] = {0, 0, 0, 0};
+                mma16816<CU_F16>(c, qa0, kvq_codes_f16x2(u0, 0x4140), kvq_codes_f16x2(u0, 0x4342));
+                mma16816<CU_F16>(c, qa1, kvq_codes_f16x2(u1, 0x4140), kvq_codes_f16x2(u1, 0x4342));
+                const float sa = ld_half_al(ka + KCB + 2 * gr), za = ld_half_al(ka + KCB + 2 * (NG + gr));
+                const float sb = ld_half_al(kb2 + KCB + 2 * gr), zb = ld_half_al(kb2 + KCB + 2 * (NG + gr));
+                sc[j][0] += fmaf(sa, c[0] + c[2], za * sa * qz);
+                sc[j][1] += fmaf(sb, c[1] + c[3], zb * sb * qz);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (8 * j + 2 * tq >= n) sc[j][0] = -INFINITY;
+            if (8 * j + 2 * tq + 1 >= n) sc[j][1] = -INFINITY;
+        }
+
+        /* Online softmax of head g8 (its 4 lanes hold the tile's 32 keys). */
+        float mx = m;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            mx = fmaxf(mx, fmaxf(sc[j][0], sc[j][1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float corr = exp2f(m - mx); /* 0 on the first tile */
+        m = mx;
+        float ps = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                sc[j][e] = exp2f(sc[j][e] - mx), ps += sc[j][e];
+        l = l * corr + ps;
+#pragma unroll
+        for (int gr = 0; gr < NG; gr++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[gr][i][e] *= corr;
+
+        /* P·V over the tile's two 16-key steps. */
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int k0 = 16 * u + 2 * tq; /* the lane's keys: k0, k0 + 1, k0 + 8, k0 + 9 */
+            const uint8_t *vr[4] = {vst + (size_t)k0 * a.v_row, vst + (size_t)(k0 + 1) * a.v_row,
+                                    vst + (size_t)(k0 + 8) * a.v_row, vst + (size_t)(k0 + 9) * a.v_row};
+            const float pk[4] = {sc[2 * u][0], sc[2 * u][1], sc[2 * u + 1][0], sc[2 * u + 1][1]};
+            const bool live[4] = {k0 < n, k0 + 1 < n, k0 + 8 < n, k0 + 9 < n};
+#pragma unroll
+            for (int gr = 0; gr < NG; gr++) {
+                float pv[4];
+                uint32_t f[4]; /* the key's codes of dims gr * 32 + 4 g8 .. + 3 */
+                const int bit = 4 * VB * g8, wi = gr * VB + (bit >> 5), sh = bit & 31;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    /* a key past n was never staged: its scale may be anything */
+                    pv[k] = live[k] ? pk[k] * ld_half_al(vr[k] + VCB + 2 * gr) : 0.0f;
+                    const uint32_t *w = (const uint32_t *)vr[k];
+                    f[k] = VB == 3 ? __funnelshift_r(w[wi], w[wi + 1], sh) : w[wi] >> sh;
+                }
+                uint32_t pa[4];
+                split2<CU_F16>(pv[0], pv[1], pa[0], pa[1]);
+                split2<CU_F16>(pv[2], pv[3], pa[2], pa[3]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint2 e0 = tab[((f[0] >> (i * VB)) & VMASK) | ((f[1] >> (i * VB)) & VMASK) << VB];
+                    const uint2 e1 = tab[((f[2] >> (i * VB)) & VMASK) | ((f[3] >> (i * VB)) & VMASK) << VB];
+                    mma16816<CU_F16>(acc[gr][i], pa, e0.x, e1.x);
+                    mma16816<CU_F16>(acc[gr][i], pa, e0.y, e1.y);
+                }
+            }
+        }
+        __syncwarp(); /* the buffer is refilled two tiles on */
     }
+    cp_async_wait<0>();
+
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    __syncthreads(); /* the tile buffers become the warps' results */
+    float *ws = (float *)region;
+    if (g8 < G) {
+        float *w = ws + ((size_t)warp * KVQ_MMA_H + g8) * (D + 2);
+#pragma unroll
+        for (int gr = 0; gr < NG; gr++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                w[gr * 32 + 8 * tq + i] = acc[gr][i][0] + acc[gr][i][2];
+                w[gr * 32 + 8 * tq + 4 + i] = acc[gr][i][1] + acc[gr][i][3];
+            }
+        if (tq == 0) w[D] = m, w[D + 1] = l;
+    }
+    __syncthreads();
+    kvq_block_merge(a, ws, KVQ_MMA_H, G, t, kvh, split, n_splits, part);
 }
 
 /* Merges the splits of one (row, head) and applies the one inverse
@@ -730,6 +986,24 @@ extern "C" int cu_kvq_supported(int kvq, int k_bits, int v_bits, int group, int 
     return kvq == KVQ_AFFINE && (k_bits == 4 || k_bits == 8) && k_bits == v_bits;
 }
 
+/* Shared memory of the tensor-core kernel: q [8][d], its group sums
+ * [8][d / 32], the centroid pair table, the scores' A fragments, then the
+ * tile buffers or, after the walk, the warp results
+ * [warps][8][d + 2] and y [d]. */
+static size_t kvq_mma_smem(int d, int v_bits, int k_row, int v_row, int nbuf) {
+    size_t head = sizeof(float) * KVQ_MMA_H * (d + d / 32) + sizeof(uint2) * ((size_t)1 << 2 * v_bits) +
+                  sizeof(uint4) * (d / 32) * 2 * 32;
+    size_t stage = (size_t)KVQ_WARPS * nbuf * KVQ_TILE * (size_t)(k_row + v_row);
+    size_t merge = sizeof(float) * ((size_t)KVQ_WARPS * KVQ_MMA_H * (d + 2) + d);
+    return head + (stage > merge ? stage : merge);
+}
+
+/* Whether the tensor-core kernel takes the cache (else the FMA kernel). */
+static bool kvq_mma_ok(const cu_ctx *c, const cu_kvq_args *a) {
+    return c->kvq_mma && a->kvq == KVQ_TURBO && a->k_bits == 8 && a->v_bits >= 2 &&
+           a->v_bits <= 4 && (a->head_dim == 64 || a->head_dim == 128);
+}
+
 static bool kvq_shape_ok(const cu_kvq_args *a) {
     int G = a->n_kv_heads > 0 ? a->n_heads / a->n_kv_heads : 0;
     return cu_kvq_supported(a->kvq, a->k_bits, a->v_bits, a->group, a->head_dim) && G >= 1 &&
@@ -741,6 +1015,8 @@ static bool kvq_shape_ok(const cu_kvq_args *a) {
     X(1, 64) X(2, 64) X(4, 64) X(8, 64) X(1, 128) X(2, 128) X(4, 128) X(8, 128) X(1, 256)          \
         X(2, 256) X(4, 256) X(8, 256) X(1, 512) X(2, 512) X(4, 512) X(8, 512)
 
+#define KVQ_FOR_EACH_MMA_KERNEL(Y) Y(64, 2) Y(64, 3) Y(64, 4) Y(128, 2) Y(128, 3) Y(128, 4)
+
 /* Shared memory beyond 48 KiB needs an opt-in, per kernel and device. */
 extern "C" void cu_kvq_init(cu_ctx *c) {
     int dev = 0;
@@ -751,6 +1027,11 @@ extern "C" void cu_kvq_init(cu_ctx *c) {
                          c->smem_optin);
     KVQ_FOR_EACH_KERNEL(X)
 #undef X
+#define Y(dim, vb)                                                                                 \
+    cudaFuncSetAttribute(kvq_mma_kernel<dim, vb>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                         c->smem_optin);
+    KVQ_FOR_EACH_MMA_KERNEL(Y)
+#undef Y
 }
 
 extern "C" int cu_kvq_store(const cu_ctx *c, const cu_kvq_args *a, const float *k, const float *v) {
@@ -771,18 +1052,29 @@ extern "C" int cu_kvq_attention(const cu_ctx *c, const cu_kvq_args *a, int n_sm,
     if (a->n <= 0) return 0;
     int splits = kvq_splits(a, n_sm), G = a->n_heads / a->n_kv_heads;
     if (splits > 1 && !scratch) splits = 1;
+    const bool mma = kvq_mma_ok(c, a);
     const int gm = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
-    int nbuf = 2;
-    size_t smem = kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, nbuf);
-    if (smem > KVQ_STAGE_MAX) nbuf = 1, smem = kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, 1);
+    int nbuf = 2; /* double-buffered tiles while they fit KVQ_STAGE_MAX */
+    size_t smem = mma ? kvq_mma_smem(a->head_dim, a->v_bits, a->k_row, a->v_row, nbuf)
+                      : kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, nbuf);
+    if (smem > KVQ_STAGE_MAX) {
+        nbuf = 1;
+        smem = mma ? kvq_mma_smem(a->head_dim, a->v_bits, a->k_row, a->v_row, nbuf)
+                   : kvq_attn_smem(gm, a->head_dim, a->k_row, a->v_row, nbuf);
+    }
     if (c->smem_optin && smem > (size_t)c->smem_optin) return -1;
     const dim3 grid(a->n * a->n_kv_heads, splits), block(KVQ_WARPS * 32);
     float *part = (float *)scratch;
 #define X(g_, d_)                                                                                  \
-    if (gm == g_ && a->head_dim == d_)                                                             \
+    if (!mma && gm == g_ && a->head_dim == d_)                                                     \
         CU_LAUNCH((kvq_attn_kernel<g_, d_>), grid, block, smem, c, *a, splits, nbuf, part);
     KVQ_FOR_EACH_KERNEL(X)
 #undef X
+#define Y(d_, vb_)                                                                                 \
+    if (mma && a->head_dim == d_ && a->v_bits == vb_)                                              \
+        CU_LAUNCH((kvq_mma_kernel<d_, vb_>), grid, block, smem, c, *a, splits, nbuf, part);
+    KVQ_FOR_EACH_MMA_KERNEL(Y)
+#undef Y
     if (splits > 1)
         CU_LAUNCH(kvq_combine_kernel, dim3(a->n * a->n_heads), dim3(128),
                   sizeof(float) * (a->head_dim + 64), c, *a, splits, (const float *)part);

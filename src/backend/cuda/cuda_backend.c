@@ -57,7 +57,9 @@
  * PETREL_CUDA_MOE_FUSED (token rows up to which moe_ffn with quantized
  * experts runs as moe.cu's two fused kernels, default 8; 0: never),
  * PETREL_CUDA_GDN_CHUNK (rows per sequence from which the gated delta rule
- * runs chunkwise, default 16; 0: always row by row).
+ * runs chunkwise, default 16; 0: always row by row), PETREL_CUDA_KVQ_MMA
+ * (0: TurboQuant k8 caches keep attn_kvq.cu's FMA kernel, not its
+ * tensor-core one).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -1027,6 +1029,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     /* the coalesced GEMV: 0 off, 1 q4_0 (default), 2 q4_0 and q8_0; 4, 8,
      * 16: both, with that many rows per warp at 1-2 token rows */
     cb->ctx.qgemv_co = env_int("PETREL_CUDA_QGEMV_CO", 1);
+    cb->ctx.kvq_mma = env_int("PETREL_CUDA_KVQ_MMA", 1);
     cu_attention_init();
     cu_kvq_init(&cb->ctx);
     cu_gemv_init(&cb->ctx);

@@ -47,6 +47,8 @@ typedef struct cu_ctx {
     int smem_optin; /* the device's opt-in shared memory per block */
     int qgemv_co;   /* the coalesced q4_0/q8_0 GEMV (PETREL_CUDA_QGEMV_CO,
                        default on; 0: the register GEMV, for comparison) */
+    int kvq_mma;    /* tensor-core attention over TurboQuant k8 caches
+                       (PETREL_CUDA_KVQ_MMA, default on; 0: the FMA kernel) */
     /* Persistent grids: blocks of each kernel resident on the whole device
      * at once (0: not measured, the launcher guesses). */
     int gemv_fit[3][CU_GEMV_MAX_ROWS];  /* [CU_F32/F16/BF16][token rows - 1] */
