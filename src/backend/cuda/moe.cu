@@ -287,16 +287,11 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, MOE_MIN_BLOCKS)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * MOE_WARPS + warp;
     if (r >= w.rows) return; /* the whole warp; no block barrier below */
-    if (F >= CU_AFF4 && F <= CU_AFFN) { /* this expert's scales and biases */
-        size_t sb = (size_t)w.rows * (size_t)(cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
-        w.scales = (const char *)w.scales + (size_t)e * sb;
-        w.biases = (const char *)w.biases + (size_t)e * sb;
-    }
+    w = qf_expert<F>(w, expert_stride, e);
     const uint4 *xc = (const uint4 *)(scratch + L.codes);
     const float4 *xm = (const float4 *)(scratch + L.meta);
     const int nch = (int)(cols / 32), nseg = CU_DIV_UP(nch, MOE_SEG);
-    const uint8_t *rp = (const uint8_t *)w.data + (size_t)e * expert_stride +
-                        (size_t)r * (size_t)qf_bytes(F, w.bits, cols);
+    const uint8_t *rp = (const uint8_t *)w.data + (size_t)r * (size_t)qf_bytes(F, w.bits, cols);
     /* codes stored as u + 128: back to signed bytes for dp2a */
     const bool WIDE = F == CU_Q8_0 || F == CU_AFF8 || F == CU_MXFP4;
     qchunk q[2];
@@ -441,19 +436,6 @@ static inline __host__ __device__ int ffn_down_words(int nch, int k, int words) 
     return 5 * k * nch + FFN_WARPS * k * words;
 }
 
-/* Expert e of a stack whose expert 0 is w: its codes, and its affine
- * scales and biases (rows * cols / group of each per expert). */
-template <int F>
-__device__ __forceinline__ cu_qweight ffn_expert(cu_qweight w, size_t stride, int e) {
-    w.data = (const uint8_t *)w.data + (size_t)e * stride;
-    if (F >= CU_AFF4 && F <= CU_AFFN) {
-        size_t sb = (size_t)w.rows * (size_t)(w.cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
-        w.scales = (const char *)w.scales + (size_t)e * sb;
-        w.biases = (const char *)w.biases + (size_t)e * sb;
-    }
-    return w;
-}
-
 /* The warp copies a whole row (the 16-byte words that hold it) to dst;
  * the row starts ((uintptr_t)row & 15) bytes into dst. */
 __device__ __forceinline__ void ffn_stage(uint4 *dst, const uint8_t *row, int64_t bytes, int lane) {
@@ -575,8 +557,8 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
 
     ffn_route(lg, sel, a.logits + (size_t)t * E, E, a.k);
     const int e = min(max(sel[j], 0), E - 1);
-    const cu_qweight wg = ffn_expert<F>(a.gate, a.gate_stride, e);
-    const cu_qweight wu = ffn_expert<F>(a.up, a.up_stride, e);
+    const cu_qweight wg = qf_expert<F>(a.gate, a.gate_stride, e);
+    const cu_qweight wu = qf_expert<F>(a.up, a.up_stride, e);
     const int64_t rb = qf_bytes(F, wg.bits, wg.cols);
     const uint8_t *gr = (const uint8_t *)wg.data, *ur = (const uint8_t *)wu.data;
     const int r0 = blockIdx.x * FFN_WARPS * rpw + warp;
@@ -627,7 +609,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     const int64_t rb = qf_bytes(F, a.down.bits, a.down.cols);
     if (r < d)
         for (int j = 0; j < k; j++) {
-            const cu_qweight w = ffn_expert<F>(a.down, a.down_stride, ids[j]);
+            const cu_qweight w = qf_expert<F>(a.down, a.down_stride, ids[j]);
             ffn_stage(mine + j * words, (const uint8_t *)w.data + r * rb, rb, lane);
         }
     cp_async_commit();
@@ -640,7 +622,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     float out = 0.f;
     for (int j = 0; j < k; j++) {
         const int e = ids[j];
-        const cu_qweight w = ffn_expert<F>(a.down, a.down_stride, e);
+        const cu_qweight w = qf_expert<F>(a.down, a.down_stride, e);
         const uint8_t *rs =
             (const uint8_t *)(mine + j * words) + (((uintptr_t)w.data + r * rb) & 15);
         float v = ffn_dot<F>(rs, w, r, nch, xc + 4 * j * nch, xm + j * nch, lane);
