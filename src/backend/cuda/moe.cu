@@ -35,6 +35,7 @@
  */
 #include "backend/cuda/cu_common.cuh"
 #include "backend/cuda/cuda_family.h"
+#include "backend/cuda/moe_sort.cuh"
 #include "backend/cuda/qdecode.cuh"
 
 #define MOE_WARPS 8  /* weight rows per block, a warp each */
@@ -67,6 +68,25 @@ extern "C" size_t cu_moe_scratch(int pairs, int n_experts, int64_t code_elems) {
     return moe_layout_of(pairs, n_experts, code_elems).total;
 }
 
+/* Chunk c of activation row xr (rows of nch chunks, contiguous at x) as
+ * int16 codes: 64 bytes at xc[4 ci ..] and (dx, s0, s1) at xm[ci], ci =
+ * xr * nch + c, rounded as the CPU does (qx_chunk).  Every lane of the
+ * warp calls it (qx_chunk shuffles); lanes past the row store nothing. */
+__device__ __forceinline__ void moe_code_chunk(uint4 *xc, float4 *xm, const float *x, int xr, int c,
+                                               int nch, int G) {
+    const bool valid = c < nch;
+    uint32_t xw[16];
+    float dx;
+    int s0, s1;
+    qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
+    if (!valid) return;
+    const size_t ci = (size_t)xr * nch + c;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        xc[4 * ci + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+    xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+}
+
 /* ---- prepare: sort, used experts, activation codes ------------------------------- */
 
 /* Block 0: counts per expert in shared memory, a scan by one thread (a
@@ -86,43 +106,12 @@ __global__ void __launch_bounds__(1024)
         const int nch = cols / 32, per_row = CU_DIV_UP(nch, 32), lane = threadIdx.x & 31;
         const int item = (blockIdx.x - 1) * 32 + (threadIdx.x >> 5);
         if (item >= x_rows * per_row) return; /* the whole warp: qx_chunk shuffles */
-        const int xr = item / per_row, c = item % per_row * 32 + lane;
-        const bool valid = c < nch;
-        uint32_t xw[16];
-        float dx;
-        int s0, s1;
-        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
-        if (!valid) return;
-        const size_t ci = (size_t)xr * nch + c;
-        uint4 *xc = (uint4 *)(scratch + L.codes) + 4 * ci;
-#pragma unroll
-        for (int i = 0; i < 4; i++) xc[i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
-        ((float4 *)(scratch + L.meta))[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+        moe_code_chunk((uint4 *)(scratch + L.codes), (float4 *)(scratch + L.meta), x,
+                       item / per_row, item % per_row * 32 + lane, nch, G);
         return;
     }
-    int32_t *order = (int32_t *)scratch, *first = (int32_t *)(scratch + L.first);
-    int32_t *used = (int32_t *)(scratch + L.used), *cur = cnt + E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t run = 0, nu = 0;
-        for (int e = 0; e < E; e++) {
-            first[e] = run, cur[e] = run;
-            if (cnt[e]) used[1 + nu++] = e;
-            run += cnt[e];
-        }
-        first[E] = run, used[0] = nu;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) order[atomicAdd(&cur[e], 1)] = i;
-    }
+    moe_sort_pairs((int32_t *)scratch, (int32_t *)(scratch + L.first), (int32_t *)(scratch + L.used),
+                   NULL, NULL, 0, cnt, ids, pairs, E);
 }
 
 extern "C" int cu_moe_prep(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs,
@@ -287,11 +276,16 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, MOE_MIN_BLOCKS)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * MOE_WARPS + warp;
     if (r >= w.rows) return; /* the whole warp; no block barrier below */
-    w = qf_expert<F>(w, expert_stride, e);
+    if (F >= CU_AFF4 && F <= CU_AFFN) { /* this expert's scales and biases */
+        size_t sb = (size_t)w.rows * (size_t)(cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
+        w.scales = (const char *)w.scales + (size_t)e * sb;
+        w.biases = (const char *)w.biases + (size_t)e * sb;
+    }
     const uint4 *xc = (const uint4 *)(scratch + L.codes);
     const float4 *xm = (const float4 *)(scratch + L.meta);
     const int nch = (int)(cols / 32), nseg = CU_DIV_UP(nch, MOE_SEG);
-    const uint8_t *rp = (const uint8_t *)w.data + (size_t)r * (size_t)qf_bytes(F, w.bits, cols);
+    const uint8_t *rp = (const uint8_t *)w.data + (size_t)e * expert_stride +
+                        (size_t)r * (size_t)qf_bytes(F, w.bits, cols);
     /* codes stored as u + 128: back to signed bytes for dp2a */
     const bool WIDE = F == CU_Q8_0 || F == CU_AFF8 || F == CU_MXFP4;
     qchunk q[2];
@@ -450,18 +444,7 @@ __device__ __forceinline__ void ffn_codes(uint4 *xc, float4 *xm, const float *x,
                                           int G, int warp, int lane) {
     const int per_row = CU_DIV_UP(nch, 32);
     for (int item = warp; item < rows * per_row; item += FFN_WARPS) {
-        const int xr = item / per_row, c = item % per_row * 32 + lane;
-        const bool valid = c < nch;
-        uint32_t xw[16];
-        float dx;
-        int s0, s1;
-        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
-        if (!valid) continue;
-        const int ci = xr * nch + c;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            xc[4 * ci + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
-        xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+        moe_code_chunk(xc, xm, x, item / per_row, item % per_row * 32 + lane, nch, G);
     }
 }
 

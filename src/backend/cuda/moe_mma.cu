@@ -37,6 +37,7 @@
  */
 #include "backend/cuda/cu_common.cuh"
 #include "backend/cuda/cuda_family.h"
+#include "backend/cuda/moe_sort.cuh"
 #include "backend/cuda/qdecode.cuh"
 
 #define MM_BN 128 /* weight rows per block: 16 a warp */
@@ -96,47 +97,12 @@ __global__ void __launch_bounds__(1024)
         ((uint4 *)(scratch + L.xh))[i] = o;
         return;
     }
-    int32_t *order = (int32_t *)scratch, *first = (int32_t *)(scratch + L.first);
-    int32_t *ntiles = (int32_t *)(scratch + L.ntiles), *tiles = (int32_t *)(scratch + L.tiles);
-    int32_t *cur = cnt + E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t run = 0, nt = 0;
-        for (int e = 0; e < E; e++) {
-            first[e] = run, cur[e] = run;
-            for (int p = 0; p < cnt[e]; p += MM_BM) tiles[2 * nt] = e, tiles[2 * nt + 1] = run + p, nt++;
-            run += cnt[e];
-        }
-        first[E] = run, *ntiles = nt;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) order[atomicAdd(&cur[e], 1)] = i;
-    }
+    moe_sort_pairs((int32_t *)scratch, (int32_t *)(scratch + L.first), NULL,
+                   (int32_t *)(scratch + L.tiles), (int32_t *)(scratch + L.ntiles), MM_BM, cnt, ids,
+                   pairs, E);
 }
 
 /* ---- the grouped GEMM ---------------------------------------------------------------- */
-
-__device__ __forceinline__ void mm_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mm_ldmatrix4(uint32_t r[4], const __half *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
 
 /* A decoded chunk (codes u with value mul * u + add per half, as every
  * decoder of qdecode.cuh gives them) as 32 f16 at dst; zeros if !valid. */
@@ -222,15 +188,15 @@ __global__ void __launch_bounds__(MM_THREADS, 2)
 #pragma unroll
         for (int kk = 0; kk < MM_BK / 16; kk++) {
             uint32_t a[4];
-            mm_ldmatrix4(a, Ab + (warp * 16 + (lane & 15)) * MM_LD + kk * 16 + (lane >> 4) * 8);
+            cu_ldmatrix4(a, Ab + (warp * 16 + (lane & 15)) * MM_LD + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int n2 = 0; n2 < 4; n2++) {
                 if (n2 * 16 >= np) break; /* block-uniform */
                 uint32_t b[4];
-                mm_ldmatrix4(b, Bb + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * MM_LD + kk * 16 +
+                cu_ldmatrix4(b, Bb + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * MM_LD + kk * 16 +
                                     ((lane >> 3) & 1) * 8);
-                mm_mma(acc[2 * n2], a, b[0], b[1]);
-                mm_mma(acc[2 * n2 + 1], a, b[2], b[3]);
+                cu_mma_f16(acc[2 * n2], a, b[0], b[1]);
+                cu_mma_f16(acc[2 * n2 + 1], a, b[2], b[3]);
             }
         }
     }
