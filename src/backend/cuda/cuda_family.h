@@ -125,6 +125,8 @@ typedef struct cu_moe_ffn_args {
     float *weights, *act;
     int n, n_experts, k, act_kind, renorm;
     float alpha, limit;
+    int rows_per_warp; /* gate rows a warp of the up kernel stages, 1..4, fewer if
+                          the block's shared memory would pass 100 KiB */
 } cu_moe_ffn_args;
 
 /* -1 (nothing queued) for shapes the kernels do not take: formats that

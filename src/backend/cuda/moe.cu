@@ -89,10 +89,8 @@ __device__ __forceinline__ void moe_code_chunk(uint4 *xc, float4 *xm, const floa
 
 /* ---- prepare: sort, used experts, activation codes ------------------------------- */
 
-/* Block 0: counts per expert in shared memory, a scan by one thread (a
- * few hundred experts), then each pair placed at its expert's cursor.  The
- * order within an expert depends on the atomics; no result does, since
- * every pair is computed on its own.  Blocks 1..: one warp per 32 chunks
+/* Block 0: the pairs grouped by expert and the experts chosen listed
+ * (moe_sort.cuh).  Blocks 1..: one warp per 32 chunks
  * of an activation row (a chunk per lane; an affine group's G chunks on
  * adjacent lanes), rounded as qx_chunk says. */
 __global__ void __launch_bounds__(1024)
@@ -110,8 +108,8 @@ __global__ void __launch_bounds__(1024)
                        item / per_row, item % per_row * 32 + lane, nch, G);
         return;
     }
-    moe_sort_pairs((int32_t *)scratch, (int32_t *)(scratch + L.first), (int32_t *)(scratch + L.used),
-                   NULL, NULL, 0, cnt, ids, pairs, E);
+    moe_sort_pairs((int32_t *)scratch, (int32_t *)(scratch + L.first),
+                   (int32_t *)(scratch + L.used), NULL, NULL, 0, cnt, ids, pairs, E);
 }
 
 extern "C" int cu_moe_prep(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs,
@@ -411,8 +409,8 @@ extern "C" int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, siz
  */
 
 #define FFN_WARPS 8
-#define FFN_RPW_MAX 2              /* gate/up rows per warp (each with its up row) */
-#define FFN_SMEM_2ROWS (100 << 10) /* two rows a warp while two blocks fit an SM */
+#define FFN_RPW_MAX 4              /* gate rows per warp (each with its up row), at most */
+#define FFN_SMEM_2ROWS (100 << 10) /* fewer rows a warp past this: two blocks an SM */
 
 /* 16-byte words of shared memory a staged row of `bytes` needs: its
  * aligned words, one more when it starts inside a word. */
@@ -660,7 +658,8 @@ extern "C" int cu_moe_ffn(const cu_ctx *c, const cu_moe_ffn_args *a) {
     const int wu = ffn_words(qf_bytes(g->fmt, g->bits, g->cols));
     const int wd = ffn_words(qf_bytes(dn->fmt, dn->bits, dn->cols));
     const size_t limit = c->smem_optin > 0 ? (size_t)c->smem_optin : 48 << 10;
-    int rpw = FFN_RPW_MAX;
+    int rpw = a->rows_per_warp < 1 ? 1 : a->rows_per_warp;
+    if (rpw > FFN_RPW_MAX) rpw = FFN_RPW_MAX;
     while (rpw > 1 && 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu) > FFN_SMEM_2ROWS) rpw--;
     const size_t up_smem = 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu);
     const size_t down_smem = 16 * (size_t)ffn_down_words(nchd, a->k, wd);

@@ -36,6 +36,7 @@
  * the same rows alone (as dense matmuls past 16 rows never were).
  */
 #include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cu_mma.cuh"
 #include "backend/cuda/cuda_family.h"
 #include "backend/cuda/moe_sort.cuh"
 #include "backend/cuda/qdecode.cuh"

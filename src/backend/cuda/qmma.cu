@@ -50,6 +50,7 @@
  * batch-invariant (rows past 16 never were: docs/cuda.md).
  */
 #include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cu_mma.cuh"
 #include "backend/cuda/qdecode.cuh"
 #include "backend/cuda/qmma.h"
 
