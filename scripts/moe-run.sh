@@ -13,9 +13,10 @@
 # 2. petrel bench on the MoE presets (q4_0 dummies), prefill 512 and decode,
 #    with PETREL_CUDA_MOE_MMA=32 (the grouped GEMM, default) and =0 (the
 #    exact kernels, as before), same binary, same call.
-# 3. qwen3-30b-a3b decode with PETREL_CUDA_MOE_RPW=3 and 2 (moe_ffn's up
-#    kernel); deepseek-v2-lite (q4_0) at depth 0 and 32k; profiles of
-#    qwen3-30b-a3b decode and prefill (each op timed alone).
+# 3. deepseek-v2-lite (bf16) at depth 0 and 32k (the latent attention);
+#    qwen3-30b-a3b: a decode profile (each op timed alone), decode with
+#    PETREL_CUDA_MOE_RPW=3 (moe_ffn's up kernel; 2 in step 2), a prefill
+#    profile.
 # Everything goes to $OUT/log.txt; the bench JSON files to $OUT/bench.tar.
 set -uo pipefail
 D=$(cd "$(dirname "$0")" && pwd)
@@ -61,19 +62,18 @@ for m in ${MOE_MODELS:-qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite}; do
         echo "bench $m mma=$arm: exit $?"
     done
 done
+stamp "deepseek-v2-lite bf16 at depth 0 and 32k (the rows phase of gpu-run.sh)"
+timeout 120 "$BIN/petrel" bench --device cuda -m dummy:deepseek-v2-lite --dummy-dtype bf16 \
+    -p 512 -d 0,32768 -g 16 -r 1 -o "$B/deepseek-depth.json" 2>&1 | grep -v "making dummy"
+stamp "profile qwen3-30b-a3b decode (each op timed alone)"
+PETREL_CUDA_PROFILE=1 timeout 90 "$BIN/petrel" bench --device cuda -m dummy:qwen3-30b-a3b \
+    --dummy-dtype q4_0 -p 16 -d 0 -g 8 -r 1 2>&1 | grep -v "making dummy" | tail -45
 stamp "qwen3-30b-a3b decode, three gate rows a warp in moe_ffn's up kernel (default two)"
 PETREL_CUDA_MOE_RPW=3 timeout 60 "$BIN/petrel" bench --device cuda -m dummy:qwen3-30b-a3b \
-    --dummy-dtype q4_0 -p 16 -d 0 -g 64 -r 1 -o "$B/qwen3-30b-a3b-rpw3.json" 2>&1 | grep -v "making dummy"
-PETREL_CUDA_MOE_RPW=2 timeout 60 "$BIN/petrel" bench --device cuda -m dummy:qwen3-30b-a3b \
-    --dummy-dtype q4_0 -p 16 -d 0 -g 64 -r 1 -o "$B/qwen3-30b-a3b-rpw2.json" 2>&1 | grep -v "making dummy"
-stamp "deepseek-v2-lite q4_0 at depth 0 and 32k"
-timeout 120 "$BIN/petrel" bench --device cuda -m dummy:deepseek-v2-lite --dummy-dtype q4_0 \
-    -p 512 -d 0,32768 -g 16 -r 1 -o "$B/deepseek-depth.json" 2>&1 | grep -v "making dummy"
-stamp "profile qwen3-30b-a3b decode, then prefill 512"
-PETREL_CUDA_PROFILE=1 timeout 90 "$BIN/petrel" bench --device cuda -m dummy:qwen3-30b-a3b \
-    --dummy-dtype q4_0 -p 16 -d 0 -g 8 -r 1 2>&1 | grep -v "making dummy" | head -40
+    --dummy-dtype q4_0 -p 16 -d 0 -g 32 -r 1 -o "$B/qwen3-30b-a3b-rpw3.json" 2>&1 | grep -v "making dummy"
+stamp "profile qwen3-30b-a3b prefill 512"
 PETREL_CUDA_PROFILE=512 timeout 90 "$BIN/petrel" bench --device cuda -m dummy:qwen3-30b-a3b \
-    --dummy-dtype q4_0 -p 512 -d 0 -g 1 -r 1 2>&1 | grep -v "making dummy" | head -40
+    --dummy-dtype q4_0 -p 512 -d 0 -g 1 -r 1 2>&1 | grep -v "making dummy" | tail -45
 tar -cf "$OUT/bench.tar" -C "$B" .
 stamp summary
 python3 - "$B" <<'EOF'

@@ -67,12 +67,12 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 
 /* The next pass of a block over its query rows t0 .. t0 + nrows - 1: the
- * rows of the first sequence not yet done (active, a bit per row; at most
+ * first sequence sq not yet done, its rows (active, a bit per row; at most
  * 64 rows) and their largest and smallest positions; false when every row
  * is done.  Rows of one sequence share the keys a pass reads. */
 __device__ __forceinline__ bool att_next_pass(const cu_attn_args &a, int t0, int nrows,
-                                              uint64_t &done, uint64_t &active, int &pmax,
-                                              int &pmin) {
+                                              uint64_t &done, int &sq, uint64_t &active,
+                                              int &pmax, int &pmin) {
     int first = -1;
     for (int r = 0; r < nrows; r++)
         if (!((done >> r) & 1)) {
@@ -80,7 +80,7 @@ __device__ __forceinline__ bool att_next_pass(const cu_attn_args &a, int t0, int
             break;
         }
     if (first < 0) return false;
-    const int sq = a.seq[t0 + first];
+    sq = a.seq[t0 + first];
     active = 0, pmax = -1, pmin = INT_MAX;
     for (int r = 0; r < nrows; r++)
         if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const float qscale = a.scale * ATT_LOG2E;
 
     uint64_t done = 0, active;
-    int pmax, pmin;
-    while (att_next_pass(a, t0, nrows, done, active, pmax, pmin)) { /* a pass per sequence */
+    int sq, pmax, pmin;
+    while (att_next_pass(a, t0, nrows, done, sq, active, pmax, pmin)) { /* a pass per sequence */
         const int kend = min(kbeg + p.chunk, pmax + 1);
         if (kend <= kbeg) continue;
 
@@ -455,8 +455,8 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(cu_attn_args a
     const int r0 = v0 / gq, h0 = v0 % gq, r1 = v1 / gq, h1 = v1 % gq;
 
     uint64_t done = 0, active;
-    int pmax, pmin;
-    while (att_next_pass(a, t0, nrows, done, active, pmax, pmin)) { /* a pass per sequence */
+    int sq, pmax, pmin;
+    while (att_next_pass(a, t0, nrows, done, sq, active, pmax, pmin)) { /* a pass per sequence */
         const int kend = min(kbeg + p.chunk, pmax + 1);
         if (kend <= kbeg) continue;
 
@@ -710,8 +710,8 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
     const int smt = (warp * SPW) / (KT / 8), snt = (warp * SPW) % (KT / 8); /* score pieces */
 
     uint64_t done = 0, active;
-    int pmax, pmin;
-    while (att_next_pass(a, t0, nrows, done, active, pmax, pmin)) { /* a pass per sequence */
+    int sq, pmax, pmin;
+    while (att_next_pass(a, t0, nrows, done, sq, active, pmax, pmin)) { /* a pass per sequence */
         const int kend = min(kbeg + p.chunk, pmax + 1);
         if (kend <= kbeg) continue;
         /* With a window, keys below every row's window are neither read
