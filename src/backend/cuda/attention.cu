@@ -765,46 +765,18 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
                 for (int s = 0; s < SPW; s++) sc[s][0] = sc[s][1] = sc[s][2] = sc[s][3] = 0.f;
                 const uint32_t *qh = Qh + (smt * 16 + g) * QS + t4;
                 const uint32_t *ql = Ql + (smt * 16 + g) * QS + t4;
-                if (SPW == 1) {
-                    /* Decode (16 query vectors): a warp's one score piece
-                     * would be a chain of HD / 8 dependent mma (72 for
-                     * latent rows, ~1 us a tile); four chains (high and
-                     * low query halves, even and odd k steps) cut it to
-                     * a quarter, added in a fixed order at the end. */
-                    static_assert(HD % 32 == 0, "the chains take k steps in pairs");
-                    float c4[4][4];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) c4[i][0] = c4[i][1] = c4[i][2] = c4[i][3] = 0.f;
-                    const uint32_t *kr = (const uint32_t *)(Ks + (snt * 8 + g) * KS) + t4;
-#pragma unroll 2
-                    for (int kk = 0; kk < HD / 16; kk += 2) {
-#pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            const int c = (kk + j) * 8;
-                            uint32_t ah[4] = {qh[c], qh[8 * QS + c], qh[c + 4], qh[8 * QS + c + 4]};
-                            uint32_t al[4] = {ql[c], ql[8 * QS + c], ql[c + 4], ql[8 * QS + c + 4]};
-                            uint32_t b0 = kr[c], b1 = kr[c + 4];
-                            mma16816<T>(c4[2 * j], ah, b0, b1);
-                            mma16816<T>(c4[2 * j + 1], al, b0, b1);
-                        }
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        sc[0][i] = (c4[0][i] + c4[2][i]) + (c4[1][i] + c4[3][i]);
-                } else {
 #pragma unroll 4
-                    for (int kk = 0; kk < HD / 16; kk++) {
-                        const int c = kk * 8;
-                        uint32_t ah[4] = {qh[c], qh[8 * QS + c], qh[c + 4], qh[8 * QS + c + 4]};
-                        uint32_t al[4] = {ql[c], ql[8 * QS + c], ql[c + 4], ql[8 * QS + c + 4]};
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const int c = kk * 8;
+                    uint32_t ah[4] = {qh[c], qh[8 * QS + c], qh[c + 4], qh[8 * QS + c + 4]};
+                    uint32_t al[4] = {ql[c], ql[8 * QS + c], ql[c + 4], ql[8 * QS + c + 4]};
 #pragma unroll
-                        for (int s = 0; s < SPW; s++) {
-                            const uint32_t *kr =
-                                (const uint32_t *)(Ks + ((snt + s) * 8 + g) * KS) + kk * 8 + t4;
-                            uint32_t b0 = kr[0], b1 = kr[4];
-                            mma16816<T>(sc[s], ah, b0, b1);
-                            mma16816<T>(sc[s], al, b0, b1);
-                        }
+                    for (int s = 0; s < SPW; s++) {
+                        const uint32_t *kr =
+                            (const uint32_t *)(Ks + ((snt + s) * 8 + g) * KS) + kk * 8 + t4;
+                        uint32_t b0 = kr[0], b1 = kr[4];
+                        mma16816<T>(sc[s], ah, b0, b1);
+                        mma16816<T>(sc[s], al, b0, b1);
                     }
                 }
 #pragma unroll
