@@ -40,16 +40,16 @@ done
 export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
 ldd "$BIN/petrel" | grep "not found"
 
-run_test() { # binary, cmocka filter
+run_test() { # binary, cmocka filter, seconds
     stamp "$1 ($2)"
-    CMOCKA_FILTER="$2" timeout 150 "$BIN/$1"
+    CMOCKA_FILTER="$2" timeout "$3" "$BIN/$1"
     echo "$1 ($2): exit $?"
 }
-run_test test_cuda_qmatmul 'test_qmatmul_id*'
-run_test test_cuda_ops 'test_moe*'
-run_test test_cuda_ops 'test_attention*'
-run_test test_cuda_ops 'test_batch_invariance'
-run_test test_cuda_model 'test_families_gguf'
+run_test test_cuda_qmatmul 'test_qmatmul_id*' 90
+run_test test_cuda_ops 'test_moe*' 60
+run_test test_cuda_ops 'test_attention*' 60
+run_test test_cuda_ops 'test_batch_invariance' 30
+run_test test_cuda_model 'test_families_gguf' 60
 
 B=$W/bench
 mkdir -p "$B"
