@@ -559,138 +559,52 @@ static void test_qmatmul_id(void **state) {
     }
 }
 
-/* MXFP4 experts (gpt-oss), random codes and scales 2^-28 .. 2^22.
- * Decoding, bit for bit: x row t = 32767 at column t, 0 elsewhere, every
- * row choosing every expert, so y[t][j][r] = 32767 * W_j[r][t] exactly
- * (the activation scale is 1, every other term an exact 0), against the
- * CPU's dequantization (embed of the stack as a table).  Then random x
- * against the CPU's matmul_id with one_qmatmul_id's bound. */
-static void one_mxfp4(int E, int R, int cols) {
-    const size_t row_bytes = (size_t)cols / 32 * 17, nb = (size_t)E * R * row_bytes;
-    uint8_t *host = malloc(nb);
-    for (size_t i = 0; i < nb; i++) host[i] = (uint8_t)pt_rng_next(&rng);
-    for (size_t i = 0; i < nb; i += 17) host[i] = (uint8_t)(100 + pt_rng_next(&rng) % 51);
+/* A stack of E MXFP4 experts [R][cols] on every backend: random codes,
+ * scale bytes e0 .. e0 + span - 1 (2^(e - 128)); deq gets the CPU's
+ * dequantization (embed of the stack as a table). */
+typedef struct mxfp4_stack {
+    uint8_t *host;
+    size_t nb;
     void *dw[N_BE];
     pt_weight w[N_BE];
+    float *deq;
+} mxfp4_stack;
+
+static mxfp4_stack mxfp4_new(int E, int R, int cols, int e0, int span) {
+    mxfp4_stack m;
+    const size_t row_bytes = (size_t)cols / 32 * 17;
+    m.nb = (size_t)E * R * row_bytes;
+    m.host = malloc(m.nb);
+    for (size_t i = 0; i < m.nb; i++) m.host[i] = (uint8_t)pt_rng_next(&rng);
+    for (size_t i = 0; i < m.nb; i += 17) m.host[i] = (uint8_t)(e0 + pt_rng_next(&rng) % (uint64_t)span);
     for (int b = 0; b < N_BE; b++) {
-        dw[b] = to_backend(b, host, nb);
-        w[b] = (pt_weight){.dtype = PT_MXFP4, .rows = R, .cols = cols, .data = dw[b], .nbytes = nb,
-                           .n_experts = E, .expert_stride = (size_t)R * row_bytes};
+        m.dw[b] = to_backend(b, m.host, m.nb);
+        m.w[b] = (pt_weight){.dtype = PT_MXFP4, .rows = R, .cols = cols, .data = m.dw[b],
+                             .nbytes = m.nb, .n_experts = E, .expert_stride = (size_t)R * row_bytes};
     }
-    /* the CPU's dequantization: the stack as a table of E * R rows */
     int nt = E * R;
     int32_t *tid = malloc(sizeof(int32_t) * (size_t)nt);
     for (int i = 0; i < nt; i++) tid[i] = i;
-    pt_weight table = {.dtype = PT_MXFP4, .rows = nt, .cols = cols, .data = dw[CPU], .nbytes = nb};
+    pt_weight table = {.dtype = PT_MXFP4, .rows = nt, .cols = cols, .data = m.dw[CPU], .nbytes = m.nb};
     void *dti = to_backend(CPU, tid, sizeof(int32_t) * (size_t)nt);
     void *ddq = be[CPU]->ops->alloc(be[CPU], sizeof(float) * (size_t)nt * cols);
     pt_be_embed(be[CPU], ddq, &table, dti, nt);
-    float *deq = download(CPU, ddq, (size_t)nt * cols);
-
-    int n = cols, k = E;
-    size_t nx = (size_t)n * cols, ny = (size_t)n * k * R;
-    float *x = calloc(nx, sizeof(float)), *poison = malloc(sizeof(float) * ny);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
-    for (int t = 0; t < n; t++) {
-        x[(size_t)t * cols + t] = 32767.f;
-        for (int j = 0; j < k; j++) ids[t * k + j] = j;
-    }
-    memset(poison, 0xff, sizeof(float) * ny);
-    void *dx = to_backend(GPU, x, sizeof(float) * nx), *dy = to_backend(GPU, poison, sizeof(float) * ny);
-    void *di = to_backend(GPU, ids, sizeof(int32_t) * (size_t)n * k);
-    pt_be_matmul_id(be[GPU], dy, dx, &w[GPU], di, n, k, 1);
-    float *yg = download(GPU, dy, ny);
-    for (int t = 0; t < n; t++)
-        for (int j = 0; j < k; j++)
-            for (int r = 0; r < R; r++) {
-                float want = 32767.f * deq[((size_t)j * R + r) * cols + t];
-                float got = yg[((size_t)t * k + j) * R + r];
-                if (!(got == want))
-                    fail_msg("mxfp4 decode E=%d %dx%d: expert %d [%d][%d] = %.9g, cpu %.9g", E, R,
-                             cols, j, r, t, got / 32767.f, want / 32767.f);
-            }
-    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * nx);
-    be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
-    be[GPU]->ops->free(be[GPU], di, sizeof(int32_t) * (size_t)n * k);
-    free(yg), free(ids), free(poison), free(x);
-
-    static const int ns[] = {1, 5, 16};
-    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
-        n = ns[ni], k = E < 4 ? E : 4;
-        nx = (size_t)n * cols, ny = (size_t)n * k * R;
-        x = malloc(sizeof(float) * nx), poison = malloc(sizeof(float) * ny);
-        ids = malloc(sizeof(int32_t) * (size_t)n * k);
-        for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
-        memset(poison, 0xff, sizeof(float) * ny);
-        random_ids(ids, n, k, E);
-        void *bx[N_BE], *by[N_BE], *bi[N_BE];
-        for (int b = 0; b < N_BE; b++) {
-            bx[b] = to_backend(b, x, sizeof(float) * nx);
-            by[b] = to_backend(b, poison, sizeof(float) * ny);
-            bi[b] = to_backend(b, ids, sizeof(int32_t) * (size_t)n * k);
-            pt_be_matmul_id(be[b], by[b], bx[b], &w[b], bi[b], n, k, 1);
-        }
-        float *yc = download(CPU, by[CPU], ny);
-        yg = download(GPU, by[GPU], ny);
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < k; j++) {
-                const float *xr = x + (size_t)t * cols;
-                float xmax = 0;
-                for (int c = 0; c < cols; c++) xmax = fmaxf(xmax, fabsf(xr[c]));
-                for (int r = 0; r < R; r++) {
-                    const float *wr = deq + ((size_t)ids[t * k + j] * R + r) * cols;
-                    double S = 0, W = 0;
-                    for (int c = 0; c < cols; c++) S += fabs((double)wr[c] * xr[c]), W += fabs(wr[c]);
-                    size_t o = ((size_t)t * k + j) * R + r;
-                    double tol = 1e-5 * S + 1e-6 + 1.01 * xmax / 65534 * W;
-                    if (!(fabs((double)yg[o] - yc[o]) <= tol))
-                        fail_msg("matmul_id mxfp4 E=%d %dx%d n=%d: y[%d][%d][%d] = %.9g, cpu %.9g",
-                                 E, R, cols, n, t, j, r, yg[o], yc[o]);
-                }
-            }
-        for (int b = 0; b < N_BE; b++) {
-            be[b]->ops->free(be[b], bx[b], sizeof(float) * nx);
-            be[b]->ops->free(be[b], by[b], sizeof(float) * ny);
-            be[b]->ops->free(be[b], bi[b], sizeof(int32_t) * (size_t)n * k);
-        }
-        free(x), free(poison), free(ids), free(yc), free(yg);
-    }
+    m.deq = download(CPU, ddq, (size_t)nt * cols);
     be[CPU]->ops->free(be[CPU], dti, sizeof(int32_t) * (size_t)nt);
     be[CPU]->ops->free(be[CPU], ddq, sizeof(float) * (size_t)nt * cols);
-    for (int b = 0; b < N_BE; b++) be[b]->ops->free(be[b], dw[b], nb);
-    free(host), free(tid), free(deq);
+    free(tid);
+    return m;
 }
 
-static void test_qmatmul_id_mxfp4(void **state) {
-    (void)state;
-    one_mxfp4(4, 8, 96);    /* rows of 51 bytes: odd addresses */
-    one_mxfp4(3, 5, 2880);  /* gpt-oss's width: two warp passes */
-    one_mxfp4(32, 6, 2880); /* 32 experts, top 4 */
+static void mxfp4_free(mxfp4_stack *m) {
+    for (int b = 0; b < N_BE; b++) be[b]->ops->free(be[b], m->dw[b], m->nb);
+    free(m->host), free(m->deq);
 }
 
-/* MXFP4 experts on the grouped GEMM: random codes, scales 2^-10 .. 2^2
- * (f16 holds every product), random x against the CPU's matmul_id with
- * the bound of one_qmatmul_id plus the f16 rounding, 2^-9 S. */
-static void one_mxfp4_mma(int E, int R, int cols, int n, int k) {
-    const size_t row_bytes = (size_t)cols / 32 * 17, nb = (size_t)E * R * row_bytes;
-    uint8_t *host = malloc(nb);
-    for (size_t i = 0; i < nb; i++) host[i] = (uint8_t)pt_rng_next(&rng);
-    for (size_t i = 0; i < nb; i += 17) host[i] = (uint8_t)(118 + pt_rng_next(&rng) % 13);
-    void *dw[N_BE];
-    pt_weight w[N_BE];
-    for (int b = 0; b < N_BE; b++) {
-        dw[b] = to_backend(b, host, nb);
-        w[b] = (pt_weight){.dtype = PT_MXFP4, .rows = R, .cols = cols, .data = dw[b], .nbytes = nb,
-                           .n_experts = E, .expert_stride = (size_t)R * row_bytes};
-    }
-    int nt = E * R;
-    int32_t *tid = malloc(sizeof(int32_t) * (size_t)nt);
-    for (int i = 0; i < nt; i++) tid[i] = i;
-    pt_weight table = {.dtype = PT_MXFP4, .rows = nt, .cols = cols, .data = dw[CPU], .nbytes = nb};
-    void *dti = to_backend(CPU, tid, sizeof(int32_t) * (size_t)nt);
-    void *ddq = be[CPU]->ops->alloc(be[CPU], sizeof(float) * (size_t)nt * cols);
-    pt_be_embed(be[CPU], ddq, &table, dti, nt);
-    float *deq = download(CPU, ddq, (size_t)nt * cols);
+/* matmul_id of n random rows, top k, on every backend: the GPU against
+ * the CPU with one_qmatmul_id's bound (id_f16 included). */
+static void mxfp4_rows(const mxfp4_stack *m, int n, int k) {
+    const int E = (int)m->w[GPU].n_experts, R = (int)m->w[GPU].rows, cols = (int)m->w[GPU].cols;
     size_t nx = (size_t)n * cols, ny = (size_t)n * k * R;
     float *x = malloc(sizeof(float) * nx), *poison = malloc(sizeof(float) * ny);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
@@ -702,7 +616,7 @@ static void one_mxfp4_mma(int E, int R, int cols, int n, int k) {
         bx[b] = to_backend(b, x, sizeof(float) * nx);
         by[b] = to_backend(b, poison, sizeof(float) * ny);
         bi[b] = to_backend(b, ids, sizeof(int32_t) * (size_t)n * k);
-        pt_be_matmul_id(be[b], by[b], bx[b], &w[b], bi[b], n, k, 1);
+        pt_be_matmul_id(be[b], by[b], bx[b], &m->w[b], bi[b], n, k, 1);
     }
     float *yc = download(CPU, by[CPU], ny), *yg = download(GPU, by[GPU], ny);
     for (int t = 0; t < n; t++)
@@ -711,25 +625,76 @@ static void one_mxfp4_mma(int E, int R, int cols, int n, int k) {
             float xmax = 0;
             for (int c = 0; c < cols; c++) xmax = fmaxf(xmax, fabsf(xr[c]));
             for (int r = 0; r < R; r++) {
-                const float *wr = deq + ((size_t)ids[t * k + j] * R + r) * cols;
+                const float *wr = m->deq + ((size_t)ids[t * k + j] * R + r) * cols;
                 double S = 0, W = 0;
                 for (int c = 0; c < cols; c++) S += fabs((double)wr[c] * xr[c]), W += fabs(wr[c]);
                 size_t o = ((size_t)t * k + j) * R + r;
                 double tol = (1e-5 + id_f16) * S + 1e-6 + 1.01 * xmax / 65534 * W;
                 if (!(fabs((double)yg[o] - yc[o]) <= tol))
-                    fail_msg("matmul_id mxfp4 (grouped) E=%d %dx%d n=%d: y[%d][%d][%d] = %.9g, "
-                             "cpu %.9g", E, R, cols, n, t, j, r, yg[o], yc[o]);
+                    fail_msg("matmul_id mxfp4 E=%d %dx%d n=%d: y[%d][%d][%d] = %.9g, cpu %.9g", E,
+                             R, cols, n, t, j, r, yg[o], yc[o]);
             }
         }
     for (int b = 0; b < N_BE; b++) {
         be[b]->ops->free(be[b], bx[b], sizeof(float) * nx);
         be[b]->ops->free(be[b], by[b], sizeof(float) * ny);
         be[b]->ops->free(be[b], bi[b], sizeof(int32_t) * (size_t)n * k);
-        be[b]->ops->free(be[b], dw[b], nb);
     }
-    be[CPU]->ops->free(be[CPU], dti, sizeof(int32_t) * (size_t)nt);
-    be[CPU]->ops->free(be[CPU], ddq, sizeof(float) * (size_t)nt * cols);
-    free(x), free(poison), free(ids), free(yc), free(yg), free(host), free(tid), free(deq);
+    free(x), free(poison), free(ids), free(yc), free(yg);
+}
+
+/* MXFP4 experts (gpt-oss), random codes and scales 2^-28 .. 2^22.
+ * Decoding, bit for bit: x row t = 32767 at column t, 0 elsewhere, every
+ * row choosing every expert, so y[t][j][r] = 32767 * W_j[r][t] exactly
+ * (the activation scale is 1, every other term an exact 0), against the
+ * CPU's dequantization (embed of the stack as a table).  Then random x
+ * against the CPU's matmul_id with one_qmatmul_id's bound. */
+static void one_mxfp4(int E, int R, int cols) {
+    mxfp4_stack m = mxfp4_new(E, R, cols, 100, 51);
+    int n = cols, k = E;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * k * R;
+    float *x = calloc(nx, sizeof(float)), *poison = malloc(sizeof(float) * ny);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    for (int t = 0; t < n; t++) {
+        x[(size_t)t * cols + t] = 32767.f;
+        for (int j = 0; j < k; j++) ids[t * k + j] = j;
+    }
+    memset(poison, 0xff, sizeof(float) * ny);
+    void *dx = to_backend(GPU, x, sizeof(float) * nx), *dy = to_backend(GPU, poison, sizeof(float) * ny);
+    void *di = to_backend(GPU, ids, sizeof(int32_t) * (size_t)n * k);
+    pt_be_matmul_id(be[GPU], dy, dx, &m.w[GPU], di, n, k, 1);
+    float *yg = download(GPU, dy, ny);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++)
+            for (int r = 0; r < R; r++) {
+                float want = 32767.f * m.deq[((size_t)j * R + r) * cols + t];
+                float got = yg[((size_t)t * k + j) * R + r];
+                if (!(got == want))
+                    fail_msg("mxfp4 decode E=%d %dx%d: expert %d [%d][%d] = %.9g, cpu %.9g", E, R,
+                             cols, j, r, t, got / 32767.f, want / 32767.f);
+            }
+    be[GPU]->ops->free(be[GPU], dx, sizeof(float) * nx);
+    be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
+    be[GPU]->ops->free(be[GPU], di, sizeof(int32_t) * (size_t)n * k);
+    free(yg), free(ids), free(poison), free(x);
+    static const int ns[] = {1, 5, 16};
+    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) mxfp4_rows(&m, ns[ni], E < 4 ? E : 4);
+    mxfp4_free(&m);
+}
+
+static void test_qmatmul_id_mxfp4(void **state) {
+    (void)state;
+    one_mxfp4(4, 8, 96);    /* rows of 51 bytes: odd addresses */
+    one_mxfp4(3, 5, 2880);  /* gpt-oss's width: two warp passes */
+    one_mxfp4(32, 6, 2880); /* 32 experts, top 4 */
+}
+
+/* MXFP4 experts on the grouped GEMM: scales 2^-10 .. 2^2 (f16 holds every
+ * product), random rows with the f16 bound (id_f16). */
+static void one_mxfp4_mma(int E, int R, int cols, int n, int k) {
+    mxfp4_stack m = mxfp4_new(E, R, cols, 118, 13);
+    mxfp4_rows(&m, n, k);
+    mxfp4_free(&m);
 }
 
 /* The grouped GEMM (moe_mma.cu) on a backend that takes it from one row
