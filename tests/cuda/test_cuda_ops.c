@@ -23,7 +23,9 @@
  * (the routed FFN as one op; two fused kernels at decode for quantized
  * experts) against the CPU's op sequence, and its fused kernels against
  * the CUDA op sequence (GPU_ALT) and a batch's rows against each row
- * alone, bit for bit.  So are the
+ * alone, bit for bit; from 32 rows the grouped tensor-core GEMM
+ * (moe_mma.cu) against the CPU at 4e-3 and required to differ from
+ * GPU_ALT's exact kernels.  So are the
  * hybrid recurrent ops (gather_cols, sigmoid_mul, rmsnorm_gated,
  * conv1d_silu and gated_delta over several sequences' states, prefill,
  * decode and a restart) and DeepSeek's (copy_cols, moe_route_grouped).
@@ -50,7 +52,8 @@
 
 enum { CPU, GPU, GPU_ALT, N_BE };
 /* GPU_ALT: cuBLAS-only matmul, simple attention, chunked delta rule, and
- * moe_ffn as its op sequence (PETREL_CUDA_MOE_FUSED=0) */
+ * moe_ffn as its op sequence with the exact matmul_id at every row count
+ * (PETREL_CUDA_MOE_FUSED=0, PETREL_CUDA_MOE_MMA=0) */
 static pt_backend *be[N_BE];
 static pt_rng rng;
 
@@ -999,13 +1002,25 @@ static void one_moe_ffn(const ffn_case *c) {
                      ic[i]);
     free(ic), free(ig);
     check_out(&w, GPU, 1e-6, "%s: weights", what);
-    check_out(&y, GPU, 1e-4, "%s", what);
-    check_bits(&y, GPU, GPU_ALT, what);
+    /* 32+ rows of quantized experts: the grouped GEMM (moe_mma.cu, f16
+     * weights and activations in three chained products) on GPU, the
+     * exact op sequence on GPU_ALT (PETREL_CUDA_MOE_MMA=0), which must
+     * then differ somewhere, or the GEMM did not run */
+    bool mma = n >= 32 && pt_gguf_quant_type(c->gt) && pt_gguf_quant_type(c->dt);
+    check_out(&y, GPU, mma ? 4e-3 : 1e-4, "%s", what);
+    if (mma) {
+        check_out(&y, GPU_ALT, 1e-4, "%s (op sequence)", what);
+        float *ya = arr_get(&y, GPU), *yb = arr_get(&y, GPU_ALT);
+        assert_true(memcmp(ya, yb, y.nbytes) != 0);
+        free(ya), free(yb);
+    } else {
+        check_bits(&y, GPU, GPU_ALT, what);
+    }
     check_bits(&ids, GPU, GPU_ALT, what);
     check_bits(&w, GPU, GPU_ALT, what);
-    /* each row alone on the GPU */
+    /* each row alone on the GPU (the exact kernels: bit for bit) */
     float *yn = arr_get(&y, GPU), *xh = arr_get(&x, CPU), *lh = arr_get(&lg, CPU);
-    for (int t = 0; t < n && n > 1; t++) {
+    for (int t = 0; t < n && n > 1 && !mma; t++) {
         void *dx = gpu_put(xh + (size_t)t * dim, sizeof(float) * dim);
         void *dl = gpu_put(lh + (size_t)t * E, sizeof(float) * E);
         float *y1 = malloc(sizeof(float) * dim);
@@ -1050,6 +1065,13 @@ static void test_moe_ffn(void **state) {
         /* Q4_K_M's mix (q4_k gate/up, q6_k down), GeGLU, no renormalization */
         {PT_Q4_K, PT_Q6_K, 16, 512, 256, 2, 3, PT_MOE_GEGLU, false, false},
         {PT_Q8_0, PT_Q4_0, 6, 256, 96, 5, 2, PT_MOE_SWIGLU, true, false},
+        /* prefill: the grouped GEMM (64-pair tiles, experts of one to
+         * several tiles, 2880 and 1440 columns, a tail step of 32) */
+        {PT_Q4_0, PT_Q4_0, 128, 512, 192, 48, 8, PT_MOE_SWIGLU, false, true},
+        {PT_Q4_0, PT_Q4_0, 4, 2880, 2880, 70, 4, PT_MOE_SWIGLU_OAI, true, true},
+        {PT_Q8_0, PT_Q8_0, 6, 2880, 1440, 40, 3, PT_MOE_SWIGLU_OAI, true, true},
+        {PT_Q4_K, PT_Q6_K, 16, 512, 256, 33, 3, PT_MOE_GEGLU, false, false},
+        {PT_Q8_0, PT_Q4_0, 6, 256, 96, 130, 2, PT_MOE_SWIGLU, true, false},
         /* float experts: the op sequence on every backend */
         {PT_BF16, PT_BF16, 16, 256, 96, 2, 4, PT_MOE_SWIGLU, false, true},
         {PT_F32, PT_F32, 8, 128, 64, 3, 2, PT_MOE_SWIGLU_OAI, true, true},
@@ -1395,7 +1417,9 @@ int main(void) {
     setenv("PETREL_CUDA_ATTN", "simple", 1);
     setenv("PETREL_CUDA_GDN_CHUNK", "1", 1);
     setenv("PETREL_CUDA_MOE_FUSED", "0", 1);
+    setenv("PETREL_CUDA_MOE_MMA", "0", 1);
     be[GPU_ALT] = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_MOE_MMA");
     unsetenv("PETREL_CUDA_GEMV_MAX");
     unsetenv("PETREL_CUDA_ATTN");
     unsetenv("PETREL_CUDA_GDN_CHUNK");

@@ -38,6 +38,9 @@
  * row of a 9- or 16-row call against the row alone, bit for bit.
  * test_qmatmul_id_mxfp4: gpt-oss's MXFP4 experts, decoded bit for bit as
  * the CPU dequantizes them, and matmul_id against the CPU.
+ * test_qmatmul_id_mma: the grouped tensor-core GEMM that takes matmul_id
+ * from PETREL_CUDA_MOE_MMA token rows (moe_mma.cu), every format and
+ * MXFP4, the bounds above plus 2^-9 S (w and x rounded to f16).
  *
  * embed: rows of each format against the CPU's dequantization, 1e-6
  * relative (the same products; the GPU fuses one multiply-add).
@@ -426,6 +429,13 @@ static void random_ids(int32_t *ids, int n, int k, int E) {
  * rows cut into E experts of R), against the double-precision product of
  * the dequantized experts and the CPU backend, with one_matmul's bounds
  * (the GPU decodes to f32 and sums in f32: u = 1e-5). */
+/* The grouped GEMM's test (moe_mma.cu): its f16 rounding (id_f16 S more
+ * in each bound), and a second backend whose outputs are counted where
+ * they differ (id_other: the exact kernels). */
+static double id_f16;
+static pt_backend *id_other;
+static size_t id_differ;
+
 static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, int x_slots,
                            bool rand_ids) {
     qmat m = qmat_new(f, E * R, cols);
@@ -448,6 +458,17 @@ static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, i
         pt_be_matmul_id(be[b], dy[b], dx[b], &w, di[b], n, k, x_slots);
     }
     float *yc = download(CPU, dy[CPU], ny), *yg = download(GPU, dy[GPU], ny);
+    if (id_other) {
+        pt_weight w = m.w[GPU];
+        w.rows = R, w.n_experts = E, w.expert_stride = m.nb[0] / (size_t)E;
+        void *d2 = to_backend(GPU, poison, sizeof(float) * ny);
+        pt_be_matmul_id(id_other, d2, dx[GPU], &w, di[GPU], n, k, x_slots);
+        float *y2 = malloc(sizeof(float) * ny);
+        id_other->ops->download(id_other, y2, d2, sizeof(float) * ny);
+        for (size_t i = 0; i < ny; i++) id_differ += memcmp(&y2[i], &yg[i], sizeof(float)) != 0;
+        be[GPU]->ops->free(be[GPU], d2, sizeof(float) * ny);
+        free(y2);
+    }
     char fb[48];
     for (int t = 0; t < n; t++)
         for (int j = 0; j < k; j++) {
@@ -463,7 +484,7 @@ static void one_qmatmul_id(const fmt *f, int E, int R, int cols, int n, int k, i
                     W += fabs(wr[c]);
                 }
                 size_t o = ((size_t)t * k + j) * R + r;
-                double tol = 1e-5 * S + 1e-6 + 1.01 * xmax / 65534 * W;
+                double tol = (1e-5 + id_f16) * S + 1e-6 + 1.01 * xmax / 65534 * W;
                 if (!(fabs(yg[o] - ref) <= tol) || !(fabs((double)yg[o] - yc[o]) <= tol))
                     fail_msg("matmul_id %s E=%d %dx%d n=%d k=%d: y[%d][%d][%d] = %.9g, exact %.9g, "
                              "cpu %.9g (bound %.3g)", fname(f, fb, sizeof fb), E, R, cols, n, k, t,
@@ -538,6 +559,90 @@ static void test_qmatmul_id(void **state) {
     }
 }
 
+/* A stack of E MXFP4 experts [R][cols] on every backend: random codes,
+ * scale bytes e0 .. e0 + span - 1 (2^(e - 128)); deq gets the CPU's
+ * dequantization (embed of the stack as a table). */
+typedef struct mxfp4_stack {
+    uint8_t *host;
+    size_t nb;
+    void *dw[N_BE];
+    pt_weight w[N_BE];
+    float *deq;
+} mxfp4_stack;
+
+static mxfp4_stack mxfp4_new(int E, int R, int cols, int e0, int span) {
+    mxfp4_stack m;
+    const size_t row_bytes = (size_t)cols / 32 * 17;
+    m.nb = (size_t)E * R * row_bytes;
+    m.host = malloc(m.nb);
+    for (size_t i = 0; i < m.nb; i++) m.host[i] = (uint8_t)pt_rng_next(&rng);
+    for (size_t i = 0; i < m.nb; i += 17) m.host[i] = (uint8_t)(e0 + pt_rng_next(&rng) % (uint64_t)span);
+    for (int b = 0; b < N_BE; b++) {
+        m.dw[b] = to_backend(b, m.host, m.nb);
+        m.w[b] = (pt_weight){.dtype = PT_MXFP4, .rows = R, .cols = cols, .data = m.dw[b],
+                             .nbytes = m.nb, .n_experts = E, .expert_stride = (size_t)R * row_bytes};
+    }
+    int nt = E * R;
+    int32_t *tid = malloc(sizeof(int32_t) * (size_t)nt);
+    for (int i = 0; i < nt; i++) tid[i] = i;
+    pt_weight table = {.dtype = PT_MXFP4, .rows = nt, .cols = cols, .data = m.dw[CPU], .nbytes = m.nb};
+    void *dti = to_backend(CPU, tid, sizeof(int32_t) * (size_t)nt);
+    void *ddq = be[CPU]->ops->alloc(be[CPU], sizeof(float) * (size_t)nt * cols);
+    pt_be_embed(be[CPU], ddq, &table, dti, nt);
+    m.deq = download(CPU, ddq, (size_t)nt * cols);
+    be[CPU]->ops->free(be[CPU], dti, sizeof(int32_t) * (size_t)nt);
+    be[CPU]->ops->free(be[CPU], ddq, sizeof(float) * (size_t)nt * cols);
+    free(tid);
+    return m;
+}
+
+static void mxfp4_free(mxfp4_stack *m) {
+    for (int b = 0; b < N_BE; b++) be[b]->ops->free(be[b], m->dw[b], m->nb);
+    free(m->host), free(m->deq);
+}
+
+/* matmul_id of n random rows, top k, on every backend: the GPU against
+ * the CPU with one_qmatmul_id's bound (id_f16 included). */
+static void mxfp4_rows(const mxfp4_stack *m, int n, int k) {
+    const int E = (int)m->w[GPU].n_experts, R = (int)m->w[GPU].rows, cols = (int)m->w[GPU].cols;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * k * R;
+    float *x = malloc(sizeof(float) * nx), *poison = malloc(sizeof(float) * ny);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
+    memset(poison, 0xff, sizeof(float) * ny);
+    random_ids(ids, n, k, E);
+    void *bx[N_BE], *by[N_BE], *bi[N_BE];
+    for (int b = 0; b < N_BE; b++) {
+        bx[b] = to_backend(b, x, sizeof(float) * nx);
+        by[b] = to_backend(b, poison, sizeof(float) * ny);
+        bi[b] = to_backend(b, ids, sizeof(int32_t) * (size_t)n * k);
+        pt_be_matmul_id(be[b], by[b], bx[b], &m->w[b], bi[b], n, k, 1);
+    }
+    float *yc = download(CPU, by[CPU], ny), *yg = download(GPU, by[GPU], ny);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            const float *xr = x + (size_t)t * cols;
+            float xmax = 0;
+            for (int c = 0; c < cols; c++) xmax = fmaxf(xmax, fabsf(xr[c]));
+            for (int r = 0; r < R; r++) {
+                const float *wr = m->deq + ((size_t)ids[t * k + j] * R + r) * cols;
+                double S = 0, W = 0;
+                for (int c = 0; c < cols; c++) S += fabs((double)wr[c] * xr[c]), W += fabs(wr[c]);
+                size_t o = ((size_t)t * k + j) * R + r;
+                double tol = (1e-5 + id_f16) * S + 1e-6 + 1.01 * xmax / 65534 * W;
+                if (!(fabs((double)yg[o] - yc[o]) <= tol))
+                    fail_msg("matmul_id mxfp4 E=%d %dx%d n=%d: y[%d][%d][%d] = %.9g, cpu %.9g", E,
+                             R, cols, n, t, j, r, yg[o], yc[o]);
+            }
+        }
+    for (int b = 0; b < N_BE; b++) {
+        be[b]->ops->free(be[b], bx[b], sizeof(float) * nx);
+        be[b]->ops->free(be[b], by[b], sizeof(float) * ny);
+        be[b]->ops->free(be[b], bi[b], sizeof(int32_t) * (size_t)n * k);
+    }
+    free(x), free(poison), free(ids), free(yc), free(yg);
+}
+
 /* MXFP4 experts (gpt-oss), random codes and scales 2^-28 .. 2^22.
  * Decoding, bit for bit: x row t = 32767 at column t, 0 elsewhere, every
  * row choosing every expert, so y[t][j][r] = 32767 * W_j[r][t] exactly
@@ -545,27 +650,7 @@ static void test_qmatmul_id(void **state) {
  * CPU's dequantization (embed of the stack as a table).  Then random x
  * against the CPU's matmul_id with one_qmatmul_id's bound. */
 static void one_mxfp4(int E, int R, int cols) {
-    const size_t row_bytes = (size_t)cols / 32 * 17, nb = (size_t)E * R * row_bytes;
-    uint8_t *host = malloc(nb);
-    for (size_t i = 0; i < nb; i++) host[i] = (uint8_t)pt_rng_next(&rng);
-    for (size_t i = 0; i < nb; i += 17) host[i] = (uint8_t)(100 + pt_rng_next(&rng) % 51);
-    void *dw[N_BE];
-    pt_weight w[N_BE];
-    for (int b = 0; b < N_BE; b++) {
-        dw[b] = to_backend(b, host, nb);
-        w[b] = (pt_weight){.dtype = PT_MXFP4, .rows = R, .cols = cols, .data = dw[b], .nbytes = nb,
-                           .n_experts = E, .expert_stride = (size_t)R * row_bytes};
-    }
-    /* the CPU's dequantization: the stack as a table of E * R rows */
-    int nt = E * R;
-    int32_t *tid = malloc(sizeof(int32_t) * (size_t)nt);
-    for (int i = 0; i < nt; i++) tid[i] = i;
-    pt_weight table = {.dtype = PT_MXFP4, .rows = nt, .cols = cols, .data = dw[CPU], .nbytes = nb};
-    void *dti = to_backend(CPU, tid, sizeof(int32_t) * (size_t)nt);
-    void *ddq = be[CPU]->ops->alloc(be[CPU], sizeof(float) * (size_t)nt * cols);
-    pt_be_embed(be[CPU], ddq, &table, dti, nt);
-    float *deq = download(CPU, ddq, (size_t)nt * cols);
-
+    mxfp4_stack m = mxfp4_new(E, R, cols, 100, 51);
     int n = cols, k = E;
     size_t nx = (size_t)n * cols, ny = (size_t)n * k * R;
     float *x = calloc(nx, sizeof(float)), *poison = malloc(sizeof(float) * ny);
@@ -577,12 +662,12 @@ static void one_mxfp4(int E, int R, int cols) {
     memset(poison, 0xff, sizeof(float) * ny);
     void *dx = to_backend(GPU, x, sizeof(float) * nx), *dy = to_backend(GPU, poison, sizeof(float) * ny);
     void *di = to_backend(GPU, ids, sizeof(int32_t) * (size_t)n * k);
-    pt_be_matmul_id(be[GPU], dy, dx, &w[GPU], di, n, k, 1);
+    pt_be_matmul_id(be[GPU], dy, dx, &m.w[GPU], di, n, k, 1);
     float *yg = download(GPU, dy, ny);
     for (int t = 0; t < n; t++)
         for (int j = 0; j < k; j++)
             for (int r = 0; r < R; r++) {
-                float want = 32767.f * deq[((size_t)j * R + r) * cols + t];
+                float want = 32767.f * m.deq[((size_t)j * R + r) * cols + t];
                 float got = yg[((size_t)t * k + j) * R + r];
                 if (!(got == want))
                     fail_msg("mxfp4 decode E=%d %dx%d: expert %d [%d][%d] = %.9g, cpu %.9g", E, R,
@@ -592,52 +677,9 @@ static void one_mxfp4(int E, int R, int cols) {
     be[GPU]->ops->free(be[GPU], dy, sizeof(float) * ny);
     be[GPU]->ops->free(be[GPU], di, sizeof(int32_t) * (size_t)n * k);
     free(yg), free(ids), free(poison), free(x);
-
     static const int ns[] = {1, 5, 16};
-    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
-        n = ns[ni], k = E < 4 ? E : 4;
-        nx = (size_t)n * cols, ny = (size_t)n * k * R;
-        x = malloc(sizeof(float) * nx), poison = malloc(sizeof(float) * ny);
-        ids = malloc(sizeof(int32_t) * (size_t)n * k);
-        for (size_t i = 0; i < nx; i++) x[i] = frand(-1, 1);
-        memset(poison, 0xff, sizeof(float) * ny);
-        random_ids(ids, n, k, E);
-        void *bx[N_BE], *by[N_BE], *bi[N_BE];
-        for (int b = 0; b < N_BE; b++) {
-            bx[b] = to_backend(b, x, sizeof(float) * nx);
-            by[b] = to_backend(b, poison, sizeof(float) * ny);
-            bi[b] = to_backend(b, ids, sizeof(int32_t) * (size_t)n * k);
-            pt_be_matmul_id(be[b], by[b], bx[b], &w[b], bi[b], n, k, 1);
-        }
-        float *yc = download(CPU, by[CPU], ny);
-        yg = download(GPU, by[GPU], ny);
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < k; j++) {
-                const float *xr = x + (size_t)t * cols;
-                float xmax = 0;
-                for (int c = 0; c < cols; c++) xmax = fmaxf(xmax, fabsf(xr[c]));
-                for (int r = 0; r < R; r++) {
-                    const float *wr = deq + ((size_t)ids[t * k + j] * R + r) * cols;
-                    double S = 0, W = 0;
-                    for (int c = 0; c < cols; c++) S += fabs((double)wr[c] * xr[c]), W += fabs(wr[c]);
-                    size_t o = ((size_t)t * k + j) * R + r;
-                    double tol = 1e-5 * S + 1e-6 + 1.01 * xmax / 65534 * W;
-                    if (!(fabs((double)yg[o] - yc[o]) <= tol))
-                        fail_msg("matmul_id mxfp4 E=%d %dx%d n=%d: y[%d][%d][%d] = %.9g, cpu %.9g",
-                                 E, R, cols, n, t, j, r, yg[o], yc[o]);
-                }
-            }
-        for (int b = 0; b < N_BE; b++) {
-            be[b]->ops->free(be[b], bx[b], sizeof(float) * nx);
-            be[b]->ops->free(be[b], by[b], sizeof(float) * ny);
-            be[b]->ops->free(be[b], bi[b], sizeof(int32_t) * (size_t)n * k);
-        }
-        free(x), free(poison), free(ids), free(yc), free(yg);
-    }
-    be[CPU]->ops->free(be[CPU], dti, sizeof(int32_t) * (size_t)nt);
-    be[CPU]->ops->free(be[CPU], ddq, sizeof(float) * (size_t)nt * cols);
-    for (int b = 0; b < N_BE; b++) be[b]->ops->free(be[b], dw[b], nb);
-    free(host), free(tid), free(deq);
+    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) mxfp4_rows(&m, ns[ni], E < 4 ? E : 4);
+    mxfp4_free(&m);
 }
 
 static void test_qmatmul_id_mxfp4(void **state) {
@@ -645,6 +687,50 @@ static void test_qmatmul_id_mxfp4(void **state) {
     one_mxfp4(4, 8, 96);    /* rows of 51 bytes: odd addresses */
     one_mxfp4(3, 5, 2880);  /* gpt-oss's width: two warp passes */
     one_mxfp4(32, 6, 2880); /* 32 experts, top 4 */
+}
+
+/* MXFP4 experts on the grouped GEMM: scales 2^-10 .. 2^2 (f16 holds every
+ * product), random rows with the f16 bound (id_f16). */
+static void one_mxfp4_mma(int E, int R, int cols, int n, int k) {
+    mxfp4_stack m = mxfp4_new(E, R, cols, 118, 13);
+    mxfp4_rows(&m, n, k);
+    mxfp4_free(&m);
+}
+
+/* The grouped GEMM (moe_mma.cu) on a backend that takes it from one row
+ * (PETREL_CUDA_MOE_MMA=1; the other tests keep the exact kernels, =0):
+ * every format against the double product and the CPU with the f16
+ * bound, experts of one pair to several 64-pair tiles, weight rows not a
+ * multiple of its 128-row tiles, a tail step of 32 columns (96), an input
+ * per slot (the down projection), gpt-oss's 2880 columns; and the results
+ * must differ from the exact kernels' somewhere, or it did not run. */
+static void test_qmatmul_id_mma(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    setenv("PETREL_CUDA_MOE_MMA", "1", 1);
+    pt_backend *on = pt_backend_cuda_new(0, &err), *off = be[GPU];
+    unsetenv("PETREL_CUDA_MOE_MMA");
+    assert_non_null(on);
+    be[GPU] = on, id_other = off, id_f16 = 1.0 / 512;
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(formats); fi++) {
+        const fmt *f = &formats[fi];
+        id_differ = 0;
+        one_qmatmul_id(f, 5, 37, 512, 1, 2, 1, false);   /* one pair per expert */
+        one_qmatmul_id(f, 6, 20, 256, 30, 3, 1, false);  /* 15 pairs per expert */
+        one_qmatmul_id(f, 4, 130, 512, 150, 2, 1, true); /* ~75: two tiles; two row tiles */
+        one_qmatmul_id(f, 4, 150, 512, 40, 2, 2, true);  /* an input per slot */
+        one_qmatmul_id(f, 128, 16, 512, 64, 8, 1, true); /* Qwen3-MoE's routing */
+        if (96 % fmt_block(f) == 0) one_qmatmul_id(f, 4, 9, 96, 40, 2, 1, true);
+        if (2880 % fmt_block(f) == 0) one_qmatmul_id(f, 32, 12, 2880, 33, 4, 4, true);
+        char fb[48];
+        print_message("matmul_id grouped %s: %zu outputs differ from the exact kernels\n",
+                      fname(f, fb, sizeof fb), id_differ);
+        assert_true(id_differ > 0);
+    }
+    one_mxfp4_mma(8, 20, 2880, 40, 4);
+    one_mxfp4_mma(4, 130, 96, 70, 2);
+    be[GPU] = off, id_other = NULL, id_f16 = 0;
+    on->ops->destroy(on);
 }
 
 /* Rows sharing experts: a pair's bits do not depend on the other pairs. */
@@ -754,7 +840,11 @@ static void test_qmma(void **state) {
 
 int main(void) {
     pt_err err = {{0}};
-    be[GPU] = pt_backend_cuda_new(0, &err); /* GEMV up to 16 rows: the default */
+    /* GEMV up to 16 rows: the default; matmul_id's exact kernels at every
+     * row count (test_qmatmul_id_mma makes its own backend) */
+    setenv("PETREL_CUDA_MOE_MMA", "0", 1);
+    be[GPU] = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_MOE_MMA");
     if (!be[GPU]) {
         printf("test_cuda_qmatmul: skipped: %s\n", err.msg);
         fflush(stdout);
@@ -781,6 +871,7 @@ int main(void) {
         cmocka_unit_test(test_qmatmul_id),
         cmocka_unit_test(test_qmatmul_id_invariance),
         cmocka_unit_test(test_qmatmul_id_mxfp4),
+        cmocka_unit_test(test_qmatmul_id_mma),
     };
     /* CMOCKA_FILTER / CMOCKA_SKIP (patterns with * and ?): a subset, for
      * short device runs */

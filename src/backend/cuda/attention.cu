@@ -66,6 +66,32 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+/* The next pass of a block over its query rows t0 .. t0 + nrows - 1: the
+ * first sequence sq not yet done, its rows (active, a bit per row; at most
+ * 64 rows) and their largest and smallest positions; false when every row
+ * is done.  Rows of one sequence share the keys a pass reads. */
+__device__ __forceinline__ bool att_next_pass(const cu_attn_args &a, int t0, int nrows,
+                                              uint64_t &done, int &sq, uint64_t &active,
+                                              int &pmax, int &pmin) {
+    int first = -1;
+    for (int r = 0; r < nrows; r++)
+        if (!((done >> r) & 1)) {
+            first = r;
+            break;
+        }
+    if (first < 0) return false;
+    sq = a.seq[t0 + first];
+    active = 0, pmax = -1, pmin = INT_MAX;
+    for (int r = 0; r < nrows; r++)
+        if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
+            active |= 1ull << r;
+            pmax = max(pmax, a.pos[t0 + r]);
+            pmin = min(pmin, a.pos[t0 + r]);
+        }
+    done |= active;
+    return true;
+}
+
 template <int HD, int NQ> struct att_layout {
     static const int k_stride = HD + 8; /* elements: keeps lane-per-row reads conflict-free */
     static const int k_bytes = ATT_KT * k_stride * 2;
@@ -97,25 +123,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int split = blockIdx.z, kbeg = split * p.chunk;
     const float qscale = a.scale * ATT_LOG2E;
 
-    unsigned done = 0;
-    for (;;) {
-        /* One pass per sequence among this block's rows. */
-        int first = -1;
-        for (int r = 0; r < nrows; r++)
-            if (!((done >> r) & 1)) {
-                first = r;
-                break;
-            }
-        if (first < 0) break;
-        const int sq = a.seq[t0 + first];
-        unsigned active = 0;
-        int pmax = -1;
-        for (int r = 0; r < nrows; r++)
-            if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
-                active |= 1u << r;
-                pmax = max(pmax, a.pos[t0 + r]);
-            }
-        done |= active;
+    uint64_t done = 0, active;
+    int sq, pmax, pmin;
+    while (att_next_pass(a, t0, nrows, done, sq, active, pmax, pmin)) { /* a pass per sequence */
         const int kend = min(kbeg + p.chunk, pmax + 1);
         if (kend <= kbeg) continue;
 
@@ -406,24 +416,9 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(cu_attn_args a
     const int v0 = warp * 16 + g, v1 = v0 + 8;
     const int r0 = v0 / gq, h0 = v0 % gq, r1 = v1 / gq, h1 = v1 % gq;
 
-    uint64_t done = 0;
-    for (;;) {
-        int first = -1;
-        for (int r = 0; r < nrows; r++)
-            if (!((done >> r) & 1)) {
-                first = r;
-                break;
-            }
-        if (first < 0) break;
-        const int sq = a.seq[t0 + first];
-        uint64_t active = 0;
-        int pmax = -1;
-        for (int r = 0; r < nrows; r++)
-            if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
-                active |= 1ull << r;
-                pmax = max(pmax, a.pos[t0 + r]);
-            }
-        done |= active;
+    uint64_t done = 0, active;
+    int sq, pmax, pmin;
+    while (att_next_pass(a, t0, nrows, done, sq, active, pmax, pmin)) { /* a pass per sequence */
         const int kend = min(kbeg + p.chunk, pmax + 1);
         if (kend <= kbeg) continue;
 
@@ -676,25 +671,9 @@ __global__ void __launch_bounds__(WIDE_WARPS * 32, 1) attn_wide_kernel(cu_attn_a
     const int c0 = warp * (HD / 8);                                   /* P·V columns */
     const int smt = (warp * SPW) / (KT / 8), snt = (warp * SPW) % (KT / 8); /* score pieces */
 
-    uint64_t done = 0;
-    for (;;) {
-        int first = -1;
-        for (int r = 0; r < nrows; r++)
-            if (!((done >> r) & 1)) {
-                first = r;
-                break;
-            }
-        if (first < 0) break;
-        const int sq = a.seq[t0 + first];
-        uint64_t active = 0;
-        int pmax = -1, pmin = INT_MAX;
-        for (int r = 0; r < nrows; r++)
-            if (!((done >> r) & 1) && a.seq[t0 + r] == sq) {
-                active |= 1ull << r;
-                pmax = max(pmax, a.pos[t0 + r]);
-                pmin = min(pmin, a.pos[t0 + r]);
-            }
-        done |= active;
+    uint64_t done = 0, active;
+    int sq, pmax, pmin;
+    while (att_next_pass(a, t0, nrows, done, sq, active, pmax, pmin)) { /* a pass per sequence */
         const int kend = min(kbeg + p.chunk, pmax + 1);
         if (kend <= kbeg) continue;
         /* With a window, keys below every row's window are neither read

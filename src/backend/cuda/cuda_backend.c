@@ -56,6 +56,11 @@
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
  * PETREL_CUDA_MOE_FUSED (token rows up to which moe_ffn with quantized
  * experts runs as moe.cu's two fused kernels, default 8; 0: never),
+ * PETREL_CUDA_MOE_RPW (gate rows per warp of that up kernel, 1..4,
+ * default 2: more rows, fewer blocks and more bytes in flight each),
+ * PETREL_CUDA_MOE_MMA (token rows from which matmul_id with quantized
+ * experts, and so moe_ffn past the fused rows, runs moe_mma.cu's grouped
+ * GEMM on the tensor cores, default 32; 0: never),
  * PETREL_CUDA_GDN_CHUNK (rows per sequence from which the gated delta rule
  * runs chunkwise, default 16; 0: always row by row), PETREL_CUDA_KVQ_MMA
  * (0: TurboQuant k8 caches keep attn_kvq.cu's FMA kernel, not its
@@ -383,10 +388,23 @@ static int moe_group(const pt_weight *w) {
     return w->dtype == PT_AFFINE ? w->group_size : 32;
 }
 
-/* y = x · W[ids]ᵀ: the sort and codes (cu_moe_prep), then the matmul. */
+/* Whether matmul_id over w at n token rows takes the grouped GEMM. */
+static bool moe_mma_rows(const cuda_backend *cb, const pt_weight *w, int n) {
+    return cb->moe_mma > 0 && n >= cb->moe_mma && is_quantized(w->dtype);
+}
+
+/* y = x · W[ids]ᵀ: at many rows the grouped GEMM (moe_mma.cu), else the
+ * sort and codes (cu_moe_prep), then the matmul. */
 static void run_matmul_id(cuda_backend *cb, float *y, const float *x, const pt_weight *w,
                           const int32_t *ids, int n, int k, int x_slots) {
     int pairs = n * k, rc;
+    if (moe_mma_rows(cb, w, n)) {
+        pt_weight e0 = pt_weight_expert(w, 0);
+        cu_qweight q = qweight_of(&e0);
+        if (cu_moe_mma(&cb->ctx, y, x, &q, w->expert_stride, w->n_experts, ids, cb->moe_scratch,
+                       pairs, k, x_slots) == 0)
+            return;
+    }
     if (cu_moe_prep(&cb->ctx, cb->moe_scratch, ids, pairs, w->n_experts, x, n * x_slots,
                     (int)w->cols, moe_group(w))) {
         cuda_fail(cb, "matmul_id", "no kernel for this stack of experts (too many experts, or an "
@@ -426,7 +444,7 @@ static int moe_ffn_fused(cuda_backend *cb, const pt_op_moe_ffn *a) {
         .gate_bias = a->gate_bias, .up_bias = a->up_bias, .down_bias = a->down_bias,
         .ids = a->ids, .weights = a->weights, .act = a->gate, .n = a->n,
         .n_experts = a->n_experts, .k = a->k, .act_kind = a->act, .renorm = a->renorm,
-        .alpha = a->alpha, .limit = a->limit};
+        .alpha = a->alpha, .limit = a->limit, .rows_per_warp = cb->moe_rpw};
     return cu_moe_ffn(&cb->ctx, &f);
 }
 
@@ -783,6 +801,9 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         const pt_op_matmul_id *a = &o->matmul_id;
         int64_t codes = moe_group(&a->w) ? (int64_t)a->n * a->x_slots * a->w.cols : 0;
         size_t need = cu_moe_scratch(a->n * a->k, a->w.n_experts, codes);
+        if (moe_mma_rows(cb, &a->w, a->n))
+            need = PT_MAX(need, cu_moe_mma_scratch(a->n * a->k, a->w.n_experts,
+                                                   a->n * a->x_slots, a->w.cols));
         return grow(cb, &cb->moe_scratch, &cb->moe_cap, need, name);
     } else if (o->kind == PT_OP_MOE_FFN) { /* the op sequence's matmul_id calls */
         const pt_op_moe_ffn *a = &o->moe_ffn;
@@ -790,6 +811,10 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         int64_t up = moe_group(a->w_gate) ? (int64_t)a->n * a->w_gate->cols : 0;
         int64_t down = moe_group(a->w_down) ? (int64_t)pairs * a->w_down->cols : 0;
         size_t need = cu_moe_scratch(pairs, a->n_experts, up > down ? up : down);
+        if (moe_mma_rows(cb, a->w_gate, a->n))
+            need = PT_MAX(need, cu_moe_mma_scratch(pairs, a->n_experts, a->n, a->w_gate->cols));
+        if (moe_mma_rows(cb, a->w_down, a->n))
+            need = PT_MAX(need, cu_moe_mma_scratch(pairs, a->n_experts, pairs, a->w_down->cols));
         return grow(cb, &cb->moe_scratch, &cb->moe_cap, need, name);
     } else if (o->kind == PT_OP_ATTENTION) {
         size_t need;
@@ -1036,6 +1061,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cu_qgemv_init(&cb->ctx);
     cu_recurrent_init();
     cu_moe_init(&cb->ctx);
+    cu_moe_mma_init(&cb->ctx);
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", CU_GEMV_DEFAULT_ROWS);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->repack = env_int("PETREL_CUDA_REPACK", 1) != 0;
@@ -1043,6 +1069,8 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     cb->gdn_chunk = PT_MAX(env_int("PETREL_CUDA_GDN_CHUNK", 16), 0);
     cb->moe_fused = PT_MAX(env_int("PETREL_CUDA_MOE_FUSED", 8), 0);
+    cb->moe_mma = PT_MAX(env_int("PETREL_CUDA_MOE_MMA", 32), 0);
+    cb->moe_rpw = env_int("PETREL_CUDA_MOE_RPW", 2);
     /* the tensor-core GEMM (qmma.cu) only when asked: on the H200 (session
      * 8) it ran 124.5 us/call at 64 decoding sequences of the 8B shape,
      * against 81.6 for dequantize + cuBLAS (docs/cuda.md, "Tensor-core

@@ -94,6 +94,20 @@ int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, size_t expert_
  * formats, and CU_MXFP4). */
 int cu_moe_qweight_ok(const cu_qweight *w);
 
+/* The matmul by expert id for many token rows (moe_mma.cu): the same
+ * product as cu_moe_prep + cu_qmatmul_id, y[pair][rows] for x [n][x_slots]
+ * [cols] and quantized experts w (as cu_qmatmul_id's), as a grouped GEMM
+ * on the tensor cores with w and x rounded to f16 (within 2^-9 of
+ * sum |w x| per output).  Two launches, no host sync.  Scratch: bytes for
+ * pairs over n_experts, x_rows = n * x_slots rows of cols.  -1 (nothing
+ * queued) for a stack it does not take. */
+size_t cu_moe_mma_scratch(int pairs, int n_experts, int x_rows, int64_t cols);
+int cu_moe_mma(const cu_ctx *c, float *y, const float *x, const cu_qweight *w,
+               size_t expert_stride, int n_experts, const int32_t *ids, void *scratch, int pairs,
+               int k, int x_slots);
+/* Allows the grouped GEMM its shared memory (55 KiB); once, as cu_moe_init. */
+void cu_moe_mma_init(const cu_ctx *c);
+
 /* The routed-experts FFN of pt_op_moe_ffn in two launches (moe.cu), for
  * quantized experts: the same bits as the op sequence it stands for
  * (cu_moe_route, the matmuls by id, cu_add_id, the activation,
@@ -111,6 +125,8 @@ typedef struct cu_moe_ffn_args {
     float *weights, *act;
     int n, n_experts, k, act_kind, renorm;
     float alpha, limit;
+    int rows_per_warp; /* gate rows a warp of the up kernel stages, 1..4, fewer if
+                          the block's shared memory would pass 100 KiB */
 } cu_moe_ffn_args;
 
 /* -1 (nothing queued) for shapes the kernels do not take: formats that

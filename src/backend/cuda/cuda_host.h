@@ -56,6 +56,9 @@ typedef struct cuda_backend {
                          (PETREL_CUDA_GDN_CHUNK; 0: never) */
     int moe_fused;    /* moe_ffn with quantized experts runs as two kernels up to
                          this many token rows (PETREL_CUDA_MOE_FUSED; 0: never) */
+    int moe_rpw;      /* gate rows a warp of moe_ffn's up kernel (PETREL_CUDA_MOE_RPW) */
+    int moe_mma;      /* matmul_id with quantized experts from this many token rows
+                         is moe_mma.cu's grouped GEMM (PETREL_CUDA_MOE_MMA; 0: never) */
     int qmma_max;     /* past qgemv_max and up to this many rows, q4_0/q8_0 take the
                          tensor-core GEMM of qmma.cu (PETREL_CUDA_QMMA=0: never;
                          PETREL_CUDA_QMMA_MAX) */

@@ -35,6 +35,7 @@
  */
 #include "backend/cuda/cu_common.cuh"
 #include "backend/cuda/cuda_family.h"
+#include "backend/cuda/moe_sort.cuh"
 #include "backend/cuda/qdecode.cuh"
 
 #define MOE_WARPS 8  /* weight rows per block, a warp each */
@@ -67,12 +68,29 @@ extern "C" size_t cu_moe_scratch(int pairs, int n_experts, int64_t code_elems) {
     return moe_layout_of(pairs, n_experts, code_elems).total;
 }
 
+/* Chunk c of activation row xr (rows of nch chunks, contiguous at x) as
+ * int16 codes: 64 bytes at xc[4 ci ..] and (dx, s0, s1) at xm[ci], ci =
+ * xr * nch + c, rounded as the CPU does (qx_chunk).  Every lane of the
+ * warp calls it (qx_chunk shuffles); lanes past the row store nothing. */
+__device__ __forceinline__ void moe_code_chunk(uint4 *xc, float4 *xm, const float *x, int xr, int c,
+                                               int nch, int G) {
+    const bool valid = c < nch;
+    uint32_t xw[16];
+    float dx;
+    int s0, s1;
+    qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
+    if (!valid) return;
+    const size_t ci = (size_t)xr * nch + c;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        xc[4 * ci + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+    xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+}
+
 /* ---- prepare: sort, used experts, activation codes ------------------------------- */
 
-/* Block 0: counts per expert in shared memory, a scan by one thread (a
- * few hundred experts), then each pair placed at its expert's cursor.  The
- * order within an expert depends on the atomics; no result does, since
- * every pair is computed on its own.  Blocks 1..: one warp per 32 chunks
+/* Block 0: the pairs grouped by expert and the experts chosen listed
+ * (moe_sort.cuh).  Blocks 1..: one warp per 32 chunks
  * of an activation row (a chunk per lane; an affine group's G chunks on
  * adjacent lanes), rounded as qx_chunk says. */
 __global__ void __launch_bounds__(1024)
@@ -86,43 +104,12 @@ __global__ void __launch_bounds__(1024)
         const int nch = cols / 32, per_row = CU_DIV_UP(nch, 32), lane = threadIdx.x & 31;
         const int item = (blockIdx.x - 1) * 32 + (threadIdx.x >> 5);
         if (item >= x_rows * per_row) return; /* the whole warp: qx_chunk shuffles */
-        const int xr = item / per_row, c = item % per_row * 32 + lane;
-        const bool valid = c < nch;
-        uint32_t xw[16];
-        float dx;
-        int s0, s1;
-        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
-        if (!valid) return;
-        const size_t ci = (size_t)xr * nch + c;
-        uint4 *xc = (uint4 *)(scratch + L.codes) + 4 * ci;
-#pragma unroll
-        for (int i = 0; i < 4; i++) xc[i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
-        ((float4 *)(scratch + L.meta))[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+        moe_code_chunk((uint4 *)(scratch + L.codes), (float4 *)(scratch + L.meta), x,
+                       item / per_row, item % per_row * 32 + lane, nch, G);
         return;
     }
-    int32_t *order = (int32_t *)scratch, *first = (int32_t *)(scratch + L.first);
-    int32_t *used = (int32_t *)(scratch + L.used), *cur = cnt + E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t run = 0, nu = 0;
-        for (int e = 0; e < E; e++) {
-            first[e] = run, cur[e] = run;
-            if (cnt[e]) used[1 + nu++] = e;
-            run += cnt[e];
-        }
-        first[E] = run, used[0] = nu;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        int e = ids[i];
-        if (e >= 0 && e < E) order[atomicAdd(&cur[e], 1)] = i;
-    }
+    moe_sort_pairs((int32_t *)scratch, (int32_t *)(scratch + L.first),
+                   (int32_t *)(scratch + L.used), NULL, NULL, 0, cnt, ids, pairs, E);
 }
 
 extern "C" int cu_moe_prep(const cu_ctx *c, void *scratch, const int32_t *ids, int pairs,
@@ -422,8 +409,8 @@ extern "C" int cu_qmatmul_id(const cu_ctx *c, float *y, const cu_qweight *w, siz
  */
 
 #define FFN_WARPS 8
-#define FFN_RPW_MAX 2              /* gate/up rows per warp (each with its up row) */
-#define FFN_SMEM_2ROWS (100 << 10) /* two rows a warp while two blocks fit an SM */
+#define FFN_RPW_MAX 4              /* gate rows per warp (each with its up row), at most */
+#define FFN_SMEM_2ROWS (100 << 10) /* fewer rows a warp past this: two blocks an SM */
 
 /* 16-byte words of shared memory a staged row of `bytes` needs: its
  * aligned words, one more when it starts inside a word. */
@@ -441,19 +428,6 @@ static inline __host__ __device__ int ffn_down_words(int nch, int k, int words) 
     return 5 * k * nch + FFN_WARPS * k * words;
 }
 
-/* Expert e of a stack whose expert 0 is w: its codes, and its affine
- * scales and biases (rows * cols / group of each per expert). */
-template <int F>
-__device__ __forceinline__ cu_qweight ffn_expert(cu_qweight w, size_t stride, int e) {
-    w.data = (const uint8_t *)w.data + (size_t)e * stride;
-    if (F >= CU_AFF4 && F <= CU_AFFN) {
-        size_t sb = (size_t)w.rows * (size_t)(w.cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
-        w.scales = (const char *)w.scales + (size_t)e * sb;
-        w.biases = (const char *)w.biases + (size_t)e * sb;
-    }
-    return w;
-}
-
 /* The warp copies a whole row (the 16-byte words that hold it) to dst;
  * the row starts ((uintptr_t)row & 15) bytes into dst. */
 __device__ __forceinline__ void ffn_stage(uint4 *dst, const uint8_t *row, int64_t bytes, int lane) {
@@ -468,18 +442,7 @@ __device__ __forceinline__ void ffn_codes(uint4 *xc, float4 *xm, const float *x,
                                           int G, int warp, int lane) {
     const int per_row = CU_DIV_UP(nch, 32);
     for (int item = warp; item < rows * per_row; item += FFN_WARPS) {
-        const int xr = item / per_row, c = item % per_row * 32 + lane;
-        const bool valid = c < nch;
-        uint32_t xw[16];
-        float dx;
-        int s0, s1;
-        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
-        if (!valid) continue;
-        const int ci = xr * nch + c;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            xc[4 * ci + i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
-        xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+        moe_code_chunk(xc, xm, x, item / per_row, item % per_row * 32 + lane, nch, G);
     }
 }
 
@@ -575,8 +538,8 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
 
     ffn_route(lg, sel, a.logits + (size_t)t * E, E, a.k);
     const int e = min(max(sel[j], 0), E - 1);
-    const cu_qweight wg = ffn_expert<F>(a.gate, a.gate_stride, e);
-    const cu_qweight wu = ffn_expert<F>(a.up, a.up_stride, e);
+    const cu_qweight wg = qf_expert<F>(a.gate, a.gate_stride, e);
+    const cu_qweight wu = qf_expert<F>(a.up, a.up_stride, e);
     const int64_t rb = qf_bytes(F, wg.bits, wg.cols);
     const uint8_t *gr = (const uint8_t *)wg.data, *ur = (const uint8_t *)wu.data;
     const int r0 = blockIdx.x * FFN_WARPS * rpw + warp;
@@ -627,7 +590,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     const int64_t rb = qf_bytes(F, a.down.bits, a.down.cols);
     if (r < d)
         for (int j = 0; j < k; j++) {
-            const cu_qweight w = ffn_expert<F>(a.down, a.down_stride, ids[j]);
+            const cu_qweight w = qf_expert<F>(a.down, a.down_stride, ids[j]);
             ffn_stage(mine + j * words, (const uint8_t *)w.data + r * rb, rb, lane);
         }
     cp_async_commit();
@@ -640,7 +603,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     float out = 0.f;
     for (int j = 0; j < k; j++) {
         const int e = ids[j];
-        const cu_qweight w = ffn_expert<F>(a.down, a.down_stride, e);
+        const cu_qweight w = qf_expert<F>(a.down, a.down_stride, e);
         const uint8_t *rs =
             (const uint8_t *)(mine + j * words) + (((uintptr_t)w.data + r * rb) & 15);
         float v = ffn_dot<F>(rs, w, r, nch, xc + 4 * j * nch, xm + j * nch, lane);
@@ -695,7 +658,8 @@ extern "C" int cu_moe_ffn(const cu_ctx *c, const cu_moe_ffn_args *a) {
     const int wu = ffn_words(qf_bytes(g->fmt, g->bits, g->cols));
     const int wd = ffn_words(qf_bytes(dn->fmt, dn->bits, dn->cols));
     const size_t limit = c->smem_optin > 0 ? (size_t)c->smem_optin : 48 << 10;
-    int rpw = FFN_RPW_MAX;
+    int rpw = a->rows_per_warp < 1 ? 1 : a->rows_per_warp;
+    if (rpw > FFN_RPW_MAX) rpw = FFN_RPW_MAX;
     while (rpw > 1 && 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu) > FFN_SMEM_2ROWS) rpw--;
     const size_t up_smem = 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu);
     const size_t down_smem = 16 * (size_t)ffn_down_words(nchd, a->k, wd);

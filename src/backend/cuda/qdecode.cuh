@@ -188,6 +188,19 @@ __device__ __forceinline__ void qf_chunk(qchunk &q, const uint8_t *row, int c, i
     }
 }
 
+/* Expert e of a stack whose expert 0 is w: its codes, and its affine
+ * scales and biases (rows * cols / group of each per expert). */
+template <int F>
+__device__ __forceinline__ cu_qweight qf_expert(cu_qweight w, size_t stride, int e) {
+    w.data = (const uint8_t *)w.data + (size_t)e * stride;
+    if (F >= CU_AFF4 && F <= CU_AFFN) {
+        size_t sb = (size_t)w.rows * (size_t)(w.cols / w.group) * (w.scale_type == CU_F32 ? 4 : 2);
+        w.scales = (const char *)w.scales + (size_t)e * sb;
+        w.biases = (const char *)w.biases + (size_t)e * sb;
+    }
+    return w;
+}
+
 /* ---- cp.async --------------------------------------------------------------------- */
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {

@@ -50,6 +50,7 @@
  * batch-invariant (rows past 16 never were: docs/cuda.md).
  */
 #include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cu_mma.cuh"
 #include "backend/cuda/qdecode.cuh"
 #include "backend/cuda/qmma.h"
 
@@ -87,21 +88,6 @@ static size_t qx_smem(int f, int bm, int stride) {
 
 __device__ __forceinline__ uint32_t lds16(const uint8_t *p) {
     return *(const uint16_t *)p;
-}
-
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix4(uint32_t r[4], const void *smem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
 }
 
 __device__ __forceinline__ uint32_t h2u(__half2 h) {
@@ -276,11 +262,11 @@ __global__ void __launch_bounds__(QX_THREADS, 1)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint32_t b[4];
-                ldmatrix4(b, ap + nt * 8 * QX_AROW + 64 * j);
+                cu_ldmatrix4(b, ap + nt * 8 * QX_AROW + 64 * j);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
-                    mma16816(acc[mt][nt], a[mt][0], b[0], b[1]);
-                    mma16816(acc[mt][nt], a[mt][1], b[2], b[3]);
+                    cu_mma_f16(acc[mt][nt], a[mt][0], b[0], b[1]);
+                    cu_mma_f16(acc[mt][nt], a[mt][1], b[2], b[3]);
                 }
             }
         }
