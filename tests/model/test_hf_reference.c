@@ -285,6 +285,11 @@ GGUF_CASE(stories260k)
 GGUF_CASE(deepseek2)
 GGUF_CASE(deepseek2_yarn)
 GGUF_CASE(deepseek2_legacy)
+/* MiniCPM3 (scripts/llama-ref/minicpm3.py): latent attention from the fused
+ * attn_kv_b (llama.cpp runs it as plain multi-head attention, Petrel
+ * absorbed), MiniCPM's embedding, residual and output scalings and
+ * LongRoPE's short factors. */
+GGUF_CASE(minicpm3)
 GGUF_HF_CASE(gemma2)
 GGUF_HF_CASE(gemma3_text)
 GGUF_HF_CASE(gpt_oss)
@@ -430,6 +435,7 @@ DUMMY_CASE(gemma3_text)
 DUMMY_CASE(gpt_oss)
 DUMMY_CASE(deepseek_v2)
 DUMMY_CASE(qwen3_5_text)
+DUMMY_CASE(minicpm3)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -873,27 +879,78 @@ static void test_deepseek_hf_checkpoint(void **state) {
                 GGUF_DIR "deepseek2_legacy/reference.json", "auto", 2);
 }
 
-/* The 80-token prompt through a model whose forward takes 16 rows at a
- * time: five forward chunks, each caching its rows and attending over the
- * earlier chunks' latents, then 32 greedy steps, against llama.cpp. */
-static void test_deepseek_chunked(void **state) {
-    (void)state;
+/* The 80-token prompt of fixture name through a model whose forward takes
+ * 16 rows at a time: five forward chunks, each caching its rows and
+ * attending over the earlier chunks' latents, then 32 greedy steps,
+ * against llama.cpp. */
+static void check_chunked(const char *name) {
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
     assert_non_null(be);
     pt_model_opts o = {.backend = be, .max_batch = 16};
     pt_model *m;
-    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    char path[512], ref[512], what[96];
+    snprintf(path, sizeof path, GGUF_DIR "%s/model.gguf", name);
+    snprintf(ref, sizeof ref, GGUF_DIR "%s/reference.json", name);
+    snprintf(what, sizeof what, "%s, 16-row chunks", name);
+    if (pt_model_load(&m, path, &o, &err)) fail_msg("%s", err.msg);
     json_error_t je;
-    json_t *r = json_load_file(GGUF_DIR "deepseek2/reference.json", 0, &je);
+    json_t *r = json_load_file(ref, 0, &je);
     if (!r) fail_msg("%s", je.text);
     json_t *p = json_array_get(json_object_get(r, "prompts"), 2);
     assert_int_equal(json_array_size(json_object_get(p, "tokens")), 80);
     pt_kv_cache kv;
     assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
-    run_prompt(m, &kv, p, "deepseek2, 16-row chunks", tols_of(r), NULL);
+    run_prompt(m, &kv, p, what, tols_of(r), NULL);
     pt_kv_cache_free(&kv);
     json_decref(r);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+static void test_deepseek_chunked(void **state) {
+    (void)state;
+    check_chunked("deepseek2");
+}
+
+static void test_minicpm3_chunked(void **state) {
+    (void)state;
+    check_chunked("minicpm3");
+}
+
+/* What the minicpm3 fixture's file says, as Petrel reads it: the MLA
+ * shapes (the value head hidden / heads: the file has no value_length),
+ * llama.cpp's fixed scalings (12, 1.4 / sqrt(3 layers), 256 / 64) and
+ * the short LongRoPE factors (the file's context is the original one). */
+static void test_minicpm3_gguf_config(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "minicpm3/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    const pt_model_config *c = &m->cfg;
+    assert_string_equal(c->arch, "minicpm3");
+    assert_int_equal(c->head_dim, 20);
+    assert_int_equal(c->n_rot, 8);
+    assert_int_equal(c->v_head_dim, 16);
+    assert_int_equal(c->q_lora_rank, 24);
+    assert_int_equal(c->kv_lora_rank, 32);
+    assert_int_equal(c->n_kv_heads, 1);
+    assert_true(c->kv_b_fused);
+    assert_int_equal(c->rope_style, PT_ROPE_NEOX);
+    assert_float_equal(c->embed_scale, 12, 1e-6);
+    assert_float_equal(c->residual_scale, 1.4 / sqrt(3), 1e-6);
+    assert_float_equal(c->output_scale, 4, 1e-6);
+    assert_int_equal(c->rope_scaling, PT_ROPE_SCALING_LONGROPE);
+    assert_int_equal(c->rope_n_ext, 4);
+    for (int i = 0; i < 4; i++) assert_true(c->rope_ext[i] >= 1 && c->rope_ext[i] <= 4);
+    for (int l = 0; l < c->n_layers; l++) {
+        assert_int_equal(m->plan[l].mixer, PT_MIX_MLA);
+        assert_int_equal(m->plan[l].ffn, PT_FFN_DENSE);
+        assert_float_equal(m->plan[l].residual_scale, c->residual_scale, 0);
+    }
     pt_model_free(m);
     be->ops->destroy(be);
 }
@@ -1058,6 +1115,8 @@ int main(void) {
         cmocka_unit_test(test_deepseek_lite_dummy),
         cmocka_unit_test(test_deepseek_chunked),
         cmocka_unit_test(test_deepseek_hf_checkpoint),
+        cmocka_unit_test(test_gguf_minicpm3), cmocka_unit_test(test_minicpm3_chunked),
+        cmocka_unit_test(test_minicpm3_gguf_config),
         cmocka_unit_test(test_gguf_gemma2), cmocka_unit_test(test_gguf_hf_gemma2),
         cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
         cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),
@@ -1074,6 +1133,7 @@ int main(void) {
         cmocka_unit_test(test_dummy_gpt_oss),
         cmocka_unit_test(test_dummy_deepseek_v2),
         cmocka_unit_test(test_dummy_qwen3_5_text),
+        cmocka_unit_test(test_dummy_minicpm3),
         cmocka_unit_test(test_dummy_preset_bytes),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_qwen35_config_refused),
