@@ -913,6 +913,16 @@ static void test_deepseek_chunked(void **state) {
     check_chunked("deepseek2");
 }
 
+/* The minicpm3 fixture's weights as a Hugging Face checkpoint (minicpm3,
+ * kv_b_proj fused, LongRoPE's factors in config.json's rope_scaling, the
+ * scalings from scale_emb, scale_depth, dim_model_base: scripts/llama-ref/
+ * minicpm3_hf.py) give llama.cpp's logits for the GGUF. */
+static void test_minicpm3_hf_checkpoint(void **state) {
+    (void)state;
+    check_model("minicpm3 checkpoint", GGUF_DIR "minicpm3/hf", GGUF_DIR "minicpm3/reference.json",
+                "auto", 2);
+}
+
 static void test_minicpm3_chunked(void **state) {
     (void)state;
     check_chunked("minicpm3");
@@ -1116,7 +1126,7 @@ int main(void) {
         cmocka_unit_test(test_deepseek_chunked),
         cmocka_unit_test(test_deepseek_hf_checkpoint),
         cmocka_unit_test(test_gguf_minicpm3), cmocka_unit_test(test_minicpm3_chunked),
-        cmocka_unit_test(test_minicpm3_gguf_config),
+        cmocka_unit_test(test_minicpm3_gguf_config), cmocka_unit_test(test_minicpm3_hf_checkpoint),
         cmocka_unit_test(test_gguf_gemma2), cmocka_unit_test(test_gguf_hf_gemma2),
         cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
         cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),
