@@ -743,6 +743,86 @@ static void test_qwen35_config_refused(void **state) {
     be->ops->destroy(be);
 }
 
+/* ---- MiniCPM3 GGUF rope settings the loader refuses ------------------------- *
+ * minicpm3 keys, a token embedding and LongRoPE's two factor tensors: the
+ * config takes the short factors; a file whose original context is below
+ * its trained one (llama.cpp would switch factors with the context), other
+ * rope scaling and a lone factor tensor are refused with the reason. */
+enum { MC3_OK, MC3_ORIG_SHORT, MC3_YARN, MC3_NO_LONG };
+
+static void write_minicpm3_meta(const char *path, int damage) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    put(f, "GGUF", 4);
+    put_u32(f, 3);
+    put_u64(f, damage == MC3_NO_LONG ? 2 : 3); /* tensors */
+    put_u64(f, 10 + (damage == MC3_ORIG_SHORT || damage == MC3_YARN)); /* key-value pairs */
+    put_str(f, "general.architecture"), put_u32(f, 8), put_str(f, "minicpm3");
+    kv_u32(f, "minicpm3.embedding_length", 32);
+    kv_u32(f, "minicpm3.block_count", 2);
+    kv_u32(f, "minicpm3.attention.head_count", 2);
+    kv_u32(f, "minicpm3.attention.head_count_kv", 2);
+    kv_u32(f, "minicpm3.attention.key_length", 12);
+    kv_u32(f, "minicpm3.feed_forward_length", 64);
+    kv_u32(f, "minicpm3.rope.dimension_count", 4);
+    kv_u32(f, "minicpm3.attention.kv_lora_rank", 16);
+    kv_u32(f, "minicpm3.context_length", 4096);
+    if (damage == MC3_ORIG_SHORT) kv_u32(f, "minicpm3.rope.scaling.original_context_length", 1024);
+    if (damage == MC3_YARN)
+        put_str(f, "minicpm3.rope.scaling.type"), put_u32(f, 8), put_str(f, "yarn");
+    static float embd[32 * 32];
+    static const float shrt[2] = {1.5f, 3.0f}, lng[2] = {9.0f, 12.0f};
+    put_str(f, "token_embd.weight"), put_u32(f, 2), put_u64(f, 32), put_u64(f, 32);
+    put_u32(f, 0), put_u64(f, 0);
+    put_str(f, "rope_factors_short.weight"), put_u32(f, 1), put_u64(f, 2);
+    put_u32(f, 0), put_u64(f, sizeof embd);
+    if (damage != MC3_NO_LONG) {
+        put_str(f, "rope_factors_long.weight"), put_u32(f, 1), put_u64(f, 2);
+        put_u32(f, 0), put_u64(f, sizeof embd + 32);
+    }
+    static const uint8_t zero[32];
+    put(f, zero, (size_t)((32 - ftell(f) % 32) % 32));
+    put(f, embd, sizeof embd);
+    put(f, shrt, sizeof shrt), put(f, zero, 32 - sizeof shrt);
+    put(f, lng, sizeof lng), put(f, zero, 32 - sizeof lng);
+    fclose(f);
+}
+
+static void test_minicpm3_rope_refused(void **state) {
+    (void)state;
+    static const struct {
+        int damage;
+        const char *want;
+    } cases[] = {
+        {MC3_ORIG_SHORT, "original context of 1024 below the trained 4096"},
+        {MC3_YARN, "minicpm3 with rope scaling 'yarn' is not supported"},
+        {MC3_NO_LONG, "expected f32 rope_factors_short and rope_factors_long of 2"},
+    };
+    pt_err err = {{0}};
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/petrel_minicpm3_meta_%d.gguf", (int)getpid());
+    pt_model_file *mf;
+    pt_model_config c;
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        write_minicpm3_meta(path, cases[i].damage);
+        if (pt_model_file_open(&mf, path, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(pt_config_from_file(mf, &c, &err), -1);
+        if (!strstr(err.msg, cases[i].want))
+            fail_msg("case %d: '%s' does not say '%s'", cases[i].damage, err.msg, cases[i].want);
+        pt_model_file_close(mf);
+    }
+    write_minicpm3_meta(path, MC3_OK);
+    if (pt_model_file_open(&mf, path, &err) || pt_config_from_file(mf, &c, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.rope_scaling, PT_ROPE_SCALING_LONGROPE);
+    assert_int_equal(c.rope_n_ext, 2);
+    assert_float_equal(c.rope_ext[0], 1.5, 0);
+    assert_float_equal(c.rope_ext[1], 3.0, 0);
+    assert_int_equal(c.v_head_dim, 16); /* hidden / heads */
+    pt_model_file_close(mf);
+    unlink(path);
+}
+
 /* A backend without an op a model's plan needs (CUDA has no expert matmul
  * or windowed attention yet) refuses the model at load, naming the op. */
 static int removed_kind = -1;
@@ -930,8 +1010,9 @@ static void test_minicpm3_chunked(void **state) {
 
 /* What the minicpm3 fixture's file says, as Petrel reads it: the MLA
  * shapes (the value head hidden / heads: the file has no value_length),
- * llama.cpp's fixed scalings (12, 1.4 / sqrt(3 layers), 256 / 64) and
- * the short LongRoPE factors (the file's context is the original one). */
+ * llama.cpp's fixed scalings (12, 1.4 / sqrt(3 layers), 256 / 64), the
+ * short LongRoPE factors (the file's context is the original one) and a
+ * cache of 480 bytes a token (3 layers of 32 latent + 8 rope floats). */
 static void test_minicpm3_gguf_config(void **state) {
     (void)state;
     pt_err err = {{0}};
@@ -961,6 +1042,11 @@ static void test_minicpm3_gguf_config(void **state) {
         assert_int_equal(m->plan[l].ffn, PT_FFN_DENSE);
         assert_float_equal(m->plan[l].residual_scale, c->residual_scale, 0);
     }
+    pt_kv_cache kv; /* one latent + rope-key row per token and layer */
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, NULL, &err), 0);
+    assert_int_equal(pt_kv_bytes_per_token(&kv.cfg), 3 * (32 + 8) * 4);
+    assert_int_equal(kv.v_bytes, 0);
+    pt_kv_cache_free(&kv);
     pt_model_free(m);
     be->ops->destroy(be);
 }
@@ -1147,6 +1233,7 @@ int main(void) {
         cmocka_unit_test(test_dummy_preset_bytes),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_qwen35_config_refused),
+        cmocka_unit_test(test_minicpm3_rope_refused),
         cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
