@@ -36,10 +36,8 @@
  */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "model/model_int.h"
-#include "quant/quant.h"
 
 /* clang-format off */
 static const pt_arch deepseek_archs[] = {

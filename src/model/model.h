@@ -403,7 +403,7 @@ int pt_model_repack_weight(pt_model *m, pt_weight *w, bool owned, pt_err *err);
 /* An MLX affine matrix of the model's file (t: <module>.weight, sc: its
  * .scales; .biases found by name), checked against rows x cols and
  * described in *w with pointers into the file's mapping, for code that
- * reads it on the host before or instead of binding it (deepseek.c's
+ * reads it on the host before or instead of binding it (mla.c's
  * kv_b split). */
 int pt_model_file_affine(pt_model *m, const pt_tensor_info *t,
                          const pt_tensor_info *sc, int64_t rows, int64_t cols,
