@@ -1051,41 +1051,26 @@ static void test_minicpm3_gguf_config(void **state) {
     be->ops->destroy(be);
 }
 
-/* DeepSeek-V2-Lite's kind (q projected directly, softmax routing without
- * groups or bias, two shared experts, YaRN) with dummy f32 weights from a
- * config.json: no reference runs it, but a 20-token prefill and the same
- * tokens one at a time must give the same logits (the cache rows written
- * by one path are what the other reads). */
-static void test_deepseek_lite_dummy(void **state) {
-    (void)state;
+/* Loads the dummy f32 model of config.json text json (seed 7) and checks
+ * that a 20-token prefill and the same tokens one at a time give the same
+ * logits (the cache rows written by one path are what the other reads);
+ * returns the model for the caller's own checks, *be its backend. */
+static pt_model *prefill_vs_decode(const char *name, const char *json, pt_backend **be) {
     char path[64];
-    snprintf(path, sizeof path, "/tmp/petrel_dslite_%d.json", (int)getpid());
+    snprintf(path, sizeof path, "/tmp/petrel_dummy_%d.json", (int)getpid());
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"model_type\":\"deepseek_v2\",\"hidden_size\":64,\"num_hidden_layers\":3,"
-          "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
-          "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
-          "\"qk_rope_head_dim\":8,\"v_head_dim\":16,\"moe_intermediate_size\":16,"
-          "\"n_routed_experts\":8,\"n_shared_experts\":2,\"num_experts_per_tok\":2,"
-          "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":"
-          "\"greedy\",\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,"
-          "\"routed_scaling_factor\":1.0,\"vocab_size\":128,\"rms_norm_eps\":1e-6,"
-          "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
-          "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
-          "\"mscale\":0.707,\"mscale_all_dim\":0.707}}",
-          f);
+    fputs(json, f);
     fclose(f);
     char spec[80];
     snprintf(spec, sizeof spec, "dummy:%s", path);
     pt_err err = {{0}};
-    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
-    assert_non_null(be);
-    pt_model_opts o = {.backend = be, .dummy_dtype = "f32", .dummy_seed = 7};
+    *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(*be);
+    pt_model_opts o = {.backend = *be, .dummy_dtype = "f32", .dummy_seed = 7};
     pt_model *m;
     if (pt_model_load(&m, spec, &o, &err)) fail_msg("%s", err.msg);
     remove(path);
-    assert_int_equal(m->cfg.q_lora_rank, 0);
-    assert_int_equal(m->cfg.shared_ffn_dim, 32);
     enum { N = 20 };
     int vocab = m->cfg.vocab_size;
     int32_t tok[N], pos[N], seq[N] = {0};
@@ -1104,15 +1089,66 @@ static void test_deepseek_lite_dummy(void **state) {
         if (pt_model_run(m, &kv, &d, one, &err)) fail_msg("%s", err.msg);
         for (int v = 0; v < vocab; v++) {
             double x = fabs(one[v] - all[(size_t)i * vocab + v]);
-            if (!(x <= 1e-4)) fail_msg("position %d logit %d: prefill %g, one by one %g", i, v,
-                                       all[(size_t)i * vocab + v], one[v]);
+            if (!(x <= 1e-4)) fail_msg("%s, position %d logit %d: prefill %g, one by one %g", name,
+                                       i, v, all[(size_t)i * vocab + v], one[v]);
             worst = x > worst ? x : worst;
         }
     }
-    print_message("deepseek-v2-lite-like dummy: prefill vs one by one, max |diff| %.3g\n", worst);
+    print_message("%s: prefill vs one by one, max |diff| %.3g\n", name, worst);
     pt_kv_seq_release(&kv, &a), pt_kv_seq_release(&kv, &b);
     pt_kv_cache_free(&kv);
     free(all), free(one);
+    return m;
+}
+
+/* DeepSeek-V2-Lite's kind (q projected directly, softmax routing without
+ * groups or bias, two shared experts, YaRN) with dummy f32 weights from a
+ * config.json: no reference runs it, but prefill and decode must agree. */
+static void test_deepseek_lite_dummy(void **state) {
+    (void)state;
+    pt_backend *be;
+    pt_model *m = prefill_vs_decode(
+        "deepseek-v2-lite-like dummy",
+        "{\"model_type\":\"deepseek_v2\",\"hidden_size\":64,\"num_hidden_layers\":3,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
+        "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
+        "\"qk_rope_head_dim\":8,\"v_head_dim\":16,\"moe_intermediate_size\":16,"
+        "\"n_routed_experts\":8,\"n_shared_experts\":2,\"num_experts_per_tok\":2,"
+        "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":"
+        "\"greedy\",\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,"
+        "\"routed_scaling_factor\":1.0,\"vocab_size\":128,\"rms_norm_eps\":1e-6,"
+        "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+        "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
+        "\"mscale\":0.707,\"mscale_all_dim\":0.707}}",
+        &be);
+    assert_int_equal(m->cfg.q_lora_rank, 0);
+    assert_int_equal(m->cfg.shared_ffn_dim, 32);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* MiniCPM3 with q projected directly (the Hub code's q_lora_rank null,
+ * which no file here has), per-head k_b / v_b stacks made directly (dummy
+ * weights: no fused kv_b), LongRoPE and the scalings: prefill and decode
+ * must agree. */
+static void test_minicpm3_dummy(void **state) {
+    (void)state;
+    pt_backend *be;
+    pt_model *m = prefill_vs_decode(
+        "minicpm3 dummy, q direct",
+        "{\"model_type\":\"minicpm3\",\"hidden_size\":64,\"num_hidden_layers\":3,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
+        "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
+        "\"qk_rope_head_dim\":8,\"vocab_size\":128,\"rms_norm_eps\":1e-5,"
+        "\"max_position_embeddings\":1024,\"scale_emb\":12,\"scale_depth\":1.4,"
+        "\"dim_model_base\":256,\"rope_scaling\":{\"type\":\"longrope\","
+        "\"short_factor\":[1,1.5,2,4],\"long_factor\":[8,8,8,8],"
+        "\"original_max_position_embeddings\":1024}}",
+        &be);
+    assert_int_equal(m->cfg.q_lora_rank, 0);
+    assert_false(m->cfg.kv_b_fused);
+    assert_int_equal(m->cfg.v_head_dim, 16);
+    assert_int_equal(m->layers[0].wk_b.n_experts, 4);
     pt_model_free(m);
     be->ops->destroy(be);
 }
@@ -1213,6 +1249,7 @@ int main(void) {
         cmocka_unit_test(test_deepseek_hf_checkpoint),
         cmocka_unit_test(test_gguf_minicpm3), cmocka_unit_test(test_minicpm3_chunked),
         cmocka_unit_test(test_minicpm3_gguf_config), cmocka_unit_test(test_minicpm3_hf_checkpoint),
+        cmocka_unit_test(test_minicpm3_dummy),
         cmocka_unit_test(test_gguf_gemma2), cmocka_unit_test(test_gguf_hf_gemma2),
         cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
         cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),
