@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/llama-ref/make.sh env >/dev/null
 prompt=5,77,300,12,250,9,33,101,250,311,7,64
-for fam in ${@:-llama qwen3_moe gemma2 gemma3_text gpt_oss deepseek_v2 qwen3_5_text}; do
+for fam in ${@:-llama qwen3_moe gemma2 gemma3_text gpt_oss deepseek_v2 qwen3_5_text minicpm3}; do
   d=tests/fixtures/gguf/dummy_$fam
   case $fam in
     gemma*) tol=0.006 ;;

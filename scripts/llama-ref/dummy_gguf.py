@@ -18,7 +18,7 @@ PRESET is a name from Petrel's src/model/registry.c (the shapes `petrel bench
 -m dummy:PRESET` runs, read from that file's table); CONFIG.json a Hugging
 Face config.json of a handled model_type (gguf_arch.ARCH: llama, qwen3,
 qwen3_moe, gemma2, gemma3_text, gpt_oss, deepseek_v2/v3, qwen3_5_text,
-qwen3_5_moe_text).  --shapes prints every tensor (name, ggml type, ne,
+qwen3_5_moe_text, minicpm3).  --shapes prints every tensor (name, ggml type, ne,
 bytes), and the matrix bytes as `petrel bench -m dummy:PRESET --dummy-dtype`
 counts them (every matrix in one format) beside the file's.  --decoded
 writes the same model unquantized: each quantized tensor as the f32 values
@@ -91,7 +91,8 @@ except ImportError:  # gguf-py where scripts/llama-ref/make.sh env unpacks it
     import gguf
 
 from gguf_arch import (ARCH, add_vocab, head_dim, meta_deepseek2, meta_gemma, meta_gpt_oss,
-                       meta_llama, meta_qwen35, meta_qwen3_moe, qwen35_shapes)
+                       meta_llama, meta_minicpm3, meta_qwen35, meta_qwen3_moe, minicpm3_v_head,
+                       qwen35_shapes)
 
 Q = gguf.GGMLQuantizationType
 TYPES = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "F16": Q.F16}
@@ -242,6 +243,31 @@ def t_deepseek2(cfg):
     return t
 
 
+def t_minicpm3(cfg):
+    """llama.cpp's minicpm3 tensors: the q bottleneck, the fused attn_kv_b
+    [heads x (no-rope + value)][kv rank] (Petrel splits it at load), a
+    dense FFN in every layer."""
+    d, h = cfg["hidden_size"], cfg["num_attention_heads"]
+    nope, rope, vh = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], minicpm3_v_head(cfg)
+    kvl, ql = cfg["kv_lora_rank"], cfg.get("q_lora_rank")
+    t = io(cfg, cfg.get("tie_word_embeddings", False))
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"blk.{l}."
+        t += [(p + "attn_norm.weight", (d,), "norm")]
+        if ql:
+            t += [(p + "attn_q_a.weight", (ql, d), "mat"), (p + "attn_q_a_norm.weight", (ql,), "norm"),
+                  (p + "attn_q_b.weight", (h * (nope + rope), ql), "mat")]
+        else:
+            t += [(p + "attn_q.weight", (h * (nope + rope), d), "mat")]
+        t += [(p + "attn_kv_a_mqa.weight", (kvl + rope, d), "mat"),
+              (p + "attn_kv_a_norm.weight", (kvl,), "norm"),
+              (p + "attn_kv_b.weight", (h * (nope + vh), kvl), "mat"),
+              (p + "attn_output.weight", (d, h * vh), "mat"),
+              (p + "ffn_norm.weight", (d,), "norm")]
+        t += ffn(p, d, cfg["intermediate_size"])
+    return t
+
+
 def t_qwen35(cfg):
     d, moe = cfg["hidden_size"], bool(cfg.get("num_experts"))
     hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
@@ -282,6 +308,7 @@ FAMILIES = {
     "gpt_oss": (meta_gpt_oss, t_gpt_oss),
     "deepseek_v2": (meta_deepseek2, t_deepseek2), "deepseek_v3": (meta_deepseek2, t_deepseek2),
     "qwen3_5_text": (meta_qwen35, t_qwen35), "qwen3_5_moe_text": (meta_qwen35, t_qwen35),
+    "minicpm3": (meta_minicpm3, t_minicpm3),
 }
 
 
@@ -446,7 +473,7 @@ def file_matrix_bytes(ts):
 
 
 LLAMA_ARCHS = {"llama", "qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss", "deepseek2", "qwen35",
-               "qwen35moe"}  # load in llama.cpp 34af94cd (docs/benchmarks.md)
+               "qwen35moe", "minicpm3"}  # load in llama.cpp 34af94cd (docs/benchmarks.md)
 
 
 def list_presets(qtype_name):

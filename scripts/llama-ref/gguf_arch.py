@@ -15,7 +15,8 @@ import gguf
 # Hugging Face model_type -> llama.cpp general.architecture
 ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma2": "gemma2",
         "gemma3_text": "gemma3", "gpt_oss": "gpt-oss", "deepseek_v2": "deepseek2",
-        "deepseek_v3": "deepseek2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe"}
+        "deepseek_v3": "deepseek2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
+        "minicpm3": "minicpm3"}
 
 
 def swa_period(types):
@@ -182,6 +183,44 @@ def meta_deepseek2(w, cfg):
         w.add_rope_scaling_factor(rs["factor"])
         w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
         w.add_rope_scaling_yarn_log_mul(0.1 * rs.get("mscale_all_dim", 0))
+    return nope + rope
+
+
+def minicpm3_v_head(cfg):
+    return cfg.get("v_head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def meta_minicpm3(w, cfg):
+    """The keys llama.cpp's converter (MiniCPM3Model) writes: key_length the
+    query/key head (no-rope + rope dims), head_count_kv the config's, no
+    value_length (llama.cpp then takes hidden / heads; written only for a
+    config whose v_head_dim differs) and no rope scaling keys: LongRoPE's
+    factors are tensors (rope_factors_short / _long), not written here (the
+    presets have none).  scale_emb, scale_depth and dim_model_base have no
+    keys: llama.cpp uses MiniCPM3-4B's 12, 1.4 and 256 for every file."""
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("short_factor") or rs.get("long_factor"):
+        sys.exit("minicpm3: LongRoPE factors are not written by this script")
+    for k, v in (("scale_emb", 12), ("scale_depth", 1.4), ("dim_model_base", 256)):
+        if cfg.get(k, v) != v:
+            sys.exit(f"minicpm3: {k} {cfg[k]}: a GGUF cannot say it (llama.cpp uses {v})")
+    nope, rope = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(cfg["kv_lora_rank"])
+    w.add_key_length(nope + rope)
+    if minicpm3_v_head(cfg) != cfg["hidden_size"] // cfg["num_attention_heads"]:
+        w.add_value_length(minicpm3_v_head(cfg))
+    w.add_rope_dimension_count(rope)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
     return nope + rope
 
 

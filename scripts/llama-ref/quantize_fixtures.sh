@@ -5,7 +5,8 @@
 # families, CPU vs GPU) and quant_check.sh (KL against the f32 file).
 #
 #   scripts/llama-ref/quantize_fixtures.sh [CASE...]
-#       (default: gemma2 gemma3_text gpt_oss gemma4 gemma4_moe qwen35 qwen35moe deepseek2)
+#       (default: gemma2 gemma3_text gpt_oss gemma4 gemma4_moe qwen35 qwen35moe deepseek2
+#        minicpm3)
 #
 # The fixtures are tiny: many matrices have rows of 16, 24 or 48 columns,
 # which no 32-wide block divides, and llama-quantize stops at the first such
@@ -17,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/llama-ref/make.sh env >/dev/null
 lcpp=build-llama/llama.cpp-cpu
-for c in ${@:-gemma2 gemma3_text gpt_oss gemma4 gemma4_moe qwen35 qwen35moe deepseek2}; do
+for c in ${@:-gemma2 gemma3_text gpt_oss gemma4 gemma4_moe qwen35 qwen35moe deepseek2 minicpm3}; do
   src=tests/fixtures/gguf/$c/model.gguf
   for t in Q8_0 Q4_0; do
     dst=tests/fixtures/gguf/$c/$t.gguf log=build-llama/quantize-$c-$t.log

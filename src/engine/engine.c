@@ -206,6 +206,16 @@ int pt_engine_open(pt_engine **out, const pt_engine_opts *o, pt_err *err) {
         pt_warn("tokenizer has %d tokens, model only %d", pt_tokenizer_n_vocab(e->tok),
                 e->model->cfg.vocab_size);
     e->n_ctx = o->n_ctx > 0 ? o->n_ctx : PT_MIN(e->model->cfg.max_ctx, 4096);
+    /* LongRoPE's rope table holds the short factors (registry.c); past the
+     * original context llama.cpp and the Hub code use the long ones */
+    const pt_model_config *mc = &e->model->cfg;
+    if (mc->rope_scaling == PT_ROPE_SCALING_LONGROPE && e->n_ctx > mc->rope_orig_ctx) {
+        pt_fail(err, "a context of %d is beyond this model's LongRoPE original context %d, "
+                     "where its long rope factors would apply (not supported yet); use "
+                     "--ctx %d or less",
+                e->n_ctx, mc->rope_orig_ctx, mc->rope_orig_ctx);
+        goto fail;
+    }
     e->kv_dtype = o->kv_dtype;
     e->max_seqs = o->max_seqs;
     if (pt_kvq_parse(o->kv_quant, &e->kv_quant, err)) goto fail;

@@ -197,15 +197,25 @@ void pt_block_ffn(pt_model *m, int l, const pt_step *s) {
     reduce(m, ws->h, (size_t)n * m->cfg.dim); /* a rank's FFN rows give part of h */
 }
 
-/* x += h (every plan's residual scale is 1 so far). */
+/* x += h. */
 void pt_block_residual(pt_model *m, const pt_step *s) {
     pt_workspace *ws = m->ws;
     pt_be_add(m->be, ws->x, ws->x, ws->h, (size_t)s->n * m->cfg.dim);
 }
 
+/* x += residual_scale · h, layer l's plan's scale (MiniCPM: scale_depth /
+ * sqrt(n_layers)); h is scaled in place first, as llama.cpp and
+ * transformers round it. */
+void pt_block_residual_scaled(pt_model *m, int l, const pt_step *s) {
+    float scale = m->plan[l].residual_scale;
+    if (scale != 1.0f) pt_be_scale(m->be, m->ws->h, scale, (size_t)s->n * m->cfg.dim);
+    pt_block_residual(m, s);
+}
+
 /* Final norm and output projection for the wanted rows, PT_OUT_ROWS at a
- * time, straight into the caller's buffer; logits soft-capped if the config
- * says (Gemma 2).  A tensor-parallel rank's output head is its slice of
+ * time, straight into the caller's buffer; the normed rows scaled before
+ * the head (MiniCPM's output_scale) and the logits soft-capped (Gemma 2)
+ * if the config says.  A tensor-parallel rank's output head is its slice of
  * the vocabulary (output.rows from vocab_first): it writes those columns
  * of each row, and the ranks together fill the rows. */
 void pt_block_output(pt_model *m, const pt_step *s) {
@@ -217,6 +227,8 @@ void pt_block_output(pt_model *m, const pt_step *s) {
         int k = PT_MIN(PT_OUT_ROWS, s->n_out - i);
         pt_be_gather_rows(be, ws->out_h, ws->x, ws->out_idx + i, k, c->dim);
         pt_be_rmsnorm(be, ws->out_h, ws->out_h, m->output_norm, k, c->dim, c->norm_eps);
+        if (c->output_scale > 0 && c->output_scale != 1.0f)
+            pt_be_scale(be, ws->out_h, c->output_scale, (size_t)k * c->dim);
         pt_be_matmul(be, ws->logits, ws->out_h, &m->output, k);
         if (c->final_softcap > 0) pt_be_softcap(be, ws->logits, c->final_softcap, (size_t)k * w);
         float *out = s->logits + (size_t)i * vocab;
@@ -247,6 +259,8 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
         return *why = "expert parallel", PT_OP_MOE_LOCAL;
     if (c->final_softcap > 0 && !pt_be_has_op(be, PT_OP_SOFTCAP))
         return *why = "soft-capped logits", PT_OP_SOFTCAP;
+    if (c->output_scale > 0 && c->output_scale != 1.0f && !pt_be_has_op(be, PT_OP_SCALE))
+        return *why = "a scaled output head", PT_OP_SCALE;
     static const int moe_ops[] = {PT_OP_MOE_ROUTE, PT_OP_MATMUL_ID, PT_OP_MOE_COMBINE};
     static const int mla_ops[] = {PT_OP_COPY_COLS, PT_OP_MATMUL_ID};
     static const int rec_ops[] = {PT_OP_GATHER_COLS, PT_OP_CONV1D_SILU, PT_OP_GATED_DELTA,
@@ -265,6 +279,8 @@ static int missing_op(const pt_model *m, int *layer, const char **why) {
                           : p->attn_sinks               ? "attention sinks"
                                                         : "soft-capped attention",
                    PT_OP_ATTENTION_EXT;
+        if (p->residual_scale != 1.0f && !pt_be_has_op(be, PT_OP_SCALE))
+            return *why = "scaled residuals", PT_OP_SCALE;
         if (p->act == PT_ACT_GELU_TANH && !pt_be_has_op(be, PT_OP_GEGLU))
             return *why = "a GELU-tanh FFN", PT_OP_GEGLU;
         for (size_t i = 0; p->ffn == PT_FFN_MOE && i < PT_ARRAY_LEN(moe_ops); i++)

@@ -24,6 +24,7 @@ enum pt_rope_scaling {
     PT_ROPE_SCALING_LINEAR,
     PT_ROPE_SCALING_LLAMA3,
     PT_ROPE_SCALING_YARN,
+    PT_ROPE_SCALING_LONGROPE, /* each pair's frequency divided by its rope_ext factor */
 };
 
 /* FFN activations (the gate's nonlinearity in act(x·Wgate) * x·Wup);
@@ -32,6 +33,8 @@ enum pt_rope_scaling {
 enum pt_act { PT_ACT_SILU, PT_ACT_GELU_TANH, PT_ACT_SWIGLU_OAI };
 
 typedef struct pt_family pt_family; /* model_int.h */
+
+#define PT_ROPE_EXT_MAX 64 /* LongRoPE factors a config holds: rope dims up to 128 */
 
 /* Plain data, no pointers: the engine hashes its bytes into cache keys
  * (a pointer would change the key with every process). */
@@ -46,7 +49,7 @@ typedef struct pt_model_config {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_orig_ctx;
     float rope_beta_fast, rope_beta_slow; /* YaRN's correction range, in rotations */
-    float rope_mscale;      /* YaRN's attention factor: multiplies cos and sin */
+    float rope_mscale;      /* YaRN's (LongRoPE's) attention factor: multiplies cos and sin */
     bool rope_yarn_truncate; /* YaRN: the correction range rounded outwards */
     bool attn_sinks;        /* a learned logit per head in the softmax (gpt-oss) */
     bool expert_bias;       /* experts' gate, up and down and the router have biases */
@@ -109,6 +112,16 @@ typedef struct pt_model_config {
      * double-wide MLP in its shared-KV layers); 0: every layer ffn_dim. */
     int ffn_dim_alt;
     uint64_t ffn_alt[16];
+    /* LongRoPE (MiniCPM3, Phi-3): the factors chosen at load, short or long
+     * (registry.c: llama.cpp's choice), one per rotated pair; each pair's
+     * frequency is divided by its factor (PT_ROPE_SCALING_LONGROPE). */
+    float rope_ext[PT_ROPE_EXT_MAX];
+    int rope_n_ext;
+    /* MiniCPM: each layer's branches join the residual times residual_scale
+     * (scale_depth / sqrt(n_layers)), and the final norm's output is
+     * multiplied by output_scale (dim_model_base / hidden_size) before the
+     * output head; 0: 1. */
+    float residual_scale, output_scale;
 } pt_model_config;
 
 static inline bool pt_config_layer_recurrent(const pt_model_config *c, int l) {
@@ -390,7 +403,7 @@ int pt_model_repack_weight(pt_model *m, pt_weight *w, bool owned, pt_err *err);
 /* An MLX affine matrix of the model's file (t: <module>.weight, sc: its
  * .scales; .biases found by name), checked against rows x cols and
  * described in *w with pointers into the file's mapping, for code that
- * reads it on the host before or instead of binding it (deepseek.c's
+ * reads it on the host before or instead of binding it (mla.c's
  * kv_b split). */
 int pt_model_file_affine(pt_model *m, const pt_tensor_info *t,
                          const pt_tensor_info *sc, int64_t rows, int64_t cols,

@@ -23,6 +23,8 @@
  *   qwen35.c    Qwen3.5 (GGUF qwen35, qwen35moe): the same hybrid, its
  *               in-projections unfused;
  *   deepseek.c  DeepSeek-V2/V3 (deepseek2, deepseek_v3): latent attention;
+ *   mla.c       the latent attention blocks deepseek.c and minicpm3.c share;
+ *   minicpm3.c  MiniCPM3 (minicpm3): latent attention, dense, MiniCPM's scalings;
  *   cost.c      bytes and multiply-adds per token, by the plan (rooflines).
  */
 #ifndef PETREL_MODEL_INT_H
@@ -186,7 +188,8 @@ struct pt_family {
 };
 
 extern const pt_family pt_family_llama, pt_family_qwen3moe, pt_family_gemma, pt_family_gemma4,
-    pt_family_gptoss, pt_family_qwen3next, pt_family_qwen35, pt_family_deepseek;
+    pt_family_gptoss, pt_family_qwen3next, pt_family_qwen35, pt_family_deepseek,
+    pt_family_minicpm3;
 /* The family of a config's architecture (cfg.arch), or NULL. */
 const pt_family *pt_family_of(const char *arch);
 /* Bytes the matrices of family f take for config c in format. */
@@ -240,7 +243,7 @@ struct pt_workspace {
     size_t ss_cap;
     float *fused, *mix, *conv, *z, *ba, *lin, *agate, *shared, *shared_g, *sh_gate, *sh_up;
     int32_t *idx_q, *idx_gate, *idx_mix, *idx_z, *idx_ba;
-    /* Multi-head latent attention only (deepseek.c's workspace hook):
+    /* Multi-head latent attention only (pt_workspace_mla):
      * absorbed queries and the attention's output [cap][n_heads][kv_lora
      * + n_rot], the cached rows [cap][kv_lora + n_rot], per-head latents
      * [cap][n_heads][kv_lora], q's bottleneck, no-rope and rope parts, the
@@ -288,6 +291,8 @@ void pt_block_qkv(pt_model *m, int l, const pt_step *s);       /* h -> q, k, v (
 void pt_block_attention(pt_model *m, int l, const pt_step *s); /* cache k, v; h = attn(q)·Wo */
 void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN(h), dense or MoE */
 void pt_block_residual(pt_model *m, const pt_step *s);         /* x += h */
+/* x += scale · h, layer l's plan's residual_scale */
+void pt_block_residual_scaled(pt_model *m, int l, const pt_step *s);
 void pt_block_output(pt_model *m, const pt_step *s);           /* logits of wanted rows */
 
 /* One decoder layer of a family, and the forward every family's is: embed,
@@ -327,6 +332,16 @@ int pt_norms_one_plus(pt_model *m, pt_err *err);
  * floats the rule would compute per token). */
 int pt_ssm_a_from_log(pt_model *m, pt_err *err);
 int pt_workspace_hybrid(pt_model *m, int cap, pt_err *err);
+
+/* Multi-head latent attention (mla.c: DeepSeek-V2/V3, MiniCPM3). */
+/* h -> h: the absorbed latent attention; caches one row per token
+ * [rmsnorm(latent) | rope key]. */
+void pt_block_mla_attention(pt_model *m, int l, const pt_step *s);
+/* Its workspace (ws->mla_*, head_ids) for cap rows. */
+int pt_workspace_mla(pt_model *m, int cap, pt_err *err);
+/* With cfg.kv_b_fused: each layer's fused kv_b (GGUF attn_kv_b, Hugging
+ * Face kv_b_proj) split into the per-head stacks wk_b, wv_b, as f32. */
+int pt_mla_split_kv_b(pt_model *m, pt_err *err);
 /* Uploads n indices into a new model-owned buffer (NULL: out of memory). */
 int32_t *pt_index_table(pt_model *m, const int32_t *host, int n);
 

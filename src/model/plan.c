@@ -17,8 +17,9 @@
  * gated shared expert in hybrid families, multi-head latent attention with
  * an ungated shared expert and leading dense layers (DeepSeek), dense
  * SiLU / GELU-tanh FFNs, routed experts (SiLU or GELU-tanh) in families
- * that route them, plain and (1 + w) RMSNorm.
- * Refused: more than one shared expert, scaled residuals, other groups.
+ * that route them, plain and (1 + w) RMSNorm, residuals scaled by a
+ * positive factor (MiniCPM).
+ * Refused: more than one shared expert, other groups.
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +51,8 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .rope_theta = swa && c->rope_theta_swa > 0 ? c->rope_theta_swa : c->rope_theta,
             .rope_scaled = !(swa && c->rope_scaling_global_only),
             .rope = {.style = c->rope_style, .n_rot = pt_config_layer_n_rot(c, l),
-                     .mscale = c->rope_scaling == PT_ROPE_SCALING_YARN &&
+                     .mscale = (c->rope_scaling == PT_ROPE_SCALING_YARN ||
+                                c->rope_scaling == PT_ROPE_SCALING_LONGROPE) &&
                                        !(swa && c->rope_scaling_global_only)
                                    ? c->rope_mscale
                                    : 1.0f},
@@ -64,7 +66,7 @@ int pt_model_plan(const pt_model_config *c, pt_layer_plan *plan, pt_err *err) {
             .top_k = moe ? c->n_experts_used : 0,
             .n_shared = moe ? c->n_shared_experts : 0,
             .norm = c->norm,
-            .residual_scale = 1.0f,
+            .residual_scale = c->residual_scale > 0 ? c->residual_scale : 1.0f,
             /* group 0 the paged KV, 1 the window layers' (kvcache.h), 2 the
              * recurrent state */
             .cache_group = rec ? 2 : swa && groups, /* all-window models keep one group */
@@ -121,7 +123,7 @@ static bool not_implemented(const pt_layer_plan *p, char *why, size_t cap) {
         snprintf(why, cap, "a dense FFN with gpt-oss's clamped SwiGLU");
     else if (p->norm != PT_NORM_RMS && p->norm != PT_NORM_RMS_1PW)
         snprintf(why, cap, "norm kind %d", p->norm);
-    else if (p->residual_scale != 1.0f)
+    else if (!(p->residual_scale > 0))
         snprintf(why, cap, "a residual scaled by %g", (double)p->residual_scale);
     else if (p->mixer != PT_MIX_RECURRENT && p->cache_group != 0 &&
              !(p->cache_group == 1 && p->mixer == PT_MIX_ATTN_SWA))

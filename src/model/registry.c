@@ -19,7 +19,8 @@
 const pt_family *const pt_families[] = {&pt_family_llama,     &pt_family_qwen3moe,
                                          &pt_family_gemma,     &pt_family_gemma4,
                                          &pt_family_gptoss,    &pt_family_qwen3next,
-                                         &pt_family_qwen35,    &pt_family_deepseek};
+                                         &pt_family_qwen35,    &pt_family_deepseek,
+                                         &pt_family_minicpm3};
 const size_t pt_n_families = PT_ARRAY_LEN(pt_families);
 
 /* "llama, mistral, ...": every architecture in the table that files of
@@ -105,6 +106,9 @@ static int check_shapes(pt_model_config *c, pt_err *err) {
     if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
         return pt_fail(err, "model config: norm epsilon and rope theta must be positive");
     if (c->max_ctx <= 0) c->max_ctx = 4096;
+    if (c->rope_scaling == PT_ROPE_SCALING_LONGROPE && c->rope_n_ext != c->n_rot / 2)
+        return pt_fail(err, "model config: %d LongRoPE factors for %d rope dims (want %d)",
+                       c->rope_n_ext, c->n_rot, c->n_rot / 2);
     return 0;
 }
 
@@ -299,12 +303,51 @@ static int yarn_json(json_t *rs, pt_model_config *c, pt_err *err) {
     return 0;
 }
 
+/* LongRoPE as the MiniCPM3 and Phi-3 Hub code and transformers compute it:
+ * the short factors while a sequence stays within
+ * original_max_position_embeddings, the long ones past it, and cos and sin
+ * times sqrt(1 + ln(max / original) / ln(original)).  The table is chosen
+ * at load, so a model whose trained context reaches past the original one
+ * (where the choice depends on the sequence) is refused; within it the
+ * attention factor is 1 (or the config's attention_factor). */
+static int longrope_json(json_t *rs, pt_model_config *c, pt_err *err) {
+    int orig = c->max_ctx;
+    pt_json_int(rs, "original_max_position_embeddings", &orig);
+    if (orig < c->max_ctx)
+        return pt_fail(err, "config.json: longrope with original_max_position_embeddings %d "
+                            "below max_position_embeddings %d is not supported (the factors "
+                            "would change with the sequence's length)",
+                       orig, c->max_ctx);
+    json_t *f = json_object_get(rs, "short_factor");
+    size_t n = json_array_size(f);
+    if (!json_is_array(f) || n == 0 || n > PT_ROPE_EXT_MAX ||
+        json_array_size(json_object_get(rs, "long_factor")) != n)
+        return pt_fail(err, "config.json: longrope needs short_factor and long_factor of one "
+                            "length, at most %d",
+                       PT_ROPE_EXT_MAX);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(f, i);
+        c->rope_ext[i] = (float)json_number_value(v);
+        if (!json_is_number(v) || !(c->rope_ext[i] > 0))
+            return pt_fail(err, "config.json: longrope short_factor[%zu] is not a positive "
+                                "number",
+                           i);
+    }
+    c->rope_n_ext = (int)n;
+    c->rope_scaling = PT_ROPE_SCALING_LONGROPE;
+    c->rope_orig_ctx = orig;
+    c->rope_mscale = 1.0f;
+    pt_json_float(rs, "attention_factor", &c->rope_mscale);
+    return 0;
+}
+
 int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err) {
     if (!rs || json_is_null(rs)) return 0;
     if (!json_is_object(rs)) return pt_fail(err, "config.json: rope_scaling is not an object");
     const char *type = json_string_value(json_object_get(rs, "rope_type"));
     if (!type) type = json_string_value(json_object_get(rs, "type"));
     if (!type || strcmp(type, "default") == 0) return 0;
+    if (strcmp(type, "longrope") == 0) return longrope_json(rs, c, err);
     if (!pt_json_float(rs, "factor", &c->rope_factor))
         return pt_fail(err, "config.json: rope_scaling has no factor");
     if (strcmp(type, "linear") == 0) {
@@ -324,7 +367,7 @@ int pt_rope_scaling_json(json_t *rs, pt_model_config *c, pt_err *err) {
     }
     if (strcmp(type, "yarn") == 0) return yarn_json(rs, c, err);
     return pt_fail(err, "config.json: rope scaling '%s' is not supported (supported: linear, "
-                        "llama3, yarn)",
+                        "llama3, yarn, longrope)",
                    type);
 }
 
@@ -463,6 +506,13 @@ static const struct {
      "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
      "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
      "\"mscale\":0.707,\"mscale_all_dim\":0.707}}"},
+    {"minicpm3-4b", /* MiniCPM3-4B: latent attention, dense; LongRoPE factors left out */
+     "{\"model_type\":\"minicpm3\",\"hidden_size\":2560,\"num_hidden_layers\":62,"
+     "\"num_attention_heads\":40,\"num_key_value_heads\":40,\"intermediate_size\":6400,"
+     "\"q_lora_rank\":768,\"kv_lora_rank\":256,\"qk_nope_head_dim\":64,"
+     "\"qk_rope_head_dim\":32,\"vocab_size\":73448,\"max_position_embeddings\":32768,"
+     "\"rms_norm_eps\":1e-5,\"rope_theta\":10000.0,\"scale_emb\":12,"
+     "\"scale_depth\":1.4,\"dim_model_base\":256,\"tie_word_embeddings\":false}"},
     {"gemma2-9b", /* Gemma-2-9B: window 4096 on even layers, soft-capping */
      "{\"model_type\":\"gemma2\",\"hidden_size\":3584,\"num_hidden_layers\":42,"
      "\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":256,"
@@ -557,6 +607,8 @@ void pt_rope_inv_freq(const pt_model_config *c, float theta, float *out) {
         double f = 1.0 / pow((double)theta, (2.0 * i) / c->n_rot);
         if (c->rope_scaling == PT_ROPE_SCALING_LINEAR) {
             f /= c->rope_factor;
+        } else if (c->rope_scaling == PT_ROPE_SCALING_LONGROPE) {
+            f /= c->rope_ext[i];
         } else if (c->rope_scaling == PT_ROPE_SCALING_LLAMA3) {
             double wavelen = 2 * pi / f;
             double low_wl = c->rope_orig_ctx / c->rope_low_freq_factor;

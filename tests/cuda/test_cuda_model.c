@@ -245,8 +245,10 @@ static void test_families(void **state) {
  * CPU logits test_hf_reference checks against llama.cpp; every tensor is
  * f32): Gemma 4 (per-layer inputs: gather_cols), Qwen3.5 and Qwen3.5-MoE
  * (Gated DeltaNet: gather_cols, conv1d_silu, gated_delta, rmsnorm_gated,
- * sigmoid_mul; gated attention) and DeepSeek-V2 in three variants (latent
- * attention: copy_cols; grouped sigmoid routing: moe_route_grouped).
+ * sigmoid_mul; gated attention), DeepSeek-V2 in three variants (latent
+ * attention: copy_cols; grouped sigmoid routing: moe_route_grouped) and
+ * MiniCPM3 (latent attention from a fused kv_b, scaled residuals and
+ * output head: scale; LongRoPE's factors in the rope table).
  * Every path is f32 (f32 weights take cuBLAS Sgemm past 16 rows), so the
  * GPU must give the CPU's greedy tokens: from an 8-token prompt (every
  * matmul a GEMV), an f16 cache, a 70-token prompt (the CPU takes a
@@ -258,7 +260,7 @@ static void test_families_gguf(void **state) {
     (void)state;
     static const char *const cases[] = {"gemma4",    "gemma4_moe",     "qwen35",
                                         "qwen35moe", "deepseek2",      "deepseek2_yarn",
-                                        "deepseek2_legacy"};
+                                        "deepseek2_legacy", "minicpm3"};
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         char path[1200];
         snprintf(path, sizeof path, "%s/%s/model.gguf", GGUF_DIR, cases[i]);
@@ -308,8 +310,9 @@ static void greedy_quantized(const char *path, const char *family) {
  * to both. */
 static void test_families_quant(void **state) {
     (void)state;
-    static const char *const cases[] = {"gemma2", "gemma3_text", "gpt_oss",   "gemma4",
-                                        "gemma4_moe", "qwen35",  "qwen35moe", "deepseek2"};
+    static const char *const cases[] = {"gemma2",     "gemma3_text", "gpt_oss",
+                                        "gemma4",     "gemma4_moe",  "qwen35",
+                                        "qwen35moe",  "deepseek2",   "minicpm3"};
     static const char *const types[] = {"Q8_0", "Q4_0"};
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++)
         for (size_t t = 0; t < PT_ARRAY_LEN(types); t++) {
@@ -409,7 +412,7 @@ static void test_multi_sequence(void **state) {
     (void)state;
     multi_sequence(TINY_LLAMA, "f32");
     char path[1200];
-    static const char *const cases[] = {"qwen35", "deepseek2"};
+    static const char *const cases[] = {"qwen35", "deepseek2", "minicpm3"};
     for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
         snprintf(path, sizeof path, "%s/%s/model.gguf", GGUF_DIR, cases[i]);
         multi_sequence(path, NULL);

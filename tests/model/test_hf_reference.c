@@ -285,6 +285,11 @@ GGUF_CASE(stories260k)
 GGUF_CASE(deepseek2)
 GGUF_CASE(deepseek2_yarn)
 GGUF_CASE(deepseek2_legacy)
+/* MiniCPM3 (scripts/llama-ref/minicpm3.py): latent attention from the fused
+ * attn_kv_b (llama.cpp runs it as plain multi-head attention, Petrel
+ * absorbed), MiniCPM's embedding, residual and output scalings and
+ * LongRoPE's short factors. */
+GGUF_CASE(minicpm3)
 GGUF_HF_CASE(gemma2)
 GGUF_HF_CASE(gemma3_text)
 GGUF_HF_CASE(gpt_oss)
@@ -430,6 +435,7 @@ DUMMY_CASE(gemma3_text)
 DUMMY_CASE(gpt_oss)
 DUMMY_CASE(deepseek_v2)
 DUMMY_CASE(qwen3_5_text)
+DUMMY_CASE(minicpm3)
 
 /* ---- a GGUF qwen3moe file written from the Hugging Face fixture ---------------- *
  * No GGUF Qwen3-MoE fixture exists here, so the test writes one the way
@@ -737,6 +743,86 @@ static void test_qwen35_config_refused(void **state) {
     be->ops->destroy(be);
 }
 
+/* ---- MiniCPM3 GGUF rope settings the loader refuses ------------------------- *
+ * minicpm3 keys, a token embedding and LongRoPE's two factor tensors: the
+ * config takes the short factors; a file whose original context is below
+ * its trained one (llama.cpp would switch factors with the context), other
+ * rope scaling and a lone factor tensor are refused with the reason. */
+enum { MC3_OK, MC3_ORIG_SHORT, MC3_YARN, MC3_NO_LONG };
+
+static void write_minicpm3_meta(const char *path, int damage) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    put(f, "GGUF", 4);
+    put_u32(f, 3);
+    put_u64(f, damage == MC3_NO_LONG ? 2 : 3); /* tensors */
+    put_u64(f, 10 + (damage == MC3_ORIG_SHORT || damage == MC3_YARN)); /* key-value pairs */
+    put_str(f, "general.architecture"), put_u32(f, 8), put_str(f, "minicpm3");
+    kv_u32(f, "minicpm3.embedding_length", 32);
+    kv_u32(f, "minicpm3.block_count", 2);
+    kv_u32(f, "minicpm3.attention.head_count", 2);
+    kv_u32(f, "minicpm3.attention.head_count_kv", 2);
+    kv_u32(f, "minicpm3.attention.key_length", 12);
+    kv_u32(f, "minicpm3.feed_forward_length", 64);
+    kv_u32(f, "minicpm3.rope.dimension_count", 4);
+    kv_u32(f, "minicpm3.attention.kv_lora_rank", 16);
+    kv_u32(f, "minicpm3.context_length", 4096);
+    if (damage == MC3_ORIG_SHORT) kv_u32(f, "minicpm3.rope.scaling.original_context_length", 1024);
+    if (damage == MC3_YARN)
+        put_str(f, "minicpm3.rope.scaling.type"), put_u32(f, 8), put_str(f, "yarn");
+    static float embd[32 * 32];
+    static const float shrt[2] = {1.5f, 3.0f}, lng[2] = {9.0f, 12.0f};
+    put_str(f, "token_embd.weight"), put_u32(f, 2), put_u64(f, 32), put_u64(f, 32);
+    put_u32(f, 0), put_u64(f, 0);
+    put_str(f, "rope_factors_short.weight"), put_u32(f, 1), put_u64(f, 2);
+    put_u32(f, 0), put_u64(f, sizeof embd);
+    if (damage != MC3_NO_LONG) {
+        put_str(f, "rope_factors_long.weight"), put_u32(f, 1), put_u64(f, 2);
+        put_u32(f, 0), put_u64(f, sizeof embd + 32);
+    }
+    static const uint8_t zero[32];
+    put(f, zero, (size_t)((32 - ftell(f) % 32) % 32));
+    put(f, embd, sizeof embd);
+    put(f, shrt, sizeof shrt), put(f, zero, 32 - sizeof shrt);
+    put(f, lng, sizeof lng), put(f, zero, 32 - sizeof lng);
+    fclose(f);
+}
+
+static void test_minicpm3_rope_refused(void **state) {
+    (void)state;
+    static const struct {
+        int damage;
+        const char *want;
+    } cases[] = {
+        {MC3_ORIG_SHORT, "original context of 1024 below the trained 4096"},
+        {MC3_YARN, "minicpm3 with rope scaling 'yarn' is not supported"},
+        {MC3_NO_LONG, "expected f32 rope_factors_short and rope_factors_long of 2"},
+    };
+    pt_err err = {{0}};
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/petrel_minicpm3_meta_%d.gguf", (int)getpid());
+    pt_model_file *mf;
+    pt_model_config c;
+    for (size_t i = 0; i < PT_ARRAY_LEN(cases); i++) {
+        write_minicpm3_meta(path, cases[i].damage);
+        if (pt_model_file_open(&mf, path, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(pt_config_from_file(mf, &c, &err), -1);
+        if (!strstr(err.msg, cases[i].want))
+            fail_msg("case %d: '%s' does not say '%s'", cases[i].damage, err.msg, cases[i].want);
+        pt_model_file_close(mf);
+    }
+    write_minicpm3_meta(path, MC3_OK);
+    if (pt_model_file_open(&mf, path, &err) || pt_config_from_file(mf, &c, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.rope_scaling, PT_ROPE_SCALING_LONGROPE);
+    assert_int_equal(c.rope_n_ext, 2);
+    assert_float_equal(c.rope_ext[0], 1.5, 0);
+    assert_float_equal(c.rope_ext[1], 3.0, 0);
+    assert_int_equal(c.v_head_dim, 16); /* hidden / heads */
+    pt_model_file_close(mf);
+    unlink(path);
+}
+
 /* A backend without an op a model's plan needs (CUDA has no expert matmul
  * or windowed attention yet) refuses the model at load, naming the op. */
 static int removed_kind = -1;
@@ -873,66 +959,118 @@ static void test_deepseek_hf_checkpoint(void **state) {
                 GGUF_DIR "deepseek2_legacy/reference.json", "auto", 2);
 }
 
-/* The 80-token prompt through a model whose forward takes 16 rows at a
- * time: five forward chunks, each caching its rows and attending over the
- * earlier chunks' latents, then 32 greedy steps, against llama.cpp. */
-static void test_deepseek_chunked(void **state) {
-    (void)state;
+/* The 80-token prompt of fixture name through a model whose forward takes
+ * 16 rows at a time: five forward chunks, each caching its rows and
+ * attending over the earlier chunks' latents, then 32 greedy steps,
+ * against llama.cpp. */
+static void check_chunked(const char *name) {
     pt_err err = {{0}};
     pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
     assert_non_null(be);
     pt_model_opts o = {.backend = be, .max_batch = 16};
     pt_model *m;
-    if (pt_model_load(&m, GGUF_DIR "deepseek2/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    char path[512], ref[512], what[96];
+    snprintf(path, sizeof path, GGUF_DIR "%s/model.gguf", name);
+    snprintf(ref, sizeof ref, GGUF_DIR "%s/reference.json", name);
+    snprintf(what, sizeof what, "%s, 16-row chunks", name);
+    if (pt_model_load(&m, path, &o, &err)) fail_msg("%s", err.msg);
     json_error_t je;
-    json_t *r = json_load_file(GGUF_DIR "deepseek2/reference.json", 0, &je);
+    json_t *r = json_load_file(ref, 0, &je);
     if (!r) fail_msg("%s", je.text);
     json_t *p = json_array_get(json_object_get(r, "prompts"), 2);
     assert_int_equal(json_array_size(json_object_get(p, "tokens")), 80);
     pt_kv_cache kv;
     assert_int_equal(pt_model_kv_init(m, &kv, 128, PT_F32, NULL, &err), 0);
-    run_prompt(m, &kv, p, "deepseek2, 16-row chunks", tols_of(r), NULL);
+    run_prompt(m, &kv, p, what, tols_of(r), NULL);
     pt_kv_cache_free(&kv);
     json_decref(r);
     pt_model_free(m);
     be->ops->destroy(be);
 }
 
-/* DeepSeek-V2-Lite's kind (q projected directly, softmax routing without
- * groups or bias, two shared experts, YaRN) with dummy f32 weights from a
- * config.json: no reference runs it, but a 20-token prefill and the same
- * tokens one at a time must give the same logits (the cache rows written
- * by one path are what the other reads). */
-static void test_deepseek_lite_dummy(void **state) {
+static void test_deepseek_chunked(void **state) {
     (void)state;
+    check_chunked("deepseek2");
+}
+
+/* The minicpm3 fixture's weights as a Hugging Face checkpoint (minicpm3,
+ * kv_b_proj fused, LongRoPE's factors in config.json's rope_scaling, the
+ * scalings from scale_emb, scale_depth, dim_model_base: scripts/llama-ref/
+ * minicpm3_hf.py) give llama.cpp's logits for the GGUF. */
+static void test_minicpm3_hf_checkpoint(void **state) {
+    (void)state;
+    check_model("minicpm3 checkpoint", GGUF_DIR "minicpm3/hf", GGUF_DIR "minicpm3/reference.json",
+                "auto", 2);
+}
+
+static void test_minicpm3_chunked(void **state) {
+    (void)state;
+    check_chunked("minicpm3");
+}
+
+/* What the minicpm3 fixture's file says, as Petrel reads it: the MLA
+ * shapes (the value head hidden / heads: the file has no value_length),
+ * llama.cpp's fixed scalings (12, 1.4 / sqrt(3 layers), 256 / 64), the
+ * short LongRoPE factors (the file's context is the original one) and a
+ * cache of 480 bytes a token (3 layers of 32 latent + 8 rope floats). */
+static void test_minicpm3_gguf_config(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    pt_backend *be = pt_backend_cpu_new(1, "auto", &err);
+    assert_non_null(be);
+    pt_model_opts o = {.backend = be};
+    pt_model *m;
+    if (pt_model_load(&m, GGUF_DIR "minicpm3/model.gguf", &o, &err)) fail_msg("%s", err.msg);
+    const pt_model_config *c = &m->cfg;
+    assert_string_equal(c->arch, "minicpm3");
+    assert_int_equal(c->head_dim, 20);
+    assert_int_equal(c->n_rot, 8);
+    assert_int_equal(c->v_head_dim, 16);
+    assert_int_equal(c->q_lora_rank, 24);
+    assert_int_equal(c->kv_lora_rank, 32);
+    assert_int_equal(c->n_kv_heads, 1);
+    assert_true(c->kv_b_fused);
+    assert_int_equal(c->rope_style, PT_ROPE_NEOX);
+    assert_float_equal(c->embed_scale, 12, 1e-6);
+    assert_float_equal(c->residual_scale, 1.4 / sqrt(3), 1e-6);
+    assert_float_equal(c->output_scale, 4, 1e-6);
+    assert_int_equal(c->rope_scaling, PT_ROPE_SCALING_LONGROPE);
+    assert_int_equal(c->rope_n_ext, 4);
+    for (int i = 0; i < 4; i++) assert_true(c->rope_ext[i] >= 1 && c->rope_ext[i] <= 4);
+    for (int l = 0; l < c->n_layers; l++) {
+        assert_int_equal(m->plan[l].mixer, PT_MIX_MLA);
+        assert_int_equal(m->plan[l].ffn, PT_FFN_DENSE);
+        assert_float_equal(m->plan[l].residual_scale, c->residual_scale, 0);
+    }
+    pt_kv_cache kv; /* one latent + rope-key row per token and layer */
+    assert_int_equal(pt_model_kv_init(m, &kv, 64, PT_F32, NULL, &err), 0);
+    assert_int_equal(pt_kv_bytes_per_token(&kv.cfg), 3 * (32 + 8) * 4);
+    assert_int_equal(kv.v_bytes, 0);
+    pt_kv_cache_free(&kv);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* Loads the dummy f32 model of config.json text json (seed 7) and checks
+ * that a 20-token prefill and the same tokens one at a time give the same
+ * logits (the cache rows written by one path are what the other reads);
+ * returns the model for the caller's own checks, *be its backend. */
+static pt_model *prefill_vs_decode(const char *name, const char *json, pt_backend **be) {
     char path[64];
-    snprintf(path, sizeof path, "/tmp/petrel_dslite_%d.json", (int)getpid());
+    snprintf(path, sizeof path, "/tmp/petrel_dummy_%d.json", (int)getpid());
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"model_type\":\"deepseek_v2\",\"hidden_size\":64,\"num_hidden_layers\":3,"
-          "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
-          "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
-          "\"qk_rope_head_dim\":8,\"v_head_dim\":16,\"moe_intermediate_size\":16,"
-          "\"n_routed_experts\":8,\"n_shared_experts\":2,\"num_experts_per_tok\":2,"
-          "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":"
-          "\"greedy\",\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,"
-          "\"routed_scaling_factor\":1.0,\"vocab_size\":128,\"rms_norm_eps\":1e-6,"
-          "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
-          "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
-          "\"mscale\":0.707,\"mscale_all_dim\":0.707}}",
-          f);
+    fputs(json, f);
     fclose(f);
     char spec[80];
     snprintf(spec, sizeof spec, "dummy:%s", path);
     pt_err err = {{0}};
-    pt_backend *be = pt_backend_cpu_new(2, "auto", &err);
-    assert_non_null(be);
-    pt_model_opts o = {.backend = be, .dummy_dtype = "f32", .dummy_seed = 7};
+    *be = pt_backend_cpu_new(2, "auto", &err);
+    assert_non_null(*be);
+    pt_model_opts o = {.backend = *be, .dummy_dtype = "f32", .dummy_seed = 7};
     pt_model *m;
     if (pt_model_load(&m, spec, &o, &err)) fail_msg("%s", err.msg);
     remove(path);
-    assert_int_equal(m->cfg.q_lora_rank, 0);
-    assert_int_equal(m->cfg.shared_ffn_dim, 32);
     enum { N = 20 };
     int vocab = m->cfg.vocab_size;
     int32_t tok[N], pos[N], seq[N] = {0};
@@ -951,15 +1089,66 @@ static void test_deepseek_lite_dummy(void **state) {
         if (pt_model_run(m, &kv, &d, one, &err)) fail_msg("%s", err.msg);
         for (int v = 0; v < vocab; v++) {
             double x = fabs(one[v] - all[(size_t)i * vocab + v]);
-            if (!(x <= 1e-4)) fail_msg("position %d logit %d: prefill %g, one by one %g", i, v,
-                                       all[(size_t)i * vocab + v], one[v]);
+            if (!(x <= 1e-4)) fail_msg("%s, position %d logit %d: prefill %g, one by one %g", name,
+                                       i, v, all[(size_t)i * vocab + v], one[v]);
             worst = x > worst ? x : worst;
         }
     }
-    print_message("deepseek-v2-lite-like dummy: prefill vs one by one, max |diff| %.3g\n", worst);
+    print_message("%s: prefill vs one by one, max |diff| %.3g\n", name, worst);
     pt_kv_seq_release(&kv, &a), pt_kv_seq_release(&kv, &b);
     pt_kv_cache_free(&kv);
     free(all), free(one);
+    return m;
+}
+
+/* DeepSeek-V2-Lite's kind (q projected directly, softmax routing without
+ * groups or bias, two shared experts, YaRN) with dummy f32 weights from a
+ * config.json: no reference runs it, but prefill and decode must agree. */
+static void test_deepseek_lite_dummy(void **state) {
+    (void)state;
+    pt_backend *be;
+    pt_model *m = prefill_vs_decode(
+        "deepseek-v2-lite-like dummy",
+        "{\"model_type\":\"deepseek_v2\",\"hidden_size\":64,\"num_hidden_layers\":3,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
+        "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
+        "\"qk_rope_head_dim\":8,\"v_head_dim\":16,\"moe_intermediate_size\":16,"
+        "\"n_routed_experts\":8,\"n_shared_experts\":2,\"num_experts_per_tok\":2,"
+        "\"first_k_dense_replace\":1,\"n_group\":1,\"topk_group\":1,\"topk_method\":"
+        "\"greedy\",\"scoring_func\":\"softmax\",\"norm_topk_prob\":false,"
+        "\"routed_scaling_factor\":1.0,\"vocab_size\":128,\"rms_norm_eps\":1e-6,"
+        "\"rope_theta\":10000.0,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+        "\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,"
+        "\"mscale\":0.707,\"mscale_all_dim\":0.707}}",
+        &be);
+    assert_int_equal(m->cfg.q_lora_rank, 0);
+    assert_int_equal(m->cfg.shared_ffn_dim, 32);
+    pt_model_free(m);
+    be->ops->destroy(be);
+}
+
+/* MiniCPM3 with q projected directly (the Hub code's q_lora_rank null,
+ * which no file here has), per-head k_b / v_b stacks made directly (dummy
+ * weights: no fused kv_b), LongRoPE and the scalings: prefill and decode
+ * must agree. */
+static void test_minicpm3_dummy(void **state) {
+    (void)state;
+    pt_backend *be;
+    pt_model *m = prefill_vs_decode(
+        "minicpm3 dummy, q direct",
+        "{\"model_type\":\"minicpm3\",\"hidden_size\":64,\"num_hidden_layers\":3,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"
+        "\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
+        "\"qk_rope_head_dim\":8,\"vocab_size\":128,\"rms_norm_eps\":1e-5,"
+        "\"max_position_embeddings\":1024,\"scale_emb\":12,\"scale_depth\":1.4,"
+        "\"dim_model_base\":256,\"rope_scaling\":{\"type\":\"longrope\","
+        "\"short_factor\":[1,1.5,2,4],\"long_factor\":[8,8,8,8],"
+        "\"original_max_position_embeddings\":1024}}",
+        &be);
+    assert_int_equal(m->cfg.q_lora_rank, 0);
+    assert_false(m->cfg.kv_b_fused);
+    assert_int_equal(m->cfg.v_head_dim, 16);
+    assert_int_equal(m->layers[0].wk_b.n_experts, 4);
     pt_model_free(m);
     be->ops->destroy(be);
 }
@@ -1058,6 +1247,9 @@ int main(void) {
         cmocka_unit_test(test_deepseek_lite_dummy),
         cmocka_unit_test(test_deepseek_chunked),
         cmocka_unit_test(test_deepseek_hf_checkpoint),
+        cmocka_unit_test(test_gguf_minicpm3), cmocka_unit_test(test_minicpm3_chunked),
+        cmocka_unit_test(test_minicpm3_gguf_config), cmocka_unit_test(test_minicpm3_hf_checkpoint),
+        cmocka_unit_test(test_minicpm3_dummy),
         cmocka_unit_test(test_gguf_gemma2), cmocka_unit_test(test_gguf_hf_gemma2),
         cmocka_unit_test(test_gguf_gemma3_text), cmocka_unit_test(test_gguf_hf_gemma3_text),
         cmocka_unit_test(test_gguf_gpt_oss), cmocka_unit_test(test_gguf_hf_gpt_oss),
@@ -1074,9 +1266,11 @@ int main(void) {
         cmocka_unit_test(test_dummy_gpt_oss),
         cmocka_unit_test(test_dummy_deepseek_v2),
         cmocka_unit_test(test_dummy_qwen3_5_text),
+        cmocka_unit_test(test_dummy_minicpm3),
         cmocka_unit_test(test_dummy_preset_bytes),
         cmocka_unit_test(test_missing_op_refused),
         cmocka_unit_test(test_qwen35_config_refused),
+        cmocka_unit_test(test_minicpm3_rope_refused),
         cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

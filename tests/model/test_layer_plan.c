@@ -249,9 +249,11 @@ static void test_hand_built_plans_checked(void **state) {
         assert_non_null(strstr(err.msg, bad[i].want));
         assert_int_equal(pt_layer_plan_check(p, 2, &err), 0); /* layers 0-1 are fine */
     }
-    plan[1].residual_scale = 0.5f;
+    plan[1].residual_scale = 0.5f; /* MiniCPM's: runs */
+    assert_int_equal(pt_layer_plan_check(plan, 3, &err), 0);
+    plan[1].residual_scale = 0;
     assert_int_equal(pt_layer_plan_check(plan, 3, &err), -1);
-    assert_non_null(strstr(err.msg, "layer 1: a residual scaled by 0.5"));
+    assert_non_null(strstr(err.msg, "layer 1: a residual scaled by 0"));
 }
 
 /* Loading refuses at the plan, before weights: a dummy model asking for a
@@ -319,15 +321,73 @@ static void test_qwen3_next_plan(void **state) {
 /* The list of supported architectures comes from the registry's rows. */
 static void test_supported_list_from_table(void **state) {
     (void)state;
-    json_t *j = json_loads("{\"model_type\":\"minicpm3\"}", 0, NULL);
+    json_t *j = json_loads("{\"model_type\":\"minicpm\"}", 0, NULL);
     pt_model_config c;
     pt_err err = {{0}};
     assert_int_equal(pt_config_from_json(j, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "'minicpm3' is not supported (supported: llama, mistral, "
+    assert_non_null(strstr(err.msg, "'minicpm' is not supported (supported: llama, mistral, "
                                     "qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma4_text, "
                                     "gpt_oss, qwen3_next, qwen3_5_text, qwen3_5_moe_text, "
-                                    "deepseek_v3, deepseek_v2)"));
+                                    "deepseek_v3, deepseek_v2, minicpm3)"));
     json_decref(j);
+}
+
+/* MiniCPM3's config.json: DeepSeek-V2's attention keys (q bottleneck, v
+ * head hidden / heads when absent), the three scalings, LongRoPE's short
+ * factors dividing each pair's frequency; refused: long factors that the
+ * sequence's length would pick (original context below the trained one),
+ * factors that do not match the rope dims, attention biases. */
+#define MCPM3 "{\"model_type\":\"minicpm3\",\"hidden_size\":64,\"num_hidden_layers\":4," \
+    "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":96,"     \
+    "\"q_lora_rank\":24,\"kv_lora_rank\":32,\"qk_nope_head_dim\":12,"                    \
+    "\"qk_rope_head_dim\":8,\"vocab_size\":32,\"scale_emb\":12,\"scale_depth\":1.4,"     \
+    "\"dim_model_base\":256,\"max_position_embeddings\":4096,"
+static void test_minicpm3_config(void **state) {
+    (void)state;
+    pt_model_config c;
+    pt_err err = {{0}};
+    json_t *j = json_loads(MCPM3 "\"rope_scaling\":{\"type\":\"longrope\","
+                           "\"short_factor\":[1,2,3,4],\"long_factor\":[5,6,7,8],"
+                           "\"original_max_position_embeddings\":4096}}", 0, NULL);
+    if (pt_config_from_json(j, &c, &err)) fail_msg("%s", err.msg);
+    json_decref(j);
+    assert_int_equal(c.head_dim, 20);
+    assert_int_equal(c.n_rot, 8);
+    assert_int_equal(c.v_head_dim, 16);
+    assert_int_equal(c.n_kv_heads, 1);
+    assert_float_equal(c.embed_scale, 12, 1e-6);
+    assert_float_equal(c.residual_scale, 0.7, 1e-6); /* 1.4 / sqrt(4) */
+    assert_float_equal(c.output_scale, 4, 1e-6);
+    assert_int_equal(c.rope_scaling, PT_ROPE_SCALING_LONGROPE);
+    float f[4];
+    pt_rope_inv_freq(&c, c.rope_theta, f);
+    for (int i = 0; i < 4; i++)
+        assert_float_equal(f[i], 1.0 / pow(10000.0, 2.0 * i / 8) / (i + 1), 1e-7);
+    pt_layer_plan plan[4];
+    assert_int_equal(pt_model_plan(&c, plan, &err), 0);
+    assert_int_equal(plan[3].mixer, PT_MIX_MLA);
+    assert_float_equal(plan[3].residual_scale, 0.7, 1e-6);
+    assert_float_equal(plan[3].rope.mscale, 1, 0);
+    static const struct {
+        const char *tail, *want;
+    } bad[] = {
+        {"\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,2,3,4],\"long_factor\":"
+         "[5,6,7,8],\"original_max_position_embeddings\":1024}}", "below max_position_embeddings"},
+        {"\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,2,3],\"long_factor\":"
+         "[5,6,7]}}", "3 LongRoPE factors for 8 rope dims"},
+        {"\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,2,3,4],\"long_factor\":"
+         "[5,6,7]}}", "one length"},
+        {"\"attention_bias\":true}", "attention_bias"},
+    };
+    for (size_t i = 0; i < PT_ARRAY_LEN(bad); i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s", MCPM3, bad[i].tail);
+        j = json_loads(text, 0, NULL);
+        assert_non_null(j);
+        assert_int_equal(pt_config_from_json(j, &c, &err), -1);
+        if (!strstr(err.msg, bad[i].want)) fail_msg("%s: %s", bad[i].want, err.msg);
+        json_decref(j);
+    }
 }
 
 /* DeepSeek's config.json: latent attention shapes, the first layers
@@ -785,6 +845,7 @@ int main(void) {
         cmocka_unit_test(test_load_refuses_before_weights),
         cmocka_unit_test(test_supported_list_from_table),
         cmocka_unit_test(test_deepseek_config),
+        cmocka_unit_test(test_minicpm3_config),
         cmocka_unit_test(test_gptoss_plan),
         cmocka_unit_test(test_gguf_configs),
         cmocka_unit_test(test_qwen3_next_plan),
