@@ -39,6 +39,7 @@
 #include <math.h>
 
 #include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cu_mma.cuh"
 #include "backend/cuda/cuda_family.h"
 
 #define ATT_WARPS 4

@@ -29,6 +29,7 @@
 #include <math.h>
 
 #include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/cu_mma.cuh"
 #include "backend/cuda/cuda_internal.h"
 
 #define KVQ_AFFINE 1

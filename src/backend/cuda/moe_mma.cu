@@ -196,8 +196,8 @@ __global__ void __launch_bounds__(MM_THREADS, 2)
                 uint32_t b[4];
                 cu_ldmatrix4(b, Bb + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * MM_LD + kk * 16 +
                                     ((lane >> 3) & 1) * 8);
-                cu_mma_f16(acc[2 * n2], a, b[0], b[1]);
-                cu_mma_f16(acc[2 * n2 + 1], a, b[2], b[3]);
+                mma16816<CU_F16>(acc[2 * n2], a, b[0], b[1]);
+                mma16816<CU_F16>(acc[2 * n2 + 1], a, b[2], b[3]);
             }
         }
     }

@@ -265,8 +265,8 @@ __global__ void __launch_bounds__(QX_THREADS, 1)
                 cu_ldmatrix4(b, ap + nt * 8 * QX_AROW + 64 * j);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
-                    cu_mma_f16(acc[mt][nt], a[mt][0], b[0], b[1]);
-                    cu_mma_f16(acc[mt][nt], a[mt][1], b[2], b[3]);
+                    mma16816<CU_F16>(acc[mt][nt], a[mt][0], b[0], b[1]);
+                    mma16816<CU_F16>(acc[mt][nt], a[mt][1], b[2], b[3]);
                 }
             }
         }
