@@ -46,7 +46,8 @@ static void set_paths(void) {
     snprintf(GGUF_DIR, sizeof GGUF_DIR, "%s/tests/fixtures/gguf", dir);
 }
 
-/* UNF: a second CUDA backend with PETREL_CUDA_FUSE=0 (test_fused_step) */
+/* GPU fuses everything it can (PETREL_CUDA_FUSE=15, not the default);
+ * UNF: a second CUDA backend with PETREL_CUDA_FUSE=0 (test_fused_step) */
 enum { CPU, GPU, N_BE, UNF = N_BE };
 static pt_backend *be[N_BE + 1];
 
@@ -492,6 +493,7 @@ int main(void) {
     set_paths();
     pt_err err = {{0}};
     setenv("PETREL_CUDA_QGEMV_MAX", "8", 1); /* quantized prompts of 8 on the GEMV */
+    setenv("PETREL_CUDA_FUSE", "15", 1); /* every fusion, for test_fused_step */
     be[GPU] = pt_backend_cuda_new(0, &err);
     if (be[GPU]) {
         setenv("PETREL_CUDA_FUSE", "0", 1);

@@ -21,8 +21,11 @@
  * run overwrite it before anything reads it (dead_after; any op kind it
  * does not know counts as a reader).  Decode-sized matmuls only: those
  * the GEMV kernels run unfused; anything the fused kernels refuse runs op
- * by op.  PETREL_CUDA_FUSE=0 turns the pass off; it is a mask (default 7):
- * 1 the matmuls of one input and the residual, 2 the rmsnorm, 4 the swiglu.
+ * by op.  PETREL_CUDA_FUSE=0 turns the pass off; it is a mask: 1 the
+ * matmuls of one input and the residual, 2 the rmsnorm, 4 the swiglu, 8
+ * q4_0/q8_0 weights too (15: everything).  The default is 1 (f32, f16 and
+ * bf16 weights only): on the H200's 8B decode the prologues cost more than
+ * the launches they save (docs/cuda.md).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -180,7 +183,9 @@ static int plan(const cuda_backend *cb, const pt_op *ops, int i, int n, cu_fused
         return 0;
     }
     const pt_op_matmul *m0 = &ops[j].matmul;
-    if (!gemv_sized(cb, m0)) return 0;
+    /* decode-sized, and x aligned as the unfused GEMV needs to take the
+     * kernel the fused one is a copy of */
+    if (!gemv_sized(cb, m0) || ((uintptr_t)m0->x & 15)) return 0;
     if (!f->pro) f->x = m0->x;
     f->n = m0->n;
     size_t x_b = F4((size_t)m0->n * m0->w.cols);
@@ -201,6 +206,8 @@ static int plan(const cuda_backend *cb, const pt_op *ops, int i, int n, cu_fused
         f->nw++, k++;
     }
     if (!f->nw || f->w[0].fmt < 0) return 0;
+    if ((f->w[0].fmt == CU_Q4_0 || f->w[0].fmt == CU_Q8_0) && !(cb->fuse & CUDA_FUSE_QUANT))
+        return 0;
     /* the residual: add(x, x, y) (or x + y into another buffer) right after */
     if (f->nw == 1 && k < n && ops[k].kind == PT_OP_ADD && (cb->fuse & CUDA_FUSE_MM)) {
         const pt_op_add *a = &ops[k].add;

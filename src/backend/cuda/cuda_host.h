@@ -24,10 +24,15 @@
 #define GRAPH_MIN_OPS 8   /* shorter bursts (tests, benchmarks) run directly */
 #define GRAPH_MAX_ROWS 64 /* prefill-sized steps run directly: each is new */
 /* What cuda_fuse.c fuses (bits of PETREL_CUDA_FUSE): the matmuls of one
- * input and a residual add after one; an rmsnorm before them; a swiglu. */
+ * input and a residual add after one; an rmsnorm before them; a swiglu;
+ * and whether q4_0/q8_0 (split) weights take part, or only f32/f16/bf16.
+ * The default, CUDA_FUSE_DEFAULT, is what measured faster on the H200's
+ * 8B decode (docs/cuda.md, "The fused decode step"). */
 #define CUDA_FUSE_MM 1
 #define CUDA_FUSE_NORM 2
 #define CUDA_FUSE_SWIGLU 4
+#define CUDA_FUSE_QUANT 8
+#define CUDA_FUSE_DEFAULT CUDA_FUSE_MM
 
 /* PETREL_CUDA_PROFILE's sums: op kinds, matmuls past the GEMV rows, then
  * the fused launches (cuda_fuse.c: prologue x matrices x residual). */
