@@ -23,9 +23,10 @@
  * the GEMV kernels run unfused; anything the fused kernels refuse runs op
  * by op.  PETREL_CUDA_FUSE=0 turns the pass off; it is a mask: 1 the
  * matmuls of one input and the residual, 2 the rmsnorm, 4 the swiglu, 8
- * q4_0/q8_0 weights too (15: everything).  The default is 1 (f32, f16 and
- * bf16 weights only): on the H200's 8B decode the prologues cost more than
- * the launches they save (docs/cuda.md).
+ * q4_0/q8_0 weights too (15: everything).  The default is 9, the matmuls
+ * and the residual for every weight type: on the H200's 8B decode the
+ * rmsnorm and swiglu prologues, recomputed by every block, cost more than
+ * the launches they save (docs/cuda.md, "The fused decode step").
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -32,7 +32,7 @@
 #define CUDA_FUSE_NORM 2
 #define CUDA_FUSE_SWIGLU 4
 #define CUDA_FUSE_QUANT 8
-#define CUDA_FUSE_DEFAULT CUDA_FUSE_MM
+#define CUDA_FUSE_DEFAULT (CUDA_FUSE_MM | CUDA_FUSE_QUANT)
 
 /* PETREL_CUDA_PROFILE's sums: op kinds, matmuls past the GEMV rows, then
  * the fused launches (cuda_fuse.c: prologue x matrices x residual). */
