@@ -46,15 +46,18 @@ static bool overlap(const void *p, size_t pb, const void *q, size_t qb) {
 static int op_reads(const pt_op *o, const void *p, size_t bytes) {
     switch (o->kind) {
     case PT_OP_EMBED: return 0;
-    case PT_OP_MATMUL: return overlap(o->matmul.x, F4((size_t)o->matmul.n * o->matmul.w.cols), p, bytes);
+    case PT_OP_MATMUL:
+        return overlap(o->matmul.x, F4((size_t)o->matmul.n * o->matmul.w.cols), p, bytes);
     case PT_OP_RMSNORM: {
         const pt_op_rmsnorm *a = &o->rmsnorm;
-        return overlap(a->x, F4((size_t)a->n * a->d), p, bytes) || overlap(a->g, F4(a->d), p, bytes);
+        return overlap(a->x, F4((size_t)a->n * a->d), p, bytes) ||
+               overlap(a->g, F4(a->d), p, bytes);
     }
     case PT_OP_ADD:
         return overlap(o->add.a, F4(o->add.count), p, bytes) ||
                overlap(o->add.b, F4(o->add.count), p, bytes);
-    case PT_OP_ADD_BIAS: return overlap(o->add_bias.y, F4((size_t)o->add_bias.n * o->add_bias.d), p, bytes);
+    case PT_OP_ADD_BIAS:
+        return overlap(o->add_bias.y, F4((size_t)o->add_bias.n * o->add_bias.d), p, bytes);
     case PT_OP_SWIGLU:
         return overlap(o->swiglu.gate, F4(o->swiglu.count), p, bytes) ||
                overlap(o->swiglu.up, F4(o->swiglu.count), p, bytes);
