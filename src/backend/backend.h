@@ -601,6 +601,9 @@ typedef struct pt_backend_ops {
      * weight_layout asked for; 0 done, -1 not done (w stays in the file's
      * layout, nothing failed).  NULL: never. */
     int (*repack)(pt_backend *be, const pt_weight *w, int layout);
+    /* Kernels one decode step launched (the last one run as a whole, e.g.
+     * a CUDA graph), for benchmarks; 0 or NULL: not known. */
+    int (*step_kernels)(pt_backend *be);
     void (*destroy)(pt_backend *be);
 } pt_backend_ops;
 

@@ -372,6 +372,13 @@ int cmd_bench(int argc, char **argv) {
                           pt_model_kv_resident(e->model, depths[i], kv_token,
                                                e->kv.cfg.page_size)));
     }
+    /* the launches of one decode step (issue 15: the fused step's count) */
+    int kernels = e->be->ops->step_kernels ? e->be->ops->step_kernels(e->be) : 0;
+    if (kernels > 0 && n_depths > 0) {
+        printf("\nkernels per decode step: %d (%.1f per layer)\n", kernels,
+               (double)kernels / m->cfg.n_layers);
+        json_object_set_new(j, "step_kernels", json_integer(kernels));
+    }
     if (n_pars && run_parallel(e, pars, n_pars, j, &err)) goto fail;
     if (b.reuse && run_reuse(&e, j, &err)) goto fail;
     if (spec.kind != PT_SPEC_OFF && run_spec(e, &spec, depths, n_depths, j, &err)) goto fail;

@@ -33,7 +33,7 @@
 /* Files under the source tree; PETREL_SOURCE_DIR in the environment wins
  * (the GPU machine runs binaries built elsewhere). */
 static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_LLAMA_Q[1024], HF_DIR[1024],
-    GGUF_DIR[1024];
+    GGUF_DIR[1024], TINY_WIDE[1024];
 
 static void set_paths(void) {
     const char *dir = getenv("PETREL_SOURCE_DIR") ? getenv("PETREL_SOURCE_DIR") : PETREL_SOURCE_DIR;
@@ -42,11 +42,14 @@ static void set_paths(void) {
     snprintf(TINY_QWEN3, sizeof TINY_QWEN3, "dummy:%s/tests/cuda/tiny-qwen3.json", dir);
     snprintf(TINY_LLAMA_Q, sizeof TINY_LLAMA_Q, "dummy:%s/tests/cuda/tiny-llama-q.json", dir);
     snprintf(HF_DIR, sizeof HF_DIR, "%s/tests/fixtures/hf", dir);
+    snprintf(TINY_WIDE, sizeof TINY_WIDE, "dummy:%s/tests/cuda/tiny-llama-wide.json", dir);
     snprintf(GGUF_DIR, sizeof GGUF_DIR, "%s/tests/fixtures/gguf", dir);
 }
 
-enum { CPU, GPU, N_BE };
-static pt_backend *be[N_BE];
+/* GPU fuses everything it can (PETREL_CUDA_FUSE=15, not the default);
+ * UNF: a second CUDA backend with PETREL_CUDA_FUSE=0 (test_fused_step) */
+enum { CPU, GPU, N_BE, UNF = N_BE };
+static pt_backend *be[N_BE + 1];
 
 typedef struct side {
     pt_model *m;
@@ -424,13 +427,84 @@ static void test_llama_1b(void **state) {
     greedy("dummy:llama-1b", "bf16", PT_F16, NULL, 0, 24, 12, 3e-2, false);
 }
 
+/* The fused decode step (cuda_fuse.c: rmsnorm folded into the QKV and
+ * gate+up launches, swiglu into the down projection's input, the residual
+ * adds into the GEMV's store) against the same kernels op by op
+ * (PETREL_CUDA_FUSE=0): every fused value is computed as the op it
+ * replaces computes it, in the same order, so the logits must be equal bit
+ * for bit at every step, prompt (n_prompt rows through the GEMV) and
+ * decode; against the CPU within tol; and a decode step must launch fewer
+ * kernels.  The wide model (4096 columns) takes cu_rms_scale's 1024-thread
+ * order and the split GEMV's K split; the tiny ones its warp order. */
+static void fused_step(const char *path, const char *dtype, int n_prompt, int n_gen, double tol) {
+    static const int sides[] = {CPU, GPU, UNF};
+    side s[3];
+    for (int i = 0; i < 3; i++) open_side(&s[i], sides[i], path, dtype, 0, PT_F32, NULL, 64);
+    int vocab = s[0].m->cfg.vocab_size;
+    float *lg[3];
+    for (int i = 0; i < 3; i++) lg[i] = malloc(sizeof(float) * (size_t)vocab);
+    int32_t tok[64], pos[64], seq[64] = {0};
+    bool want[64] = {false};
+    pt_rng rng;
+    pt_rng_seed(&rng, 17);
+    for (int i = 0; i < n_prompt; i++) tok[i] = (int32_t)(pt_rng_next(&rng) % (uint64_t)vocab);
+    for (int i = 0; i < 64; i++) pos[i] = i;
+    want[n_prompt - 1] = true;
+    double worst = 0;
+    for (int step = 0; step <= n_gen; step++) {
+        for (int i = 0; i < 3; i++) {
+            if (step == 0) forward(&s[i], n_prompt, tok, pos, seq, want, 1, lg[i]);
+            else {
+                bool w = true;
+                forward(&s[i], 1, &tok[n_prompt + step - 1], &pos[n_prompt + step - 1], seq, &w,
+                        1, lg[i]);
+            }
+        }
+        double max_abs, e = compare(lg[2], lg[1], (size_t)vocab, &max_abs);
+        if (memcmp(lg[1], lg[2], sizeof(float) * (size_t)vocab))
+            fail_msg("%s %s step %d: fused logits differ from unfused (rel %.3g, max abs %.3g)",
+                     path, dtype, step, e, max_abs);
+        e = compare(lg[1], lg[0], (size_t)vocab, &max_abs);
+        if (e > worst) worst = e;
+        if (e > tol) fail_msg("%s %s step %d: rel err %.3g against the cpu", path, dtype, step, e);
+        tok[n_prompt + step] = (int32_t)argmax(lg[0], vocab);
+    }
+    int kf = be[GPU]->ops->step_kernels(be[GPU]), ku = be[UNF]->ops->step_kernels(be[UNF]);
+    print_message("%s %s: fused = unfused bit for bit over %d steps, cpu rel err %.3g; "
+                  "kernels a decode step %d fused, %d unfused\n",
+                  path, dtype, n_gen + 1, worst, kf, ku);
+    assert_true(kf > 0 && kf < ku);
+    for (int i = 0; i < 3; i++) {
+        free(lg[i]);
+        close_side(&s[i]);
+    }
+}
+
+static void test_fused_step(void **state) {
+    (void)state;
+    fused_step(TINY_LLAMA, "f32", 8, 12, 1e-4);
+    fused_step(TINY_LLAMA, "bf16", 5, 12, 1e-4);
+    fused_step(TINY_QWEN3, "f16", 3, 12, 1e-4);
+    fused_step(TINY_LLAMA_Q, "q4_0", 8, 12, 2e-3);
+    fused_step(TINY_LLAMA_Q, "q8_0", 2, 12, 2e-3);
+    fused_step(TINY_WIDE, "f16", 4, 12, 1e-4);
+    fused_step(TINY_WIDE, "q4_0", 1, 12, 2e-3);
+    fused_step(TINY_WIDE, "q8_0", 8, 12, 2e-3);
+}
+
 int main(void) {
     set_paths();
     pt_err err = {{0}};
     setenv("PETREL_CUDA_QGEMV_MAX", "8", 1); /* quantized prompts of 8 on the GEMV */
+    setenv("PETREL_CUDA_FUSE", "15", 1); /* every fusion, for test_fused_step */
     be[GPU] = pt_backend_cuda_new(0, &err);
+    if (be[GPU]) {
+        setenv("PETREL_CUDA_FUSE", "0", 1);
+        be[UNF] = pt_backend_cuda_new(0, &err);
+        unsetenv("PETREL_CUDA_FUSE");
+    }
     unsetenv("PETREL_CUDA_QGEMV_MAX");
-    if (!be[GPU]) {
+    if (!be[GPU] || !be[UNF]) {
         printf("test_cuda_model: skipped: %s\n", err.msg);
         fflush(stdout);
         _exit(77); /* not exit(): leak checkers would count the runtime's buffers */
@@ -455,11 +529,12 @@ int main(void) {
         cmocka_unit_test(test_kv_quant),
         cmocka_unit_test(test_multi_sequence),
         cmocka_unit_test(test_llama_1b),
+        cmocka_unit_test(test_fused_step),
     };
     /* CMOCKA_FILTER / CMOCKA_SKIP (patterns with * and ?): a subset */
     if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
     if (getenv("CMOCKA_SKIP")) cmocka_set_skip_filter(getenv("CMOCKA_SKIP"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (int b = 0; b < N_BE; b++) be[b]->ops->destroy(be[b]);
+    for (int b = 0; b <= UNF; b++) be[b]->ops->destroy(be[b]);
     return rc;
 }

@@ -68,6 +68,54 @@ __device__ __forceinline__ float cu_warp_sum(float v) {
     return v;
 }
 
+/* 1 / sqrt(mean(x^2) + eps) of the row xr of d floats exactly as
+ * cu_rmsnorm (ops.cu) computes it, bit for bit, by a whole block of 128 to
+ * 1024 threads, a multiple of 32 (the fused GEMVs fold the norm into their
+ * input).  cu_rmsnorm's threads (a warp at d <= 512, else 256, or 1024 from
+ * 4096) each sum x^2 over the elements i = t (mod threads) in order with
+ * fmaf; a butterfly sums each warp, a second one the warps.  Here thread t
+ * plays threads t, t + blockDim.x, ... (at most 8), all their loads in
+ * flight at once, and each warp sums its virtual warps side by side.  red:
+ * 33 floats of shared memory; every thread calls it and gets the scale. */
+__device__ __forceinline__ float cu_rms_scale(const float *xr, int d, float eps, float *red) {
+    const int vt = d <= 512 ? 32 : d >= 4096 ? 1024 : 256;
+    const int lane = threadIdx.x & 31, nb = blockDim.x;
+    if (vt == 32) {
+        if (threadIdx.x < 32) {
+            float ss = 0.f;
+#pragma unroll 4
+            for (int i = lane; i < d; i += 32) ss = fmaf(xr[i], xr[i], ss);
+            ss = cu_warp_sum(ss);
+            if (lane == 0) red[32] = ss;
+        }
+    } else {
+        float ss[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int v = j * nb + (int)threadIdx.x;
+            ss[j] = 0.f;
+            if (j * nb < vt)
+#pragma unroll 4
+                for (int i = v; i < d; i += vt) ss[j] = fmaf(xr[i], xr[i], ss[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j * nb < vt) { /* the same for the whole block */
+                const float s = cu_warp_sum(ss[j]);
+                if (lane == 0) red[(j * nb + (int)threadIdx.x) >> 5] = s;
+            }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const float v = cu_warp_sum(lane < vt / 32 ? red[lane] : 0.f);
+            if (lane == 0) red[32] = v;
+        }
+    }
+    __syncthreads();
+    const float r = 1.0f / sqrtf(red[32] / (float)d + eps);
+    __syncthreads(); /* red is free again for the next row */
+    return r;
+}
+
 __device__ __forceinline__ float cu_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

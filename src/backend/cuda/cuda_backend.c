@@ -53,7 +53,9 @@
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
  * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_REPACK,
- * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
+ * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC, PETREL_CUDA_FUSE (0: every
+ * recorded op launched alone, not fused by cuda_fuse.c; a mask of what to
+ * fuse, cuda_host.h),
  * PETREL_CUDA_MOE_FUSED (token rows up to which moe_ffn with quantized
  * experts runs as moe.cu's two fused kernels, default 8; 0: never),
  * PETREL_CUDA_MOE_RPW (gate rows per warp of that up kernel, 1..4,
@@ -836,40 +838,59 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
     return 0;
 }
 
-/* PETREL_CUDA_PROFILE: runs o alone between two events and adds its time
- * to its kind's sum (slot PT_OP_COUNT: matmuls past the GEMV rows), if its
- * step has the profiled number of tokens. */
-static void exec_profiled(cuda_backend *cb, const pt_op *o) {
-    if (o->kind == PT_OP_EMBED) cb->prof_step = o->embed.n == cb->profile;
-    if (!cb->prof_step) {
-        cuda_exec_op(cb, o);
-        return;
-    }
-    cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
-    cuda_exec_op(cb, o);
-    cudaEventRecord(cb->prof_ev[1], cb->ctx.s);
-    float ms = 0;
-    if (!cuda_ok(cb, cudaEventSynchronize(cb->prof_ev[1]), pt_op_name(o->kind)) ||
-        cudaEventElapsedTime(&ms, cb->prof_ev[0], cb->prof_ev[1]) != cudaSuccess)
-        return;
-    int slot = o->kind;
+/* The profile slot of op o (slot PT_OP_COUNT: matmuls past the GEMV rows). */
+static int prof_slot(const cuda_backend *cb, const pt_op *o) {
     if (o->kind == PT_OP_MATMUL &&
         o->matmul.n > (is_quantized(o->matmul.w.dtype) ? cb->qgemv_max : cb->gemv_max))
-        slot = PT_OP_COUNT;
-    cb->prof_ms[slot] += ms;
-    cb->prof_calls[slot]++;
+        return PT_OP_COUNT;
+    return o->kind;
+}
+
+/* Runs ops[i] (fused with the records after it where cuda_fuse.c can):
+ * how many records it took, and their profile slot. */
+static int exec_one(cuda_backend *cb, const pt_op *ops, int i, int n, int *slot) {
+    int used = cb->fuse ? cuda_exec_fused(cb, ops, i, n, slot) : 0;
+    if (used) return used;
+    cuda_exec_op(cb, &ops[i]);
+    *slot = prof_slot(cb, &ops[i]);
+    return 1;
+}
+
+/* PETREL_CUDA_PROFILE: a step of the profiled number of tokens (its embed
+ * op says how many) runs each launch alone between two events and adds
+ * its time to its slot's sum. */
+void cuda_exec_ops(cuda_backend *cb, const pt_op *ops, int n, bool check) {
+    for (int i = 0, used; i < n && !cb->base.failed; i += used) {
+        int slot;
+        if (ops[i].kind == PT_OP_EMBED) cb->prof_step = cb->profile && ops[i].embed.n == cb->profile;
+        bool timed = cb->prof_step && check;
+        if (timed) cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
+        used = exec_one(cb, ops, i, n, &slot);
+        if (check) op_done(cb, pt_op_name(ops[i].kind));
+        if (!timed) continue;
+        cudaEventRecord(cb->prof_ev[1], cb->ctx.s);
+        float ms = 0;
+        if (!cuda_ok(cb, cudaEventSynchronize(cb->prof_ev[1]), pt_op_name(ops[i].kind)) ||
+            cudaEventElapsedTime(&ms, cb->prof_ev[0], cb->prof_ev[1]) != cudaSuccess)
+            continue;
+        cb->prof_ms[slot] += ms;
+        cb->prof_calls[slot]++;
+    }
 }
 
 static void print_profile(const cuda_backend *cb) {
     double total = 0;
-    for (int k = 0; k <= PT_OP_COUNT; k++) total += cb->prof_ms[k];
-    fprintf(stderr, "cuda profile (steps of %d tokens, each op timed alone, no graphs): "
+    for (int k = 0; k < PROF_SLOTS; k++) total += cb->prof_ms[k];
+    fprintf(stderr, "cuda profile (steps of %d tokens, each launch timed alone, no graphs): "
                     "%.1f ms in all\n", cb->profile, total);
-    fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
-    for (int k = 0; k <= PT_OP_COUNT; k++) {
+    fprintf(stderr, "  %-22s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
+    for (int k = 0; k < PROF_SLOTS; k++) {
         if (!cb->prof_calls[k]) continue;
-        fprintf(stderr, "  %-18s %10llu %11.2f %9.2f %5.1f%%\n",
-                k == PT_OP_COUNT ? "matmul (gemm)" : pt_op_name(k),
+        char name[48];
+        fprintf(stderr, "  %-22s %10llu %11.2f %9.2f %5.1f%%\n",
+                k == PT_OP_COUNT  ? "matmul (gemm)"
+                : k < PT_OP_COUNT ? pt_op_name(k)
+                                  : cuda_fuse_slot_name(k, name, sizeof name),
                 (unsigned long long)cb->prof_calls[k], cb->prof_ms[k],
                 1e3 * cb->prof_ms[k] / (double)cb->prof_calls[k],
                 total > 0 ? 100 * cb->prof_ms[k] / total : 0.0);
@@ -877,16 +898,14 @@ static void print_profile(const cuda_backend *cb) {
 }
 
 /* The op entry: checks, grows scratch, then records the op or, with graphs
- * off, runs it now. */
+ * and fusion off, runs it now. */
 static void cuda_run(pt_backend *be, const pt_op *o) {
     cuda_backend *cb = (cuda_backend *)be; /* recording needs no current device */
     if (o->kind == PT_OP_MATMUL && o->matmul.n <= 0) return;
     if (check_op(cb, o) || prepare_scratch(cb, o)) return;
-    if (!cb->use_graphs) {
+    if (!cb->use_graphs && !cb->fuse) {
         cuda_use_device(cb);
-        if (cb->profile) exec_profiled(cb, o);
-        else cuda_exec_op(cb, o);
-        op_done(cb, pt_op_name(o->kind));
+        cuda_exec_ops(cb, o, 1, true);
         return;
     }
     cuda_record(cb, o, op_rows(o));
@@ -980,6 +999,12 @@ static int cuda_repack(pt_backend *be, const pt_weight *w, int layout) {
     return rc;
 }
 
+/* Kernels (and copies) of the last decode-sized step captured as a graph:
+ * the kernels a decode step launches; 0 before any. */
+static int cuda_step_kernels(pt_backend *be) {
+    return (int)((cuda_backend *)be)->graph_nodes;
+}
+
 static const pt_backend_ops cuda_ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -994,6 +1019,7 @@ static const pt_backend_ops cuda_ops = {
     .read_bandwidth = cuda_read_bandwidth,
     .weight_layout = cuda_weight_layout,
     .repack = cuda_repack,
+    .step_kernels = cuda_step_kernels,
     .destroy = cuda_destroy,
 };
 
@@ -1086,6 +1112,9 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
                         cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess))
         cb->profile = 0;
     cb->use_graphs = !cb->sync_each && !cb->profile && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
+    /* the fused decode step (cuda_fuse.c); not with PETREL_CUDA_SYNC, which
+     * is there to name the op that failed */
+    cb->fuse = cb->sync_each ? 0 : env_int("PETREL_CUDA_FUSE", CUDA_FUSE_DEFAULT) & 15;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount,
              prop.totalGlobalMem / 1073741824.0);

@@ -7,7 +7,9 @@
  * same op sequence, found by comparing the records byte for byte, or
  * captures one into the least recently used of GRAPH_SLOTS slots; any other
  * burst launches its ops one by one.  Positions and tokens live in device
- * memory, so consecutive decode steps record identical sequences.
+ * memory, so consecutive decode steps record identical sequences.  Either
+ * way the burst goes through cuda_exec_ops, which fuses neighbouring ops
+ * (cuda_fuse.c).
  *
  * A captured graph holds the pointers of the scratch buffers its ops used:
  * growing a scratch buffer drops every graph (cuda_drop_graphs).
@@ -42,7 +44,7 @@ static graph_slot *capture(cuda_backend *cb) {
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamBeginCapture(cb->ctx.s, cudaStreamCaptureModeThreadLocal);
     if (e == cudaSuccess) {
-        for (int i = 0; i < cb->n_list; i++) cuda_exec_op(cb, &cb->list[i]);
+        cuda_exec_ops(cb, cb->list, cb->n_list, false);
         e = cudaStreamEndCapture(cb->ctx.s, &graph);
     }
     if (e != cudaSuccess || !graph) {
@@ -103,10 +105,7 @@ void cuda_flush(cuda_backend *cb) {
         g->last_use = ++cb->clock;
         cuda_ok(cb, cudaGraphLaunch(g->exec, cb->ctx.s), "graph launch");
     } else {
-        for (int i = 0; i < cb->n_list && !cb->base.failed; i++) {
-            cuda_exec_op(cb, &cb->list[i]);
-            cuda_ok(cb, cudaGetLastError(), pt_op_name(cb->list[i].kind));
-        }
+        cuda_exec_ops(cb, cb->list, cb->n_list, true);
     }
     cb->n_list = 0;
     cb->list_rows = 0;

@@ -23,6 +23,20 @@
 #define GRAPH_SLOTS 4
 #define GRAPH_MIN_OPS 8   /* shorter bursts (tests, benchmarks) run directly */
 #define GRAPH_MAX_ROWS 64 /* prefill-sized steps run directly: each is new */
+/* What cuda_fuse.c fuses (bits of PETREL_CUDA_FUSE): the matmuls of one
+ * input and a residual add after one; an rmsnorm before them; a swiglu;
+ * and whether q4_0/q8_0 (split) weights take part, or only f32/f16/bf16.
+ * The default, CUDA_FUSE_DEFAULT, is what measured faster on the H200's
+ * 8B decode (docs/cuda.md, "The fused decode step"). */
+#define CUDA_FUSE_MM 1
+#define CUDA_FUSE_NORM 2
+#define CUDA_FUSE_SWIGLU 4
+#define CUDA_FUSE_QUANT 8
+#define CUDA_FUSE_DEFAULT (CUDA_FUSE_MM | CUDA_FUSE_QUANT)
+
+/* PETREL_CUDA_PROFILE's sums: op kinds, matmuls past the GEMV rows, then
+ * the fused launches (cuda_fuse.c: prologue x matrices x residual). */
+#define PROF_SLOTS (PT_OP_COUNT + 1 + 3 * CU_FUSE_MAX_W * 2)
 
 typedef struct graph_slot {
     cudaGraphExec_t exec;
@@ -66,6 +80,9 @@ typedef struct cuda_backend {
     bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */
     bool use_graphs;  /* PETREL_CUDA_GRAPHS=0 turns them off */
+    int fuse;         /* cuda_fuse.c's pass over recorded bursts: CUDA_FUSE_* bits
+                         (PETREL_CUDA_FUSE, default all; 0 with PETREL_CUDA_SYNC,
+                         which is there to name the op that failed) */
     /* PETREL_CUDA_PROFILE=N: the ops of forward steps of exactly N tokens
      * (the step's embed op says how many) each timed alone (events around
      * it, then a wait; no graphs), summed per kind, printed when the
@@ -74,8 +91,8 @@ typedef struct cuda_backend {
     int profile;
     bool prof_step; /* the current step is timed */
     cudaEvent_t prof_ev[2];
-    double prof_ms[PT_OP_COUNT + 1];
-    uint64_t prof_calls[PT_OP_COUNT + 1];
+    double prof_ms[PROF_SLOTS];
+    uint64_t prof_calls[PROF_SLOTS];
     pt_op *list;      /* ops recorded since the last flush */
     int n_list, list_cap, list_rows;
     graph_slot graphs[GRAPH_SLOTS];
@@ -96,8 +113,17 @@ void cuda_use_device(cuda_backend *cb);
 int cuda_fail(cuda_backend *cb, const char *what, const char *msg);
 bool cuda_ok(cuda_backend *cb, cudaError_t e, const char *what);
 
-/* cuda_backend.c: enqueues one op's kernels on the stream. */
+/* cuda_backend.c: enqueues one op's kernels on the stream; cuda_exec_ops
+ * a burst of them, fused where cuda_fuse.c can (check: the launch error
+ * of each, after it). */
 void cuda_exec_op(cuda_backend *cb, const pt_op *o);
+void cuda_exec_ops(cuda_backend *cb, const pt_op *ops, int n, bool check);
+
+/* cuda_fuse.c: runs ops[i..n) from i as one fused launch where it can:
+ * the records it stood for (0: none, nothing launched) and its profile
+ * slot; the name of such a slot. */
+int cuda_exec_fused(cuda_backend *cb, const pt_op *ops, int i, int n, int *slot);
+const char *cuda_fuse_slot_name(int slot, char *buf, size_t len);
 
 /* cuda_graph.c */
 /* Appends a record (rows: token rows it works on, which decides whether

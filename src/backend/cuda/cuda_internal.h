@@ -115,6 +115,37 @@ int cu_qdequant_f16(const cu_ctx *c, void *out, const cu_qweight *w);
 /* y[i] = row ids[i] of w as f32 (an id out of range gives zeros). */
 int cu_qembed(const cu_ctx *c, float *y, const cu_qweight *w, const int32_t *ids, int n);
 
+/* ---- fused decode matmuls (cuda_fuse.c plans them) ---------------------- */
+
+/* One GEMV launch standing for several recorded ops (docs/cuda.md, "The
+ * fused decode step"): up to CU_FUSE_MAX_W matrices of the same columns
+ * on the same input (QKV; gate and up), each a segment of the grid; the
+ * input made on the fly from the op before them (pro: rmsnorm of x times
+ * g, or silu(x) * up) and, with one matrix, its output also added into a
+ * residual (res_out = res_in + y).  Every value is computed as the ops it
+ * replaces compute it, in the same order: bit for bit the unfused result. */
+#define CU_FUSE_MAX_W 3
+enum { CU_PRO_NONE = 0, CU_PRO_NORM, CU_PRO_SWIGLU };
+typedef struct cu_fused {
+    const float *x; /* [n][cols]: the input, or what pro makes it from */
+    int n, nw;
+    float *y[CU_FUSE_MAX_W];
+    cu_qweight w[CU_FUSE_MAX_W]; /* f32/f16/bf16: fmt is the CU_F* type */
+    int pro;
+    const float *g;  /* CU_PRO_NORM: the gain (cols floats) ... */
+    float eps;
+    float *norm_y;   /* ... and where the normed rows go too (NULL: nowhere) */
+    const float *up; /* CU_PRO_SWIGLU: the input is silu(x) * up */
+    float *res_out;  /* nw == 1: res_out = res_in + y (NULL: no residual) */
+    const float *res_in;
+} cu_fused;
+
+/* The fused launch for f32/f16/bf16 (matmul.cu) or split q4_0/q8_0
+ * (qmatmul.cu) weights; -1 (nothing launched) when the kernels do not
+ * take it, and the ops then run one by one. */
+int cu_gemv_fused(const cu_ctx *c, const cu_fused *f);
+int cu_qgemv_fused(const cu_ctx *c, const cu_fused *f);
+
 /* ---- ops.cu ------------------------------------------------------------- */
 
 void cu_embed(const cu_ctx *c, float *y, const void *table, int dtype, int64_t rows, int64_t cols,

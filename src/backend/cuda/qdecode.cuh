@@ -221,15 +221,10 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
  * activation block (32 elements, or an affine group of G chunks, held by G
  * adjacent lanes: every lane of the warp must call this), q = rint(x / d).
  * xw[p] packs codes 2p and 2p+1; s0, s1 are the sums of the codes of each
- * half.  Lanes whose chunk is past the row pass valid = false (zeros). */
-__device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uint32_t xw[16],
-                                         float &dx, int &s0, int &s1) {
-    float v[32];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float4 a = valid ? __ldg((const float4 *)xp + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
-    }
+ * half.  (qx_chunk below loads them; lanes whose chunk is past the row
+ * pass valid = false: zeros.) */
+__device__ __forceinline__ void qx_codes(const float (&v)[32], int G, uint32_t xw[16], float &dx,
+                                         int &s0, int &s1) {
     float amax = 0.f;
 #pragma unroll
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
@@ -250,6 +245,18 @@ __device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uin
         else s1 = __dp2a_lo((int)xw[p], 0x0101, s1);
     }
     dx = d;
+}
+
+/* qx_codes of the 32 floats at xp. */
+__device__ __forceinline__ void qx_chunk(const float *xp, bool valid, int G, uint32_t xw[16],
+                                         float &dx, int &s0, int &s1) {
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 a = valid ? __ldg((const float4 *)xp + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
+    }
+    qx_codes(v, G, xw, dx, s0, s1);
 }
 
 /* A chunk's product with one token's int16 codes, before the activation

@@ -892,25 +892,52 @@ __device__ __forceinline__ void qs_item(float (&acc)[QS_R][NT], const uint4 (&b)
     }
 }
 
+/* A launch: cu_fused's matrices (one, or QKV, or gate and up) on one
+ * input, each a segment of the grid, blocks [first[s], first[s + 1]),
+ * with its own K split ks[s]: each segment runs exactly as its matrix
+ * alone would (the grid only decides which block takes a row group, never
+ * a row's arithmetic). */
+struct qs_args {
+    cu_fused f;
+    int ks[CU_FUSE_MAX_W];
+    int first[CU_FUSE_MAX_W + 1];
+};
+
 template <int F, int NT>
-__global__ void __launch_bounds__(QS_WARPS * 32, 2)
-    qgemv_split_kernel(float *y, const float *x, cu_qweight w, int n, int ks) {
+__global__ void __launch_bounds__(QS_WARPS * 32, 2) qgemv_split_kernel(const qs_args a) {
     cu_grid_trigger();
     const int P = qs_depth<NT>::n;
     extern __shared__ uint4 qs_smem_buf[];
     __shared__ float red[2][QS_WARPS][QS_R][NT];
+    __shared__ float nred[33], nscale[NT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t cols = w.cols, rows = w.rows;
+    /* this block's segment (indices written out: no local copy of a) */
+    int seg = 0;
+#pragma unroll
+    for (int i = 1; i < CU_FUSE_MAX_W; i++)
+        if (i < a.f.nw && (int)blockIdx.x >= a.first[i]) seg = i;
+    float *y = a.f.y[0];
+    const uint8_t *w0 = (const uint8_t *)a.f.w[0].data;
+    int64_t rows = a.f.w[0].rows;
+    int ks = a.ks[0], bid = (int)blockIdx.x, nblk = a.first[1];
+#pragma unroll
+    for (int i = 1; i < CU_FUSE_MAX_W; i++)
+        if (seg == i) {
+            y = a.f.y[i], w0 = (const uint8_t *)a.f.w[i].data, rows = a.f.w[i].rows;
+            ks = a.ks[i], bid = (int)blockIdx.x - a.first[i], nblk = a.first[i + 1] - a.first[i];
+        }
+    const float *x = a.f.x;
+    const int n = a.f.n;
+    const int64_t cols = a.f.w[0].cols;
     const int nc = (int)(cols / 32), np = (int)(cols / qs_fmt<F>::pc);
     const int n_steps = CU_DIV_UP(np, 32), S = n_steps / ks; /* ks divides n_steps */
     const int rgs = QS_WARPS / ks, kw = warp % ks, rg = warp / ks;
     const int64_t per_cg = (int64_t)rgs * QS_R, n_cg = CU_DIV_UP(rows, per_cg);
     const int my_cg =
-        (int64_t)blockIdx.x < n_cg ? (int)((n_cg - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
+        (int64_t)bid < n_cg ? (int)((n_cg - 1 - bid) / nblk) + 1 : 0;
     const int total = my_cg * S;
     const size_t cr = (size_t)nc * qs_fmt<F>::cb, sr = (size_t)nc * 2;
     const int gs = qs_gshift(F, cols);
-    const uint8_t *w0 = (const uint8_t *)w.data;
     uint4 *xs = qs_smem_buf;
     float2 *xm = (float2 *)(xs + (size_t)NT * 4 * nc);
 
@@ -920,7 +947,7 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
     int hl = 0, hs = 0;
     const uint8_t *hc[QS_R];
     const unsigned short *hsc[QS_R];
-    qs_rows(hc, hsc, w0, gs, cr, sr, rows, (int64_t)blockIdx.x * per_cg + rg * QS_R);
+    qs_rows(hc, hsc, w0, gs, cr, sr, rows, (int64_t)bid * per_cg + rg * QS_R);
 #pragma unroll
     for (int j = 0; j < P; j++) {
         if (j < total) {
@@ -928,19 +955,50 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
             if (++hs == S) {
                 hs = 0, hl++;
                 qs_rows(hc, hsc, w0, gs, cr, sr, rows,
-                        ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R);
+                        ((int64_t)bid + (int64_t)hl * nblk) * per_cg + rg * QS_R);
             }
         }
     }
     cu_grid_wait();
 
-    /* the activations as int16 codes, once per block */
+    /* the activations as int16 codes, once per block: x's, or made from x
+     * as the op before the matmul makes them (rmsnorm, swiglu; fused) */
+    const int pro = a.f.pro;
+    if (pro == CU_PRO_NORM) {
+        for (int t = 0; t < n; t++) {
+            const float r = cu_rms_scale(x + (size_t)t * cols, (int)cols, a.f.eps, nred);
+            if (threadIdx.x == 0) nscale[t] = r;
+        }
+        __syncthreads();
+    }
+    float *norm_y = blockIdx.x == 0 ? a.f.norm_y : NULL; /* one block stores the norm */
     for (int i = threadIdx.x; i < n * nc; i += blockDim.x) {
         const int t = i / nc, c = i - t * nc;
+        const size_t off = (size_t)t * cols + (size_t)c * 32;
         uint32_t xw[16];
         float dx;
         int s0, s1;
-        qx_chunk(x + (size_t)t * cols + (size_t)c * 32, true, 1, xw, dx, s0, s1);
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float4 q = __ldg((const float4 *)(x + off) + k);
+            v[4 * k] = q.x, v[4 * k + 1] = q.y, v[4 * k + 2] = q.z, v[4 * k + 3] = q.w;
+        }
+        if (pro == CU_PRO_NORM) { /* as rmsnorm: x * r * g */
+            const float r = nscale[t], *g = a.f.g + (size_t)c * 32;
+#pragma unroll
+            for (int k = 0; k < 32; k++) v[k] = v[k] * r * __ldg(g + k);
+            if (norm_y)
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    ((float4 *)(norm_y + off))[k] =
+                        make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        } else if (pro == CU_PRO_SWIGLU) {
+            const float *u = a.f.up + off;
+#pragma unroll
+            for (int k = 0; k < 32; k++) v[k] = cu_silu_mul(v[k], __ldg(u + k));
+        }
+        qx_codes(v, 1, xw, dx, s0, s1);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const uint4 v = make_uint4(xw[4 * j], xw[4 * j + 1], xw[4 * j + 2], xw[4 * j + 3]);
@@ -967,12 +1025,12 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
                 if (++hs == S) {
                     hs = 0, hl++;
                     qs_rows(hc, hsc, w0, gs, cr, sr, rows,
-                            ((int64_t)blockIdx.x + (int64_t)hl * gridDim.x) * per_cg + rg * QS_R);
+                            ((int64_t)bid + (int64_t)hl * nblk) * per_cg + rg * QS_R);
                 }
             }
             if (++ts < S) continue;
             /* row group tl done: its sums */
-            const int64_t g0 = ((int64_t)blockIdx.x + (int64_t)tl * gridDim.x) * per_cg;
+            const int64_t g0 = ((int64_t)bid + (int64_t)tl * nblk) * per_cg;
             const int64_t r0 = g0 + rg * QS_R;
             ts = 0, tl++;
 #pragma unroll
@@ -983,7 +1041,11 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
                     const float v = cu_warp_sum(acc[r][t]);
                     acc[r][t] = 0.f;
                     if (ks == 1) {
-                        if (lane == 0 && r0 + r < rows) y[(size_t)t * rows + r0 + r] = v;
+                        if (lane == 0 && r0 + r < rows) {
+                            const size_t o = (size_t)t * rows + r0 + r;
+                            y[o] = v;
+                            if (a.f.res_out) a.f.res_out[o] = a.f.res_in[o] + v;
+                        }
                     } else if (lane == 0) {
                         red[par][warp][r][t] = v;
                     }
@@ -996,7 +1058,9 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2)
                     if (t >= n || row >= rows) continue;
                     float v = red[par][g * ks][r][t];
                     for (int q = 1; q < ks; q++) v += red[par][g * ks + q][r][t];
-                    y[(size_t)t * rows + row] = v;
+                    const size_t o = (size_t)t * rows + row;
+                    y[o] = v;
+                    if (a.f.res_out) a.f.res_out[o] = a.f.res_in[o] + v; /* as add: x + y */
                 }
                 par ^= 1; /* the next group writes the other half before the next barrier */
             }
@@ -1280,35 +1344,54 @@ static int qs_ksplit(const cu_qweight &w, int n_sm) {
     return ks;
 }
 
-/* One launch of NT token rows; the grid is what fits at once (registers
- * and shared memory), balanced over the row groups. */
-template <int F, int NT>
-static void qs_launch(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n,
-                      int ks) {
-    const size_t smem = qs_smem(NT, w.cols);
-    const int64_t n_cg = CU_DIV_UP(w.rows, (int64_t)(QS_WARPS / ks) * QS_R);
+/* One launch of NT token rows: each segment's grid is its share (by rows)
+ * of what fits at once (registers and shared memory), balanced over its
+ * row groups; one matrix alone gets all of it. */
+template <int F, int NT> static void qs_launch(const cu_ctx *c, qs_args &a) {
+    const cu_fused &f = a.f;
+    const size_t smem = qs_smem(NT, f.w[0].cols);
     int per_sm = c->qsplit_fit[F == CU_Q8_0][qgemv_slot<NT>()];
     const size_t block_smem = smem + sizeof(float) * 2 * QS_WARPS * QS_R * NT + 1024;
     const int by_smem = c->smem_sm > 0 ? (int)(c->smem_sm / block_smem) : 1;
     per_sm = per_sm < by_smem ? per_sm : by_smem;
-    const int64_t cap = (int64_t)(c->n_sm > 0 ? c->n_sm : 132) * (per_sm > 0 ? per_sm : 1);
-    const int64_t grid = n_cg <= cap ? n_cg : CU_DIV_UP(n_cg, CU_DIV_UP(n_cg, cap));
-    CU_LAUNCH((qgemv_split_kernel<F, NT>), (unsigned)grid, QS_WARPS * 32, smem, c, y, x, w, n, ks);
+    const int n_sm = c->n_sm > 0 ? c->n_sm : 132;
+    const int64_t cap = (int64_t)n_sm * (per_sm > 0 ? per_sm : 1);
+    int64_t all_rows = 0;
+    for (int i = 0; i < f.nw; i++) all_rows += f.w[i].rows;
+    a.first[0] = 0;
+    for (int i = 0; i < CU_FUSE_MAX_W; i++) {
+        if (i >= f.nw) {
+            a.ks[i] = 1, a.first[i + 1] = a.first[i];
+            continue;
+        }
+        const int ks = qs_ksplit(f.w[i], n_sm);
+        const int64_t n_cg = CU_DIV_UP(f.w[i].rows, (int64_t)(QS_WARPS / ks) * QS_R);
+        int64_t share = cap * f.w[i].rows / all_rows;
+        share = share > 0 ? share : 1;
+        const int64_t grid = n_cg <= share ? n_cg : CU_DIV_UP(n_cg, CU_DIV_UP(n_cg, share));
+        a.ks[i] = ks, a.first[i + 1] = a.first[i] + (int)grid;
+    }
+    CU_LAUNCH((qgemv_split_kernel<F, NT>), (unsigned)a.first[f.nw], QS_WARPS * 32, smem, c, a);
+}
+
+template <int F> static void qs_launch_rows(const cu_ctx *c, qs_args &a, int m) {
+    if (m == 1) qs_launch<F, 1>(c, a);
+    else if (m == 2) qs_launch<F, 2>(c, a);
+    else if (m <= 4) qs_launch<F, 4>(c, a);
+    else if (m <= 8) qs_launch<F, 8>(c, a);
+    else qs_launch<F, 16>(c, a);
 }
 
 /* n token rows in tiles of at most qs_tile(cols). */
 template <int F>
 static void qs_fmt_launch(const cu_ctx *c, float *y, const float *x, const cu_qweight &w, int n) {
-    const int tile = qs_tile(w.cols), ks = qs_ksplit(w, c->n_sm > 0 ? c->n_sm : 132);
+    const int tile = qs_tile(w.cols);
     for (int t0 = 0; t0 < n; t0 += tile) {
         const int m = n - t0 < tile ? n - t0 : tile;
-        float *yt = y + (size_t)t0 * w.rows;
-        const float *xt = x + (size_t)t0 * w.cols;
-        if (m == 1) qs_launch<F, 1>(c, yt, xt, w, m, ks);
-        else if (m == 2) qs_launch<F, 2>(c, yt, xt, w, m, ks);
-        else if (m <= 4) qs_launch<F, 4>(c, yt, xt, w, m, ks);
-        else if (m <= 8) qs_launch<F, 8>(c, yt, xt, w, m, ks);
-        else qs_launch<F, 16>(c, yt, xt, w, m, ks);
+        qs_args a = {};
+        a.f.x = x + (size_t)t0 * w.cols, a.f.n = m, a.f.nw = 1;
+        a.f.y[0] = y + (size_t)t0 * w.rows, a.f.w[0] = w;
+        qs_launch_rows<F>(c, a, m);
     }
 }
 
@@ -1372,6 +1455,25 @@ extern "C" int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qwei
 #define QF_PLAIN(F) CU_LAUNCH((qgemv_plain_kernel<F>), (unsigned)ww.rows, QM_THREADS, 0, c, y, x, ww, n)
     QF_DISPATCH(w->fmt, QF_PLAIN)
 #undef QF_PLAIN
+    return 0;
+}
+
+/* The fused launch (cuda_internal.h): split q4_0/q8_0 matrices of one
+ * format and the same columns, whose token rows fit one tile. */
+extern "C" int cu_qgemv_fused(const cu_ctx *c, const cu_fused *f) {
+    if (f->nw < 1 || f->nw > CU_FUSE_MAX_W || f->n < 1 || !cu_aligned16(f->x)) return -1;
+    if ((f->pro == CU_PRO_NORM && (!cu_aligned16(f->g) || (f->norm_y && !cu_aligned16(f->norm_y)))) ||
+        (f->pro == CU_PRO_SWIGLU && !cu_aligned16(f->up)))
+        return -1;
+    for (int i = 0; i < f->nw; i++)
+        if (f->w[i].layout != CU_LAYOUT_SPLIT || f->w[i].fmt != f->w[0].fmt ||
+            f->w[i].cols != f->w[0].cols || !cu_qweight_ok(&f->w[i]))
+            return -1;
+    if (f->n > qs_tile(f->w[0].cols) || (f->res_out && f->nw != 1)) return -1;
+    qs_args a = {};
+    a.f = *f;
+    if (f->w[0].fmt == CU_Q4_0) qs_launch_rows<CU_Q4_0>(c, a, f->n);
+    else qs_launch_rows<CU_Q8_0>(c, a, f->n);
     return 0;
 }
 
