@@ -205,7 +205,8 @@ void pt_block_residual(pt_model *m, const pt_step *s) {
 
 /* Final norm and output projection for the wanted rows, PT_OUT_ROWS at a
  * time, straight into the caller's buffer; logits soft-capped if the config
- * says (Gemma 2).  A tensor-parallel rank's output head is its slice of
+ * says (Gemma 2).  With s->ids the backend picks each row's argmax of those
+ * same logits and only the ids come back.  A tensor-parallel rank's output head is its slice of
  * the vocabulary (output.rows from vocab_first): it writes those columns
  * of each row, and the ranks together fill the rows. */
 void pt_block_output(pt_model *m, const pt_step *s) {
@@ -219,6 +220,11 @@ void pt_block_output(pt_model *m, const pt_step *s) {
         pt_be_rmsnorm(be, ws->out_h, ws->out_h, m->output_norm, k, c->dim, c->norm_eps);
         pt_be_matmul(be, ws->logits, ws->out_h, &m->output, k);
         if (c->final_softcap > 0) pt_be_softcap(be, ws->logits, c->final_softcap, (size_t)k * w);
+        if (s->ids) { /* the picks alone (pt_model_can_argmax: w is the vocabulary) */
+            pt_be_argmax(be, ws->out_ids, ws->logits, k, (int)w);
+            be->ops->download(be, s->ids + i, ws->out_ids, sizeof(int32_t) * (size_t)k);
+            continue;
+        }
         float *out = s->logits + (size_t)i * vocab;
         if (w == vocab) {
             be->ops->download(be, out, ws->logits, sizeof(float) * (size_t)k * vocab);

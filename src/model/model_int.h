@@ -150,6 +150,7 @@ typedef struct pt_step {
     int n;                  /* rows */
     int n_out;              /* rows whose logits are wanted (ws->out_idx) */
     float *logits;          /* host, [n_out][vocab_size] */
+    int32_t *ids;           /* host, [n_out]: their argmax instead (NULL: logits) */
 } pt_step;
 
 /* A registry row: everything that differs between families. */
@@ -229,6 +230,7 @@ struct pt_workspace {
     float *router, *moe_w, *moe_out;
     int32_t *moe_ids;
     int32_t *tokens, *pos, *seq, *out_idx, *block_table;
+    int32_t *out_ids; /* [PT_OUT_ROWS] an output chunk's argmax */
     size_t bt_cap; /* int32 entries in block_table */
     /* host staging */
     int32_t *h_block_table, *h_out_idx;
@@ -288,7 +290,7 @@ void pt_block_qkv(pt_model *m, int l, const pt_step *s);       /* h -> q, k, v (
 void pt_block_attention(pt_model *m, int l, const pt_step *s); /* cache k, v; h = attn(q)·Wo */
 void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN(h), dense or MoE */
 void pt_block_residual(pt_model *m, const pt_step *s);         /* x += h */
-void pt_block_output(pt_model *m, const pt_step *s);           /* logits of wanted rows */
+void pt_block_output(pt_model *m, const pt_step *s);           /* logits (or argmax) of wanted rows */
 
 /* One decoder layer of a family, and the forward every family's is: embed,
  * each layer in turn, output. */

@@ -11,7 +11,8 @@
  * matmul_id, moe_combine, swiglu_oai, add_id; the Gated DeltaNet ops
  * gather_cols, sigmoid_mul, conv1d_silu, gated_delta, rmsnorm_gated; and
  * DeepSeek's copy_cols and moe_route_grouped; cuda_family.h) have first,
- * plain kernels:
+ * plain kernels; argmax (greedy picks: a decode step downloads ids, not
+ * logits) is ops.cu's;
  * moe_ffn (the routed FFN as one op) runs as two fused kernels at decode,
  * else as the launchers of the ops it stands for;
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
@@ -307,6 +308,8 @@ static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     /* Prefill: the weight as f16 into scratch, then the tensor cores. */
     if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w))
         cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
+    if (cb->profile && cb->prof_step >= 0)
+        cb->prof_deq = cudaEventRecord(cb->prof_ev[2], cb->ctx.s) == cudaSuccess;
     cu_convert_from_f32(&cb->ctx, cb->act16, CU_F16, a->x, (size_t)n * (size_t)w.cols);
     const float one = 1.0f, zero = 0.0f;
     int rows = (int)w.rows, cols = (int)w.cols;
@@ -570,6 +573,7 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
     }
     case PT_OP_MOE_ROUTE_GROUPED: exec_moe_route_grouped(cb, &o->moe_route_grouped); break;
     case PT_OP_MOE_FFN: exec_moe_ffn(cb, &o->moe_ffn); break;
+    case PT_OP_ARGMAX: cu_argmax(c, o->argmax.ids, o->argmax.x, o->argmax.n, o->argmax.d); break;
     default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
@@ -594,6 +598,7 @@ static int op_rows(const pt_op *o) {
     case PT_OP_GATED_DELTA: return o->gated_delta.b.n_tokens;
     case PT_OP_MOE_ROUTE_GROUPED: return o->moe_route_grouped.n;
     case PT_OP_MOE_FFN: return o->moe_ffn.n;
+    case PT_OP_ARGMAX: return o->argmax.n;
     default: return 0;
     }
 }
@@ -810,42 +815,60 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
 }
 
 /* PETREL_CUDA_PROFILE: runs o alone between two events and adds its time
- * to its kind's sum (slot PT_OP_COUNT: matmuls past the GEMV rows), if its
- * step has the profiled number of tokens. */
+ * to its kind's sum (slot PT_OP_COUNT: matmuls past the GEMV rows) in the
+ * table of its step's token count, if that count is profiled. */
 static void exec_profiled(cuda_backend *cb, const pt_op *o) {
-    if (o->kind == PT_OP_EMBED) cb->prof_step = o->embed.n == cb->profile;
-    if (!cb->prof_step) {
+    if (o->kind == PT_OP_EMBED) {
+        cb->prof_step = -1;
+        for (int i = 0; i < cb->profile; i++)
+            if (o->embed.n == cb->prof_n[i]) cb->prof_step = i;
+    }
+    if (cb->prof_step < 0) {
         cuda_exec_op(cb, o);
         return;
     }
+    cb->prof_deq = false;
     cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
     cuda_exec_op(cb, o);
     cudaEventRecord(cb->prof_ev[1], cb->ctx.s);
-    float ms = 0;
+    float ms = 0, deq = 0;
     if (!cuda_ok(cb, cudaEventSynchronize(cb->prof_ev[1]), pt_op_name(o->kind)) ||
         cudaEventElapsedTime(&ms, cb->prof_ev[0], cb->prof_ev[1]) != cudaSuccess)
         return;
+    double *sum = cb->prof_ms[cb->prof_step];
+    uint64_t *calls = cb->prof_calls[cb->prof_step];
+    if (cb->prof_deq && cudaEventElapsedTime(&deq, cb->prof_ev[0], cb->prof_ev[2]) == cudaSuccess) {
+        sum[PT_OP_COUNT + 1] += deq;
+        calls[PT_OP_COUNT + 1]++;
+    }
     int slot = o->kind;
     if (o->kind == PT_OP_MATMUL &&
         o->matmul.n > (is_quantized(o->matmul.w.dtype) ? cb->qgemv_max : cb->gemv_max))
         slot = PT_OP_COUNT;
-    cb->prof_ms[slot] += ms;
-    cb->prof_calls[slot]++;
+    sum[slot] += ms;
+    calls[slot]++;
 }
 
+/* A table per profiled token count.  Its last row, "of which dequant", is
+ * part of the "matmul (gemm)" row above it (not added to the total). */
 static void print_profile(const cuda_backend *cb) {
-    double total = 0;
-    for (int k = 0; k <= PT_OP_COUNT; k++) total += cb->prof_ms[k];
-    fprintf(stderr, "cuda profile (steps of %d tokens, each op timed alone, no graphs): "
-                    "%.1f ms in all\n", cb->profile, total);
-    fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
-    for (int k = 0; k <= PT_OP_COUNT; k++) {
-        if (!cb->prof_calls[k]) continue;
-        fprintf(stderr, "  %-18s %10llu %11.2f %9.2f %5.1f%%\n",
-                k == PT_OP_COUNT ? "matmul (gemm)" : pt_op_name(k),
-                (unsigned long long)cb->prof_calls[k], cb->prof_ms[k],
-                1e3 * cb->prof_ms[k] / (double)cb->prof_calls[k],
-                total > 0 ? 100 * cb->prof_ms[k] / total : 0.0);
+    for (int t = 0; t < cb->profile; t++) {
+        const double *sum = cb->prof_ms[t];
+        const uint64_t *calls = cb->prof_calls[t];
+        double total = 0;
+        for (int k = 0; k <= PT_OP_COUNT; k++) total += sum[k];
+        fprintf(stderr, "cuda profile (steps of %d tokens, each op timed alone, no graphs): "
+                        "%.1f ms in all\n", cb->prof_n[t], total);
+        fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
+        for (int k = 0; k <= PT_OP_COUNT + 1; k++) {
+            if (!calls[k]) continue;
+            const char *name = k == PT_OP_COUNT       ? "matmul (gemm)"
+                               : k == PT_OP_COUNT + 1 ? "  of which dequant"
+                                                      : pt_op_name(k);
+            fprintf(stderr, "  %-18s %10llu %11.2f %9.2f %5.1f%%\n", name,
+                    (unsigned long long)calls[k], sum[k], 1e3 * sum[k] / (double)calls[k],
+                    total > 0 ? 100 * sum[k] / total : 0.0);
+        }
     }
 }
 
@@ -891,6 +914,7 @@ static void cuda_destroy(pt_backend *be) {
         print_profile(cb);
         cudaEventDestroy(cb->prof_ev[0]);
         cudaEventDestroy(cb->prof_ev[1]);
+        cudaEventDestroy(cb->prof_ev[2]);
     }
     free(cb->list);
     if (cb->cublas_ws) cudaFree(cb->cublas_ws);
@@ -912,7 +936,7 @@ static void cuda_destroy(pt_backend *be) {
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
     return (kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED) || kind == PT_OP_MOE_FFN ||
-           (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
+           kind == PT_OP_ARGMAX || (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
 }
 
 /* q4_0 and q8_0 matrices are rewritten at load, in groups of 1-8 rows in
@@ -1050,9 +1074,18 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
     cb->sync_each = env_int("PETREL_CUDA_SYNC", 0) != 0;
-    cb->profile = PT_MAX(env_int("PETREL_CUDA_PROFILE", 0), 0);
+    /* PETREL_CUDA_PROFILE=8,32,64: up to PROF_SIZES token counts */
+    cb->prof_step = -1;
+    for (const char *p = getenv("PETREL_CUDA_PROFILE"); p && *p && cb->profile < PROF_SIZES;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        if (v > 0) cb->prof_n[cb->profile++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
     if (cb->profile && (cudaEventCreate(&cb->prof_ev[0]) != cudaSuccess ||
-                        cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess))
+                        cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess ||
+                        cudaEventCreate(&cb->prof_ev[2]) != cudaSuccess))
         cb->profile = 0;
     cb->use_graphs = !cb->sync_each && !cb->profile && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,

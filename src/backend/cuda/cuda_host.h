@@ -21,6 +21,7 @@
 
 /* CUDA graphs of recorded op sequences (see cuda_flush). */
 #define GRAPH_SLOTS 4
+#define PROF_SIZES 8 /* PETREL_CUDA_PROFILE: token counts profiled at most */
 #define GRAPH_MIN_OPS 8   /* shorter bursts (tests, benchmarks) run directly */
 #define GRAPH_MAX_ROWS 64 /* prefill-sized steps run directly: each is new */
 
@@ -63,16 +64,20 @@ typedef struct cuda_backend {
     bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */
     bool use_graphs;  /* PETREL_CUDA_GRAPHS=0 turns them off */
-    /* PETREL_CUDA_PROFILE=N: the ops of forward steps of exactly N tokens
-     * (the step's embed op says how many) each timed alone (events around
-     * it, then a wait; no graphs), summed per kind, printed when the
-     * backend goes; matmuls split by token rows: the GEMV (<= gemv_max) or
-     * not.  Other steps run untimed. */
-    int profile;
-    bool prof_step; /* the current step is timed */
-    cudaEvent_t prof_ev[2];
-    double prof_ms[PT_OP_COUNT + 1];
-    uint64_t prof_calls[PT_OP_COUNT + 1];
+    /* PETREL_CUDA_PROFILE=N[,N...]: the ops of forward steps of exactly N
+     * tokens (the step's embed op says how many) each timed alone (events
+     * around it, then a wait; no graphs), summed per kind, one table per N
+     * (up to PROF_SIZES), printed when the backend goes; matmuls split by
+     * token rows: the GEMV (<= gemv_max) or not, and of the latter the
+     * part that dequantizes quantized weights to f16 (event 2 after it:
+     * how the cuBLAS path's time splits).  Other steps run untimed. */
+    int profile;                /* sizes profiled; 0: off */
+    int prof_n[PROF_SIZES];     /* their token counts */
+    int prof_step;              /* the current step's table; -1: untimed */
+    bool prof_deq; /* the op being timed recorded prof_ev[2] after its dequantization */
+    cudaEvent_t prof_ev[3];
+    double prof_ms[PROF_SIZES][PT_OP_COUNT + 2];
+    uint64_t prof_calls[PROF_SIZES][PT_OP_COUNT + 2];
     pt_op *list;      /* ops recorded since the last flush */
     int n_list, list_cap, list_rows;
     graph_slot graphs[GRAPH_SLOTS];

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# batch-run.sh - batched decode on the GPU machine in one call (issue 15
+# item 3): the argmax tests, greedy output with and without the device's
+# argmax, aggregate decode of 1-64 sequences with it on and off (same
+# process kind, same dummy 8B shapes, q4_0 and f16), then every op timed
+# alone at 8, 32 and 64 sequences.  Results under $OUT (default
+# out/batch-run); the tables last.
+#
+#   here:  scripts/gpu-run.sh --stage, then copy build-gpu-pack/carry.tar.xz
+#          and this script into a carried folder (e.g. build-batch/)
+#   there: bash build-batch/batch-run.sh     (PACK=path of carry.tar.xz)
+#
+# BATCH_DTYPES (default "q4_0 f16"), BATCH_PAR (default 1,8,32,64),
+# BATCH_PROF (default 8,32,64; empty: no profiles).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/batch-run}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+
+STAGE=build-gpu-carry
+PACK=${PACK:-$(dirname "$0")/carry.tar.xz}
+[ -d "$STAGE" ] || tar -xJf "$PACK" || { echo "no staged build ($PACK)"; exit 1; }
+BIN=$STAGE
+LD_LIBRARY_PATH="$PWD/$STAGE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         "$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)" \
+         "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
+    [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+done
+export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
+stamp "machine"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv
+uptime
+ldd "$BIN/petrel" | grep "not found"
+
+stamp "test_cuda_ops test_argmax"
+CMOCKA_FILTER='test_argmax' timeout 60 "$BIN/test_cuda_ops"
+echo "test_argmax: exit $?"
+
+# Greedy output must not change when the picks move to the device.
+P="Once upon a time, there was a little girl named Lily. She loved to play outside in the sun."
+for a in 0 1; do
+    PETREL_DEVICE_ARGMAX=$a timeout 60 "$BIN/petrel" generate --device cuda --temp 0 -n 160 "$P" \
+        >"/tmp/gen-$a.txt" 2>"/tmp/gen-$a.err"
+    echo "generate PETREL_DEVICE_ARGMAX=$a: exit $?"
+done
+if cmp -s /tmp/gen-0.txt /tmp/gen-1.txt && [ -s /tmp/gen-1.txt ]; then echo "generate: identical";
+else echo "generate: DIFFERS"; diff /tmp/gen-0.txt /tmp/gen-1.txt | head -5; fi
+
+M="--device cuda -m dummy:llama-8b"
+for dt in ${BATCH_DTYPES:-q4_0 f16}; do
+    for a in 1 0; do
+        par=${BATCH_PAR:-1,8,32,64}
+        [ $a = 0 ] && par=${BATCH_PAR_OFF:-1,8,64}
+        stamp "PETREL_DEVICE_ARGMAX=$a petrel bench $dt -P $par"
+        PETREL_DEVICE_ARGMAX=$a timeout 150 "$BIN/petrel" bench $M --dummy-dtype "$dt" -p 16 -d 0 \
+            -g 64 -r 1 -P "$par" -o "$OUT/ab-$dt-$a.json" 2>&1 | grep -v "making dummy"
+        echo "bench $dt argmax=$a: exit $?"
+    done
+done
+
+if [ -n "${BATCH_PROF-8,32,64}" ]; then
+    for dt in ${BATCH_DTYPES:-q4_0 f16}; do
+        stamp "PETREL_CUDA_PROFILE=${BATCH_PROF:-8,32,64} petrel bench $dt"
+        PETREL_CUDA_PROFILE=${BATCH_PROF:-8,32,64} timeout 150 "$BIN/petrel" bench $M \
+            --dummy-dtype "$dt" -p 16 -d 0 -g 8 -r 1 -P "${BATCH_PROF:-8,32,64}" \
+            -o /tmp/prof.json >"$OUT/prof-$dt.txt" 2>&1
+        echo "profile $dt: exit $?"
+    done
+fi
+
+stamp "summary"
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+print("aggregate decode tok/s (128 + 128 per sequence), device argmax on / off; host s/step")
+for f in sorted(os.listdir(out)):
+    if not (f.startswith("ab-") and f.endswith("-1.json")): continue
+    on = json.load(open(os.path.join(out, f)))
+    off_f = os.path.join(out, f[:-7] + "-0.json")
+    off = json.load(open(off_f)) if os.path.exists(off_f) else {}
+    offp = {p["seqs"]: p for p in off.get("parallel", [])}
+    for p in on.get("parallel", []):
+        o = offp.get(p["seqs"])
+        steps = max(p["steps"], 1)
+        row = "%-12s %3d seqs: on %9.1f (fwd %.2f ms, sample %.3f ms a step)" % (
+            f[3:-7], p["seqs"], p["decode_tok_s"], 1e3 * p["forward_s"] / steps,
+            1e3 * p["sample_s"] / steps)
+        if o:
+            so = max(o["steps"], 1)
+            row += "  off %9.1f (fwd %.2f, sample %.3f)  x%.2f" % (
+                o["decode_tok_s"], 1e3 * o["forward_s"] / so, 1e3 * o["sample_s"] / so,
+                p["decode_tok_s"] / o["decode_tok_s"] if o["decode_tok_s"] else 0)
+        print(row)
+PY
+for f in "$OUT"/prof-*.txt; do
+    [ -f "$f" ] && { echo "--- $f"; grep -A40 "cuda profile" "$f" | grep -v "^petrel"; }
+done
+stamp "done"
