@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # batch-run.sh - batched decode on the GPU machine in one call (issue 15
-# item 3): the argmax tests, greedy output with and without the device's
-# argmax, aggregate decode of 1-64 sequences with it on and off (same
-# process kind, same dummy 8B shapes, q4_0 and f16), then every op timed
-# alone at 8, 32 and 64 sequences.  Results under $OUT (default
+# item 3): the argmax and sliced-dequantization tests, greedy output with
+# and without the device's argmax, aggregate decode of 1-64 sequences with
+# it on and off and with the dequantization sliced (dummy 8B shapes, q4_0
+# and f16), then every op timed alone at 8, 32 and 64 sequences.  Results under $OUT (default
 # out/batch-run); the tables last.
 #
 #   here:  scripts/gpu-run.sh --stage, then copy build-gpu-pack/carry.tar.xz
 #          and this script into a carried folder (e.g. build-batch/)
 #   there: bash build-batch/batch-run.sh     (PACK=path of carry.tar.xz)
 #
-# BATCH_DTYPES (default "q4_0 f16"), BATCH_PAR (default 1,8,32,64),
-# BATCH_PROF (default 8,32,64; empty: no profiles).
+# BATCH_ARMS (dtype:argmax:deq_slice:sequences, below), BATCH_DTYPES
+# (profiled, default "q4_0 f16"), BATCH_PROF (default 8,32,64; empty: no
+# profiles).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/batch-run}
@@ -36,9 +37,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memo
 uptime
 ldd "$BIN/petrel" | grep "not found"
 
-stamp "test_cuda_ops test_argmax"
+stamp "tests: test_argmax, test_qmatmul_slices"
 CMOCKA_FILTER='test_argmax' timeout 60 "$BIN/test_cuda_ops"
 echo "test_argmax: exit $?"
+CMOCKA_FILTER='test_qmatmul_slices' timeout 90 "$BIN/test_cuda_qmatmul"
+echo "test_qmatmul_slices: exit $?"
 
 # Greedy output must not change when the picks move to the device.
 P="Once upon a time, there was a little girl named Lily. She loved to play outside in the sun."
@@ -50,22 +53,23 @@ done
 if cmp -s /tmp/gen-0.txt /tmp/gen-1.txt && [ -s /tmp/gen-1.txt ]; then echo "generate: identical";
 else echo "generate: DIFFERS"; diff /tmp/gen-0.txt /tmp/gen-1.txt | head -5; fi
 
+# Aggregate decode, arms as DTYPE:ARGMAX:DEQ_SLICE:SEQUENCES (128 + 128 tokens
+# a sequence, the 8B shapes, dummy weights); the json per arm under $OUT.
 M="--device cuda -m dummy:llama-8b"
-for dt in ${BATCH_DTYPES:-q4_0 f16}; do
-    for a in 1 0; do
-        par=${BATCH_PAR:-1,8,32,64}
-        [ $a = 0 ] && par=${BATCH_PAR_OFF:-1,8,64}
-        stamp "PETREL_DEVICE_ARGMAX=$a petrel bench $dt -P $par"
-        PETREL_DEVICE_ARGMAX=$a timeout 150 "$BIN/petrel" bench $M --dummy-dtype "$dt" -p 16 -d 0 \
-            -g 64 -r 1 -P "$par" -o "$OUT/ab-$dt-$a.json" 2>&1 | grep -v "making dummy"
-        echo "bench $dt argmax=$a: exit $?"
-    done
+for arm in ${BATCH_ARMS:-q4_0:1:0:1,8,32,64 f16:1:0:1,8,32,64 q4_0:0:0:1,8,64 f16:0:0:64 \
+                         q4_0:1:32:32,64 q4_0:1:16:32,64}; do
+    IFS=: read -r dt a sl par <<<"$arm"
+    stamp "PETREL_DEVICE_ARGMAX=$a PETREL_CUDA_DEQ_SLICE=$sl petrel bench $dt -P $par"
+    PETREL_DEVICE_ARGMAX=$a PETREL_CUDA_DEQ_SLICE=$sl timeout 120 "$BIN/petrel" bench $M \
+        --dummy-dtype "$dt" -p 16,512 -d 0 -g 64 -r 1 -P "$par" -o "$OUT/ab-$dt-$a-$sl.json" 2>&1 |
+        grep -v "making dummy"
+    echo "bench $arm: exit $?"
 done
 
 if [ -n "${BATCH_PROF-8,32,64}" ]; then
     for dt in ${BATCH_DTYPES:-q4_0 f16}; do
         stamp "PETREL_CUDA_PROFILE=${BATCH_PROF:-8,32,64} petrel bench $dt"
-        PETREL_CUDA_PROFILE=${BATCH_PROF:-8,32,64} timeout 150 "$BIN/petrel" bench $M \
+        PETREL_CUDA_PROFILE=${BATCH_PROF:-8,32,64} timeout 120 "$BIN/petrel" bench $M \
             --dummy-dtype "$dt" -p 16 -d 0 -g 8 -r 1 -P "${BATCH_PROF:-8,32,64}" \
             -o /tmp/prof.json >"$OUT/prof-$dt.txt" 2>&1
         echo "profile $dt: exit $?"
@@ -76,25 +80,20 @@ stamp "summary"
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
-print("aggregate decode tok/s (128 + 128 per sequence), device argmax on / off; host s/step")
+print("aggregate decode tok/s (128 + 128 a sequence); forward and sample ms a step")
+print("%-22s %5s %10s %9s %9s %9s" % ("arm (dtype-argmax-slice)", "seqs", "tok/s", "fwd ms", "sample ms", "host ms"))
 for f in sorted(os.listdir(out)):
-    if not (f.startswith("ab-") and f.endswith("-1.json")): continue
-    on = json.load(open(os.path.join(out, f)))
-    off_f = os.path.join(out, f[:-7] + "-0.json")
-    off = json.load(open(off_f)) if os.path.exists(off_f) else {}
-    offp = {p["seqs"]: p for p in off.get("parallel", [])}
-    for p in on.get("parallel", []):
-        o = offp.get(p["seqs"])
-        steps = max(p["steps"], 1)
-        row = "%-12s %3d seqs: on %9.1f (fwd %.2f ms, sample %.3f ms a step)" % (
-            f[3:-7], p["seqs"], p["decode_tok_s"], 1e3 * p["forward_s"] / steps,
-            1e3 * p["sample_s"] / steps)
-        if o:
-            so = max(o["steps"], 1)
-            row += "  off %9.1f (fwd %.2f, sample %.3f)  x%.2f" % (
-                o["decode_tok_s"], 1e3 * o["forward_s"] / so, 1e3 * o["sample_s"] / so,
-                p["decode_tok_s"] / o["decode_tok_s"] if o["decode_tok_s"] else 0)
-        print(row)
+    if not (f.startswith("ab-") and f.endswith(".json")): continue
+    try: j = json.load(open(os.path.join(out, f)))
+    except Exception as e: print(f, e); continue
+    for p in j.get("parallel", []):
+        st = max(p["steps"], 1)
+        print("%-22s %5d %10.1f %9.2f %9.3f %9.3f" % (f[3:-5], p["seqs"], p["decode_tok_s"],
+              1e3 * p["forward_s"] / st, 1e3 * p["sample_s"] / st, 1e3 * p["host_s"] / st))
+    for d in j.get("prefill", []):
+        print("%-22s %5s %10.1f  (prefill of %s tokens)" % (f[3:-5], 1, d.get("tok_s", 0), d.get("tokens")))
+    for d in j.get("decode", []):
+        print("%-22s %5s %10.1f  (single sequence, depth %s)" % (f[3:-5], 1, d.get("tok_s", 0), d.get("depth")))
 PY
 for f in "$OUT"/prof-*.txt; do
     [ -f "$f" ] && { echo "--- $f"; grep -A40 "cuda profile" "$f" | grep -v "^petrel"; }
