@@ -28,10 +28,6 @@
  * across blocks and not; and it must differ from the cuBLAS path
  * somewhere in each format's cases, or the test did not run it.
  *
- * test_qmatmul_slices: q4_0 and q8_0 at 17 and 40 token rows with the
- * weight dequantized a 256-row slice at a time (PETREL_CUDA_DEQ_SLICE=1),
- * file and split layouts, the cuBLAS path's bounds.
- *
  * test_qmatmul_coalesced_q8_0: q8_0 through the coalesced GEMV, which
  * only q4_0 takes by default (PETREL_CUDA_QGEMV_CO=2), the same checks.
  *
@@ -710,36 +706,6 @@ static size_t count_differing(const qmat *m, int n, pt_backend *other) {
     return diff;
 }
 
-/* PETREL_CUDA_DEQ_SLICE: the dequantize + cuBLAS path one slice of 256
- * rows at a time (1 MiB of f16 is under 256 rows at these widths, so every
- * shape takes several slices, the last partial), in the file's layout and
- * the split one, against the cuBLAS path's bounds. */
-static void test_qmatmul_slices(void **state) {
-    (void)state;
-    pt_err err = {{0}};
-    setenv("PETREL_CUDA_DEQ_SLICE", "1", 1);
-    pt_backend *sliced = pt_backend_cuda_new(0, &err), *whole = be[GPU];
-    unsetenv("PETREL_CUDA_DEQ_SLICE");
-    assert_non_null(sliced);
-    be[GPU] = sliced;
-    static const int shapes[][2] = {{301, 4096}, {4500, 512}, {1000, 2880}, {300, 14336}};
-    char fb[48];
-    for (size_t fi = 0; fi < PT_ARRAY_LEN(split_formats); fi++)
-        for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++) {
-            qmat m = qmat_new(split_formats[fi], shapes[si][0], shapes[si][1]);
-            for (int split = 0; split < 2; split++) {
-                if (split) qmat_split(&m);
-                one_matmul(split_formats[fi], &m, 17);
-                one_matmul(split_formats[fi], &m, 40);
-            }
-            print_message("sliced dequantize %s %dx%d: file and split layouts, 17 and 40 rows\n",
-                          fname(split_formats[fi], fb, sizeof fb), shapes[si][0], shapes[si][1]);
-            qmat_free(&m);
-        }
-    be[GPU] = whole;
-    sliced->ops->destroy(sliced);
-}
-
 static void test_qmma(void **state) {
     (void)state;
     pt_err err = {{0}};
@@ -810,7 +776,6 @@ int main(void) {
         cmocka_unit_test(test_qmma),
         cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_qmatmul_split),
-        cmocka_unit_test(test_qmatmul_slices),
         cmocka_unit_test(test_qbatch_invariance_split),
         cmocka_unit_test(test_qrepack_split),
         cmocka_unit_test(test_qmatmul_id),

@@ -52,8 +52,7 @@
  * row by row.
  *
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
- * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_DEQ_SLICE,
- * PETREL_CUDA_GEMV_PERSIST,
+ * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
  * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_REPACK,
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC,
  * PETREL_CUDA_MOE_FUSED (token rows up to which moe_ffn with quantized
@@ -297,29 +296,6 @@ static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x
            cu_qmma_takes(w, n);
 }
 
-/* Rows of w dequantized to f16 at a time for cuBLAS: all of them, or with
- * PETREL_CUDA_DEQ_SLICE=MiB (q4_0 and q8_0, whose rows are whole blocks
- * with their scales, in either layout) as many 256-row slices as fit that
- * many MiB of f16.  A slice small enough for the L2 is read back by cuBLAS
- * from there, and the next slice overwrites it in place, so the copy need
- * not go to memory and back (the whole-matrix copy costs 4 bytes of
- * traffic a weight on top of the quantized ones). */
-static int64_t deq_rows(const cuda_backend *cb, const cu_qweight *w) {
-    if (cb->deq_slice <= 0 || (w->fmt != CU_Q4_0 && w->fmt != CU_Q8_0)) return w->rows;
-    int64_t step = ((int64_t)cb->deq_slice << 20) / (2 * w->cols) / 256 * 256;
-    return step < 256 ? 256 : step < w->rows ? step : w->rows;
-}
-
-/* Rows [r0, r0 + n) of a q4_0/q8_0 weight as a weight of its own: whole
- * row groups of the split layout keep their bytes where they were. */
-static cu_qweight qrows(const cu_qweight *w, int64_t r0, int64_t n) {
-    cu_qweight s = *w;
-    size_t row_bytes = (size_t)(w->cols / 32) * (w->fmt == CU_Q4_0 ? 18 : 34);
-    s.data = (const char *)w->data + (size_t)r0 * row_bytes;
-    s.rows = n;
-    return s;
-}
-
 static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     cu_qweight w = qweight_of(&a->w);
     int n = a->n;
@@ -329,27 +305,24 @@ static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
             cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
         return;
     }
-    /* Prefill and batches past the GEMV: the weight as f16 into scratch
-     * (a slice of rows at a time, deq_rows), then the tensor cores. */
+    /* Prefill and batches past the GEMV: the weight as f16 into scratch,
+     * then the tensor cores.  (Dequantizing a slice of rows at a time, so
+     * that cuBLAS would read each from the L2, measured slower: 2,908 and
+     * 2,327 tok/s at 64 sequences with 32 and 16 MiB slices against 3,108
+     * whole; docs/cuda.md, "Batched decode".) */
+    if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w)) {
+        cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
+        return;
+    }
+    if (cb->profile && cb->prof_step >= 0)
+        cb->prof_deq = cudaEventRecord(cb->prof_ev[2], cb->ctx.s) == cudaSuccess;
     cu_convert_from_f32(&cb->ctx, cb->act16, CU_F16, a->x, (size_t)n * (size_t)w.cols);
     const float one = 1.0f, zero = 0.0f;
-    int64_t rows = w.rows, step = deq_rows(cb, &w);
-    int cols = (int)w.cols;
-    for (int64_t r0 = 0; r0 < rows; r0 += step) {
-        int64_t m = rows - r0 < step ? rows - r0 : step;
-        cu_qweight s = step < rows ? qrows(&w, r0, m) : w;
-        if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &s)) {
-            cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
-            return;
-        }
-        if (cb->profile && cb->prof_step >= 0 && step == rows)
-            cb->prof_deq = cudaEventRecord(cb->prof_ev[2], cb->ctx.s) == cudaSuccess;
-        check_blas(cb, cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, n, cols, &one,
-                                    cb->wdeq, CUDA_R_16F, cols, cb->act16, CUDA_R_16F, cols, &zero,
-                                    a->y + r0, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT),
-                   "matmul (quantized weights, cublasGemmEx)");
-    }
+    int rows = (int)w.rows, cols = (int)w.cols;
+    check_blas(cb, cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, cb->wdeq,
+                            CUDA_R_16F, cols, cb->act16, CUDA_R_16F, cols, &zero, a->y, CUDA_R_32F,
+                            rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "matmul (quantized weights, cublasGemmEx)");
 }
 
 static void exec_embed(cuda_backend *cb, const pt_op_embed *a) {
@@ -809,7 +782,7 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
                     return -1;
                 return grow(cb, &cb->qmma_part, &cb->qmma_part_cap, part, name);
             }
-            size_t wneed = (size_t)deq_rows(cb, &w) * (size_t)a->w.cols * 2;
+            size_t wneed = (size_t)a->w.rows * (size_t)a->w.cols * 2;
             return grow(cb, &cb->wdeq, &cb->wdeq_cap, wneed, name) ||
                    grow(cb, &cb->act16, &cb->act16_cap, act, name) ? -1 : 0;
         }
@@ -1093,7 +1066,6 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->gemv_max = env_int("PETREL_CUDA_GEMV_MAX", CU_GEMV_DEFAULT_ROWS);
     if (cb->gemv_max > CU_GEMV_MAX_ROWS) cb->gemv_max = CU_GEMV_MAX_ROWS;
     cb->repack = env_int("PETREL_CUDA_REPACK", 1) != 0;
-    cb->deq_slice = PT_MAX(env_int("PETREL_CUDA_DEQ_SLICE", 0), 0);
     cb->qgemv_max = env_int("PETREL_CUDA_QGEMV_MAX", CU_QGEMV_DEFAULT_ROWS);
     if (cb->qgemv_max > CU_QGEMV_MAX_ROWS) cb->qgemv_max = CU_QGEMV_MAX_ROWS;
     cb->gdn_chunk = PT_MAX(env_int("PETREL_CUDA_GDN_CHUNK", 16), 0);

@@ -57,8 +57,6 @@ typedef struct cuda_backend {
                          (PETREL_CUDA_GDN_CHUNK; 0: never) */
     int moe_fused;    /* moe_ffn with quantized experts runs as two kernels up to
                          this many token rows (PETREL_CUDA_MOE_FUSED; 0: never) */
-    int deq_slice;    /* MiB of f16 a q4_0/q8_0 weight is dequantized in at a time for
-                         cuBLAS (PETREL_CUDA_DEQ_SLICE; 0: the whole matrix at once) */
     int qmma_max;     /* past qgemv_max and up to this many rows, q4_0/q8_0 take the
                          tensor-core GEMM of qmma.cu (PETREL_CUDA_QMMA=0: never;
                          PETREL_CUDA_QMMA_MAX) */
