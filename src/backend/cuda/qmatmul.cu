@@ -30,8 +30,7 @@
  *    per weight instead of ~8 for dequantize-and-multiply in f32.  Needs
  *    16-byte aligned rows (every row size of a real model); other shapes
  *    take qgemv_plain (f32, decoding from global memory).
- *  - qdequant: the weight as f16 (for cuBLAS: prefill and batches past
- *    the GEMV; several chunks a thread in flight) or rows as f32 (the
+ *  - qdequant: rows of a weight as f16 (for cuBLAS, prefill) or f32 (the
  *    embed op, rows picked by token id).
  *
  * The decoder: a 32-element chunk is turned into 32 unsigned byte codes u
@@ -1058,50 +1057,6 @@ __global__ void qdequant_kernel(O *out, cu_qweight w, const int32_t *ids) {
     }
 }
 
-/* The whole weight as f16 for cuBLAS (prefill, and batches past the GEMV).
- * The chunks of 32 weights are numbered row by row (chunk i is elements
- * 32i.. of the row-major f16 matrix); a thread takes DQ_ITEMS of them a
- * grid stride apart and loads them all before it decodes and stores the
- * first.  qdequant_kernel's one chunk a thread and block a row kept too
- * little in flight: profiled at 64 sequences of the 8B shape (q4_0), it
- * wrote the f16 copies at ~1.5 TB/s of reads and writes, 60 % of the GEMM
- * calls' time (docs/cuda.md, "Batched decode"). */
-#define DQ_ITEMS 4
-#define DQ_THREADS 256
-template <int F>
-__global__ void __launch_bounds__(DQ_THREADS) qdequant_f16_kernel(__half *out, cu_qweight w) {
-    cu_grid_trigger();
-    cu_grid_wait();
-    const int64_t cpr = w.cols / 32, n = w.rows * cpr, stride = (int64_t)gridDim.x * DQ_THREADS;
-    const bool split = (F == CU_Q4_0 || F == CU_Q8_0) && w.layout == CU_LAYOUT_SPLIT;
-    const size_t row_bytes = (size_t)qf_bytes(F, w.bits, w.cols);
-    for (int64_t i0 = blockIdx.x * (int64_t)DQ_THREADS + threadIdx.x; i0 < n;
-         i0 += DQ_ITEMS * stride) {
-        qchunk q[DQ_ITEMS];
-#pragma unroll
-        for (int k = 0; k < DQ_ITEMS; k++) {
-            const int64_t i = i0 + k * stride, r = i / cpr, c = i - r * cpr;
-            if (i >= n) break;
-            if (split) qs_chunk<F>(q[k], w.data, r, c, w.cols);
-            else qf_chunk<F>(q[k], (const uint8_t *)w.data + (size_t)r * row_bytes, (int)c, c, w, r);
-        }
-#pragma unroll
-        for (int k = 0; k < DQ_ITEMS; k++) {
-            const int64_t i = i0 + k * stride;
-            if (i >= n) break;
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                float wf[8];
-                qf_get8(q[k], g, wf);
-                __half2 h[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) h[j] = __floats2half2_rn(wf[2 * j], wf[2 * j + 1]);
-                *(uint4 *)(out + (size_t)i * 32 + 8 * g) = *(const uint4 *)h;
-            }
-        }
-    }
-}
-
 /* ---- launchers ------------------------------------------------------------------- */
 
 /* CALL(F) with F the weight's format constant (QF_DISPATCH_TUNED: the
@@ -1423,12 +1378,8 @@ extern "C" int cu_qgemv(const cu_ctx *c, float *y, const float *x, const cu_qwei
 extern "C" int cu_qdequant_f16(const cu_ctx *c, void *out, const cu_qweight *w) {
     if (!cu_qweight_ok(w) || w->rows > 0x7fffffff) return -1;
     const cu_qweight ww = *w;
-    /* a full SM's threads, and no more blocks than the chunks need */
-    const int64_t items = w->rows * (w->cols / 32), per_block = (int64_t)DQ_THREADS * DQ_ITEMS;
-    const int64_t fit = (int64_t)(c->n_sm > 0 ? c->n_sm : 132) * (2048 / DQ_THREADS);
-    const int64_t need = (items + per_block - 1) / per_block;
-    const unsigned blocks = (unsigned)(need < fit ? need : fit);
-#define QF_DQ(F) CU_LAUNCH((qdequant_f16_kernel<F>), blocks, DQ_THREADS, 0, c, (__half *)out, ww)
+    const int32_t *none = NULL;
+#define QF_DQ(F) CU_LAUNCH((qdequant_kernel<F, __half>), (unsigned)ww.rows, 128, 0, c, (__half *)out, ww, none)
     QF_DISPATCH(w->fmt, QF_DQ)
 #undef QF_DQ
     return 0;
