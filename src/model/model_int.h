@@ -292,7 +292,7 @@ void pt_block_qkv(pt_model *m, int l, const pt_step *s);       /* h -> q, k, v (
 void pt_block_attention(pt_model *m, int l, const pt_step *s); /* cache k, v; h = attn(q)·Wo */
 void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN(h), dense or MoE */
 void pt_block_residual(pt_model *m, const pt_step *s);         /* x += h */
-void pt_block_output(pt_model *m, const pt_step *s);           /* logits (or argmax) of wanted rows */
+void pt_block_output(pt_model *m, const pt_step *s);           /* wanted rows: logits or picks */
 
 /* One decoder layer of a family, and the forward every family's is: embed,
  * each layer in turn, output. */

@@ -878,7 +878,8 @@ static void test_argmax(void **state) {
         pt_be_argmax(be, ids, &fixed[0][0], (int)PT_ARRAY_LEN(want), 5);
         for (size_t i = 0; i < PT_ARRAY_LEN(want); i++)
             if (ids[i] != want[i])
-                fail_msg("argmax [%s]: fixed row %zu gave %d, want %d", be->detail, i, ids[i], want[i]);
+                fail_msg("argmax [%s]: fixed row %zu gave %d, want %d", be->detail, i, ids[i],
+                         want[i]);
         for (size_t i = PT_ARRAY_LEN(want); i < PT_ARRAY_LEN(ids); i++)
             if (ids[i] != -1) fail_msg("argmax [%s]: wrote past the end", be->detail);
         memset(ids, 0xff, sizeof ids);

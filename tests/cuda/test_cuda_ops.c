@@ -322,7 +322,8 @@ static void test_argmax(void **state) {
         }
         arr x = arr_from(h, sizeof(float) * count);
         arr ids = arr_poison(sizeof(int32_t) * (size_t)n);
-        for (int b = 0; b < N_BE; b++) pt_be_argmax(be[b], ids.d[b], (const float *)x.d[b] + off, n, d);
+        for (int b = 0; b < N_BE; b++)
+            pt_be_argmax(be[b], ids.d[b], (const float *)x.d[b] + off, n, d);
         int32_t *cpu = (int32_t *)arr_get(&ids, CPU), *gpu = (int32_t *)arr_get(&ids, GPU);
         for (int r = 0; r < n; r++) {
             const float *row = h + off + (size_t)r * d;

@@ -159,7 +159,8 @@ static void test_argmax_picks(void **state) {
     run(&r, &a, K + 1, K + 1); /* the same rows, picks only */
     assert_true(r.have_ids);
     for (int i = 0; i <= K; i++)
-        if (r.ids[i] != want[i]) fail_msg("row %d: backend pick %d, sampler %d", i, r.ids[i], want[i]);
+        if (r.ids[i] != want[i])
+            fail_msg("row %d: backend pick %d, sampler %d", i, r.ids[i], want[i]);
 
     /* a bias makes the sampler more than an argmax */
     int32_t bias_id = 7;

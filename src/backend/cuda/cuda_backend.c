@@ -11,15 +11,15 @@
  * matmul_id, moe_combine, swiglu_oai, add_id; the Gated DeltaNet ops
  * gather_cols, sigmoid_mul, conv1d_silu, gated_delta, rmsnorm_gated; and
  * DeepSeek's copy_cols and moe_route_grouped; cuda_family.h) have first,
- * plain kernels; argmax (greedy picks: a decode step downloads ids, not
- * logits) is ops.cu's;
+ * plain kernels:
  * moe_ffn (the routed FFN as one op) runs as two fused kernels at decode,
  * else as the launchers of the ops it stands for;
  * matmul_id sorts the (row, slot) pairs by expert on the device (the ids
  * never come to the host, so a decode step stays one graph) and launches
  * blocks only for the experts some row chose (moe.cu); the state ops walk
  * each sequence's rows in order inside one launch (positions and sequences
- * stay on the device, so they too stay in the graph).
+ * stay on the device, so they too stay in the graph).  argmax (ops.cu)
+ * picks greedy tokens, so a decode step downloads ids instead of logits.
  *
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
@@ -865,7 +865,8 @@ static void print_profile(const cuda_backend *cb) {
         for (int k = 0; k <= PT_OP_COUNT; k++) total += sum[k];
         fprintf(stderr, "cuda profile (steps of %d tokens, each op timed alone, no graphs): "
                         "%.1f ms in all\n", cb->prof_n[t], total);
-        fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
+        fprintf(stderr, "  %-18s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call",
+                "share");
         for (int k = 0; k <= PT_OP_COUNT + 1; k++) {
             if (!calls[k]) continue;
             const char *name = k == PT_OP_COUNT       ? "matmul (gemm)"
