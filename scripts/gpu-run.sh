@@ -73,18 +73,22 @@ STAGE=build-gpu-carry
 if [ "${1:-}" = --stage ]; then
     # sm_90 machine code only (the H200): half the compile of the default
     # sm_90 + compute_80 PTX.  STAGE_ARCH overrides.
-    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
+    # STAGE_BUILD (default build-cuda) and STAGE_TARGETS (default: all
+    # below) stage a subset from an existing build directory.
+    B=${STAGE_BUILD:-build-cuda}
+    cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DPETREL_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES="${STAGE_ARCH:-90-real}" >/dev/null || exit 1
     rm -rf "$STAGE"
     mkdir -p "$STAGE/lib"
     # Each target on its own: a half-written part of the tree must not stop
     # the others from being staged.
-    for t in petrel test_cuda_ops test_cuda_model test_cuda_kvq test_cuda_qmatmul test_nccl_comm bench_cuda_ops; do
-        if cmake --build build-cuda -j"$(nproc)" --target "$t" >"build-cuda/stage-$t.log" 2>&1; then
-            f=build-cuda/$t; [ -x "$f" ] || f=build-cuda/tests/$t
+    for t in ${STAGE_TARGETS:-petrel test_cuda_ops test_cuda_model test_cuda_kvq test_cuda_qmatmul \
+                              test_nccl_comm bench_cuda_ops}; do
+        if cmake --build "$B" -j"$(nproc)" --target "$t" >"$B/stage-$t.log" 2>&1; then
+            f=$B/$t; [ -x "$f" ] || f=$B/tests/$t
             cp "$f" "$STAGE/" && echo "staged $t"
         else
-            echo "NOT staged $t (build failed: build-cuda/stage-$t.log)"; tail -3 "build-cuda/stage-$t.log"
+            echo "NOT staged $t (build failed: $B/stage-$t.log)"; tail -3 "$B/stage-$t.log"
         fi
     done
     # Libraries outside glibc, libstdc++ and CUDA: the GPU machine may lack them.

@@ -21,6 +21,7 @@ static const char *const op_names[PT_OP_COUNT] = {
     [PT_OP_RMSNORM_GATED] = "rmsnorm_gated", [PT_OP_COPY_COLS] = "copy_cols",
     [PT_OP_MOE_ROUTE_GROUPED] = "moe_route_grouped", [PT_OP_ALL_REDUCE] = "all_reduce",
     [PT_OP_MOE_LOCAL] = "moe_local", [PT_OP_MOE_FFN] = "moe_ffn",
+    [PT_OP_ARGMAX] = "argmax",
 };
 
 const char *pt_op_name(int kind) {

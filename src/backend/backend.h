@@ -200,6 +200,8 @@ typedef enum pt_op_kind {
     PT_OP_MOE_LOCAL,
     /* A routed-experts FFN in one op (decode's fused kernels): optional. */
     PT_OP_MOE_FFN,
+    /* Greedy picks on the device (only ids come back): optional. */
+    PT_OP_ARGMAX,
     PT_OP_COUNT
 } pt_op_kind;
 
@@ -507,6 +509,16 @@ typedef struct pt_op_moe_ffn {
     bool renorm;
 } pt_op_moe_ffn;
 
+/* ids[i] = the index of the largest of row i of x [n][d]: the lowest such
+ * index on ties; NaN never wins; a row of nothing but -inf and NaN gives 0
+ * (the greedy sampler's argmax, sampler.c).  A decode step then brings
+ * back n ids instead of n rows of logits. */
+typedef struct pt_op_argmax {
+    int32_t *ids;
+    const float *x;
+    int n, d;
+} pt_op_argmax;
+
 typedef struct pt_op_all_reduce {
     float *buf;
     struct pt_comm *comm;
@@ -546,6 +558,7 @@ typedef struct pt_op {
         pt_op_all_reduce all_reduce;
         pt_op_moe_local moe_local;
         pt_op_moe_ffn moe_ffn;
+        pt_op_argmax argmax;
     };
 } pt_op;
 
@@ -931,6 +944,14 @@ static inline void pt_be_moe_local(pt_backend *be, int32_t *ids, float *weights,
     o.kind = PT_OP_MOE_LOCAL;
     o.moe_local.ids = ids, o.moe_local.weights = weights, o.moe_local.n = n;
     o.moe_local.k = k, o.moe_local.first = first, o.moe_local.count = count;
+    pt_be_run(be, &o);
+}
+
+static inline void pt_be_argmax(pt_backend *be, int32_t *ids, const float *x, int n, int d) {
+    pt_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = PT_OP_ARGMAX;
+    o.argmax.ids = ids, o.argmax.x = x, o.argmax.n = n, o.argmax.d = d;
     pt_be_run(be, &o);
 }
 

@@ -420,6 +420,7 @@ static void draft_model_pass(pt_core *c) {
         c->dreq[n++] = r;
     }
     size_t vocab = (size_t)c->draft->model->cfg.vocab_size;
+    c->drunner.want_ids = true; /* drafts are the draft model's greedy picks */
     for (int step = 0; step < PT_MAX(k_max, 1) && n > 0; step++) {
         pt_err err = {{0}};
         int failed;
@@ -431,14 +432,19 @@ static void draft_model_pass(pt_core *c) {
             return;
         }
         const float *logits = c->drunner.logits;
+        const int32_t *ids = c->drunner.have_ids ? c->drunner.ids : NULL;
         int m = 0;
         for (int i = 0; i < n; i++) {
             req *r = c->dreq[i];
             if (c->ditems[i].n_logits == 0) continue; /* catching up */
             int32_t best = 0;
-            for (size_t v = 1; v < vocab; v++)
-                if (logits[v] > logits[best]) best = (int32_t)v;
-            logits += vocab;
+            if (ids) {
+                best = *ids++;
+            } else {
+                for (size_t v = 1; v < vocab; v++)
+                    if (logits[v] > logits[best]) best = (int32_t)v;
+                logits += vocab;
+            }
             r->draft[r->n_pre++] = best;
             if (r->n_pre >= r->k_want) continue;
             pt_seq_push(&r->dseq, best); /* the next draft row */
@@ -511,7 +517,7 @@ static void append_drafts(req *r, int n) {
  * (emitted, stop); after all drafts, the last row gives one more.  The
  * finish rules apply to every emitted token.  Positions computed for
  * rejected drafts are rolled back, and k adapts to the acceptance. */
-static void verify(pt_core *c, req *r, float *logits, int n_rows) {
+static void verify(pt_core *c, req *r, float *logits, const int32_t *ids, int n_rows) {
     size_t vocab = (size_t)c->e->model->cfg.vocab_size;
     int n_drafts = r->n_in_seq, accepted = 0;
     r->seq.n_tokens -= n_drafts; /* real tokens only; accepted ones are pushed again */
@@ -519,7 +525,9 @@ static void verify(pt_core *c, req *r, float *logits, int n_rows) {
     for (int i = 0; i < n_rows; i++) {
         pt_sample_result s;
         bool ok = false;
-        if (i < n_drafts)
+        if (ids) /* the backend's argmax: pt_sampler_verify's greedy pick */
+            s = (pt_sample_result){.id = ids[i]}, ok = i < n_drafts && ids[i] == r->draft[i];
+        else if (i < n_drafts)
             pt_sampler_verify(r->seq.sampler, logits + (size_t)i * vocab, r->draft[i], &s, &ok);
         else
             pt_sampler_sample(r->seq.sampler, logits + (size_t)i * vocab, &s);
@@ -550,22 +558,34 @@ static void verify(pt_core *c, req *r, float *logits, int n_rows) {
         pt_kv_seq_truncate(&c->e->kv, &r->seq.kv, r->seq.n_tokens - 1);
 }
 
+/* Whether every row the step samples from is a plain greedy pick, so the
+ * backend can take the argmax and bring back ids instead of logits. */
+static bool argmax_only(const pt_core *c, int n_items) {
+    for (int i = 0; i < n_items; i++)
+        if (c->items[i].n_logits > 0 && !pt_sampler_is_argmax(c->item_req[i]->seq.sampler))
+            return false;
+    return true;
+}
+
 static void sample_outputs(pt_core *c, int n_items) {
     size_t vocab = (size_t)c->e->model->cfg.vocab_size;
     float *logits = c->runner.logits;
+    const int32_t *ids = c->runner.have_ids ? c->runner.ids : NULL;
     for (int i = 0; i < n_items; i++) {
         int k = c->items[i].n_logits;
         req *r = c->item_req[i];
         if (k == 0) continue;
         if (r->n_in_seq > 0 || k > 1) {
-            verify(c, r, logits, k);
+            verify(c, r, logits, ids, k);
         } else {
             pt_sample_result s;
-            pt_sampler_sample(r->seq.sampler, logits + (size_t)(k - 1) * vocab, &s);
+            if (ids) s = (pt_sample_result){.id = ids[0]};
+            else pt_sampler_sample(r->seq.sampler, logits + (size_t)(k - 1) * vocab, &s);
             on_sampled(c, r, &s);
             if (r->pause > 0 && k == 1) r->pause--; /* a decode step without drafts */
         }
-        logits += (size_t)k * vocab;
+        if (ids) ids += k;
+        else logits += (size_t)k * vocab;
     }
 }
 
@@ -592,6 +612,7 @@ int pt_core_step(pt_core *c) {
         pt_err err = {{0}};
         int failed;
         t1 = pt_now();
+        c->runner.want_ids = argmax_only(c, p->n_items);
         int rc = pt_runner_run(&c->runner, c->items, p->n_items, &failed, &err);
         t2 = pt_now();
         if (rc) {

@@ -285,8 +285,12 @@ static int run_tail(pt_engine *e, pt_seq *s, pt_sample_result *r, pt_err *err) {
         return pt_fail(err, "context full: %d tokens, the context holds %d (raise --ctx)",
                        s->n_tokens, e->n_ctx);
     pt_run_item it = {s, n, 1};
+    e->runner->want_ids = pt_sampler_is_argmax(s->sampler);
     if (pt_runner_run(e->runner, &it, 1, &failed, err)) return -1;
-    pt_sampler_sample(s->sampler, e->runner->logits, r);
+    if (e->runner->have_ids) /* the backend's argmax is the sampler's pick */
+        *r = (pt_sample_result){.id = e->runner->ids[0]};
+    else
+        pt_sampler_sample(s->sampler, e->runner->logits, r);
     return 0;
 }
 

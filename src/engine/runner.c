@@ -8,12 +8,14 @@
 void pt_runner_init(pt_runner *r, pt_engine *e) {
     memset(r, 0, sizeof *r);
     r->e = e;
+    const char *env = getenv("PETREL_DEVICE_ARGMAX");
+    r->can_ids = pt_model_can_argmax(e->model) && !(env && *env && atoi(env) == 0);
 }
 
 void pt_runner_free(pt_runner *r) {
     free(r->tok), free(r->pos), free(r->seq), free(r->want);
     free(r->kv);
-    free(r->logits);
+    free(r->logits), free(r->ids);
     memset(r, 0, sizeof *r);
 }
 
@@ -34,6 +36,7 @@ static void grow(pt_runner *r, int rows, int seqs, int logits) {
         r->cap_logits = PT_MAX(logits, 2 * r->cap_logits);
         size_t vocab = (size_t)r->e->model->cfg.vocab_size;
         r->logits = pt_xrealloc(r->logits, sizeof(float) * vocab * (size_t)r->cap_logits);
+        r->ids = pt_xrealloc(r->ids, sizeof(int32_t) * (size_t)r->cap_logits);
     }
 }
 
@@ -64,7 +67,9 @@ int pt_runner_run(pt_runner *r, const pt_run_item *items, int n_items, int *fail
             r->want[row] = j >= n - items[i].n_logits;
         }
     }
-    pt_batch b = {rows, r->tok, r->pos, r->seq, r->want, n_items, r->kv};
+    r->have_ids = r->want_ids && r->can_ids;
+    pt_batch b = {rows, r->tok, r->pos, r->seq, r->want, n_items, r->kv,
+                  r->have_ids ? r->ids : NULL};
     if (pt_model_forward(r->e->model, kv, &b, r->logits, err)) return -1;
     for (int i = 0; i < n_items; i++)
         pt_kv_seq_computed(&items[i].seq->kv, items[i].seq->kv.n_tokens + items[i].n_rows);

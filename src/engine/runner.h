@@ -27,14 +27,22 @@ typedef struct pt_runner {
     pt_kv_seq **kv; /* [cap_seqs] */
     int cap_seqs;
     float *logits; /* [cap_logits][vocab] */
+    int32_t *ids;  /* [cap_logits] */
     int cap_logits;
+    /* Greedy picks on the backend: with want_ids set by the caller, a run
+     * brings back each wanted row's argmax (as the sampler takes it) into
+     * ids instead of its logits into logits, where the model can
+     * (pt_model_can_argmax, and PETREL_DEVICE_ARGMAX is not 0: A/B runs);
+     * have_ids says which of the two the last run filled. */
+    bool want_ids, have_ids, can_ids;
 } pt_runner;
 
 void pt_runner_init(pt_runner *r, pt_engine *e);
 void pt_runner_free(pt_runner *r);
 
 /* Runs the items as one batch.  On success the logits of item i start at
- * row (sum of n_logits of the items before it) of r->logits.  On failure
+ * row (sum of n_logits of the items before it) of r->logits (with
+ * have_ids: its picks at that index of r->ids).  On failure
  * *failed is the item whose pages could not be had (-1: the forward itself
  * failed) and no sequence advanced. */
 int pt_runner_run(pt_runner *r, const pt_run_item *items, int n_items, int *failed, pt_err *err);

@@ -215,7 +215,8 @@ void pt_block_residual_scaled(pt_model *m, int l, const pt_step *s) {
 /* Final norm and output projection for the wanted rows, PT_OUT_ROWS at a
  * time, straight into the caller's buffer; the normed rows scaled before
  * the head (MiniCPM's output_scale) and the logits soft-capped (Gemma 2)
- * if the config says.  A tensor-parallel rank's output head is its slice of
+ * if the config says.  With s->ids the backend picks each row's argmax of
+ * those same logits and only the ids come back.  A tensor-parallel rank's output head is its slice of
  * the vocabulary (output.rows from vocab_first): it writes those columns
  * of each row, and the ranks together fill the rows. */
 void pt_block_output(pt_model *m, const pt_step *s) {
@@ -231,6 +232,11 @@ void pt_block_output(pt_model *m, const pt_step *s) {
             pt_be_scale(be, ws->out_h, c->output_scale, (size_t)k * c->dim);
         pt_be_matmul(be, ws->logits, ws->out_h, &m->output, k);
         if (c->final_softcap > 0) pt_be_softcap(be, ws->logits, c->final_softcap, (size_t)k * w);
+        if (s->ids) { /* the picks alone (pt_model_can_argmax: w is the vocabulary) */
+            pt_be_argmax(be, ws->out_ids, ws->logits, k, (int)w);
+            be->ops->download(be, s->ids + i, ws->out_ids, sizeof(int32_t) * (size_t)k);
+            continue;
+        }
         float *out = s->logits + (size_t)i * vocab;
         if (w == vocab) {
             be->ops->download(be, out, ws->logits, sizeof(float) * (size_t)k * vocab);

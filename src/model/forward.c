@@ -109,19 +109,30 @@ int pt_model_upload_batch(pt_model *m, const pt_kv_cache *kv, const pt_batch *b,
     return 0;
 }
 
+bool pt_model_can_argmax(const pt_model *m) {
+    const pt_backend *be = m->be;
+    return !m->tp && m->output.rows == m->cfg.vocab_size &&
+           (!be->ops->has_op || be->ops->has_op((pt_backend *)be, PT_OP_ARGMAX));
+}
+
 int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *b, float *logits, pt_err *err) {
     /* every row is checked before any runs: a chunk must not fail after
      * an earlier one has moved a recurrent state */
     if (check_rows(m, kv, b, 0, b->n_tokens, err)) return -1;
     if (pt_model_recurrent(m) && state_rows(m, kv, b, err)) return -1;
+    int32_t *ids = b->argmax;
+    if (ids && !pt_model_can_argmax(m))
+        return pt_fail(err, "this model's forward cannot pick tokens on its backend (argmax)");
     if (m->tp) return pt_tp_forward(m, kv, b, logits, err); /* a split model: its ranks */
     for (int first = 0; first < b->n_tokens; first += m->max_batch) {
         int n = PT_MIN(m->max_batch, b->n_tokens - first), n_out;
         pt_batch_view v[2];
         if (pt_model_upload_batch(m, kv, b, first, n, v, &n_out, err)) return -1;
-        pt_step s = {.kv = kv, .b = &v[0], .bw = &v[1], .n = n, .n_out = n_out, .logits = logits};
+        pt_step s = {.kv = kv, .b = &v[0], .bw = &v[1], .n = n, .n_out = n_out, .logits = logits,
+                     .ids = ids};
         m->family->forward(m, &s);
-        if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
+        if (ids) ids += n_out;
+        else if (n_out) logits += (size_t)n_out * m->cfg.vocab_size;
     }
     /* The backend's sticky error (a device fault, memory, an injected
      * fault) surfaces here: this batch's K/V and logits are garbage, so the

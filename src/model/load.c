@@ -81,6 +81,7 @@ int pt_model_workspace_init(pt_model *m, int cap, pt_err *err) {
         {(void **)&ws->pos, (size_t)cap * 4},
         {(void **)&ws->seq, (size_t)cap * 4},
         {(void **)&ws->out_idx, (size_t)cap * 4},
+        {(void **)&ws->out_ids, (size_t)PT_OUT_ROWS * 4},
     };
     if (c->n_experts > 0) { /* gate and up hold every row's k experts */
         size_t ek = (size_t)cap * c->n_experts_used;

@@ -240,6 +240,12 @@ typedef struct pt_batch {
     bool *logits;    /* [n_tokens] whether this row's logits are wanted */
     int n_seqs;
     pt_kv_seq **seqs;
+    /* Non-NULL (only where pt_model_can_argmax): each wanted row's greedy
+     * pick, the argmax of its logits as the sampler takes it, in row order,
+     * instead of its logits (which pt_model_forward then leaves alone; it
+     * may be given NULL).  A decode step of 64 rows then brings back 256
+     * bytes instead of 64 rows of logits (33 MB at a 128k vocabulary). */
+    int32_t *argmax;
 } pt_batch;
 
 typedef struct pt_model_opts {
@@ -317,6 +323,11 @@ void pt_model_free(pt_model *m);
  * are then garbage and the backend is ready for the next batch). */
 int pt_model_forward(pt_model *m, pt_kv_cache *kv, const pt_batch *batch, float *logits,
                      pt_err *err);
+
+/* Whether pt_model_forward takes pt_batch.argmax: the backend runs argmax
+ * and the model's output head is its whole vocabulary (not a split
+ * model's slice). */
+bool pt_model_can_argmax(const pt_model *m);
 
 /* For callers that drive the forward directly: reserve the pages every row
  * writes (copying shared ones), and afterwards count the rows as computed. */

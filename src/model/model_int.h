@@ -152,6 +152,7 @@ typedef struct pt_step {
     int n;                  /* rows */
     int n_out;              /* rows whose logits are wanted (ws->out_idx) */
     float *logits;          /* host, [n_out][vocab_size] */
+    int32_t *ids;           /* host, [n_out]: their argmax instead (NULL: logits) */
 } pt_step;
 
 /* A registry row: everything that differs between families. */
@@ -219,7 +220,9 @@ int pt_config_json_act(json_t *j, pt_model_config *c, pt_err *err);
 
 /* ---- Workspace ------------------------------------------------------------- */
 
-#define PT_OUT_ROWS 32 /* logits computed per output chunk */
+/* Logits computed per output chunk: 64, so that a decode step of up to 64
+ * sequences reads the output head (1 GB at f16 for a 128k vocabulary) once. */
+#define PT_OUT_ROWS 64
 
 /* Activation and batch buffers in backend memory, sized once at load for
  * max_batch rows, so a decode step allocates nothing. */
@@ -232,6 +235,7 @@ struct pt_workspace {
     float *router, *moe_w, *moe_out;
     int32_t *moe_ids;
     int32_t *tokens, *pos, *seq, *out_idx, *block_table;
+    int32_t *out_ids; /* [PT_OUT_ROWS] an output chunk's argmax */
     size_t bt_cap; /* int32 entries in block_table */
     /* host staging */
     int32_t *h_block_table, *h_out_idx;
@@ -293,7 +297,7 @@ void pt_block_ffn(pt_model *m, int l, const pt_step *s);       /* h -> gated FFN
 void pt_block_residual(pt_model *m, const pt_step *s);         /* x += h */
 /* x += scale · h, layer l's plan's residual_scale */
 void pt_block_residual_scaled(pt_model *m, int l, const pt_step *s);
-void pt_block_output(pt_model *m, const pt_step *s);           /* logits of wanted rows */
+void pt_block_output(pt_model *m, const pt_step *s);           /* wanted rows: logits or picks */
 
 /* One decoder layer of a family, and the forward every family's is: embed,
  * each layer in turn, output. */

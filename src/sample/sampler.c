@@ -135,6 +135,13 @@ void pt_sampler_free(pt_sampler *s) {
     free(s);
 }
 
+/* The bias is always slot 0 (a no-op with no entries: max_writes 0);
+ * penalties and the caller's processors come after it. */
+bool pt_sampler_is_argmax(const pt_sampler *s) {
+    return s->greedy && s->p.n_logprobs < 0 && s->n_procs == 1 &&
+           s->procs[0].ops->max_writes(s->procs[0].self) == 0;
+}
+
 void pt_sampler_accept(pt_sampler *s, int32_t id) {
     for (int i = 0; i < s->n_procs; i++) s->procs[i].ops->accept(s->procs[i].self, id);
     ensure_record(s);

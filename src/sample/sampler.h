@@ -75,6 +75,12 @@ int pt_sampler_forced(pt_sampler *s, int32_t *out, int cap);
  * and bias are applied there; temperature is not).  Never allocates. */
 void pt_sampler_sample(pt_sampler *s, float *logits, pt_sample_result *out);
 
+/* Whether pt_sampler_sample picks the plain argmax of the logits it is
+ * given (greedy, no logprobs, and no processor that edits them: no bias,
+ * penalty or grammar), so that an argmax taken elsewhere (on the GPU,
+ * pt_model_can_argmax) is exactly its pick, and pt_sampler_verify's. */
+bool pt_sampler_is_argmax(const pt_sampler *s);
+
 /* Speculative verification: like pt_sampler_sample at a position where a
  * drafter proposed `draft` (with certainty: n-gram, predicted outputs).
  * Greedy: the argmax, accepted if it is the draft.  Sampling: the draft

@@ -852,6 +852,45 @@ static void test_geglu_scale_softcap(void **state) {
         }
 }
 
+/* Argmax (greedy picks on the backend): rows with known answers (ties go
+ * to the first, NaN never wins, nothing above -inf gives 0), then random
+ * rows of a 128k vocabulary with the maximum planted twice. */
+static void test_argmax(void **state) {
+    (void)state;
+    static const float fixed[][5] = {
+        {NAN, 1, 3, 3, NAN},  {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY},
+        {NAN, NAN, NAN, NAN, NAN}, {-INFINITY, NAN, -5, NAN, -6},
+        {INFINITY, 1, INFINITY, NAN, 2}, {-1, -2, -3, -4, -0.5f},
+    };
+    static const int32_t want[] = {2, 0, 0, 2, 0, 4};
+    enum { V = 128256, N = 5 };
+    float *rows = rnd_floats((size_t)N * V, 4.0f);
+    int32_t truth[N];
+    for (int i = 0; i < N; i++) {
+        truth[i] = (int32_t)(pt_rng_next(&rng) % (V - 1));
+        rows[(size_t)i * V + truth[i]] = 9.0f;
+        rows[(size_t)i * V + truth[i] + 1 + pt_rng_next(&rng) % (V - 1 - truth[i])] = 9.0f;
+    }
+    for (int b = 0; b < n_backends; b++) {
+        pt_backend *be = backends[b];
+        int32_t ids[PT_ARRAY_LEN(want) + N_GUARD];
+        memset(ids, 0xff, sizeof ids);
+        pt_be_argmax(be, ids, &fixed[0][0], (int)PT_ARRAY_LEN(want), 5);
+        for (size_t i = 0; i < PT_ARRAY_LEN(want); i++)
+            if (ids[i] != want[i])
+                fail_msg("argmax [%s]: fixed row %zu gave %d, want %d", be->detail, i, ids[i],
+                         want[i]);
+        for (size_t i = PT_ARRAY_LEN(want); i < PT_ARRAY_LEN(ids); i++)
+            if (ids[i] != -1) fail_msg("argmax [%s]: wrote past the end", be->detail);
+        memset(ids, 0xff, sizeof ids);
+        pt_be_argmax(be, ids, rows, N, V);
+        for (int i = 0; i < N; i++)
+            if (ids[i] != truth[i])
+                fail_msg("argmax [%s]: row %d gave %d, want %d", be->detail, i, ids[i], truth[i]);
+    }
+    free(rows);
+}
+
 /* ---- mixture-of-experts ops ------------------------------------------------------------- */
 
 /* Routing: softmax, the k most probable in descending order, renormalized
@@ -1365,6 +1404,7 @@ int main(void) {
         cmocka_unit_test(test_attention_sinks),
         cmocka_unit_test(test_swiglu_oai_add_id),
         cmocka_unit_test(test_geglu_scale_softcap),
+        cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_route_grouped),
         cmocka_unit_test(test_copy_cols),

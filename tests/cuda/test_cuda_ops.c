@@ -30,6 +30,9 @@
  * conv1d_silu and gated_delta over several sequences' states, prefill,
  * decode and a restart) and DeepSeek's (copy_cols, moe_route_grouped).
  *
+ * argmax (greedy picks on the device) must give the CPU's index exactly,
+ * ties, NaN and infinities included (test_argmax).
+ *
  * Batch invariance (test_batch_invariance): matmul and attention rows of
  * a 2..16-row call are compared bit for bit with each row computed alone,
  * as speculative verification needs.
@@ -292,6 +295,53 @@ static void test_gather_rows(void **state) {
     arr_free(&src);
     arr_free(&id);
     arr_free(&y);
+}
+
+/* argmax: the GPU's picks equal the CPU's exactly (the sampler's rule:
+ * first of the largest, NaN never wins, 0 when nothing is above -inf), at
+ * a 128k vocabulary, widths that are not whole 16-byte chunks, a row
+ * start off the 16-byte grid, and rows of ties, NaN, +inf and -inf. */
+static void test_argmax(void **state) {
+    (void)state;
+    static const int shapes[][3] = {/* rows, width, float offset of x */
+                                    {1, 128256, 0}, {32, 128256, 0}, {3, 1001, 0},
+                                    {5, 32000, 1}, {7, 5, 0}, {40, 4096, 3}};
+    for (size_t si = 0; si < PT_ARRAY_LEN(shapes); si++) {
+        int n = shapes[si][0], d = shapes[si][1], off = shapes[si][2];
+        size_t count = (size_t)n * d + off;
+        float *h = malloc(sizeof(float) * count);
+        for (size_t i = 0; i < count; i++) h[i] = frand(-8, 8);
+        for (int r = 0; r < n; r++) {
+            float *row = h + off + (size_t)r * d;
+            int a = (int)(pt_rng_next(&rng) % d), c = (int)(pt_rng_next(&rng) % d);
+            switch (r % 6) {
+            case 0: row[a] = row[c] = 20; break; /* a tie: the first wins */
+            case 1: row[a] = NAN, row[c] = 30; break;
+            case 2: for (int i = 0; i < d; i++) row[i] = i % 3 ? -INFINITY : NAN; break;
+            case 3: for (int i = 0; i < d; i++) row[i] = -INFINITY; break;
+            case 4: row[a] = row[c] = INFINITY; break;
+            default: break; /* plain random */
+            }
+        }
+        arr x = arr_from(h, sizeof(float) * count);
+        arr ids = arr_poison(sizeof(int32_t) * (size_t)n);
+        for (int b = 0; b < N_BE; b++)
+            pt_be_argmax(be[b], ids.d[b], (const float *)x.d[b] + off, n, d);
+        int32_t *cpu = (int32_t *)arr_get(&ids, CPU), *gpu = (int32_t *)arr_get(&ids, GPU);
+        for (int r = 0; r < n; r++) {
+            const float *row = h + off + (size_t)r * d;
+            int32_t want = 0;
+            float max = -INFINITY;
+            for (int i = 0; i < d; i++)
+                if (row[i] > max) max = row[i], want = i;
+            if (cpu[r] != want || gpu[r] != want)
+                fail_msg("argmax %dx%d (offset %d) row %d: cpu %d, gpu %d, want %d", n, d, off, r,
+                         cpu[r], gpu[r], want);
+        }
+        free(cpu), free(gpu), free(h);
+        arr_free(&x);
+        arr_free(&ids);
+    }
 }
 
 /* ---- norms and elementwise ---------------------------------------------------------- */
@@ -1439,7 +1489,7 @@ int main(void) {
         cmocka_unit_test(test_moe), cmocka_unit_test(test_moe_ffn),
         cmocka_unit_test(test_recurrent_elementwise),
         cmocka_unit_test(test_recurrent_state), cmocka_unit_test(test_route_grouped),
-        cmocka_unit_test(test_read_bandwidth),
+        cmocka_unit_test(test_read_bandwidth), cmocka_unit_test(test_argmax),
     };
     /* CMOCKA_FILTER / CMOCKA_SKIP (patterns with * and ?): a subset */
     if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));

@@ -3,7 +3,8 @@
  * rows of one sequence with every row's logits (what speculative
  * verification needs) equal the same tokens decoded one step at a time,
  * and rolling the sequence back then recomputing gives the same logits
- * again (rejected drafts leave no trace).
+ * again (rejected drafts leave no trace); with want_ids the backend's
+ * picks are the sampler's.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -126,10 +127,62 @@ static void test_fork_continues(void **state) {
     pt_engine_close(e);
 }
 
+/* Greedy picks on the backend (want_ids): each row's id is the pick the
+ * sampler makes from that row's logits, for every row of a verify-sized
+ * call, and PETREL_DEVICE_ARGMAX=0 gives logits back instead. */
+static void test_argmax_picks(void **state) {
+    (void)state;
+    enum { K = 4 };
+    pt_engine *e = open_engine(128);
+    int vocab = e->model->cfg.vocab_size;
+    pt_sampling sp = pt_sampling_default();
+    sp.temperature = 0;
+    int32_t toks[] = {1, 403, 407, 261, 378, 430, 261, 1, 29, 11};
+    pt_runner r;
+    pt_runner_init(&r, e);
+    assert_true(r.can_ids);
+    pt_seq a;
+    pt_seq_init(&a, e, &sp);
+    assert_true(pt_sampler_is_argmax(a.sampler));
+    for (int i = 0; i < 10; i++) pt_seq_push(&a, toks[i]);
+    run(&r, &a, 10 - K - 1, 0);
+    run(&r, &a, K + 1, K + 1); /* logits */
+    assert_false(r.have_ids);
+    int32_t want[K + 1];
+    for (int i = 0; i <= K; i++) {
+        pt_sample_result res;
+        pt_sampler_sample(a.sampler, r.logits + (size_t)i * vocab, &res);
+        want[i] = res.id;
+    }
+    pt_kv_seq_truncate(&e->kv, &a.kv, 10 - K - 1);
+    r.want_ids = true;
+    run(&r, &a, K + 1, K + 1); /* the same rows, picks only */
+    assert_true(r.have_ids);
+    for (int i = 0; i <= K; i++)
+        if (r.ids[i] != want[i])
+            fail_msg("row %d: backend pick %d, sampler %d", i, r.ids[i], want[i]);
+
+    /* a bias makes the sampler more than an argmax */
+    int32_t bias_id = 7;
+    float bias_val = 1.0f;
+    pt_sampler_set_bias(a.sampler, &bias_id, &bias_val, 1);
+    assert_false(pt_sampler_is_argmax(a.sampler));
+    pt_seq_free(&a, e);
+    pt_runner_free(&r);
+
+    setenv("PETREL_DEVICE_ARGMAX", "0", 1);
+    pt_runner_init(&r, e);
+    unsetenv("PETREL_DEVICE_ARGMAX");
+    assert_false(r.can_ids);
+    pt_runner_free(&r);
+    pt_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_k_plus_one_rows),
         cmocka_unit_test(test_fork_continues),
+        cmocka_unit_test(test_argmax_picks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -167,6 +167,11 @@ static bool run_family_op(pt_backend *be, const pt_op *o) {
     case PT_OP_COPY_COLS: pt_cpu_copy_cols(be, &o->copy_cols); return true;
     case PT_OP_MOE_ROUTE_GROUPED: pt_cpu_moe_route_grouped(be, &o->moe_route_grouped); return true;
     case PT_OP_MOE_FFN: pt_cpu_moe_ffn(be, &o->moe_ffn); return true;
+    case PT_OP_ARGMAX: {
+        const pt_op_argmax *a = &o->argmax;
+        pt_cpu_argmax(be, a->ids, a->x, a->n, a->d);
+        return true;
+    }
     case PT_OP_ALL_REDUCE: {
         const pt_op_all_reduce *a = &o->all_reduce;
         if (pt_comm_kind(a->comm) != PT_COMM_HOST)

@@ -97,6 +97,7 @@ void pt_cpu_add_id(pt_backend *be, float *y, const float *bias, const int32_t *i
                    int d);
 void pt_cpu_scale(pt_backend *be, float *x, float s, size_t count);
 void pt_cpu_softcap(pt_backend *be, float *x, float cap, size_t count);
+void pt_cpu_argmax(pt_backend *be, int32_t *ids, const float *x, int n, int d);
 void pt_cpu_moe_route(pt_backend *be, int32_t *ids, float *weights, const float *logits, int n,
                       int n_experts, int k, bool renorm);
 void pt_cpu_matmul_id(pt_backend *be, float *y, const float *x, const pt_weight *w,

@@ -1,7 +1,8 @@
 /*
  * cpu_elementwise.c - the row-wise and element-wise ops: rmsnorm, add,
  * add_bias, swiglu, rope and gather_rows; and Gemma's geglu, scale and
- * softcap (plain loops: they run once per layer or once per output).
+ * softcap, and argmax (plain loops: they run once per layer or once per
+ * output).
  *
  * Each op splits its rows (or elements, in cache-line multiples) across the
  * pool and calls one kernel per piece.  All are memory- or latency-bound, so
@@ -112,6 +113,30 @@ static void softcap_task(void *ctx, int ith, int nth) {
 void pt_cpu_softcap(pt_backend *be, float *x, float cap, size_t count) {
     ew_job j = {.y = x, .count = count, .eps = cap};
     pt_cpu_run(pt_cpu(be), softcap_task, &j, 16.0 * (double)count);
+}
+
+/* ---- argmax: greedy picks, a row at a time -------------------------------------- */
+
+/* The sampler's argmax (sampler.c): the first of the largest; a NaN is
+ * never larger, so it never wins, and a row without a finite value or
+ * +inf gives 0. */
+static void argmax_task(void *ctx, int ith, int nth) {
+    const ew_job *j = ctx;
+    int64_t lo, hi;
+    pt_cpu_split((int64_t)j->count, ith, nth, 1, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const float *x = j->a + (size_t)i * (size_t)j->d;
+        int32_t best = 0;
+        float max = -INFINITY;
+        for (int c = 0; c < j->d; c++)
+            if (x[c] > max) max = x[c], best = c;
+        ((int32_t *)j->y)[i] = best;
+    }
+}
+
+void pt_cpu_argmax(pt_backend *be, int32_t *ids, const float *x, int n, int d) {
+    ew_job j = {.y = (float *)ids, .a = x, .count = (size_t)n, .d = d};
+    pt_cpu_run(pt_cpu(be), argmax_task, &j, (double)n * d);
 }
 
 /* ---- gpt-oss: the clamped SwiGLU, and biases by expert id ------------------------- */

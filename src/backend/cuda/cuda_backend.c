@@ -18,7 +18,8 @@
  * never come to the host, so a decode step stays one graph) and launches
  * blocks only for the experts some row chose (moe.cu); the state ops walk
  * each sequence's rows in order inside one launch (positions and sequences
- * stay on the device, so they too stay in the graph).
+ * stay on the device, so they too stay in the graph).  argmax (ops.cu)
+ * picks greedy tokens, so a decode step downloads ids instead of logits.
  *
  * Nothing here waits for the GPU except download (the caller reads the
  * bytes next) and sync, so the host runs ahead.  Ops return nothing, so a
@@ -313,9 +314,17 @@ static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
             cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
         return;
     }
-    /* Prefill: the weight as f16 into scratch, then the tensor cores. */
-    if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w))
+    /* Prefill and batches past the GEMV: the weight as f16 into scratch,
+     * then the tensor cores.  (Dequantizing a slice of rows at a time, so
+     * that cuBLAS would read each from the L2, measured slower: 2,908 and
+     * 2,327 tok/s at 64 sequences with 32 and 16 MiB slices against 3,108
+     * whole; docs/cuda.md, "Batched decode".) */
+    if (cu_qdequant_f16(&cb->ctx, cb->wdeq, &w)) {
         cuda_fail(cb, "matmul", "no kernel for this quantized weight's shape");
+        return;
+    }
+    if (cb->profile && cb->prof_step >= 0)
+        cb->prof_deq = cudaEventRecord(cb->prof_ev[2], cb->ctx.s) == cudaSuccess;
     cu_convert_from_f32(&cb->ctx, cb->act16, CU_F16, a->x, (size_t)n * (size_t)w.cols);
     const float one = 1.0f, zero = 0.0f;
     int rows = (int)w.rows, cols = (int)w.cols;
@@ -592,6 +601,7 @@ void cuda_exec_op(cuda_backend *cb, const pt_op *o) {
     }
     case PT_OP_MOE_ROUTE_GROUPED: exec_moe_route_grouped(cb, &o->moe_route_grouped); break;
     case PT_OP_MOE_FFN: exec_moe_ffn(cb, &o->moe_ffn); break;
+    case PT_OP_ARGMAX: cu_argmax(c, o->argmax.ids, o->argmax.x, o->argmax.n, o->argmax.d); break;
     default: cuda_fail(cb, pt_op_name(o->kind), "op has no CUDA implementation");
     }
 }
@@ -616,6 +626,7 @@ static int op_rows(const pt_op *o) {
     case PT_OP_GATED_DELTA: return o->gated_delta.b.n_tokens;
     case PT_OP_MOE_ROUTE_GROUPED: return o->moe_route_grouped.n;
     case PT_OP_MOE_FFN: return o->moe_ffn.n;
+    case PT_OP_ARGMAX: return o->argmax.n;
     default: return 0;
     }
 }
@@ -856,44 +867,62 @@ static int exec_one(cuda_backend *cb, const pt_op *ops, int i, int n, int *slot)
     return 1;
 }
 
-/* PETREL_CUDA_PROFILE: a step of the profiled number of tokens (its embed
- * op says how many) runs each launch alone between two events and adds
- * its time to its slot's sum. */
+/* PETREL_CUDA_PROFILE: a step of a profiled number of tokens (its embed op
+ * says how many) runs each launch alone between two events and adds its
+ * time to its slot's sum in that count's table. */
 void cuda_exec_ops(cuda_backend *cb, const pt_op *ops, int n, bool check) {
     for (int i = 0, used; i < n && !cb->base.failed; i += used) {
         int slot;
-        if (ops[i].kind == PT_OP_EMBED) cb->prof_step = cb->profile && ops[i].embed.n == cb->profile;
-        bool timed = cb->prof_step && check;
-        if (timed) cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
+        if (ops[i].kind == PT_OP_EMBED && cb->profile) {
+            cb->prof_step = -1;
+            for (int t = 0; t < cb->profile; t++)
+                if (ops[i].embed.n == cb->prof_n[t]) cb->prof_step = t;
+        }
+        bool timed = cb->prof_step >= 0 && check;
+        if (timed) {
+            cb->prof_deq = false;
+            cudaEventRecord(cb->prof_ev[0], cb->ctx.s);
+        }
         used = exec_one(cb, ops, i, n, &slot);
         if (check) op_done(cb, pt_op_name(ops[i].kind));
         if (!timed) continue;
         cudaEventRecord(cb->prof_ev[1], cb->ctx.s);
-        float ms = 0;
+        float ms = 0, deq = 0;
         if (!cuda_ok(cb, cudaEventSynchronize(cb->prof_ev[1]), pt_op_name(ops[i].kind)) ||
             cudaEventElapsedTime(&ms, cb->prof_ev[0], cb->prof_ev[1]) != cudaSuccess)
             continue;
-        cb->prof_ms[slot] += ms;
-        cb->prof_calls[slot]++;
+        double *sum = cb->prof_ms[cb->prof_step];
+        uint64_t *calls = cb->prof_calls[cb->prof_step];
+        sum[slot] += ms, calls[slot]++;
+        if (cb->prof_deq && cudaEventElapsedTime(&deq, cb->prof_ev[0], cb->prof_ev[2]) == cudaSuccess)
+            sum[PROF_DEQ] += deq, calls[PROF_DEQ]++;
     }
 }
 
+/* A table per profiled token count.  Its row "of which dequant" is part
+ * of the "matmul (gemm)" row above it (not added to the total). */
 static void print_profile(const cuda_backend *cb) {
-    double total = 0;
-    for (int k = 0; k < PROF_SLOTS; k++) total += cb->prof_ms[k];
-    fprintf(stderr, "cuda profile (steps of %d tokens, each launch timed alone, no graphs): "
-                    "%.1f ms in all\n", cb->profile, total);
-    fprintf(stderr, "  %-22s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
-    for (int k = 0; k < PROF_SLOTS; k++) {
-        if (!cb->prof_calls[k]) continue;
-        char name[48];
-        fprintf(stderr, "  %-22s %10llu %11.2f %9.2f %5.1f%%\n",
-                k == PT_OP_COUNT  ? "matmul (gemm)"
-                : k < PT_OP_COUNT ? pt_op_name(k)
-                                  : cuda_fuse_slot_name(k, name, sizeof name),
-                (unsigned long long)cb->prof_calls[k], cb->prof_ms[k],
-                1e3 * cb->prof_ms[k] / (double)cb->prof_calls[k],
-                total > 0 ? 100 * cb->prof_ms[k] / total : 0.0);
+    for (int t = 0; t < cb->profile; t++) {
+        const double *sum = cb->prof_ms[t];
+        const uint64_t *calls = cb->prof_calls[t];
+        double total = 0;
+        for (int k = 0; k < PROF_SLOTS; k++) total += sum[k];
+        fprintf(stderr, "cuda profile (steps of %d tokens, each launch timed alone, no graphs): "
+                        "%.1f ms in all\n", cb->prof_n[t], total);
+        fprintf(stderr, "  %-22s %10s %11s %9s %6s\n", "op", "calls", "total ms", "us/call",
+                "share");
+        for (int j = 0; j <= PROF_SLOTS; j++) { /* PROF_DEQ right after the gemm row */
+            const int k = j <= PT_OP_COUNT ? j : j == PT_OP_COUNT + 1 ? PROF_DEQ : j - 1;
+            if (!calls[k]) continue;
+            char buf[48];
+            const char *name = k == PT_OP_COUNT ? "matmul (gemm)"
+                               : k == PROF_DEQ  ? "  of which dequant"
+                               : k < PT_OP_COUNT ? pt_op_name(k)
+                                                 : cuda_fuse_slot_name(k, buf, sizeof buf);
+            fprintf(stderr, "  %-22s %10llu %11.2f %9.2f %5.1f%%\n", name,
+                    (unsigned long long)calls[k], sum[k], 1e3 * sum[k] / (double)calls[k],
+                    total > 0 ? 100 * sum[k] / total : 0.0);
+        }
     }
 }
 
@@ -937,6 +966,7 @@ static void cuda_destroy(pt_backend *be) {
         print_profile(cb);
         cudaEventDestroy(cb->prof_ev[0]);
         cudaEventDestroy(cb->prof_ev[1]);
+        cudaEventDestroy(cb->prof_ev[2]);
     }
     free(cb->list);
     if (cb->cublas_ws) cudaFree(cb->cublas_ws);
@@ -958,7 +988,7 @@ static void cuda_destroy(pt_backend *be) {
 static bool cuda_has_op(pt_backend *be, int kind) {
     (void)be;
     return (kind >= 0 && kind <= PT_OP_MOE_ROUTE_GROUPED) || kind == PT_OP_MOE_FFN ||
-           (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
+           kind == PT_OP_ARGMAX || (kind == PT_OP_ALL_REDUCE && pt_comm_have_nccl());
 }
 
 /* q4_0 and q8_0 matrices are rewritten at load, in groups of 1-8 rows in
@@ -1107,9 +1137,18 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
     cb->sync_each = env_int("PETREL_CUDA_SYNC", 0) != 0;
-    cb->profile = PT_MAX(env_int("PETREL_CUDA_PROFILE", 0), 0);
+    /* PETREL_CUDA_PROFILE=8,32,64: up to PROF_SIZES token counts */
+    cb->prof_step = -1;
+    for (const char *p = getenv("PETREL_CUDA_PROFILE"); p && *p && cb->profile < PROF_SIZES;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        if (v > 0) cb->prof_n[cb->profile++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
     if (cb->profile && (cudaEventCreate(&cb->prof_ev[0]) != cudaSuccess ||
-                        cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess))
+                        cudaEventCreate(&cb->prof_ev[1]) != cudaSuccess ||
+                        cudaEventCreate(&cb->prof_ev[2]) != cudaSuccess))
         cb->profile = 0;
     cb->use_graphs = !cb->sync_each && !cb->profile && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
     /* the fused decode step (cuda_fuse.c); not with PETREL_CUDA_SYNC, which

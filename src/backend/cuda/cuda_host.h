@@ -21,6 +21,7 @@
 
 /* CUDA graphs of recorded op sequences (see cuda_flush). */
 #define GRAPH_SLOTS 4
+#define PROF_SIZES 8 /* PETREL_CUDA_PROFILE: token counts profiled at most */
 #define GRAPH_MIN_OPS 8   /* shorter bursts (tests, benchmarks) run directly */
 #define GRAPH_MAX_ROWS 64 /* prefill-sized steps run directly: each is new */
 /* What cuda_fuse.c fuses (bits of PETREL_CUDA_FUSE): the matmuls of one
@@ -37,6 +38,7 @@
 /* PETREL_CUDA_PROFILE's sums: op kinds, matmuls past the GEMV rows, then
  * the fused launches (cuda_fuse.c: prologue x matrices x residual). */
 #define PROF_SLOTS (PT_OP_COUNT + 1 + 3 * CU_FUSE_MAX_W * 2)
+#define PROF_DEQ PROF_SLOTS /* the dequantizing part of "matmul (gemm)" */
 
 typedef struct graph_slot {
     cudaGraphExec_t exec;
@@ -83,16 +85,21 @@ typedef struct cuda_backend {
     int fuse;         /* cuda_fuse.c's pass over recorded bursts: CUDA_FUSE_* bits
                          (PETREL_CUDA_FUSE, default all; 0 with PETREL_CUDA_SYNC,
                          which is there to name the op that failed) */
-    /* PETREL_CUDA_PROFILE=N: the ops of forward steps of exactly N tokens
-     * (the step's embed op says how many) each timed alone (events around
-     * it, then a wait; no graphs), summed per kind, printed when the
+    /* PETREL_CUDA_PROFILE=N[,N...]: the launches of forward steps of
+     * exactly N tokens (the step's embed op says how many) each timed alone
+     * (events around it, then a wait; no graphs), summed per slot
+     * (PROF_SLOTS), one table per N (up to PROF_SIZES), printed when the
      * backend goes; matmuls split by token rows: the GEMV (<= gemv_max) or
-     * not.  Other steps run untimed. */
-    int profile;
-    bool prof_step; /* the current step is timed */
-    cudaEvent_t prof_ev[2];
-    double prof_ms[PROF_SLOTS];
-    uint64_t prof_calls[PROF_SLOTS];
+     * not, and of the latter the part that dequantizes quantized weights to
+     * f16 (PROF_DEQ: event 2 after it, how the cuBLAS path's time splits).
+     * Other steps run untimed. */
+    int profile;                /* sizes profiled; 0: off */
+    int prof_n[PROF_SIZES];     /* their token counts */
+    int prof_step;              /* the current step's table; -1: untimed */
+    bool prof_deq; /* the launch being timed recorded prof_ev[2] after its dequantization */
+    cudaEvent_t prof_ev[3];
+    double prof_ms[PROF_SIZES][PROF_SLOTS + 1];
+    uint64_t prof_calls[PROF_SIZES][PROF_SLOTS + 1];
     pt_op *list;      /* ops recorded since the last flush */
     int n_list, list_cap, list_rows;
     graph_slot graphs[GRAPH_SLOTS];

@@ -162,6 +162,8 @@ void cu_kv_store(const cu_ctx *c, void *kc, void *vc, int dtype, int page_size, 
                  int max_pages, int n, const float *k, const float *v);
 void cu_gather_rows(const cu_ctx *c, float *dst, const float *src, const int32_t *idx, int n,
                     int d);
+/* ids[i] = the first index of row i's largest element (backend.h, argmax). */
+void cu_argmax(const cu_ctx *c, int32_t *ids, const float *x, int n, int d);
 /* Reads nbytes (a multiple of 16) and writes a checksum to *out. */
 void cu_read_kernel(const cu_ctx *c, const void *src, size_t nbytes, float *out);
 

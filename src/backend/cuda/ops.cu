@@ -1,11 +1,13 @@
 /*
  * ops.cu - the small ops of a forward pass: embedding lookup, RMSNorm,
  * residual add, bias, SwiGLU, rotary embedding, KV-cache store, row gather,
- * and the read kernel that measures memory bandwidth.
+ * the greedy argmax of logit rows, and the read kernel that measures memory
+ * bandwidth.
  *
  * Each is memory-bound and tiny next to the matmuls; they are written for
  * plain coalesced access.  Activations are f32 as everywhere in Petrel.
  */
+#include <limits.h>
 #include <math.h>
 
 #include "backend/cuda/cu_common.cuh"
@@ -228,6 +230,64 @@ extern "C" void cu_gather_rows(const cu_ctx *c, float *dst, const float *src, co
                                int n, int d) {
     if (n <= 0 || d <= 0) return;
     CU_LAUNCH((gather_rows_kernel), n, 256, 0, c, dst, src, idx, d);
+}
+
+/* ---- argmax ------------------------------------------------------------------ */
+
+/* (v, i) beats (bv, bi): larger, or as large and earlier.  v is never NaN
+ * here (a NaN is never taken), so equal means equal. */
+static __device__ __forceinline__ bool argmax_beats(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+/* One block of 1024 threads per row.  Each thread walks its elements in
+ * increasing order keeping the first of its largest (16-byte loads when the
+ * row allows), then the block keeps the best (value, index) pair: the
+ * sampler's argmax whatever the order of the reduction, since ties go to
+ * the lower index.  A row with nothing above -inf keeps INT_MAX: 0. */
+__global__ void __launch_bounds__(1024) argmax_kernel(int32_t *ids, const float *x, int d) {
+    cu_grid_trigger();
+    cu_grid_wait();
+    const float *row = x + (size_t)blockIdx.x * d;
+    float best = -INFINITY;
+    int at = INT_MAX;
+    if ((d & 3) == 0 && ((uintptr_t)row & 15) == 0) {
+        const float4 *r4 = (const float4 *)row;
+        for (int c = threadIdx.x; c < d / 4; c += blockDim.x) {
+            float4 v = r4[c];
+            if (v.x > best) best = v.x, at = 4 * c;
+            if (v.y > best) best = v.y, at = 4 * c + 1;
+            if (v.z > best) best = v.z, at = 4 * c + 2;
+            if (v.w > best) best = v.w, at = 4 * c + 3;
+        }
+    } else {
+        for (int c = threadIdx.x; c < d; c += blockDim.x)
+            if (row[c] > best) best = row[c], at = c;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, best, o);
+        int i = __shfl_xor_sync(0xffffffffu, at, o);
+        if (argmax_beats(v, i, best, at)) best = v, at = i;
+    }
+    __shared__ float s_best[32];
+    __shared__ int s_at[32];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n_warps = blockDim.x / 32;
+    if (lane == 0) s_best[warp] = best, s_at[warp] = at;
+    __syncthreads();
+    if (warp) return;
+    best = lane < n_warps ? s_best[lane] : -INFINITY;
+    at = lane < n_warps ? s_at[lane] : INT_MAX;
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, best, o);
+        int i = __shfl_xor_sync(0xffffffffu, at, o);
+        if (argmax_beats(v, i, best, at)) best = v, at = i;
+    }
+    if (lane == 0) ids[blockIdx.x] = at == INT_MAX ? 0 : at;
+}
+
+extern "C" void cu_argmax(const cu_ctx *c, int32_t *ids, const float *x, int n, int d) {
+    if (n <= 0 || d <= 0) return;
+    CU_LAUNCH((argmax_kernel), n, 1024, 0, c, ids, x, d);
 }
 
 /* ---- read bandwidth -------------------------------------------------------- */
