@@ -323,6 +323,63 @@ __device__ __forceinline__ void stage_rows(uint8_t *dst, const uint8_t *src, siz
     else stage_rows_ch<4>(dst, src, stride, row, slot_l, n);
 }
 
+/* A warp's walk over its block's split of the context (both attention
+ * kernels): positions [p0, p1) of row t's sequence for KV head kvh, the
+ * warp taking every KVQ_WARPS-th tile of KVQ_TILE keys, each copied into
+ * one of its nbuf buffers (tile_bytes each, K rows then V rows) with
+ * cp.async: with two, the next tile flies while this one is used. */
+struct kvq_walk {
+    const int32_t *bt;
+    const uint8_t *kb, *vb;
+    size_t kstride, vstride;
+    int p0, p1, nbuf, tile_bytes, page_size, k_row, v_row;
+    uint8_t *stage; /* this warp's buffers */
+
+    __device__ kvq_walk(const cu_kvq_args &a, int t, int kvh, int split, int n_splits, int nbuf_,
+                        uint8_t *region)
+        : nbuf(nbuf_), page_size(a.page_size), k_row(a.k_row), v_row(a.v_row) {
+        const int n_pos = a.pos[t] + 1, chunk = kvq_chunk(n_pos, n_splits);
+        p0 = min(n_pos, split * chunk), p1 = min(n_pos, p0 + chunk);
+        bt = a.block_table + (size_t)a.seq[t] * a.max_pages;
+        kb = a.k + (size_t)kvh * a.k_row, vb = a.v + (size_t)kvh * a.v_row;
+        kstride = (size_t)a.n_kv_heads * a.k_row, vstride = (size_t)a.n_kv_heads * a.v_row;
+        tile_bytes = KVQ_TILE * (a.k_row + a.v_row);
+        stage = region + (size_t)(threadIdx.x >> 5) * nbuf * tile_bytes;
+    }
+    __device__ int first() const { return p0 + (int)(threadIdx.x >> 5) * KVQ_TILE; }
+    static constexpr int step = KVQ_WARPS * KVQ_TILE;
+
+    /* Copies tile `base` into buffer b (the keys' slots come from its lanes). */
+    __device__ void copy(int base, int b) const {
+        const int lane = threadIdx.x & 31, n = min(KVQ_TILE, p1 - base);
+        const uint32_t slot_l = lane < n ? kvq_slot_index(bt, page_size, base + lane) : 0;
+        uint8_t *dst = stage + (size_t)b * tile_bytes;
+        stage_rows(dst, kb, kstride, k_row, slot_l, n);
+        stage_rows(dst + KVQ_TILE * k_row, vb, vstride, v_row, slot_l, n);
+    }
+    /* Before the walk: the first tile on its way (double-buffered). */
+    __device__ void start() const {
+        if (nbuf == 2 && first() < p1) copy(first(), 0);
+        cp_async_commit();
+    }
+    /* Tile `base`, the it-th of the warp, in shared memory: its K rows
+     * (V rows follow KVQ_TILE K rows on). */
+    __device__ const uint8_t *wait(int base, int it) const {
+        const int b = nbuf == 2 ? it & 1 : 0;
+        if (nbuf == 2) {
+            if (base + step < p1) copy(base + step, b ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            copy(base, 0);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        return stage + (size_t)b * tile_bytes;
+    }
+};
+
 /* Code i of the LSB-first bitstream held in words w. */
 template <int B, bool SGN> __device__ __forceinline__ float group_code(const uint32_t *w, int i) {
     const int bit = i * B, wi = bit >> 5, sh = bit & 31;
@@ -588,8 +645,6 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *qs = (float *)sm4, *cent = qs + GM * d, *ss = cent + 256 + warp * GM * 32;
     uint8_t *region = (uint8_t *)(cent + 256 + KVQ_WARPS * GM * 32); /* 16-byte aligned */
-    const int tile_bytes = KVQ_TILE * (a.k_row + a.v_row);
-    uint8_t *stage = region + (size_t)warp * nbuf * tile_bytes;
 
     const float qscale = a.scale * KVQ_LOG2E;
     for (int i = threadIdx.x; i < GM * d; i += blockDim.x) /* heads past G: zeros */
@@ -598,25 +653,9 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
         for (int i = threadIdx.x; i < (1 << a.v_bits); i += blockDim.x)
             cent[i] = a.tables[d + i];
 
-    const int n_pos = a.pos[t] + 1;
-    const int chunk = kvq_chunk(n_pos, n_splits);
-    const int p0 = min(n_pos, split * chunk), p1 = min(n_pos, p0 + chunk);
-    if (p0 >= p1) return; /* a split past the context: the combine does not read it */
-    const int32_t *bt = a.block_table + (size_t)a.seq[t] * a.max_pages;
-    const uint8_t *kb = a.k + (size_t)kvh * a.k_row, *vb = a.v + (size_t)kvh * a.v_row;
-    const size_t kstride = (size_t)a.n_kv_heads * a.k_row, vstride = (size_t)a.n_kv_heads * a.v_row;
-
-    /* Copies tile `base` into buffer b (the slots come from its lanes). */
-    auto stage_tile = [&](int base, int b) {
-        const int n = min(KVQ_TILE, p1 - base);
-        const uint32_t slot_l = lane < n ? kvq_slot_index(bt, a.page_size, base + lane) : 0;
-        uint8_t *dst = stage + (size_t)b * tile_bytes;
-        stage_rows(dst, kb, kstride, a.k_row, slot_l, n);
-        stage_rows(dst + KVQ_TILE * a.k_row, vb, vstride, a.v_row, slot_l, n);
-    };
-    const int first = p0 + warp * KVQ_TILE, step = KVQ_WARPS * KVQ_TILE;
-    if (nbuf == 2 && first < p1) stage_tile(first, 0);
-    cp_async_commit();
+    const kvq_walk w(a, t, kvh, split, n_splits, nbuf, region);
+    if (w.p0 >= w.p1) return; /* a split past the context: the combine does not read it */
+    w.start();
     __syncthreads(); /* q and the centroids */
 
     float q[GM][16], qsum[GM], m[GM], l[GM], acc[GM][NCH * 8];
@@ -633,20 +672,9 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
             acc[h][e] = 0;
     }
 
-    for (int base = first, it = 0; base < p1; base += step, it++) {
-        const int b = nbuf == 2 ? it & 1 : 0;
-        if (nbuf == 2) { /* the next tile flies while this one is used */
-            if (base + step < p1) stage_tile(base + step, b ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            stage_tile(base, 0);
-            cp_async_commit();
-            cp_async_wait<0>();
-        }
-        __syncwarp();
-        const uint8_t *kst = stage + (size_t)b * tile_bytes, *vst = kst + KVQ_TILE * a.k_row;
-        const int n = min(KVQ_TILE, p1 - base);
+    for (int base = w.first(), it = 0; base < w.p1; base += w.step, it++) {
+        const uint8_t *kst = w.wait(base, it), *vst = kst + KVQ_TILE * a.k_row;
+        const int n = min(KVQ_TILE, w.p1 - base);
         kvq_scores<GM, D>(a, kst, n, q, qsum, ss);
         __syncwarp();
 #pragma unroll
@@ -746,8 +774,6 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, 3)
     uint2 *tab = (uint2 *)(qsum + KVQ_MMA_H * NG); /* [code of key 2t | code of key 2t+1 << VB] */
     uint4 *qf = (uint4 *)(tab + (1 << 2 * VB));    /* A of the scores [NG][2][lane] */
     uint8_t *region = (uint8_t *)(qf + NG * 2 * 32); /* 16-byte aligned */
-    const int tile_bytes = KVQ_TILE * (a.k_row + a.v_row);
-    uint8_t *stage = region + (size_t)warp * nbuf * tile_bytes;
 
     const float qscale = a.scale * KVQ_LOG2E;
     for (int i = threadIdx.x; i < KVQ_MMA_H * D; i += blockDim.x) /* heads past G: zeros */
@@ -758,23 +784,9 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, 3)
         tab[e] = make_uint2(hi, lo);
     }
 
-    const int n_pos = a.pos[t] + 1;
-    const int chunk = kvq_chunk(n_pos, n_splits);
-    const int p0 = min(n_pos, split * chunk), p1 = min(n_pos, p0 + chunk);
-    if (p0 >= p1) return; /* a split past the context: the combine does not read it */
-    const int32_t *bt = a.block_table + (size_t)a.seq[t] * a.max_pages;
-    const uint8_t *kb = a.k + (size_t)kvh * a.k_row, *vb = a.v + (size_t)kvh * a.v_row;
-    const size_t kstride = (size_t)a.n_kv_heads * a.k_row, vstride = (size_t)a.n_kv_heads * a.v_row;
-    auto stage_tile = [&](int base, int b) {
-        const int n = min(KVQ_TILE, p1 - base);
-        const uint32_t slot_l = lane < n ? kvq_slot_index(bt, a.page_size, base + lane) : 0;
-        uint8_t *dst = stage + (size_t)b * tile_bytes;
-        stage_rows(dst, kb, kstride, a.k_row, slot_l, n);
-        stage_rows(dst + KVQ_TILE * a.k_row, vb, vstride, a.v_row, slot_l, n);
-    };
-    const int first = p0 + warp * KVQ_TILE, step = KVQ_WARPS * KVQ_TILE;
-    if (nbuf == 2 && first < p1) stage_tile(first, 0);
-    cp_async_commit();
+    const kvq_walk w(a, t, kvh, split, n_splits, nbuf, region);
+    if (w.p0 >= w.p1) return; /* a split past the context: the combine does not read it */
+    w.start();
     __syncthreads(); /* q and the table */
 
     /* A of the scores, per group gr and k-step st, kept in shared memory
@@ -810,20 +822,9 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, 3)
                 acc[gr][i][e] = 0;
     float m = -INFINITY, l = 0; /* head g8's max; the lane's part of its sum */
 
-    for (int base = first, it = 0; base < p1; base += step, it++) {
-        const int b = nbuf == 2 ? it & 1 : 0;
-        if (nbuf == 2) {
-            if (base + step < p1) stage_tile(base + step, b ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            stage_tile(base, 0);
-            cp_async_commit();
-            cp_async_wait<0>();
-        }
-        __syncwarp();
-        const uint8_t *kst = stage + (size_t)b * tile_bytes, *vst = kst + KVQ_TILE * a.k_row;
-        const int n = min(KVQ_TILE, p1 - base);
+    for (int base = w.first(), it = 0; base < w.p1; base += w.step, it++) {
+        const uint8_t *kst = w.wait(base, it), *vst = kst + KVQ_TILE * a.k_row;
+        const int n = min(KVQ_TILE, w.p1 - base);
 
         /* Scores of head g8 for keys 8 j + 2 tq + {0, 1}. */
         float sc[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
