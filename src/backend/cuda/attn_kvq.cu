@@ -725,9 +725,10 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
 
 /* ---- the tensor-core kernel: TurboQuant keys of 8 bits, values of 2-4 -------------- */
 
-/* The kernel above issues ~160 instructions per cached (position, KV head)
- * row and is bound by them, not by memory (docs/kv-quant.md).  This one
- * computes the same sums as mma.sync products (f32 accumulation) on the
+/* The kernel above is bound by its instructions, not by memory: per
+ * cached (position, KV head) row it unpacks every code and runs an FMA per
+ * query head (docs/kv-quant.md).  This one computes the same sums as
+ * mma.sync products (f32 accumulation) on the
  * exact codes, for TurboQuant k8 with 2-, 3- or 4-bit values at head_dim
  * 64 or 128 (the common formats; the others keep the kernel above).  The
  * block, split and staging layout is the same; a warp takes tiles of 32
@@ -739,7 +740,7 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32, GM <= 4 ? 3 : 2)
  *    are exact in f16 (a byte permute makes 1024 + 128 + code, minus 1152).
  *    The key's group scale and zero point then apply in f32, as above.
  *  - P·V, per 32-dim group: A = the probabilities times the key's value
- *    scale (exact in f16), split hi/lo the same way; B = the centroids of
+ *    scale (an f16), split hi/lo the same way; B = the centroids of
  *    16 keys x 8 dims, looked up in a table of centroid pairs (the two
  *    keys a B register holds: one 64-bit shared load gives both their high
  *    and their low parts), multiplied once with each.
