@@ -25,13 +25,7 @@ STAGE=build-gpu-carry
 PACK=${PACK:-$(dirname "$0")/carry.tar.xz}
 [ -d "$STAGE" ] || tar -xJf "$PACK" || { echo "no staged build ($PACK)"; exit 1; }
 BIN=$STAGE
-LD_LIBRARY_PATH="$PWD/$STAGE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         "$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)" \
-         "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-done
-export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
+. scripts/gpu-env.sh && gpu_libs "$PWD/$STAGE/lib"
 stamp "machine"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv
 uptime

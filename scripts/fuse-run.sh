@@ -24,10 +24,7 @@ if [ "${1:-}" = --stage ]; then
     rm -rf "$st" && mkdir -p "$st/lib"
     cp build/petrel build/tests/test_cuda_model build/tests/test_cuda_qmatmul \
         build/tests/test_cuda_ops "$st/" || exit 1
-    for b in "$st"/*; do [ -f "$b" ] && ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |
-        grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda|libcudart|libcublas|libcublasLt|libnccl)[.-]' |
-        while read -r lib; do cp -L "$lib" "$st/lib/"; done
-    for b in "$st"/*; do [ -f "$b" ] && strip --strip-debug "$b"; done
+    . scripts/gpu-env.sh && gpu_stage_libs "$st"
     tar -C "$dir" -cf - build-gpu-carry | xz -9e -T1 --lzma2=dict=192MiB >"$dir/carry.tar.xz" && rm -rf "$st"
     cp scripts/fuse-run.sh tests/cuda/tiny-llama-wide.json "$dir/"
     du -sh "$dir"/*
@@ -45,21 +42,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 uptime
 tar -xJf "$D/carry.tar.xz" -C /tmp || exit 1
 BIN=/tmp/build-gpu-carry
-LD_LIBRARY_PATH="$BIN/lib"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         "$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)" \
-         "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-done
-for d in /usr/local/cuda/lib64 \
-         "$(python3 -c 'import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; break; }
-done
-export LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0
+unset LD_LIBRARY_PATH
+. scripts/gpu-env.sh && gpu_libs "$BIN/lib"
 ldd "$BIN/petrel" | grep "not found"
 # the tree that travels is main's: the test's new config comes with us
 cp "$D/tiny-llama-wide.json" tests/cuda/
-export PETREL_SOURCE_DIR=$PWD
 
 stamp "test_cuda_model test_fused_step"
 CMOCKA_FILTER=test_fused_step timeout 150 "$BIN/test_cuda_model"

@@ -37,12 +37,16 @@
 #                                     =0 and =1, bf16 for reference, and
 #                                     prefill with it forced to 4096 rows; kvqab = the quantized
 #                                     KV attention kernels alone, tensor-core
-#                                     and FMA (PETREL_CUDA_KVQ_MMA=1, 0)
+#                                     and FMA (PETREL_CUDA_KVQ_MMA=1, 0);
+#                                     fuseab = decode with each
+#                                     PETREL_CUDA_FUSE mask (FUSEAB_MASKS,
+#                                     FUSEAB_MODELS), same call
 #
 # The llama phase: the 8B-shape F16 GGUF (make-llama8b-gguf.py, needs
 # torch and llama.cpp's gguf-py), llama-quantize to LLAMA_QUANTS (default
 # Q4_0 Q8_0), then per file llama-bench (-p 512 -n 128 -d 0,8192 -fa 1
-# -ngl 99) and petrel bench (-p 512 -d 0,8192 -g 128), and a table of
+# -ngl 99; LLAMA_DEPTHS, or LLAMA_DEPTHS_<file> for one file, e.g.
+# LLAMA_DEPTHS_f16=0,8192,32768) and petrel bench (-p 512 -d 0,8192 -g 128), and a table of
 # Petrel / llama.cpp ratios (best repetition against best repetition:
 # llama-bench's samples_ts, petrel bench's kept best).  The batch phase:
 # llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32,64 against petrel bench
@@ -68,6 +72,7 @@
 # (sm_90 only, all cores) if the -dev packages are all there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
 STAGE=build-gpu-carry
 
 if [ "${1:-}" = --stage ]; then
@@ -92,13 +97,7 @@ if [ "${1:-}" = --stage ]; then
         fi
     done
     # Libraries outside glibc, libstdc++ and CUDA: the GPU machine may lack them.
-    # NCCL (218 MB) is not carried: the GPU image's pip wheel nvidia-nccl-cu13
-    # has libnccl.so.2 (found below).
-    for b in "$STAGE"/*; do [ -f "$b" ] && ldd "$b"; done |
-        awk '/=> \// {print $3}' | sort -u |
-        grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda|libcudart|libcublas|libcublasLt|libnccl)[.-]' |
-        while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
-    for b in "$STAGE"/*; do [ -f "$b" ] && strip --strip-debug "$b"; done
+    gpu_stage_libs "$STAGE"
     du -sh "$STAGE"
     ls "$STAGE" "$STAGE/lib"
     mkdir -p build-gpu-pack
@@ -156,25 +155,12 @@ fi
 if [ -z "$BIN" ] && [ -d "$STAGE" ]; then
     stamp "using the staged build ($STAGE)"
     BIN=$STAGE
-    export LD_LIBRARY_PATH="$PWD/$STAGE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 if [ -z "$BIN" ]; then
     stamp "no build: the -dev packages are missing here and no $STAGE was carried"
     exit 1
 fi
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         "$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)" \
-         "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-done
-# NCCL (tensor parallel): the toolkit's, or the pip wheel nvidia-nccl-cu13's
-for d in /usr/local/cuda/lib64 \
-         "$(python3 -c 'import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; break; }
-done
-export NCCL_NVLS_ENABLE=0 # never NVLink multicast (KINDS.md): shared GPUs
-export LD_LIBRARY_PATH
-export PETREL_SOURCE_DIR=$PWD
+gpu_libs "$PWD/$STAGE/lib" # harmless for a build made here
 for b in petrel test_cuda_ops bench_cuda_ops; do
     ldd "$BIN/$b" | grep -q "not found" && { echo "$b: missing libraries:"; ldd "$BIN/$b" | grep "not found"; }
 done
@@ -451,12 +437,13 @@ if has llama; then
     for f in ${LLAMA_FILES:-$files}; do
         g=$GGUF_DIR/$f.gguf
         [ -s "$g" ] || { echo "llama: no $g"; continue; }
+        dv=LLAMA_DEPTHS_$f; depths=${!dv:-${LLAMA_DEPTHS:-0,8192}}
         stamp "llama-bench $f"
-        timeout 300 "$LLB/llama-bench" -m "$g" -p 512 -n 128 -d ${LLAMA_DEPTHS:-0,8192} -fa 1 -ngl 99 \
+        timeout 300 "$LLB/llama-bench" -m "$g" -p 512 -n 128 -d "$depths" -fa 1 -ngl 99 \
             -r "$reps" -o json >"/tmp/llama-$f.json" 2>"/tmp/llama-$f.err"
         echo "llama-bench $f: exit $?"
         stamp "petrel bench $f"
-        timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 512 -d ${LLAMA_DEPTHS:-0,8192} -g 128 \
+        timeout 300 "$BIN/petrel" bench --device cuda -m "$g" -p 512 -d "$depths" -g 128 \
             -r "$reps" -o "/tmp/petrel-$f.json"
         echo "petrel bench $f: exit $?"
         join_row "$f"
@@ -518,6 +505,22 @@ if has frows; then
     done
 fi
 
+# ---- A/B: what each PETREL_CUDA_FUSE mask buys, same call (cuda_fuse.c) ----
+# FUSEAB_MODELS: dummy model:dtype pairs; FUSEAB_MASKS: the masks to
+# compare.  Decode at depth 0, best of 3, with the kernels of a step.
+if has fuseab; then
+    quiet
+    for md in ${FUSEAB_MODELS:-llama-8b:q4_0 llama-8b:bf16 qwen3-30b-a3b:q4_0}; do
+        for mask in ${FUSEAB_MASKS:-9 25}; do
+            stamp "PETREL_CUDA_FUSE=$mask petrel bench dummy:${md%:*} --dummy-dtype ${md#*:}"
+            PETREL_CUDA_FUSE=$mask timeout 150 "$BIN/petrel" bench --device cuda -m "dummy:${md%:*}" \
+                --dummy-dtype "${md#*:}" -p 16 -d 0 -g 128 -r 3 -o /tmp/fuseab.json >/dev/null 2>&1
+            python3 -c 'import json,sys; j=json.load(open("/tmp/fuseab.json")); j["mask"]=sys.argv[1]; j["dtype"]=sys.argv[2]; print(json.dumps(j))' \
+                "$mask" "${md#*:}" >>"$OUT/fuseab.jsonl" || echo "fuseab $md $mask failed"
+        done
+    done
+fi
+
 # ---- A/B: what graphs and programmatic dependent launch buy, same run ----
 if has ab; then
     quiet
@@ -574,6 +577,14 @@ if os.path.exists(f):
         j = json.loads(line)
         d = " / ".join(f"{x['tok_s']:.1f} ({100*x['fraction']:.1f}%)" for x in j["decode"])
         print(f"  {j['model']:16s} {j['arm']:10s} decode {d}   prefill {j['prefill'][0]['tok_s']:.0f}")
+f = os.path.join(out, "fuseab.jsonl")
+if os.path.exists(f):
+    print("PETREL_CUDA_FUSE masks (decode tok/s at depth 0, best of 3; kernels a decode step):")
+    for line in open(f):
+        j = json.loads(line)
+        d = j["decode"][0]
+        print(f"  {j['model']:16s} {j['dtype']:5s} mask {j['mask']:>2s}  {d['tok_s']:8.1f} tok/s "
+              f"({100*d['fraction']:.1f}%)  {j.get('step_kernels', 0)} kernels")
 f = os.path.join(out, "qmodels.jsonl")
 if os.path.exists(f):
     print("dummy llama-8b, quantized weights (prefill 512 tok/s; decode tok/s at depth 0 / 8192, fraction of roofline):")

@@ -18,10 +18,7 @@ if [ "${1:-}" = --stage ]; then
     rm -rf "$dir/stage" && mkdir -p "$dir/stage/lib"
     cp "$src/build/petrel" "$src/build/tests/test_cuda_qmatmul" "$src/build/tests/test_cuda_model" \
         "$src/build/tests/bench_cuda_ops" "$dir/stage/" || exit 1
-    for b in "$dir"/stage/*; do [ -f "$b" ] && ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |
-        grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda|libcudart|libcublas|libcublasLt|libnccl)[.-]' |
-        while read -r lib; do cp -L "$lib" "$dir/stage/lib/"; done
-    for b in "$dir"/stage/*; do [ -f "$b" ] && strip --strip-debug "$b"; done
+    . "$src/scripts/gpu-env.sh" && gpu_stage_libs "$dir/stage"
     tar -C "$dir" -cf - stage | xz -9 -T2 >"$dir/carry.tar.xz" && rm -rf "$dir/stage"
     cp "$0" "$dir/run.sh"
     du -sh "$dir/carry.tar.xz"
@@ -37,13 +34,7 @@ t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 tar -xJf "$D/carry.tar.xz" -C "$D" || exit 1
 B=$D/stage
-LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         "$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)" \
-         "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-done
-export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
+. scripts/gpu-env.sh && gpu_libs "$B/lib"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 uptime
 ldd "$B/petrel" | grep "not found"

@@ -46,10 +46,11 @@ static void set_paths(void) {
     snprintf(GGUF_DIR, sizeof GGUF_DIR, "%s/tests/fixtures/gguf", dir);
 }
 
-/* GPU fuses everything it can (PETREL_CUDA_FUSE=15, not the default);
- * UNF: a second CUDA backend with PETREL_CUDA_FUSE=0 (test_fused_step) */
-enum { CPU, GPU, N_BE, UNF = N_BE };
-static pt_backend *be[N_BE + 1];
+/* GPU fuses everything it can (PETREL_CUDA_FUSE=31, not the default);
+ * UNF: a second CUDA backend with PETREL_CUDA_FUSE=0, NOROPE a third with
+ * 15, all but the rope and kv_store (test_fused_step) */
+enum { CPU, GPU, N_BE, UNF = N_BE, NOROPE };
+static pt_backend *be[N_BE + 2];
 
 typedef struct side {
     pt_model *m;
@@ -437,12 +438,12 @@ static void test_llama_1b(void **state) {
  * kernels.  The wide model (4096 columns) takes cu_rms_scale's 1024-thread
  * order and the split GEMV's K split; the tiny ones its warp order. */
 static void fused_step(const char *path, const char *dtype, int n_prompt, int n_gen, double tol) {
-    static const int sides[] = {CPU, GPU, UNF};
-    side s[3];
-    for (int i = 0; i < 3; i++) open_side(&s[i], sides[i], path, dtype, 0, PT_F32, NULL, 64);
+    static const int sides[] = {CPU, GPU, UNF, NOROPE};
+    side s[4];
+    for (int i = 0; i < 4; i++) open_side(&s[i], sides[i], path, dtype, 0, PT_F32, NULL, 64);
     int vocab = s[0].m->cfg.vocab_size;
-    float *lg[3];
-    for (int i = 0; i < 3; i++) lg[i] = malloc(sizeof(float) * (size_t)vocab);
+    float *lg[4];
+    for (int i = 0; i < 4; i++) lg[i] = malloc(sizeof(float) * (size_t)vocab);
     int32_t tok[64], pos[64], seq[64] = {0};
     bool want[64] = {false};
     pt_rng rng;
@@ -452,7 +453,7 @@ static void fused_step(const char *path, const char *dtype, int n_prompt, int n_
     want[n_prompt - 1] = true;
     double worst = 0;
     for (int step = 0; step <= n_gen; step++) {
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             if (step == 0) forward(&s[i], n_prompt, tok, pos, seq, want, 1, lg[i]);
             else {
                 bool w = true;
@@ -464,17 +465,24 @@ static void fused_step(const char *path, const char *dtype, int n_prompt, int n_
         if (memcmp(lg[1], lg[2], sizeof(float) * (size_t)vocab))
             fail_msg("%s %s step %d: fused logits differ from unfused (rel %.3g, max abs %.3g)",
                      path, dtype, step, e, max_abs);
+        if (memcmp(lg[1], lg[3], sizeof(float) * (size_t)vocab))
+            fail_msg("%s %s step %d: fused logits differ without the rope fusion", path, dtype,
+                     step);
         e = compare(lg[1], lg[0], (size_t)vocab, &max_abs);
         if (e > worst) worst = e;
         if (e > tol) fail_msg("%s %s step %d: rel err %.3g against the cpu", path, dtype, step, e);
         tok[n_prompt + step] = (int32_t)argmax(lg[0], vocab);
     }
     int kf = be[GPU]->ops->step_kernels(be[GPU]), ku = be[UNF]->ops->step_kernels(be[UNF]);
+    int kr = be[NOROPE]->ops->step_kernels(be[NOROPE]);
     print_message("%s %s: fused = unfused bit for bit over %d steps, cpu rel err %.3g; "
-                  "kernels a decode step %d fused, %d unfused\n",
-                  path, dtype, n_gen + 1, worst, kf, ku);
+                  "kernels a decode step %d fused, %d without the rope fusion, %d unfused\n",
+                  path, dtype, n_gen + 1, worst, kf, kr, ku);
+    /* the rope fusion saves 2 launches a layer, 4 with q/k norms */
+    int layers = s[1].m->cfg.n_layers, saved = s[1].m->cfg.qk_norm ? 4 : 2;
     assert_true(kf > 0 && kf < ku);
-    for (int i = 0; i < 3; i++) {
+    assert_int_equal(kr - kf, saved * layers);
+    for (int i = 0; i < 4; i++) {
         free(lg[i]);
         close_side(&s[i]);
     }
@@ -496,15 +504,17 @@ int main(void) {
     set_paths();
     pt_err err = {{0}};
     setenv("PETREL_CUDA_QGEMV_MAX", "8", 1); /* quantized prompts of 8 on the GEMV */
-    setenv("PETREL_CUDA_FUSE", "15", 1); /* every fusion, for test_fused_step */
+    setenv("PETREL_CUDA_FUSE", "31", 1); /* every fusion, for test_fused_step */
     be[GPU] = pt_backend_cuda_new(0, &err);
     if (be[GPU]) {
         setenv("PETREL_CUDA_FUSE", "0", 1);
         be[UNF] = pt_backend_cuda_new(0, &err);
+        setenv("PETREL_CUDA_FUSE", "15", 1);
+        be[NOROPE] = pt_backend_cuda_new(0, &err);
         unsetenv("PETREL_CUDA_FUSE");
     }
     unsetenv("PETREL_CUDA_QGEMV_MAX");
-    if (!be[GPU] || !be[UNF]) {
+    if (!be[GPU] || !be[UNF] || !be[NOROPE]) {
         printf("test_cuda_model: skipped: %s\n", err.msg);
         fflush(stdout);
         _exit(77); /* not exit(): leak checkers would count the runtime's buffers */
@@ -535,6 +545,6 @@ int main(void) {
     if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
     if (getenv("CMOCKA_SKIP")) cmocka_set_skip_filter(getenv("CMOCKA_SKIP"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (int b = 0; b <= UNF; b++) be[b]->ops->destroy(be[b]);
+    for (int b = 0; b <= NOROPE; b++) be[b]->ops->destroy(be[b]);
     return rc;
 }

@@ -1153,7 +1153,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->use_graphs = !cb->sync_each && !cb->profile && env_int("PETREL_CUDA_GRAPHS", 1) != 0;
     /* the fused decode step (cuda_fuse.c); not with PETREL_CUDA_SYNC, which
      * is there to name the op that failed */
-    cb->fuse = cb->sync_each ? 0 : env_int("PETREL_CUDA_FUSE", CUDA_FUSE_DEFAULT) & 15;
+    cb->fuse = cb->sync_each ? 0 : env_int("PETREL_CUDA_FUSE", CUDA_FUSE_DEFAULT) & CUDA_FUSE_ALL;
     snprintf(cb->detail, sizeof cb->detail, "%.100s, sm_%d%d, %d SMs, %.0f GiB", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount,
              prop.totalGlobalMem / 1073741824.0);

@@ -13,6 +13,9 @@
  *                                         (split q4_0/q8_0 only)
  *   1-3 matmuls of one input              one launch (QKV, gate and up)
  *   a matmul into h, then add(x, x, h)    x += h as the GEMV stores h
+ *   [rmsnorm(q), rmsnorm(k),] rope(q),    one kernel a token row (ops.cu,
+ *   rope(k), kv_store(k, v)               cu_rope_store): the angles once
+ *                                         a row, not once a head
  *
  * Each fused value is computed as the op it replaces computes it, in the
  * same order, so the fused step is bit for bit the unfused one (test_cuda_
@@ -23,10 +26,12 @@
  * the GEMV kernels run unfused; anything the fused kernels refuse runs op
  * by op.  PETREL_CUDA_FUSE=0 turns the pass off; it is a mask: 1 the
  * matmuls of one input and the residual, 2 the rmsnorm, 4 the swiglu, 8
- * q4_0/q8_0 weights too (15: everything).  The default is 9, the matmuls
- * and the residual for every weight type: on the H200's 8B decode the
- * rmsnorm and swiglu prologues, recomputed by every block, cost more than
- * the launches they save (docs/cuda.md, "The fused decode step").
+ * q4_0/q8_0 weights too, 16 the rope and kv_store (31: everything).  The
+ * default is 9, the matmuls and the residual for every weight type: on
+ * the H200's 8B decode the rope launch measured no faster than the three
+ * kernels it replaces, and the rmsnorm and swiglu prologues, recomputed by
+ * every block, cost more than the launches they save (docs/cuda.md, "The
+ * fused decode step").
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -151,6 +156,8 @@ static int fuse_slot(const cu_fused *f) {
 }
 
 const char *cuda_fuse_slot_name(int slot, char *buf, size_t len) {
+    if (slot >= PROF_FUSE_ROPE)
+        return slot == PROF_FUSE_ROPE ? "rope+kv_store" : "qk_norm+rope+kv_store";
     int k = slot - PT_OP_COUNT - 1, res = k & 1, nw = (k >> 1) % CU_FUSE_MAX_W + 1;
     int pro = (k >> 1) / CU_FUSE_MAX_W;
     static const char *pros[] = {"", "rmsnorm+", "swiglu+"};
@@ -238,9 +245,63 @@ static int plan(const cuda_backend *cb, const pt_op *ops, int i, int n, cu_fused
     return k - i;
 }
 
+/* The per-head norms of q and k (qk_norm models, both in place), rope of
+ * q and of k, and the store of k and v into a plain cache: one launch
+ * (cu_rope_store) for ops[i..), or 0 records.  The launch writes q and k
+ * back as the ops do, so nothing need be dead after it. */
+static int plan_rope(const cuda_backend *cb, const pt_op *ops, int i, int n,
+                     cu_rope_store_args *r) {
+    if (!(cb->fuse & CUDA_FUSE_ROPE)) return 0;
+    const pt_op_rmsnorm *nq = NULL, *nk = NULL;
+    int j = i;
+    if (j + 1 < n && ops[j].kind == PT_OP_RMSNORM && ops[j + 1].kind == PT_OP_RMSNORM)
+        nq = &ops[j].rmsnorm, nk = &ops[j + 1].rmsnorm, j += 2;
+    if (j + 2 >= n || ops[j].kind != PT_OP_ROPE || ops[j + 1].kind != PT_OP_ROPE ||
+        ops[j + 2].kind != PT_OP_KV_STORE)
+        return 0;
+    const pt_op_rope *rq = &ops[j].rope, *rk = &ops[j + 1].rope;
+    const pt_op_kv_store *st = &ops[j + 2].kv_store;
+    const pt_kv_view *kv = &st->kv;
+    const pt_rope *a = &rq->rope, *b = &rk->rope;
+    int t = rq->b.n_tokens, d = rq->head_dim;
+    int dt = kv->dtype == PT_F32 ? CU_F32 : kv->dtype == PT_F16 ? CU_F16
+           : kv->dtype == PT_BF16 ? CU_BF16 : -1;
+    if (kv->codec || dt < 0 || st->k != rk->x || rk->head_dim != d || kv->head_dim != d ||
+        kv->n_kv_heads != rk->n_heads || rk->b.n_tokens != t || st->b.n_tokens != t ||
+        rk->b.pos != rq->b.pos || a->style != b->style || a->n_rot != b->n_rot ||
+        a->inv_freq != b->inv_freq || a->mscale != b->mscale)
+        return 0;
+    size_t qb = F4((size_t)t * rq->n_heads * d), kb = F4((size_t)t * rk->n_heads * d);
+    if (overlap(rq->x, qb, rk->x, kb) || overlap(st->v, kb, rq->x, qb) ||
+        overlap(st->v, kb, rk->x, kb))
+        return 0;
+    if (nq && (nq->x != nq->y || nq->y != rq->x || nq->n != t * rq->n_heads || nq->d != d ||
+               nk->x != nk->y || nk->y != rk->x || nk->n != t * rk->n_heads || nk->d != d ||
+               nk->eps != nq->eps || overlap(nq->g, F4(d), rq->x, qb) ||
+               overlap(nk->g, F4(d), rk->x, kb)))
+        return 0;
+    *r = (cu_rope_store_args){
+        .q = rq->x, .k = rk->x, .v = st->v,
+        .q_norm = nq ? nq->g : NULL, .k_norm = nk ? nk->g : NULL, .eps = nq ? nq->eps : 0,
+        .pos = rq->b.pos, .n = t, .n_heads = rq->n_heads, .n_kv_heads = rk->n_heads,
+        .head_dim = d, .style = a->style, .n_rot = a->n_rot, .inv_freq = a->inv_freq,
+        .mscale = a->mscale, .kc = kv->k, .vc = kv->v, .dtype = dt,
+        .page_size = kv->page_size, .max_pages = st->b.max_pages, .kv_pos = st->b.pos,
+        .seq = st->b.seq, .block_table = st->b.block_table,
+    };
+    return j + 3 - i;
+}
+
 int cuda_exec_fused(cuda_backend *cb, const pt_op *ops, int i, int n, int *slot) {
+    cu_rope_store_args r;
+    int used = plan_rope(cb, ops, i, n, &r);
+    if (used) {
+        if (cu_rope_store(&cb->ctx, &r) != 0) return 0;
+        *slot = PROF_FUSE_ROPE + (r.q_norm != NULL);
+        return used;
+    }
     cu_fused f;
-    int used = plan(cb, ops, i, n, &f);
+    used = plan(cb, ops, i, n, &f);
     if (used < 2) return 0;
     bool quant = f.w[0].fmt == CU_Q4_0 || f.w[0].fmt == CU_Q8_0;
     /* refused: the first op runs alone (after a prologue the kernels

@@ -26,18 +26,22 @@
 #define GRAPH_MAX_ROWS 64 /* prefill-sized steps run directly: each is new */
 /* What cuda_fuse.c fuses (bits of PETREL_CUDA_FUSE): the matmuls of one
  * input and a residual add after one; an rmsnorm before them; a swiglu;
- * and whether q4_0/q8_0 (split) weights take part, or only f32/f16/bf16.
+ * whether q4_0/q8_0 (split) weights take part, or only f32/f16/bf16; and
+ * the q/k norms, rope and kv_store of an attention layer.
  * The default, CUDA_FUSE_DEFAULT, is what measured faster on the H200's
  * 8B decode (docs/cuda.md, "The fused decode step"). */
 #define CUDA_FUSE_MM 1
 #define CUDA_FUSE_NORM 2
 #define CUDA_FUSE_SWIGLU 4
 #define CUDA_FUSE_QUANT 8
+#define CUDA_FUSE_ROPE 16 /* [q/k norms,] rope of q and k, kv_store: one kernel */
 #define CUDA_FUSE_DEFAULT (CUDA_FUSE_MM | CUDA_FUSE_QUANT)
+#define CUDA_FUSE_ALL 31
 
 /* PETREL_CUDA_PROFILE's sums: op kinds, matmuls past the GEMV rows, then
  * the fused launches (cuda_fuse.c: prologue x matrices x residual). */
-#define PROF_SLOTS (PT_OP_COUNT + 1 + 3 * CU_FUSE_MAX_W * 2)
+#define PROF_FUSE_ROPE (PT_OP_COUNT + 1 + 3 * CU_FUSE_MAX_W * 2) /* and + 1: with q/k norms */
+#define PROF_SLOTS (PROF_FUSE_ROPE + 2)
 #define PROF_DEQ PROF_SLOTS /* the dequantizing part of "matmul (gemm)" */
 
 typedef struct graph_slot {
@@ -83,7 +87,7 @@ typedef struct cuda_backend {
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */
     bool use_graphs;  /* PETREL_CUDA_GRAPHS=0 turns them off */
     int fuse;         /* cuda_fuse.c's pass over recorded bursts: CUDA_FUSE_* bits
-                         (PETREL_CUDA_FUSE, default all; 0 with PETREL_CUDA_SYNC,
+                         (PETREL_CUDA_FUSE, default CUDA_FUSE_DEFAULT; 0 with PETREL_CUDA_SYNC,
                          which is there to name the op that failed) */
     /* PETREL_CUDA_PROFILE=N[,N...]: the launches of forward steps of
      * exactly N tokens (the step's embed op says how many) each timed alone

@@ -160,6 +160,23 @@ void cu_rope(const cu_ctx *c, float *x, const int32_t *pos, int n, int n_heads, 
 void cu_kv_store(const cu_ctx *c, void *kc, void *vc, int dtype, int page_size, int n_kv_heads,
                  int head_dim, const int32_t *pos, const int32_t *seq, const int32_t *block_table,
                  int max_pages, int n, const float *k, const float *v);
+/* The per-head q/k norms (optional), rope of q and of k, and the store of
+ * k and v into the cache, as one launch (cuda_fuse.c): each value as
+ * cu_rmsnorm, cu_rope and cu_kv_store compute it.  -1: not taken. */
+typedef struct cu_rope_store_args {
+    float *q, *k;        /* [n][n_heads][head_dim], [n][n_kv_heads][head_dim]: in place */
+    const float *v;      /* [n][n_kv_heads][head_dim] */
+    const float *q_norm, *k_norm; /* gains of head_dim floats, or NULL: no norm */
+    float eps;
+    const int32_t *pos;  /* the rotation's positions */
+    int n, n_heads, n_kv_heads, head_dim, style, n_rot;
+    const float *inv_freq;
+    float mscale;
+    void *kc, *vc;       /* the cache (CU_F32/F16/BF16 of dtype) and its pages */
+    int dtype, page_size, max_pages;
+    const int32_t *kv_pos, *seq, *block_table;
+} cu_rope_store_args;
+int cu_rope_store(const cu_ctx *c, const cu_rope_store_args *a);
 void cu_gather_rows(const cu_ctx *c, float *dst, const float *src, const int32_t *idx, int n,
                     int d);
 /* ids[i] = the first index of row i's largest element (backend.h, argmax). */

@@ -43,19 +43,31 @@ extern "C" void cu_embed(const cu_ctx *c, float *y, const void *table, int dtype
 /* ---- rmsnorm ------------------------------------------------------------- */
 
 /* One warp per row (short rows: per-head q/k norms) ... */
+/* One row's norm by one warp.  rope_store_kernel makes the per-head q/k
+ * norms with the same arithmetic (warp_rms_scale, x * r * g), so the fused
+ * launch is bit for bit the unfused one. */
+/* The scale 1 / rms of a row of d whose lane-strided elements' squares
+ * each lane summed, in order, into ss. */
+__device__ __forceinline__ float warp_rms_scale(float ss, int d, float eps) {
+    ss = cu_warp_sum(ss);
+    return 1.0f / sqrtf(ss / (float)d + eps);
+}
+
+__device__ __forceinline__ void warp_rmsnorm(float *yr, const float *xr, const float *g, int d,
+                                             float eps, int lane) {
+    float ss = 0.f;
+    for (int i = lane; i < d; i += 32) ss = fmaf(xr[i], xr[i], ss);
+    float r = warp_rms_scale(ss, d, eps);
+    for (int i = lane; i < d; i += 32) yr[i] = xr[i] * r * g[i];
+}
+
 __global__ void rmsnorm_warp_kernel(float *y, const float *x, const float *g, int n, int d,
                                     float eps) {
     cu_grid_trigger();
     cu_grid_wait();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= n) return;
-    const float *xr = x + (size_t)row * d;
-    float ss = 0.f;
-    for (int i = lane; i < d; i += 32) ss = fmaf(xr[i], xr[i], ss);
-    ss = cu_warp_sum(ss);
-    float r = 1.0f / sqrtf(ss / (float)d + eps);
-    float *yr = y + (size_t)row * d;
-    for (int i = lane; i < d; i += 32) yr[i] = xr[i] * r * g[i];
+    warp_rmsnorm(y + (size_t)row * d, x + (size_t)row * d, g, d, eps, lane);
 }
 
 /* ... or one block per row.  Each thread rereads and writes only the
@@ -146,10 +158,41 @@ extern "C" void cu_swiglu(const cu_ctx *c, float *y, const float *gate, const fl
 
 /* ---- rope ------------------------------------------------------------------ */
 
-/* One thread per rotated pair.  The angle is pos * inv_freq in double and
- * sin/cos are taken in double, rounded once to f32 (as the CPU backend
- * does): at position 32k an f32 product is already off by ~2e-3 rad.  FP64
- * is slow on some GPUs, but rope is a few thousand angles per row. */
+/* The angle of pair j at position p: pos * inv_freq in double, sin/cos
+ * taken in double and rounded once to f32 (as the CPU backend does): at
+ * position 32k an f32 product is already off by ~2e-3 rad.  FP64 is slow
+ * on some GPUs, but rope is a few thousand angles per row (and
+ * rope_store_kernel takes each once per row, not once per head). */
+__device__ __forceinline__ float2 rope_angle(int p, float inv_freq, float mscale) {
+    double sd, cd;
+    sincos((double)p * (double)inv_freq, &sd, &cd);
+    return make_float2((float)(cd * (double)mscale), (float)(sd * (double)mscale));
+}
+
+/* The pair (x0, x1) rotated by the angle cs = (cos, sin): its first and
+ * its second element, each product rounded on its own (no contraction
+ * into an FMA): the CPU's arithmetic, and the same in every kernel. */
+__device__ __forceinline__ float rope_first(float x0, float x1, float2 cs) {
+    return __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
+}
+
+__device__ __forceinline__ float rope_second(float x0, float x1, float2 cs) {
+    return __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x));
+}
+
+__device__ __forceinline__ void rope_rotate(float *h, int a, int b, float2 cs) {
+    float x0 = h[a], x1 = h[b];
+    h[a] = rope_first(x0, x1, cs);
+    h[b] = rope_second(x0, x1, cs);
+}
+
+/* The pair j of a head: GGUF/NeoX style 0 rotates (2j, 2j + 1), style 1
+ * (j, j + half). */
+__device__ __forceinline__ int2 rope_pair(int style, int j, int half) {
+    return style == 0 ? make_int2(2 * j, 2 * j + 1) : make_int2(j, j + half);
+}
+
+/* One thread per rotated pair. */
 __global__ void rope_kernel(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
                             int style, int n_rot, const float *inv_freq, float mscale) {
     cu_grid_trigger();
@@ -161,14 +204,8 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int n, int n_heads, in
         int j = (int)(i % half);
         size_t rh = i / half; /* row * n_heads + head */
         int row = (int)(rh / n_heads);
-        double theta = (double)pos[row] * (double)inv_freq[j], sd, cd;
-        sincos(theta, &sd, &cd);
-        float cs = (float)(cd * (double)mscale), sn = (float)(sd * (double)mscale);
-        float *h = x + rh * head_dim;
-        int a = style == 0 ? 2 * j : j, b = style == 0 ? 2 * j + 1 : j + half;
-        float x0 = h[a], x1 = h[b];
-        h[a] = x0 * cs - x1 * sn;
-        h[b] = x0 * sn + x1 * cs;
+        int2 ab = rope_pair(style, j, half);
+        rope_rotate(x + rh * head_dim, ab.x, ab.y, rope_angle(pos[row], inv_freq[j], mscale));
     }
 }
 
@@ -182,6 +219,14 @@ extern "C" void cu_rope(const cu_ctx *c, float *x, const int32_t *pos, int n, in
 
 /* ---- kv_store -------------------------------------------------------------- */
 
+/* The cache slot (page * page_size + offset) of position p of sequence
+ * seq, or -1 where its page is not mapped (the row is not stored). */
+__device__ __forceinline__ long long kv_slot(int p, int seq, const int32_t *bt, int max_pages,
+                                             int page_size) {
+    int page = bt[(size_t)seq * max_pages + p / page_size];
+    return page < 0 ? -1 : (long long)page * page_size + p % page_size;
+}
+
 template <int T>
 __global__ void kv_store_kernel(void *kc, void *vc, int page_size, int n_kv_heads, int head_dim,
                                 const int32_t *pos, const int32_t *seq, const int32_t *bt,
@@ -193,10 +238,9 @@ __global__ void kv_store_kernel(void *kc, void *vc, int page_size, int n_kv_head
          i += (size_t)gridDim.x * blockDim.x) {
         int row = (int)(i / per_row);
         size_t e = i % per_row;
-        int p = pos[row];
-        int page = bt[(size_t)seq[row] * max_pages + p / page_size];
-        if (page < 0) continue;
-        size_t dst = ((size_t)page * page_size + p % page_size) * per_row + e;
+        long long slot = kv_slot(pos[row], seq[row], bt, max_pages, page_size);
+        if (slot < 0) continue;
+        size_t dst = (size_t)slot * per_row + e;
         cu_store_elem<T>(kc, dst, k[i]);
         cu_store_elem<T>(vc, dst, v[i]);
     }
@@ -214,6 +258,106 @@ extern "C" void cu_kv_store(const cu_ctx *c, void *kc, void *vc, int dtype, int 
     else if (dtype == CU_F16) CU_LAUNCH((kv_store_kernel<CU_F16>), g, 256, 0, c, KV_ARGS);
     else CU_LAUNCH((kv_store_kernel<CU_BF16>), g, 256, 0, c, KV_ARGS);
 #undef KV_ARGS
+}
+
+/* ---- rope and kv_store as one launch (cuda_fuse.c) ------------------------ */
+
+/* Warps a block, and elements a lane (head_dim up to 32 * RS_MAX). */
+#define RS_WARPS 4
+#define RS_MAX 16
+
+/* A warp a head: the q heads, then the k heads, then the v heads of a
+ * token row (blockIdx.x), RS_WARPS of them a block (blockIdx.y).  The
+ * block first computes the row's angles into shared memory, one each (the
+ * unfused rope took every pair's double sincos once per head).  A q or k
+ * head's warp loads it into registers, lane-strided, makes its norm
+ * (qk_norm models) there, parks it in shared memory for the rotation's
+ * partners, and writes each rotated element back in place and, for k,
+ * into the cache; a v head's warp copies it into the cache.  Every value
+ * is computed as rmsnorm_warp_kernel, rope_kernel and kv_store_kernel
+ * compute it. */
+template <int T>
+__global__ void rope_store_kernel(cu_rope_store_args a) {
+    extern __shared__ float sm[]; /* angles: [n_rot / 2] float2; then [RS_WARPS][d] */
+    float2 *ang = (float2 *)sm;
+    const int row = blockIdx.x, half = a.n_rot / 2, d = a.head_dim;
+    const int nq = a.n_heads, nk = a.n_kv_heads;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int unit = blockIdx.y * RS_WARPS + warp;
+    const size_t per_row = (size_t)nk * d;
+    float *x = unit < nq        ? a.q + ((size_t)row * nq + unit) * d
+               : unit < nq + nk ? a.k + (size_t)row * per_row + (size_t)(unit - nq) * d
+                                : NULL;
+    /* Before the wait for the kernel before (PDL), what no kernel of the
+     * burst writes: the step's positions and page table (uploaded before
+     * the burst is recorded: cuda_upload flushes first) and the rope's
+     * frequencies; so the angles' double sincos overlaps its tail. */
+    cu_grid_trigger();
+    for (int j = threadIdx.x; j < half; j += blockDim.x)
+        ang[j] = rope_angle(a.pos[row], a.inv_freq[j], a.mscale);
+    const long long slot = kv_slot(a.kv_pos[row], a.seq[row], a.block_table, a.max_pages,
+                                   a.page_size);
+    cu_grid_wait();
+    float e[RS_MAX];
+    if (x) {
+#pragma unroll
+        for (int t = 0; t < RS_MAX; t++)
+            if (lane + 32 * t < d) e[t] = x[lane + 32 * t];
+    }
+    __syncthreads();
+    if (!x) { /* a v head, or none */
+        int h = unit - nq - nk;
+        if (h >= nk || slot < 0) return;
+        const float *v = a.v + (size_t)row * per_row + (size_t)h * d;
+        for (int i = lane; i < d; i += 32)
+            cu_store_elem<T>(a.vc, (size_t)slot * per_row + (size_t)h * d + i, v[i]);
+        return;
+    }
+    const bool is_k = unit >= nq;
+    if (a.q_norm) {
+        const float *g = is_k ? a.k_norm : a.q_norm;
+        float ss = 0.f;
+#pragma unroll
+        for (int t = 0; t < RS_MAX; t++)
+            if (lane + 32 * t < d) ss = fmaf(e[t], e[t], ss);
+        const float r = warp_rms_scale(ss, d, a.eps);
+#pragma unroll
+        for (int t = 0; t < RS_MAX; t++)
+            if (lane + 32 * t < d) e[t] = e[t] * r * g[lane + 32 * t];
+    }
+    float *hs = sm + 2 * half + warp * d;
+#pragma unroll
+    for (int t = 0; t < RS_MAX; t++)
+        if (lane + 32 * t < d) hs[lane + 32 * t] = e[t];
+    __syncwarp();
+    const size_t dst = (size_t)slot * per_row + (size_t)(unit - nq) * d;
+#pragma unroll
+    for (int t = 0; t < RS_MAX; t++) {
+        const int i = lane + 32 * t;
+        if (i >= d) break;
+        float y = e[t];
+        if (i < a.n_rot) { /* pair j; i its first or second element */
+            const bool first = a.style == 0 ? !(i & 1) : i < half;
+            const int j = a.style == 0 ? i >> 1 : first ? i : i - half;
+            const int2 ab = rope_pair(a.style, j, half);
+            y = first ? rope_first(hs[ab.x], hs[ab.y], ang[j])
+                      : rope_second(hs[ab.x], hs[ab.y], ang[j]);
+        }
+        x[i] = y;
+        if (is_k && slot >= 0) cu_store_elem<T>(a.kc, dst + i, y);
+    }
+}
+
+extern "C" int cu_rope_store(const cu_ctx *c, const cu_rope_store_args *a) {
+    if (a->n <= 0) return 0;
+    if (a->head_dim > 32 * RS_MAX || a->n_rot > a->head_dim || (a->n_rot & 1)) return -1;
+    size_t smem = sizeof(float) * ((size_t)a->n_rot + (size_t)RS_WARPS * a->head_dim);
+    dim3 grid(a->n, CU_DIV_UP(a->n_heads + 2 * a->n_kv_heads, RS_WARPS));
+    if (a->dtype == CU_F32) CU_LAUNCH((rope_store_kernel<CU_F32>), grid, 32 * RS_WARPS, smem, c, *a);
+    else if (a->dtype == CU_F16) CU_LAUNCH((rope_store_kernel<CU_F16>), grid, 32 * RS_WARPS, smem, c, *a);
+    else if (a->dtype == CU_BF16) CU_LAUNCH((rope_store_kernel<CU_BF16>), grid, 32 * RS_WARPS, smem, c, *a);
+    else return -1;
+    return 0;
 }
 
 /* ---- gather_rows ----------------------------------------------------------- */
