@@ -75,6 +75,27 @@ cd "$(dirname "$0")/.."
 . scripts/gpu-env.sh
 STAGE=build-gpu-carry
 
+# llama.cpp's trimmed source ($1) cut to llama-bench, llama-batched-bench
+# and llama-quantize (their tools/ folders, tools/CMakeLists.txt naming only
+# them, vendor/ without the audio and image libraries) into $2.
+trim_llama_src() {
+    local t
+    t=$(mktemp -d) && tar -xJf "$1" -C "$t" || return 1
+    local d
+    d=$(ls "$t")
+    (cd "$t/$d" && rm -rf vendor/miniaudio vendor/stb &&
+        for x in tools/*/; do
+            case $x in tools/llama-bench/ | tools/batched-bench/ | tools/quantize/) ;; *) rm -rf "$x" ;; esac
+        done &&
+        printf '%s\n' 'find_package(Threads REQUIRED)' 'llama_add_compile_flags()' \
+            'add_subdirectory(batched-bench)' 'add_subdirectory(llama-bench)' \
+            'add_subdirectory(quantize)' >tools/CMakeLists.txt) &&
+        tar -C "$t" -cf - "$d" | xz -9e -T2 >"$2"
+    local rc=$?
+    rm -rf "$t"
+    return $rc
+}
+
 if [ "${1:-}" = --stage ]; then
     # sm_90 machine code only (the H200): half the compile of the default
     # sm_90 + compute_80 PTX.  STAGE_ARCH overrides.
@@ -103,10 +124,14 @@ if [ "${1:-}" = --stage ]; then
     mkdir -p build-gpu-pack
     tar -cf - "$STAGE" | xz -9 -T2 >build-gpu-pack/carry.tar.xz && du -sh build-gpu-pack/carry.tar.xz
     # The phases llama, batch and frows need llama.cpp's source (built there)
-    # and the 8B file script: carry build-anchors too (6 MB).
+    # and the 8B file script: carry build-anchors too.  The source is cut to
+    # what the three tools run there need (6 MB packed to 1.7: the tree, the
+    # pack and the anchors must fit the 64 MiB a call carries).
     if [ -d ../shared/anchors ]; then
         mkdir -p build-anchors
-        cp ../shared/anchors/llama.cpp-34af94cd-src.tar.xz ../shared/anchors/make-llama8b-gguf.py build-anchors/
+        cp ../shared/anchors/make-llama8b-gguf.py build-anchors/
+        trim_llama_src ../shared/anchors/llama.cpp-34af94cd-src.tar.xz \
+            build-anchors/llama.cpp-34af94cd-src-trim.tar.xz && du -sh build-anchors
     fi
     exit 0
 fi
@@ -174,6 +199,7 @@ done
 # ../shared/anchors or a carried build-anchors/ (see the header).
 A=${ANCHORS:-../shared/anchors}; [ -d "$A" ] || A=build-anchors
 LLAMA_SRC_TAR=${LLAMA_SRC_TAR:-$A/llama.cpp-34af94cd-src.tar.xz}
+[ -f "$LLAMA_SRC_TAR" ] || LLAMA_SRC_TAR=$A/llama.cpp-34af94cd-src-trim.tar.xz
 LLAMA_CPP_TAR=${LLAMA_CPP_TAR:-$A/llama.cpp-34af94cd-cuda-sm90-ubuntu24.tar.xz}
 GGUF_DIR=${GGUF_DIR:-/tmp/gguf8b}
 LLB=/tmp/llama.cpp-build/bin
