@@ -38,6 +38,8 @@
 #                                     prefill with it forced to 4096 rows; kvqab = the quantized
 #                                     KV attention kernels alone, tensor-core
 #                                     and FMA (PETREL_CUDA_KVQ_MMA=1, 0);
+#                                     ncu = Nsight Compute on a few
+#                                     decode layers (NCU_MODELS);
 #                                     fuseab = decode with each
 #                                     PETREL_CUDA_FUSE mask (FUSEAB_MASKS,
 #                                     FUSEAB_MODELS), same call
@@ -531,6 +533,26 @@ if has frows; then
     done
 fi
 
+# ---- Nsight Compute: the kernels of a few decode layers, each alone --------
+# NCU_MODELS: dummy model:dtype pairs.  Graphs off (the kernels are the
+# same; ncu replays each one alone), NCU_SKIP launches skipped (dummy
+# weights, repacking, the prefill: past them, decode steps), then
+# NCU_COUNT kernels measured: time, DRAM bytes and share of the peak, SM
+# share, grid.  The per-kernel table goes to $OUT/ncu-<model>-<dtype>.csv.
+NCU_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size
+if has ncu; then
+    quiet
+    for md in ${NCU_MODELS:-llama-8b:q4_0 gemma3-12b:q4_0}; do
+        m=${md%:*} dt=${md#*:}
+        stamp "ncu: decode kernels of dummy:$m --dummy-dtype $dt"
+        PETREL_CUDA_GRAPHS=0 timeout 240 ncu --clock-control none --launch-skip "${NCU_SKIP:-6000}" \
+            --launch-count "${NCU_COUNT:-48}" --metrics "$NCU_METRICS" --csv \
+            --log-file "$OUT/ncu-$m-$dt.csv" "$BIN/petrel" bench --device cuda -m "dummy:$m" \
+            --dummy-dtype "$dt" -p 16 -d 0 -g "${NCU_STEPS:-40}" -r 1 >/dev/null 2>"/tmp/ncu-$m.err"
+        echo "ncu $m $dt: exit $?"; tail -2 "/tmp/ncu-$m.err"
+    done
+fi
+
 # ---- A/B: what each PETREL_CUDA_FUSE mask buys, same call (cuda_fuse.c) ----
 # FUSEAB_MODELS: dummy model:dtype pairs; FUSEAB_MASKS: the masks to
 # compare.  Decode at depth 0, best of 3, with the kernels of a step.
@@ -603,6 +625,31 @@ if os.path.exists(f):
         j = json.loads(line)
         d = " / ".join(f"{x['tok_s']:.1f} ({100*x['fraction']:.1f}%)" for x in j["decode"])
         print(f"  {j['model']:16s} {j['arm']:10s} decode {d}   prefill {j['prefill'][0]['tok_s']:.0f}")
+import csv, re
+for f in sorted(glob.glob(os.path.join(out, "ncu-*.csv"))):
+    rows = {}
+    try:
+        lines = [l for l in open(f) if l.startswith('"')]
+        for r in csv.DictReader(lines):
+            k = rows.setdefault(r["ID"], {"name": r["Kernel Name"]})
+            v = r["Metric Value"].replace(",", "")
+            try: k[r["Metric Name"]] = (float(v), r["Metric Unit"])
+            except ValueError: pass
+    except Exception as e:
+        print(f"{f}: unreadable ({e})"); continue
+    print(f"Nsight Compute, {os.path.basename(f)}: kernels in launch order (us, DRAM read MB, DRAM %, SM %, grid x block)")
+    tot = 0.0
+    for i, k in sorted(rows.items(), key=lambda x: int(x[0])):
+        t, unit = k.get("gpu__time_duration.sum", (0, "ns"))
+        us = t / 1e3 if unit == "ns" else t * 1e3 if unit == "msecond" else t if unit == "usecond" else t / 1e3
+        b, bu = k.get("dram__bytes_read.sum", (0, "byte"))
+        mb = b * {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1, "Gbyte": 1e3}.get(bu, 1e-6)
+        tot += us
+        name = re.sub(r"\(.*", "", k["name"])[:40]
+        print(f"  {name:40s} {us:8.2f} {mb:8.2f} {k.get('dram__throughput.avg.pct_of_peak_sustained_elapsed', (0,))[0]:6.1f} "
+              f"{k.get('sm__throughput.avg.pct_of_peak_sustained_elapsed', (0,))[0]:6.1f} "
+              f"{int(k.get('launch__grid_size', (0,))[0])}x{int(k.get('launch__block_size', (0,))[0])}")
+    print(f"  {len(rows)} kernels, {tot:.1f} us")
 f = os.path.join(out, "fuseab.jsonl")
 if os.path.exists(f):
     print("PETREL_CUDA_FUSE masks (decode tok/s at depth 0, best of 3; kernels a decode step):")
