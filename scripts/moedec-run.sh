@@ -12,11 +12,12 @@
 # 1. test_cuda_ops test_moe_ffn with session 11's kernels (default) and
 #    session 9's (PETREL_CUDA_MOE_FFN=1): against the CPU, and bit for bit
 #    against the CUDA op sequence.
-# 2. Nsight Compute on the two kernels of both versions (4-layer dummies of
-#    the Qwen3-30B-A3B and gpt-oss-20b shapes: quick to make), decode steps
-#    past the first two.
-# 3. petrel bench decode, q4_0 dummies, PETREL_CUDA_MOE_FFN=1 then 2, same
-#    binary; then each op timed alone (PETREL_CUDA_PROFILE=1).
+# 2. petrel bench decode, q4_0 dummies, PETREL_CUDA_MOE_FFN=1 then 2, same
+#    binary.
+# 3. Nsight Compute on the two kernels of both versions (4-layer dummies of
+#    the Qwen3-30B-A3B and gpt-oss-20b shapes: quick to make), layer 0 of
+#    the third decode step; then each op timed alone (PETREL_CUDA_PROFILE=1)
+#    on the same 4-layer dummies.
 # Logs under $OUT; a table last.
 set -uo pipefail
 D=$(cd "$(dirname "$0")" && pwd)
@@ -41,10 +42,18 @@ export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
 ldd "$BIN/petrel" | grep "not found"
 P="$BIN/petrel bench --device cuda --dummy-dtype q4_0"
 
-for v in ${TEST_ARMS:-2 1}; do
+for v in ${TEST_ARMS:-2}; do
     stamp "test_cuda_ops test_moe* PETREL_CUDA_MOE_FFN=$v"
     PETREL_CUDA_MOE_FFN=$v CMOCKA_FILTER='test_moe*' timeout 90 "$BIN/test_cuda_ops" >"$OUT/test-v$v.txt" 2>&1
     echo "test_moe* v$v: exit $?"; tail -4 "$OUT/test-v$v.txt"
+done
+
+for m in ${MODELS:-qwen3-30b-a3b gpt-oss-20b}; do
+    for v in 1 2; do
+        stamp "bench $m PETREL_CUDA_MOE_FFN=$v"
+        PETREL_CUDA_MOE_FFN=$v timeout 120 $P -m "dummy:$m" -p 16 -d 0 -g 64 -r 2 \
+            -o "$OUT/$m-v$v.json" 2>&1 | grep -v "making dummy"
+    done
 done
 
 # ncu: the two kernels of layer 0 and 1 of the third decode step (4 layers:
@@ -55,7 +64,7 @@ for m in qwen3-30b-a3b gpt-oss-20b; do
     for v in ${NCU_ARMS:-1 2}; do
         stamp "ncu $m v$v"
         PETREL_CUDA_MOE_FFN=$v timeout 100 "$NCU" --clock-control none -k regex:moe_ffn \
-            --launch-skip 16 --launch-count 4 \
+            --launch-skip 16 --launch-count 2 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
             --section Occupancy --section WarpStateStats --section SchedulerStats \
             --section SourceCounters \
@@ -65,14 +74,9 @@ for m in qwen3-30b-a3b gpt-oss-20b; do
     done
 done
 
-for m in ${MODELS:-qwen3-30b-a3b gpt-oss-20b}; do
-    for v in 1 2; do
-        stamp "bench $m PETREL_CUDA_MOE_FFN=$v"
-        PETREL_CUDA_MOE_FFN=$v timeout 120 $P -m "dummy:$m" -p 16 -d 0 -g 64 -r 2 \
-            -o "$OUT/$m-v$v.json" 2>&1 | grep -v "making dummy"
-    done
-    stamp "profile $m (each op timed alone), session 11 kernels"
-    PETREL_CUDA_PROFILE=1 timeout 120 $P -m "dummy:$m" -p 16 -d 0 -g 8 -r 1 2>&1 |
+for m in qwen3-30b-a3b gpt-oss-20b; do
+    stamp "profile $m, 4 layers (each op timed alone), session 11 kernels"
+    PETREL_CUDA_PROFILE=1 timeout 60 $P -m "dummy:$D/dummy-$m-4l.json" -p 16 -d 0 -g 8 -r 1 2>&1 |
         grep -v "making dummy" | tail -32 >"$OUT/prof-$m.txt"
     cat "$OUT/prof-$m.txt"
 done
@@ -86,4 +90,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     dec = " ".join(f"d{d['depth']} {d['tok_s']:.2f} tok/s ({100*d['fraction']:.2f}% of {d.get('roofline_tok_s', 0):.0f})" for d in j["decode"])
     print(f"{os.path.basename(f)}: {dec} | bw {j['read_bandwidth_gbs']:.0f} GB/s")
 PY
+for f in "$OUT"/ncu-*.txt; do
+    echo "$(basename "$f"):" $(grep -E "^  moe_ffn|Duration|DRAM Throughput" "$f" | awk '{print $1, $NF}' | tr '\n' ' ')
+done
 stamp done
