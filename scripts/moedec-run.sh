@@ -42,11 +42,16 @@ export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
 ldd "$BIN/petrel" | grep "not found"
 P="$BIN/petrel bench --device cuda --dummy-dtype q4_0"
 
-for v in ${TEST_ARMS:-2}; do
+for v in ${TEST_ARMS:-2 1}; do
     stamp "test_cuda_ops test_moe* PETREL_CUDA_MOE_FFN=$v"
     PETREL_CUDA_MOE_FFN=$v CMOCKA_FILTER='test_moe*' timeout 90 "$BIN/test_cuda_ops" >"$OUT/test-v$v.txt" 2>&1
     echo "test_moe* v$v: exit $?"; tail -4 "$OUT/test-v$v.txt"
 done
+if [ -x "$BIN/test_cuda_model" ]; then
+    stamp "test_cuda_model test_families*"
+    CMOCKA_FILTER='test_families*' timeout 120 "$BIN/test_cuda_model" >"$OUT/test-model.txt" 2>&1
+    echo "test_cuda_model test_families*: exit $?"; grep -E "OK|FAIL|PASSED|skipped|SKIP" "$OUT/test-model.txt" | tail -8
+fi
 
 for m in ${MODELS:-qwen3-30b-a3b gpt-oss-20b}; do
     for v in 1 2; do
@@ -61,7 +66,7 @@ done
 NCU=${NCU:-ncu}
 command -v "$NCU" >/dev/null || NCU=$(ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 for m in qwen3-30b-a3b gpt-oss-20b; do
-    for v in ${NCU_ARMS:-1 2}; do
+    for v in ${NCU_ARMS:-2 1}; do
         stamp "ncu $m v$v"
         PETREL_CUDA_MOE_FFN=$v timeout 100 "$NCU" --clock-control none -k regex:moe_ffn \
             --launch-skip 16 --launch-count 2 \
@@ -71,6 +76,12 @@ for m in qwen3-30b-a3b gpt-oss-20b; do
             $P -m "dummy:$D/dummy-$m-4l.json" -p 16 -d 0 -g 6 -r 1 >"$OUT/ncu-$m-v$v.txt" 2>&1
         echo "ncu $m v$v: exit $?"
         grep -E "^  moe_ffn|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Waves Per SM|No Eligible|Issued Warp" "$OUT/ncu-$m-v$v.txt" | head -60
+        stamp "ncu $m v$v: stall reasons, instructions, shared wavefronts"
+        PETREL_CUDA_MOE_FFN=$v timeout 60 "$NCU" --clock-control none -k regex:moe_ffn \
+            --launch-skip 16 --launch-count 2 \
+            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,dram__bytes_read.sum,gpu__time_duration.sum,sm__cycles_active.avg' \
+            $P -m "dummy:$D/dummy-$m-4l.json" -p 16 -d 0 -g 6 -r 1 >"$OUT/ncu-stall-$m-v$v.txt" 2>&1
+        echo "ncu stall $m v$v: exit $?"
     done
 done
 

@@ -693,15 +693,51 @@ __device__ __forceinline__ void ffn_weights(float *wts, const float *lg, const i
     }
 }
 
-/* Chunk cc of a staged row (sp) times the activation codes xw/xm of that
- * chunk, added to acc as ffn_dot adds it. */
+/* q4_0 chunk c of a row staged `off` bytes into the 16-byte words at w16:
+ * the qchunk qf_chunk<CU_Q4_0> makes, read as the two aligned words that
+ * hold the 18-byte block (it starts at an even byte, at most 14, of the
+ * first).  A warp's lanes read consecutive words, each bank once per
+ * quarter warp; qf_chunk's nine 2-byte reads at an 18-byte lane stride hit
+ * banks 4 to 5 times each (ncu, session 11: 58 % of the up kernel's shared
+ * wavefronts were such repeats). */
+__device__ __forceinline__ void ffn_q4_0(qchunk &q, const uint4 *w16, int off, int c) {
+    const int B = off + 18 * c, o = B & 15;
+    const uint4 a = w16[B >> 4], b = w16[(B >> 4) + 1];
+    uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if (o & 8) /* the block from word o >> 2 on, in w[0 .. 4] */
+#pragma unroll
+        for (int i = 0; i < 6; i++) w[i] = w[i + 2];
+    if (o & 4)
+#pragma unroll
+        for (int i = 0; i < 5; i++) w[i] = w[i + 1];
+    uint32_t d16, qs[4];
+    if (o & 2) {
+        d16 = w[0] >> 16;
+#pragma unroll
+        for (int i = 0; i < 4; i++) qs[i] = w[i + 1];
+    } else {
+        d16 = w[0] & 0xffffu;
+#pragma unroll
+        for (int i = 0; i < 4; i++) qs[i] = __funnelshift_r(w[i], w[i + 1], 16);
+    }
+    const float d = h2f(d16);
+#pragma unroll
+    for (int i = 0; i < 4; i++) q.u[i] = qs[i] & 0x0F0F0F0Fu, q.u[i + 4] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+    q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -8.f * d;
+}
+
+/* Chunk cc of a row staged `off` bytes into w16 times the activation
+ * codes xw/xm of that chunk, added to acc as ffn_dot adds it. */
 template <int F>
-__device__ __forceinline__ float ffn_chunk(float acc, const uint8_t *sp, const cu_qweight &w,
+__device__ __forceinline__ float ffn_chunk(float acc, const uint4 *w16, int off, const cu_qweight &w,
                                            int64_t r, int cc, const uint32_t (&xw)[16],
                                            const float4 &m) {
     const bool WIDE = F == CU_Q8_0 || F == CU_AFF8 || F == CU_MXFP4;
     qchunk q;
-    qf_chunk<F>(q, sp, cc, cc, w, r);
+    if (F == CU_Q4_0)
+        ffn_q4_0(q, w16, off, cc);
+    else
+        qf_chunk<F>(q, (const uint8_t *)w16 + off, cc, cc, w, r);
     if (WIDE) {
 #pragma unroll
         for (int i = 0; i < 8; i++) q.u[i] ^= 0x80808080u;
@@ -710,15 +746,40 @@ __device__ __forceinline__ float ffn_chunk(float acc, const uint8_t *sp, const c
     return fmaf(m.x, qdot_chunk(q, xw, __float_as_int(m.y), __float_as_int(m.z)), acc);
 }
 
+/* rows x rows of nch chunks at x as int16 codes, as ffn_codes rounds them,
+ * stored by quarters: the 16-byte quarter i of chunk ci at xc[i n + ci]
+ * (n = rows nch), so lanes reading consecutive chunks read consecutive
+ * words (ffn_codes' 64-byte stride, moe_prep's layout, hits banks 4
+ * times).  Items go to warps from `first` on (mod FFN_WARPS). */
+__device__ __forceinline__ void ffn_codes_q(uint4 *xc, float4 *xm, const float *x, int rows,
+                                            int nch, int G, int first, int warp, int lane) {
+    const int per_row = CU_DIV_UP(nch, 32), n = rows * nch;
+    for (int item = (warp - first + FFN_WARPS) % FFN_WARPS; item < rows * per_row;
+         item += FFN_WARPS) {
+        const int xr = item / per_row, c = item % per_row * 32 + lane;
+        const bool valid = c < nch;
+        uint32_t xw[16];
+        float dx;
+        int s0, s1;
+        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
+        if (!valid) continue;
+        const int ci = xr * nch + c;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            xc[i * n + ci] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+        xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+    }
+}
+
+/* Chunk ci's codes from ffn_codes_q's layout (n chunks in all). */
 __device__ __forceinline__ void ffn_load_codes(uint32_t (&xw)[16], float4 &m, const uint4 *xc,
-                                               const float4 *xm, int cc) {
-    const uint4 *cp = xc + 4 * cc;
+                                               const float4 *xm, int ci, int n) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const uint4 a = cp[i];
+        const uint4 a = xc[i * n + ci];
         xw[4 * i] = a.x, xw[4 * i + 1] = a.y, xw[4 * i + 2] = a.z, xw[4 * i + 3] = a.w;
     }
-    m = xm[cc];
+    m = xm[ci];
 }
 
 /* Shared memory (16-byte words) of the routing area: E logits, k slots'
@@ -727,8 +788,13 @@ static inline __host__ __device__ int ffn_route_words(int E) {
     return (CU_DIV_UP(E, 4) * 4 + 64) / 4;
 }
 
+/* Blocks an SM the registers are sized for: 4 (64 registers) lets the
+ * down kernel's blocks in beside three of the up kernel's (PDL overlap);
+ * the affine decoders would spill there. */
+#define FFN_MIN_BLOCKS(F) ((F) >= CU_AFF4 && (F) <= CU_AFFN ? 2 : 4)
+
 template <int F, int RPW>
-__global__ void __launch_bounds__(FFN_WARPS * 32, 3)
+__global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS(F))
     moe_ffn_up2_kernel(cu_moe_ffn_args a, int words) {
     extern __shared__ uint4 sm[];
     cu_grid_wait();
@@ -742,6 +808,12 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     int *sel = (int *)(lg + CU_DIV_UP(E, 4) * 4);
     uint4 *mine = sm + 5 * nch + ffn_route_words(E) + warp * RPW * 2 * words;
 
+    /* the activation codes first, by the last warps (2 of 8 at 2048
+     * columns), while the first ones load the logits: routing waits on
+     * both (its first barrier), so their two trips to memory overlap */
+    ffn_codes_q(xc, xm, a.x + (size_t)t * a.gate.cols, 1, nch,
+                a.gate.group ? a.gate.group / 32 : 1,
+                FFN_WARPS - min(FFN_WARPS, CU_DIV_UP(nch, 32)), warp, lane);
     ffn_route2<false>(lg, sel, a.logits + (size_t)t * E, E, a.k);
     const int e = min(max(sel[j], 0), E - 1);
     const cu_qweight wg = qf_expert<F>(a.gate, a.gate_stride, e);
@@ -762,29 +834,24 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
         float w = ffn_weight(lg, sel, E, a.k, j, a.renorm, lane);
         if (lane == 0) a.ids[p] = e, a.weights[p] = w;
     }
-    ffn_codes(xc, xm, a.x + (size_t)t * a.gate.cols, 1, nch, a.gate.group ? a.gate.group / 32 : 1,
-              warp, lane);
-    __syncthreads();
     cp_async_wait<0>();
     __syncwarp();
-    const uint8_t *sp[2 * RPW];
+    int off[2 * RPW];
 #pragma unroll
-    for (int i = 0; i < 2 * RPW; i++) { /* each row where ffn_stage put it */
-        const int r = r0 + (i >> 1) * FFN_WARPS;
-        sp[i] = (const uint8_t *)(mine + i * words) + ((uintptr_t)((i & 1 ? ur : gr) + r * rb) & 15);
-    }
+    for (int i = 0; i < 2 * RPW; i++) /* each row where ffn_stage put it */
+        off[i] = (int)((uintptr_t)((i & 1 ? ur : gr) + (r0 + (i >> 1) * FFN_WARPS) * rb) & 15);
     float acc[2 * RPW];
 #pragma unroll
     for (int i = 0; i < 2 * RPW; i++) acc[i] = 0.f;
     for (int cc = lane; cc < nch; cc += 32) {
         uint32_t xw[16];
         float4 m;
-        ffn_load_codes(xw, m, xc, xm, cc);
+        ffn_load_codes(xw, m, xc, xm, cc, nch);
 #pragma unroll
         for (int i = 0; i < 2 * RPW; i++)
             if (r0 + (i >> 1) * FFN_WARPS < f)
-                acc[i] = ffn_chunk<F>(acc[i], sp[i], i & 1 ? wu : wg, r0 + (i >> 1) * FFN_WARPS, cc,
-                                      xw, m);
+                acc[i] = ffn_chunk<F>(acc[i], mine + i * words, off[i], i & 1 ? wu : wg,
+                                      r0 + (i >> 1) * FFN_WARPS, cc, xw, m);
     }
 #pragma unroll
     for (int i = 0; i < 2 * RPW; i++) acc[i] = cu_warp_sum(acc[i]);
@@ -802,7 +869,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
 #define FFN_KJ 8 /* down: experts whose products a lane keeps at once */
 
 template <int F>
-__global__ void __launch_bounds__(FFN_WARPS * 32, 3)
+__global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS(F))
     moe_ffn_down2_kernel(cu_moe_ffn_args a, int words) {
     extern __shared__ uint4 sm[];
     cu_grid_trigger();
@@ -828,8 +895,8 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     cp_async_commit();
     if (warp == 0) ffn_weights(wts, lg, sel, E, k, a.renorm, lane);
     cu_grid_wait();
-    ffn_codes(xc, xm, a.act + (size_t)t * k * a.down.cols, k, nch,
-              a.down.group ? a.down.group / 32 : 1, warp, lane);
+    ffn_codes_q(xc, xm, a.act + (size_t)t * k * a.down.cols, k, nch,
+                a.down.group ? a.down.group / 32 : 1, 0, warp, lane);
     __syncthreads();
     cp_async_wait<0>();
     __syncwarp();
@@ -846,12 +913,11 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
                 if (j >= k) break;
                 const int e = min(max(sel[j], 0), E - 1);
                 const cu_qweight w = qf_expert<F>(a.down, a.down_stride, e);
-                const uint8_t *rs =
-                    (const uint8_t *)(mine + j * words) + (((uintptr_t)w.data + r * rb) & 15);
                 uint32_t xw[16];
                 float4 m;
-                ffn_load_codes(xw, m, xc + 4 * j * nch, xm + j * nch, cc);
-                acc[i] = ffn_chunk<F>(acc[i], rs, w, r, cc, xw, m);
+                ffn_load_codes(xw, m, xc, xm, j * nch + cc, k * nch);
+                acc[i] = ffn_chunk<F>(acc[i], mine + j * words,
+                                      (int)(((uintptr_t)w.data + r * rb) & 15), w, r, cc, xw, m);
             }
         }
 #pragma unroll
