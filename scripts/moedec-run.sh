@@ -42,7 +42,7 @@ export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
 ldd "$BIN/petrel" | grep "not found"
 P="$BIN/petrel bench --device cuda --dummy-dtype q4_0"
 
-for v in ${TEST_ARMS:-2 1}; do
+for v in ${TEST_ARMS:-2}; do
     stamp "test_cuda_ops test_moe* PETREL_CUDA_MOE_FFN=$v"
     PETREL_CUDA_MOE_FFN=$v CMOCKA_FILTER='test_moe*' timeout 90 "$BIN/test_cuda_ops" >"$OUT/test-v$v.txt" 2>&1
     echo "test_moe* v$v: exit $?"; tail -4 "$OUT/test-v$v.txt"
@@ -65,25 +65,29 @@ done
 # 8 launches a step), both versions, both shapes
 NCU=${NCU:-ncu}
 command -v "$NCU" >/dev/null || NCU=$(ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-for m in qwen3-30b-a3b gpt-oss-20b; do
-    for v in ${NCU_ARMS:-2 1}; do
-        stamp "ncu $m v$v"
-        PETREL_CUDA_MOE_FFN=$v timeout 100 "$NCU" --clock-control none -k regex:moe_ffn \
-            --launch-skip 16 --launch-count 2 \
-            --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
-            --section Occupancy --section WarpStateStats --section SchedulerStats \
-            --section SourceCounters \
-            $P -m "dummy:$D/dummy-$m-4l.json" -p 16 -d 0 -g 6 -r 1 >"$OUT/ncu-$m-v$v.txt" 2>&1
-        echo "ncu $m v$v: exit $?"
-        grep -E "^  moe_ffn|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Waves Per SM|No Eligible|Issued Warp" "$OUT/ncu-$m-v$v.txt" | head -60
-        stamp "ncu $m v$v: stall reasons, instructions, shared wavefronts"
-        PETREL_CUDA_MOE_FFN=$v timeout 60 "$NCU" --clock-control none -k regex:moe_ffn \
-            --launch-skip 16 --launch-count 2 \
-            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,dram__bytes_read.sum,gpu__time_duration.sum,sm__cycles_active.avg' \
-            $P -m "dummy:$D/dummy-$m-4l.json" -p 16 -d 0 -g 6 -r 1 >"$OUT/ncu-stall-$m-v$v.txt" 2>&1
-        echo "ncu stall $m v$v: exit $?"
-    done
-done
+ncu_sections() { # model, arm
+    stamp "ncu $1 v$2"
+    PETREL_CUDA_MOE_FFN=$2 timeout 100 "$NCU" --clock-control none -k regex:moe_ffn \
+        --launch-skip 16 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section SourceCounters \
+        $P -m "dummy:$D/dummy-$1-4l.json" -p 16 -d 0 -g 6 -r 1 >"$OUT/ncu-$1-v$2.txt" 2>&1
+    echo "ncu $1 v$2: exit $?"
+    grep -E "^  moe_ffn|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Waves Per SM|No Eligible|Issued Warp" "$OUT/ncu-$1-v$2.txt" | head -40
+}
+ncu_stalls() { # model, arm
+    stamp "ncu $1 v$2: stall reasons, instructions, shared wavefronts"
+    PETREL_CUDA_MOE_FFN=$2 timeout 60 "$NCU" --clock-control none -k regex:moe_ffn \
+        --launch-skip 16 --launch-count 2 \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,dram__bytes_read.sum,gpu__time_duration.sum,sm__cycles_active.avg' \
+        $P -m "dummy:$D/dummy-$1-4l.json" -p 16 -d 0 -g 6 -r 1 >"$OUT/ncu-stall-$1-v$2.txt" 2>&1
+    echo "ncu stall $1 v$2: exit $?"
+}
+ncu_sections qwen3-30b-a3b 2
+ncu_sections gpt-oss-20b 2
+ncu_stalls qwen3-30b-a3b 2
+ncu_stalls qwen3-30b-a3b 1
 
 for m in qwen3-30b-a3b gpt-oss-20b; do
     stamp "profile $m, 4 layers (each op timed alone), session 11 kernels"
