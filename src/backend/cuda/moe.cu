@@ -623,10 +623,14 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
  * kernel before it even knows which rows to load.  These two compute every
  * value in the same order (so the bits stay those of the op sequence):
  *
- *  - routing: T = 2, 4 or 8 threads per expert count the logits ranked
- *    above it over a quarter, half or eighth of the E logits each (float4
- *    reads) and add their counts with shuffles: integer sums, the same
- *    ranks;
+ *  - routing: T = 1, 2, 4 or 8 threads per expert (as many as the block
+ *    has for E) count the logits ranked above it over 1/T of the E logits
+ *    each (float4 reads where the spans allow) and add their counts with
+ *    shuffles: integer sums, the same ranks;
+ *  - shared memory without bank conflicts (ncu, session 11: 58-61 % of the
+ *    kernels' shared wavefronts above were repeats): q4_0 chunks read as
+ *    two aligned 16-byte words (ffn_q4_0), activation codes stored by
+ *    quarters (ffn_codes_q);
  *  - products: a lane walks its chunks (lane, lane + 32, ... : the order of
  *    moe_qmatmul_kernel's passes) once, loads the activation codes of a
  *    chunk once for all the warp's rows (up: 2 RPW rows, unrolled), and
