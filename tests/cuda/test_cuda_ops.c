@@ -1115,6 +1115,11 @@ static void test_moe_ffn(void **state) {
         /* Q4_K_M's mix (q4_k gate/up, q6_k down), GeGLU, no renormalization */
         {PT_Q4_K, PT_Q6_K, 16, 512, 256, 2, 3, PT_MOE_GEGLU, false, false},
         {PT_Q8_0, PT_Q4_0, 6, 256, 96, 5, 2, PT_MOE_SWIGLU, true, false},
+        /* gpt-oss's 32 experts top 4 (routing: 8 threads an expert, float4
+         * spans); more than 8 slots (the down kernel's second group of
+         * products) */
+        {PT_Q4_0, PT_Q4_0, 32, 512, 192, 1, 4, PT_MOE_SWIGLU_OAI, true, true},
+        {PT_Q8_0, PT_Q4_0, 16, 256, 96, 2, 10, PT_MOE_SWIGLU, true, false},
         /* prefill: the grouped GEMM (64-pair tiles, experts of one to
          * several tiles, 2880 and 1440 columns, a tail step of 32) */
         {PT_Q4_0, PT_Q4_0, 128, 512, 192, 48, 8, PT_MOE_SWIGLU, false, true},

@@ -149,7 +149,10 @@ __device__ __forceinline__ float cu_swiglu_oai(float gate, float up, float alpha
  * lets its successor launch at once (trigger), and waits for its
  * predecessor's memory (wait) before it reads or writes anything another
  * kernel touches; only reads of data no kernel writes (weights) may come
- * before the wait.  Elsewhere both are no-ops. */
+ * before the wait.  One exception, argued where it is: moe.cu's
+ * moe_ffn_down2_kernel reads the router's logits before its wait, its
+ * predecessor (moe_ffn_up2_kernel) triggering only after its own wait.
+ * Elsewhere both are no-ops. */
 __device__ __forceinline__ void cu_grid_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

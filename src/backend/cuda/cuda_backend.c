@@ -61,6 +61,8 @@
  * experts runs as moe.cu's two fused kernels, default 8; 0: never),
  * PETREL_CUDA_MOE_RPW (gate rows per warp of that up kernel, 1..4,
  * default 2: more rows, fewer blocks and more bytes in flight each),
+ * PETREL_CUDA_MOE_FFN (1: session 9's two fused kernels instead of session
+ * 11's, same bits; for A/B),
  * PETREL_CUDA_MOE_MMA (token rows from which matmul_id with quantized
  * experts, and so moe_ffn past the fused rows, runs moe_mma.cu's grouped
  * GEMM on the tensor cores, default 32; 0: never),
@@ -455,7 +457,8 @@ static int moe_ffn_fused(cuda_backend *cb, const pt_op_moe_ffn *a) {
         .gate_bias = a->gate_bias, .up_bias = a->up_bias, .down_bias = a->down_bias,
         .ids = a->ids, .weights = a->weights, .act = a->gate, .n = a->n,
         .n_experts = a->n_experts, .k = a->k, .act_kind = a->act, .renorm = a->renorm,
-        .alpha = a->alpha, .limit = a->limit, .rows_per_warp = cb->moe_rpw};
+        .alpha = a->alpha, .limit = a->limit, .rows_per_warp = cb->moe_rpw,
+        .kernels = cb->moe_kernels};
     return cu_moe_ffn(&cb->ctx, &f);
 }
 
@@ -1127,6 +1130,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->moe_fused = PT_MAX(env_int("PETREL_CUDA_MOE_FUSED", 8), 0);
     cb->moe_mma = PT_MAX(env_int("PETREL_CUDA_MOE_MMA", 32), 0);
     cb->moe_rpw = env_int("PETREL_CUDA_MOE_RPW", 2);
+    cb->moe_kernels = env_int("PETREL_CUDA_MOE_FFN", 2);
     /* the tensor-core GEMM (qmma.cu) only when asked: on the H200 (session
      * 8) it ran 124.5 us/call at 64 decoding sequences of the 8B shape,
      * against 81.6 for dequantize + cuBLAS (docs/cuda.md, "Tensor-core

@@ -127,6 +127,8 @@ typedef struct cu_moe_ffn_args {
     float alpha, limit;
     int rows_per_warp; /* gate rows a warp of the up kernel stages, 1..4, fewer if
                           the block's shared memory would pass 100 KiB */
+    int kernels;       /* 1: session 9's two kernels (PETREL_CUDA_MOE_FFN=1, for A/B);
+                          else session 11's (moe.cu) */
 } cu_moe_ffn_args;
 
 /* -1 (nothing queued) for shapes the kernels do not take: formats that

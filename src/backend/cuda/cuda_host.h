@@ -77,6 +77,7 @@ typedef struct cuda_backend {
     int moe_fused;    /* moe_ffn with quantized experts runs as two kernels up to
                          this many token rows (PETREL_CUDA_MOE_FUSED; 0: never) */
     int moe_rpw;      /* gate rows a warp of moe_ffn's up kernel (PETREL_CUDA_MOE_RPW) */
+    int moe_kernels;  /* 1: moe_ffn's session 9 kernels (PETREL_CUDA_MOE_FFN=1); else session 11's */
     int moe_mma;      /* matmul_id with quantized experts from this many token rows
                          is moe_mma.cu's grouped GEMM (PETREL_CUDA_MOE_MMA; 0: never) */
     int qmma_max;     /* past qgemv_max and up to this many rows, q4_0/q8_0 take the

@@ -613,6 +613,332 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     if (lane == 0) a.y[(size_t)t * d + r] = out;
 }
 
+/* ---- moe_ffn, session 11: the same numbers, shorter chains ---------------------------
+ *
+ * The kernels above run, in each block, one chain after another: routing
+ * (one thread per expert comparing its logit with all E), then one round
+ * trip to memory, then 2 RPW products (up) or k products (down) one after
+ * another, each decoding its chunks, reloading the activation codes and
+ * ending in its own 5-step butterfly; and the down kernel waits for the up
+ * kernel before it even knows which rows to load.  These two compute every
+ * value in the same order (so the bits stay those of the op sequence):
+ *
+ *  - routing: T = 1, 2, 4 or 8 threads per expert (as many as the block
+ *    has for E) count the logits ranked above it over 1/T of the E logits
+ *    each (float4 reads where the spans allow) and add their counts with
+ *    shuffles: integer sums, the same ranks;
+ *  - shared memory without bank conflicts (ncu, session 11: 58-61 % of the
+ *    kernels' shared wavefronts above were repeats): q4_0 chunks read as
+ *    two aligned 16-byte words (ffn_q4_0), activation codes stored by
+ *    quarters (ffn_codes_q);
+ *  - products: a lane walks its chunks (lane, lane + 32, ... : the order of
+ *    moe_qmatmul_kernel's passes) once, loads the activation codes of a
+ *    chunk once for all the warp's rows (up: 2 RPW rows, unrolled), and
+ *    keeps a sum per row; the butterflies of all rows then run interleaved;
+ *  - down routes its token itself from the logits, before its grid wait:
+ *    the up kernel triggers its dependents only after its own wait, so when
+ *    a down block runs, the router's grid has completed (its logits are in
+ *    L2, read with ld.global.cg past a stale L1).  The down kernel's weight
+ *    rows (constants) and routing weights are then fetched while the up
+ *    kernel runs; only the activations wait for it.
+ */
+
+/* Token t's routing as ffn_route computes it (the same ranks), by T
+ * threads per expert; blockDim.x a multiple of 32. */
+template <bool CG>
+__device__ __forceinline__ void ffn_route2(float *lg, int *sel, const float *logits, int E, int k) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = CG ? __ldcg(logits + e) : logits[e];
+    if (threadIdx.x < 32) sel[threadIdx.x] = 0; /* NaN logits can leave a slot unranked */
+    __syncthreads();
+    int T = 8; /* threads per expert: a power of two, so a group is within a warp */
+    while (T > 1 && E * T > (int)blockDim.x) T >>= 1;
+    const int span = CU_DIV_UP(E, T);
+    const bool vec = span % 4 == 0 && E % span == 0; /* float4 reads of whole spans */
+    for (int base = 0; base < E * T; base += blockDim.x) { /* uniform trip count: shuffles */
+        const int idx = base + threadIdx.x, e = idx / T, part = idx % T;
+        int rank = 0;
+        if (e < E) {
+            const float v = lg[e];
+            const int i0 = part * span, i1 = min(E, i0 + span);
+            if (vec) {
+                for (int i = i0; i < i1; i += 4) {
+                    const float4 o = *(const float4 *)(lg + i);
+                    rank += (o.x > v || (o.x == v && i < e)) + (o.y > v || (o.y == v && i + 1 < e)) +
+                            (o.z > v || (o.z == v && i + 2 < e)) + (o.w > v || (o.w == v && i + 3 < e));
+                }
+            } else {
+                for (int i = i0; i < i1; i++) {
+                    const float o = lg[i];
+                    rank += o > v || (o == v && i < e);
+                }
+            }
+        }
+        for (int s = 1; s < T; s <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, s);
+        if (e < E && part == 0 && rank < k) sel[rank] = e;
+    }
+    __syncthreads();
+}
+
+/* Every slot's weight into wts[0 .. k-1], each as ffn_weight computes it
+ * (the same max, sum and kept sum; one warp). */
+__device__ __forceinline__ void ffn_weights(float *wts, const float *lg, const int *sel, int E,
+                                            int k, int renorm, int lane) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    mx = cu_warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) sum += expf(lg[e] - mx);
+    sum = cu_warp_sum(sum);
+    float kept = 0.f;
+    for (int s = 0; s < k; s++) kept += expf(lg[sel[s]] - mx) / sum;
+    for (int s = lane; s < k; s += 32) {
+        const float w = expf(lg[sel[s]] - mx) / sum;
+        wts[s] = renorm ? w / kept : w;
+    }
+}
+
+/* q4_0 chunk c of a row staged `off` bytes into the 16-byte words at w16:
+ * the qchunk qf_chunk<CU_Q4_0> makes, read as the two aligned words that
+ * hold the 18-byte block (it starts at an even byte, at most 14, of the
+ * first).  A warp's lanes read consecutive words, each bank once per
+ * quarter warp; qf_chunk's nine 2-byte reads at an 18-byte lane stride hit
+ * banks 4 to 5 times each (ncu, session 11: 58 % of the up kernel's shared
+ * wavefronts were such repeats). */
+__device__ __forceinline__ void ffn_q4_0(qchunk &q, const uint4 *w16, int off, int c) {
+    const int B = off + 18 * c, o = B & 15;
+    const uint4 a = w16[B >> 4], b = w16[(B >> 4) + 1];
+    uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if (o & 8) /* the block from word o >> 2 on, in w[0 .. 4] */
+#pragma unroll
+        for (int i = 0; i < 6; i++) w[i] = w[i + 2];
+    if (o & 4)
+#pragma unroll
+        for (int i = 0; i < 5; i++) w[i] = w[i + 1];
+    uint32_t d16, qs[4];
+    if (o & 2) {
+        d16 = w[0] >> 16;
+#pragma unroll
+        for (int i = 0; i < 4; i++) qs[i] = w[i + 1];
+    } else {
+        d16 = w[0] & 0xffffu;
+#pragma unroll
+        for (int i = 0; i < 4; i++) qs[i] = __funnelshift_r(w[i], w[i + 1], 16);
+    }
+    const float d = h2f(d16);
+#pragma unroll
+    for (int i = 0; i < 4; i++) q.u[i] = qs[i] & 0x0F0F0F0Fu, q.u[i + 4] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+    q.mul[0] = q.mul[1] = d, q.add[0] = q.add[1] = -8.f * d;
+}
+
+/* Chunk cc of a row staged `off` bytes into w16 times the activation
+ * codes xw/xm of that chunk, added to acc as ffn_dot adds it. */
+template <int F>
+__device__ __forceinline__ float ffn_chunk(float acc, const uint4 *w16, int off, const cu_qweight &w,
+                                           int64_t r, int cc, const uint32_t (&xw)[16],
+                                           const float4 &m) {
+    const bool WIDE = F == CU_Q8_0 || F == CU_AFF8 || F == CU_MXFP4;
+    qchunk q;
+    if (F == CU_Q4_0)
+        ffn_q4_0(q, w16, off, cc);
+    else
+        qf_chunk<F>(q, (const uint8_t *)w16 + off, cc, cc, w, r);
+    if (WIDE) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) q.u[i] ^= 0x80808080u;
+        q.add[0] += 128.f * q.mul[0], q.add[1] += 128.f * q.mul[1];
+    }
+    return fmaf(m.x, qdot_chunk(q, xw, __float_as_int(m.y), __float_as_int(m.z)), acc);
+}
+
+/* rows x rows of nch chunks at x as int16 codes, as ffn_codes rounds them,
+ * stored by quarters: the 16-byte quarter i of chunk ci at xc[i n + ci]
+ * (n = rows nch), so lanes reading consecutive chunks read consecutive
+ * words (ffn_codes' 64-byte stride, moe_prep's layout, hits banks 4
+ * times).  Items go to warps from `first` on (mod FFN_WARPS). */
+__device__ __forceinline__ void ffn_codes_q(uint4 *xc, float4 *xm, const float *x, int rows,
+                                            int nch, int G, int first, int warp, int lane) {
+    const int per_row = CU_DIV_UP(nch, 32), n = rows * nch;
+    for (int item = (warp - first + FFN_WARPS) % FFN_WARPS; item < rows * per_row;
+         item += FFN_WARPS) {
+        const int xr = item / per_row, c = item % per_row * 32 + lane;
+        const bool valid = c < nch;
+        uint32_t xw[16];
+        float dx;
+        int s0, s1;
+        qx_chunk(x + ((size_t)xr * nch + (valid ? c : 0)) * 32, valid, G, xw, dx, s0, s1);
+        if (!valid) continue;
+        const int ci = xr * nch + c;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            xc[i * n + ci] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+        xm[ci] = make_float4(dx, __int_as_float(s0), __int_as_float(s1), 0.f);
+    }
+}
+
+/* Chunk ci's codes from ffn_codes_q's layout (n chunks in all). */
+__device__ __forceinline__ void ffn_load_codes(uint32_t (&xw)[16], float4 &m, const uint4 *xc,
+                                               const float4 *xm, int ci, int n) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint4 a = xc[i * n + ci];
+        xw[4 * i] = a.x, xw[4 * i + 1] = a.y, xw[4 * i + 2] = a.z, xw[4 * i + 3] = a.w;
+    }
+    m = xm[ci];
+}
+
+/* Shared memory (16-byte words) of the routing area: E logits, k slots'
+ * experts and weights (32 each). */
+static inline __host__ __device__ int ffn_route_words(int E) {
+    return (CU_DIV_UP(E, 4) * 4 + 64) / 4;
+}
+
+/* Blocks an SM the registers are sized for: 4 (64 registers) lets the
+ * down kernel's blocks in beside three of the up kernel's (PDL overlap);
+ * the affine decoders would spill there. */
+#define FFN_MIN_BLOCKS(F) ((F) >= CU_AFF4 && (F) <= CU_AFFN ? 2 : 4)
+
+template <int F, int RPW>
+__global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS(F))
+    moe_ffn_up2_kernel(cu_moe_ffn_args a, int words) {
+    extern __shared__ uint4 sm[];
+    cu_grid_wait();
+    cu_grid_trigger(); /* after the wait: the down kernel reads the logits before its own */
+    const int nch = (int)(a.gate.cols / 32), E = a.n_experts, f = (int)a.gate.rows;
+    const int p = blockIdx.y, t = p / a.k, j = p % a.k;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *xc = sm;
+    float4 *xm = (float4 *)(sm + 4 * nch);
+    float *lg = (float *)(sm + 5 * nch);
+    int *sel = (int *)(lg + CU_DIV_UP(E, 4) * 4);
+    uint4 *mine = sm + 5 * nch + ffn_route_words(E) + warp * RPW * 2 * words;
+
+    /* the activation codes first, by the last warps (2 of 8 at 2048
+     * columns), while the first ones load the logits: routing waits on
+     * both (its first barrier), so their two trips to memory overlap */
+    ffn_codes_q(xc, xm, a.x + (size_t)t * a.gate.cols, 1, nch,
+                a.gate.group ? a.gate.group / 32 : 1,
+                FFN_WARPS - min(FFN_WARPS, CU_DIV_UP(nch, 32)), warp, lane);
+    ffn_route2<false>(lg, sel, a.logits + (size_t)t * E, E, a.k);
+    const int e = min(max(sel[j], 0), E - 1);
+    const cu_qweight wg = qf_expert<F>(a.gate, a.gate_stride, e);
+    const cu_qweight wu = qf_expert<F>(a.up, a.up_stride, e);
+    const int64_t rb = qf_bytes(F, wg.bits, wg.cols);
+    const uint8_t *gr = (const uint8_t *)wg.data, *ur = (const uint8_t *)wu.data;
+    const int r0 = blockIdx.x * FFN_WARPS * RPW + warp;
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = r0 + i * FFN_WARPS;
+        if (r < f) {
+            ffn_stage(mine + 2 * i * words, gr + r * rb, rb, lane);
+            ffn_stage(mine + (2 * i + 1) * words, ur + r * rb, rb, lane);
+        }
+    }
+    cp_async_commit();
+    if (blockIdx.x == 0 && warp == 0) {
+        float w = ffn_weight(lg, sel, E, a.k, j, a.renorm, lane);
+        if (lane == 0) a.ids[p] = e, a.weights[p] = w;
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+    int off[2 * RPW];
+#pragma unroll
+    for (int i = 0; i < 2 * RPW; i++) /* each row where ffn_stage put it */
+        off[i] = (int)((uintptr_t)((i & 1 ? ur : gr) + (r0 + (i >> 1) * FFN_WARPS) * rb) & 15);
+    float acc[2 * RPW];
+#pragma unroll
+    for (int i = 0; i < 2 * RPW; i++) acc[i] = 0.f;
+    for (int cc = lane; cc < nch; cc += 32) {
+        uint32_t xw[16];
+        float4 m;
+        ffn_load_codes(xw, m, xc, xm, cc, nch);
+#pragma unroll
+        for (int i = 0; i < 2 * RPW; i++)
+            if (r0 + (i >> 1) * FFN_WARPS < f)
+                acc[i] = ffn_chunk<F>(acc[i], mine + i * words, off[i], i & 1 ? wu : wg,
+                                      r0 + (i >> 1) * FFN_WARPS, cc, xw, m);
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * RPW; i++) acc[i] = cu_warp_sum(acc[i]);
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = r0 + i * FFN_WARPS;
+        if (r >= f) break;
+        float g = acc[2 * i], u = acc[2 * i + 1];
+        if (a.gate_bias) g = g + a.gate_bias[(size_t)e * f + r];
+        if (a.up_bias) u = u + a.up_bias[(size_t)e * f + r];
+        if (lane == 0) a.act[(size_t)p * f + r] = ffn_act(a, g, u);
+    }
+}
+
+#define FFN_KJ 8 /* down: experts whose products a lane keeps at once */
+
+template <int F>
+__global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS(F))
+    moe_ffn_down2_kernel(cu_moe_ffn_args a, int words) {
+    extern __shared__ uint4 sm[];
+    cu_grid_trigger();
+    const int k = a.k, E = a.n_experts, nch = (int)(a.down.cols / 32), d = (int)a.down.rows;
+    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * FFN_WARPS + warp;
+    uint4 *xc = sm;
+    float4 *xm = (float4 *)(sm + 4 * k * nch);
+    float *lg = (float *)(sm + 5 * k * nch);
+    int *sel = (int *)(lg + CU_DIV_UP(E, 4) * 4);
+    float *wts = (float *)(sel + 32);
+    uint4 *mine = sm + 5 * k * nch + ffn_route_words(E) + warp * k * words;
+    const int64_t rb = qf_bytes(F, a.down.bits, a.down.cols);
+
+    /* before the wait: the routing (the router's grid is done, see above),
+     * the rows and the weights */
+    ffn_route2<true>(lg, sel, a.logits + (size_t)t * E, E, k);
+    if (r < d)
+        for (int j = 0; j < k; j++) {
+            const cu_qweight w = qf_expert<F>(a.down, a.down_stride, min(max(sel[j], 0), E - 1));
+            ffn_stage(mine + j * words, (const uint8_t *)w.data + r * rb, rb, lane);
+        }
+    cp_async_commit();
+    if (warp == 0) ffn_weights(wts, lg, sel, E, k, a.renorm, lane);
+    cu_grid_wait();
+    ffn_codes_q(xc, xm, a.act + (size_t)t * k * a.down.cols, k, nch,
+                a.down.group ? a.down.group / 32 : 1, 0, warp, lane);
+    __syncthreads();
+    cp_async_wait<0>();
+    __syncwarp();
+    if (r >= d) return;
+    float out = 0.f;
+    for (int j0 = 0; j0 < k; j0 += FFN_KJ) {
+        float acc[FFN_KJ];
+#pragma unroll
+        for (int i = 0; i < FFN_KJ; i++) acc[i] = 0.f;
+        for (int cc = lane; cc < nch; cc += 32) {
+#pragma unroll
+            for (int i = 0; i < FFN_KJ; i++) {
+                const int j = j0 + i;
+                if (j >= k) break;
+                const int e = min(max(sel[j], 0), E - 1);
+                const cu_qweight w = qf_expert<F>(a.down, a.down_stride, e);
+                uint32_t xw[16];
+                float4 m;
+                ffn_load_codes(xw, m, xc, xm, j * nch + cc, k * nch);
+                acc[i] = ffn_chunk<F>(acc[i], mine + j * words,
+                                      (int)(((uintptr_t)w.data + r * rb) & 15), w, r, cc, xw, m);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < FFN_KJ; i++)
+            if (j0 + i < k) acc[i] = cu_warp_sum(acc[i]);
+#pragma unroll
+        for (int i = 0; i < FFN_KJ; i++) {
+            const int j = j0 + i;
+            if (j >= k) break;
+            float v = acc[i];
+            if (a.down_bias) v = v + a.down_bias[(size_t)min(max(sel[j], 0), E - 1) * d + r];
+            out = fmaf(wts[j], v, out);
+        }
+    }
+    if (lane == 0) a.y[(size_t)t * d + r] = out;
+}
+
 #define FFN_FORMATS(X)                                                                             \
     X(CU_Q8_0) X(CU_Q4_0) X(CU_Q4_K) X(CU_Q5_K) X(CU_Q6_K) X(CU_AFF4) X(CU_AFF8) X(CU_AFFN) X(CU_MXFP4)
 
@@ -622,6 +948,16 @@ extern "C" void cu_moe_init(const cu_ctx *c) {
     cudaFuncSetAttribute(moe_ffn_up_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,        \
                          c->smem_optin);                                                           \
     cudaFuncSetAttribute(moe_ffn_down_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,      \
+                         c->smem_optin);                                                           \
+    cudaFuncSetAttribute(moe_ffn_up2_kernel<F, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                         c->smem_optin);                                                           \
+    cudaFuncSetAttribute(moe_ffn_up2_kernel<F, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                         c->smem_optin);                                                           \
+    cudaFuncSetAttribute(moe_ffn_up2_kernel<F, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                         c->smem_optin);                                                           \
+    cudaFuncSetAttribute(moe_ffn_up2_kernel<F, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                         c->smem_optin);                                                           \
+    cudaFuncSetAttribute(moe_ffn_down2_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
                          c->smem_optin);
     FFN_FORMATS(X)
 #undef X
@@ -663,10 +999,34 @@ extern "C" int cu_moe_ffn(const cu_ctx *c, const cu_moe_ffn_args *a) {
     while (rpw > 1 && 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu) > FFN_SMEM_2ROWS) rpw--;
     const size_t up_smem = 16 * (size_t)ffn_up_words(nch, a->n_experts, rpw, wu);
     const size_t down_smem = 16 * (size_t)ffn_down_words(nchd, a->k, wd);
+    /* session 11's kernels: the routing area grows by the slots' weights */
+    const size_t up2_smem = up_smem + 16 * (size_t)(ffn_route_words(a->n_experts) -
+                                                    (CU_DIV_UP(a->n_experts, 4) * 4 + 32) / 4);
+    const size_t down2_smem = down_smem + 16 * (size_t)ffn_route_words(a->n_experts);
     if (up_smem > limit || down_smem > limit) return -1;
     const cu_moe_ffn_args args = *a;
     dim3 up_grid((unsigned)CU_DIV_UP(g->rows, (int64_t)FFN_WARPS * rpw), (unsigned)(a->n * a->k));
     dim3 down_grid((unsigned)CU_DIV_UP(dn->rows, (int64_t)FFN_WARPS), (unsigned)a->n);
+    if (a->kernels != 1 && up2_smem <= limit && down2_smem <= limit) {
+#define UP2(F) case F: switch (rpw) { \
+        case 1: CU_LAUNCH((moe_ffn_up2_kernel<F, 1>), up_grid, FFN_WARPS * 32, up2_smem, c, args, wu); break; \
+        case 2: CU_LAUNCH((moe_ffn_up2_kernel<F, 2>), up_grid, FFN_WARPS * 32, up2_smem, c, args, wu); break; \
+        case 3: CU_LAUNCH((moe_ffn_up2_kernel<F, 3>), up_grid, FFN_WARPS * 32, up2_smem, c, args, wu); break; \
+        default: CU_LAUNCH((moe_ffn_up2_kernel<F, 4>), up_grid, FFN_WARPS * 32, up2_smem, c, args, wu); break; \
+        } break;
+#define DOWN2(F) case F: CU_LAUNCH(moe_ffn_down2_kernel<F>, down_grid, FFN_WARPS * 32, down2_smem, c, args, wd); break;
+        switch (g->fmt) {
+            FFN_FORMATS(UP2)
+        default: return -1;
+        }
+        switch (dn->fmt) {
+            FFN_FORMATS(DOWN2)
+        default: return -1;
+        }
+#undef UP2
+#undef DOWN2
+        return 0;
+    }
 #define UP(F) case F: CU_LAUNCH(moe_ffn_up_kernel<F>, up_grid, FFN_WARPS * 32, up_smem, c, args, rpw, wu); break;
 #define DOWN(F) case F: CU_LAUNCH(moe_ffn_down_kernel<F>, down_grid, FFN_WARPS * 32, down_smem, c, args, wd); break;
     switch (g->fmt) {
