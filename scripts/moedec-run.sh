@@ -32,13 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 W=/tmp/moedec-run
 mkdir -p "$W" && tar -xJf "$D/carry.tar.xz" -C "$W"
 BIN=$W/build-gpu-carry
-LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         "$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)" \
-         "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-done
-export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
+. scripts/gpu-env.sh && gpu_libs "$BIN/lib"
 ldd "$BIN/petrel" | grep "not found"
 P="$BIN/petrel bench --device cuda --dummy-dtype q4_0"
 
