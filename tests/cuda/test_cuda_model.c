@@ -32,14 +32,15 @@
 
 /* Files under the source tree; PETREL_SOURCE_DIR in the environment wins
  * (the GPU machine runs binaries built elsewhere). */
-static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_LLAMA_Q[1024], HF_DIR[1024],
-    GGUF_DIR[1024], TINY_WIDE[1024];
+static char STORIES[1024], TINY_LLAMA[1024], TINY_QWEN3[1024], TINY_QWEN2[1024], TINY_LLAMA_Q[1024],
+    HF_DIR[1024], GGUF_DIR[1024], TINY_WIDE[1024];
 
 static void set_paths(void) {
     const char *dir = getenv("PETREL_SOURCE_DIR") ? getenv("PETREL_SOURCE_DIR") : PETREL_SOURCE_DIR;
     snprintf(STORIES, sizeof STORIES, "%s/models/stories260K.gguf", dir);
     snprintf(TINY_LLAMA, sizeof TINY_LLAMA, "dummy:%s/tests/cuda/tiny-llama.json", dir);
     snprintf(TINY_QWEN3, sizeof TINY_QWEN3, "dummy:%s/tests/cuda/tiny-qwen3.json", dir);
+    snprintf(TINY_QWEN2, sizeof TINY_QWEN2, "dummy:%s/tests/cuda/tiny-qwen2.json", dir);
     snprintf(TINY_LLAMA_Q, sizeof TINY_LLAMA_Q, "dummy:%s/tests/cuda/tiny-llama-q.json", dir);
     snprintf(HF_DIR, sizeof HF_DIR, "%s/tests/fixtures/hf", dir);
     snprintf(TINY_WIDE, sizeof TINY_WIDE, "dummy:%s/tests/cuda/tiny-llama-wide.json", dir);
@@ -429,8 +430,9 @@ static void test_llama_1b(void **state) {
 }
 
 /* The fused decode step (cuda_fuse.c: rmsnorm folded into the QKV and
- * gate+up launches, swiglu into the down projection's input, the residual
- * adds into the GEMV's store) against the same kernels op by op
+ * gate+up launches, swiglu into the down projection's input, the biases
+ * and residual adds into the GEMV's store, rope and kv_store as one
+ * launch) against the same kernels op by op
  * (PETREL_CUDA_FUSE=0): every fused value is computed as the op it
  * replaces computes it, in the same order, so the logits must be equal bit
  * for bit at every step, prompt (n_prompt rows through the GEMV) and
@@ -478,10 +480,14 @@ static void fused_step(const char *path, const char *dtype, int n_prompt, int n_
     print_message("%s %s: fused = unfused bit for bit over %d steps, cpu rel err %.3g; "
                   "kernels a decode step %d fused, %d without the rope fusion, %d unfused\n",
                   path, dtype, n_gen + 1, worst, kf, kr, ku);
-    /* the rope fusion saves 2 launches a layer, 4 with q/k norms */
+    /* the rope fusion saves 2 launches a layer, 4 with q/k norms; with q/k/v
+     * biases the matmul fusions save at least 10 a layer (norm, 3 matmuls
+     * and 3 biases as one launch; wo and the residual; the norm, gate and
+     * up; down and its residual), 5 if the biases kept them apart */
     int layers = s[1].m->cfg.n_layers, saved = s[1].m->cfg.qk_norm ? 4 : 2;
     assert_true(kf > 0 && kf < ku);
     assert_int_equal(kr - kf, saved * layers);
+    if (s[1].m->cfg.qkv_bias) assert_true(ku - kr >= 10 * layers);
     for (int i = 0; i < 4; i++) {
         free(lg[i]);
         close_side(&s[i]);
@@ -493,6 +499,8 @@ static void test_fused_step(void **state) {
     fused_step(TINY_LLAMA, "f32", 8, 12, 1e-4);
     fused_step(TINY_LLAMA, "bf16", 5, 12, 1e-4);
     fused_step(TINY_QWEN3, "f16", 3, 12, 1e-4);
+    fused_step(TINY_QWEN2, "f16", 4, 12, 1e-4);
+    fused_step(TINY_QWEN2, "q4_0", 3, 12, 2e-3);
     fused_step(TINY_LLAMA_Q, "q4_0", 8, 12, 2e-3);
     fused_step(TINY_LLAMA_Q, "q8_0", 2, 12, 2e-3);
     fused_step(TINY_WIDE, "f16", 4, 12, 1e-4);

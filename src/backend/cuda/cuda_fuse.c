@@ -13,6 +13,7 @@
  *                                         (split q4_0/q8_0 only)
  *   1-3 matmuls of one input              one launch (QKV, gate and up)
  *   a matmul into h, then add(x, x, h)    x += h as the GEMV stores h
+ *   a matmul, then add_bias of its output the bias added as it stores
  *   [rmsnorm(q), rmsnorm(k),] rope(q),    one kernel a token row (ops.cu,
  *   rope(k), kv_store(k, v)               cu_rope_store): the angles once
  *                                         a row, not once a head
@@ -214,7 +215,13 @@ static int plan(const cuda_backend *cb, const pt_op *ops, int i, int n, cu_fused
             clash = overlap(m->y, y_b, f->y[q], F4((size_t)f->n * f->w[q].rows));
         if (clash) break;
         f->y[f->nw] = m->y, f->w[f->nw] = kweight(&m->w);
-        f->nw++, k++;
+        k++;
+        /* its bias, added right after it (q, k, v of Qwen2 and gpt-oss) */
+        const pt_op_add_bias *b = k < n && ops[k].kind == PT_OP_ADD_BIAS ? &ops[k].add_bias : NULL;
+        if (b && b->y == m->y && b->n == m->n && b->d == m->w.rows &&
+            !overlap(b->bias, F4(b->d), m->y, y_b))
+            f->bias[f->nw] = b->bias, k++;
+        f->nw++;
     }
     if (!f->nw || f->w[0].fmt < 0) return 0;
     if ((f->w[0].fmt == CU_Q4_0 || f->w[0].fmt == CU_Q8_0) && !(cb->fuse & CUDA_FUSE_QUANT))

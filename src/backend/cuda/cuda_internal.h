@@ -121,8 +121,8 @@ int cu_qembed(const cu_ctx *c, float *y, const cu_qweight *w, const int32_t *ids
  * fused decode step"): up to CU_FUSE_MAX_W matrices of the same columns
  * on the same input (QKV; gate and up), each a segment of the grid; the
  * input made on the fly from the op before them (pro: rmsnorm of x times
- * g, or silu(x) * up) and, with one matrix, its output also added into a
- * residual (res_out = res_in + y).  Every value is computed as the ops it
+ * g, or silu(x) * up), each matrix's bias added to its output and, with
+ * one matrix, its output also added into a residual (res_out = res_in + y).  Every value is computed as the ops it
  * replaces compute it, in the same order: bit for bit the unfused result. */
 #define CU_FUSE_MAX_W 3
 enum { CU_PRO_NONE = 0, CU_PRO_NORM, CU_PRO_SWIGLU };
@@ -138,6 +138,9 @@ typedef struct cu_fused {
     const float *up; /* CU_PRO_SWIGLU: the input is silu(x) * up */
     float *res_out;  /* nw == 1: res_out = res_in + y (NULL: no residual) */
     const float *res_in;
+    /* each matrix's bias (NULL: none), added to its rows as add_bias adds
+     * it (y = v + b), before the residual */
+    const float *bias[CU_FUSE_MAX_W];
 } cu_fused;
 
 /* The fused launch for f32/f16/bf16 (matmul.cu) or split q4_0/q8_0

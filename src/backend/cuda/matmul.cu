@@ -69,12 +69,13 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_vec_kernel(const gemv_args 
     for (int i = 1; i < CU_FUSE_MAX_W; i++)
         if (i < a.f.nw && (int)blockIdx.x >= a.first[i]) seg = i;
     float *y = a.f.y[0];
+    const float *bias = a.f.bias[0];
     const void *w = a.f.w[0].data;
     int rows = (int)a.f.w[0].rows, bid = (int)blockIdx.x, nblk = a.first[1];
 #pragma unroll
     for (int i = 1; i < CU_FUSE_MAX_W; i++)
         if (seg == i) {
-            y = a.f.y[i], w = a.f.w[i].data, rows = (int)a.f.w[i].rows;
+            y = a.f.y[i], bias = a.f.bias[i], w = a.f.w[i].data, rows = (int)a.f.w[i].rows;
             bid = (int)blockIdx.x - a.first[i], nblk = a.first[i + 1] - a.first[i];
         }
     const float *x = a.f.x;
@@ -165,6 +166,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_vec_kernel(const gemv_args 
                 for (int q = 0; q < GEMV_THREADS / 32; q++) v += rd[q][tid];
                 if (row < rows && t < n) {
                     const size_t o = (size_t)t * rows + row;
+                    if (bias) v += bias[row]; /* as add_bias: y + b */
                     y[o] = v;
                     if (a.f.res_out) a.f.res_out[o] = a.f.res_in[o] + v; /* as add: x + y */
                 }

@@ -917,13 +917,15 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2) qgemv_split_kernel(const qs_
     for (int i = 1; i < CU_FUSE_MAX_W; i++)
         if (i < a.f.nw && (int)blockIdx.x >= a.first[i]) seg = i;
     float *y = a.f.y[0];
+    const float *bias = a.f.bias[0];
     const uint8_t *w0 = (const uint8_t *)a.f.w[0].data;
     int64_t rows = a.f.w[0].rows;
     int ks = a.ks[0], bid = (int)blockIdx.x, nblk = a.first[1];
 #pragma unroll
     for (int i = 1; i < CU_FUSE_MAX_W; i++)
         if (seg == i) {
-            y = a.f.y[i], w0 = (const uint8_t *)a.f.w[i].data, rows = a.f.w[i].rows;
+            y = a.f.y[i], bias = a.f.bias[i], w0 = (const uint8_t *)a.f.w[i].data;
+            rows = a.f.w[i].rows;
             ks = a.ks[i], bid = (int)blockIdx.x - a.first[i], nblk = a.first[i + 1] - a.first[i];
         }
     const float *x = a.f.x;
@@ -1038,11 +1040,12 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2) qgemv_split_kernel(const qs_
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     if (t >= n) break;
-                    const float v = cu_warp_sum(acc[r][t]);
+                    float v = cu_warp_sum(acc[r][t]);
                     acc[r][t] = 0.f;
                     if (ks == 1) {
                         if (lane == 0 && r0 + r < rows) {
                             const size_t o = (size_t)t * rows + r0 + r;
+                            if (bias) v += bias[r0 + r]; /* as add_bias: y + b */
                             y[o] = v;
                             if (a.f.res_out) a.f.res_out[o] = a.f.res_in[o] + v;
                         }
@@ -1059,6 +1062,7 @@ __global__ void __launch_bounds__(QS_WARPS * 32, 2) qgemv_split_kernel(const qs_
                     float v = red[par][g * ks][r][t];
                     for (int q = 1; q < ks; q++) v += red[par][g * ks + q][r][t];
                     const size_t o = (size_t)t * rows + row;
+                    if (bias) v += bias[row]; /* as add_bias: y + b */
                     y[o] = v;
                     if (a.f.res_out) a.f.res_out[o] = a.f.res_in[o] + v; /* as add: x + y */
                 }
