@@ -838,6 +838,63 @@ static void test_qmma(void **state) {
     on->ops->destroy(on);
 }
 
+/* The split layout's tensor-core GEMM (qmms.cu), the default for q4_0 and
+ * q8_0 past 16 token rows: on a backend that takes it at every row count
+ * (PETREL_CUDA_QMMS_MAX), against the double product and the CPU with the
+ * cuBLAS path's bound (w and x rounded to f16: 2^-9 S), outputs poisoned
+ * first.  Cases: 300 rows (one full and one partial 256-row tile; K split
+ * over a cluster of 8), 2880 columns (gpt-oss: rows in groups of 4, 22.5
+ * chunks of 128, the last half empty), 1056 (groups of 8, 8.25 chunks),
+ * 14336 (w_down's), 40000 x 256 (157 row tiles: no K split), 4500 rows of
+ * 512 (18 tiles, K split over 4); token rows of 32 and 64 a tile, 17, 40,
+ * 64, 130, 256 and others not a multiple of a tile, and 512 (a prefill).
+ * Each format's cases must differ from the cuBLAS path somewhere, or the
+ * test did not run the kernel. */
+static void test_qmms(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    setenv("PETREL_CUDA_QMMS", "0", 1);
+    pt_backend *off = pt_backend_cuda_new(0, &err), *saved = be[GPU];
+    unsetenv("PETREL_CUDA_QMMS");
+    setenv("PETREL_CUDA_QMMS_MAX", "100000", 1);
+    pt_backend *on = pt_backend_cuda_new(0, &err);
+    unsetenv("PETREL_CUDA_QMMS_MAX");
+    assert_non_null(off);
+    assert_non_null(on);
+    be[GPU] = on;
+    static const struct {
+        int rows, cols, ns[8];
+    } cases[] = {
+        {300, 4096, {17, 40, 64, 130, 256, 512, 0}},
+        {260, 2880, {17, 33, 64, 130, 0}},
+        {40, 1056, {17, 40, 200, 0}},
+        {70, 14336, {17, 64, 0}},
+        {40000, 256, {17, 64, 0}},
+        {4500, 512, {40, 256, 0}},
+    };
+    char fb[48];
+    for (size_t fi = 0; fi < PT_ARRAY_LEN(split_formats); fi++) {
+        const fmt *f = split_formats[fi];
+        size_t differ = 0;
+        for (size_t ci = 0; ci < PT_ARRAY_LEN(cases); ci++) {
+            qmat m = qmat_new(f, cases[ci].rows, cases[ci].cols);
+            pt_be_repack_weight(on, &m.w[GPU]);
+            assert_int_equal(m.w[GPU].layout, PT_LAYOUT_ROWSPLIT);
+            for (int i = 0; cases[ci].ns[i]; i++) one_matmul(f, &m, cases[ci].ns[i]);
+            size_t d = count_differing(&m, cases[ci].ns[0], off);
+            print_message("qmms %s %dx%d: %zu of %d outputs differ from the cuBLAS path\n",
+                          fname(f, fb, sizeof fb), cases[ci].rows, cases[ci].cols, d,
+                          cases[ci].rows * cases[ci].ns[0]);
+            differ += d;
+            qmat_free(&m);
+        }
+        assert_true(differ > 0);
+    }
+    be[GPU] = saved;
+    on->ops->destroy(on);
+    off->ops->destroy(off);
+}
+
 int main(void) {
     pt_err err = {{0}};
     /* GEMV up to 16 rows: the default; matmul_id's exact kernels at every
@@ -864,6 +921,7 @@ int main(void) {
         cmocka_unit_test(test_qbatch_invariance),
         cmocka_unit_test(test_qmatmul_coalesced_q8_0),
         cmocka_unit_test(test_qmma),
+        cmocka_unit_test(test_qmms),
         cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_qmatmul_split),
         cmocka_unit_test(test_qbatch_invariance_split),

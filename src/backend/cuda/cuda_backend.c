@@ -45,15 +45,19 @@
  * row's codes, then its scales; PETREL_CUDA_REPACK=0 keeps the file's):
  * up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
  * default 16) run the quantized GEMV of qmatmul.cu; q4_0/q8_0 weights
- * up to qmma_max rows (PETREL_CUDA_QMMA_MAX, default 256; PETREL_CUDA_QMMA=0
- * turns it off) run the tensor-core GEMM of qmma.cu, which reads the
- * weight once; other calls dequantize the weight to f16 in a scratch
+ * in the split layout up to qmms_max rows (PETREL_CUDA_QMMS_MAX, default
+ * 256; PETREL_CUDA_QMMS=0 turns it off) run the tensor-core GEMM of
+ * qmms.cu, which reads the weight once and writes no copy of it; in the
+ * file's layout, with PETREL_CUDA_QMMA=1, up to qmma_max rows
+ * (PETREL_CUDA_QMMA_MAX, default 256) qmma.cu's; other calls dequantize
+ * the weight to f16 in a scratch
  * buffer and run cublasGemmEx; quantized embedding tables are dequantized
  * row by row.
  *
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
- * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_REPACK,
+ * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_QMMS,
+ * PETREL_CUDA_QMMS_MAX, PETREL_CUDA_REPACK,
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC, PETREL_CUDA_FUSE (0: every
  * recorded op launched alone, not fused by cuda_fuse.c; a mask of what to
  * fuse, cuda_host.h),
@@ -305,10 +309,21 @@ static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x
            cu_qmma_takes(w, n);
 }
 
+/* The same for the split layout's tensor-core GEMM (qmms.cu). */
+static bool use_qmms(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
+    return w->layout == CU_LAYOUT_SPLIT && n > cb->qgemv_max && n <= cb->qmms_max &&
+           ((uintptr_t)x & 15) == 0 && cu_qmms_takes(w, n);
+}
+
 static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     cu_qweight w = qweight_of(&a->w);
     int n = a->n;
     if (n <= cb->qgemv_max && cu_qgemv(&cb->ctx, a->y, a->x, &w, n) == 0) return;
+    if (use_qmms(cb, &w, a->x, n)) {
+        if (cu_qmms(&cb->ctx, a->y, a->x, &w, n, cb->act16))
+            cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
+        return;
+    }
     if (use_qmma(cb, &w, a->x, n)) {
         if (cu_qmma(&cb->ctx, a->y, a->x, &w, n, cb->act16, cb->qmma_part, cb->qmma_cnt))
             cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
@@ -798,6 +813,8 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         if (is_quantized(a->w.dtype)) {
             if (a->n <= cb->qgemv_max) return 0;
             cu_qweight w = qweight_of(&a->w);
+            if (use_qmms(cb, &w, a->x, a->n))
+                return grow(cb, &cb->act16, &cb->act16_cap, cu_qmms_act_bytes(&w, a->n), name);
             if (use_qmma(cb, &w, a->x, a->n)) {
                 size_t part = cu_qmma_part_bytes(&cb->ctx, &w, a->n);
                 if (grow(cb, &cb->act16, &cb->act16_cap, cu_qmma_act_bytes(&w, a->n), name))
@@ -1133,6 +1150,12 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
      * GEMM"); PETREL_CUDA_QMMA=1 takes it up to PETREL_CUDA_QMMA_MAX rows */
     cb->qmma_max = env_int("PETREL_CUDA_QMMA", 0) ? env_int("PETREL_CUDA_QMMA_MAX", 256) : 0;
     if (cb->qmma_max > 0 && cu_qmma_init(&cb->qmma_cnt)) cb->qmma_max = 0;
+    /* the tensor-core GEMM on the split layout (qmms.cu), default past the
+     * GEMV up to PETREL_CUDA_QMMS_MAX rows: faster than dequantize + cuBLAS
+     * there on the H200 (docs/cuda.md, "Batched decode"); PETREL_CUDA_QMMS=0
+     * turns it off */
+    cb->qmms_max = env_int("PETREL_CUDA_QMMS", 1) ? env_int("PETREL_CUDA_QMMS_MAX", 256) : 0;
+    if (cb->qmms_max > 0) cu_qmms_init();
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;
