@@ -74,7 +74,9 @@ namespace cg = cooperative_groups;
 #define QS_THREADS (QS_WARPS * 32)
 #define QS_ROWS (QS_WARPS * 32) /* weight rows per block */
 #define QS_KC 128               /* columns per chunk */
-#define QS_AROW (QS_KC * 2 + 16) /* bytes of a token's chunk in shared memory */
+/* bytes of a token's chunk in shared memory: 256 and 64 of padding, so the
+ * two tokens of a quarter warp's 16-byte loads fall 16 banks apart */
+#define QS_AROW (QS_KC * 2 + 64)
 #define QS_ASTAGES 3
 #define QS_MAX_SPLITS 8 /* the portable cluster size */
 /* floats of a token's row of the partial tile: 260 = 4 mod 32, so the
@@ -105,6 +107,15 @@ __device__ __forceinline__ __half2 qs_u2h(uint32_t u) {
     return *(__half2 *)&u;
 }
 
+/* c += a b (m16n8k16, f16, f32 sums): not volatile, so the compiler may
+ * interleave independent products (cu_mma.cuh's is volatile). */
+__device__ __forceinline__ void qs_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ uint32_t qs_ld_scale(const uint8_t *p) {
     uint16_t v;
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
@@ -126,22 +137,23 @@ template <int F> struct qs_chunk_regs {
     uint32_t d[2][2];
 };
 
-/* Loads block b of the lane's four rows (zeros past the row: they meet
- * zero activations). */
+/* Loads block b of the lane's four rows; past the row (ok false) the
+ * row's last block with a zero scale: zero weights, which meet zero
+ * activations. */
 template <int F>
 __device__ __forceinline__ void qs_load(qs_chunk_regs<F> &c, const uint8_t *(&cp)[2][2],
-                                        const uint8_t *(&sp)[2][2], int b, int nb) {
-    const bool ok = b < nb;
+                                        const uint8_t *(&sp)[2][2], int b, int nb, bool ok) {
+    const uint32_t keep = ok && b < nb ? 0xffffu : 0u;
+    const size_t bb = (size_t)(b < nb ? b : nb - 1);
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
             for (int p = 0; p < qs_fmt<F>::pieces; p++)
-                c.q[mt][h][p] = ok ? cu_ld_stream((const uint4 *)(cp[mt][h] + (size_t)b * 16 *
-                                                                  qs_fmt<F>::pieces) + p)
-                                   : make_uint4(0, 0, 0, 0);
-            c.d[mt][h] = ok ? qs_ld_scale(sp[mt][h] + 2 * (size_t)b) : 0u;
+                c.q[mt][h][p] =
+                    cu_ld_stream((const uint4 *)(cp[mt][h] + bb * 16 * qs_fmt<F>::pieces) + p);
+            c.d[mt][h] = qs_ld_scale(sp[mt][h] + 2 * bb) & keep;
         }
 }
 
@@ -152,9 +164,8 @@ __device__ __forceinline__ uint32_t qs_word(const uint4 &v, int i) {
 /* Word i of a row's block as the A registers of steps 2i (lo) and 2i + 1
  * (hi): [0] the pair at positions 2t, 2t+1, [1] at 2t+8, 2t+9. */
 template <int F>
-__device__ __forceinline__ void qs_decode(const qs_chunk_regs<F> &c, int mt, int h, int i,
-                                          uint32_t lo[2], uint32_t hi[2]) {
-    const __half2 d = qs_u2h(__byte_perm(c.d[mt][h], 0, 0x1010));
+__device__ __forceinline__ void qs_decode(const qs_chunk_regs<F> &c, __half2 d, int mt, int h,
+                                          int i, uint32_t lo[2], uint32_t hi[2]) {
     if (F == CU_Q4_0) {
         const uint32_t q = qs_word(c.q[mt][h][0], i), q8 = q >> 8;
         const uint32_t LO = 0x000F000Fu, HI = 0x00F000F0u, EX = 0x64006400u;
@@ -216,8 +227,7 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
      * the activations after */
     qs_chunk_regs<F> ring[D];
 #pragma unroll
-    for (int s = 0; s < D - 1; s++)
-        qs_load<F>(ring[s], cp, sp, 4 * (kc0 + s) + t, s < nkc ? a.nb : 0);
+    for (int s = 0; s < D - 1; s++) qs_load<F>(ring[s], cp, sp, 4 * (kc0 + s) + t, a.nb, s < nkc);
     cu_grid_wait();
     const size_t stage_bytes = (size_t)BM * QS_AROW;
 #pragma unroll
@@ -234,17 +244,17 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    /* ldmatrix rows: lane l gives token l % 8 of an n-tile, positions
-     * 8 (l / 8) of a step pair: matrices b0, b1 of step 2i, b0, b1 of 2i+1 */
-    const int a_off = (lane & 7) * QS_AROW + (lane >> 3) * 16;
+    /* lane (g, t)'s B fragments of word i, n-tile nt: b0, b1 of step 2i,
+     * b0, b1 of step 2i + 1, 16 bytes at token 8 nt + g, 64 i + 16 t */
+    const int a_off = g * QS_AROW + 16 * t;
     for (int base = 0; base < nkc; base += D) {
 #pragma unroll
         for (int sl = 0; sl < D; sl++) {
             const int c = base + sl;
             if (c >= nkc) break;
             /* chunk c + D - 1 into the slot chunk c - 1 left */
-            qs_load<F>(ring[(sl + D - 1) % D], cp, sp, 4 * (kc0 + c + D - 1) + t,
-                       c + D - 1 < nkc ? a.nb : 0);
+            qs_load<F>(ring[(sl + D - 1) % D], cp, sp, 4 * (kc0 + c + D - 1) + t, a.nb,
+                       c + D - 1 < nkc);
             cp_async_wait<QS_ASTAGES - 2>();
             __syncthreads(); /* stage c is in for every thread; c - 1's is free */
             if (c + QS_ASTAGES - 1 < nkc)
@@ -253,28 +263,37 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
             cp_async_commit();
             const uint8_t *as = qs_smem + (c % QS_ASTAGES) * stage_bytes + a_off;
             const qs_chunk_regs<F> &w = ring[sl];
+            __half2 dd[2][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) dd[mt][h] = qs_u2h(__byte_perm(w.d[mt][h], 0, 0x1010));
 #pragma unroll
             for (int i = 0; i < 4; i++) {
+                uint4 b[NT];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    b[nt] = *(const uint4 *)(as + nt * 8 * QS_AROW + 64 * i);
                 uint32_t A[2][2][4]; /* [mt][step 2i + u][fragment register] */
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         uint32_t lo[2], hi[2];
-                        qs_decode<F>(w, mt, h, i, lo, hi);
+                        qs_decode<F>(w, dd[mt][h], mt, h, i, lo, hi);
                         A[mt][0][h] = lo[0], A[mt][0][2 + h] = lo[1];
                         A[mt][1][h] = hi[0], A[mt][1][2 + h] = hi[1];
                     }
+                /* step 2i for every tile, then 2i + 1: no product waits on
+                 * the one before it */
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint32_t b[4];
-                    cu_ldmatrix4(b, as + nt * 8 * QS_AROW + 64 * i);
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        mma16816<CU_F16>(acc[mt][nt], A[mt][0], b[0], b[1]);
-                        mma16816<CU_F16>(acc[mt][nt], A[mt][1], b[2], b[3]);
-                    }
-                }
+                    for (int mt = 0; mt < 2; mt++) qs_mma(acc[mt][nt], A[mt][0], b[nt].x, b[nt].y);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) qs_mma(acc[mt][nt], A[mt][1], b[nt].z, b[nt].w);
             }
         }
     }
@@ -298,7 +317,9 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
 
     /* K split: the partial tile into this block's shared memory (the
      * activation ring is done with), then block z of the cluster adds
-     * tokens' rows [z BM / S, (z + 1) BM / S) over the S blocks in order */
+     * tokens [z BM / S, (z + 1) BM / S) of the tile over the S blocks in
+     * split order: a thread 4 rows of one of 4 tokens a pass, every
+     * block's 16 bytes requested before the first is added */
     __syncthreads();
     float *part = (float *)qs_smem;
 #pragma unroll
@@ -311,15 +332,31 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
                     acc[mt][nt][e];
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
-    const unsigned S = gridDim.z, z = cluster.block_rank();
-    const int per = BM / (int)S; /* S divides BM (a power of two, <= 8) */
-    for (int i = 0; i < per; i++) {
-        const int tk = (int)z * per + i, m = m0 + tk;
-        const int64_t r = r0 + tid;
-        float v = 0.f;
-        for (unsigned q = 0; q < S; q++)
-            v += cluster.map_shared_rank(part, q)[tk * QS_PROW + tid];
-        if (m < a.M && r < N) y[(size_t)m * N + r] = v;
+    const int S = (int)gridDim.z, z = (int)cluster.block_rank();
+    const int per = BM / S; /* S divides BM (a power of two, <= 8): at least 4 */
+    const float *src[QS_MAX_SPLITS];
+#pragma unroll
+    for (int q = 0; q < QS_MAX_SPLITS; q++) src[q] = cluster.map_shared_rank(part, q < S ? q : 0);
+    const int rr = 4 * (tid & 63);
+    const int64_t r = r0 + rr;
+    for (int i0 = 0; i0 < per; i0 += 4) {
+        const int tk = z * per + i0 + (tid >> 6), m = m0 + tk;
+        float4 v[QS_MAX_SPLITS];
+#pragma unroll
+        for (int q = 0; q < QS_MAX_SPLITS; q++)
+            if (q < S) v[q] = *(const float4 *)(src[q] + tk * QS_PROW + rr);
+        float4 sum = v[0];
+#pragma unroll
+        for (int q = 1; q < QS_MAX_SPLITS; q++)
+            if (q < S) sum.x += v[q].x, sum.y += v[q].y, sum.z += v[q].z, sum.w += v[q].w;
+        if (m >= a.M || r >= N) continue;
+        float *dst = y + (size_t)m * N + r;
+        if (r + 3 < N && (N & 3) == 0) {
+            *(float4 *)dst = sum;
+        } else {
+            const float f[4] = {sum.x, sum.y, sum.z, sum.w};
+            for (int k = 0; k < 4 && r + k < N; k++) dst[k] = f[k];
+        }
     }
     cluster.sync(); /* no block leaves while another reads its shared memory */
 }
@@ -346,16 +383,18 @@ __global__ void qs_act_kernel(__half *xa, const float *x, int M, int nb, int64_t
 #pragma unroll
         for (int q = 0; q < 32; q++) v[q] = 0.f;
     }
-    /* step s = 2i + u, positions 2t + 8h (e = 0, 1 in one word): elements
-     * 16u + 4i + h and 16u + 4i + 2 + h */
-    uint32_t *dst = (uint32_t *)(xa + (size_t)m * kp + (size_t)c * QS_KC);
+    /* word i of the block feeds steps 2i and 2i + 1: 16 bytes at 64 i + 16 t
+     * of the chunk, b0 and b1 of step 2i (positions 2t + e + 8h: elements
+     * 4i + 2e + h), then of step 2i + 1 (the same + 16) */
+    uint4 *dst = (uint4 *)((uint8_t *)(xa + (size_t)m * kp + (size_t)c * QS_KC) + 16 * t);
 #pragma unroll
-    for (int s = 0; s < 8; s++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int i = s >> 1, u = s & 1, k = 16 * u + 4 * i + h;
-            dst[(16 * s + 2 * t + 8 * h) / 2] = qs_h2u(__floats2half2_rn(v[k], v[k + 2]));
-        }
+    for (int i = 0; i < 4; i++) {
+        const int k = 4 * i;
+        dst[4 * i] = make_uint4(qs_h2u(__floats2half2_rn(v[k], v[k + 2])),
+                                qs_h2u(__floats2half2_rn(v[k + 1], v[k + 3])),
+                                qs_h2u(__floats2half2_rn(v[k + 16], v[k + 18])),
+                                qs_h2u(__floats2half2_rn(v[k + 17], v[k + 19])));
+    }
 }
 
 /* ---- host ------------------------------------------------------------------------ */
