@@ -57,7 +57,7 @@
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
  * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_QMMS,
- * PETREL_CUDA_QMMS_MAX, PETREL_CUDA_REPACK,
+ * PETREL_CUDA_QMMS_MAX, PETREL_CUDA_QMMS_MT, PETREL_CUDA_REPACK,
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC, PETREL_CUDA_FUSE (0: every
  * recorded op launched alone, not fused by cuda_fuse.c; a mask of what to
  * fuse, cuda_host.h),
@@ -1155,6 +1155,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
      * there on the H200 (docs/cuda.md, "Batched decode"); PETREL_CUDA_QMMS=0
      * turns it off */
     cb->qmms_max = env_int("PETREL_CUDA_QMMS", 1) ? env_int("PETREL_CUDA_QMMS_MAX", 256) : 0;
+    cb->ctx.qmms_mt = env_int("PETREL_CUDA_QMMS_MT", 2);
     if (cb->qmms_max > 0) cu_qmms_init();
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;

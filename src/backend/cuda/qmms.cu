@@ -72,16 +72,18 @@ namespace cg = cooperative_groups;
 
 #define QS_WARPS 8
 #define QS_THREADS (QS_WARPS * 32)
-#define QS_ROWS (QS_WARPS * 32) /* weight rows per block */
+/* weight rows per block: 16 MT a warp (MT m16 tiles) */
+#define QS_ROWS(MT) (QS_WARPS * 16 * (MT))
 #define QS_KC 128               /* columns per chunk */
 /* bytes of a token's chunk in shared memory: 256 and 64 of padding, so the
  * two tokens of a quarter warp's 16-byte loads fall 16 banks apart */
 #define QS_AROW (QS_KC * 2 + 64)
 #define QS_ASTAGES 3
 #define QS_MAX_SPLITS 8 /* the portable cluster size */
-/* floats of a token's row of the partial tile: 260 = 4 mod 32, so the
- * lanes (g, t) of a fragment store (rows g, tokens 2t) in distinct banks */
-#define QS_PROW 260
+/* floats of a token's row of the partial tile: rows + 4 = 4 mod 32, so
+ * the lanes (g, t) of a fragment store (rows g, tokens 2t) in distinct
+ * banks */
+#define QS_PROW(MT) (QS_ROWS(MT) + 4)
 
 struct qs_args {
     const uint8_t *w;
@@ -132,21 +134,21 @@ __device__ __forceinline__ void qs_rowp(const qs_args &a, int64_t r, const uint8
 }
 
 /* Registers of one chunk: [m-tile][row g / g + 8][piece], and the scales. */
-template <int F> struct qs_chunk_regs {
-    uint4 q[2][2][qs_fmt<F>::pieces];
-    uint32_t d[2][2];
+template <int F, int MT> struct qs_chunk_regs {
+    uint4 q[MT][2][qs_fmt<F>::pieces];
+    uint32_t d[MT][2];
 };
 
 /* Loads block b of the lane's four rows; past the row (ok false) the
  * row's last block with a zero scale: zero weights, which meet zero
  * activations. */
-template <int F>
-__device__ __forceinline__ void qs_load(qs_chunk_regs<F> &c, const uint8_t *(&cp)[2][2],
-                                        const uint8_t *(&sp)[2][2], int b, int nb, bool ok) {
+template <int F, int MT>
+__device__ __forceinline__ void qs_load(qs_chunk_regs<F, MT> &c, const uint8_t *(&cp)[MT][2],
+                                        const uint8_t *(&sp)[MT][2], int b, int nb, bool ok) {
     const uint32_t keep = ok && b < nb ? 0xffffu : 0u;
     const size_t bb = (size_t)(b < nb ? b : nb - 1);
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
@@ -163,8 +165,8 @@ __device__ __forceinline__ uint32_t qs_word(const uint4 &v, int i) {
 
 /* Word i of a row's block as the A registers of steps 2i (lo) and 2i + 1
  * (hi): [0] the pair at positions 2t, 2t+1, [1] at 2t+8, 2t+9. */
-template <int F>
-__device__ __forceinline__ void qs_decode(const qs_chunk_regs<F> &c, __half2 d, int mt, int h,
+template <int F, int MT>
+__device__ __forceinline__ void qs_decode(const qs_chunk_regs<F, MT> &c, __half2 d, int mt, int h,
                                           int i, uint32_t lo[2], uint32_t hi[2]) {
     if (F == CU_Q4_0) {
         const uint32_t q = qs_word(c.q[mt][h][0], i), q8 = q >> 8;
@@ -202,32 +204,33 @@ __device__ __forceinline__ void qs_load_act(uint8_t *stage, const __half *xa, co
 
 /* Grid: (token tiles of 8 NT, row tiles of QS_ROWS, K splits of kc_per
  * chunks); the K splits of a tile are one cluster (1, 1, gridDim.z). */
-template <int F, int NT>
-__global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __half *xa, qs_args a) {
+template <int F, int NT, int MT>
+__global__ void __launch_bounds__(QS_THREADS, 3 - MT)
+    qmms_kernel(float *y, const __half *xa, qs_args a) {
     constexpr int BM = 8 * NT, D = qs_fmt<F>::ring;
     extern __shared__ __align__(16) uint8_t qs_smem[];
     cu_grid_trigger();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int m0 = blockIdx.x * BM;
-    const int64_t r0 = (int64_t)blockIdx.y * QS_ROWS;
+    const int64_t r0 = (int64_t)blockIdx.y * QS_ROWS(MT);
     const int kcs = (a.nb + 3) >> 2;
     const int kc0 = blockIdx.z * a.kc_per;
     const int nkc = min(a.kc_per, kcs - kc0);
 
-    const uint8_t *cp[2][2], *sp[2][2];
+    const uint8_t *cp[MT][2], *sp[MT][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int64_t r = r0 + 32 * warp + 16 * mt + 8 * h + g;
+            int64_t r = r0 + 16 * MT * warp + 16 * mt + 8 * h + g;
             qs_rowp(a, r < a.rows ? r : a.rows - 1, cp[mt][h], sp[mt][h]);
         }
 
     /* the weights' first chunks before the wait (no kernel writes them),
      * the activations after */
-    qs_chunk_regs<F> ring[D];
+    qs_chunk_regs<F, MT> ring[D];
 #pragma unroll
-    for (int s = 0; s < D - 1; s++) qs_load<F>(ring[s], cp, sp, 4 * (kc0 + s) + t, a.nb, s < nkc);
+    for (int s = 0; s < D - 1; s++) qs_load<F, MT>(ring[s], cp, sp, 4 * (kc0 + s) + t, a.nb, s < nkc);
     cu_grid_wait();
     const size_t stage_bytes = (size_t)BM * QS_AROW;
 #pragma unroll
@@ -236,9 +239,9 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
         cp_async_commit();
     }
 
-    float acc[2][NT][4];
+    float acc[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
             const int c = base + sl;
             if (c >= nkc) break;
             /* chunk c + D - 1 into the slot chunk c - 1 left */
-            qs_load<F>(ring[(sl + D - 1) % D], cp, sp, 4 * (kc0 + c + D - 1) + t, a.nb,
+            qs_load<F, MT>(ring[(sl + D - 1) % D], cp, sp, 4 * (kc0 + c + D - 1) + t, a.nb,
                        c + D - 1 < nkc);
             cp_async_wait<QS_ASTAGES - 2>();
             __syncthreads(); /* stage c is in for every thread; c - 1's is free */
@@ -262,10 +265,10 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
                                 m0, kc0 + c + QS_ASTAGES - 1);
             cp_async_commit();
             const uint8_t *as = qs_smem + (c % QS_ASTAGES) * stage_bytes + a_off;
-            const qs_chunk_regs<F> &w = ring[sl];
-            __half2 dd[2][2];
+            const qs_chunk_regs<F, MT> &w = ring[sl];
+            __half2 dd[MT][2];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) dd[mt][h] = qs_u2h(__byte_perm(w.d[mt][h], 0, 0x1010));
 #pragma unroll
@@ -274,13 +277,13 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
                     b[nt] = *(const uint4 *)(as + nt * 8 * QS_AROW + 64 * i);
-                uint32_t A[2][2][4]; /* [mt][step 2i + u][fragment register] */
+                uint32_t A[MT][2][4]; /* [mt][step 2i + u][fragment register] */
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         uint32_t lo[2], hi[2];
-                        qs_decode<F>(w, dd[mt][h], mt, h, i, lo, hi);
+                        qs_decode<F, MT>(w, dd[mt][h], mt, h, i, lo, hi);
                         A[mt][0][h] = lo[0], A[mt][0][2 + h] = lo[1];
                         A[mt][1][h] = hi[0], A[mt][1][2 + h] = hi[1];
                     }
@@ -289,11 +292,11 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++) qs_mma(acc[mt][nt], A[mt][0], b[nt].x, b[nt].y);
+                    for (int mt = 0; mt < MT; mt++) qs_mma(acc[mt][nt], A[mt][0], b[nt].x, b[nt].y);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++) qs_mma(acc[mt][nt], A[mt][1], b[nt].z, b[nt].w);
+                    for (int mt = 0; mt < MT; mt++) qs_mma(acc[mt][nt], A[mt][1], b[nt].z, b[nt].w);
             }
         }
     }
@@ -303,12 +306,12 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
     const int64_t N = a.rows;
     if (gridDim.z == 1) {
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int64_t r = r0 + 32 * warp + 16 * mt + 8 * (e >> 1) + g;
+                    int64_t r = r0 + 16 * MT * warp + 16 * mt + 8 * (e >> 1) + g;
                     int m = m0 + nt * 8 + 2 * t + (e & 1);
                     if (r < N && m < a.M) y[(size_t)m * N + r] = acc[mt][nt][e];
                 }
@@ -323,13 +326,13 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
     __syncthreads();
     float *part = (float *)qs_smem;
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                part[(nt * 8 + 2 * t + (e & 1)) * QS_PROW + 32 * warp + 16 * mt + 8 * (e >> 1) + g] =
-                    acc[mt][nt][e];
+                part[(nt * 8 + 2 * t + (e & 1)) * QS_PROW(MT) + 16 * MT * warp + 16 * mt +
+                     8 * (e >> 1) + g] = acc[mt][nt][e];
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
     const int S = (int)gridDim.z, z = (int)cluster.block_rank();
@@ -337,14 +340,16 @@ __global__ void __launch_bounds__(QS_THREADS, 1) qmms_kernel(float *y, const __h
     const float *src[QS_MAX_SPLITS];
 #pragma unroll
     for (int q = 0; q < QS_MAX_SPLITS; q++) src[q] = cluster.map_shared_rank(part, q < S ? q : 0);
-    const int rr = 4 * (tid & 63);
+    constexpr int TPR = QS_ROWS(MT) / 4, TP = QS_THREADS / TPR; /* threads a token, tokens a pass */
+    const int rr = 4 * (tid % TPR);
     const int64_t r = r0 + rr;
-    for (int i0 = 0; i0 < per; i0 += 4) {
-        const int tk = z * per + i0 + (tid >> 6), m = m0 + tk;
+    for (int i0 = 0; i0 < per; i0 += TP) {
+        const int il = i0 + tid / TPR, tk = z * per + il, m = m0 + tk;
+        if (il >= per) break;
         float4 v[QS_MAX_SPLITS];
 #pragma unroll
         for (int q = 0; q < QS_MAX_SPLITS; q++)
-            if (q < S) v[q] = *(const float4 *)(src[q] + tk * QS_PROW + rr);
+            if (q < S) v[q] = *(const float4 *)(src[q] + tk * QS_PROW(MT) + rr);
         float4 sum = v[0];
 #pragma unroll
         for (int q = 1; q < QS_MAX_SPLITS; q++)
@@ -408,16 +413,16 @@ static int qs_nt(int n) {
     return n <= 32 ? 4 : 8;
 }
 
-static size_t qs_smem_bytes(int nt, int splits) {
+static size_t qs_smem_bytes(int nt, int mt, int splits) {
     size_t ring = (size_t)QS_ASTAGES * 8 * nt * QS_AROW;
-    size_t part = splits > 1 ? (size_t)8 * nt * QS_PROW * sizeof(float) : 0;
+    size_t part = splits > 1 ? (size_t)8 * nt * QS_PROW(mt) * sizeof(float) : 0;
     return ring > part ? ring : part;
 }
 
 /* K splits (a power of two up to the cluster size): the fewest waves times
- * chunks a block, one block an SM. */
-static int qs_splits(const cu_ctx *c, int64_t tiles, int kcs) {
-    const int sms = c->n_sm > 0 ? c->n_sm : 132;
+ * chunks a block, per_sm blocks an SM. */
+static int qs_splits(const cu_ctx *c, int64_t tiles, int kcs, int per_sm) {
+    const int sms = (c->n_sm > 0 ? c->n_sm : 132) * per_sm;
     int best = 1;
     int64_t best_cost = INT64_MAX;
     for (int s = 1; s <= QS_MAX_SPLITS && s <= kcs; s *= 2) {
@@ -431,7 +436,7 @@ static int qs_splits(const cu_ctx *c, int64_t tiles, int kcs) {
 
 extern "C" int cu_qmms_takes(const cu_qweight *w, int n) {
     return (w->fmt == CU_Q4_0 || w->fmt == CU_Q8_0) && w->layout == CU_LAYOUT_SPLIT && n >= 1 &&
-           cu_qweight_ok(w) && w->rows <= 65535LL * QS_ROWS && w->cols <= 0x3fffffffLL &&
+           cu_qweight_ok(w) && w->rows <= 65535LL * QS_ROWS(1) && w->cols <= 0x3fffffffLL &&
            CU_DIV_UP((int64_t)n, (int64_t)32) <= 0x7fffffffLL;
 }
 
@@ -439,18 +444,20 @@ extern "C" size_t cu_qmms_act_bytes(const cu_qweight *w, int n) {
     return (size_t)n * (size_t)qs_kp(w->cols) * 2;
 }
 
-template <int F, int NT> static void qs_init_one() {
-    cudaFuncSetAttribute(qmms_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)qs_smem_bytes(NT, 2));
+template <int F, int NT, int MT> static void qs_init_one() {
+    cudaFuncSetAttribute(qmms_kernel<F, NT, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)qs_smem_bytes(NT, MT, 2));
 }
 
 extern "C" void cu_qmms_init(void) {
-    qs_init_one<CU_Q4_0, 4>(), qs_init_one<CU_Q4_0, 8>();
-    qs_init_one<CU_Q8_0, 4>(), qs_init_one<CU_Q8_0, 8>();
+    qs_init_one<CU_Q4_0, 4, 2>(), qs_init_one<CU_Q4_0, 8, 2>();
+    qs_init_one<CU_Q8_0, 4, 2>(), qs_init_one<CU_Q8_0, 8, 2>();
+    qs_init_one<CU_Q4_0, 4, 1>(), qs_init_one<CU_Q4_0, 8, 1>();
+    qs_init_one<CU_Q8_0, 4, 1>(), qs_init_one<CU_Q8_0, 8, 1>();
     cudaGetLastError();
 }
 
-template <int F, int NT>
+template <int F, int NT, int MT>
 static void qs_launch(const cu_ctx *c, float *y, const __half *xa, const qs_args &a,
                       int64_t mtiles, int64_t ntiles, int splits) {
     cudaLaunchAttribute attr[2];
@@ -469,11 +476,11 @@ static void qs_launch(const cu_ctx *c, float *y, const __half *xa, const qs_args
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)mtiles, (unsigned)ntiles, (unsigned)splits);
     cfg.blockDim = dim3(QS_THREADS);
-    cfg.dynamicSmemBytes = qs_smem_bytes(NT, splits);
+    cfg.dynamicSmemBytes = qs_smem_bytes(NT, MT, splits);
     cfg.stream = c->s;
     cfg.attrs = attr;
     cfg.numAttrs = na;
-    cudaLaunchKernelEx(&cfg, qmms_kernel<F, NT>, y, xa, a);
+    cudaLaunchKernelEx(&cfg, qmms_kernel<F, NT, MT>, y, xa, a);
 }
 
 extern "C" int cu_qmms(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n,
@@ -483,8 +490,9 @@ extern "C" int cu_qmms(const cu_ctx *c, float *y, const float *x, const cu_qweig
     const int nb = (int)(w->cols / 32), kcs = (nb + 3) / 4;
     const int64_t kp = qs_kp(w->cols);
     const int64_t mtiles = CU_DIV_UP((int64_t)n, (int64_t)bm);
-    const int64_t ntiles = CU_DIV_UP(w->rows, (int64_t)QS_ROWS);
-    const int splits = qs_splits(c, mtiles * ntiles, kcs);
+    const int mt = c->qmms_mt == 1 ? 1 : 2;
+    const int64_t ntiles = CU_DIV_UP(w->rows, (int64_t)QS_ROWS(mt));
+    const int splits = qs_splits(c, mtiles * ntiles, kcs, 3 - mt);
     const int cb = w->fmt == CU_Q4_0 ? 16 : 32;
     int gs = 0;
     while (((int64_t)nb * (cb + 2) << gs) & 15) gs++;
@@ -497,12 +505,14 @@ extern "C" int cu_qmms(const cu_ctx *c, float *y, const float *x, const cu_qweig
     const int64_t threads = (int64_t)n * (kp / 32);
     CU_LAUNCH(qs_act_kernel, (unsigned)CU_DIV_UP(threads, (int64_t)256), 256, 0, c, xa, x, n, nb,
               kp);
+#define QS_GO(F, NT, MT) qs_launch<F, NT, MT>(c, y, xa, a, mtiles, ntiles, splits)
     if (w->fmt == CU_Q4_0) {
-        if (nt == 4) qs_launch<CU_Q4_0, 4>(c, y, xa, a, mtiles, ntiles, splits);
-        else qs_launch<CU_Q4_0, 8>(c, y, xa, a, mtiles, ntiles, splits);
+        if (mt == 2) nt == 4 ? QS_GO(CU_Q4_0, 4, 2) : QS_GO(CU_Q4_0, 8, 2);
+        else nt == 4 ? QS_GO(CU_Q4_0, 4, 1) : QS_GO(CU_Q4_0, 8, 1);
     } else {
-        if (nt == 4) qs_launch<CU_Q8_0, 4>(c, y, xa, a, mtiles, ntiles, splits);
-        else qs_launch<CU_Q8_0, 8>(c, y, xa, a, mtiles, ntiles, splits);
+        if (mt == 2) nt == 4 ? QS_GO(CU_Q8_0, 4, 2) : QS_GO(CU_Q8_0, 8, 2);
+        else nt == 4 ? QS_GO(CU_Q8_0, 4, 1) : QS_GO(CU_Q8_0, 8, 1);
     }
+#undef QS_GO
     return 0;
 }
