@@ -29,8 +29,9 @@
  * somewhere in each format's cases, or the test did not run it.
  *
  * test_qmms: q4_0 and q8_0 in the row-split layout at 17..512 token rows
- * through the tensor-core GEMM of qmms.cu (the default from 17 to 256 rows),
- * with two m16 tiles a warp and with one (PETREL_CUDA_QMMS_MT=1), the same
+ * through the tensor-core GEMM of qmms.cu (the default from 17 to 128 rows
+ * for q4_0, 64 for q8_0), with two m16 tiles a warp and with one
+ * (PETREL_CUDA_QMMS_MT=2, 1), the same
  * bound as the cuBLAS path (2^-9 S): shapes below it; it must differ from
  * the cuBLAS path somewhere in each format's cases.
  *
@@ -875,7 +876,7 @@ static void test_qmms(void **state) {
         {4500, 512, {40, 256, 0}},
     };
     char fb[48];
-    /* both tilings: two m16 tiles a warp (the default) and one */
+    /* both tilings: two m16 tiles a warp (q8_0's default) and one (q4_0's) */
     for (int mt = 2; mt >= 1; mt--) {
         setenv("PETREL_CUDA_QMMS_MAX", "100000", 1);
         setenv("PETREL_CUDA_QMMS_MT", mt == 2 ? "2" : "1", 1);

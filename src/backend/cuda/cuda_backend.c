@@ -45,8 +45,8 @@
  * row's codes, then its scales; PETREL_CUDA_REPACK=0 keeps the file's):
  * up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
  * default 16) run the quantized GEMV of qmatmul.cu; q4_0/q8_0 weights
- * in the split layout up to qmms_max rows (PETREL_CUDA_QMMS_MAX, default
- * 256; PETREL_CUDA_QMMS=0 turns it off) run the tensor-core GEMM of
+ * in the split layout up to PETREL_CUDA_QMMS_MAX rows (default 128 for
+ * q4_0, 64 for q8_0; PETREL_CUDA_QMMS=0 turns it off) run the tensor-core GEMM of
  * qmms.cu, which reads the weight once and writes no copy of it; in the
  * file's layout, with PETREL_CUDA_QMMA=1, up to qmma_max rows
  * (PETREL_CUDA_QMMA_MAX, default 256) qmma.cu's; other calls dequantize
@@ -309,9 +309,15 @@ static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x
            cu_qmma_takes(w, n);
 }
 
-/* The same for the split layout's tensor-core GEMM (qmms.cu). */
+/* The same for the split layout's tensor-core GEMM (qmms.cu): past the
+ * GEMV up to PETREL_CUDA_QMMS_MAX rows, by default 128 for q4_0 and 64 for
+ * q8_0, where it measured faster than dequantize + cuBLAS on the H200 for
+ * the 8B shapes (docs/cuda.md, "Batched decode": q4_0 1.02-1.85x at 128
+ * rows but gpt-oss's 4096x2880 0.89-0.95x; q8_0 at 128 rows 0.75-0.99x on
+ * three of six shapes; both slower at 512). */
 static bool use_qmms(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
-    return w->layout == CU_LAYOUT_SPLIT && n > cb->qgemv_max && n <= cb->qmms_max &&
+    int max = cb->qmms_max > 0 ? cb->qmms_max : w->fmt == CU_Q4_0 ? 128 : 64;
+    return cb->qmms && w->layout == CU_LAYOUT_SPLIT && n > cb->qgemv_max && n <= max &&
            ((uintptr_t)x & 15) == 0 && cu_qmms_takes(w, n);
 }
 
@@ -1151,12 +1157,13 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     cb->qmma_max = env_int("PETREL_CUDA_QMMA", 0) ? env_int("PETREL_CUDA_QMMA_MAX", 256) : 0;
     if (cb->qmma_max > 0 && cu_qmma_init(&cb->qmma_cnt)) cb->qmma_max = 0;
     /* the tensor-core GEMM on the split layout (qmms.cu), default past the
-     * GEMV up to PETREL_CUDA_QMMS_MAX rows: faster than dequantize + cuBLAS
-     * there on the H200 (docs/cuda.md, "Batched decode"); PETREL_CUDA_QMMS=0
-     * turns it off */
-    cb->qmms_max = env_int("PETREL_CUDA_QMMS", 1) ? env_int("PETREL_CUDA_QMMS_MAX", 256) : 0;
-    cb->ctx.qmms_mt = env_int("PETREL_CUDA_QMMS_MT", 2);
-    if (cb->qmms_max > 0) cu_qmms_init();
+     * GEMV (use_qmms says up to how many rows); PETREL_CUDA_QMMS=0 turns it
+     * off, PETREL_CUDA_QMMS_MAX sets the rows, PETREL_CUDA_QMMS_MT=1|2 the
+     * m16 tiles a warp (default: 1 for q4_0, 2 for q8_0; qmms.cu) */
+    cb->qmms = env_int("PETREL_CUDA_QMMS", 1) != 0;
+    cb->qmms_max = env_int("PETREL_CUDA_QMMS_MAX", 0);
+    cb->ctx.qmms_mt = env_int("PETREL_CUDA_QMMS_MT", 0);
+    if (cb->qmms) cu_qmms_init();
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;

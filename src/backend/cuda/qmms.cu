@@ -1,8 +1,10 @@
 /*
  * qmms.cu - q4_0 and q8_0 weights in the row-split layout (PT_LAYOUT_ROWSPLIT,
  * repack.c: per group of rows, the rows' 16-byte code pieces, then their f16
- * scales) times 17..256 token rows (batched decode, speculative verify) on
- * the tensor cores, without writing an f16 copy of the weight.  Before it,
+ * scales) times more than 16 token rows (batched decode, speculative verify;
+ * the backend takes it up to 128 rows for q4_0 and 64 for q8_0, where it
+ * measured faster than the path below) on the tensor cores, without writing
+ * an f16 copy of the weight.  Before it,
  * those rows dequantized the whole weight to f16 in scratch and ran cuBLAS:
  * 82 us a call for the 8B shapes at 64 rows, 58 of them writing the copy
  * (docs/cuda.md, "Batched decode").
@@ -13,9 +15,12 @@
  *  - A small kernel rounds x to f16 into scratch, [m][kp] with kp = cols
  *    rounded up to 128, zeros past cols, and each 128 columns permuted
  *    (below) so that a lane's A fragment is whole bytes of one block.
- *  - A block is 8 warps, 256 weight rows (32 a warp: two m16 tiles) and
- *    all BM = 8 NT token rows of its token tile (32 or 64), so the weight
- *    is read once from memory for every token of the tile.  The grid is
+ *  - A block is 8 warps, 128 MT weight rows (16 MT a warp: MT m16 tiles;
+ *    MT = 1, two blocks an SM at 128 registers, by default for q4_0; MT =
+ *    2, one block an SM, for q8_0; PETREL_CUDA_QMMS_MT=1|2 picks) and all
+ *    BM = 8 NT token rows
+ *    of its token tile (32 or 64), so the weight is read once from memory
+ *    for every token of the tile.  The grid is
  *    (token tiles, row tiles, K splits), token tiles fastest: blocks on
  *    the same weight rows run together and the second finds them in L2.
  *  - Weights go from memory straight into registers, no shared memory and
@@ -28,8 +33,11 @@
  *    copy waits on a load.
  *  - Activations go through shared memory (every warp of the block reads
  *    them): a ring of 3 stages of one chunk (BM rows of 256 bytes, padded
- *    to 272 so the 8 rows of an ldmatrix fall in distinct banks), copied
- *    with 16-byte cp.async, one barrier a chunk.
+ *    to 320 so a quarter warp's two tokens fall 16 banks apart), copied
+ *    with 16-byte cp.async, one barrier a chunk.  They are stored so that a
+ *    lane's B fragments of both steps of a word (below) are one 16-byte
+ *    shared load: 64 i + 16 t of the chunk holds b0, b1 of step 2i and b0,
+ *    b1 of step 2i + 1.
  *  - Decoding, in registers: a q4_0 word (bytes 4i..4i+3 of the block:
  *    elements 4i..4i+3 low, 4i+16..4i+19 high) gives four f16 pairs by one
  *    LOP3 each: (q & 0x000F000F) | 0x6400_6400 is (1024 + n0, 1024 + n2),
@@ -38,7 +46,7 @@
  *    16 n) / 16 - 72 by one exact fma.  q8_0: a byte b ^ 0x80 under 0x64
  *    is 1024 + 128 + b, minus 1152, times d.
  *  - K splits, when the row tiles do not fill the GPU (4096-row matrices:
- *    16 tiles of 256 rows), are the blocks of one thread-block cluster:
+ *    32 tiles of 128 rows), are the blocks of one thread-block cluster:
  *    each leaves its partial tile in its shared memory and, after a
  *    cluster barrier, block z adds its share of the tile's outputs over
  *    the S blocks' shared memory in split order.  No scratch, no counters,
@@ -490,7 +498,9 @@ extern "C" int cu_qmms(const cu_ctx *c, float *y, const float *x, const cu_qweig
     const int nb = (int)(w->cols / 32), kcs = (nb + 3) / 4;
     const int64_t kp = qs_kp(w->cols);
     const int64_t mtiles = CU_DIV_UP((int64_t)n, (int64_t)bm);
-    const int mt = c->qmms_mt == 1 ? 1 : 2;
+    /* the tiling measured faster in 8B batched decode (q4_0: one m16 tile
+     * a warp) or measured at all (q8_0: two) unless asked */
+    const int mt = c->qmms_mt == 1 || c->qmms_mt == 2 ? c->qmms_mt : w->fmt == CU_Q4_0 ? 1 : 2;
     const int64_t ntiles = CU_DIV_UP(w->rows, (int64_t)QS_ROWS(mt));
     const int splits = qs_splits(c, mtiles * ntiles, kcs, 3 - mt);
     const int cb = w->fmt == CU_Q4_0 ? 16 : 32;
