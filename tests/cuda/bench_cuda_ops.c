@@ -280,14 +280,16 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
             p = *end == ',' ? end + 1 : end;
         }
     }
-    for (int i = 0; i < n_ns; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    for (int i = 0; i < n_ns; i++)
+        nmax = ns[i] > nmax ? ns[i] : nmax;
     float *x = dev_rand_f32(gemv_be, (size_t)nmax * cols, &rng);
     float *y = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
     float *y2 = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
     const bool gemv_only = getenv("BENCH_QMM_GEMV_ONLY") != NULL;
     /* arm 0 past 16 rows: the tensor-core GEMM on the split layout (q4_0,
      * q8_0; qmms.cu) where it takes the weight, else the cuBLAS path again */
-    const bool mms = (f.dtype == PT_Q4_0 || f.dtype == PT_Q8_0) && first.w.layout == PT_LAYOUT_ROWSPLIT;
+    const bool mms =
+        (f.dtype == PT_Q4_0 || f.dtype == PT_Q8_0) && first.w.layout == PT_LAYOUT_ROWSPLIT;
     for (int ni = 0; ni < n_ns; ni++) {
         int n = ns[ni];
         double t_arm[2] = {0, 0};
@@ -297,7 +299,8 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
             if (arm == 1 && gemv_only) continue;
             if (quick && n == 2) continue;
             int iters = n >= 64 ? copies : quick ? 2 * copies : 4 * copies;
-            if ((double)n * rows * cols > 1e11) iters = iters < 4 ? iters : 4; /* prefill of big shapes */
+            if ((double)n * rows * cols > 1e11)
+                iters = iters < 4 ? iters : 4; /* prefill of big shapes */
             double best = 1e30;
             for (int rep = 0; rep < 3; rep++) {
                 be->ops->sync(be);

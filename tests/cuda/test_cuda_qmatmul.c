@@ -892,11 +892,13 @@ static void test_qmms(void **state) {
                 qmat m = qmat_new(f, cases[ci].rows, cases[ci].cols);
                 pt_be_repack_weight(on, &m.w[GPU]);
                 assert_int_equal(m.w[GPU].layout, PT_LAYOUT_ROWSPLIT);
-                for (int i = 0; cases[ci].ns[i]; i++) one_matmul(f, &m, cases[ci].ns[i]);
+                for (int i = 0; cases[ci].ns[i]; i++)
+                    one_matmul(f, &m, cases[ci].ns[i]);
                 size_t d = count_differing(&m, cases[ci].ns[0], off);
                 print_message("qmms (%d m-tiles a warp) %s %dx%d: %zu of %d outputs differ from "
-                              "the cuBLAS path\n", mt, fname(f, fb, sizeof fb), cases[ci].rows,
-                              cases[ci].cols, d, cases[ci].rows * cases[ci].ns[0]);
+                              "the cuBLAS path\n",
+                              mt, fname(f, fb, sizeof fb), cases[ci].rows, cases[ci].cols, d,
+                              cases[ci].rows * cases[ci].ns[0]);
                 differ += d;
                 qmat_free(&m);
             }

@@ -4,10 +4,10 @@
  * scales) times more than 16 token rows (batched decode, speculative verify;
  * the backend takes it up to 128 rows for q4_0 and 64 for q8_0, where it
  * measured faster than the path below) on the tensor cores, without writing
- * an f16 copy of the weight.  Before it,
- * those rows dequantized the whole weight to f16 in scratch and ran cuBLAS:
- * 82 us a call for the 8B shapes at 64 rows, 58 of them writing the copy
- * (docs/cuda.md, "Batched decode").
+ * an f16 copy of the weight.  Before it, those rows dequantized the whole
+ * weight to f16 in scratch and ran cuBLAS: 82 us a call for the 8B shapes
+ * at 64 rows, 58 of them writing the copy (docs/cuda.md, "Batched
+ * decode"), which prefill past those rows still does (faster there).
  *
  * y[m][r] = x[m][k] . W[r][k]^T, the weight as the A operand of mma.sync
  * m16n8k16 (16 weight rows), the tokens as B (8 tokens an n-tile):
@@ -18,9 +18,8 @@
  *  - A block is 8 warps, 128 MT weight rows (16 MT a warp: MT m16 tiles;
  *    MT = 1, two blocks an SM at 128 registers, by default for q4_0; MT =
  *    2, one block an SM, for q8_0; PETREL_CUDA_QMMS_MT=1|2 picks) and all
- *    BM = 8 NT token rows
- *    of its token tile (32 or 64), so the weight is read once from memory
- *    for every token of the tile.  The grid is
+ *    BM = 8 NT token rows of its token tile (32 or 64), so the weight is
+ *    read once from memory for every token of the tile.  The grid is
  *    (token tiles, row tiles, K splits), token tiles fastest: blocks on
  *    the same weight rows run together and the second finds them in L2.
  *  - Weights go from memory straight into registers, no shared memory and
@@ -72,7 +71,6 @@
 #include <cooperative_groups.h>
 
 #include "backend/cuda/cu_common.cuh"
-#include "backend/cuda/cu_mma.cuh"
 #include "backend/cuda/qdecode.cuh"
 #include "backend/cuda/qmma.h"
 
@@ -82,7 +80,7 @@ namespace cg = cooperative_groups;
 #define QS_THREADS (QS_WARPS * 32)
 /* weight rows per block: 16 MT a warp (MT m16 tiles) */
 #define QS_ROWS(MT) (QS_WARPS * 16 * (MT))
-#define QS_KC 128               /* columns per chunk */
+#define QS_KC 128 /* columns per chunk */
 /* bytes of a token's chunk in shared memory: 256 and 64 of padding, so the
  * two tokens of a quarter warp's 16-byte loads fall 16 banks apart */
 #define QS_AROW (QS_KC * 2 + 64)
@@ -96,13 +94,13 @@ namespace cg = cooperative_groups;
 struct qs_args {
     const uint8_t *w;
     int64_t rows;
-    int nb;      /* blocks of 32 columns a row */
-    int gs;      /* rows a group: 1 << gs */
-    int64_t cr;  /* code bytes a row */
-    int64_t sr;  /* scale bytes a row (2 nb) */
-    int M;       /* token rows */
-    int64_t kp;  /* a token's row of xa, in halves */
-    int kc_per;  /* chunks a split */
+    int nb;     /* blocks of 32 columns a row */
+    int gs;     /* rows a group: 1 << gs */
+    int64_t cr; /* code bytes a row */
+    int64_t sr; /* scale bytes a row (2 nb) */
+    int M;      /* token rows */
+    int64_t kp; /* a token's row of xa, in halves */
+    int kc_per; /* chunks a split */
 };
 
 template <int F> struct qs_fmt {
@@ -179,11 +177,11 @@ __device__ __forceinline__ void qs_decode(const qs_chunk_regs<F, MT> &c, __half2
     if (F == CU_Q4_0) {
         const uint32_t q = qs_word(c.q[mt][h][0], i), q8 = q >> 8;
         const uint32_t LO = 0x000F000Fu, HI = 0x00F000F0u, EX = 0x64006400u;
-        const __half2 k1032 = qs_u2h(0x64086408u); /* 1024 + 8 */
-        const __half2 k16 = qs_u2h(0x2C002C00u);   /* 1/16 */
-        const __half2 km72 = qs_u2h(0xD480D480u);  /* -(64 + 8) */
-        lo[0] = qs_h2u(__hmul2(__hsub2(qs_u2h((q & LO) | EX), k1032), d));  /* 4i, 4i+2 */
-        lo[1] = qs_h2u(__hmul2(__hsub2(qs_u2h((q8 & LO) | EX), k1032), d)); /* 4i+1, 4i+3 */
+        const __half2 k1032 = qs_u2h(0x64086408u);                             /* 1024 + 8 */
+        const __half2 k16 = qs_u2h(0x2C002C00u);                               /* 1/16 */
+        const __half2 km72 = qs_u2h(0xD480D480u);                              /* -(64 + 8) */
+        lo[0] = qs_h2u(__hmul2(__hsub2(qs_u2h((q & LO) | EX), k1032), d));     /* 4i, 4i+2 */
+        lo[1] = qs_h2u(__hmul2(__hsub2(qs_u2h((q8 & LO) | EX), k1032), d));    /* 4i+1, 4i+3 */
         hi[0] = qs_h2u(__hmul2(__hfma2(qs_u2h((q & HI) | EX), k16, km72), d)); /* +16 */
         hi[1] = qs_h2u(__hmul2(__hfma2(qs_u2h((q8 & HI) | EX), k16, km72), d));
     } else {
@@ -238,7 +236,8 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
      * the activations after */
     qs_chunk_regs<F, MT> ring[D];
 #pragma unroll
-    for (int s = 0; s < D - 1; s++) qs_load<F, MT>(ring[s], cp, sp, 4 * (kc0 + s) + t, a.nb, s < nkc);
+    for (int s = 0; s < D - 1; s++)
+        qs_load<F, MT>(ring[s], cp, sp, 4 * (kc0 + s) + t, a.nb, s < nkc);
     cu_grid_wait();
     const size_t stage_bytes = (size_t)BM * QS_AROW;
 #pragma unroll
@@ -253,7 +252,8 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+            for (int e = 0; e < 4; e++)
+                acc[i][j][e] = 0.f;
 
     /* lane (g, t)'s B fragments of word i, n-tile nt: b0, b1 of step 2i,
      * b0, b1 of step 2i + 1, 16 bytes at token 8 nt + g, 64 i + 16 t */
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
             if (c >= nkc) break;
             /* chunk c + D - 1 into the slot chunk c - 1 left */
             qs_load<F, MT>(ring[(sl + D - 1) % D], cp, sp, 4 * (kc0 + c + D - 1) + t, a.nb,
-                       c + D - 1 < nkc);
+                           c + D - 1 < nkc);
             cp_async_wait<QS_ASTAGES - 2>();
             __syncthreads(); /* stage c is in for every thread; c - 1's is free */
             if (c + QS_ASTAGES - 1 < nkc)
@@ -278,7 +278,8 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) dd[mt][h] = qs_u2h(__byte_perm(w.d[mt][h], 0, 0x1010));
+                for (int h = 0; h < 2; h++)
+                    dd[mt][h] = qs_u2h(__byte_perm(w.d[mt][h], 0, 0x1010));
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 uint4 b[NT];
@@ -295,16 +296,18 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
                         A[mt][0][h] = lo[0], A[mt][0][2 + h] = lo[1];
                         A[mt][1][h] = hi[0], A[mt][1][2 + h] = hi[1];
                     }
-                /* step 2i for every tile, then 2i + 1: no product waits on
-                 * the one before it */
+                    /* step 2i for every tile, then 2i + 1: no product waits on
+                     * the one before it */
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) qs_mma(acc[mt][nt], A[mt][0], b[nt].x, b[nt].y);
+                    for (int mt = 0; mt < MT; mt++)
+                        qs_mma(acc[mt][nt], A[mt][0], b[nt].x, b[nt].y);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) qs_mma(acc[mt][nt], A[mt][1], b[nt].z, b[nt].w);
+                    for (int mt = 0; mt < MT; mt++)
+                        qs_mma(acc[mt][nt], A[mt][1], b[nt].z, b[nt].w);
             }
         }
     }
@@ -347,7 +350,8 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
     const int per = BM / S; /* S divides BM (a power of two, <= 8): at least 4 */
     const float *src[QS_MAX_SPLITS];
 #pragma unroll
-    for (int q = 0; q < QS_MAX_SPLITS; q++) src[q] = cluster.map_shared_rank(part, q < S ? q : 0);
+    for (int q = 0; q < QS_MAX_SPLITS; q++)
+        src[q] = cluster.map_shared_rank(part, q < S ? q : 0);
     constexpr int TPR = QS_ROWS(MT) / 4, TP = QS_THREADS / TPR; /* threads a token, tokens a pass */
     const int rr = 4 * (tid % TPR);
     const int64_t r = r0 + rr;
@@ -368,7 +372,8 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
             *(float4 *)dst = sum;
         } else {
             const float f[4] = {sum.x, sum.y, sum.z, sum.w};
-            for (int k = 0; k < 4 && r + k < N; k++) dst[k] = f[k];
+            for (int k = 0; k < 4 && r + k < N; k++)
+                dst[k] = f[k];
         }
     }
     cluster.sync(); /* no block leaves while another reads its shared memory */
@@ -394,7 +399,8 @@ __global__ void qs_act_kernel(__half *xa, const float *x, int M, int nb, int64_t
         }
     } else {
 #pragma unroll
-        for (int q = 0; q < 32; q++) v[q] = 0.f;
+        for (int q = 0; q < 32; q++)
+            v[q] = 0.f;
     }
     /* word i of the block feeds steps 2i and 2i + 1: 16 bytes at 64 i + 16 t
      * of the chunk, b0 and b1 of step 2i (positions 2t + e + 8h: elements
@@ -466,8 +472,8 @@ extern "C" void cu_qmms_init(void) {
 }
 
 template <int F, int NT, int MT>
-static void qs_launch(const cu_ctx *c, float *y, const __half *xa, const qs_args &a,
-                      int64_t mtiles, int64_t ntiles, int splits) {
+static void qs_launch(const cu_ctx *c, float *y, const __half *xa, const qs_args &a, int64_t mtiles,
+                      int64_t ntiles, int splits) {
     cudaLaunchAttribute attr[2];
     int na = 0;
     if (splits > 1) {
@@ -505,7 +511,8 @@ extern "C" int cu_qmms(const cu_ctx *c, float *y, const float *x, const cu_qweig
     const int splits = qs_splits(c, mtiles * ntiles, kcs, 3 - mt);
     const int cb = w->fmt == CU_Q4_0 ? 16 : 32;
     int gs = 0;
-    while (((int64_t)nb * (cb + 2) << gs) & 15) gs++;
+    while (((int64_t)nb * (cb + 2) << gs) & 15)
+        gs++;
     qs_args a;
     a.w = (const uint8_t *)w->data, a.rows = w->rows, a.nb = nb, a.gs = gs;
     a.cr = (int64_t)nb * cb, a.sr = (int64_t)nb * 2, a.M = n, a.kp = kp;
@@ -517,11 +524,15 @@ extern "C" int cu_qmms(const cu_ctx *c, float *y, const float *x, const cu_qweig
               kp);
 #define QS_GO(F, NT, MT) qs_launch<F, NT, MT>(c, y, xa, a, mtiles, ntiles, splits)
     if (w->fmt == CU_Q4_0) {
-        if (mt == 2) nt == 4 ? QS_GO(CU_Q4_0, 4, 2) : QS_GO(CU_Q4_0, 8, 2);
-        else nt == 4 ? QS_GO(CU_Q4_0, 4, 1) : QS_GO(CU_Q4_0, 8, 1);
+        if (mt == 2)
+            nt == 4 ? QS_GO(CU_Q4_0, 4, 2) : QS_GO(CU_Q4_0, 8, 2);
+        else
+            nt == 4 ? QS_GO(CU_Q4_0, 4, 1) : QS_GO(CU_Q4_0, 8, 1);
     } else {
-        if (mt == 2) nt == 4 ? QS_GO(CU_Q8_0, 4, 2) : QS_GO(CU_Q8_0, 8, 2);
-        else nt == 4 ? QS_GO(CU_Q8_0, 4, 1) : QS_GO(CU_Q8_0, 8, 1);
+        if (mt == 2)
+            nt == 4 ? QS_GO(CU_Q8_0, 4, 2) : QS_GO(CU_Q8_0, 8, 2);
+        else
+            nt == 4 ? QS_GO(CU_Q8_0, 4, 1) : QS_GO(CU_Q8_0, 8, 1);
     }
 #undef QS_GO
     return 0;
