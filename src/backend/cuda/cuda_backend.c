@@ -312,8 +312,8 @@ static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x
 /* The same for the split layout's tensor-core GEMM (qmms.cu): past the
  * GEMV up to PETREL_CUDA_QMMS_MAX rows, by default 128 for q4_0 and 64 for
  * q8_0, where it measured faster than dequantize + cuBLAS on the H200 for
- * the 8B shapes (docs/cuda.md, "Batched decode": q4_0 1.02-1.85x at 128
- * rows but gpt-oss's 4096x2880 0.89-0.95x; q8_0 at 128 rows 0.75-0.99x on
+ * the 8B shapes (docs/cuda.md, "Batched decode": q4_0 1.00-2.03x at 128
+ * rows but gpt-oss's 4096x2880 0.96x; q8_0 at 128 rows 0.75-0.99x on
  * three of six shapes; both slower at 512). */
 static bool use_qmms(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
     int max = cb->qmms_max > 0 ? cb->qmms_max : w->fmt == CU_Q4_0 ? 128 : 64;
