@@ -12,16 +12,19 @@
  *   - matmul with quantized weights (q4_0, q8_0, q4_k, q6_k, affine 4/8-bit
  *     g64) of the 8B shapes, laid out as the loader leaves them (q4_0/q8_0
  *     rewritten for the split GEMV unless PETREL_CUDA_REPACK=0; "gpt-oss"
- *     rows of 2880 columns besides): the quantized GEMV (1..16 rows) against
- *     dequantize-to-f16 + cuBLAS (PETREL_CUDA_QGEMV_MAX=0), and the latter
- *     at prefill sizes; fractions are of the quantized bytes.
+ *     rows of 2880 columns besides): the quantized GEMV (1..16 rows) and,
+ *     past 16 rows, the split layout's tensor-core GEMM (qmms.cu, q4_0 and
+ *     q8_0) against dequantize-to-f16 + cuBLAS (PETREL_CUDA_QGEMV_MAX=0,
+ *     PETREL_CUDA_QMMS=0), at 1..512 rows (BENCH_QMM_NS=32,64: those);
+ *     fractions are of the quantized bytes.
  * Writes a table to stdout and, given a path, JSON.  Not a test: timings
  * are never assertions.  Loops replay as CUDA graphs (see main).
  *
  * usage: bench_cuda_ops [out.json] [quick | kvq | qmm]   (kvq, qmm: that arm alone;
  *        BENCH_KVQ_DEPTH=D: its one depth D; BENCH_QMM_FORMATS=q4_0,q8_0:
  *        those formats, lm_head too; BENCH_QMM_GEMV_ONLY=1: no cuBLAS arm;
- *        BENCH_QMM_SHAPE=w_up: that shape alone)
+ *        BENCH_QMM_SHAPE=w_up: that shape alone; BENCH_QMM_NS=32,64: those
+ *        token counts)
  */
 #include <math.h>
 #include <stdarg.h>
@@ -265,21 +268,39 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
     w[0] = first;
     for (int i = 1; i < copies; i++) w[i] = qbench_make(&f, rows, cols, pool_h, pool_rows, &rng);
     free(pool_h);
-    int nmax = 512;
+    /* BENCH_QMM_NS=32,64,128: those token counts (default below) */
+    int ns[16] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, n_ns = 10, nmax = 0;
+    if (getenv("BENCH_QMM_NS")) {
+        n_ns = 0;
+        for (const char *p = getenv("BENCH_QMM_NS"); *p && n_ns < 16;) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p) break;
+            if (v > 0) ns[n_ns++] = (int)v;
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    for (int i = 0; i < n_ns; i++)
+        nmax = ns[i] > nmax ? ns[i] : nmax;
     float *x = dev_rand_f32(gemv_be, (size_t)nmax * cols, &rng);
     float *y = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
     float *y2 = gemv_be->ops->alloc(gemv_be, (size_t)nmax * rows * 4);
-    static const int ns[] = {1, 2, 4, 8, 16, 64, 512};
     const bool gemv_only = getenv("BENCH_QMM_GEMV_ONLY") != NULL;
-    for (size_t ni = 0; ni < PT_ARRAY_LEN(ns); ni++) {
+    /* arm 0 past 16 rows: the tensor-core GEMM on the split layout (q4_0,
+     * q8_0; qmms.cu) where it takes the weight, else the cuBLAS path again */
+    const bool mms =
+        (f.dtype == PT_Q4_0 || f.dtype == PT_Q8_0) && first.w.layout == PT_LAYOUT_ROWSPLIT;
+    for (int ni = 0; ni < n_ns; ni++) {
         int n = ns[ni];
         double t_arm[2] = {0, 0};
         for (int arm = 0; arm < 2; arm++) {
             pt_backend *be = arm == 0 ? gemv_be : qblas_be;
-            if (arm == 0 && n > 16) continue;
+            if (arm == 0 && n > 16 && !mms) continue;
             if (arm == 1 && gemv_only) continue;
             if (quick && n == 2) continue;
             int iters = n >= 64 ? copies : quick ? 2 * copies : 4 * copies;
+            if ((double)n * rows * cols > 1e11)
+                iters = iters < 4 ? iters : 4; /* prefill of big shapes */
             double best = 1e30;
             for (int rep = 0; rep < 3; rep++) {
                 be->ops->sync(be);
@@ -292,7 +313,7 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
             t_arm[arm] = best;
         }
         double rel = -1;
-        if (n <= 16 && !gemv_only) {
+        if (t_arm[0] > 0 && t_arm[1] > 0 && (size_t)n * rows <= ((size_t)64 << 20)) {
             pt_be_matmul(gemv_be, y, x, &w[0].w, n);
             pt_be_matmul(qblas_be, y2, x, &w[0].w, n);
             size_t cnt = (size_t)n * rows;
@@ -307,10 +328,12 @@ static void bench_qmatmul(const char *fname, const char *name, int rows, int col
         if (t_arm[1] <= 0) t_arm[1] = INFINITY; /* BENCH_QMM_GEMV_ONLY */
         double g0 = t_arm[0] > 0 ? wbytes / t_arm[0] : 0, g1 = wbytes / t_arm[1];
         double tf = 2.0 * rows * cols * n / t_arm[1] / 1e12;
-        printf("qmatmul %-10s %-8s %6dx%-6d n=%-3d qgemv %8.1f us %5.1f%%   dequant+cublas %9.1f us "
-               "%5.1f%% %6.1f TFLOP/s   rel %.2g\n",
-               fname, name, rows, cols, n, t_arm[0] * 1e6, 100 * g0 / bw, t_arm[1] * 1e6,
-               100 * g1 / bw, tf, rel);
+        double tf0 = t_arm[0] > 0 ? 2.0 * rows * cols * n / t_arm[0] / 1e12 : 0;
+        printf("qmatmul %-10s %-8s %6dx%-6d n=%-4d %s %8.1f us %5.1f%% %6.1f TFLOP/s   "
+               "dequant+cublas %9.1f us %5.1f%% %6.1f TFLOP/s   x%.2f  rel %.2g\n",
+               fname, name, rows, cols, n, n <= 16 ? "qgemv" : "qmms ", t_arm[0] * 1e6,
+               100 * g0 / bw, tf0, t_arm[1] * 1e6, 100 * g1 / bw, tf,
+               t_arm[0] > 0 ? t_arm[1] / t_arm[0] : 0, rel);
         json_row("{\"op\": \"qmatmul\", \"format\": \"%s\", \"name\": \"%s\", \"rows\": %d, "
                  "\"cols\": %d, \"n\": %d, \"bytes\": %zu, \"qgemv_us\": %.3f, \"blas_us\": %.3f, "
                  "\"qgemv_frac\": %.4f, \"blas_frac\": %.4f, \"blas_tflops\": %.2f, \"rel\": %.3g}",
@@ -541,6 +564,10 @@ int main(int argc, char **argv) {
      * host's launch rate.  GEMV arm up to 16 rows (the default). */
     setenv("PETREL_CUDA_GEMV_MAX", "16", 1);
     setenv("PETREL_CUDA_QGEMV_MAX", "16", 1);
+    /* the split layout's tensor-core GEMM at every row count past 16 (the
+     * qmm arm compares it with dequantize + cuBLAS; PETREL_CUDA_QMMS=0: the
+     * latter twice) */
+    setenv("PETREL_CUDA_QMMS_MAX", "1048576", 0);
     gemv_be = pt_backend_cuda_new(0, &err);
     unsetenv("PETREL_CUDA_QGEMV_MAX");
     if (!gemv_be) {
@@ -550,8 +577,10 @@ int main(int argc, char **argv) {
     setenv("PETREL_CUDA_GEMV_MAX", "0", 1);
     blas_be = pt_backend_cuda_new(0, &err);
     setenv("PETREL_CUDA_QGEMV_MAX", "0", 1);
+    setenv("PETREL_CUDA_QMMS", "0", 1);
     qblas_be = pt_backend_cuda_new(0, &err);
     unsetenv("PETREL_CUDA_QGEMV_MAX");
+    unsetenv("PETREL_CUDA_QMMS");
     setenv("PETREL_CUDA_ATTN", "simple", 1);
     simple_be = pt_backend_cuda_new(0, &err);
     setenv("PETREL_CUDA_ATTN", "tiled", 1);

@@ -28,6 +28,13 @@
  * across blocks and not; and it must differ from the cuBLAS path
  * somewhere in each format's cases, or the test did not run it.
  *
+ * test_qmms: q4_0 and q8_0 in the row-split layout at 17..512 token rows
+ * through the tensor-core GEMM of qmms.cu (the default from 17 to 128 rows
+ * for q4_0, 64 for q8_0), with two m16 tiles a warp and with one
+ * (PETREL_CUDA_QMMS_MT=2, 1), the same
+ * bound as the cuBLAS path (2^-9 S): shapes below it; it must differ from
+ * the cuBLAS path somewhere in each format's cases.
+ *
  * test_qmatmul_coalesced_q8_0: q8_0 through the coalesced GEMV, which
  * only q4_0 takes by default (PETREL_CUDA_QGEMV_CO=2), the same checks.
  *
@@ -48,7 +55,8 @@
  * The split GEMV (q4_0/q8_0 rewritten at load as each row's codes then its
  * scales, PT_LAYOUT_ROWSPLIT, the CUDA backend's default for rows of 256 * k
  * columns): test_qmatmul_split (the same bounds as the GEMV; odd row
- * counts, partial steps, K split and not, persistent blocks, token tiles),
+ * counts, partial steps, K split and not, persistent blocks, token tiles;
+ * 17 and 40 rows: qmms.cu),
  * test_qbatch_invariance_split (bit for bit), test_qrepack_split (the
  * device's rewrite equals repack.c's, embeddings from it).  The other
  * tests keep the file's layout (tensor parallel ranks, PETREL_CUDA_REPACK=0).
@@ -354,7 +362,7 @@ static const int split_shapes[][2] = {{1, 256},    {37, 512},   {301, 4096}, {67
 static const fmt *split_formats[] = {&formats[1], &formats[0]}; /* q4_0, q8_0 */
 
 /* Against the double product and the CPU at 1..16 rows (17 and 40: the
- * dequantize + cuBLAS path reading the split rows). */
+ * tensor-core GEMM of qmms.cu reading the split rows). */
 static void test_qmatmul_split(void **state) {
     (void)state;
     static const int ns[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 40};
@@ -838,6 +846,70 @@ static void test_qmma(void **state) {
     on->ops->destroy(on);
 }
 
+/* The split layout's tensor-core GEMM (qmms.cu), the default for q4_0 and
+ * q8_0 past 16 token rows: on a backend that takes it at every row count
+ * (PETREL_CUDA_QMMS_MAX), against the double product and the CPU with the
+ * cuBLAS path's bound (w and x rounded to f16: 2^-9 S), outputs poisoned
+ * first.  Cases: 300 rows (one full and one partial 256-row tile; K split
+ * over a cluster of 8), 2880 columns (gpt-oss: rows in groups of 4, 22.5
+ * chunks of 128, the last half empty), 1056 (groups of 8, 8.25 chunks),
+ * 14336 (w_down's), 40000 x 256 (157 row tiles: no K split), 4500 rows of
+ * 512 (18 tiles, K split over 4); token rows of 32 and 64 a tile, 17, 40,
+ * 64, 130, 256 and others not a multiple of a tile, and 512 (a prefill).
+ * Each format's cases must differ from the cuBLAS path somewhere, or the
+ * test did not run the kernel. */
+static void test_qmms(void **state) {
+    (void)state;
+    pt_err err = {{0}};
+    setenv("PETREL_CUDA_QMMS", "0", 1);
+    pt_backend *off = pt_backend_cuda_new(0, &err), *saved = be[GPU];
+    unsetenv("PETREL_CUDA_QMMS");
+    assert_non_null(off);
+    static const struct {
+        int rows, cols, ns[8];
+    } cases[] = {
+        {300, 4096, {17, 40, 64, 130, 256, 512, 0}},
+        {260, 2880, {17, 33, 64, 130, 0}},
+        {40, 1056, {17, 40, 200, 0}},
+        {70, 14336, {17, 64, 0}},
+        {40000, 256, {17, 64, 0}},
+        {4500, 512, {40, 256, 0}},
+    };
+    char fb[48];
+    /* both tilings: two m16 tiles a warp (q8_0's default) and one (q4_0's) */
+    for (int mt = 2; mt >= 1; mt--) {
+        setenv("PETREL_CUDA_QMMS_MAX", "100000", 1);
+        setenv("PETREL_CUDA_QMMS_MT", mt == 2 ? "2" : "1", 1);
+        pt_backend *on = pt_backend_cuda_new(0, &err);
+        unsetenv("PETREL_CUDA_QMMS_MAX");
+        unsetenv("PETREL_CUDA_QMMS_MT");
+        assert_non_null(on);
+        be[GPU] = on;
+        for (size_t fi = 0; fi < PT_ARRAY_LEN(split_formats); fi++) {
+            const fmt *f = split_formats[fi];
+            size_t differ = 0;
+            for (size_t ci = 0; ci < PT_ARRAY_LEN(cases); ci++) {
+                qmat m = qmat_new(f, cases[ci].rows, cases[ci].cols);
+                pt_be_repack_weight(on, &m.w[GPU]);
+                assert_int_equal(m.w[GPU].layout, PT_LAYOUT_ROWSPLIT);
+                for (int i = 0; cases[ci].ns[i]; i++)
+                    one_matmul(f, &m, cases[ci].ns[i]);
+                size_t d = count_differing(&m, cases[ci].ns[0], off);
+                print_message("qmms (%d m-tiles a warp) %s %dx%d: %zu of %d outputs differ from "
+                              "the cuBLAS path\n",
+                              mt, fname(f, fb, sizeof fb), cases[ci].rows, cases[ci].cols, d,
+                              cases[ci].rows * cases[ci].ns[0]);
+                differ += d;
+                qmat_free(&m);
+            }
+            assert_true(differ > 0);
+        }
+        be[GPU] = saved;
+        on->ops->destroy(on);
+    }
+    off->ops->destroy(off);
+}
+
 int main(void) {
     pt_err err = {{0}};
     /* GEMV up to 16 rows: the default; matmul_id's exact kernels at every
@@ -864,6 +936,7 @@ int main(void) {
         cmocka_unit_test(test_qbatch_invariance),
         cmocka_unit_test(test_qmatmul_coalesced_q8_0),
         cmocka_unit_test(test_qmma),
+        cmocka_unit_test(test_qmms),
         cmocka_unit_test(test_qembed),
         cmocka_unit_test(test_qmatmul_split),
         cmocka_unit_test(test_qbatch_invariance_split),

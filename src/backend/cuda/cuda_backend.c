@@ -45,15 +45,19 @@
  * row's codes, then its scales; PETREL_CUDA_REPACK=0 keeps the file's):
  * up to qgemv_max token rows (PETREL_CUDA_QGEMV_MAX,
  * default 16) run the quantized GEMV of qmatmul.cu; q4_0/q8_0 weights
- * up to qmma_max rows (PETREL_CUDA_QMMA_MAX, default 256; PETREL_CUDA_QMMA=0
- * turns it off) run the tensor-core GEMM of qmma.cu, which reads the
- * weight once; other calls dequantize the weight to f16 in a scratch
+ * in the split layout up to PETREL_CUDA_QMMS_MAX rows (default 128 for
+ * q4_0, 64 for q8_0; PETREL_CUDA_QMMS=0 turns it off) run the tensor-core GEMM of
+ * qmms.cu, which reads the weight once and writes no copy of it; in the
+ * file's layout, with PETREL_CUDA_QMMA=1, up to qmma_max rows
+ * (PETREL_CUDA_QMMA_MAX, default 256) qmma.cu's; other calls dequantize
+ * the weight to f16 in a scratch
  * buffer and run cublasGemmEx; quantized embedding tables are dequantized
  * row by row.
  *
  * Knobs (environment, read when the backend is created): PETREL_CUDA_GRAPHS,
  * PETREL_CUDA_PDL, PETREL_CUDA_GEMV_MAX, PETREL_CUDA_QGEMV_MAX, PETREL_CUDA_GEMV_PERSIST,
- * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_REPACK,
+ * PETREL_CUDA_GEMV_PDL, PETREL_CUDA_QMMA, PETREL_CUDA_QMMA_MAX, PETREL_CUDA_QMMS,
+ * PETREL_CUDA_QMMS_MAX, PETREL_CUDA_QMMS_MT, PETREL_CUDA_REPACK,
  * PETREL_CUDA_ATTN=simple|tiled, PETREL_CUDA_SYNC, PETREL_CUDA_FUSE (0: every
  * recorded op launched alone, not fused by cuda_fuse.c; a mask of what to
  * fuse, cuda_host.h),
@@ -307,10 +311,27 @@ static bool use_qmma(const cuda_backend *cb, const cu_qweight *w, const float *x
            cu_qmma_takes(w, n);
 }
 
+/* The same for the split layout's tensor-core GEMM (qmms.cu): past the
+ * GEMV up to PETREL_CUDA_QMMS_MAX rows, by default 128 for q4_0 and 64 for
+ * q8_0, where it measured faster than dequantize + cuBLAS on the H200 for
+ * the 8B shapes (docs/cuda.md, "Batched decode": q4_0 1.00-2.03x at 128
+ * rows but gpt-oss's 4096x2880 0.96x; q8_0 at 128 rows 0.75-0.99x on
+ * three of six shapes; both slower at 512). */
+static bool use_qmms(const cuda_backend *cb, const cu_qweight *w, const float *x, int n) {
+    int max = cb->qmms_max > 0 ? cb->qmms_max : w->fmt == CU_Q4_0 ? 128 : 64;
+    return cb->qmms && w->layout == CU_LAYOUT_SPLIT && n > cb->qgemv_max && n <= max &&
+           ((uintptr_t)x & 15) == 0 && cu_qmms_takes(w, n);
+}
+
 static void exec_qmatmul(cuda_backend *cb, const pt_op_matmul *a) {
     cu_qweight w = qweight_of(&a->w);
     int n = a->n;
     if (n <= cb->qgemv_max && cu_qgemv(&cb->ctx, a->y, a->x, &w, n) == 0) return;
+    if (use_qmms(cb, &w, a->x, n)) {
+        if (cu_qmms(&cb->ctx, a->y, a->x, &w, n, cb->act16))
+            cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
+        return;
+    }
     if (use_qmma(cb, &w, a->x, n)) {
         if (cu_qmma(&cb->ctx, a->y, a->x, &w, n, cb->act16, cb->qmma_part, cb->qmma_cnt))
             cuda_fail(cb, "matmul", "the tensor-core GEMM refused a call it was planned for");
@@ -801,6 +822,8 @@ static int prepare_scratch(cuda_backend *cb, const pt_op *o) {
         if (is_quantized(a->w.dtype)) {
             if (a->n <= cb->qgemv_max) return 0;
             cu_qweight w = qweight_of(&a->w);
+            if (use_qmms(cb, &w, a->x, a->n))
+                return grow(cb, &cb->act16, &cb->act16_cap, cu_qmms_act_bytes(&w, a->n), name);
             if (use_qmma(cb, &w, a->x, a->n)) {
                 size_t part = cu_qmma_part_bytes(&cb->ctx, &w, a->n);
                 if (grow(cb, &cb->act16, &cb->act16_cap, cu_qmma_act_bytes(&w, a->n), name))
@@ -1137,6 +1160,14 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
      * GEMM"); PETREL_CUDA_QMMA=1 takes it up to PETREL_CUDA_QMMA_MAX rows */
     cb->qmma_max = env_int("PETREL_CUDA_QMMA", 0) ? env_int("PETREL_CUDA_QMMA_MAX", 256) : 0;
     if (cb->qmma_max > 0 && cu_qmma_init(&cb->qmma_cnt)) cb->qmma_max = 0;
+    /* the tensor-core GEMM on the split layout (qmms.cu), default past the
+     * GEMV (use_qmms says up to how many rows); PETREL_CUDA_QMMS=0 turns it
+     * off, PETREL_CUDA_QMMS_MAX sets the rows, PETREL_CUDA_QMMS_MT=1|2 the
+     * m16 tiles a warp (default: 1 for q4_0, 2 for q8_0; qmms.cu) */
+    cb->qmms = env_int("PETREL_CUDA_QMMS", 1) != 0;
+    cb->qmms_max = env_int("PETREL_CUDA_QMMS_MAX", 0);
+    cb->ctx.qmms_mt = env_int("PETREL_CUDA_QMMS_MT", 0);
+    if (cb->qmms) cu_qmms_init();
     const char *attn = getenv("PETREL_CUDA_ATTN");
     cb->simple_attn = attn && strcmp(attn, "simple") == 0;
     cb->tiled_attn = attn && strcmp(attn, "tiled") == 0;

@@ -83,6 +83,10 @@ typedef struct cuda_backend {
     int qmma_max;     /* past qgemv_max and up to this many rows, q4_0/q8_0 take the
                          tensor-core GEMM of qmma.cu (PETREL_CUDA_QMMA=0: never;
                          PETREL_CUDA_QMMA_MAX) */
+    bool qmms;        /* q4_0/q8_0 in the split layout past qgemv_max rows take the
+                         tensor-core GEMM of qmms.cu (PETREL_CUDA_QMMS=0: never) */
+    int qmms_max;     /* ... up to this many rows (PETREL_CUDA_QMMS_MAX; 0: 128 for
+                         q4_0, 64 for q8_0) */
     bool simple_attn; /* PETREL_CUDA_ATTN=simple: the plain kernel only */
     bool tiled_attn;  /* PETREL_CUDA_ATTN=tiled: no tensor-core kernel */
     bool sync_each;   /* PETREL_CUDA_SYNC=1 */

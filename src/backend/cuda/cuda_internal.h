@@ -47,6 +47,8 @@ typedef struct cu_ctx {
     int smem_optin; /* the device's opt-in shared memory per block */
     int qgemv_co;   /* the coalesced q4_0/q8_0 GEMV (PETREL_CUDA_QGEMV_CO,
                        default on; 0: the register GEMV, for comparison) */
+    int qmms_mt;    /* qmms.cu's m16 tiles a warp: 1 (two blocks an SM) or 2
+                       (one); 0: by format (PETREL_CUDA_QMMS_MT) */
     int kvq_mma;    /* tensor-core attention over TurboQuant k8 caches
                        (PETREL_CUDA_KVQ_MMA, default on; 0: the FMA kernel) */
     /* Persistent grids: blocks of each kernel resident on the whole device

@@ -27,6 +27,16 @@ size_t cu_qmma_part_bytes(const cu_ctx *c, const cu_qweight *w, int n);
 int cu_qmma(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n, void *act,
             void *part, int *counters);
 
+/* qmms.cu: the tensor-core GEMM on the row-split layout (CU_LAYOUT_SPLIT).
+ * cu_qmms_init sets its shared-memory limits (once per device, before any
+ * capture); cu_qmms_takes: whether it takes w (q4_0/q8_0, split layout);
+ * cu_qmms_act_bytes: its scratch for an n-row call (the activations as
+ * f16); cu_qmms: y[n][rows] = x[n][cols] · wᵀ, -1 if not taken. */
+void cu_qmms_init(void);
+int cu_qmms_takes(const cu_qweight *w, int n);
+size_t cu_qmms_act_bytes(const cu_qweight *w, int n);
+int cu_qmms(const cu_ctx *c, float *y, const float *x, const cu_qweight *w, int n, void *act);
+
 #ifdef __cplusplus
 }
 #endif
