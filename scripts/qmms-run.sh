@@ -30,13 +30,7 @@ t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 tar -xJf "$D/carry.tar.xz" -C "$D" || exit 1
 B=$D/build-gpu-carry
-LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         "$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)" \
-         "$(python3 -c 'import nvidia.cuda_runtime,os;print(os.path.dirname(nvidia.cuda_runtime.__file__)+"/lib")' 2>/dev/null)"; do
-    [ -n "$d" ] && [ -e "$d/libcublas.so.13" -o -e "$d/libcudart.so.13" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-done
-export LD_LIBRARY_PATH PETREL_SOURCE_DIR=$PWD
+. scripts/gpu-env.sh && gpu_libs "$B/lib"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 uptime
 ldd "$B/petrel" | grep "not found"
