@@ -28,11 +28,10 @@
  * by op.  PETREL_CUDA_FUSE=0 turns the pass off; it is a mask: 1 the
  * matmuls of one input and the residual, 2 the rmsnorm, 4 the swiglu, 8
  * q4_0/q8_0 weights too, 16 the rope and kv_store (31: everything).  The
- * default is 9, the matmuls and the residual for every weight type: on
- * the H200's 8B decode the rope launch measured no faster than the three
- * kernels it replaces, and the rmsnorm and swiglu prologues, recomputed by
- * every block, cost more than the launches they save (docs/cuda.md, "The
- * fused decode step").
+ * default is 25, the matmuls and the residual for every weight type and
+ * the rope launch: on the H200's 8B decode the rmsnorm and swiglu
+ * prologues, recomputed by every block, cost more than the launches they
+ * save (docs/cuda.md, "The fused decode step").
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -35,7 +35,7 @@
 #define CUDA_FUSE_SWIGLU 4
 #define CUDA_FUSE_QUANT 8
 #define CUDA_FUSE_ROPE 16 /* [q/k norms,] rope of q and k, kv_store: one kernel */
-#define CUDA_FUSE_DEFAULT (CUDA_FUSE_MM | CUDA_FUSE_QUANT)
+#define CUDA_FUSE_DEFAULT (CUDA_FUSE_MM | CUDA_FUSE_QUANT | CUDA_FUSE_ROPE)
 #define CUDA_FUSE_ALL 31
 
 /* PETREL_CUDA_PROFILE's sums: op kinds, matmuls past the GEMV rows, then

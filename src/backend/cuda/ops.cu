@@ -96,8 +96,9 @@ __global__ void rmsnorm_block_kernel(float *y, const float *x, const float *g, i
 extern "C" void cu_rmsnorm(const cu_ctx *c, float *y, const float *x, const float *g, int n, int d,
                            float eps) {
     if (n <= 0) return;
-    if (d <= 512) CU_LAUNCH((rmsnorm_warp_kernel), CU_DIV_UP(n, 8), 256, 0, c, y, x, g, n, d, eps);
-    else CU_LAUNCH((rmsnorm_block_kernel), n, d >= 4096 ? 1024 : 256, 0, c, y, x, g, d, eps);
+    const int threads = cu_rms_threads(d);
+    if (threads == 32) CU_LAUNCH((rmsnorm_warp_kernel), CU_DIV_UP(n, 8), 256, 0, c, y, x, g, n, d, eps);
+    else CU_LAUNCH((rmsnorm_block_kernel), n, threads, 0, c, y, x, g, d, eps);
 }
 
 /* ---- elementwise ---------------------------------------------------------- */
