@@ -640,8 +640,8 @@ for f in sorted(glob.glob(os.path.join(out, "ncu-*.csv"))):
     print(f"Nsight Compute, {os.path.basename(f)}: kernels in launch order (us, DRAM read MB, DRAM %, SM %, grid x block)")
     tot = 0.0
     for i, k in sorted(rows.items(), key=lambda x: int(x[0])):
-        t, unit = k.get("gpu__time_duration.sum", (0, "ns"))
-        us = t / 1e3 if unit == "ns" else t * 1e3 if unit == "msecond" else t if unit == "usecond" else t / 1e3
+        t, unit = k.get("gpu__time_duration.sum", (0, "nsecond"))
+        us = t * {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3}.get(unit, 1e-3)
         b, bu = k.get("dram__bytes_read.sum", (0, "byte"))
         mb = b * {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1, "Gbyte": 1e3}.get(bu, 1e-6)
         tot += us
