@@ -1131,6 +1131,7 @@ pt_backend *pt_backend_cuda_new(int device, pt_err *err) {
     else
         cb->cublas_ws = NULL;
     cb->ctx.pdl = prop.major >= 9 && env_int("PETREL_CUDA_PDL", 1) != 0;
+    cb->ctx.clusters = prop.major >= 9;
     cb->ctx.gemv_mode = (env_int("PETREL_CUDA_GEMV_PERSIST", 1) != 0) |
                         (env_int("PETREL_CUDA_GEMV_PDL", 0) != 0) << 1;
     /* the coalesced GEMV: 0 off, 1 q4_0 (default), 2 q4_0 and q8_0; 4, 8,

@@ -49,6 +49,7 @@ typedef struct cu_ctx {
                        default on; 0: the register GEMV, for comparison) */
     int qmms_mt;    /* qmms.cu's m16 tiles a warp: 1 (two blocks an SM) or 2
                        (one); 0: by format (PETREL_CUDA_QMMS_MT) */
+    int clusters;   /* thread-block clusters (sm_90+): qmms.cu's K splits */
     int kvq_mma;    /* tensor-core attention over TurboQuant k8 caches
                        (PETREL_CUDA_KVQ_MMA, default on; 0: the FMA kernel) */
     /* Persistent grids: blocks of each kernel resident on the whole device

@@ -344,6 +344,7 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
             for (int e = 0; e < 4; e++)
                 part[(nt * 8 + 2 * t + (e & 1)) * QS_PROW(MT) + 16 * MT * warp + 16 * mt +
                      8 * (e >> 1) + g] = acc[mt][nt][e];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters: before sm_90 the host never splits K */
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
     const int S = (int)gridDim.z, z = (int)cluster.block_rank();
@@ -377,6 +378,7 @@ __global__ void __launch_bounds__(QS_THREADS, 3 - MT)
         }
     }
     cluster.sync(); /* no block leaves while another reads its shared memory */
+#endif
 }
 
 /* x [M][cols] f32 -> xa [M][kp] f16 in the permuted order (header), zeros
@@ -434,10 +436,12 @@ static size_t qs_smem_bytes(int nt, int mt, int splits) {
 }
 
 /* K splits (a power of two up to the cluster size): the fewest waves times
- * chunks a block, per_sm blocks an SM. */
+ * chunks a block, per_sm blocks an SM; none without clusters (before
+ * sm_90). */
 static int qs_splits(const cu_ctx *c, int64_t tiles, int kcs, int per_sm) {
     const int sms = (c->n_sm > 0 ? c->n_sm : 132) * per_sm;
     int best = 1;
+    if (!c->clusters) return 1;
     int64_t best_cost = INT64_MAX;
     for (int s = 1; s <= QS_MAX_SPLITS && s <= kcs; s *= 2) {
         int per = CU_DIV_UP(kcs, s);
