@@ -130,6 +130,19 @@ __device__ __forceinline__ float cu_warp_max(float v) {
     return v;
 }
 
+/* A router's softmax over a row of n logits by one warp: (max, sum of
+ * exp(x - max)), lane-strided then butterflies.  moe_route_kernel and
+ * moe_ffn's kernels all take it from here, so the routing weights they
+ * make agree bit for bit. */
+__device__ __forceinline__ float2 cu_warp_softmax_stats(const float *x, int n, int lane) {
+    float mx = -INFINITY;
+    for (int e = lane; e < n; e += 32) mx = fmaxf(mx, x[e]);
+    mx = cu_warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < n; e += 32) sum += expf(x[e] - mx);
+    return make_float2(mx, cu_warp_sum(sum));
+}
+
 /* The gated activations, one definition for the elementwise kernels (ops.cu,
  * family_ops.cu) and the fused expert kernels (moe.cu), so both give the
  * same bits.  SwiGLU: silu(g) * u. */

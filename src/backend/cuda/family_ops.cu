@@ -154,12 +154,8 @@ __global__ void moe_route_kernel(int32_t *ids, float *weights, const float *logi
     const int t = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (t >= n) return;
     const float *l = logits + (size_t)t * E;
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-    mx = cu_warp_max(mx);
-    float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
-    sum = cu_warp_sum(sum);
+    const float2 st = cu_warp_softmax_stats(l, E, lane);
+    const float mx = st.x, sum = st.y;
     uint32_t taken = 0;
     float kept = 0.f, w_mine = 0.f; /* lane s keeps slot s's weight (k <= 32) */
     int id_mine = -1;

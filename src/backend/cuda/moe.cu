@@ -506,12 +506,8 @@ __device__ __forceinline__ void ffn_route(float *lg, int *sel, const float *logi
 /* Slot j's routing weight, as moe_route_kernel computes it (one warp). */
 __device__ __forceinline__ float ffn_weight(const float *lg, const int *sel, int E, int k, int j,
                                             int renorm, int lane) {
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
-    mx = cu_warp_max(mx);
-    float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += expf(lg[e] - mx);
-    sum = cu_warp_sum(sum);
+    const float2 st = cu_warp_softmax_stats(lg, E, lane);
+    const float mx = st.x, sum = st.y;
     float kept = 0.f, wj = 0.f;
     for (int s = 0; s < k; s++) {
         float w = expf(lg[sel[s]] - mx) / sum;
@@ -683,12 +679,8 @@ __device__ __forceinline__ void ffn_route2(float *lg, int *sel, const float *log
  * (the same max, sum and kept sum; one warp). */
 __device__ __forceinline__ void ffn_weights(float *wts, const float *lg, const int *sel, int E,
                                             int k, int renorm, int lane) {
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
-    mx = cu_warp_max(mx);
-    float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += expf(lg[e] - mx);
-    sum = cu_warp_sum(sum);
+    const float2 st = cu_warp_softmax_stats(lg, E, lane);
+    const float mx = st.x, sum = st.y;
     float kept = 0.f;
     for (int s = 0; s < k; s++) kept += expf(lg[sel[s]] - mx) / sum;
     for (int s = lane; s < k; s += 32) {
